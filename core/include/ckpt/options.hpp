@@ -1,0 +1,123 @@
+#pragma once
+// The --ckpt-* option surface: one option table, the site policy from plugstack.conf, and the resolution of
+// both into the settings every rank receives. Pure logic; the SPANK plugin is a thin shell around it.
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ckpt/result.hpp"
+
+namespace ckpt {
+
+struct Interval {
+  enum class Kind { Auto, Seconds, Steps };
+  Kind kind = Kind::Auto;
+  std::uint64_t value = 0;  // seconds or steps; unused for Auto
+  bool operator==(const Interval&) const = default;
+};
+
+// "auto", a duration ("15m", "1h30m") or "<N>steps" (N >= 1). Durations must be at least 1s.
+Result<Interval> parse_interval(std::string_view text);
+// The normalized spelling exported as CKPT_INTERVAL: "auto", "900s" or "500steps".
+std::string format_interval(const Interval& interval);
+
+enum class OptionId { Interval, Dir, Keep, LastWords, Mtbf, MaxRestarts, Grace };
+
+struct OptionSpec {
+  OptionId id;
+  const char* name;       // command-line name without dashes: "ckpt-interval"
+  const char* key;        // plugstack.conf key for the site default: "interval"
+  const char* arginfo;    // shown by --help
+  const char* usage;      // shown by --help
+  const char* expected;   // what a valid value looks like, for error messages
+};
+
+// The single option table; the plugin registers exactly these.
+const std::array<OptionSpec, 7>& option_specs();
+const OptionSpec& option_spec(OptionId id);
+
+// Option values as given by a user (or as site defaults); unset fields were not given.
+struct JobOptions {
+  std::optional<Interval> interval;
+  std::optional<std::string> dir;  // template, may hold %u %j %x %a
+  std::optional<std::uint64_t> keep;
+  std::optional<bool> last_words;
+  std::optional<std::uint64_t> mtbf_s;
+  std::optional<std::uint64_t> max_restarts;
+  std::optional<std::uint64_t> grace_s;
+
+  bool any() const;
+};
+
+// Parses and records one option value. Giving an option again with an equal value is fine; a different value
+// is an error. The message names the option and the value: "--ckpt-keep: invalid value 'x' (expected ...)".
+Status set_job_option(JobOptions& options, OptionId id, std::string_view value);
+
+// Site policy, from the `key=value` arguments after the plugin path in plugstack.conf.
+struct SitePolicy {
+  JobOptions defaults;                      // interval=, dir=, keep=, last_words=, mtbf=, max_restarts=, grace=
+  std::uint64_t min_interval_s = 60;        // sub-minute periodic checkpoints flood shared file systems
+  std::uint64_t max_interval_s = 0;         // 0: no maximum
+  std::vector<std::string> allowed_dirs;    // empty: any absolute path the user may write
+  bool enabled_by_default = false;          // a job that asks for nothing pays nothing
+  std::optional<std::uint64_t> node_mtbf_s; // per-node MTBF; M for a job is this / its node count
+  std::string controller;                   // where job events go: a spool directory or an http(s) URL
+};
+
+// Parses plugstack.conf arguments. Fails closed: an unknown key or a bad value is an error naming it.
+Result<SitePolicy> parse_site_policy(const std::vector<std::string>& args);
+
+// Built-in defaults used when neither the user nor the site gives a value.
+struct BuiltinDefaults {
+  static constexpr std::uint64_t keep = 3;
+  static constexpr bool last_words = true;
+  static constexpr std::uint64_t mtbf_s = 24 * 3600;  // a cautious guess for a small job; sites set node_mtbf
+  static constexpr std::uint64_t max_restarts = 3;
+  static constexpr std::uint64_t grace_s = 120;       // time for one terminal checkpoint of a mid-size model
+};
+
+// What a job is, for expanding --ckpt-dir.
+struct JobContext {
+  std::string user;
+  std::string job_id;
+  std::string job_name;
+  std::string array_task_id;  // empty when the job is not an array task
+  std::uint32_t node_count = 1;
+};
+
+// The settings handed to every rank.
+struct Settings {
+  std::string dir;  // expanded, absolute, normalized
+  Interval interval;
+  std::uint64_t keep = BuiltinDefaults::keep;
+  bool last_words = BuiltinDefaults::last_words;
+  std::uint64_t mtbf_s = BuiltinDefaults::mtbf_s;
+  std::uint64_t max_restarts = BuiltinDefaults::max_restarts;
+  std::uint64_t grace_s = BuiltinDefaults::grace_s;
+};
+
+// True when this job gets checkpointing: it gave a --ckpt option, or the site enables it by default.
+bool checkpointing_enabled(const JobOptions& user, const SitePolicy& policy);
+
+// Merges user options over site defaults over built-ins, expands the dir and applies the policy
+// (interval bounds, allowed dir prefixes). The error names the option and the value.
+Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& policy, const JobContext& job);
+
+// The CKPT_* variables for the settings: CKPT_DIR, CKPT_INTERVAL, CKPT_KEEP, CKPT_LAST_WORDS, CKPT_MTBF,
+// CKPT_GRACE, CKPT_MAX_RESTARTS. Durations are exported in seconds ("900s").
+std::vector<std::pair<std::string, std::string>> settings_environment(const Settings& settings);
+
+// Expands %u %j %x %a and %% in a dir template. Values that would add a path separator are rejected.
+Result<std::string> expand_dir_template(std::string_view templ, const JobContext& job);
+
+// Lexically normalizes an absolute path ("//a/./b/" -> "/a/b"). Fails on relative paths and on "..".
+Result<std::string> normalize_absolute_path(std::string_view path);
+
+// True when `path` equals `prefix` or lies below it, comparing whole components. Both must be normalized.
+bool path_within(std::string_view path, std::string_view prefix);
+
+}  // namespace ckpt

@@ -1,0 +1,25 @@
+#pragma once
+// Strict parsers for the numbers and durations users and admins type.
+// Every parser rejects empty input, signs, trailing junk and overflow.
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ckpt/result.hpp"
+
+namespace ckpt {
+
+// A non-negative decimal integer; no sign, no spaces, no suffix.
+Result<std::uint64_t> parse_uint(std::string_view text);
+
+// A duration made of <number><unit> groups, units d, h, m, s in that order, each at most once:
+// "90s", "15m", "2h", "1h30m", "1d12h". A bare number is seconds. Returns whole seconds.
+Result<std::uint64_t> parse_duration(std::string_view text);
+
+// The shortest spelling parse_duration reads back to the same value: 5400 -> "1h30m", 0 -> "0s".
+std::string format_duration(std::uint64_t seconds);
+
+// "on|yes|true|1" or "off|no|false|0".
+Result<bool> parse_on_off(std::string_view text);
+
+}  // namespace ckpt

@@ -1,0 +1,96 @@
+#pragma once
+// A Monte-Carlo simulation of a job under exponential failures, to check the interval model and to show what
+// "last words" (a terminal checkpoint written by the survivors) buys. Deterministic for a given seed.
+//
+// The simulated job needs `work_s` seconds of compute. It runs segments of τ seconds of compute, each followed
+// by a checkpoint costing δ. Failures arrive as a Poisson process with mean gap M, during compute, checkpoints
+// and restarts alike. A failure loses everything since the last checkpoint, then the job restarts, which takes R
+// (a failure during a restart starts it over). A fraction p of failures is catchable: under the last-words
+// policy the survivors then write a terminal checkpoint (cost δ, inside the grace window, not interrupted)
+// that keeps the work since the last checkpoint, but only when that work is worth more than δ.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/result.hpp"
+
+namespace ckpt::simulate {
+
+enum class Policy {
+  Fixed,      // a given interval
+  Young,      // √(2δM)
+  Daly,       // Daly's higher-order optimum
+  LastWords,  // Daly's interval plus a terminal checkpoint on catchable failures
+};
+
+// "fixed", "young", "daly", "last-words".
+const char* to_string(Policy policy);
+
+struct Config {
+  double cost_s = 0;     // δ
+  double restart_s = 0;  // R
+  double mtbf_s = 0;     // M
+  double work_s = 0;     // compute the job needs
+  double catchable = 0;  // p: fraction of failures that leave time for last words
+  std::uint64_t seed = 1;
+  std::uint64_t max_events = 100'000'000;  // segments plus failures; guards against jobs that never finish
+};
+
+// Accepts δ >= 0, R >= 0, M > 0 (all finite), work > 0, 0 <= p <= 1; the error names the bad input.
+Status check(const Config& config);
+
+// The interval a policy uses; `fixed_s` is used only by Policy::Fixed. Expects a checked config.
+double policy_interval(const Config& config, Policy policy, double fixed_s = 0);
+
+// What one simulated run did. wall = work + checkpoint + lost + restart + last_words (up to rounding).
+struct Outcome {
+  Policy policy = Policy::Fixed;
+  double interval_s = 0;
+  double work_s = 0;          // useful compute, the job's length
+  double wall_s = 0;          // wall time it took
+  double checkpoint_s = 0;    // periodic checkpoint writes, including ones cut short by a failure
+  double lost_s = 0;          // compute (and checkpoint time) thrown away by failures
+  double restart_s = 0;       // time spent restarting, including restarts cut short
+  double last_words_s = 0;    // time spent writing terminal checkpoints
+  std::uint64_t checkpoints = 0;  // periodic checkpoints completed
+  std::uint64_t failures = 0;
+  std::uint64_t last_words = 0;   // failures whose work a terminal checkpoint kept
+
+  // Useful fraction of wall time.
+  double goodput() const { return wall_s > 0 ? work_s / wall_s : 0; }
+  // 1 − goodput.
+  double waste_fraction() const { return 1 - goodput(); }
+  // Wall time that was not useful work.
+  double wasted_s() const { return wall_s - work_s; }
+};
+
+// Runs the job once with the policy's interval. Fails on a bad config, an interval that is not positive and
+// finite, or a run that exceeds max_events (the interval is so long that segments almost never complete).
+Result<Outcome> run(const Config& config, Policy policy, double fixed_s = 0);
+
+// The first-order model's waste fraction at interval τ for a policy: δ/τ + (τ/2 + R)/M, where under last words
+// a catchable failure costs min(u, δ) (u ~ U[0, τ], the work at risk) instead of u.
+double model_waste(const Config& config, Policy policy, double interval_s);
+
+// The exact expected waste fraction of this simulator without last words: every segment (τ of work, or the
+// remainder, plus δ) costs M·e^{R/M}·(e^{(τ+δ)/M} − 1) of wall time on average (Daly's exact expression).
+double exact_waste(const Config& config, double interval_s);
+
+// One point of a waste-versus-interval sweep.
+struct SweepPoint {
+  double interval_s = 0;
+  double simulated = 0;  // simulated waste fraction (fixed policy, same seed for every point)
+  double model = 0;      // model_waste
+  double exact = 0;      // exact_waste
+};
+
+// Simulates `points` log-spaced fixed intervals from lo_s to hi_s (lo_s > 0, hi_s > lo_s, points >= 2).
+Result<std::vector<SweepPoint>> sweep(const Config& config, double lo_s, double hi_s, int points);
+
+// A self-contained SVG plot of waste against interval (log scale): simulated points, the model curve, the exact
+// curve and markers at Young's and Daly's intervals.
+std::string render_svg(const Config& config, const std::vector<SweepPoint>& points);
+
+}  // namespace ckpt::simulate

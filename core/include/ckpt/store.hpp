@@ -1,0 +1,222 @@
+#pragma once
+// The checkpoint store: on-disk layout, crash-safe commit, newest-complete resolution with walk-back, retention.
+//
+// Layout under a checkpoint root (CKPT_DIR):
+//   <root>/latest                     the committed step dir name, replaced atomically after each commit
+//   <root>/<step, 12 digits>/         one directory per checkpoint, e.g. 000000000200
+//       rank-00003.shard              the bytes of every state region rank 3 wrote, back to back
+//       rank-00003.rec                its ShardRecord (JSON), written atomically after the shard is durable
+//       MANIFEST.json                 written last, atomically: without it the checkpoint is incomplete
+//       FAILED                        marker: verification or a restore failed; never used again, never deleted
+//
+// The decisions (parsing, completeness, which checkpoint to use, what to delete) are pure functions over in-memory
+// data; the functions that touch the file system are separate and marked as such.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/result.hpp"
+
+namespace ckpt::store {
+
+// ---- records ------------------------------------------------------------------------------------------------
+
+// One named byte range inside a shard file, with opaque user metadata (dtype, shape, ...).
+struct StateRange {
+  std::string name;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  nlohmann::json meta = nlohmann::json::object();
+};
+
+// What one writer put in one shard file.
+struct ShardRecord {
+  int rank = 0;                       // the rank that wrote it
+  std::string file;                   // relative name inside the step dir, validated
+  std::uint64_t size = 0;             // bytes
+  std::uint64_t checksum = 0;         // XXH3-64 of the whole file
+  std::vector<StateRange> states;
+  std::vector<std::string> covers;    // state-shard keys it holds (see required_state_keys); may be empty
+};
+
+// Parallel layout of the job. ZeRO-1 shards optimizer state across data-parallel ranks.
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+  bool zero1 = false;
+  int world_size() const { return dp * tp * pp; }
+};
+
+struct RankCoord {
+  int rank = 0, dp = 0, tp = 0, pp = 0;
+};
+
+enum class Kind { Periodic, Terminal };
+
+struct Manifest {
+  std::uint64_t step = 0;
+  Kind kind = Kind::Periodic;
+  double wall_time = 0;               // seconds since the epoch when committed
+  int world_size = 1;
+  Layout layout;
+  std::vector<RankCoord> ranks;       // one per rank of the job that wrote it
+  std::vector<ShardRecord> shards;    // every shard with its checksum
+};
+
+// Serialization. Parsers never throw and reject unsafe names ("..", absolute, separators).
+std::string to_json(const ShardRecord& record);
+std::string to_json(const Manifest& manifest);
+Result<ShardRecord> parse_shard_record(std::string_view text);
+Result<Manifest> parse_manifest(std::string_view text);
+
+// A file name safe to join under a step dir: no '/', not "." or "..", not empty, no NUL.
+bool is_safe_name(std::string_view name);
+// "000000000200" for step 200; the inverse rejects anything but exactly 12 digits.
+std::string step_dir_name(std::uint64_t step);
+std::optional<std::uint64_t> parse_step_dir_name(std::string_view name);
+std::string shard_file_name(int rank);   // "rank-00003.shard"
+std::string record_file_name(int rank);  // "rank-00003.rec"
+
+// ---- the commit decision (pure) ------------------------------------------------------------------------------
+
+// The state-shard keys a complete copy of the network must contain: "model/pp<p>/tp<t>" for every stage and
+// tensor slice, plus "optim/pp<p>/tp<t>/dp<d>" for every optimizer shard when the layout is ZeRO-1, or
+// "optim/pp<p>/tp<t>" for every optimizer slice when it is not. Model keys first, in (pp, tp[, dp]) order.
+std::vector<std::string> required_state_keys(const Layout& layout);
+// The keys a rank holds: its model slice, and its optimizer shard (ZeRO-1) or full optimizer slice.
+std::vector<std::string> state_keys_of_rank(const Layout& layout, const RankCoord& coord);
+
+struct CommitDecision {
+  bool complete = false;
+  std::string reason;  // why not, or a short summary when complete
+};
+
+// Is a checkpoint with these shard records complete?
+//  - Periodic: exactly one record for every rank 0..world_size-1.
+//  - Terminal (written by survivors): every required state key covered by exactly one written shard.
+CommitDecision decide_commit(Kind kind, const Layout& layout, int world_size, const std::vector<ShardRecord>& present);
+
+// ---- the index (pure) ------------------------------------------------------------------------------------------
+
+enum class State { Complete, Incomplete, Corrupt, Failed };
+const char* to_string(State state);
+
+// What a scan found for one step dir.
+struct Entry {
+  std::uint64_t step = 0;
+  State state = State::Incomplete;
+  std::optional<Manifest> manifest;   // present when the manifest parsed
+  std::string detail;                 // why corrupt / failed / incomplete
+  std::uint64_t bytes = 0;            // bytes on disk in the step dir
+  double mtime = 0;                   // newest mtime in the step dir, seconds since the epoch
+};
+
+// The steps to try in order for a resume: complete and not failed, newest first.
+std::vector<std::uint64_t> resume_candidates(const std::vector<Entry>& entries);
+
+// Which step dirs retention deletes: keeps the newest `keep` complete ones; never the newest verified one
+// (`newest_verified`, when known); nothing at all while a checkpoint newer than the newest complete one is
+// incomplete (a save may be in flight); incomplete leftovers older than the newest complete one; never FAILED ones.
+std::vector<std::uint64_t> plan_gc(const std::vector<Entry>& entries, std::uint64_t keep,
+                                   std::optional<std::uint64_t> newest_verified);
+
+// ---- file system -----------------------------------------------------------------------------------------------
+
+// Lists every step dir under root (other names are ignored). Does not read shard bytes.
+Result<std::vector<Entry>> scan(const std::string& root);
+
+// Verifies one checkpoint: manifest parses and is complete, every shard exists with its size and checksum.
+// The error names the shard that is wrong. `checksums=false` checks sizes only.
+Status verify(const std::string& root, std::uint64_t step, bool checksums = true);
+
+// Writes the FAILED marker for a step (atomic, idempotent; safe when several nodes do it at once).
+Status mark_failed(const std::string& root, std::uint64_t step, std::string_view reason);
+
+struct ResumeChoice {
+  std::optional<std::uint64_t> step;  // absent: nothing to resume from
+  std::string path;                   // the step dir
+  std::vector<std::string> log;       // one line per checkpoint skipped and why, then the choice
+};
+// Newest complete checkpoint that verifies; each newer one that fails verification is marked FAILED (when
+// `mark` is true) and skipped. Never deletes anything.
+ResumeChoice resolve_resume(const std::string& root, bool mark = true);
+
+// Phases of a save, reported to an optional observer; fault-injection tests kill the process at each.
+// ShardsDurable fires once per writer, after its shard and record are durable. ManifestHalfWritten (between
+// ShardsDurable and ManifestTempWritten in time) fires with half of the temp manifest written.
+enum class SavePhase {
+  ShardOpened,
+  ShardHalfWritten,
+  ShardsDurable,
+  ManifestTempWritten,
+  ManifestRenamed,
+  Committed,
+  ManifestHalfWritten,
+};
+using PhaseObserver = std::function<void(SavePhase)>;
+
+// Writes one rank's shard: regions are appended, then finish() fsyncs the file, renames it into place and
+// writes its record atomically. Never follows a symlink: the step dir is opened with O_NOFOLLOW and files are
+// created relative to it with O_EXCL|O_NOFOLLOW.
+class ShardWriter {
+ public:
+  // Creates <root>/<step> if needed (mode 0700) and opens this rank's shard for writing.
+  static Result<ShardWriter> open(const std::string& root, std::uint64_t step, int rank,
+                                  PhaseObserver observer = nullptr);
+  ShardWriter(ShardWriter&&) noexcept;
+  ShardWriter& operator=(ShardWriter&&) noexcept;
+  ~ShardWriter();
+
+  // Appends one named region. `covers` keys are added to the record's coverage.
+  Status append(std::string_view name, const void* data, std::uint64_t length,
+                nlohmann::json meta = nlohmann::json::object());
+  void add_covers(const std::vector<std::string>& keys);
+  // Makes the shard and its record durable; returns the record.
+  Result<ShardRecord> finish();
+
+ private:
+  ShardWriter() = default;
+  struct Impl;
+  Impl* impl_ = nullptr;
+};
+
+// Commits a checkpoint whose shards are durable: reads the records present, checks decide_commit, writes
+// MANIFEST.json atomically (exclusive temp, fsync, rename, fsync dir), then replaces `latest` atomically.
+// Fails without writing a manifest when the checkpoint is not complete.
+Status commit(const std::string& root, const Manifest& manifest_without_shards, PhaseObserver observer = nullptr);
+
+// Reads a shard's records back for a restore; the caller verifies first (see verify / resolve_resume).
+Result<std::vector<ShardRecord>> read_records(const std::string& root, std::uint64_t step);
+
+// Deletes what plan_gc selects. With dry_run, only returns it.
+Result<std::vector<std::uint64_t>> gc(const std::string& root, std::uint64_t keep, bool dry_run);
+
+// ---- additions: names, the manifest and the records present, discarding a dead save --------------------------
+
+inline constexpr std::string_view kManifestName = "MANIFEST.json";
+inline constexpr std::string_view kFailedName = "FAILED";
+inline constexpr std::string_view kLatestName = "latest";
+// The largest step a 12-digit step dir name holds; writers refuse larger ones.
+inline constexpr std::uint64_t kMaxStep = 999'999'999'999;
+
+// "periodic" or "terminal".
+const char* to_string(Kind kind);
+// The enumerator's name, e.g. "ShardsDurable".
+const char* to_string(SavePhase phase);
+
+// The manifest of a committed checkpoint, parsed and checked against its step dir name. Does not verify shards.
+Result<Manifest> read_manifest(const std::string& root, std::uint64_t step);
+
+// The records of the shards written so far (the rank-*.rec files), sorted by rank: what commit decides on.
+Result<std::vector<ShardRecord>> read_present_records(const std::string& root, std::uint64_t step);
+
+// Removes a step dir that has no manifest, e.g. a save that died before a restart. A save that writes a step
+// again must call this first (on one rank, before any ShardWriter::open), or records of the dead save could be
+// committed with the new ones. Refuses a committed, FAILED or corrupt step dir; a missing one is success.
+Status discard_incomplete(const std::string& root, std::uint64_t step);
+
+}  // namespace ckpt::store

@@ -1,0 +1,295 @@
+#include "ckpt/options.hpp"
+
+#include <algorithm>
+
+#include "ckpt/parse.hpp"
+
+namespace ckpt {
+
+namespace {
+
+constexpr std::string_view kStepsSuffix = "steps";
+
+std::string invalid_value(const OptionSpec& spec, std::string_view value) {
+  return "--" + std::string(spec.name) + ": invalid value '" + std::string(value) + "' (expected " + spec.expected +
+         ")";
+}
+
+// Parses one value into `slot`; a second value must equal the first.
+template <class T, class Parse>
+Status set_once(std::optional<T>& slot, const OptionSpec& spec, std::string_view value, Parse parse) {
+  auto parsed = parse(value);
+  if (!parsed) return Status::failure(invalid_value(spec, value));
+  if (slot && !(*slot == *parsed)) {
+    return Status::failure("--" + std::string(spec.name) + ": given twice with different values (second: '" +
+                           std::string(value) + "')");
+  }
+  slot = *parsed;
+  return Status::success();
+}
+
+Result<std::uint64_t> parse_positive_uint(std::string_view text) {
+  auto n = parse_uint(text);
+  if (!n) return n;
+  if (*n == 0) return Error{"must be at least 1"};
+  return n;
+}
+
+Result<std::uint64_t> parse_positive_duration(std::string_view text) {
+  auto d = parse_duration(text);
+  if (!d) return d;
+  if (*d == 0) return Error{"must be positive"};
+  return d;
+}
+
+Result<std::string> parse_dir_template(std::string_view text) {
+  if (text.empty() || text.front() != '/') return Error{"not an absolute path"};
+  return std::string(text);
+}
+
+std::vector<std::string> split(std::string_view text, char sep) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t end = text.find(sep, start);
+    if (end == std::string_view::npos) end = text.size();
+    out.emplace_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<Interval> parse_interval(std::string_view text) {
+  if (text == "auto") return Interval{Interval::Kind::Auto, 0};
+  if (text.size() > kStepsSuffix.size() && text.ends_with(kStepsSuffix)) {
+    auto steps = parse_positive_uint(text.substr(0, text.size() - kStepsSuffix.size()));
+    if (!steps) return Error{steps.error()};
+    return Interval{Interval::Kind::Steps, *steps};
+  }
+  auto seconds = parse_positive_duration(text);
+  if (!seconds) return Error{seconds.error()};
+  return Interval{Interval::Kind::Seconds, *seconds};
+}
+
+std::string format_interval(const Interval& interval) {
+  switch (interval.kind) {
+    case Interval::Kind::Auto: return "auto";
+    case Interval::Kind::Seconds: return std::to_string(interval.value) + "s";
+    case Interval::Kind::Steps: return std::to_string(interval.value) + "steps";
+  }
+  return "auto";
+}
+
+const std::array<OptionSpec, 7>& option_specs() {
+  static const std::array<OptionSpec, 7> specs{{
+      {OptionId::Interval, "ckpt-interval", "interval", "auto|DURATION|Nsteps",
+       "Checkpoint interval: auto (from measured cost and MTBF), a duration like 15m, or N steps",
+       "auto, a duration like 15m, or N steps"},
+      {OptionId::Dir, "ckpt-dir", "dir", "PATH",
+       "Checkpoint directory; %u user, %j job id, %x job name, %a array task id", "an absolute path"},
+      {OptionId::Keep, "ckpt-keep", "keep", "N", "Number of complete checkpoints to keep",
+       "a whole number of checkpoints, at least 1"},
+      {OptionId::LastWords, "ckpt-last-words", "last_words", "on|off",
+       "Let survivors write a terminal checkpoint when a peer dies", "on or off"},
+      {OptionId::Mtbf, "ckpt-mtbf", "mtbf", "DURATION", "Mean time between failures of this job, for --ckpt-interval=auto",
+       "a duration like 24h"},
+      {OptionId::MaxRestarts, "ckpt-max-restarts", "max_restarts", "N",
+       "Restarts allowed without checkpoint progress before giving up", "a whole number"},
+      {OptionId::Grace, "ckpt-grace", "grace", "DURATION",
+       "Take the terminal checkpoint this long before the time limit", "a duration like 5m"},
+  }};
+  return specs;
+}
+
+const OptionSpec& option_spec(OptionId id) {
+  for (const auto& spec : option_specs()) {
+    if (spec.id == id) return spec;
+  }
+  return option_specs().front();  // unreachable: every id is in the table
+}
+
+bool JobOptions::any() const {
+  return interval || dir || keep || last_words || mtbf_s || max_restarts || grace_s;
+}
+
+Status set_job_option(JobOptions& options, OptionId id, std::string_view value) {
+  const OptionSpec& spec = option_spec(id);
+  switch (id) {
+    case OptionId::Interval: return set_once(options.interval, spec, value, parse_interval);
+    case OptionId::Dir: return set_once(options.dir, spec, value, parse_dir_template);
+    case OptionId::Keep: return set_once(options.keep, spec, value, parse_positive_uint);
+    case OptionId::LastWords: return set_once(options.last_words, spec, value, parse_on_off);
+    case OptionId::Mtbf: return set_once(options.mtbf_s, spec, value, parse_positive_duration);
+    case OptionId::MaxRestarts: return set_once(options.max_restarts, spec, value, parse_uint);
+    case OptionId::Grace: return set_once(options.grace_s, spec, value, parse_duration);
+  }
+  return Status::failure("unknown option");
+}
+
+Result<SitePolicy> parse_site_policy(const std::vector<std::string>& args) {
+  SitePolicy policy;
+  for (const std::string& arg : args) {
+    auto eq = arg.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Error{"plugstack.conf: malformed argument '" + arg + "' (expected key=value)"};
+    }
+    std::string key = arg.substr(0, eq);
+    std::string value = arg.substr(eq + 1);
+    auto bad = [&](const char* expected) {
+      return Error{"plugstack.conf: " + key + ": invalid value '" + value + "' (expected " + expected + ")"};
+    };
+
+    bool matched_option = false;
+    for (const auto& spec : option_specs()) {
+      if (key != spec.key) continue;
+      matched_option = true;
+      JobOptions probe;  // parse alone first so a repeated key is reported as a plugstack error
+      if (!set_job_option(probe, spec.id, value)) return bad(spec.expected);
+      if (!set_job_option(policy.defaults, spec.id, value)) {
+        return Error{"plugstack.conf: " + key + ": given twice with different values"};
+      }
+    }
+    if (matched_option) continue;
+
+    if (key == "min_interval" || key == "max_interval" || key == "node_mtbf") {
+      auto d = parse_duration(value);
+      if (!d || (*d == 0 && key == "node_mtbf")) return bad("a duration like 5m");
+      if (key == "min_interval") policy.min_interval_s = *d;
+      if (key == "max_interval") policy.max_interval_s = *d;
+      if (key == "node_mtbf") policy.node_mtbf_s = *d;
+    } else if (key == "allowed_dirs") {
+      policy.allowed_dirs.clear();
+      for (const auto& prefix : split(value, ':')) {
+        auto normalized = normalize_absolute_path(prefix);
+        if (!normalized) return bad("absolute paths separated by ':'");
+        policy.allowed_dirs.push_back(*normalized);
+      }
+    } else if (key == "enabled_by_default") {
+      auto on = parse_on_off(value);
+      if (!on) return bad("yes or no");
+      policy.enabled_by_default = *on;
+    } else if (key == "controller") {
+      if (value.empty()) return bad("a spool directory or an http(s) URL");
+      policy.controller = value;
+    } else {
+      return Error{"plugstack.conf: unknown key '" + key + "'"};
+    }
+  }
+  if (policy.max_interval_s != 0 && policy.max_interval_s < policy.min_interval_s) {
+    return Error{"plugstack.conf: max_interval is below min_interval"};
+  }
+  return policy;
+}
+
+bool checkpointing_enabled(const JobOptions& user, const SitePolicy& policy) {
+  return user.any() || policy.enabled_by_default;
+}
+
+Result<std::string> expand_dir_template(std::string_view templ, const JobContext& job) {
+  std::string out;
+  for (std::size_t i = 0; i < templ.size(); ++i) {
+    char c = templ[i];
+    if (c != '%') {
+      out += c;
+      continue;
+    }
+    if (++i == templ.size()) return Error{"ends with a lone '%'"};
+    const std::string* value = nullptr;
+    switch (templ[i]) {
+      case 'u': value = &job.user; break;
+      case 'j': value = &job.job_id; break;
+      case 'x': value = &job.job_name; break;
+      case 'a': value = &job.array_task_id; break;
+      case '%': out += '%'; continue;
+      default: return Error{std::string("unknown escape '%") + templ[i] + "'"};
+    }
+    // An expansion must stay inside one path component, or a job name could climb out of the allowed dirs.
+    if (value->find('/') != std::string::npos || *value == ".." || *value == ".") {
+      return Error{std::string("%") + templ[i] + " expands to '" + *value + "', which is not a safe path component"};
+    }
+    out += value->empty() && templ[i] == 'a' ? std::string("0") : *value;
+  }
+  return out;
+}
+
+Result<std::string> normalize_absolute_path(std::string_view path) {
+  if (path.empty() || path.front() != '/') return Error{"not an absolute path"};
+  std::string out;
+  for (const auto& part : split(path, '/')) {
+    if (part.empty() || part == ".") continue;
+    if (part == "..") return Error{"contains '..'"};
+    out += '/';
+    out += part;
+  }
+  return out.empty() ? std::string("/") : out;
+}
+
+bool path_within(std::string_view path, std::string_view prefix) {
+  if (prefix == "/") return !path.empty() && path.front() == '/';
+  if (!path.starts_with(prefix)) return false;
+  return path.size() == prefix.size() || path[prefix.size()] == '/';
+}
+
+Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& policy, const JobContext& job) {
+  const JobOptions& site = policy.defaults;
+  Settings s;
+  s.interval = user.interval.value_or(site.interval.value_or(Interval{Interval::Kind::Auto, 0}));
+  s.keep = user.keep.value_or(site.keep.value_or(BuiltinDefaults::keep));
+  s.last_words = user.last_words.value_or(site.last_words.value_or(BuiltinDefaults::last_words));
+  s.max_restarts = user.max_restarts.value_or(site.max_restarts.value_or(BuiltinDefaults::max_restarts));
+  s.grace_s = user.grace_s.value_or(site.grace_s.value_or(BuiltinDefaults::grace_s));
+  if (user.mtbf_s) {
+    s.mtbf_s = *user.mtbf_s;
+  } else if (site.mtbf_s) {
+    s.mtbf_s = *site.mtbf_s;
+  } else if (policy.node_mtbf_s) {
+    s.mtbf_s = std::max<std::uint64_t>(1, *policy.node_mtbf_s / std::max<std::uint32_t>(1, job.node_count));
+  }
+
+  if (s.interval.kind == Interval::Kind::Seconds) {
+    const OptionSpec& spec = option_spec(OptionId::Interval);
+    std::string given = "--" + std::string(spec.name) + ": " + format_duration(s.interval.value);
+    if (s.interval.value < policy.min_interval_s) {
+      return Error{given + " is below the site minimum of " + format_duration(policy.min_interval_s)};
+    }
+    if (policy.max_interval_s != 0 && s.interval.value > policy.max_interval_s) {
+      return Error{given + " is above the site maximum of " + format_duration(policy.max_interval_s)};
+    }
+  }
+
+  const std::string* templ = user.dir ? &*user.dir : site.dir ? &*site.dir : nullptr;
+  if (templ == nullptr) {
+    return Error{"--ckpt-dir: no checkpoint directory (give --ckpt-dir or set dir= in plugstack.conf)"};
+  }
+  auto expanded = expand_dir_template(*templ, job);
+  if (!expanded) return Error{"--ckpt-dir: invalid value '" + *templ + "': " + expanded.error()};
+  auto normalized = normalize_absolute_path(*expanded);
+  if (!normalized) return Error{"--ckpt-dir: invalid value '" + *templ + "': " + normalized.error()};
+  if (!policy.allowed_dirs.empty()) {
+    bool allowed = false;
+    for (const auto& prefix : policy.allowed_dirs) allowed = allowed || path_within(*normalized, prefix);
+    if (!allowed) {
+      std::string list;
+      for (const auto& prefix : policy.allowed_dirs) list += (list.empty() ? "" : ", ") + prefix;
+      return Error{"--ckpt-dir: '" + *normalized + "' is outside the allowed checkpoint dirs (" + list + ")"};
+    }
+  }
+  s.dir = *normalized;
+  return s;
+}
+
+std::vector<std::pair<std::string, std::string>> settings_environment(const Settings& s) {
+  return {
+      {"CKPT_DIR", s.dir},
+      {"CKPT_INTERVAL", format_interval(s.interval)},
+      {"CKPT_KEEP", std::to_string(s.keep)},
+      {"CKPT_LAST_WORDS", s.last_words ? "on" : "off"},
+      {"CKPT_MTBF", std::to_string(s.mtbf_s) + "s"},
+      {"CKPT_GRACE", std::to_string(s.grace_s) + "s"},
+      {"CKPT_MAX_RESTARTS", std::to_string(s.max_restarts)},
+  };
+}
+
+}  // namespace ckpt

@@ -1,0 +1,86 @@
+#include "ckpt/parse.hpp"
+
+#include <array>
+#include <charconv>
+#include <limits>
+
+namespace ckpt {
+
+namespace {
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+}  // namespace
+
+Result<std::uint64_t> parse_uint(std::string_view text) {
+  if (text.empty()) return Error{"empty value"};
+  for (char c : text) {
+    if (!is_digit(c)) return Error{"not a non-negative integer"};
+  }
+  std::uint64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec == std::errc::result_out_of_range) return Error{"number too large"};
+  if (ec != std::errc() || end != text.data() + text.size()) return Error{"not a non-negative integer"};
+  return value;
+}
+
+Result<std::uint64_t> parse_duration(std::string_view text) {
+  if (text.empty()) return Error{"empty value"};
+  struct Unit {
+    char name;
+    std::uint64_t seconds;
+  };
+  static constexpr std::array<Unit, 4> units{{{'d', 86400}, {'h', 3600}, {'m', 60}, {'s', 1}}};
+  constexpr std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
+
+  std::uint64_t total = 0;
+  std::size_t next_unit = 0;  // units must appear in order d, h, m, s, each at most once
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t start = pos;
+    while (pos < text.size() && is_digit(text[pos])) ++pos;
+    if (pos == start) return Error{"expected a number"};
+    auto number = parse_uint(text.substr(start, pos - start));
+    if (!number) return Error{number.error()};
+    std::uint64_t scale = 1;
+    if (pos == text.size()) {
+      if (start != 0) return Error{"missing unit after the last number"};
+    } else {
+      char unit = text[pos++];
+      std::size_t i = next_unit;
+      while (i < units.size() && units[i].name != unit) ++i;
+      if (i == units.size()) {
+        bool known = unit == 'd' || unit == 'h' || unit == 'm' || unit == 's';
+        return Error{known ? "units out of order or repeated" : std::string("unknown unit '") + unit + "'"};
+      }
+      next_unit = i + 1;
+      scale = units[i].seconds;
+    }
+    if (*number > max / scale) return Error{"duration too large"};
+    std::uint64_t part = *number * scale;
+    if (part > max - total) return Error{"duration too large"};
+    total += part;
+  }
+  return total;
+}
+
+std::string format_duration(std::uint64_t seconds) {
+  if (seconds == 0) return "0s";
+  std::string out;
+  for (auto [unit, size] : {std::pair{'d', 86400ULL}, {'h', 3600ULL}, {'m', 60ULL}, {'s', 1ULL}}) {
+    if (seconds >= size) {
+      out += std::to_string(seconds / size);
+      out += unit;
+      seconds %= size;
+    }
+  }
+  return out;
+}
+
+Result<bool> parse_on_off(std::string_view text) {
+  if (text == "on" || text == "yes" || text == "true" || text == "1") return true;
+  if (text == "off" || text == "no" || text == "false" || text == "0") return false;
+  return Error{"expected on or off"};
+}
+
+}  // namespace ckpt

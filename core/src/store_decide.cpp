@@ -1,0 +1,160 @@
+// The store's decisions: state keys, is a checkpoint complete, which one to resume from, what retention deletes.
+// Pure functions over in-memory data.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+
+#include "ckpt/store.hpp"
+
+namespace ckpt::store {
+
+namespace {
+
+std::string model_key(int pp, int tp) { return "model/pp" + std::to_string(pp) + "/tp" + std::to_string(tp); }
+
+std::string optim_key(int pp, int tp) { return "optim/pp" + std::to_string(pp) + "/tp" + std::to_string(tp); }
+
+std::string optim_key(int pp, int tp, int dp) { return optim_key(pp, tp) + "/dp" + std::to_string(dp); }
+
+// "2, 3, 7 and 5 more": enough to act on without flooding a log line.
+template <class T>
+std::string list_some(const std::vector<T>& items) {
+  std::string out;
+  constexpr std::size_t kShown = 6;
+  for (std::size_t i = 0; i < items.size() && i < kShown; ++i) {
+    if (i > 0) out += ", ";
+    if constexpr (std::is_same_v<T, std::string>) {
+      out += items[i];
+    } else {
+      out += std::to_string(items[i]);
+    }
+  }
+  if (items.size() > kShown) out += " and " + std::to_string(items.size() - kShown) + " more";
+  return out;
+}
+
+CommitDecision incomplete(std::string reason) { return {false, std::move(reason)}; }
+
+CommitDecision decide_periodic(int world_size, const std::vector<ShardRecord>& present) {
+  std::vector<bool> seen(static_cast<std::size_t>(world_size), false);
+  for (const ShardRecord& r : present) {
+    if (r.rank < 0 || r.rank >= world_size) {
+      return incomplete("record for rank " + std::to_string(r.rank) + " outside a world of " +
+                        std::to_string(world_size));
+    }
+    if (seen[static_cast<std::size_t>(r.rank)]) return incomplete("two records for rank " + std::to_string(r.rank));
+    seen[static_cast<std::size_t>(r.rank)] = true;
+  }
+  std::vector<int> missing;
+  for (int rank = 0; rank < world_size; ++rank) {
+    if (!seen[static_cast<std::size_t>(rank)]) missing.push_back(rank);
+  }
+  if (!missing.empty()) {
+    return incomplete("missing " + std::to_string(missing.size()) + " of " + std::to_string(world_size) +
+                      " ranks: " + list_some(missing));
+  }
+  return {true, "all " + std::to_string(world_size) + " ranks written"};
+}
+
+CommitDecision decide_terminal(const Layout& layout, int world_size, const std::vector<ShardRecord>& present) {
+  if (layout.dp < 1 || layout.tp < 1 || layout.pp < 1) return incomplete("layout sizes must be at least 1");
+  std::map<std::string, int> owner;  // key -> the rank whose shard covers it; -1 while uncovered
+  for (const std::string& key : required_state_keys(layout)) owner.emplace(key, -1);
+  std::set<int> ranks;
+  for (const ShardRecord& r : present) {
+    if (r.rank < 0 || r.rank >= world_size) {
+      return incomplete("record for rank " + std::to_string(r.rank) + " outside a world of " +
+                        std::to_string(world_size));
+    }
+    if (!ranks.insert(r.rank).second) return incomplete("two records for rank " + std::to_string(r.rank));
+    std::set<std::string> keys(r.covers.begin(), r.covers.end());
+    for (const std::string& key : keys) {
+      auto it = owner.find(key);
+      if (it == owner.end()) {
+        return incomplete("rank " + std::to_string(r.rank) + " covers unknown state key '" + key + "'");
+      }
+      if (it->second >= 0) {
+        return incomplete("state key " + key + " covered by ranks " + std::to_string(it->second) + " and " +
+                          std::to_string(r.rank));
+      }
+      it->second = r.rank;
+    }
+  }
+  std::vector<std::string> uncovered;
+  for (const auto& [key, rank] : owner) {
+    if (rank < 0) uncovered.push_back(key);
+  }
+  if (!uncovered.empty()) {
+    return incomplete(std::to_string(uncovered.size()) + " of " + std::to_string(owner.size()) +
+                      " state keys uncovered: " + list_some(uncovered));
+  }
+  return {true, "all " + std::to_string(owner.size()) + " state keys covered by " + std::to_string(present.size()) +
+                    " shards"};
+}
+
+}  // namespace
+
+std::vector<std::string> required_state_keys(const Layout& layout) {
+  std::vector<std::string> keys;
+  for (int p = 0; p < layout.pp; ++p) {
+    for (int t = 0; t < layout.tp; ++t) keys.push_back(model_key(p, t));
+  }
+  for (int p = 0; p < layout.pp; ++p) {
+    for (int t = 0; t < layout.tp; ++t) {
+      if (!layout.zero1) {
+        keys.push_back(optim_key(p, t));
+        continue;
+      }
+      for (int d = 0; d < layout.dp; ++d) keys.push_back(optim_key(p, t, d));
+    }
+  }
+  return keys;
+}
+
+std::vector<std::string> state_keys_of_rank(const Layout& layout, const RankCoord& coord) {
+  return {model_key(coord.pp, coord.tp),
+          layout.zero1 ? optim_key(coord.pp, coord.tp, coord.dp) : optim_key(coord.pp, coord.tp)};
+}
+
+CommitDecision decide_commit(Kind kind, const Layout& layout, int world_size,
+                             const std::vector<ShardRecord>& present) {
+  if (world_size < 1) return incomplete("world size must be at least 1");
+  return kind == Kind::Periodic ? decide_periodic(world_size, present)
+                                : decide_terminal(layout, world_size, present);
+}
+
+std::vector<std::uint64_t> resume_candidates(const std::vector<Entry>& entries) {
+  std::vector<std::uint64_t> steps;
+  for (const Entry& e : entries) {
+    if (e.state == State::Complete) steps.push_back(e.step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  return steps;
+}
+
+std::vector<std::uint64_t> plan_gc(const std::vector<Entry>& entries, std::uint64_t keep,
+                                   std::optional<std::uint64_t> newest_verified) {
+  std::vector<std::uint64_t> complete = resume_candidates(entries);  // newest first
+  if (complete.empty()) return {};                                   // nothing safe to anchor on yet
+  const std::uint64_t newest_complete = complete.front();
+  for (const Entry& e : entries) {
+    if (e.state == State::Incomplete && e.step > newest_complete) return {};  // a save may be in flight
+  }
+  keep = std::max<std::uint64_t>(keep, 1);  // the newest complete checkpoint is never deleted
+  std::vector<std::uint64_t> doomed;
+  for (std::size_t i = 0; i < complete.size(); ++i) {
+    if (i < keep || complete[i] == newest_verified) continue;
+    doomed.push_back(complete[i]);
+  }
+  for (const Entry& e : entries) {
+    // FAILED and corrupt checkpoints are evidence: kept for a person to look at.
+    if (e.state == State::Incomplete && e.step < newest_complete) doomed.push_back(e.step);
+  }
+  std::sort(doomed.begin(), doomed.end());
+  doomed.erase(std::unique(doomed.begin(), doomed.end()), doomed.end());
+  return doomed;
+}
+
+}  // namespace ckpt::store

@@ -1,0 +1,84 @@
+#include "plugin_state.hpp"
+
+#include <pwd.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
+#include <vector>
+
+namespace ckpt::spank {
+
+namespace {
+
+// Slurm keeps pointers to the option table, so it must outlive registration.
+std::vector<spank_option>& option_table() {
+  static std::vector<spank_option> table;
+  return table;
+}
+
+int on_option(int val, const char* optarg, int /*remote*/) {
+  try {
+    const auto& specs = ckpt::option_specs();
+    if (val < 0 || static_cast<std::size_t>(val) >= specs.size()) return -1;
+    auto status = ckpt::set_job_option(plugin_state().user, specs[static_cast<std::size_t>(val)].id,
+                                       optarg ? optarg : "");
+    if (!status) {
+      log_error(status.error());
+      if (plugin_state().first_error.empty()) plugin_state().first_error = status.error();
+      return -1;
+    }
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+PluginState& plugin_state() {
+  static PluginState state;
+  return state;
+}
+
+int register_options(spank_t sp) {
+  auto& table = option_table();
+  if (table.empty()) {
+    int index = 0;
+    for (const auto& spec : ckpt::option_specs()) {
+      table.push_back(spank_option{const_cast<char*>(spec.name), const_cast<char*>(spec.arginfo),
+                                   const_cast<char*>(spec.usage), 1, index++, on_option});
+    }
+  }
+  for (auto& option : table) {
+    if (spank_option_register(sp, &option) != ESPANK_SUCCESS) {
+      log_error(std::string("cannot register --") + option.name);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+std::string job_getenv(spank_t sp, const char* name) {
+  if (spank_remote(sp)) {
+    std::array<char, 4096> buf{};
+    if (spank_getenv(sp, name, buf.data(), static_cast<int>(buf.size())) != ESPANK_SUCCESS) return {};
+    return buf.data();
+  }
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+std::string user_name(uid_t uid) {
+  std::array<char, 16384> buf{};
+  passwd pw{};
+  passwd* found = nullptr;
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return {};
+  return found->pw_name;
+}
+
+void log_user(const std::string& line) { slurm_spank_log("ckpt: %s", line.c_str()); }
+
+void log_error(const std::string& line) { slurm_error("ckpt: %s", line.c_str()); }
+
+}  // namespace ckpt::spank

@@ -1,0 +1,44 @@
+#pragma once
+// State shared by the plugin's callbacks within one process (srun, sbatch/salloc or one slurmstepd).
+// Slurm loads the plugin once per process and calls option callbacks without a handle, hence globals.
+#include <optional>
+#include <string>
+
+extern "C" {
+#include <slurm/spank.h>
+}
+
+#include "ckpt/options.hpp"
+
+namespace ckpt::spank {
+
+struct PluginState {
+  ckpt::SitePolicy policy;       // from plugstack.conf, parsed in slurm_spank_init
+  ckpt::JobOptions user;         // --ckpt-* values given for this job
+  std::string first_error;       // the first option error, reported again if Slurm ignores the callback's rc
+};
+
+PluginState& plugin_state();
+
+// Registers the --ckpt-* options from the core's option table. Returns 0 or -1.
+int register_options(spank_t sp);
+
+// The environment of the job: spank_getenv in slurmstepd, getenv in srun/sbatch. Empty when unset.
+std::string job_getenv(spank_t sp, const char* name);
+
+// The user's name for %u, from the job's uid; empty when unknown.
+std::string user_name(uid_t uid);
+
+// Logs one line for the user ("ckpt: ...").
+void log_user(const std::string& line);
+// Logs one failure ("ckpt: ...") through slurm_error.
+void log_error(const std::string& line);
+
+// Local (srun) and allocator (sbatch/salloc) context: checks the merged options against site policy.
+int local_post_opt(spank_t sp);
+
+// Remote (slurmstepd) context, privileges dropped: resolves settings, creates CKPT_DIR as the job's owner,
+// finds the checkpoint to resume from and exports CKPT_* to every task.
+int remote_user_init(spank_t sp);
+
+}  // namespace ckpt::spank

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The SPANK plugin's --ckpt-* options and site policy, on the real 4-node cluster.
+source "$(dirname "$0")/lib.sh"
+D=$CKPT_CLUSTER_DIR
+EXPECTED="(expected auto, a duration like 15m, or N steps)"
+
+# srun --help lists every option.
+srun --help > "$SCRATCH/help" 2>&1
+for opt in interval dir keep last-words mtbf max-restarts grace; do assert_contains "$SCRATCH/help" "--ckpt-$opt"; done
+pass "srun --help lists the options"
+
+# Every task on all four nodes sees the normalized settings.
+srun -N4 -n8 --ckpt-interval=15m --ckpt-dir="$SCRATCH/run-%j" --ckpt-mtbf=1h30m \
+  bash -c 'echo "$SLURMD_NODENAME $SLURM_PROCID $SLURM_JOB_ID $(env | grep ^CKPT_ | sort | tr "\n" " ")"' > "$SCRATCH/env"
+[ "$(wc -l < "$SCRATCH/env")" -eq 8 ] || fail "expected 8 task lines"
+[ "$(awk '{print $1}' "$SCRATCH/env" | sort -u | wc -l)" -eq 4 ] || fail "tasks did not span 4 nodes"
+job=$(awk 'NR==1 {print $3}' "$SCRATCH/env")
+while read -r node rank jobid rest; do
+  for kv in "CKPT_INTERVAL=900s" "CKPT_DIR=$SCRATCH/run-$jobid" "CKPT_KEEP=3" "CKPT_LAST_WORDS=on" "CKPT_MTBF=5400s" \
+            "CKPT_GRACE=120s" "CKPT_MAX_RESTARTS=3" "CKPT_RESTART_COUNT=0" "CKPT_JOB_ID=$jobid"; do
+    [[ " $rest " == *" $kv "* ]] || fail "rank $rank on $node lacks $kv: $rest"
+  done
+done < "$SCRATCH/env"
+[ -d "$SCRATCH/run-$job" ] || fail "CKPT_DIR was not created"
+pass "all 8 tasks on 4 nodes see the normalized environment"
+
+# Options given to sbatch reach every srun in the script, and the batch script itself.
+cat > "$SCRATCH/job.sh" <<JOB
+#!/bin/bash
+#SBATCH -N2 -n2
+#SBATCH --ckpt-interval=500steps
+#SBATCH --ckpt-keep=2
+echo "batch CKPT_INTERVAL=\$CKPT_INTERVAL"
+srun bash -c 'echo "step \$SLURMD_NODENAME CKPT_INTERVAL=\$CKPT_INTERVAL CKPT_KEEP=\$CKPT_KEEP"'
+JOB
+sbatch -W -o "$SCRATCH/batch.out" --ckpt-dir="$SCRATCH/batch-%j" "$SCRATCH/job.sh" > /dev/null
+assert_contains "$SCRATCH/batch.out" "batch CKPT_INTERVAL=500steps"
+[ "$(grep -c 'step n.* CKPT_INTERVAL=500steps CKPT_KEEP=2' "$SCRATCH/batch.out")" -eq 2 ] || {
+  cat "$SCRATCH/batch.out" >&2; fail "sbatch options did not reach srun"; }
+pass "sbatch options reach srun"
+
+# A bad value refuses the job with one line naming the option and the value, in srun and in sbatch.
+expect_fail srun -N1 --ckpt-interval=-5 true
+assert_contains "$SCRATCH/err" "ckpt: --ckpt-interval: invalid value '-5' $EXPECTED"
+expect_fail sbatch --ckpt-interval=-5 --wrap true
+assert_contains "$SCRATCH/err" "ckpt: --ckpt-interval: invalid value '-5' $EXPECTED"
+expect_fail srun -N1 --ckpt-keep=0 true
+assert_contains "$SCRATCH/err" "ckpt: --ckpt-keep: invalid value '0'"
+expect_fail srun -N1 --ckpt-interval=15m --ckpt-interval=1h true
+assert_contains "$SCRATCH/err" "ckpt: --ckpt-interval: given twice with different values"
+srun -N1 --ckpt-interval=15m --ckpt-interval=900s --ckpt-dir="$SCRATCH/twice" true || fail "same value twice was refused"
+pass "bad values are refused with a clear line"
+
+# A --ckpt-dir outside the allowed prefixes is refused.
+expect_fail srun -N1 --ckpt-dir=/etc/ckpt-evil true
+assert_contains "$SCRATCH/err" "ckpt: --ckpt-dir: '/etc/ckpt-evil' is outside the allowed checkpoint dirs ($D/ckpt)"
+expect_fail srun -N1 --ckpt-dir="$D/ckpt/../../etc" true
+assert_contains "$SCRATCH/err" "ckpt: --ckpt-dir: invalid value"
+[ ! -e /etc/ckpt-evil ] || fail "a refused dir was created"
+pass "dirs outside the allowed prefixes are refused"
+
+# The site's interval minimum applies.
+sed "s|min_interval=1s|min_interval=10m|" "$D/etc/plugstack.conf" > "$SCRATCH/plugstack-min.conf"
+sed "s|^PlugStackConfig=.*|PlugStackConfig=$SCRATCH/plugstack-min.conf|" "$SLURM_CONF" > "$SCRATCH/slurm-min.conf"
+SLURM_CONF=$SCRATCH/slurm-min.conf expect_fail srun -N1 --ckpt-interval=5m true
+assert_contains "$SCRATCH/err" "ckpt: --ckpt-interval: 5m is below the site minimum of 10m"
+pass "interval bounds apply"
+
+# A typo in plugstack.conf fails closed and names the key.
+sed "s|min_interval=1s|min_intervall=1s|" "$D/etc/plugstack.conf" > "$SCRATCH/plugstack-typo.conf"
+sed "s|^PlugStackConfig=.*|PlugStackConfig=$SCRATCH/plugstack-typo.conf|" "$SLURM_CONF" > "$SCRATCH/slurm-typo.conf"
+SLURM_CONF=$SCRATCH/slurm-typo.conf expect_fail srun -N1 true
+assert_contains "$SCRATCH/err" "ckpt: plugstack.conf: unknown key 'min_intervall'"
+pass "a plugstack typo fails closed"
+
+# A job that asks for nothing gets nothing.
+srun -N1 bash -c 'env | grep ^CKPT_ || true' > "$SCRATCH/none"
+[ ! -s "$SCRATCH/none" ] || { cat "$SCRATCH/none" >&2; fail "a job without --ckpt options got CKPT_ variables"; }
+pass "no option, no environment"
+
+# The checkpoint dir belongs to the job's user, mode 0700, never to root.
+chown "$TEST_USER" "$SCRATCH"
+runuser -u "$TEST_USER" -- env SLURM_CONF="$SLURM_CONF" srun -N2 -n2 --ckpt-interval=15m \
+  --ckpt-dir="$SCRATCH/user-%u/%j" bash -c 'echo $CKPT_DIR' > "$SCRATCH/userdir"
+userdir=$(head -n1 "$SCRATCH/userdir")
+[ -d "$userdir" ] || fail "user's CKPT_DIR $userdir missing"
+[ "$(stat -c '%U %a' "$userdir")" = "$TEST_USER 700" ] || fail "CKPT_DIR is $(stat -c '%U %a' "$userdir")"
+[ "$(stat -c '%U' "$(dirname "$userdir")")" = "$TEST_USER" ] || fail "parent created as $(stat -c %U "$(dirname "$userdir")")"
+pass "CKPT_DIR is created by and for the job's user"
+
+finish

@@ -1,0 +1,177 @@
+#include <catch2/catch.hpp>
+
+#include "ckpt/options.hpp"
+#include "ckpt/parse.hpp"
+
+using namespace ckpt;
+
+TEST_CASE("parse_uint", "[parse]") {
+  SECTION("good inputs") {
+    CHECK(*parse_uint("0") == 0);
+    CHECK(*parse_uint("42") == 42);
+    CHECK(*parse_uint("18446744073709551615") == 18446744073709551615ULL);
+  }
+  SECTION("bad inputs") {
+    for (const char* bad : {"", "-1", "+1", " 1", "1 ", "1x", "0x10", "18446744073709551616", "1.5"}) {
+      INFO(bad);
+      CHECK_FALSE(parse_uint(bad).ok());
+    }
+    CHECK(parse_uint("99999999999999999999").error() == "number too large");
+  }
+}
+
+TEST_CASE("parse_duration", "[parse]") {
+  SECTION("good inputs") {
+    CHECK(*parse_duration("90s") == 90);
+    CHECK(*parse_duration("15m") == 900);
+    CHECK(*parse_duration("2h") == 7200);
+    CHECK(*parse_duration("1h30m") == 5400);
+    CHECK(*parse_duration("1d2h3m4s") == 93784);
+    CHECK(*parse_duration("45") == 45);
+    CHECK(*parse_duration("0s") == 0);
+  }
+  SECTION("bad inputs") {
+    for (const char* bad : {"", "-5", "+5m", "5m ", " 5m", "5x", "5mm", "m", "1m1h", "1h1h", "1.5h", "10m5",
+                            "99999999999999999999s", "9999999999999999999d", "h30m"}) {
+      INFO(bad);
+      CHECK_FALSE(parse_duration(bad).ok());
+    }
+    CHECK(parse_duration("5y").error() == "unknown unit 'y'");
+    CHECK(parse_duration("").error() == "empty value");
+  }
+  SECTION("format round-trips") {
+    for (std::uint64_t s : {0ULL, 1ULL, 59ULL, 60ULL, 900ULL, 5400ULL, 86400ULL, 93784ULL}) {
+      CHECK(*parse_duration(format_duration(s)) == s);
+    }
+    CHECK(format_duration(5400) == "1h30m");
+  }
+}
+
+TEST_CASE("parse_interval", "[options]") {
+  SECTION("good inputs") {
+    CHECK(format_interval(*parse_interval("auto")) == "auto");
+    CHECK(format_interval(*parse_interval("15m")) == "900s");
+    CHECK(format_interval(*parse_interval("1h30m")) == "5400s");
+    CHECK(format_interval(*parse_interval("500steps")) == "500steps");
+  }
+  SECTION("bad inputs") {
+    for (const char* bad : {"", "-5", "0", "0s", "0steps", "steps", "-3steps", "5 steps", "5step", "Auto", "15m!",
+                            "99999999999999999999steps"}) {
+      INFO(bad);
+      CHECK_FALSE(parse_interval(bad).ok());
+    }
+  }
+}
+
+TEST_CASE("set_job_option names the option and the value", "[options]") {
+  JobOptions o;
+  auto st = set_job_option(o, OptionId::Interval, "-5");
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.error() == "--ckpt-interval: invalid value '-5' (expected auto, a duration like 15m, or N steps)");
+  CHECK_FALSE(o.any());  // nothing written on error
+
+  SECTION("same value twice is fine, a different one is not") {
+    REQUIRE(set_job_option(o, OptionId::Interval, "15m").ok());
+    CHECK(set_job_option(o, OptionId::Interval, "900s").ok());
+    auto again = set_job_option(o, OptionId::Interval, "1h");
+    REQUIRE_FALSE(again.ok());
+    CHECK(again.error().starts_with("--ckpt-interval: given twice with different values"));
+    CHECK(format_interval(*o.interval) == "900s");
+  }
+  SECTION("each option rejects bad values") {
+    CHECK_FALSE(set_job_option(o, OptionId::Keep, "0").ok());
+    CHECK_FALSE(set_job_option(o, OptionId::Keep, "3x").ok());
+    CHECK_FALSE(set_job_option(o, OptionId::LastWords, "maybe").ok());
+    CHECK_FALSE(set_job_option(o, OptionId::Mtbf, "0").ok());
+    CHECK_FALSE(set_job_option(o, OptionId::MaxRestarts, "-1").ok());
+    CHECK_FALSE(set_job_option(o, OptionId::Grace, "5q").ok());
+    CHECK_FALSE(set_job_option(o, OptionId::Dir, "relative/path").ok());
+    CHECK_FALSE(set_job_option(o, OptionId::Dir, "").ok());
+    CHECK_FALSE(o.any());
+  }
+}
+
+TEST_CASE("parse_site_policy", "[options][config]") {
+  SECTION("good inputs") {
+    auto p = parse_site_policy({"interval=30m", "min_interval=5m", "max_interval=1d", "allowed_dirs=/scratch:/tmp//x/",
+                                "enabled_by_default=yes", "keep=2", "node_mtbf=1000h", "last_words=off",
+                                "dir=/scratch/%u/%j"});
+    REQUIRE(p.ok());
+    CHECK(p->min_interval_s == 300);
+    CHECK(p->max_interval_s == 86400);
+    CHECK(p->allowed_dirs == std::vector<std::string>{"/scratch", "/tmp/x"});
+    CHECK(p->enabled_by_default);
+    CHECK(*p->defaults.keep == 2);
+    CHECK(*p->node_mtbf_s == 3600000);
+    CHECK_FALSE(*p->defaults.last_words);
+    CHECK(parse_site_policy({}).ok());
+  }
+  SECTION("bad inputs fail closed and name the key") {
+    CHECK(parse_site_policy({"intervl=5m"}).error() == "plugstack.conf: unknown key 'intervl'");
+    CHECK(parse_site_policy({"interval=-5"}).error() ==
+          "plugstack.conf: interval: invalid value '-5' (expected auto, a duration like 15m, or N steps)");
+    CHECK(parse_site_policy({"keep"}).error() == "plugstack.conf: malformed argument 'keep' (expected key=value)");
+    CHECK_FALSE(parse_site_policy({"=5"}).ok());
+    CHECK_FALSE(parse_site_policy({"min_interval=5x"}).ok());
+    CHECK_FALSE(parse_site_policy({"allowed_dirs=relative"}).ok());
+    CHECK_FALSE(parse_site_policy({"allowed_dirs=/a/../b"}).ok());
+    CHECK_FALSE(parse_site_policy({"enabled_by_default=perhaps"}).ok());
+    CHECK_FALSE(parse_site_policy({"min_interval=1h", "max_interval=5m"}).ok());
+    CHECK_FALSE(parse_site_policy({"keep=2", "keep=3"}).ok());
+    CHECK_FALSE(parse_site_policy({"node_mtbf=0"}).ok());
+  }
+}
+
+TEST_CASE("resolve_settings merges user over site over built-in", "[options]") {
+  JobContext job{"alice", "1234", "train", "", 4};
+  auto policy = *parse_site_policy({"dir=/scratch/%u/%j", "keep=5", "allowed_dirs=/scratch", "node_mtbf=400h"});
+  JobOptions user;
+  REQUIRE(set_job_option(user, OptionId::Interval, "15m").ok());
+  auto s = resolve_settings(user, policy, job);
+  REQUIRE(s.ok());
+  CHECK(s->dir == "/scratch/alice/1234");
+  CHECK(s->keep == 5);
+  CHECK(s->mtbf_s == 100 * 3600);  // node MTBF / node count
+  auto env = settings_environment(*s);
+  CHECK(env[0] == std::pair<std::string, std::string>{"CKPT_DIR", "/scratch/alice/1234"});
+  CHECK(env[1].second == "900s");
+
+  SECTION("interval bounds") {
+    JobOptions fast;
+    REQUIRE(set_job_option(fast, OptionId::Interval, "10s").ok());
+    auto r = resolve_settings(fast, policy, job);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error() == "--ckpt-interval: 10s is below the site minimum of 1m");
+  }
+  SECTION("dir outside the allowed prefixes") {
+    JobOptions elsewhere;
+    REQUIRE(set_job_option(elsewhere, OptionId::Dir, "/scratchy/%u").ok());
+    auto r = resolve_settings(elsewhere, policy, job);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error() == "--ckpt-dir: '/scratchy/alice' is outside the allowed checkpoint dirs (/scratch)");
+  }
+  SECTION("hostile expansions and paths") {
+    JobContext evil{"alice", "1", "../../etc", "", 1};
+    JobOptions named;
+    REQUIRE(set_job_option(named, OptionId::Dir, "/scratch/%x").ok());
+    CHECK_FALSE(resolve_settings(named, policy, evil).ok());
+    JobOptions climb;
+    REQUIRE(set_job_option(climb, OptionId::Dir, "/scratch/../etc").ok());
+    CHECK_FALSE(resolve_settings(climb, policy, job).ok());
+    JobOptions bad_escape;
+    REQUIRE(set_job_option(bad_escape, OptionId::Dir, "/scratch/%q").ok());
+    CHECK(resolve_settings(bad_escape, policy, job).error() ==
+          "--ckpt-dir: invalid value '/scratch/%q': unknown escape '%q'");
+  }
+  SECTION("no dir anywhere is an error") {
+    CHECK_FALSE(resolve_settings(user, SitePolicy{}, job).ok());
+  }
+}
+
+TEST_CASE("path_within compares whole components", "[options]") {
+  CHECK(path_within("/scratch/a", "/scratch"));
+  CHECK(path_within("/scratch", "/scratch"));
+  CHECK_FALSE(path_within("/scratchy", "/scratch"));
+  CHECK(path_within("/anything", "/"));
+  CHECK(*normalize_absolute_path("//a/./b/") == "/a/b");
+}
