@@ -17,12 +17,31 @@ std::vector<spank_option>& option_table() {
   return table;
 }
 
-int on_option(int val, const char* optarg, int /*remote*/) {
+// The variable through which sbatch hands an option to the sruns of its script.
+std::string inherited_env_name(const char* option_name) {
+  std::string name = std::string("SLURM_SPANK__SLURM_SPANK_OPTION_ckpt_") + option_name;
+  for (char& c : name) c = c == '-' ? '_' : c;
+  return name;
+}
+
+int on_option(int val, const char* optarg, int remote) {
   try {
     const auto& specs = ckpt::option_specs();
     if (val < 0 || static_cast<std::size_t>(val) >= specs.size()) return -1;
-    auto status = ckpt::set_job_option(plugin_state().user, specs[static_cast<std::size_t>(val)].id,
-                                       optarg ? optarg : "");
+    auto index = static_cast<std::size_t>(val);
+    auto& state = plugin_state();
+    std::string value = optarg ? optarg : "";
+    if (!remote) {
+      // Slurm replays sbatch's options before srun's own: an explicit srun value overrides, not conflicts.
+      const char* env = std::getenv(inherited_env_name(specs[index].name).c_str());
+      if (state.inherited[index]) {
+        ckpt::clear_job_option(state.user, specs[index].id);
+        state.inherited[index] = false;
+      } else if (env != nullptr && value == env) {
+        state.inherited[index] = true;
+      }
+    }
+    auto status = ckpt::set_job_option(state.user, specs[index].id, value);
     if (!status) {
       log_error(status.error());
       if (plugin_state().first_error.empty()) plugin_state().first_error = status.error();

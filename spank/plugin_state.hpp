@@ -1,6 +1,7 @@
 #pragma once
 // State shared by the plugin's callbacks within one process (srun, sbatch/salloc or one slurmstepd).
 // Slurm loads the plugin once per process and calls option callbacks without a handle, hence globals.
+#include <array>
 #include <optional>
 #include <string>
 
@@ -16,6 +17,8 @@ struct PluginState {
   ckpt::SitePolicy policy;       // from plugstack.conf, parsed in slurm_spank_init
   ckpt::JobOptions user;         // --ckpt-* values given for this job
   std::string first_error;       // the first option error, reported again if Slurm ignores the callback's rc
+  // Options whose value srun inherited from sbatch's environment; an explicit srun value replaces them.
+  std::array<bool, 7> inherited{};
 };
 
 PluginState& plugin_state();

@@ -128,6 +128,18 @@ Status set_job_option(JobOptions& options, OptionId id, std::string_view value) 
   return Status::failure("unknown option");
 }
 
+void clear_job_option(JobOptions& options, OptionId id) {
+  switch (id) {
+    case OptionId::Interval: options.interval.reset(); break;
+    case OptionId::Dir: options.dir.reset(); break;
+    case OptionId::Keep: options.keep.reset(); break;
+    case OptionId::LastWords: options.last_words.reset(); break;
+    case OptionId::Mtbf: options.mtbf_s.reset(); break;
+    case OptionId::MaxRestarts: options.max_restarts.reset(); break;
+    case OptionId::Grace: options.grace_s.reset(); break;
+  }
+}
+
 Result<SitePolicy> parse_site_policy(const std::vector<std::string>& args) {
   SitePolicy policy;
   for (const std::string& arg : args) {

@@ -39,6 +39,12 @@ assert_contains "$SCRATCH/batch.out" "batch CKPT_INTERVAL=500steps"
   cat "$SCRATCH/batch.out" >&2; fail "sbatch options did not reach srun"; }
 pass "sbatch options reach srun"
 
+# An explicit srun option inside the script overrides the one inherited from sbatch.
+sbatch -W -N1 -o "$SCRATCH/override.out" --ckpt-interval=15m --ckpt-dir="$SCRATCH/override-%j" \
+  --wrap 'srun --ckpt-interval=5m bash -c "echo step CKPT_INTERVAL=\$CKPT_INTERVAL"' > /dev/null
+assert_contains "$SCRATCH/override.out" "step CKPT_INTERVAL=300s"
+pass "srun's own value overrides sbatch's"
+
 # A bad value refuses the job with one line naming the option and the value, in srun and in sbatch.
 expect_fail srun -N1 --ckpt-interval=-5 true
 assert_contains "$SCRATCH/err" "ckpt: --ckpt-interval: invalid value '-5' $EXPECTED"
@@ -74,7 +80,8 @@ assert_contains "$SCRATCH/err" "ckpt: plugstack.conf: unknown key 'min_intervall
 pass "a plugstack typo fails closed"
 
 # A job that asks for nothing gets nothing.
-srun -N1 bash -c 'env | grep ^CKPT_ || true' > "$SCRATCH/none"
+srun -N1 bash -c 'env | grep -E "^CKPT_(DIR|INTERVAL|KEEP|LAST_WORDS|MTBF|GRACE|MAX_RESTARTS|RESTART_COUNT|JOB_ID|RESUME_)" || true' \
+  > "$SCRATCH/none"
 [ ! -s "$SCRATCH/none" ] || { cat "$SCRATCH/none" >&2; fail "a job without --ckpt options got CKPT_ variables"; }
 pass "no option, no environment"
 

@@ -57,6 +57,9 @@ struct JobOptions {
 // is an error. The message names the option and the value: "--ckpt-keep: invalid value 'x' (expected ...)".
 Status set_job_option(JobOptions& options, OptionId id, std::string_view value);
 
+// Forgets one option's value, so that an explicit value can replace one inherited from sbatch.
+void clear_job_option(JobOptions& options, OptionId id);
+
 // Site policy, from the `key=value` arguments after the plugin path in plugstack.conf.
 struct SitePolicy {
   JobOptions defaults;                      // interval=, dir=, keep=, last_words=, mtbf=, max_restarts=, grace=
