@@ -208,12 +208,10 @@ int remote_user_init(spank_t sp) {
   export_env(sp, "CKPT_RESTART_COUNT", std::to_string(restarts));
   if (std::time_t end = job_end_time(ids.job_id); end > 0) export_env(sp, "CKPT_END_TIME", std::to_string(end));
 
-  for (const auto& line : report.resume.log) slurm_info("ckpt: job %u: %s", ids.job_id, line.c_str());
+  for (const auto& line : report.resume.log) slurm_info("ckpt: job %u.%u: %s", ids.job_id, step_id, line.c_str());
   if (report.resume.step) {
     export_env(sp, "CKPT_RESUME_STEP", std::to_string(*report.resume.step));
     export_env(sp, "CKPT_RESUME_PATH", report.resume.path);
-    slurm_info("ckpt: job %u step %u resumes from checkpoint step %llu (%s)", ids.job_id, step_id,
-               static_cast<unsigned long long>(*report.resume.step), report.resume.path.c_str());
   } else {
     // A stale value from the submitting shell must not make a fresh job resume.
     spank_unsetenv(sp, "CKPT_RESUME_STEP");

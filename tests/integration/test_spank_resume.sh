@@ -34,7 +34,7 @@ pass "step 300 is marked FAILED, nothing is deleted"
 # The nodes' logs say where the job resumes from and why step 300 was skipped.
 logs=$(ls "$CKPT_CLUSTER_DIR"/log/slurmd-n*.log)
 # shellcheck disable=SC2086
-grep -h "resumes from checkpoint step 200" $logs | grep -qF "$dir/000000000200" || fail "no resume line in slurmd logs"
+grep -h "ckpt: job .*resume from step 200" $logs | grep -qF "$dir/000000000200" || fail "no resume line in slurmd logs"
 # shellcheck disable=SC2086
 grep -h "ckpt: job" $logs | grep -F "300" | grep -qiE "skip|fail|corrupt|checksum" || fail "no skip reason for step 300 logged"
 pass "the choice and the skipped checkpoint are logged"
