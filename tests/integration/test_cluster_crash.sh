@@ -15,6 +15,12 @@ gone_within() {
   return 1
 }
 
+# PMIx steps launch across all four nodes (TmpFS per node keeps their stepds apart).
+srun --mpi=pmix -N4 -n4 bash -c 'echo "$SLURMD_NODENAME $PMIX_RANK"' | sort > "$SCRATCH/pmix"
+[ "$(awk '{print $1}' "$SCRATCH/pmix" | sort -u | wc -l)" -eq 4 ] || fail "pmix step did not span 4 nodes"
+[ "$(awk '{print $2}' "$SCRATCH/pmix" | sort -n | tr '\n' ' ')" = "0 1 2 3 " ] || fail "pmix ranks: $(cat "$SCRATCH/pmix")"
+pass "srun --mpi=pmix runs across 4 nodes"
+
 tag=$RANDOM$RANDOM
 srun -N4 -n4 -J "crash-$tag" bash -c "exec -a ckpt-crash-probe-$tag sleep 300" > /dev/null 2>&1 &
 srun_pid=$!
