@@ -24,6 +24,11 @@ done < "$SCRATCH/env"
 [ -d "$SCRATCH/run-$job" ] || fail "CKPT_DIR was not created"
 pass "all 8 tasks on 4 nodes see the normalized environment"
 
+# With a time limit, ranks learn when it ends (for the terminal checkpoint CKPT_GRACE before it).
+read -r end now < <(srun -t 5 -N1 --ckpt-interval=15m --ckpt-dir="$SCRATCH/limit" bash -c 'echo "${CKPT_END_TIME:-0} $(date +%s)"')
+[ $((end - now)) -gt 240 ] && [ $((end - now)) -le 300 ] || fail "CKPT_END_TIME is $end, now $now (want about now + 300)"
+pass "CKPT_END_TIME gives the time limit"
+
 # Options given to sbatch reach every srun in the script, and the batch script itself.
 cat > "$SCRATCH/job.sh" <<JOB
 #!/bin/bash

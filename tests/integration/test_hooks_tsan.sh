@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds the hooks stress test with ThreadSanitizer in a scratch build dir and runs it; a TSAN report fails it.
+# First a control run without the guard must produce a report: proof that this harness would see a real one.
+set -euo pipefail
+SRC=${CKPT_SOURCE_DIR:?}
+SCRATCH=${CKPT_TSAN_BUILD_DIR:-${CKPT_BUILD_DIR:-/tmp}/hooks-tsan}
+mkdir -p "$SCRATCH"
+echo "test_hooks_tsan: building hooks_stress with -fsanitize=thread in $SCRATCH"
+cmake -S "$SRC" -B "$SCRATCH" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_CXX_FLAGS=-fsanitize=thread \
+  -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
+  -DCKPT_BUILD_SPANK=OFF -DCKPT_WITH_CUDA=OFF -DCKPT_BUILD_PYTHON=OFF >"$SCRATCH/configure.log" 2>&1 ||
+  { cat "$SCRATCH/configure.log" >&2; exit 1; }
+cmake --build "$SCRATCH" --target hooks_stress -j"$(nproc)" >"$SCRATCH/build.log" 2>&1 ||
+  { tail -50 "$SCRATCH/build.log" >&2; exit 1; }
+BIN=$SCRATCH/tests/hooks_stress
+nm "$BIN" | grep -q __tsan_init || { echo "test_hooks_tsan: $BIN is not instrumented" >&2; exit 1; }
+nm -D "$SCRATCH/hooks/libckpt.so" | grep -q __tsan || { echo "test_hooks_tsan: libckpt.so is not instrumented" >&2; exit 1; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export TSAN_OPTIONS="halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}"
+
+set +e
+"$BIN" --dir "$work/control" --ranks 1 --steps 40 --mib 1 --interval 2steps --min-checkpoints 1 --no-guard \
+  >"$work/control.log" 2>&1
+rc=$?
+set -e
+if [ "$rc" -ne 66 ] || ! grep -q "WARNING: ThreadSanitizer: data race" "$work/control.log"; then
+  echo "test_hooks_tsan: the unguarded control run gave no TSAN report (exit $rc); the check would be blind" >&2
+  tail -20 "$work/control.log" >&2
+  exit 1
+fi
+echo "test_hooks_tsan: control run without the guard reported a race, as it must"
+
+"$BIN" --dir "$work/steps" --ranks 2 --steps 120 --mib 1 --interval 5steps --min-checkpoints 24
+"$BIN" --dir "$work/notice" --ranks 2 --steps 100000 --mib 1 --interval 20steps --notice-at 60 --min-checkpoints 3
+"$BIN" --dir "$work/inline" --ranks 1 --steps 40 --mib 1 --interval 3steps --copy-threads 0 --min-checkpoints 13
+echo "test_hooks_tsan: no ThreadSanitizer report"
