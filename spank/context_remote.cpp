@@ -18,6 +18,7 @@ extern "C" {
 }
 
 #include "ckpt/store.hpp"
+#include "events.hpp"
 #include "plugin_state.hpp"
 
 namespace ckpt::spank {
@@ -217,6 +218,7 @@ int remote_user_init(spank_t sp) {
     spank_unsetenv(sp, "CKPT_RESUME_STEP");
     spank_unsetenv(sp, "CKPT_RESUME_PATH");
   }
+  report_job_start(sp, *settings);
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "events.hpp"
 #include "plugin_state.hpp"
 
 // Everything is hidden by default; these are the only symbols Slurm may see.
@@ -70,6 +71,14 @@ CKPT_SPANK_EXPORT int slurm_spank_init_post_opt(spank_t sp, int /*ac*/, char** /
 
 CKPT_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int /*ac*/, char** /*av*/) {
   return guarded([&] { return spank_remote(sp) ? ckpt::spank::remote_user_init(sp) : 0; });
+}
+
+CKPT_SPANK_EXPORT int slurm_spank_task_exit(spank_t sp, int /*ac*/, char** /*av*/) {
+  return guarded([&] { return spank_remote(sp) ? ckpt::spank::report_task_exit(sp) : 0; });
+}
+
+CKPT_SPANK_EXPORT int slurm_spank_exit(spank_t sp, int /*ac*/, char** /*av*/) {
+  return guarded([&] { return spank_remote(sp) ? ckpt::spank::report_step_exit(sp) : 0; });
 }
 
 }  // extern "C"

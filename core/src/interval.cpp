@@ -127,7 +127,8 @@ Result<AutoInterval> AutoInterval::create(const Config& config) {
     return Error{"initial_interval_s must be a positive finite duration (got " + number(config.initial_interval_s) +
                  ")"};
   }
-  if (!(config.max_interval_s == 0 || (std::isfinite(config.max_interval_s) && config.max_interval_s >= config.min_interval_s))) {
+  if (!(config.max_interval_s == 0 ||
+        (std::isfinite(config.max_interval_s) && config.max_interval_s >= config.min_interval_s))) {
     return Error{"max_interval_s must be 0 (none) or at least min_interval_s (got " + number(config.max_interval_s) +
                  ")"};
   }
@@ -217,8 +218,8 @@ std::string AutoInterval::describe() const {
             ": stall " + format_seconds(in.stall_s) + ", interference " + format_seconds(in.interference_s) +
             "); persist floor " + format_seconds(in.persist_floor_s);
   }
-  line += "; restart " + format_seconds(in.restart_s) + "; mtbf " + format_seconds(in.mtbf_s) +
-          "; expected waste " + pct;
+  line +=
+      "; restart " + format_seconds(in.restart_s) + "; mtbf " + format_seconds(in.mtbf_s) + "; expected waste " + pct;
   return line;
 }
 

@@ -2,6 +2,7 @@
 // Pure functions over in-memory data.
 #include <algorithm>
 #include <map>
+#include <type_traits>
 #include <set>
 #include <string>
 

@@ -67,7 +67,8 @@ expect 0 "[]" "" -- "$CKPT" ls "$work" --json
 # ---- latest
 expect 0 "$(step_dir "$root" 300)" "ckpt: note: step 400: skipped, incomplete: *" -- "$CKPT" latest "$root"
 json="$("$CKPT" latest "$root" --json 2>/dev/null)" || fail "latest --json failed"
-[[ "$(json_get 'd["step"], d["kind"], d["ranks"]' <<<"$json")" == "(300, 'terminal', 4)" ]] || fail "latest --json: $json"
+[[ "$(json_get 'd["step"], d["kind"], d["ranks"]' <<<"$json")" == "(300, 'terminal', 4)" ]] ||
+  fail "latest --json: $json"
 expect 1 "" "ckpt: no usable checkpoint in $work" -- "$CKPT" latest "$work"
 expect 1 '*"step": null*' "" -- "$CKPT" latest "$work" --json
 
@@ -139,7 +140,8 @@ else
 fi
 for cmd in "ls" "latest" "verify" "gc --keep 1"; do
   # shellcheck disable=SC2086
-  expect 2 "" "ckpt: cannot open checkpoint dir '$private': Permission denied" -- "${as_user[@]}" "$CKPT" $cmd "$private"
+  expect 2 "" "ckpt: cannot open checkpoint dir '$private': Permission denied" -- \
+    "${as_user[@]}" "$CKPT" $cmd "$private"
 done
 chmod 000 "$(step_dir "$mine" 200)/rank-00001.shard"
 expect 1 "" "ckpt: step 200: shard rank-00001.shard (rank 1): cannot open rank-00001.shard: Permission denied" -- \

@@ -14,8 +14,10 @@ cmake -S "$SRC" -B "$SCRATCH" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 cmake --build "$SCRATCH" --target hooks_stress -j"$(nproc)" >"$SCRATCH/build.log" 2>&1 ||
   { tail -50 "$SCRATCH/build.log" >&2; exit 1; }
 BIN=$SCRATCH/tests/hooks_stress
-nm "$BIN" | grep -q __tsan_init || { echo "test_hooks_tsan: $BIN is not instrumented" >&2; exit 1; }
-nm -D "$SCRATCH/hooks/libckpt.so" | grep -q __tsan || { echo "test_hooks_tsan: libckpt.so is not instrumented" >&2; exit 1; }
+# grep -c reads all its input: grep -q would close the pipe early and pipefail would report nm's SIGPIPE.
+instrumented() { [ "$(nm "$@" 2>/dev/null | grep -c __tsan_)" -gt 0 ]; }
+instrumented "$BIN" || { echo "test_hooks_tsan: $BIN is not instrumented" >&2; exit 1; }
+instrumented -D "$SCRATCH/hooks/libckpt.so" || { echo "test_hooks_tsan: libckpt.so is not instrumented" >&2; exit 1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -33,7 +35,8 @@ if [ "$rc" -ne 66 ] || ! grep -q "WARNING: ThreadSanitizer: data race" "$work/co
 fi
 echo "test_hooks_tsan: control run without the guard reported a race, as it must"
 
-"$BIN" --dir "$work/steps" --ranks 2 --steps 120 --mib 1 --interval 5steps --min-checkpoints 24
+"$BIN" --dir "$work/steps" --ranks 2 --steps 400 --mib 1 --interval 5steps --min-checkpoints 80
+"$BIN" --dir "$work/time" --ranks 2 --steps 1500 --mib 1 --interval 1s --min-checkpoints 1
 "$BIN" --dir "$work/notice" --ranks 2 --steps 100000 --mib 1 --interval 20steps --notice-at 60 --min-checkpoints 3
 "$BIN" --dir "$work/inline" --ranks 1 --steps 40 --mib 1 --interval 3steps --copy-threads 0 --min-checkpoints 13
 echo "test_hooks_tsan: no ThreadSanitizer report"

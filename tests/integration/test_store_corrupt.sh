@@ -141,7 +141,9 @@ err="$("$CKPT" verify "$root" --step 400 2>&1 >/dev/null)" && fail "symlinked st
 [[ "$err" == "ckpt: step dir 000000000400 is a symlink or not a directory" ]] || fail "symlinked step dir: '$err'"
 [[ "$("$CKPT" latest "$root" 2>/dev/null)" == "$(step_dir "$root" 300)" ]] || fail "symlinked step dir: latest not 300"
 [[ "$("$CRASHER" resolve "$root" 2>/dev/null)" == 300 ]] || fail "symlinked step dir: resolve not 300"
-if "$CRASHER" save "$root" 400 --bytes 65536 >/dev/null 2>&1; then fail "symlinked step dir: a save wrote through it"; fi
+if "$CRASHER" save "$root" 400 --bytes 65536 >/dev/null 2>&1; then
+  fail "symlinked step dir: a save wrote through it"
+fi
 "$CKPT" gc "$root" --keep 2 >/dev/null || fail "symlinked step dir: gc failed"
 [[ -L "$(step_dir "$root" 400)" ]] || fail "symlinked step dir: the link was deleted"
 [[ "$(snapshot "$(step_dir "$root" 200)")" == "$before_200" ]] || fail "symlinked step dir: step 200 changed"

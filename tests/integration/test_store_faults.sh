@@ -42,7 +42,7 @@ check_after_kill() {
     fail "$case: ckpt latest found nothing"
     return
   fi
-  [[ "$latest" == "$(step_dir "$root" "$expected")" ]] || fail "$case: ckpt latest gave $latest, expected step $expected"
+  [[ "$latest" == "$(step_dir "$root" "$expected")" ]] || fail "$case: ckpt latest gave $latest, not step $expected"
   "$CKPT" verify "$root" --step "$expected" >/dev/null || fail "$case: ckpt verify --step $expected failed"
   local resolved
   resolved="$("$CRASHER" resolve "$root" 2>/dev/null)" || fail "$case: resolve found nothing"
@@ -90,7 +90,7 @@ for c in "${cases[@]}"; do
   # The job restarts and saves again: a killed save of 200 is redone, a committed one is kept as it is.
   if [[ "$expected" == 100 ]]; then
     "$CRASHER" save "$root" 200 >/dev/null || fail "$name: saving step 200 again failed"
-    [[ "$("$CKPT" latest "$root" 2>/dev/null)" == "$(step_dir "$root" 200)" ]] || fail "$name: redone step 200 not latest"
+    [[ "$("$CKPT" latest "$root" 2>/dev/null)" == "$(step_dir "$root" 200)" ]] || fail "$name: redone 200 not latest"
     "$CKPT" verify "$root" --step 200 >/dev/null || fail "$name: redone step 200 does not verify"
   else
     if "$CRASHER" save "$root" 200 >/dev/null 2>&1; then fail "$name: a committed step 200 was written again"; fi

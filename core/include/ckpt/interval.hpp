@@ -63,11 +63,11 @@ Result<double> job_mtbf(double node_mtbf_s, unsigned long long nodes);
 class AutoInterval {
  public:
   struct Config {
-    double mtbf_s = 24 * 3600;        // used until set_mtbf(); the same cautious guess as BuiltinDefaults
-    double initial_interval_s = 1800; // used until the first checkpoint is measured: δ is unknown before
-    double min_interval_s = 60;       // a tiny δ must not turn into a checkpoint storm (SitePolicy's minimum)
-    double max_interval_s = 0;        // 0: no maximum
-    std::size_t window = 9;           // odd, so the median is one sample; small enough to follow a slower FS
+    double mtbf_s = 24 * 3600;         // used until set_mtbf(); the same cautious guess as BuiltinDefaults
+    double initial_interval_s = 1800;  // used until the first checkpoint is measured: δ is unknown before
+    double min_interval_s = 60;        // a tiny δ must not turn into a checkpoint storm (SitePolicy's minimum)
+    double max_interval_s = 0;         // 0: no maximum
+    std::size_t window = 9;            // odd, so the median is one sample; small enough to follow a slower FS
   };
 
   // Where the chosen interval came from, for the log line.
@@ -75,9 +75,9 @@ class AutoInterval {
 
   // The chosen interval and everything that went into it.
   struct Inputs {
-    double interval_s = 0;       // what the hooks should use
+    double interval_s = 0;  // what the hooks should use
     Source source = Source::Initial;
-    double daly_s = 0;           // Daly's τ for the current estimates (0 before the first measurement)
+    double daly_s = 0;  // Daly's τ for the current estimates (0 before the first measurement)
     double young_s = 0;
     double cost_s = 0;           // δ estimate: median of stall + interference
     double stall_s = 0;          // median stall
@@ -85,8 +85,8 @@ class AutoInterval {
     double persist_floor_s = 0;  // slowest persist in the window
     double restart_s = 0;        // median restart, 0 before any
     double mtbf_s = 0;
-    std::size_t checkpoints = 0; // measurements seen in total
-    double waste_fraction = 0;   // expected loss at interval_s, by the first-order model
+    std::size_t checkpoints = 0;  // measurements seen in total
+    double waste_fraction = 0;    // expected loss at interval_s, by the first-order model
   };
 
   // Uses the built-in Config.

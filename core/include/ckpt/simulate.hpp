@@ -9,9 +9,7 @@
 // policy the survivors then write a terminal checkpoint (cost δ, inside the grace window, not interrupted)
 // that keeps the work since the last checkpoint, but only when that work is worth more than δ.
 #include <cstdint>
-#include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "ckpt/result.hpp"
@@ -44,26 +42,26 @@ Status check(const Config& config);
 // The interval a policy uses; `fixed_s` is used only by Policy::Fixed. Expects a checked config.
 double policy_interval(const Config& config, Policy policy, double fixed_s = 0);
 
-// What one simulated run did. wall = work + checkpoint + lost + restart + last_words (up to rounding).
+// What one simulated run did. wall = work + checkpoint + rework + restart + last_words (up to rounding).
 struct Outcome {
   Policy policy = Policy::Fixed;
   double interval_s = 0;
-  double work_s = 0;          // useful compute, the job's length
-  double wall_s = 0;          // wall time it took
-  double checkpoint_s = 0;    // periodic checkpoint writes, including ones cut short by a failure
-  double lost_s = 0;          // compute (and checkpoint time) thrown away by failures
-  double restart_s = 0;       // time spent restarting, including restarts cut short
-  double last_words_s = 0;    // time spent writing terminal checkpoints
+  double work_s = 0;              // useful compute, the job's length
+  double wall_s = 0;              // wall time it took
+  double checkpoint_s = 0;        // periodic checkpoint writes, including ones cut short by a failure
+  double rework_s = 0;            // compute (and checkpoint time) thrown away by failures
+  double restart_s = 0;           // time spent restarting, including restarts cut short
+  double last_words_s = 0;        // time spent writing terminal checkpoints
   std::uint64_t checkpoints = 0;  // periodic checkpoints completed
   std::uint64_t failures = 0;
-  std::uint64_t last_words = 0;   // failures whose work a terminal checkpoint kept
+  std::uint64_t last_words = 0;  // failures whose work a terminal checkpoint kept
 
   // Useful fraction of wall time.
   double goodput() const { return wall_s > 0 ? work_s / wall_s : 0; }
   // 1 − goodput.
   double waste_fraction() const { return 1 - goodput(); }
-  // Wall time that was not useful work.
-  double wasted_s() const { return wall_s - work_s; }
+  // Lost work: wall time that was not useful work.
+  double lost_s() const { return wall_s - work_s; }
 };
 
 // Runs the job once with the policy's interval. Fails on a bad config, an interval that is not positive and
@@ -73,6 +71,10 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s = 0);
 // The first-order model's waste fraction at interval τ for a policy: δ/τ + (τ/2 + R)/M, where under last words
 // a catchable failure costs min(u, δ) (u ~ U[0, τ], the work at risk) instead of u.
 double model_waste(const Config& config, Policy policy, double interval_s);
+
+// The lost work the first-order model predicts for the whole job: the wall time is work/(1 − waste), so the
+// loss is work·waste/(1 − waste); +inf when the model predicts no progress.
+double model_lost_s(const Config& config, Policy policy, double interval_s);
 
 // The exact expected waste fraction of this simulator without last words: every segment (τ of work, or the
 // remainder, plus δ) costs M·e^{R/M}·(e^{(τ+δ)/M} − 1) of wall time on average (Daly's exact expression).

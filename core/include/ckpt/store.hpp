@@ -164,7 +164,8 @@ using PhaseObserver = std::function<void(SavePhase)>;
 // created relative to it with O_EXCL|O_NOFOLLOW.
 class ShardWriter {
  public:
-  // Creates <root>/<step> if needed (mode 0700) and opens this rank's shard for writing.
+  // Creates <root>/<step> if needed (mode 0700) and opens this rank's shard for writing. Refuses a step that is
+  // committed or marked FAILED, and a step dir that is a symlink.
   static Result<ShardWriter> open(const std::string& root, std::uint64_t step, int rank,
                                   PhaseObserver observer = nullptr);
   ShardWriter(ShardWriter&&) noexcept;
@@ -192,11 +193,13 @@ Status commit(const std::string& root, const Manifest& manifest_without_shards, 
 // Reads a shard's records back for a restore; the caller verifies first (see verify / resolve_resume).
 Result<std::vector<ShardRecord>> read_records(const std::string& root, std::uint64_t step);
 
-// Deletes what plan_gc selects. With dry_run, only returns it.
+// Deletes what plan_gc selects. With dry_run, only returns it. Reads the newest complete checkpoints' bytes to
+// find the newest verified one; when none verifies it deletes nothing and says so. `keep` must be at least 1.
 Result<std::vector<std::uint64_t>> gc(const std::string& root, std::uint64_t keep, bool dry_run);
 
-// ---- additions: names, the manifest and the records present, discarding a dead save --------------------------
+// ---- names, reading back, discarding a dead save ----------------------------------------------------------------
 
+// The manifest, the FAILED marker (both in a step dir) and the latest pointer (in the root).
 inline constexpr std::string_view kManifestName = "MANIFEST.json";
 inline constexpr std::string_view kFailedName = "FAILED";
 inline constexpr std::string_view kLatestName = "latest";

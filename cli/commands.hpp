@@ -1,0 +1,8 @@
+#pragma once
+// The ckpt subcommands. Each add_*_commands registers its subcommands on the app; a subcommand's callback sets
+// `exit_code` (0 success, 1 a negative answer such as "verify failed", 2 the question could not be asked).
+#include <CLI/CLI.hpp>
+
+// ls, verify, latest and gc over a checkpoint dir.
+void add_store_commands(CLI::App& app, int& exit_code);
+void add_interval_commands(CLI::App& app, int& exit_code);  // interval and simulate: the interval model.

@@ -1,0 +1,57 @@
+#pragma once
+// The controller's view of Slurm: a small interface with two real implementations, libslurm (on the cluster)
+// and slurmrestd over HTTP with a JWT (off the cluster). The same engine drives both.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/recovery.hpp"
+#include "ckpt/result.hpp"
+
+namespace ckpt::controller {
+
+using ckpt::recovery::SlurmJob;
+using ckpt::recovery::SlurmNode;
+
+struct Capabilities {
+  bool requeue = true;     // can requeue a running or finished batch job
+  bool node_state = true;  // can mark nodes DOWN, drain and resume them
+};
+
+class SlurmBackend {
+ public:
+  virtual ~SlurmBackend() = default;
+  virtual const char* name() const = 0;
+  virtual Capabilities capabilities() const = 0;
+  // Every job Slurm knows.
+  virtual Result<std::vector<SlurmJob>> load_jobs() = 0;
+  // One job; an empty optional when Slurm does not know it (any more).
+  virtual Result<std::optional<SlurmJob>> load_job(std::uint32_t job_id) = 0;
+  virtual Result<std::vector<SlurmNode>> load_nodes() = 0;
+  // Requeues the job (Slurm's restart count goes up at once).
+  virtual Status requeue(std::uint32_t job_id) = 0;
+  // StartTime=now and ExcNodeList=exclude (empty clears it); releases the job too when `release`.
+  virtual Status expedite(std::uint32_t job_id, const std::vector<std::string>& exclude, bool release) = 0;
+  // Holds a pending job (priority 0), so that Slurm does not start it again.
+  virtual Status hold(std::uint32_t job_id) = 0;
+  virtual Status set_node_down(const std::string& node, const std::string& reason) = 0;
+  virtual Status drain_node(const std::string& node, const std::string& reason) = 0;
+  virtual Status resume_node(const std::string& node) = 0;
+  // SlurmUser's uid, when the backend can tell.
+  virtual std::optional<std::uint32_t> slurm_user_uid() = 0;
+};
+
+// libslurm: reads SLURM_CONF like every Slurm client. Calls slurm_init once.
+std::unique_ptr<SlurmBackend> make_libslurm_backend();
+
+struct RestSettings {
+  std::string url;          // http://host:port, no trailing slash
+  std::string user;         // X-SLURM-USER-NAME
+  std::string token;        // X-SLURM-USER-TOKEN; never logged
+  double timeout_s = 5;
+};
+std::unique_ptr<SlurmBackend> make_rest_backend(const RestSettings& settings);
+
+}  // namespace ckpt::controller

@@ -1,0 +1,130 @@
+#pragma once
+// The recovery engine: one thread owns every job's record and runs the decision cycle; other threads (the HTTP
+// server, the spool watcher) hand it events and read snapshots. Each job follows the state machine of
+// ckpt/recovery.hpp; a requeue is recorded as an intent in SQLite before anything is sent to Slurm, and every
+// step of it is idempotent against Slurm's restart count, so a controller killed at any point and restarted
+// carries the recovery on and never requeues twice.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend.hpp"
+#include "ckpt/recovery.hpp"
+#include "db.hpp"
+#include "observe.hpp"
+
+namespace ckpt::controller {
+
+using ckpt::recovery::ControllerConfig;
+using ckpt::recovery::Event;
+
+struct Verdict {
+  int http_status = 202;   // 202 accepted, 200 done, 400 bad request, 403 refused, 404 unknown, 503 try later
+  std::string message;
+  bool ok() const { return http_status >= 200 && http_status < 300; }
+};
+
+class Engine {
+ public:
+  Engine(ControllerConfig config, SlurmBackend& backend, Database& db, Metrics& metrics, Alerts& alerts);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Loads the records of unfinished jobs and learns which uids are trusted. Call once, before run().
+  Status start(double now);
+  // Queues an event whose MUNGE credential carried `cred_uid`; waits up to `wait_s` for the verdict
+  // (0: do not wait, the answer is "queued").
+  Verdict submit(const Event& event, std::uint32_t cred_uid, double wait_s);
+  // Admin requests: "release" JOB or "forget-node" NODE, from a credential's uid.
+  Verdict admin(const std::string& op, const std::string& arg, std::uint32_t cred_uid, double wait_s);
+  // Runs decision cycles until `stop` becomes true.
+  void run(const std::atomic<bool>& stop);
+  // One decision cycle at `now`: queued requests, due jobs, and a reconciliation with Slurm when one is due
+  // (or when `force_reconcile`). The benchmark calls this directly.
+  void cycle(double now, bool force_reconcile = false);
+  void wake();
+
+  // Snapshots for the client subcommands and ckpt-run (JSON).
+  nlohmann::json status_json(double now);
+  nlohmann::json jobs_json(double now);
+  std::optional<nlohmann::json> job_json(std::uint32_t job_id, double now);
+  Result<nlohmann::json> history_json(std::uint32_t job_id);
+  std::string metrics_text(double now);
+  std::size_t tracked_jobs();
+
+ private:
+  struct Request;
+  struct Runtime;
+  using JobRecord = ckpt::recovery::JobRecord;
+  using JobState = ckpt::recovery::JobState;
+  using Ending = ckpt::recovery::Ending;
+
+  Verdict enqueue(std::shared_ptr<Request> request, double wait_s);
+  Verdict handle(const Request& request, double now);
+  Verdict handle_event(const Event& event, std::uint32_t uid, double now);
+  Verdict handle_admin(const std::string& op, const std::string& arg, std::uint32_t uid, double now);
+  Verdict authorize(const Event& event, std::uint32_t uid, JobRecord* record);
+
+  JobRecord* find(std::uint32_t job_id);
+  JobRecord& get_or_create(std::uint32_t job_id, double now);
+  Runtime& runtime(std::uint32_t job_id);
+  void note(JobRecord& r, const std::string& kind, const std::string& text, double now);
+  bool transition(JobRecord& r, JobState to, const std::string& why, double now);
+  void new_run(JobRecord& r, std::uint32_t restart_count, double now);
+  void start_failing(JobRecord& r, double now);
+
+  void check_failing(JobRecord& r, double now);
+  void decide(JobRecord& r, Ending ending, const SlurmJob& slurm, const std::vector<std::string>& dead, double now,
+              bool slurm_requeued);
+  void give_up(JobRecord& r, const std::string& reason, const SlurmJob* slurm, double now);
+  void drive_intent(JobRecord& r, double now);
+  void check_pending(JobRecord& r, const SlurmJob* known, double now);
+  void check_running(JobRecord& r, const SlurmJob& slurm, double now);
+  void check_ended_job(JobRecord& r, const SlurmJob& slurm, double now);
+  void reconcile(double now);
+  void refresh_nodes(double now, bool force);
+  std::vector<std::string> nodes_slurm_has_down(const std::vector<std::string>& nodes) const;
+  std::optional<SlurmJob> load_job(JobRecord& r, double now, bool& failed);
+  void mark_dirty(JobRecord& r, double now);
+  void flush();
+  void crash_point(const char* name);
+  void alert(const nlohmann::json& body);
+
+  ControllerConfig config_;
+  SlurmBackend& backend_;
+  Database& db_;
+  Metrics& metrics_;
+  Alerts& alerts_;
+  Capabilities caps_;
+
+  std::mutex mutex_;  // guards everything below
+  std::map<std::uint32_t, JobRecord> jobs_;
+  std::unordered_map<std::uint32_t, std::unique_ptr<Runtime>> runtime_;
+  std::set<std::uint32_t> dirty_;
+  std::vector<HistoryLine> pending_history_;
+  std::map<std::string, SlurmNode> nodes_;
+  double nodes_loaded_ = 0;
+  double next_reconcile_ = 0;
+  double started_ = 0;
+  std::set<std::uint32_t> trusted_uids_;
+  std::set<std::uint32_t> admin_uids_;
+  std::set<std::string> crash_points_;
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::vector<std::shared_ptr<Request>> queue_;
+};
+
+}  // namespace ckpt::controller

@@ -1,0 +1,46 @@
+#include "log.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+
+namespace ckpt::controller {
+
+namespace {
+
+std::atomic<int> g_level{static_cast<int>(LogLevel::Info)};
+std::mutex g_mutex;
+std::string& program() {
+  static std::string name = "ckpt-controller";
+  return name;
+}
+
+}  // namespace
+
+void set_log_level(const std::string& level) {
+  if (level == "error") g_level = static_cast<int>(LogLevel::Error);
+  if (level == "warning") g_level = static_cast<int>(LogLevel::Warning);
+  if (level == "info") g_level = static_cast<int>(LogLevel::Info);
+  if (level == "debug") g_level = static_cast<int>(LogLevel::Debug);
+}
+
+void set_log_program(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  program() = name;
+}
+
+void log(LogLevel level, const std::string& line) {
+  if (static_cast<int>(level) > g_level.load()) return;
+  static const char* const names[] = {"error: ", "warning: ", "", "debug: "};
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::fprintf(stderr, "%s: %s%s\n", program().c_str(), names[static_cast<int>(level)], line.c_str());
+  std::fflush(stderr);
+}
+
+double now_s() {
+  using namespace std::chrono;
+  return duration_cast<duration<double>>(system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace ckpt::controller

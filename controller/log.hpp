@@ -1,0 +1,23 @@
+#pragma once
+// The controller's log: one line per message on stderr (systemd's journal takes it from there), every line
+// prefixed "ckpt-controller: ". Thread-safe. Never prints a secret: callers pass no tokens or credentials.
+#include <string>
+
+namespace ckpt::controller {
+
+enum class LogLevel { Error = 0, Warning = 1, Info = 2, Debug = 3 };
+
+// Sets the level from "error", "warning", "info" or "debug"; anything else keeps the current one.
+void set_log_level(const std::string& level);
+// The program name in the prefix ("ckpt-controller" by default, "ckpt-run" for ckpt-run).
+void set_log_program(const std::string& name);
+void log(LogLevel level, const std::string& line);
+inline void log_error(const std::string& line) { log(LogLevel::Error, line); }
+inline void log_warning(const std::string& line) { log(LogLevel::Warning, line); }
+inline void log_info(const std::string& line) { log(LogLevel::Info, line); }
+inline void log_debug(const std::string& line) { log(LogLevel::Debug, line); }
+
+// Seconds since the epoch, with sub-second precision.
+double now_s();
+
+}  // namespace ckpt::controller

@@ -1,0 +1,339 @@
+// ckpt-controller: the job-level recovery controller. `ckpt-controller run` is the daemon (foreground, logs to
+// stderr, SIGTERM stops it, sd_notify READY when systemd asks); the other subcommands are its clients.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "backend.hpp"
+#include "ckpt/parse.hpp"
+#include "ckpt/recovery.hpp"
+#include "db.hpp"
+#include "engine.hpp"
+#include "http.hpp"
+#include "log.hpp"
+#include "munge_auth.hpp"
+#include "observe.hpp"
+#include "server.hpp"
+
+namespace {
+
+using namespace ckpt::controller;
+using nlohmann::json;
+namespace rec = ckpt::recovery;
+
+constexpr const char* kDefaultConfig = "/etc/slurm-ckpt/controller.conf";
+
+int fail(const std::string& line, int code = 1) {
+  std::fprintf(stderr, "ckpt-controller: %s\n", line.c_str());
+  return code;
+}
+
+ckpt::Result<rec::ControllerConfig> load_config(const std::string& path, bool must_exist) {
+  std::ifstream in(path);
+  if (!in) {
+    if (!must_exist) return rec::ControllerConfig{};
+    return ckpt::Error{path + ": " + std::strerror(errno)};
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return rec::parse_controller_config(ss.str(), path);
+}
+
+// The JWT for slurmrestd: rest_token_file (either the bare token or scontrol's "SLURM_JWT=..." line), else the
+// SLURM_JWT environment variable. Never printed.
+ckpt::Result<std::string> read_token(const rec::ControllerConfig& cfg) {
+  std::string token;
+  if (!cfg.rest_token_file.empty()) {
+    std::ifstream in(cfg.rest_token_file);
+    if (!in) return ckpt::Error{"rest_token_file: cannot read " + cfg.rest_token_file + ": " + std::strerror(errno)};
+    std::getline(in, token);
+  } else if (const char* env = std::getenv("SLURM_JWT"); env != nullptr) {
+    token = env;
+  }
+  if (token.rfind("SLURM_JWT=", 0) == 0) token = token.substr(10);
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  if (token.empty()) {
+    return ckpt::Error{"backend = rest needs a token: set rest_token_file or SLURM_JWT (refusing to start without one)"};
+  }
+  if (token.find_first_of(" \t\r\n") != std::string::npos) return ckpt::Error{"rest_token_file: the token has spaces"};
+  return token;
+}
+
+void sd_notify_ready() {
+  const char* path = std::getenv("NOTIFY_SOCKET");
+  if (path == nullptr || path[0] == '\0') return;
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path, sizeof(addr.sun_path) - 1);
+  if (addr.sun_path[0] == '@') addr.sun_path[0] = '\0';  // abstract namespace
+  const char msg[] = "READY=1";
+  sendto(fd, msg, sizeof msg - 1, 0, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  close(fd);
+}
+
+int run_daemon(const rec::ControllerConfig& cfg) {
+  set_log_level(cfg.log_level);
+  // Block the stop signals in every thread; one thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<SlurmBackend> backend;
+  if (cfg.backend == "rest") {
+    auto token = read_token(cfg);
+    if (!token) return fail(token.error(), 2);
+    backend = make_rest_backend(RestSettings{cfg.rest_url, cfg.rest_user, *token, 5});
+  } else {
+    backend = make_libslurm_backend();
+  }
+  auto db = Database::open(cfg.database);
+  if (!db) return fail(db.error(), 2);
+  Metrics metrics;
+  Alerts alerts(cfg.webhook_url, cfg.webhook_timeout_s);
+  Engine engine(cfg, *backend, **db, metrics, alerts);
+  if (auto s = engine.start(now_s()); !s) return fail(s.error(), 2);
+
+  Server server(engine, cfg.munge_socket);
+  if (cfg.listen != "off") {
+    auto hp = rec::parse_host_port(cfg.listen);
+    if (auto s = server.listen(hp->first, hp->second); !s) return fail(s.error(), 2);
+  }
+  SpoolWatcher spool(engine, cfg.spool_dir, cfg.munge_socket);
+  if (!cfg.spool_dir.empty()) {
+    if (auto s = spool.start(); !s) return fail(s.error(), 2);
+  }
+  log_info(std::string("running: backend ") + backend->name() + ", listen " + cfg.listen +
+           (cfg.spool_dir.empty() ? "" : ", spool " + cfg.spool_dir) + ", database " + cfg.database +
+           (cfg.webhook_url.empty() ? "" : ", alerts to " + cfg.webhook_url));
+
+  std::atomic<bool> stop{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    log_info(std::string("stopping on ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT"));
+    stop = true;
+    engine.wake();
+  });
+  sd_notify_ready();
+  engine.run(stop);
+  server.stop();
+  spool.stop();
+  if (waiter.joinable()) waiter.join();
+  log_info("stopped");
+  return 0;
+}
+
+// ---- clients ---------------------------------------------------------------------------------------------------------
+
+struct Client {
+  std::string url;
+  std::string munge_socket;
+
+  ckpt::Result<json> get(const std::string& path) const {
+    HttpRequest req;
+    req.url = url + path;
+    req.timeout_s = 10;
+    HttpResponse res = http_request(req);
+    if (!res.error.empty()) return ckpt::Error{"cannot reach the controller at " + url + ": " + res.error};
+    json body = json::parse(res.body, nullptr, false);
+    if (body.is_discarded()) return ckpt::Error{"the controller at " + url + " answered HTTP " + std::to_string(res.status)};
+    if (res.status != 200) return ckpt::Error{body.value("error", "HTTP " + std::to_string(res.status))};
+    return body;
+  }
+
+  ckpt::Result<std::string> admin(const std::string& op, const std::string& arg) const {
+    auto cred = munge_encode_payload(json{{"op", op}, {"arg", arg}}.dump(), munge_socket);
+    if (!cred) return ckpt::Error{cred.error()};
+    HttpRequest req;
+    req.method = "POST";
+    req.url = url + "/v1/admin";
+    req.body = *cred;
+    req.content_type = "text/plain";
+    req.timeout_s = 40;
+    HttpResponse res = http_request(req);
+    if (!res.error.empty()) return ckpt::Error{"cannot reach the controller at " + url + ": " + res.error};
+    json body = json::parse(res.body, nullptr, false);
+    if (body.is_discarded()) return ckpt::Error{"HTTP " + std::to_string(res.status)};
+    if (!body.value("ok", false)) {
+      std::string e = body.value("error", body.value("message", "refused"));
+      if (e.rfind("ckpt-controller: ", 0) == 0) e = e.substr(17);
+      return ckpt::Error{e};
+    }
+    return body.value("message", std::string("done"));
+  }
+};
+
+std::string when(double t) {
+  if (t <= 0) return "-";
+  std::time_t secs = static_cast<std::time_t>(t);
+  std::tm tm{};
+  localtime_r(&secs, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[80];
+  std::snprintf(out, sizeof out, "%s.%03d", buf, static_cast<int>((t - static_cast<double>(secs)) * 1000));
+  return out;
+}
+
+std::string nodes_text(const json& list) {
+  std::string out;
+  for (const auto& n : list) out += (out.empty() ? "" : ",") + n.get<std::string>();
+  return out.empty() ? "-" : out;
+}
+
+int cmd_status(const Client& c, bool as_json) {
+  auto s = c.get("/v1/status");
+  if (!s) return fail(s.error());
+  if (as_json) {
+    std::printf("%s\n", s->dump(2).c_str());
+    return 0;
+  }
+  const json& j = *s;
+  std::printf("controller: backend %s%s, up %s\n", j["backend"].get<std::string>().c_str(),
+              j["can_requeue"].get<bool>() ? "" : " (cannot requeue: relies on Slurm's own requeue)",
+              ckpt::format_duration(static_cast<std::uint64_t>(j["uptime_s"].get<double>())).c_str());
+  std::string counts;
+  for (const auto& [state, n] : j["jobs"].items()) counts += (counts.empty() ? "" : ", ") + std::to_string(n.get<int>()) + " " + state;
+  std::printf("jobs: %s\n", counts.empty() ? "none" : counts.c_str());
+  if (!j["gave_up"].empty()) {
+    std::printf("gave up:\n");
+    for (const auto& g : j["gave_up"]) {
+      std::printf("  job %u: %s\n", g["job_id"].get<unsigned>(), g["reason"].get<std::string>().c_str());
+    }
+  }
+  if (!j["excluded_nodes"].empty()) {
+    std::printf("excluded nodes:\n");
+    for (const auto& n : j["excluded_nodes"]) {
+      std::string jobs;
+      for (const auto& id : n["jobs"]) jobs += (jobs.empty() ? "" : ",") + std::to_string(id.get<unsigned>());
+      std::printf("  %s (jobs %s) until %s: %s\n", n["node"].get<std::string>().c_str(), jobs.c_str(),
+                  when(n["expires"].get<double>()).c_str(), n["reason"].get<std::string>().c_str());
+    }
+  }
+  return 0;
+}
+
+int cmd_jobs(const Client& c, bool as_json) {
+  auto s = c.get("/v1/jobs");
+  if (!s) return fail(s.error());
+  if (as_json) {
+    std::printf("%s\n", s->dump(2).c_str());
+    return 0;
+  }
+  std::printf("%-10s %-12s %-8s %-11s %-12s %s\n", "JOB", "STATE", "RESTARTS", "NO-PROGRESS", "EXCLUDED", "REASON");
+  for (const auto& j : *s) {
+    std::string budget = std::to_string(j["restarts_without_progress"].get<std::uint64_t>()) + "/" +
+                         std::to_string(j["max_restarts"].get<std::uint64_t>());
+    std::printf("%-10u %-12s %-8llu %-11s %-12s %s\n", j["job_id"].get<unsigned>(), j["state"].get<std::string>().c_str(),
+                static_cast<unsigned long long>(j["restarts"].get<std::uint64_t>()), budget.c_str(),
+                nodes_text(j["excluded_nodes"]).c_str(), j["reason"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
+int cmd_history(const Client& c, const std::string& job, bool as_json) {
+  auto s = c.get("/v1/jobs/" + job + "/history");
+  if (!s) return fail(s.error());
+  if (as_json) {
+    std::printf("%s\n", s->dump(2).c_str());
+    return 0;
+  }
+  if (s->empty()) return fail("job " + job + " has no history");
+  for (const auto& h : *s) {
+    std::printf("%s run %u %-10s %s\n", when(h["time"].get<double>()).c_str(), h["restart_count"].get<unsigned>(),
+                h["kind"].get<std::string>().c_str(), h["text"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckpt-controller: restarts failed Slurm jobs fast, off bad nodes, within a budget"};
+  app.set_help_all_flag("--help-all");
+  std::string config_path;
+  std::string url;
+  bool as_json = false;
+  std::string job;
+  std::string node;
+  app.add_option("-c,--config", config_path, "config file (default " + std::string(kDefaultConfig) +
+                                                 ", or $CKPT_CONTROLLER_CONFIG)");
+  app.add_option("--url", url, "the controller's URL for client commands (default: from the config's listen)");
+  auto* run = app.add_subcommand("run", "run the controller in the foreground (the default)");
+  auto* check = app.add_subcommand("check-config", "parse the config file and exit");
+  auto* status = app.add_subcommand("status", "the controller's state, jobs it gave up on, excluded nodes");
+  status->add_flag("--json", as_json, "print JSON");
+  auto* jobs = app.add_subcommand("jobs", "every tracked job");
+  jobs->add_flag("--json", as_json, "print JSON");
+  auto* history = app.add_subcommand("history", "what happened to one job");
+  history->add_option("JOB", job, "job id")->required();
+  history->add_flag("--json", as_json, "print JSON");
+  auto* release = app.add_subcommand("release", "restart a job the controller gave up on (admins), budget reset");
+  release->add_option("JOB", job, "job id")->required();
+  auto* forget = app.add_subcommand("forget-node", "stop excluding a node (admins); resumes it if the controller drained it");
+  forget->add_option("NODE", node, "node name")->required();
+  app.require_subcommand(0, 1);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  bool explicit_config = !config_path.empty();
+  if (config_path.empty()) {
+    const char* env = std::getenv("CKPT_CONTROLLER_CONFIG");
+    config_path = env ? env : kDefaultConfig;
+    explicit_config = env != nullptr;
+  }
+  const bool daemon = app.got_subcommand(run) || app.get_subcommands().empty();
+  auto cfg = load_config(config_path, daemon || app.got_subcommand(check) || explicit_config);
+  if (!cfg) return fail(cfg.error(), 2);
+  if (app.got_subcommand(check)) {
+    std::printf("%s: ok\n", config_path.c_str());
+    return 0;
+  }
+  try {
+    if (daemon) return run_daemon(*cfg);
+    Client client;
+    client.munge_socket = cfg->munge_socket;
+    if (!url.empty()) {
+      client.url = url;
+    } else {
+      if (cfg->listen == "off") return fail("listen = off in " + config_path + ": give --url");
+      client.url = "http://" + cfg->listen;
+    }
+    while (!client.url.empty() && client.url.back() == '/') client.url.pop_back();
+    if (app.got_subcommand(status)) return cmd_status(client, as_json);
+    if (app.got_subcommand(jobs)) return cmd_jobs(client, as_json);
+    if (app.got_subcommand(history)) return cmd_history(client, job, as_json);
+    if (app.got_subcommand(release) || app.got_subcommand(forget)) {
+      auto r = app.got_subcommand(release) ? client.admin("release", job) : client.admin("forget-node", node);
+      if (!r) return fail(r.error());
+      std::printf("%s\n", r->c_str());
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    return fail(std::string("internal error: ") + e.what());
+  }
+  return 0;
+}

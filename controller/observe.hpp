@@ -1,0 +1,69 @@
+#pragma once
+// Observability: Prometheus counters and a histogram, webhook alerts, and what a job's checkpoints say.
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ckpt::controller {
+
+// Counters and the recovery-latency histogram, rendered in Prometheus' text format. Thread-safe.
+class Metrics {
+ public:
+  void add(const std::string& name, const std::string& labels, double value = 1);
+  // Recovery latency (failure report to the new run's first step), per path ("requeue" or "relaunch").
+  void observe_recovery(const std::string& path, double seconds);
+  // Counters and the histogram, with HELP and TYPE lines; gauges are rendered by the caller.
+  std::string render() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, std::map<std::string, double>> counters_;  // name -> labels -> value
+  struct Histogram {
+    std::vector<std::uint64_t> buckets;
+    std::uint64_t count = 0;
+    double sum = 0;
+  };
+  std::map<std::string, Histogram> recovery_;  // path -> histogram
+};
+
+inline const std::vector<double>& recovery_buckets() {
+  static const std::vector<double> b = {1, 2, 5, 10, 15, 30, 60, 120, 300, 600};
+  return b;
+}
+
+// Webhook alerts: a JSON POST per alert from a worker thread, so that a slow receiver never stalls decisions.
+class Alerts {
+ public:
+  Alerts(std::string url, double timeout_s);
+  ~Alerts();
+  Alerts(const Alerts&) = delete;
+  Alerts& operator=(const Alerts&) = delete;
+  // Queues one alert (a JSON object's text). Dropped, with a log line, when no URL is configured... silently.
+  void send(const std::string& json);
+
+ private:
+  void worker();
+  std::string url_;
+  double timeout_s_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::string> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// The newest complete checkpoint under a job's CKPT_DIR, as the store's index sees it.
+struct CheckpointView {
+  std::optional<std::uint64_t> newest_complete;
+  double newest_wall_time = 0;  // when it was committed (manifest), 0 when unknown
+  std::string error;            // set when the dir could not be read
+};
+CheckpointView read_checkpoints(const std::string& dir);
+
+}  // namespace ckpt::controller

@@ -1,0 +1,171 @@
+# The controller's scenario suite, run unchanged against both backends (BACKEND=libslurm|rest).
+# Each scenario submits real jobs to the local cluster and checks what Slurm and the controller did.
+
+wait_idle_nodes() {  # wait_idle_nodes N: N nodes up and idle (a crashed node from a test before is revived)
+  for _ in $(seq 120); do
+    [ "$(sinfo -h -N -o '%T' | grep -cE '^idle$')" -ge "$1" ] && return 0
+    sleep 0.5
+  done
+  sinfo -N >&2
+  fail "fewer than $1 idle nodes"
+}
+
+# Recovery times from the controller's clock and the crash time: prints one line, sets TOTAL.
+report_times() {  # report_times JOB CRASH_TIME LABEL [SRUN_START]
+  local job=$1 t0=$2 label=$3 srun_start=${4:-}
+  local clock; clock=$(job_json "$job" | json_get 'j["clock"]')
+  TOTAL=$(python3 - "$clock" "$t0" "$label" "$srun_start" <<'PY'
+import json, sys
+c, t0, label, srun = json.loads(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
+slurm_end = float(srun) if srun else c["slurm_done"]
+parts = [("detection", c["failed"] - t0), ("decision", c["decided"] - c["failed"]),
+         ("slurm", slurm_end - c["decided"]), ("launch", c["launched"] - slurm_end)]
+total = c["launched"] - t0
+print("%s: failure to running again %.2f s = " % (label, total) + ", ".join("%s %.2f s" % p for p in parts),
+      file=sys.stderr)
+print("%.3f" % total)
+PY
+)
+  echo "TIMING $label total=$TOTAL" >> "$SCRATCH/timings"
+}
+
+scenario_node_crash_requeue() {
+  wait_idle_nodes 4
+  local job; job=$(submit_job -N3 -- --step-ms 100 --every 10)
+  wait_output "$SCRATCH/out.$job" "committed step 20" 60
+  wait_ctl_state "$job" '^running$' 10
+  local victim; victim=$(second_node "$job")
+  local batch_host; batch_host=$(slurm_field "$job" BatchHost)
+  [ "$victim" != "$batch_host" ] || fail "picked the batch host"
+  local before; before=$(grep -c "committed step" "$SCRATCH/out.$job")
+  local last_committed; last_committed=$(grep "committed step" "$SCRATCH/out.$job" | tail -1 | awk '{print $4}')
+  local t0; t0=$(date +%s.%N)
+  crash_node "$victim"
+  wait_output "$SCRATCH/out.$job" "run=1 step_id=0" $([ "$BACKEND" = rest ] && echo 90 || echo 40)
+  wait_ctl_state "$job" '^running$' 10
+  for _ in $(seq 30); do
+    [ "$(job_json "$job" | json_get 'j["clock"]["launched"]')" != "0.0" ] && break
+    sleep 0.2
+  done
+  report_times "$job" "$t0" "$BACKEND requeue after a node crash" >/dev/null
+  local nodes; nodes=$(grep "run=1 step_id=0" "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | cut -d= -f2 | sort | tr '\n' ' ')
+  [[ " $nodes " != *" $victim "* ]] || fail "run 1 went back to the crashed node $victim: $nodes"
+  [ "$(echo $nodes | wc -w)" -eq 3 ] || fail "run 1 has ranks on '$nodes'"
+  # It resumed from the newest complete checkpoint the controller saw at the decision.
+  local newest; newest=$(ctl history "$job" | grep -oE "newest complete checkpoint: step [0-9]+" | head -1 | awk '{print $NF}')
+  [ -n "$newest" ] || fail "no checkpoint in the decision"
+  [ "$newest" -ge "$last_committed" ] || fail "decision saw step $newest, but step $last_committed was committed"
+  grep "run=1 step_id=0" "$SCRATCH/out.$job" | grep -q "resume=$newest " || {
+    cat "$SCRATCH/out.$job" >&2; fail "run 1 did not resume from step $newest"; }
+  [ "$(slurm_field "$job" Restarts)" = 1 ] || fail "Slurm restart count is $(slurm_field "$job" Restarts), expected 1"
+  [ "$(slurm_field "$job" ExcNodeList)" = "$victim" ] || fail "ExcNodeList is $(slurm_field "$job" ExcNodeList)"
+  ctl status | grep -q "$victim (jobs $job)" || { ctl status >&2; fail "status does not show $victim excluded"; }
+  curl -sf "$CTL_URL/metrics" > "$SCRATCH/metrics"
+  assert_contains "$SCRATCH/metrics" 'ckpt_controller_restarts_total{ending="node failure",path="requeue"} 1'
+  assert_contains "$SCRATCH/metrics" 'ckpt_controller_recovery_seconds_count{path="requeue"} 1'
+  assert_contains "$SCRATCH/metrics" "ckpt_controller_node_excluded{node=\"$victim\"} 1"
+  if [ "$BACKEND" = libslurm ]; then
+    python3 -c "import sys; sys.exit(0 if float('$TOTAL') <= 15 else 1)" || fail "recovery took $TOTAL s (target 15 s)"
+  fi
+  revive_node "$victim"
+  scancel "$job"
+  wait_ctl_state "$job" '^cancelled$' 30
+  pass "$BACKEND: node crash: job $job runs again on $nodes from step $newest in $TOTAL s, $victim excluded"
+}
+
+scenario_crash_loop() {
+  wait_idle_nodes 3
+  : > "$SCRATCH/alerts"
+  local job; job=$(submit_job -N3 --ckpt-max-restarts=2 -- --step-ms 50 --every 0 --fail-rank 1 --fail-step 5)
+  wait_ctl_state "$job" '^gave-up$' 120
+  wait_job_state "$job" '^(FAILED|COMPLETED)$' 30
+  sleep 3  # nothing may requeue it after the give-up
+  local restarts; restarts=$(slurm_field "$job" Restarts)
+  ctl status > "$SCRATCH/status"
+  for _ in $(seq 50); do grep -q "\"job_id\": *$job" "$SCRATCH/alerts" && break; sleep 0.1; done
+  grep "\"job_id\": *$job" "$SCRATCH/alerts" | grep -q '"event": *"gave_up"' || {
+    cat "$SCRATCH/alerts" >&2; fail "the webhook got no gave_up alert for job $job"; }
+  if [ "$BACKEND" = libslurm ]; then
+    [ "$restarts" = 2 ] || fail "Slurm restarted the job $restarts times, expected 2"
+    assert_contains "$SCRATCH/status" "job $job: task crash after 2 restarts without progress (budget 2; newest complete checkpoint: none)"
+  else
+    [ "$restarts" = 0 ] || fail "Slurm restarted the job $restarts times"
+    assert_contains "$SCRATCH/status" "job $job: task crash: the rest backend cannot requeue a job"
+  fi
+  pass "$BACKEND: crash loop: job $job stopped after $restarts restarts; status and the webhook say why"
+}
+
+scenario_no_false_restarts() {
+  wait_idle_nodes 3
+  # A clean exit is done.
+  local done_job; done_job=$(submit_job -N2 -- --steps 20 --step-ms 20 --every 10)
+  wait_job_state "$done_job" '^COMPLETED$' 60
+  wait_ctl_state "$done_job" '^completed$' 20
+  # A user's scancel is never requeued, even though every rank dies of a signal.
+  local job; job=$(submit_job -N2 -- --step-ms 100 --every 10)
+  wait_output "$SCRATCH/out.$job" "committed step 10" 60
+  # A forged event: ckptuser claims a rank of root's job failed on a dead node.
+  local payload="{\"v\":1,\"type\":\"task_exit\",\"job_id\":$job,\"step_id\":0,\"restart_count\":0,\"node\":\"n1\",\"rank\":0,\"exit_code\":1,\"signal\":0,\"uid\":0,\"time\":0}"
+  local cred; cred=$(runuser -u "$TEST_USER" -- munge -S "$D/munge/munge.socket" -s "$payload") || fail "munge as $TEST_USER"
+  local code; code=$(curl -s -o "$SCRATCH/forged" -w '%{http_code}' --data-binary "$cred" -H 'Content-Type: text/plain' "$CTL_URL/v1/events")
+  [ "$code" = 403 ] || { cat "$SCRATCH/forged" >&2; fail "a forged event got HTTP $code"; }
+  assert_contains "$SCRATCH/forged" "is neither root, SlurmUser nor the owner (uid 0) of job $job"
+  ctl history "$job" > "$SCRATCH/history"
+  assert_contains "$SCRATCH/history" "rejected"
+  [ "$(ctl_state "$job")" = running ] || fail "the forged event changed job $job to $(ctl_state "$job")"
+  # The same credential again: MUNGE refuses a replay.
+  code=$(curl -s -o "$SCRATCH/replay" -w '%{http_code}' --data-binary "$cred" -H 'Content-Type: text/plain' "$CTL_URL/v1/events")
+  [ "$code" = 403 ] || fail "a replayed credential got HTTP $code"
+  scancel "$job"
+  wait_ctl_state "$job" '^cancelled$' 30
+  sleep 3
+  [ "$(slurm_field "$job" Restarts)" = 0 ] || fail "a cancelled job was restarted"
+  [ "$(slurm_field "$job" JobState)" = CANCELLED ] || fail "job $job is $(slurm_field "$job" JobState)"
+  pass "$BACKEND: no false restarts: clean exit done, scancel never requeued, forged and replayed events refused"
+}
+
+scenario_needs_checkpoint() {
+  wait_idle_nodes 2
+  local job; job=$(CKPT_REQUIRE_CHECKPOINT=yes submit_job -N2 -- --step-ms 50 --every 0 --fail-rank 1 --fail-step 3)
+  wait_ctl_state "$job" '^gave-up$' 60
+  sleep 2
+  [ "$(slurm_field "$job" Restarts)" = 0 ] || fail "a job without a checkpoint that needs one was requeued"
+  ctl status | grep -q "job $job: task crash, and the job needs a checkpoint to restart but none is complete" || {
+    ctl status >&2; fail "status does not say why"; }
+  pass "$BACKEND: a job that needs a checkpoint is not restarted without one"
+}
+
+scenario_relaunch() {
+  wait_idle_nodes 4
+  # Four nodes, three used: one spare inside the allocation. --no-kill keeps the allocation when a node dies.
+  local job
+  job=$(sbatch --parsable -N4 --no-kill -o "$SCRATCH/out.%j" --ckpt-dir="$SCRATCH/ckpt-%j" --ckpt-interval=1m \
+    --wrap "$CKPT_RUN --controller $CTL_URL srun -N3 --ntasks-per-node=1 $TEST_JOB --step-ms 100 --every 10") || fail sbatch
+  JOBS_STARTED+=("$job")
+  wait_output "$SCRATCH/out.$job" "committed step 20" 60
+  local batch_host; batch_host=$(slurm_field "$job" BatchHost)
+  local victim; victim=$(grep "step_id=0" "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | cut -d= -f2 | grep -vx "$batch_host" | sort | head -1)
+  local last_committed; last_committed=$(grep "committed step" "$SCRATCH/out.$job" | tail -1 | awk '{print $4}')
+  local t0; t0=$(date +%s.%N)
+  crash_node "$victim"
+  for _ in $(seq 200); do [ "$(grep -c "run=0 step_id=1" "$SCRATCH/out.$job")" -ge 3 ] && break; sleep 0.1; done
+  [ "$(grep -c "run=0 step_id=1" "$SCRATCH/out.$job")" -ge 3 ] || { cat "$SCRATCH/out.$job" >&2; fail "no relaunched step"; }
+  wait_ctl_state "$job" '^running$' 10
+  for _ in $(seq 30); do
+    [ "$(job_json "$job" | json_get 'j["clock"]["launched"]')" != "0.0" ] && break
+    sleep 0.2
+  done
+  local srun_start; srun_start=$(grep -oE "relaunch 1: srun started at [0-9.]+" "$SCRATCH/out.$job" | awk '{print $NF}')
+  report_times "$job" "$t0" "$BACKEND in-allocation relaunch after a node crash" "$srun_start" >/dev/null
+  local nodes; nodes=$(grep "run=0 step_id=1" "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | cut -d= -f2 | sort | tr '\n' ' ')
+  [[ " $nodes " != *" $victim "* ]] || fail "the relaunch used the crashed node $victim: $nodes"
+  local newest; newest=$(ctl history "$job" | grep -oE "newest complete checkpoint: step [0-9]+" | head -1 | awk '{print $NF}')
+  [ "$newest" -ge "$last_committed" ] || fail "decision saw step $newest, but step $last_committed was committed"
+  grep "run=0 step_id=1" "$SCRATCH/out.$job" | grep -q "resume=$newest " || { cat "$SCRATCH/out.$job" >&2; fail "the relaunch did not resume from step $newest"; }
+  [ "$(slurm_field "$job" Restarts)" = 0 ] || fail "the job left its allocation (Restarts=$(slurm_field "$job" Restarts))"
+  python3 -c "import sys; sys.exit(0 if float('$TOTAL') <= 5 else 1)" || fail "relaunch took $TOTAL s (target 5 s)"
+  revive_node "$victim"
+  scancel "$job"
+  wait_ctl_state "$job" '^cancelled$' 30
+  pass "$BACKEND: in-allocation relaunch: step 1 runs on $nodes from step $newest in $TOTAL s, no requeue"
+}

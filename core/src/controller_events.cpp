@@ -1,0 +1,411 @@
+// The controller's data formats: Slurm hostlists, job events and the persisted job record (JSON).
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <stdexcept>
+#include <type_traits>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/parse.hpp"
+#include "ckpt/recovery.hpp"
+
+namespace ckpt::recovery {
+
+using nlohmann::json;
+
+// ---- hostlists -------------------------------------------------------------------------------------------------
+
+namespace {
+
+// Splits at commas outside brackets.
+Result<std::vector<std::string_view>> split_top(std::string_view list) {
+  std::vector<std::string_view> parts;
+  int depth = 0;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    char c = list[i];
+    if (c == '[') {
+      if (++depth > 1) return Error{"nested '[' in hostlist"};
+    } else if (c == ']') {
+      if (--depth < 0) return Error{"unbalanced ']' in hostlist"};
+    } else if (c == ',' && depth == 0) {
+      parts.push_back(list.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  if (depth != 0) return Error{"unbalanced '[' in hostlist"};
+  parts.push_back(list.substr(start));
+  return parts;
+}
+
+bool name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'; }
+
+Status expand_one(std::string_view item, std::vector<std::string>& out, std::size_t limit) {
+  auto open = item.find('[');
+  if (open == std::string_view::npos) {
+    if (item.empty()) return Status::failure("empty name in hostlist");
+    if (!std::all_of(item.begin(), item.end(), name_char)) {
+      return Status::failure("bad character in hostlist name '" + std::string(item) + "'");
+    }
+    if (out.size() >= limit) return Status::failure("hostlist has too many names");
+    out.emplace_back(item);
+    return Status::success();
+  }
+  auto close = item.find(']', open);
+  if (close == std::string_view::npos) return Status::failure("unbalanced '[' in hostlist");
+  std::string_view prefix = item.substr(0, open);
+  std::string_view ranges = item.substr(open + 1, close - open - 1);
+  std::string_view suffix = item.substr(close + 1);
+  if (!std::all_of(prefix.begin(), prefix.end(), name_char)) return Status::failure("bad hostlist prefix");
+  std::size_t pos = 0;
+  while (pos <= ranges.size()) {
+    auto comma = ranges.find(',', pos);
+    if (comma == std::string_view::npos) comma = ranges.size();
+    std::string_view range = ranges.substr(pos, comma - pos);
+    auto dash = range.find('-');
+    std::string_view lo_text = range.substr(0, dash);
+    std::string_view hi_text = dash == std::string_view::npos ? lo_text : range.substr(dash + 1);
+    auto lo = parse_uint(lo_text);
+    auto hi = parse_uint(hi_text);
+    if (!lo || !hi || *hi < *lo) return Status::failure("bad hostlist range '" + std::string(range) + "'");
+    if (*hi - *lo >= limit) return Status::failure("hostlist has too many names");
+    const std::size_t width = lo_text.size();
+    for (std::uint64_t n = *lo; n <= *hi; ++n) {
+      std::string digits = std::to_string(n);
+      if (digits.size() < width) digits.insert(0, width - digits.size(), '0');
+      std::string name = std::string(prefix) + digits;
+      if (suffix.find('[') != std::string_view::npos) {
+        auto status = expand_one(name + std::string(suffix), out, limit);
+        if (!status) return status;
+      } else {
+        if (!std::all_of(suffix.begin(), suffix.end(), name_char)) return Status::failure("bad hostlist suffix");
+        if (out.size() >= limit) return Status::failure("hostlist has too many names");
+        out.push_back(name + std::string(suffix));
+      }
+    }
+    pos = comma + 1;
+  }
+  return Status::success();
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> expand_hostlist(std::string_view list, std::size_t limit) {
+  std::vector<std::string> out;
+  if (list.empty() || list == "(null)") return out;
+  auto parts = split_top(list);
+  if (!parts) return Error{parts.error()};
+  for (auto part : *parts) {
+    auto status = expand_one(part, out, limit);
+    if (!status) return Error{status.error()};
+  }
+  return out;
+}
+
+std::string join_nodes(const std::vector<std::string>& nodes) {
+  std::string out;
+  for (const auto& n : nodes) {
+    if (!out.empty()) out += ',';
+    out += n;
+  }
+  return out;
+}
+
+// ---- events -----------------------------------------------------------------------------------------------------
+
+const char* to_string(EventType type) {
+  switch (type) {
+    case EventType::JobStart: return "job_start";
+    case EventType::TaskExit: return "task_exit";
+    case EventType::JobEnd: return "job_end";
+    case EventType::Handover: return "handover";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr std::size_t kMaxEventBytes = 16 * 1024;
+
+bool safe_node_name(const std::string& name) {
+  return !name.empty() && name.size() <= 255 && std::all_of(name.begin(), name.end(), name_char);
+}
+
+bool safe_text(const std::string& text, std::size_t max) {
+  return text.size() <= max && std::none_of(text.begin(), text.end(), [](char c) {
+           return static_cast<unsigned char>(c) < 0x20 && c != '\t';
+         });
+}
+
+template <class T>
+T number(const json& j, const char* key, T fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_number()) throw std::runtime_error(std::string(key) + " is not a number");
+  if constexpr (std::is_floating_point_v<T>) {
+    return it->get<T>();
+  } else {
+    if (it->is_number_float()) throw std::runtime_error(std::string(key) + " is not an integer");
+    if (it->is_number_unsigned()) {
+      auto v = it->get<std::uint64_t>();
+      if (v > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) {
+        throw std::runtime_error(std::string(key) + " is out of range");
+      }
+      return static_cast<T>(v);
+    }
+    auto v = it->get<std::int64_t>();
+    if (v < static_cast<std::int64_t>(std::numeric_limits<T>::min()) ||
+        (v > 0 && static_cast<std::uint64_t>(v) > static_cast<std::uint64_t>(std::numeric_limits<T>::max()))) {
+      throw std::runtime_error(std::string(key) + " is out of range");
+    }
+    return static_cast<T>(v);
+  }
+}
+
+std::string text(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  if (!it->is_string()) throw std::runtime_error(std::string(key) + " is not a string");
+  return it->get<std::string>();
+}
+
+bool flag(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return false;
+  if (!it->is_boolean()) throw std::runtime_error(std::string(key) + " is not a boolean");
+  return it->get<bool>();
+}
+
+}  // namespace
+
+std::string to_json(const Event& e) {
+  json j = {{"v", 1},
+            {"type", to_string(e.type)},
+            {"job_id", e.job_id},
+            {"step_id", e.step_id},
+            {"restart_count", e.restart_count},
+            {"node", e.node},
+            {"uid", e.uid},
+            {"time", e.time}};
+  if (e.type == EventType::TaskExit) {
+    j["rank"] = e.rank;
+    j["exit_code"] = e.exit_code;
+    j["signal"] = e.signal;
+  }
+  if (e.type == EventType::JobStart) {
+    j["ckpt_dir"] = e.ckpt_dir;
+    if (e.max_restarts) j["max_restarts"] = *e.max_restarts;
+    j["needs_checkpoint"] = e.needs_checkpoint;
+    j["in_allocation"] = e.in_allocation;
+    j["nnodes"] = e.nnodes;
+  }
+  if (!e.detail.empty()) j["detail"] = e.detail;
+  return j.dump();
+}
+
+Result<Event> parse_event(std::string_view input) {
+  if (input.size() > kMaxEventBytes) return Error{"event is larger than 16 KiB"};
+  try {
+    json j = json::parse(input.begin(), input.end(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return Error{"event is not a JSON object"};
+    if (number<int>(j, "v", 0) != 1) return Error{"unsupported event version"};
+    Event e;
+    std::string type = text(j, "type");
+    if (type == "job_start") e.type = EventType::JobStart;
+    else if (type == "task_exit") e.type = EventType::TaskExit;
+    else if (type == "job_end") e.type = EventType::JobEnd;
+    else if (type == "handover") e.type = EventType::Handover;
+    else return Error{"unknown event type '" + type.substr(0, 32) + "'"};
+    e.job_id = number<std::uint32_t>(j, "job_id", 0);
+    if (e.job_id == 0) return Error{"event has no job_id"};
+    e.step_id = number<std::uint32_t>(j, "step_id", kBatchStep);
+    e.restart_count = number<std::uint32_t>(j, "restart_count", 0);
+    e.node = text(j, "node");
+    if (!safe_node_name(e.node)) return Error{"event has a bad node name"};
+    e.uid = number<std::uint32_t>(j, "uid", 0);
+    e.time = number<double>(j, "time", 0.0);
+    if (!std::isfinite(e.time)) return Error{"event time is not finite"};
+    e.rank = number<std::int64_t>(j, "rank", -1);
+    e.exit_code = number<int>(j, "exit_code", 0);
+    e.signal = number<int>(j, "signal", 0);
+    if (e.exit_code < 0 || e.exit_code > 255 || e.signal < 0 || e.signal > 128) {
+      return Error{"event has a bad exit status"};
+    }
+    e.ckpt_dir = text(j, "ckpt_dir");
+    if (!safe_text(e.ckpt_dir, 4096) || (!e.ckpt_dir.empty() && e.ckpt_dir[0] != '/')) {
+      return Error{"event has a bad ckpt_dir"};
+    }
+    if (j.contains("max_restarts") && !j["max_restarts"].is_null()) {
+      e.max_restarts = number<std::uint64_t>(j, "max_restarts", 0);
+    }
+    e.needs_checkpoint = flag(j, "needs_checkpoint");
+    e.in_allocation = flag(j, "in_allocation");
+    e.nnodes = number<std::uint32_t>(j, "nnodes", 0);
+    e.detail = text(j, "detail");
+    if (!safe_text(e.detail, 1024)) return Error{"event detail is too long or has control characters"};
+    return e;
+  } catch (const std::exception& ex) {
+    return Error{std::string("bad event: ") + ex.what()};
+  }
+}
+
+// ---- the job record ---------------------------------------------------------------------------------------------
+
+namespace {
+
+json strings(const std::vector<std::string>& v) { return json(v); }
+
+std::vector<std::string> strings_of(const json& j, const char* key) {
+  std::vector<std::string> out;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return out;
+  if (!it->is_array()) throw std::runtime_error(std::string(key) + " is not an array");
+  for (const auto& v : *it) out.push_back(v.get<std::string>());
+  return out;
+}
+
+}  // namespace
+
+std::string to_json(const JobRecord& r) {
+  json j;
+  j["job_id"] = r.job_id;
+  j["state"] = to_string(r.state);
+  j["uid"] = r.uid;
+  j["uid_known"] = r.uid_known;
+  j["ckpt_dir"] = r.ckpt_dir;
+  j["needs_checkpoint"] = r.needs_checkpoint;
+  j["restart_count"] = r.restart_count;
+  j["budget"] = {{"max_restarts", r.budget.max_restarts},
+                 {"restarts", r.budget.restarts},
+                 {"without_progress", r.budget.without_progress},
+                 {"progress_step", r.budget.progress_step ? json(*r.budget.progress_step) : json(nullptr)}};
+  json failures = json::array();
+  for (const auto& f : r.failures) {
+    failures.push_back({{"step_id", f.step_id}, {"node", f.node}, {"rank", f.rank}, {"exit_code", f.exit_code},
+                        {"signal", f.signal}, {"time", f.time}});
+  }
+  j["failures"] = failures;
+  j["reporters"] = strings(r.reporters);
+  j["nodes"] = strings(r.nodes);
+  j["batch_host"] = r.batch_host;
+  json steps = json::object();
+  for (const auto& [id, s] : r.steps) {
+    steps[std::to_string(id)] = {{"in_allocation", s.in_allocation}, {"nodes", s.nodes}};
+  }
+  j["steps"] = steps;
+  json bad = json::array();
+  for (const auto& b : r.bad_nodes) {
+    bad.push_back({{"node", b.node}, {"reason", b.reason}, {"since", b.since}, {"expires", b.expires}});
+  }
+  j["bad_nodes"] = bad;
+  if (r.intent) {
+    const Intent& i = *r.intent;
+    j["intent"] = {{"id", i.id},           {"phase", to_string(i.phase)},    {"requeue", i.requeue},
+                   {"expected_restart", i.expected_restart}, {"exclude", i.exclude}, {"mark_down", i.mark_down},
+                   {"drain", i.drain},     {"reason", i.reason},             {"created", i.created},
+                   {"not_before", i.not_before}};
+  }
+  if (r.relaunch_step) j["relaunch_step"] = *r.relaunch_step;
+  j["handover"] = r.handover;
+  j["end_reported"] = r.end_reported;
+  j["reason"] = r.reason;
+  if (r.ending) j["ending"] = to_string(*r.ending);
+  j["clock"] = {{"failed", r.clock.failed}, {"decided", r.clock.decided}, {"slurm_done", r.clock.slurm_done},
+                {"launched", r.clock.launched}, {"path", r.clock.path}};
+  j["lost_work_s"] = r.lost_work_s;
+  j["created"] = r.created;
+  j["updated"] = r.updated;
+  return j.dump();
+}
+
+Result<JobRecord> parse_job_record(std::string_view input) {
+  try {
+    json j = json::parse(input.begin(), input.end(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return Error{"job record is not a JSON object"};
+    JobRecord r;
+    r.job_id = number<std::uint32_t>(j, "job_id", 0);
+    auto state = parse_job_state(text(j, "state"));
+    if (!state || r.job_id == 0) return Error{"job record has no valid job_id or state"};
+    r.state = *state;
+    r.uid = number<std::uint32_t>(j, "uid", 0);
+    r.uid_known = flag(j, "uid_known");
+    r.ckpt_dir = text(j, "ckpt_dir");
+    r.needs_checkpoint = flag(j, "needs_checkpoint");
+    r.restart_count = number<std::uint32_t>(j, "restart_count", 0);
+    if (auto it = j.find("budget"); it != j.end() && it->is_object()) {
+      r.budget.max_restarts = number<std::uint64_t>(*it, "max_restarts", 3);
+      r.budget.restarts = number<std::uint64_t>(*it, "restarts", 0);
+      r.budget.without_progress = number<std::uint64_t>(*it, "without_progress", 0);
+      if (it->contains("progress_step") && !(*it)["progress_step"].is_null()) {
+        r.budget.progress_step = number<std::uint64_t>(*it, "progress_step", 0);
+      }
+    }
+    if (auto it = j.find("failures"); it != j.end() && it->is_array()) {
+      for (const auto& f : *it) {
+        r.failures.push_back(TaskFailure{number<std::uint32_t>(f, "step_id", 0), text(f, "node"),
+                                         number<std::int64_t>(f, "rank", -1), number<int>(f, "exit_code", 0),
+                                         number<int>(f, "signal", 0), number<double>(f, "time", 0.0)});
+      }
+    }
+    r.reporters = strings_of(j, "reporters");
+    r.nodes = strings_of(j, "nodes");
+    r.batch_host = text(j, "batch_host");
+    if (auto it = j.find("steps"); it != j.end() && it->is_object()) {
+      for (const auto& [key, s] : it->items()) {
+        auto id = parse_uint(key);
+        if (!id || *id > 0xffffffffULL) return Error{"job record has a bad step id"};
+        r.steps[static_cast<std::uint32_t>(*id)] = StepInfo{flag(s, "in_allocation"), strings_of(s, "nodes")};
+      }
+    }
+    if (auto it = j.find("bad_nodes"); it != j.end() && it->is_array()) {
+      for (const auto& b : *it) {
+        r.bad_nodes.push_back(BadNode{text(b, "node"), text(b, "reason"), number<double>(b, "since", 0.0),
+                                      number<double>(b, "expires", 0.0)});
+      }
+    }
+    if (auto it = j.find("intent"); it != j.end() && it->is_object()) {
+      Intent i;
+      i.id = number<std::uint64_t>(*it, "id", 0);
+      auto phase = parse_intent_phase(text(*it, "phase"));
+      if (!phase) return Error{"job record has a bad intent phase"};
+      i.phase = *phase;
+      i.requeue = flag(*it, "requeue");
+      i.expected_restart = number<std::uint32_t>(*it, "expected_restart", 0);
+      i.exclude = strings_of(*it, "exclude");
+      i.mark_down = strings_of(*it, "mark_down");
+      i.drain = strings_of(*it, "drain");
+      i.reason = text(*it, "reason");
+      i.created = number<double>(*it, "created", 0.0);
+      i.not_before = number<double>(*it, "not_before", 0.0);
+      r.intent = i;
+    }
+    if (j.contains("relaunch_step") && !j["relaunch_step"].is_null()) {
+      r.relaunch_step = number<std::uint32_t>(j, "relaunch_step", 0);
+    }
+    r.handover = flag(j, "handover");
+    r.end_reported = flag(j, "end_reported");
+    r.reason = text(j, "reason");
+    std::string ending = text(j, "ending");
+    for (Ending e : {Ending::NodeFailure, Ending::TaskCrash, Ending::TimeLimit, Ending::Preemption,
+                     Ending::OutOfMemory, Ending::UserCancel, Ending::CleanExit, Ending::DoNotRestart}) {
+      if (ending == to_string(e)) r.ending = e;
+    }
+    if (auto it = j.find("clock"); it != j.end() && it->is_object()) {
+      r.clock.failed = number<double>(*it, "failed", 0.0);
+      r.clock.decided = number<double>(*it, "decided", 0.0);
+      r.clock.slurm_done = number<double>(*it, "slurm_done", 0.0);
+      r.clock.launched = number<double>(*it, "launched", 0.0);
+      r.clock.path = text(*it, "path");
+    }
+    r.lost_work_s = number<double>(j, "lost_work_s", 0.0);
+    r.created = number<double>(j, "created", 0.0);
+    r.updated = number<double>(j, "updated", 0.0);
+    return r;
+  } catch (const std::exception& ex) {
+    return Error{std::string("bad job record: ") + ex.what()};
+  }
+}
+
+}  // namespace ckpt::recovery

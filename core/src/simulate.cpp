@@ -1,0 +1,396 @@
+#include "ckpt/simulate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <string_view>
+
+#include "ckpt/interval.hpp"
+
+namespace ckpt::simulate {
+
+namespace {
+
+std::string number(double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", value);
+  return buf;
+}
+
+// The failure process. std::mt19937_64 is fully specified by the standard; the distributions are not, so the
+// conversions are written out to make a seed mean the same run on every platform.
+class Failures {
+ public:
+  explicit Failures(std::uint64_t seed) : rng_(seed) {}
+
+  // Draws the next failure: its gap from now and whether it is catchable.
+  void draw(double now, double mtbf_s, double catchable) {
+    next_at_ = now - mtbf_s * std::log1p(-uniform());
+    next_catchable_ = uniform() < catchable;
+  }
+  double next_at() const { return next_at_; }
+  bool next_catchable() const { return next_catchable_; }
+
+ private:
+  // Uniform in [0, 1) with 53 random bits.
+  double uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+
+  std::mt19937_64 rng_;
+  double next_at_ = 0;
+  bool next_catchable_ = false;
+};
+
+// Expected wall time to get `a` seconds done without a failure, restarting (R) after each one.
+double expected_segment_s(double a, double restart_s, double mtbf_s) {
+  return mtbf_s * std::exp(restart_s / mtbf_s) * std::expm1(a / mtbf_s);
+}
+
+}  // namespace
+
+const char* to_string(Policy policy) {
+  switch (policy) {
+    case Policy::Fixed: return "fixed";
+    case Policy::Young: return "young";
+    case Policy::Daly: return "daly";
+    case Policy::LastWords: return "last-words";
+  }
+  return "?";
+}
+
+Status check(const Config& config) {
+  auto finite_non_negative = [](double v) { return std::isfinite(v) && v >= 0; };
+  if (!finite_non_negative(config.cost_s)) {
+    return Status::failure("checkpoint cost must be a finite duration >= 0 (got " + number(config.cost_s) + "s)");
+  }
+  if (!finite_non_negative(config.restart_s)) {
+    return Status::failure("restart cost must be a finite duration >= 0 (got " + number(config.restart_s) + "s)");
+  }
+  if (!std::isfinite(config.mtbf_s) || config.mtbf_s <= 0) {
+    return Status::failure("MTBF must be a positive finite duration (got " + number(config.mtbf_s) + "s)");
+  }
+  if (!std::isfinite(config.work_s) || config.work_s <= 0) {
+    return Status::failure("work must be a positive finite duration (got " + number(config.work_s) + "s)");
+  }
+  if (!(config.catchable >= 0 && config.catchable <= 1)) {
+    return Status::failure("catchable fraction must be between 0 and 1 (got " + number(config.catchable) + ")");
+  }
+  if (config.max_events == 0) return Status::failure("max_events must be at least 1");
+  return Status::success();
+}
+
+double policy_interval(const Config& config, Policy policy, double fixed_s) {
+  switch (policy) {
+    case Policy::Fixed: return fixed_s;
+    case Policy::Young: return interval::young(config.cost_s, config.mtbf_s);
+    case Policy::Daly:
+    case Policy::LastWords: return interval::daly(config.cost_s, config.mtbf_s);
+  }
+  return 0;
+}
+
+Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
+  if (auto st = check(config); !st) return Error{st.error()};
+  const double tau = policy_interval(config, policy, fixed_s);
+  if (!std::isfinite(tau) || tau <= 0) {
+    return Error{std::string("the ") + to_string(policy) + " interval must be a positive finite duration (got " +
+                 number(tau) + "s)"};
+  }
+  const double delta = config.cost_s;
+  const double restart = config.restart_s;
+  const bool last_words = policy == Policy::LastWords;
+  auto too_many_events = [&](const std::string& what) {
+    return Error{"the job cannot finish within " + std::to_string(config.max_events) + " events (" + what +
+                 " is far too long for MTBF " + interval::format_seconds(config.mtbf_s) + ")"};
+  };
+  const std::string interval_text = "interval " + interval::format_seconds(tau);
+  // Refuse up front what would run into the guard anyway: each segment takes e^{(τ+δ)/M}·e^{R/M} attempts on
+  // average. Last words can only shorten that, so it keeps just the guard below.
+  const double expected_events = std::ceil(config.work_s / tau) * std::exp((tau + delta + restart) / config.mtbf_s);
+  if (!last_words && expected_events > static_cast<double>(config.max_events)) return too_many_events(interval_text);
+
+  Outcome out;
+  out.policy = policy;
+  out.interval_s = tau;
+  Failures failures(config.seed);
+  double now = 0;
+  double done = 0;
+  failures.draw(now, config.mtbf_s, config.catchable);
+  std::uint64_t events = 0;
+
+  while (done < config.work_s) {
+    if (++events > config.max_events) return too_many_events(interval_text);
+    const double segment = std::min(tau, config.work_s - done);
+    const double attempt = segment + delta;
+    if (now + attempt <= failures.next_at()) {
+      now += attempt;
+      done += segment;
+      out.checkpoint_s += delta;
+      ++out.checkpoints;
+      continue;
+    }
+
+    // A failure during the segment or its checkpoint.
+    const double elapsed = failures.next_at() - now;
+    now = failures.next_at();
+    ++out.failures;
+    const double at_risk = std::min(elapsed, segment);  // compute not yet in a checkpoint
+    if (last_words && failures.next_catchable() && at_risk > delta) {
+      // Writing the terminal checkpoint is worth it only when it costs less than redoing the work.
+      done += at_risk;
+      out.checkpoint_s += elapsed - at_risk;  // a periodic write cut short, if the failure hit one
+      now += delta;
+      out.last_words_s += delta;
+      ++out.last_words;
+    } else {
+      out.rework_s += elapsed;
+    }
+
+    // Restart; a failure during the restart starts it over. Its catchable flag is drawn but unused, which keeps
+    // the random stream aligned across policies (two draws per failure).
+    failures.draw(now, config.mtbf_s, config.catchable);
+    while (now + restart > failures.next_at()) {
+      if (++events > config.max_events) return too_many_events("restart cost " + interval::format_seconds(restart));
+      out.restart_s += failures.next_at() - now;
+      now = failures.next_at();
+      ++out.failures;
+      failures.draw(now, config.mtbf_s, config.catchable);
+    }
+    now += restart;
+    out.restart_s += restart;
+  }
+  out.work_s = config.work_s;
+  out.wall_s = now;
+  return out;
+}
+
+double model_waste(const Config& config, Policy policy, double interval_s) {
+  interval::Params params{config.cost_s, config.restart_s, config.mtbf_s};
+  double waste = interval::waste_fraction(params, interval_s);
+  if (policy != Policy::LastWords || config.catchable == 0 || !std::isfinite(waste)) return waste;
+  // E[min(u, δ)] for u ~ U[0, τ]: a caught failure costs the terminal write, or the rework when that is cheaper.
+  const double tau = interval_s;
+  const double delta = config.cost_s;
+  const double caught_cost = delta >= tau ? tau / 2 : delta - delta * delta / (2 * tau);
+  return waste + config.catchable * (caught_cost - tau / 2) / config.mtbf_s;
+}
+
+double model_lost_s(const Config& config, Policy policy, double interval_s) {
+  const double waste = model_waste(config, policy, interval_s);
+  if (!(waste < 1)) return std::numeric_limits<double>::infinity();
+  return config.work_s * waste / (1 - waste);
+}
+
+double exact_waste(const Config& config, double interval_s) {
+  if (!(interval_s > 0) || !std::isfinite(interval_s)) return 1;
+  const double segments = std::floor(config.work_s / interval_s);
+  const double remainder = config.work_s - segments * interval_s;
+  double wall = segments * expected_segment_s(interval_s + config.cost_s, config.restart_s, config.mtbf_s);
+  if (remainder > 0) wall += expected_segment_s(remainder + config.cost_s, config.restart_s, config.mtbf_s);
+  if (!std::isfinite(wall) || wall <= 0) return 1;
+  return 1 - config.work_s / wall;
+}
+
+Result<std::vector<SweepPoint>> sweep(const Config& config, double lo_s, double hi_s, int points) {
+  if (auto st = check(config); !st) return Error{st.error()};
+  if (!(lo_s > 0) || !std::isfinite(hi_s) || !(hi_s > lo_s)) {
+    return Error{"sweep range must satisfy 0 < low < high (got " + number(lo_s) + "s to " + number(hi_s) + "s)"};
+  }
+  if (points < 2) return Error{"a sweep needs at least 2 points"};
+  std::vector<SweepPoint> out;
+  out.reserve(static_cast<std::size_t>(points));
+  const double step = std::log(hi_s / lo_s) / (points - 1);
+  for (int i = 0; i < points; ++i) {
+    SweepPoint p;
+    p.interval_s = i == points - 1 ? hi_s : lo_s * std::exp(step * i);
+    auto outcome = run(config, Policy::Fixed, p.interval_s);
+    if (!outcome) return Error{outcome.error()};
+    p.simulated = outcome->waste_fraction();
+    p.model = model_waste(config, Policy::Fixed, p.interval_s);
+    p.exact = exact_waste(config, p.interval_s);
+    out.push_back(p);
+  }
+  return out;
+}
+
+// ---- SVG --------------------------------------------------------------------------------------------------------
+
+namespace {
+
+struct Plot {
+  double left = 80, right = 200, top = 50, bottom = 60;  // margins; the legend sits in the right one
+  double width = 860, height = 480;
+  double x_lo = 1, x_hi = 10, y_hi = 1;
+
+  double x(double seconds) const {
+    double f = std::log(seconds / x_lo) / std::log(x_hi / x_lo);
+    return left + f * (width - left - right);
+  }
+  double y(double fraction) const {
+    double f = std::clamp(fraction, 0.0, y_hi) / y_hi;
+    return height - bottom - f * (height - top - bottom);
+  }
+};
+
+std::string fmt_num(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::string escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string text(double x, double y, std::string_view body, std::string_view attrs = "") {
+  std::string out = "<text x=\"" + fmt_num("%.1f", x) + "\" y=\"" + fmt_num("%.1f", y) + "\"";
+  if (!attrs.empty()) {
+    out += ' ';
+    out += attrs;
+  }
+  return out + ">" + escape(body) + "</text>\n";
+}
+
+std::string line(double x1, double y1, double x2, double y2, std::string_view attrs) {
+  return "<line x1=\"" + fmt_num("%.1f", x1) + "\" y1=\"" + fmt_num("%.1f", y1) + "\" x2=\"" + fmt_num("%.1f", x2) +
+         "\" y2=\"" + fmt_num("%.1f", y2) + "\" " + std::string(attrs) + "/>\n";
+}
+
+// A polyline of f(τ) over the plot's x range, 200 log-spaced samples.
+template <class F>
+std::string curve(const Plot& plot, F f, std::string_view attrs) {
+  std::string pts;
+  constexpr int n = 200;
+  for (int i = 0; i <= n; ++i) {
+    double tau = plot.x_lo * std::pow(plot.x_hi / plot.x_lo, static_cast<double>(i) / n);
+    double w = f(tau);
+    if (!std::isfinite(w)) continue;
+    pts += fmt_num("%.1f", plot.x(tau)) + "," + fmt_num("%.1f", plot.y(w)) + " ";
+  }
+  return "<polyline fill=\"none\" " + std::string(attrs) + " points=\"" + pts + "\"/>\n";
+}
+
+// Round tick steps for a waste axis ending at y_hi (a fraction).
+double y_tick_step(double y_hi) {
+  for (double step : {0.001, 0.002, 0.005, 0.01, 0.02, 0.025, 0.05, 0.1, 0.2, 0.25}) {
+    if (y_hi / step <= 8) return step;
+  }
+  return 0.25;
+}
+
+}  // namespace
+
+std::string render_svg(const Config& config, const std::vector<SweepPoint>& points) {
+  Plot plot;
+  const double young_s = interval::young(config.cost_s, config.mtbf_s);
+  const double daly_s = interval::daly(config.cost_s, config.mtbf_s);
+  if (!points.empty()) {
+    plot.x_lo = points.front().interval_s;
+    plot.x_hi = points.back().interval_s;
+  }
+  if (!(plot.x_hi > plot.x_lo) || !(plot.x_lo > 0)) {
+    plot.x_lo = std::max(1.0, young_s / 8);
+    plot.x_hi = plot.x_lo * 64;
+  }
+  double y_max = 0;
+  for (const auto& p : points) y_max = std::max({y_max, p.simulated, std::min(p.model, 1.0), p.exact});
+  plot.y_hi = std::clamp(y_max * 1.1, 0.01, 1.0);
+
+  const double x0 = plot.left, x1 = plot.width - plot.right;
+  const double y0 = plot.height - plot.bottom, y1 = plot.top;
+  std::string svg;
+  svg += "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fmt_num("%.0f", plot.width) + "\" height=\"" +
+         fmt_num("%.0f", plot.height) + "\" viewBox=\"0 0 " + fmt_num("%.0f", plot.width) + " " +
+         fmt_num("%.0f", plot.height) + "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  svg += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  std::string title = "Waste vs checkpoint interval: cost " + interval::format_seconds(config.cost_s) + ", restart " +
+                      interval::format_seconds(config.restart_s) + ", MTBF " + interval::format_seconds(config.mtbf_s) +
+                      ", seed " + std::to_string(config.seed);
+  svg += text(plot.width / 2, 24, title, "text-anchor=\"middle\" font-size=\"15\"");
+
+  // Grid and ticks.
+  const double y_step = y_tick_step(plot.y_hi);
+  const int y_ticks = static_cast<int>(std::floor(plot.y_hi / y_step + 1e-9));
+  for (int i = 0; i <= y_ticks; ++i) {
+    const double v = i * y_step;
+    const double y = plot.y(v);
+    svg += line(x0, y, x1, y, "stroke=\"#e5e5e5\"");
+    svg += text(x0 - 6, y + 4, fmt_num(y_step < 0.01 ? "%.1f%%" : "%.0f%%", 100 * v), "text-anchor=\"end\"");
+  }
+  static constexpr double kTicks[] = {1,     2,     5,      10,     15,     30,      60,     120,
+                                      300,   600,   900,    1800,   3600,   7200,    10800,  21600,
+                                      43200, 86400, 172800, 345600, 604800, 1209600, 2592000};
+  int shown = 0;
+  for (double t : kTicks) {
+    if (t >= plot.x_lo && t <= plot.x_hi) ++shown;
+  }
+  int every = std::max(1, (shown + 9) / 10);  // at most about ten labels
+  int index = 0;
+  for (double t : kTicks) {
+    if (t < plot.x_lo || t > plot.x_hi) continue;
+    double x = plot.x(t);
+    svg += line(x, y0, x, y1, "stroke=\"#e5e5e5\"");
+    if (index++ % every == 0) svg += text(x, y0 + 16, interval::format_seconds(t), "text-anchor=\"middle\"");
+  }
+  svg += line(x0, y0, x1, y0, "stroke=\"black\"");
+  svg += line(x0, y0, x0, y1, "stroke=\"black\"");
+  svg += text((x0 + x1) / 2, plot.height - 18, "checkpoint interval (log scale)", "text-anchor=\"middle\"");
+  svg += text(18, (y0 + y1) / 2, "waste (share of wall time)",
+              "text-anchor=\"middle\" transform=\"rotate(-90 18 " + fmt_num("%.1f", (y0 + y1) / 2) + ")\"");
+
+  // Curves, then points on top.
+  svg += curve(
+      plot, [&](double tau) { return model_waste(config, Policy::Fixed, tau); },
+      "stroke=\"#1f77b4\" stroke-width=\"2\"");
+  svg += curve(
+      plot, [&](double tau) { return exact_waste(config, tau); },
+      "stroke=\"#2ca02c\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\"");
+  for (const auto& p : points) {
+    svg += "<circle cx=\"" + fmt_num("%.1f", plot.x(p.interval_s)) + "\" cy=\"" + fmt_num("%.1f", plot.y(p.simulated)) +
+           "\" r=\"3.5\" fill=\"#d62728\"><title>" +
+           escape(interval::format_seconds(p.interval_s) + ": simulated " + fmt_num("%.2f%%", 100 * p.simulated) +
+                  ", model " + fmt_num("%.2f%%", 100 * p.model)) +
+           "</title></circle>\n";
+  }
+
+  // Markers at the two optima.
+  auto marker = [&](double tau, const char* name, const char* color, double label_y) {
+    if (!(tau >= plot.x_lo && tau <= plot.x_hi)) return;
+    double x = plot.x(tau);
+    svg += line(x, y0, x, y1, std::string("stroke=\"") + color + "\" stroke-dasharray=\"3,3\"");
+    svg += text(x + 4, label_y, std::string(name) + " " + interval::format_seconds(tau),
+                std::string("fill=\"") + color + "\"");
+  };
+  marker(young_s, "Young", "#9467bd", y1 + 14);
+  marker(daly_s, "Daly", "#ff7f0e", y1 + 30);
+
+  // Legend.
+  const double lx = x1 + 16;
+  svg += line(lx, y1 + 10, lx + 24, y1 + 10, "stroke=\"#1f77b4\" stroke-width=\"2\"");
+  svg += text(lx + 30, y1 + 14, "first-order model");
+  svg += line(lx, y1 + 30, lx + 24, y1 + 30, "stroke=\"#2ca02c\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\"");
+  svg += text(lx + 30, y1 + 34, "exact (exponential)");
+  svg += "<circle cx=\"" + fmt_num("%.1f", lx + 12) + "\" cy=\"" + fmt_num("%.1f", y1 + 50) +
+         "\" r=\"3.5\" fill=\"#d62728\"/>\n";
+  svg += text(lx + 30, y1 + 54, "simulated");
+  svg += line(lx, y1 + 70, lx + 24, y1 + 70, "stroke=\"#9467bd\" stroke-dasharray=\"3,3\"");
+  svg += text(lx + 30, y1 + 74, "Young");
+  svg += line(lx, y1 + 90, lx + 24, y1 + 90, "stroke=\"#ff7f0e\" stroke-dasharray=\"3,3\"");
+  svg += text(lx + 30, y1 + 94, "Daly");
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace ckpt::simulate

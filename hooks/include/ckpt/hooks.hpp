@@ -1,0 +1,207 @@
+#pragma once
+// slurm-ckpt's training-side hooks: register the state a rank must save, take two-phase checkpoints (a snapshot
+// into staging memory that training waits for only before its next update, then a background persist and commit),
+// agree on checkpoint steps across ranks, stop cleanly on a time-limit or signal notice, and restore bitwise.
+//
+// Every rank runs the same loop; `step` counts completed updates, so restore() returns where the loop resumes:
+//
+//   auto cp = std::move(ckpt::hooks::Checkpointer::create().value());
+//   cp->register_region({"model", params, params_bytes});
+//   std::uint64_t start = cp->restore().value();
+//   for (std::uint64_t step = start; step < total; ++step) {
+//     forward_backward();
+//     cp->before_update();                          // the guard: the last snapshot has copied everything
+//     update();
+//     if (cp->after_step(step + 1).value()) break;  // a terminal checkpoint was taken: stop the loop
+//   }
+//   cp->close();                                    // waits for the last persist and commit
+//
+// Settings come from the CKPT_* environment the SPANK plugin exports; Options override them. Without a
+// checkpoint dir the checkpointer is disabled and every call is a cheap no-op.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/options.hpp"
+#include "ckpt/result.hpp"
+#include "ckpt/store.hpp"
+
+namespace ckpt::hooks {
+
+// ---- settings ---------------------------------------------------------------------------------------------------
+
+// One setting: the key code uses, the environment variable it overrides, and what a valid value looks like.
+struct OptionKey {
+  const char* key;       // "dir"
+  const char* env;       // "CKPT_DIR"; several variables for rank and world_size, see load_config
+  const char* expected;  // for error messages
+};
+
+// Every key Options accepts, in the order --help would list them.
+const std::vector<OptionKey>& option_keys();
+
+// Overrides of the environment as key=value settings ("dir", "interval", ...; see option_keys()).
+struct Options {
+  std::map<std::string, std::string, std::less<>> values;
+  store::PhaseObserver persist_observer;  // called on the persist thread at each phase of a save (fault tests)
+
+  // Records one override; an unknown key is an error: "ckpt: unknown setting 'x' (known: dir, interval, ...)".
+  Status set(std::string_view key, std::string_view value);
+};
+
+enum class CoordinatorKind { Auto, Single, File, Pmix };
+
+enum class LogLevel { Error, Warn, Info, Debug };
+
+// The resolved settings of one rank.
+struct Config {
+  std::string dir;                         // absolute checkpoint root; empty: checkpointing is off
+  Interval interval;                       // CKPT_INTERVAL; Auto runs as a fixed 30 minutes for now
+  std::uint64_t keep = BuiltinDefaults::keep;
+  bool last_words = BuiltinDefaults::last_words;
+  std::uint64_t mtbf_s = BuiltinDefaults::mtbf_s;
+  std::uint64_t grace_s = BuiltinDefaults::grace_s;
+  std::uint64_t max_restarts = BuiltinDefaults::max_restarts;
+  std::uint64_t restart_count = 0;
+  std::string job_id;                      // CKPT_JOB_ID, else SLURM_JOB_ID; may be empty
+  std::optional<std::uint64_t> resume_step;  // CKPT_RESUME_STEP: the plugin's choice, verified again here
+  std::string resume_path;                 // CKPT_RESUME_PATH: that checkpoint's step dir
+  std::optional<std::int64_t> end_time;    // unix seconds the job must be done by (CKPT_END_TIME, SLURM_JOB_END_TIME)
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string rank_source = "single";      // "override", "torchrun" (RANK/WORLD_SIZE), "slurm" or "single"
+  CoordinatorKind coordinator = CoordinatorKind::Auto;
+  unsigned copy_threads = 2;               // snapshot copy threads; 0 copies on the training thread
+  std::uint64_t commit_timeout_s = 600;    // how long the writer waits for every rank's shard
+  std::uint64_t agree_lead = 2;            // steps between a request and the agreed checkpoint step
+  bool signals = true;                     // SIGTERM, SIGUSR1 and SIGUSR2 ask for a terminal checkpoint
+  std::string run_id;                      // names this run's control files; derived from job ids when unset
+  LogLevel log_level = LogLevel::Info;
+};
+
+// Resolves overrides over the environment. Ranks: an override, else RANK/WORLD_SIZE/LOCAL_RANK (torchrun), else
+// SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (srun), else a single process. Any bad value is an error naming the
+// variable and the value: "ckpt: CKPT_KEEP='x': expected a whole number >= 1".
+Result<Config> load_config(const Options& options,
+                           const std::function<const char*(const char*)>& getenv_fn = nullptr);
+
+// ---- logging ----------------------------------------------------------------------------------------------------
+
+// Receives every log line at or above the configured level; lines start with "ckpt: ".
+using LogSink = std::function<void(LogLevel level, std::string_view line)>;
+// Replaces the sink (stderr by default; an empty sink restores it); returns the previous one. Process-wide.
+LogSink set_log_sink(LogSink sink);
+
+// ---- state ------------------------------------------------------------------------------------------------------
+
+enum class Memory { Host, Device };
+
+// A named byte range the checkpoint saves and a restore fills.
+struct RegionSpec {
+  std::string name;              // unique within the rank; stored in the shard record
+  void* data = nullptr;
+  std::size_t size = 0;
+  Memory memory = Memory::Host;  // Device needs the CUDA backend (CKPT_HAVE_CUDA) and a GPU
+  bool sync = false;             // copied inside after_step: state that changes outside updates (BN statistics)
+  std::string meta_json = "{}";  // stored with the region, e.g. {"dtype":"float32","shape":[4,4]}
+  void* stream = nullptr;        // Device: the cudaStream_t updates run on; null is the legacy default stream
+};
+
+// One region of the checkpoint restore() loaded. `data` stays valid until the next snapshot or restore.
+struct RestoredRegion {
+  std::string name;
+  std::string meta_json;
+  const std::byte* data = nullptr;
+  std::size_t size = 0;
+};
+
+// What after_step does at one step.
+struct Decision {
+  bool snapshot = false;                      // a checkpoint of this step is taken
+  bool stop = false;                          // it is terminal: the loop should stop after this step
+  store::Kind kind = store::Kind::Periodic;
+};
+
+// Counters for reports and tests. Times in seconds.
+struct Stats {
+  std::uint64_t snapshots = 0;            // checkpoints started on this rank
+  std::uint64_t persisted = 0;            // shards made durable by this rank
+  std::uint64_t committed = 0;            // manifests this rank wrote (the writer only)
+  std::uint64_t failed = 0;               // snapshots, persists or commits that failed
+  std::optional<std::uint64_t> last_snapshot_step;
+  std::optional<std::uint64_t> last_committed_step;
+  double last_stall_s = 0;                // training blocked by the last checkpoint (after_step + before_update)
+  double total_stall_s = 0;
+  double last_copy_s = 0;                 // the last snapshot's copy, start to finish
+  double last_persist_s = 0;              // shard write and fsync through its record
+  double last_commit_s = 0;               // persist start to commit done (the writer only)
+  std::uint64_t last_persist_bytes = 0;
+  std::uint64_t backpressure_waits = 0;   // snapshots that waited for the previous persist
+  double backpressure_s = 0;              // time spent in those waits (included in the stalls)
+  double last_backpressure_s = 0;
+  std::uint64_t state_bytes = 0;          // bytes of the registered regions
+  std::uint64_t staging_bytes = 0;        // bytes of staging memory held (host and pinned)
+  std::uint64_t blob_bytes = 0;           // bytes of small blobs held
+};
+
+// ---- the checkpointer -------------------------------------------------------------------------------------------
+
+// One per process and rank. Calls come from the training thread, except stats() which any thread may call.
+class Checkpointer {
+ public:
+  // Reads the settings and, when a checkpoint dir is configured, starts the copy and persist threads, the
+  // coordinator and the notice handlers. Fails on a bad setting.
+  static Result<std::unique_ptr<Checkpointer>> create(const Options& options = {});
+  ~Checkpointer();  // close()s, logging a failure
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // False when no checkpoint dir is configured; every call then succeeds and does nothing.
+  bool enabled() const;
+  const Config& config() const;
+
+  // Adds a region, or replaces the one of the same name. Staging grows in the background when needed.
+  Status register_region(const RegionSpec& region);
+  // Replaces every region at once (a helper re-registering a model whose tensors moved).
+  Status set_regions(const std::vector<RegionSpec>& regions);
+  // Copies a small named blob now; every later checkpoint saves its latest value (extras: step, RNG states).
+  Status put_blob(std::string_view name, const void* data, std::size_t size, std::string_view meta_json = "{}");
+
+  // Loads the newest complete checkpoint that verifies (CKPT_RESUME_STEP/PATH first), walking back and marking
+  // FAILED the ones that do not. With `copy_into_regions`, fills every registered region from the region of the
+  // same name (a missing one or a size mismatch is an error). Returns the step to resume from, 0 when none.
+  // Must come before the first after_step.
+  Result<std::uint64_t> restore(bool copy_into_regions = true);
+  // The regions of the checkpoint the last restore() loaded (blobs included), in shard order.
+  const std::vector<RestoredRegion>& restored() const;
+
+  // The guard: blocks until the snapshot in progress has copied every region (for device regions, makes their
+  // compute streams wait for the copy instead). Call it before every parameter or optimizer update.
+  Status before_update();
+  // What after_step(step) will do; idempotent for one step (the decision is taken once and remembered).
+  Result<Decision> poll(std::uint64_t step);
+  // Call after each update with the number of completed updates. Starts a checkpoint when one is due and
+  // returns true when the loop should stop (a terminal checkpoint was taken). Steps must increase.
+  Result<bool> after_step(std::uint64_t step);
+  // Takes a checkpoint of `step` now. Collective: every rank must call it at the same step.
+  Status save(std::uint64_t step, store::Kind kind = store::Kind::Periodic);
+  // Waits for the last persist and commit and stops the threads. Idempotent; returns the first persist error.
+  Status close();
+
+  Stats stats() const;
+
+ private:
+  struct Impl;
+  explicit Checkpointer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt::hooks

@@ -1,0 +1,282 @@
+// Settings: the CKPT_* environment the SPANK plugin exports, the launchers' rank variables, and code overrides.
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+#include "ckpt/hooks.hpp"
+#include "ckpt/parse.hpp"
+
+namespace ckpt::hooks {
+
+namespace {
+
+// One entry per key; `envs` are tried in order (the first one set wins).
+struct KeySpec {
+  OptionKey key;
+  std::vector<const char*> envs;
+};
+
+const std::vector<KeySpec>& key_specs() {
+  static const std::vector<KeySpec> specs = {
+      {{"dir", "CKPT_DIR", "an absolute path"}, {"CKPT_DIR"}},
+      {{"interval", "CKPT_INTERVAL", "auto, a duration like 15m, or <N>steps"}, {"CKPT_INTERVAL"}},
+      {{"keep", "CKPT_KEEP", "a whole number >= 1"}, {"CKPT_KEEP"}},
+      {{"last_words", "CKPT_LAST_WORDS", "on or off"}, {"CKPT_LAST_WORDS"}},
+      {{"mtbf", "CKPT_MTBF", "a positive duration like 24h"}, {"CKPT_MTBF"}},
+      {{"grace", "CKPT_GRACE", "a duration like 120s"}, {"CKPT_GRACE"}},
+      {{"max_restarts", "CKPT_MAX_RESTARTS", "a whole number"}, {"CKPT_MAX_RESTARTS"}},
+      {{"restart_count", "CKPT_RESTART_COUNT", "a whole number"}, {"CKPT_RESTART_COUNT", "SLURM_RESTART_COUNT"}},
+      {{"job_id", "CKPT_JOB_ID", "a job id"}, {"CKPT_JOB_ID", "SLURM_JOB_ID"}},
+      {{"resume_step", "CKPT_RESUME_STEP", "a whole number"}, {"CKPT_RESUME_STEP"}},
+      {{"resume_path", "CKPT_RESUME_PATH", "an absolute path to a step dir"}, {"CKPT_RESUME_PATH"}},
+      {{"end_time", "CKPT_END_TIME", "unix seconds"}, {"CKPT_END_TIME", "SLURM_JOB_END_TIME"}},
+      {{"rank", "RANK", "a whole number below world_size"}, {"RANK", "SLURM_PROCID"}},
+      {{"world_size", "WORLD_SIZE", "a whole number >= 1"}, {"WORLD_SIZE", "SLURM_NTASKS"}},
+      {{"local_rank", "LOCAL_RANK", "a whole number"}, {"LOCAL_RANK", "SLURM_LOCALID"}},
+      {{"coordinator", "CKPT_COORDINATOR", "auto, single, file or pmix"}, {"CKPT_COORDINATOR"}},
+      {{"copy_threads", "CKPT_COPY_THREADS", "a whole number from 0 to 64"}, {"CKPT_COPY_THREADS"}},
+      {{"commit_timeout", "CKPT_COMMIT_TIMEOUT", "a positive duration like 10m"}, {"CKPT_COMMIT_TIMEOUT"}},
+      {{"agree_lead", "CKPT_AGREE_LEAD", "a whole number from 1 to 1000"}, {"CKPT_AGREE_LEAD"}},
+      {{"signals", "CKPT_SIGNALS", "on or off"}, {"CKPT_SIGNALS"}},
+      {{"run_id", "CKPT_RUN_ID", "letters, digits, '.', '_' or '-'"}, {"CKPT_RUN_ID"}},
+      {{"log", "CKPT_LOG", "error, warn, info or debug"}, {"CKPT_LOG"}},
+  };
+  return specs;
+}
+
+const KeySpec* find_spec(std::string_view key) {
+  for (const KeySpec& s : key_specs()) {
+    if (key == s.key.key) return &s;
+  }
+  return nullptr;
+}
+
+// A value and where it came from ("dir" for an override, "CKPT_DIR" for the environment).
+struct Source {
+  std::string value;
+  std::string origin;
+};
+
+class Lookup {
+ public:
+  Lookup(const Options& options, const std::function<const char*(const char*)>& getenv_fn)
+      : options_(options), getenv_(getenv_fn) {}
+
+  bool overridden(std::string_view key) const { return options_.values.find(key) != options_.values.end(); }
+
+  // The override, else the first variable set; unset when neither (an empty variable counts as unset).
+  std::optional<Source> get(std::string_view key) const {
+    if (auto it = options_.values.find(key); it != options_.values.end()) {
+      return Source{it->second, std::string(key)};
+    }
+    for (const char* env : find_spec(key)->envs) {
+      const char* v = getenv_(env);
+      if (v != nullptr && *v != '\0') return Source{v, env};
+    }
+    return std::nullopt;
+  }
+
+  std::optional<Source> env(const char* name) const {
+    const char* v = getenv_(name);
+    if (v == nullptr || *v == '\0') return std::nullopt;
+    return Source{v, name};
+  }
+
+ private:
+  const Options& options_;
+  const std::function<const char*(const char*)>& getenv_;
+};
+
+Error bad(const Source& s, std::string_view key, std::string_view detail = {}) {
+  std::string line = "ckpt: " + s.origin + "='" + s.value + "': expected " + find_spec(key)->key.expected;
+  if (!detail.empty()) line += " (" + std::string(detail) + ")";
+  return Error{line};
+}
+
+// Parses key into out when set; returns an error line when the value is bad.
+template <class T, class Parse>
+std::optional<Error> read(const Lookup& lookup, std::string_view key, T& out, Parse parse) {
+  auto s = lookup.get(key);
+  if (!s) return std::nullopt;
+  auto parsed = parse(s->value);
+  if (!parsed) return bad(*s, key, parsed.error());
+  out = *parsed;
+  return std::nullopt;
+}
+
+Result<std::uint64_t> parse_at_least_one(std::string_view text) {
+  auto n = parse_uint(text);
+  if (!n) return n;
+  if (*n < 1) return Error{"must be at least 1"};
+  return n;
+}
+
+Result<std::uint64_t> parse_positive_duration(std::string_view text) {
+  auto d = parse_duration(text);
+  if (!d) return d;
+  if (*d == 0) return Error{"must be positive"};
+  return d;
+}
+
+Result<int> parse_int_below(std::string_view text, std::uint64_t limit) {
+  auto n = parse_uint(text);
+  if (!n) return Error{n.error()};
+  if (*n >= limit) return Error{"too large"};
+  return static_cast<int>(*n);
+}
+
+Result<CoordinatorKind> parse_coordinator(std::string_view text) {
+  if (text == "auto") return CoordinatorKind::Auto;
+  if (text == "single") return CoordinatorKind::Single;
+  if (text == "file") return CoordinatorKind::File;
+  if (text == "pmix") return CoordinatorKind::Pmix;
+  return Error{"unknown coordinator"};
+}
+
+Result<LogLevel> parse_log_level(std::string_view text) {
+  if (text == "error") return LogLevel::Error;
+  if (text == "warn") return LogLevel::Warn;
+  if (text == "info") return LogLevel::Info;
+  if (text == "debug") return LogLevel::Debug;
+  return Error{"unknown level"};
+}
+
+bool is_run_id_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+         c == '-';
+}
+
+Result<std::string> parse_run_id(std::string_view text) {
+  if (text.size() > 128) return Error{"longer than 128 characters"};
+  if (!std::all_of(text.begin(), text.end(), is_run_id_char) || text.front() == '.') return Error{"bad character"};
+  return std::string(text);
+}
+
+// A run id every rank of one launch derives alike, without talking: the job, its step and restart, the
+// launcher's rendezvous. Runs that differ in all of these must not share control files.
+std::string derive_run_id(const Lookup& lookup, const Config& config) {
+  std::string id = config.job_id.empty() ? "local" : config.job_id;
+  if (auto s = lookup.env("SLURM_STEP_ID")) id += ".s" + s->value;
+  id += ".r" + std::to_string(config.restart_count);
+  if (auto s = lookup.env("TORCHELASTIC_RUN_ID")) id += "." + s->value;
+  if (auto s = lookup.env("MASTER_PORT")) id += ".p" + s->value;
+  std::string clean;
+  for (char c : id) clean += is_run_id_char(c) ? c : '_';
+  return clean.substr(0, 128);
+}
+
+std::optional<Error> resolve_ranks(const Lookup& lookup, Config& config) {
+  std::uint64_t max_rank = 1u << 24;  // far above any job, far below int overflow
+  auto take = [&](std::string_view key, const Source& s, int& out, bool positive) -> std::optional<Error> {
+    auto n = parse_int_below(s.value, max_rank + 1);
+    if (!n || (positive && *n < 1)) return bad(s, key, n ? "must be at least 1" : n.error());
+    out = *n;
+    return std::nullopt;
+  };
+  std::optional<Source> rank, world, local;
+  if (lookup.overridden("rank") || lookup.overridden("world_size")) {
+    config.rank_source = "override";
+    rank = lookup.get("rank");
+    world = lookup.get("world_size");
+    local = lookup.get("local_rank");
+  } else if (lookup.env("RANK") || lookup.env("WORLD_SIZE")) {
+    config.rank_source = "torchrun";
+    rank = lookup.env("RANK");
+    world = lookup.env("WORLD_SIZE");
+    local = lookup.env("LOCAL_RANK");
+    if (!rank || !world) return Error{"ckpt: RANK and WORLD_SIZE must be set together"};
+  } else if (lookup.env("SLURM_PROCID") && lookup.env("SLURM_NTASKS")) {
+    config.rank_source = "slurm";
+    rank = lookup.env("SLURM_PROCID");
+    world = lookup.env("SLURM_NTASKS");
+    local = lookup.env("SLURM_LOCALID");
+  }
+  if (rank) {
+    if (auto e = take("rank", *rank, config.rank, false)) return e;
+  }
+  if (world) {
+    if (auto e = take("world_size", *world, config.world_size, true)) return e;
+  }
+  if (local) {
+    if (auto e = take("local_rank", *local, config.local_rank, false)) return e;
+  }
+  if (config.rank >= config.world_size) {
+    return Error{"ckpt: rank " + std::to_string(config.rank) + " is not below world size " +
+                 std::to_string(config.world_size) + " (from " + config.rank_source + ")"};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const std::vector<OptionKey>& option_keys() {
+  static const std::vector<OptionKey> keys = [] {
+    std::vector<OptionKey> out;
+    for (const KeySpec& s : key_specs()) out.push_back(s.key);
+    return out;
+  }();
+  return keys;
+}
+
+Status Options::set(std::string_view key, std::string_view value) {
+  if (find_spec(key) == nullptr) {
+    std::string known;
+    for (const KeySpec& s : key_specs()) known += (known.empty() ? "" : ", ") + std::string(s.key.key);
+    return Status::failure("ckpt: unknown setting '" + std::string(key) + "' (known: " + known + ")");
+  }
+  values.insert_or_assign(std::string(key), std::string(value));
+  return Status::success();
+}
+
+Result<Config> load_config(const Options& options, const std::function<const char*(const char*)>& getenv_fn) {
+  const std::function<const char*(const char*)> system_getenv = [](const char* name) { return std::getenv(name); };
+  Lookup lookup(options, getenv_fn ? getenv_fn : system_getenv);
+  Config c;
+  unsigned hw = std::thread::hardware_concurrency();
+  c.copy_threads = std::clamp(hw, 1u, 4u);  // memory bandwidth saturates at a few threads
+
+  if (auto s = lookup.get("dir")) {
+    auto dir = normalize_absolute_path(s->value);
+    if (!dir) return bad(*s, "dir", dir.error());
+    c.dir = *dir;
+  }
+  c.interval = Interval{Interval::Kind::Auto, 0};
+  if (auto e = read(lookup, "interval", c.interval, parse_interval)) return *e;
+  if (auto e = read(lookup, "keep", c.keep, parse_at_least_one)) return *e;
+  if (auto e = read(lookup, "last_words", c.last_words, parse_on_off)) return *e;
+  if (auto e = read(lookup, "mtbf", c.mtbf_s, parse_positive_duration)) return *e;
+  if (auto e = read(lookup, "grace", c.grace_s, parse_duration)) return *e;
+  if (auto e = read(lookup, "max_restarts", c.max_restarts, parse_uint)) return *e;
+  if (auto e = read(lookup, "restart_count", c.restart_count, parse_uint)) return *e;
+  if (auto s = lookup.get("job_id")) c.job_id = s->value;
+  std::uint64_t resume_step = 0;
+  if (auto e = read(lookup, "resume_step", resume_step, parse_uint)) return *e;
+  if (lookup.get("resume_step")) c.resume_step = resume_step;
+  if (auto s = lookup.get("resume_path")) {
+    auto path = normalize_absolute_path(s->value);
+    if (!path) return bad(*s, "resume_path", path.error());
+    c.resume_path = *path;
+  }
+  std::uint64_t end_time = 0;
+  if (auto e = read(lookup, "end_time", end_time, [](std::string_view t) { return parse_uint(t); })) return *e;
+  if (lookup.get("end_time")) {
+    if (end_time > (std::uint64_t{1} << 40)) return bad(*lookup.get("end_time"), "end_time", "too large");
+    c.end_time = static_cast<std::int64_t>(end_time);
+  }
+  if (auto e = resolve_ranks(lookup, c)) return *e;
+  if (auto e = read(lookup, "coordinator", c.coordinator, parse_coordinator)) return *e;
+  std::uint64_t threads = c.copy_threads;
+  if (auto e = read(lookup, "copy_threads", threads, parse_uint)) return *e;
+  if (threads > 64) return bad(*lookup.get("copy_threads"), "copy_threads", "too large");
+  c.copy_threads = static_cast<unsigned>(threads);
+  if (auto e = read(lookup, "commit_timeout", c.commit_timeout_s, parse_positive_duration)) return *e;
+  if (auto e = read(lookup, "agree_lead", c.agree_lead, parse_at_least_one)) return *e;
+  if (c.agree_lead > 1000) return bad(*lookup.get("agree_lead"), "agree_lead", "too large");
+  if (auto e = read(lookup, "signals", c.signals, parse_on_off)) return *e;
+  if (auto e = read(lookup, "log", c.log_level, parse_log_level)) return *e;
+  if (auto e = read(lookup, "run_id", c.run_id, parse_run_id)) return *e;
+  if (c.run_id.empty()) c.run_id = derive_run_id(lookup, c);
+  return c;
+}
+
+}  // namespace ckpt::hooks

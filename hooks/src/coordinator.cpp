@@ -1,0 +1,269 @@
+// The control dir, and the single-process and file-based coordinators.
+#include "coordinator.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+#include "log.hpp"
+
+namespace ckpt::hooks {
+
+namespace {
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+std::string join(const std::string& dir, const std::string& name) {
+  return (!dir.empty() && dir.back() == '/') ? dir + name : dir + "/" + name;
+}
+
+// mkdir that accepts an existing directory.
+Status make_dir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) return Status::success();
+  return Status::failure("ckpt: cannot create " + path + ": " + errno_text(errno));
+}
+
+std::string request_name(std::uint64_t step, store::Kind kind) {
+  return (kind == store::Kind::Terminal ? "stop-" : "ckpt-") + store::step_dir_name(step);
+}
+
+std::string failure_name(std::uint64_t step, int rank) {
+  return "failed-" + store::step_dir_name(step) + "-" + store::record_file_name(rank);
+}
+
+bool regular_file_at(int dir_fd, const std::string& name) {
+  struct stat st {};
+  return ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+}
+
+// ---- one process --------------------------------------------------------------------------------------------
+
+class SingleCoordinator final : public Coordinator {
+ public:
+  const char* name() const override { return "single"; }
+  Status begin(std::uint64_t) override {
+    requests_.clear();
+    return Status::success();
+  }
+  Status request(std::uint64_t step, store::Kind kind) override {
+    auto [it, inserted] = requests_.emplace(step, kind);
+    if (!inserted && kind == store::Kind::Terminal) it->second = kind;
+    return Status::success();
+  }
+  std::optional<store::Kind> requested(std::uint64_t step) override {
+    std::optional<store::Kind> kind;
+    if (auto it = requests_.find(step); it != requests_.end()) kind = it->second;
+    requests_.erase(requests_.begin(), requests_.upper_bound(step));
+    return kind;
+  }
+  Status publish(std::uint64_t, const Status& outcome) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    outcome_ = outcome;
+    return Status::success();
+  }
+  Status wait_all(std::uint64_t, std::chrono::milliseconds) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return outcome_;
+  }
+
+ private:
+  std::map<std::uint64_t, store::Kind> requests_;  // training thread only
+  std::mutex mu_;
+  Status outcome_;  // guarded by mu_
+};
+
+// ---- files on the shared checkpoint dir ---------------------------------------------------------------------
+
+// A rank's shard record appearing in the step dir is its publication: the store writes it atomically after the
+// shard is durable. A failure leaves a report in the control dir so the writer need not wait for the timeout.
+class FileCoordinator final : public Coordinator {
+ public:
+  explicit FileCoordinator(const Config& config)
+      : root_(config.dir), world_(config.world_size),
+        control_(config.dir, config.run_id, config.rank) {}
+
+  const char* name() const override { return "file"; }
+  Status begin(std::uint64_t resume_step) override {
+    control_.begin(resume_step);
+    return Status::success();
+  }
+  Status request(std::uint64_t step, store::Kind kind) override { return control_.request(step, kind); }
+  std::optional<store::Kind> requested(std::uint64_t step) override { return control_.requested(step); }
+  Status publish(std::uint64_t step, const Status& outcome) override {
+    if (outcome) return Status::success();
+    return control_.report_failure(step, outcome.error());
+  }
+  Status wait_all(std::uint64_t step, std::chrono::milliseconds timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const std::string dir = join(root_, store::step_dir_name(step));
+    std::vector<bool> seen(static_cast<std::size_t>(world_), false);
+    int missing = world_;
+    auto pause = std::chrono::milliseconds(1);
+    for (;;) {
+      for (int r = 0; r < world_; ++r) {
+        if (seen[static_cast<std::size_t>(r)]) continue;
+        struct stat st {};
+        if (::lstat(join(dir, store::record_file_name(r)).c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+          seen[static_cast<std::size_t>(r)] = true;
+          --missing;
+        } else if (auto why = control_.failure(step, r)) {
+          return Status::failure("ckpt: rank " + std::to_string(r) + " could not persist step " +
+                                 std::to_string(step) + ": " + *why);
+        }
+      }
+      if (missing == 0) return Status::success();
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::string which;
+        for (int r = 0, shown = 0; r < world_ && shown < 8; ++r) {
+          if (!seen[static_cast<std::size_t>(r)]) which += (shown++ ? ", " : "") + std::to_string(r);
+        }
+        return Status::failure("ckpt: step " + std::to_string(step) + ": " + std::to_string(missing) + " of " +
+                               std::to_string(world_) + " ranks did not persist within " +
+                               std::to_string(timeout.count() / 1000) + "s (ranks " + which + ")");
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
+  }
+
+ private:
+  std::string root_;
+  int world_;
+  ControlDir control_;
+};
+
+}  // namespace
+
+// ---- the control dir ------------------------------------------------------------------------------------------
+
+ControlDir::ControlDir(std::string root, std::string run_id, int rank)
+    : root_(std::move(root)), run_id_(std::move(run_id)), rank_(rank), ns_(run_id_ + "-from0") {}
+
+ControlDir::~ControlDir() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ControlDir::begin(std::uint64_t resume_step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ns_ = run_id_ + "-from" + std::to_string(resume_step);
+}
+
+std::string ControlDir::path() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dir_path();
+}
+
+std::string ControlDir::dir_path() const { return join(join(root_, ".control"), ns_); }
+
+int ControlDir::open_dir(bool create) {
+  if (fd_ >= 0) return fd_;
+  if (create) {
+    for (const std::string& d : {root_, join(root_, ".control"), dir_path()}) {
+      if (Status s = make_dir(d); !s) {
+        log::error(rank_, s.error());
+        return -1;
+      }
+    }
+  }
+  fd_ = ::open(dir_path().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  return fd_;
+}
+
+Status ControlDir::create_exclusive(const std::string& name, const std::string& content) {
+  int dir = open_dir(true);
+  if (dir < 0) return Status::failure("ckpt: cannot open the control dir " + dir_path() + ": " + errno_text(errno));
+  static std::atomic<unsigned> counter{0};
+  std::string temp = ".tmp-" + std::to_string(rank_) + "-" + std::to_string(::getpid()) + "-" +
+                     std::to_string(counter.fetch_add(1));
+  int fd = ::openat(dir, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::failure("ckpt: cannot create " + join(dir_path(), temp) + ": " + errno_text(errno));
+  bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()) && ::fsync(fd) == 0;
+  int err = errno;
+  ::close(fd);
+  // link() is atomic and fails on an existing name: the first request for a name wins, complete.
+  if (ok && ::linkat(dir, temp.c_str(), dir, name.c_str(), 0) != 0 && errno != EEXIST) {
+    ok = false;
+    err = errno;
+  }
+  ::unlinkat(dir, temp.c_str(), 0);
+  if (!ok) return Status::failure("ckpt: cannot create " + join(dir_path(), name) + ": " + errno_text(err));
+  ::fsync(dir);
+  return Status::success();
+}
+
+Status ControlDir::request(std::uint64_t step, store::Kind kind) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return create_exclusive(request_name(step, kind),
+                          std::string(store::to_string(kind)) + " " + std::to_string(step) + " rank " +
+                              std::to_string(rank_) + "\n");
+}
+
+std::optional<store::Kind> ControlDir::requested(std::uint64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int dir = open_dir(false);
+  if (dir < 0) return std::nullopt;
+  if (regular_file_at(dir, request_name(step, store::Kind::Terminal))) return store::Kind::Terminal;
+  if (regular_file_at(dir, request_name(step, store::Kind::Periodic))) return store::Kind::Periodic;
+  return std::nullopt;
+}
+
+Status ControlDir::report_failure(std::uint64_t step, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return create_exclusive(failure_name(step, rank_), reason + "\n");
+}
+
+std::optional<std::string> ControlDir::failure(std::uint64_t step, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int dir = open_dir(false);
+  if (dir < 0) return std::nullopt;
+  int fd = ::openat(dir, failure_name(step, rank).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char buf[512];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  std::string text(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  return text.empty() ? std::string("unknown error") : text;
+}
+
+// ---- the choice -------------------------------------------------------------------------------------------------
+
+Result<std::unique_ptr<Coordinator>> make_coordinator(const Config& config) {
+  CoordinatorKind kind = config.coordinator;
+  if (kind == CoordinatorKind::Auto) {
+    const char* pmix_rank = std::getenv("PMIX_RANK");
+    if (config.world_size == 1) {
+      kind = CoordinatorKind::Single;
+    } else if (pmix_rank != nullptr && config.rank_source == "slurm" && have_pmix()) {
+      kind = CoordinatorKind::Pmix;
+    } else {
+      kind = CoordinatorKind::File;
+    }
+  }
+  switch (kind) {
+    case CoordinatorKind::Single:
+      if (config.world_size != 1) {
+        return Error{"ckpt: coordinator 'single' needs a world of 1 rank, not " + std::to_string(config.world_size)};
+      }
+      return std::unique_ptr<Coordinator>(std::make_unique<SingleCoordinator>());
+    case CoordinatorKind::File:
+      return std::unique_ptr<Coordinator>(std::make_unique<FileCoordinator>(config));
+    case CoordinatorKind::Pmix:
+      return make_pmix_coordinator(config);
+    case CoordinatorKind::Auto:
+      break;
+  }
+  return Error{"ckpt: no coordinator"};
+}
+
+}  // namespace ckpt::hooks

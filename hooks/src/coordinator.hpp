@@ -1,0 +1,90 @@
+#pragma once
+// How the ranks of a job agree on checkpoint steps and learn that every shard of a step is durable.
+//
+// The training loop asks for a checkpoint a few steps ahead (request) and checks every step whether one is due
+// (requested); ranks run in lockstep within a step or two (data-parallel training reduces every step), so a request
+// for step s + lead reaches every rank before it passes s + lead. After a rank's shard is durable its persist thread
+// publishes the outcome; the writer (rank 0) waits for every rank, then commits through ckpt::store.
+//
+// Implementations: SingleCoordinator (one process), FileCoordinator (files on the shared checkpoint dir) and
+// PmixCoordinator (PMIx Put/Commit/Fence under srun --mpi=pmix). Slurm's PMIx server kills the whole step when a
+// PMIx-connected rank dies, so a design that keeps survivors alive (last words) needs another implementation
+// behind this interface, e.g. a TCP heartbeat mesh.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "ckpt/hooks.hpp"
+
+namespace ckpt::hooks {
+
+class Coordinator {
+ public:
+  virtual ~Coordinator() = default;
+  // "single", "file" or "pmix", for log lines.
+  virtual const char* name() const = 0;
+
+  // Training thread, once the resume step is known: requests and reports of other runs must not be seen.
+  virtual Status begin(std::uint64_t resume_step) = 0;
+  // Training thread. Asks every rank to checkpoint at `step`; any rank may ask, asking twice is harmless.
+  virtual Status request(std::uint64_t step, store::Kind kind) = 0;
+  // Training thread, every step: the request for exactly this step, if any rank made one (terminal wins).
+  virtual std::optional<store::Kind> requested(std::uint64_t step) = 0;
+  // Persist thread, every rank, for every checkpoint in order: this rank's shard is durable (ok) or failed.
+  virtual Status publish(std::uint64_t step, const Status& outcome) = 0;
+  // Persist thread, writer only: waits until every rank published `step`; fails on timeout or a failed rank.
+  virtual Status wait_all(std::uint64_t step, std::chrono::milliseconds timeout) = 0;
+};
+
+// The coordinator the settings ask for. Auto: single for one process, pmix when PMIx launched this process
+// (PMIX_RANK set, no torchrun RANK) and the library was built with PMIx, else file.
+Result<std::unique_ptr<Coordinator>> make_coordinator(const Config& config);
+
+// Requests and failure reports as files under <root>/.control/<namespace>/, shared by File and Pmix. A request is
+// "ckpt-<step>" or "stop-<step>", created exclusively (write a temp file, fsync, link): readers never see half a
+// file and two ranks asking for the same step cannot clash. The namespace is the run id and the resume step, so a
+// restarted run never acts on an older run's files. Thread-safe: the training thread asks and checks, the persist
+// thread reports failures.
+class ControlDir {
+ public:
+  ControlDir(std::string root, std::string run_id, int rank);
+  ~ControlDir();
+  ControlDir(const ControlDir&) = delete;
+  ControlDir& operator=(const ControlDir&) = delete;
+
+  // Sets the namespace: <run_id>-from<resume_step>.
+  void begin(std::uint64_t resume_step);
+  Status request(std::uint64_t step, store::Kind kind);
+  std::optional<store::Kind> requested(std::uint64_t step);
+  // Records that `rank` failed to persist `step` (the writer stops waiting for it).
+  Status report_failure(std::uint64_t step, const std::string& reason);
+  // The failure `rank` reported for `step`, if any.
+  std::optional<std::string> failure(std::uint64_t step, int rank);
+  // The namespace directory, for tests and log lines.
+  std::string path() const;
+
+ private:
+  // These three expect mu_ held.
+  Status create_exclusive(const std::string& name, const std::string& content);
+  int open_dir(bool create);
+  std::string dir_path() const;
+
+  const std::string root_;
+  const std::string run_id_;
+  const int rank_ = 0;
+  mutable std::mutex mu_;
+  std::string ns_;  // guarded by mu_
+  int fd_ = -1;     // guarded by mu_: the namespace dir once it exists
+};
+
+}  // namespace ckpt::hooks
+
+namespace ckpt::hooks {
+// The PMIx coordinator (coordinator_pmix.cpp); an error when the library was built without PMIx.
+Result<std::unique_ptr<Coordinator>> make_pmix_coordinator(const Config& config);
+// True when the library was built with PMIx.
+bool have_pmix();
+}  // namespace ckpt::hooks

@@ -1,0 +1,158 @@
+#include "device.hpp"
+
+#if CKPT_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <mutex>
+
+namespace ckpt::hooks {
+
+namespace {
+
+std::string cuda_error(const char* what, cudaError_t err) {
+  return std::string("ckpt: ") + what + " failed: " + cudaGetErrorString(err);
+}
+
+cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  ~CudaBackend() override {
+    for (cudaEvent_t e : ready_) cudaEventDestroy(e);
+    if (done_ != nullptr) cudaEventDestroy(done_);
+    if (copy_ != nullptr) cudaStreamDestroy(copy_);
+  }
+
+  Status init() {
+    if (cudaError_t err = cudaGetDevice(&device_); err != cudaSuccess) {
+      return Status::failure(cuda_error("cudaGetDevice", err));
+    }
+    // Non-blocking: the copy stream must not serialize with the legacy default stream training may use.
+    if (cudaError_t err = cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking); err != cudaSuccess) {
+      return Status::failure(cuda_error("cudaStreamCreateWithFlags", err));
+    }
+    if (cudaError_t err = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming); err != cudaSuccess) {
+      return Status::failure(cuda_error("cudaEventCreate", err));
+    }
+    return Status::success();
+  }
+
+  Result<void*> alloc_pinned(std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cudaError_t err = cudaSetDevice(device_); err != cudaSuccess) return Error{cuda_error("cudaSetDevice", err)};
+    void* p = nullptr;
+    if (cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault); err != cudaSuccess) {
+      return Error{cuda_error("cudaHostAlloc", err)};
+    }
+    return p;
+  }
+
+  void free_pinned(void* p) override {
+    if (p != nullptr) cudaFreeHost(p);
+  }
+
+  Status snapshot(const std::vector<DeviceCopy>& copies) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cudaError_t err = cudaSetDevice(device_); err != cudaSuccess) {
+      return Status::failure(cuda_error("cudaSetDevice", err));
+    }
+    streams_.clear();
+    for (const DeviceCopy& c : copies) {
+      cudaStream_t s = as_stream(c.stream);
+      if (std::find(streams_.begin(), streams_.end(), s) == streams_.end()) streams_.push_back(s);
+    }
+    while (ready_.size() < streams_.size()) {
+      cudaEvent_t e = nullptr;
+      if (cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); err != cudaSuccess) {
+        return Status::failure(cuda_error("cudaEventCreate", err));
+      }
+      ready_.push_back(e);
+    }
+    // The copy starts after everything already queued on each compute stream (the last update included).
+    for (std::size_t i = 0; i < streams_.size(); ++i) {
+      if (cudaError_t err = cudaEventRecord(ready_[i], streams_[i]); err != cudaSuccess) {
+        return Status::failure(cuda_error("cudaEventRecord", err));
+      }
+      if (cudaError_t err = cudaStreamWaitEvent(copy_, ready_[i], 0); err != cudaSuccess) {
+        return Status::failure(cuda_error("cudaStreamWaitEvent", err));
+      }
+    }
+    for (const DeviceCopy& c : copies) {
+      if (cudaError_t err = cudaMemcpyAsync(c.dst, c.src, c.size, cudaMemcpyDeviceToHost, copy_);
+          err != cudaSuccess) {
+        return Status::failure(cuda_error("cudaMemcpyAsync", err));
+      }
+    }
+    if (cudaError_t err = cudaEventRecord(done_, copy_); err != cudaSuccess) {
+      return Status::failure(cuda_error("cudaEventRecord", err));
+    }
+    return Status::success();
+  }
+
+  Status guard() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (cudaStream_t s : streams_) {
+      if (cudaError_t err = cudaStreamWaitEvent(s, done_, 0); err != cudaSuccess) {
+        return Status::failure(cuda_error("cudaStreamWaitEvent", err));
+      }
+    }
+    streams_.clear();
+    return Status::success();
+  }
+
+  Status wait() override {
+    // Not under mu_: the training thread may queue its guard meanwhile.
+    if (cudaError_t err = cudaEventSynchronize(done_); err != cudaSuccess) {
+      return Status::failure(cuda_error("cudaEventSynchronize", err));
+    }
+    return Status::success();
+  }
+
+  Status upload(void* dst, const void* src, std::size_t size) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cudaError_t err = cudaSetDevice(device_); err != cudaSuccess) {
+      return Status::failure(cuda_error("cudaSetDevice", err));
+    }
+    if (cudaError_t err = cudaMemcpy(dst, src, size, cudaMemcpyHostToDevice); err != cudaSuccess) {
+      return Status::failure(cuda_error("cudaMemcpy", err));
+    }
+    return Status::success();
+  }
+
+ private:
+  std::mutex mu_;
+  int device_ = 0;
+  cudaStream_t copy_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  std::vector<cudaEvent_t> ready_;     // one per compute stream, reused
+  std::vector<cudaStream_t> streams_;  // the compute streams of the last snapshot, until guard()
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceBackend>> make_device_backend() {
+  int count = 0;
+  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess || count == 0) {
+    return Error{"ckpt: a device region needs a GPU, and none is usable" +
+                 std::string(err != cudaSuccess ? std::string(" (") + cudaGetErrorString(err) + ")" : "")};
+  }
+  auto backend = std::make_unique<CudaBackend>();
+  if (Status s = backend->init(); !s) return Error{s.error()};
+  return std::unique_ptr<DeviceBackend>(std::move(backend));
+}
+
+}  // namespace ckpt::hooks
+
+#else  // built without CUDA
+
+namespace ckpt::hooks {
+
+Result<std::unique_ptr<DeviceBackend>> make_device_backend() {
+  return Error{"ckpt: a device region needs the CUDA backend; this libckpt was built without CUDA"};
+}
+
+}  // namespace ckpt::hooks
+
+#endif

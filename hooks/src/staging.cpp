@@ -1,0 +1,165 @@
+#include "staging.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+#include <utility>
+
+namespace ckpt::hooks {
+
+Result<HostBuffer> HostBuffer::allocate(std::size_t bytes) {
+  HostBuffer buffer;
+  if (bytes == 0) return buffer;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::size_t rounded = (bytes + page - 1) / page * page;
+  void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) {
+    return Error{"ckpt: cannot allocate " + std::to_string(rounded) + " bytes of staging memory: " +
+                 std::error_code(errno, std::generic_category()).message()};
+  }
+  buffer.data_ = static_cast<std::byte*>(p);
+  buffer.size_ = rounded;
+  return buffer;
+}
+
+HostBuffer::HostBuffer(HostBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) ::munmap(data_, size_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+HostBuffer::~HostBuffer() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+StagingPlan plan_staging(const std::vector<RegionSpec>& regions) {
+  StagingPlan plan;
+  auto place = [](std::size_t& end, std::size_t size) {
+    std::size_t offset = (end + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+    end = offset + size;
+    return offset;
+  };
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    const RegionSpec& r = regions[i];
+    if (r.memory == Memory::Host) {
+      plan.host.push_back({i, place(plan.host_bytes, r.size), r.size});
+    } else {
+      plan.device.push_back({i, place(plan.device_bytes, r.size), r.size});
+    }
+  }
+  return plan;
+}
+
+std::vector<CopyChunk> split_copies(const std::vector<CopyChunk>& copies, std::size_t chunk) {
+  std::vector<CopyChunk> out;
+  for (const CopyChunk& c : copies) {
+    for (std::size_t done = 0; done < c.size; done += chunk) {
+      out.push_back({c.dst + done, c.src + done, std::min(chunk, c.size - done)});
+    }
+  }
+  return out;
+}
+
+namespace {
+std::atomic<void (*)()> g_copy_hook{nullptr};
+}  // namespace
+
+void set_copy_hook_for_testing(void (*hook)()) { g_copy_hook.store(hook); }
+
+CopyPool::CopyPool(unsigned threads) {
+  threads_.reserve(threads);
+  for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { worker(); });
+}
+
+CopyPool::~CopyPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+void CopyPool::start(std::vector<CopyChunk> chunks) {
+  auto batch = std::make_shared<Batch>();
+  batch->chunks = std::move(chunks);
+  batch->remaining = batch->chunks.size();
+  batch->started = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch_ = batch;
+    ++generation_;
+    if (batch->remaining == 0) last_seconds_ = 0;
+  }
+  if (threads_.empty()) {
+    run(*batch);
+    return;
+  }
+  work_cv_.notify_all();
+}
+
+void CopyPool::run(Batch& batch) {
+  for (;;) {
+    std::size_t i = batch.next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= batch.chunks.size()) return;
+    const CopyChunk& c = batch.chunks[i];
+    if (auto hook = g_copy_hook.load(std::memory_order_relaxed)) hook();
+    std::memcpy(c.dst, c.src, c.size);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--batch.remaining == 0) {
+      last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - batch.started).count();
+      done_cv_.notify_all();
+    }
+  }
+}
+
+void CopyPool::worker() {
+  std::uint64_t seen = 0;
+  for (;;) {
+    std::shared_ptr<Batch> batch;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      batch = batch_;
+    }
+    if (batch) run(*batch);
+  }
+}
+
+void CopyPool::help_and_wait() {
+  std::shared_ptr<Batch> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch = batch_;
+  }
+  if (batch) run(*batch);
+  wait();
+}
+
+void CopyPool::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return !batch_ || batch_->remaining == 0; });
+}
+
+bool CopyPool::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !batch_ || batch_->remaining == 0;
+}
+
+double CopyPool::last_batch_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_seconds_;
+}
+
+}  // namespace ckpt::hooks

@@ -1,0 +1,112 @@
+#pragma once
+// Staging memory and the snapshot copy: where each region lands, memory faulted in once and reused, and a small
+// pool of threads that copies a snapshot in chunks while training goes on.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ckpt/hooks.hpp"
+
+namespace ckpt::hooks {
+
+// Anonymous memory, mapped once and faulted in at allocation (MAP_POPULATE): a first touch costs several times
+// the copy that later reuses the page, so it must not happen inside a snapshot.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  // Maps and populates `bytes` (rounded up to a page); 0 gives an empty buffer. Fails with a "ckpt:" line.
+  static Result<HostBuffer> allocate(std::size_t bytes);
+  HostBuffer(HostBuffer&& other) noexcept;
+  HostBuffer& operator=(HostBuffer&& other) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer();
+
+  std::byte* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Regions start at multiples of this in staging: whole cache lines for the copy threads.
+inline constexpr std::size_t kStagingAlign = 64;
+
+// Where one region lands: in host staging for host regions, in pinned staging for device regions.
+struct Slot {
+  std::size_t region = 0;  // index into the region list
+  std::size_t offset = 0;
+  std::size_t size = 0;
+};
+
+struct StagingPlan {
+  std::vector<Slot> host;    // host regions, in registration order
+  std::vector<Slot> device;  // device regions, in registration order
+  std::size_t host_bytes = 0;
+  std::size_t device_bytes = 0;
+};
+
+// Lays the regions out back to back, each aligned to kStagingAlign: at most 63 bytes of padding per region.
+StagingPlan plan_staging(const std::vector<RegionSpec>& regions);
+
+struct CopyChunk {
+  std::byte* dst = nullptr;
+  const std::byte* src = nullptr;
+  std::size_t size = 0;
+};
+
+// Splits copies into chunks of at most `chunk` bytes (chunk > 0) so that threads share big regions.
+std::vector<CopyChunk> split_copies(const std::vector<CopyChunk>& copies, std::size_t chunk);
+
+// Test seam: called before each chunk is copied, on whichever thread copies it; null (the default) for none.
+// Set it only while no batch is running.
+void set_copy_hook_for_testing(void (*hook)());
+
+// Copies one batch of chunks at a time on its threads; the caller may help. With 0 threads, start() copies
+// everything on the calling thread.
+class CopyPool {
+ public:
+  explicit CopyPool(unsigned threads);
+  ~CopyPool();
+  CopyPool(const CopyPool&) = delete;
+  CopyPool& operator=(const CopyPool&) = delete;
+
+  // Starts copying a batch and returns at once. The previous batch must be finished.
+  void start(std::vector<CopyChunk> chunks);
+  // Copies chunks no thread has taken yet on the calling thread, then blocks until the batch is finished.
+  void help_and_wait();
+  // Blocks until the batch is finished, without helping.
+  void wait();
+  // True when no batch is running.
+  bool idle() const;
+  // Seconds from start() to the last chunk of the most recent finished batch.
+  double last_batch_seconds() const;
+  unsigned threads() const { return static_cast<unsigned>(threads_.size()); }
+
+ private:
+  struct Batch {
+    std::vector<CopyChunk> chunks;   // written before the batch is published, read-only after
+    std::atomic<std::size_t> next{0};
+    std::size_t remaining = 0;       // guarded by mu_
+    std::chrono::steady_clock::time_point started;
+  };
+  void run(Batch& batch);
+  void worker();
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  std::shared_ptr<Batch> batch_;     // guarded by mu_
+  std::uint64_t generation_ = 0;     // guarded by mu_
+  bool stop_ = false;                // guarded by mu_
+  double last_seconds_ = 0;          // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ckpt::hooks

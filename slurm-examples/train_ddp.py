@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Data-parallel training of a small transformer with slurm-ckpt: deterministic, and bitwise resumable.
+
+Every rank holds the whole model; gradients are summed with one dist.all_reduce per parameter, in a fixed order,
+over gloo on CPU. (DistributedDataParallel is not bitwise-resumable: it rebuilds its gradient buckets after the
+first iteration, so the first step after a restart sums in another order and rounds differently.) The data stream
+is a pure function of (seed, step, rank), so a run resumed from step S sees exactly the batches an uninterrupted run
+sees from S on; dropout's RNG state travels in the checkpoint.
+
+Launch with srun (SLURM_PROCID, SLURM_NTASKS; the SPANK plugin exports CKPT_*), or locally torchrun-style:
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 RANK=0 WORLD_SIZE=2 python3 train_ddp.py --ckpt-dir /tmp/ck &
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 RANK=1 WORLD_SIZE=2 python3 train_ddp.py --ckpt-dir /tmp/ck
+Rank 0 writes the final weights to --out (raw bytes of the state dict in order) and their sha256 to --out.sha256.
+A run that stops for a terminal checkpoint (time limit, SIGTERM, SIGUSR1/2) exits 0 without final weights; run it
+again to continue.
+"""
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import slurm_ckpt.torch
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=200, help="train until this many steps are done")
+    p.add_argument("--ckpt-interval-steps", type=int, default=None,
+                   help="checkpoint every N steps (default: CKPT_INTERVAL)")
+    p.add_argument("--ckpt-dir", default=None, help="checkpoint dir (default: CKPT_DIR)")
+    p.add_argument("--out", default="final_weights.bin", help="rank 0 writes the final weights here")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (slows a test run)")
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--log-every", type=int, default=20)
+    return p.parse_args()
+
+
+def rendezvous():
+    """Rank, world size and the master address from torchrun-style variables, else from srun's."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
+    if world > 1 and "MASTER_ADDR" not in os.environ:
+        nodes = os.environ.get("SLURM_JOB_NODELIST", "")
+        try:
+            first = subprocess.run(["scontrol", "show", "hostnames", nodes], check=True, capture_output=True,
+                                   text=True).stdout.split()[0]
+        except (OSError, subprocess.CalledProcessError, IndexError):
+            first = "127.0.0.1"
+        os.environ["MASTER_ADDR"] = first
+    if world > 1 and "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000)
+    return rank, world
+
+
+class TinyTransformer(torch.nn.Module):
+    def __init__(self, vocab, d_model, layers, seq_len):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d_model)
+        self.pos = torch.nn.Parameter(torch.zeros(seq_len, d_model))
+        layer = torch.nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=2 * d_model, dropout=0.1,
+                                                 batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, layers)
+        self.head = torch.nn.Linear(d_model, vocab)
+        mask = torch.triu(torch.full((seq_len, seq_len), float("-inf")), diagonal=1)
+        self.register_buffer("mask", mask)
+
+    def forward(self, tokens):
+        h = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        return self.head(self.encoder(h, mask=self.mask))
+
+
+def batch(args, step, rank, world):
+    """The batch of `rank` at `step`: a pure function of the seed, the step and the rank (resumable)."""
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step * world + rank)
+    # A learnable stream: each sequence counts up from a random start with a random stride, modulo vocab.
+    start = torch.randint(args.vocab, (args.batch, 1), generator=g)
+    stride = torch.randint(1, 4, (args.batch, 1), generator=g)
+    seq = (start + stride * torch.arange(args.seq_len + 1)) % args.vocab
+    return seq[:, :-1], seq[:, 1:]
+
+
+def main():
+    args = parse_args()
+    rank, world = rendezvous()
+    torch.set_num_threads(1)  # one thread: the same reduction order inside every kernel, every run
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    if world > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = TinyTransformer(args.vocab, args.d_model, args.layers, args.seq_len)
+    torch.manual_seed(args.seed + 1 + rank)  # dropout differs per rank, and its state is checkpointed
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    params = list(model.parameters())
+
+    interval = f"{args.ckpt_interval_steps}steps" if args.ckpt_interval_steps else None
+    extra = {"samples_seen": 0}  # the data position; the stream itself needs only the step
+    cp = slurm_ckpt.torch.Checkpointer(model, optimizer, extra=extra, dir=args.ckpt_dir, interval=interval)
+    say = (lambda *a: print("train_ddp:", *a, flush=True)) if rank == 0 else (lambda *a: None)
+    if not cp.enabled:
+        say("no checkpoint dir (--ckpt-dir or CKPT_DIR): training without checkpoints")
+    start = cp.restore()
+    say(f"resumed from step {start}" if start else "starting at step 0",
+        f"({world} ranks, checkpoints every {cp.config['interval'] if cp.enabled else 'never'})")
+
+    stopped = False
+    step = start
+    for step in range(start, args.steps):
+        tokens, targets = batch(args, step, rank, world)
+        loss = F.cross_entropy(model(tokens).reshape(-1, args.vocab), targets.reshape(-1))
+        loss.backward()
+        if world > 1:
+            for p in params:  # one all-reduce per parameter, always in this order
+                dist.all_reduce(p.grad)
+                p.grad.div_(world)
+        cp.before_update()  # the guard: the last checkpoint's snapshot has copied the weights
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        extra["samples_seen"] += args.batch * world
+        if (step + 1) % args.log_every == 0:
+            say(f"step {step + 1} loss {loss.item():.4f}")
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        if cp.after_step(step + 1):
+            stopped = True
+            break
+    cp.close()
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    if stopped:
+        say(f"stopped after step {step + 1} with a terminal checkpoint; run again to continue")
+        return 0
+    if rank == 0:
+        blob = b"".join(t.detach().contiguous().numpy().tobytes() for t in model.state_dict().values())
+        with open(args.out, "wb") as f:
+            f.write(blob)
+        digest = hashlib.sha256(blob).hexdigest()
+        with open(args.out + ".sha256", "w") as f:
+            f.write(digest + "\n")
+        say(f"done after step {args.steps}: final weights sha256 {digest} in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+// Job events from slurmstepd to the recovery controller. Runs as root (task_exit, exit) or as the job's user
+// (user_init); either way the MUNGE credential carries the true uid and the controller checks it.
+#include "events.hpp"
+
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <munge.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+
+extern "C" {
+#include <slurm/slurm.h>
+// slurmstepd's parsed slurm.conf. libslurm exports it but no public header declares it; weak, so that a
+// process without it (none that loads this plugin remotely) leaves it null and libmunge's default socket is used.
+extern slurm_conf_t slurm_conf __attribute__((weak));
+}
+
+#include "ckpt/parse.hpp"
+#include "plugin_state.hpp"
+
+namespace ckpt::spank {
+
+namespace {
+
+namespace rec = ckpt::recovery;
+
+constexpr long kTimeoutMs = 1000;        // the most one report may take
+constexpr long kDegradedTimeoutMs = 200; // after a failure: the controller is likely down or hung
+std::atomic<double> g_degraded_until{0};
+
+double now_s() {
+  timeval tv{};
+  gettimeofday(&tv, nullptr);
+  return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) / 1e6;
+}
+
+// "socket=/path" from AuthInfo (a comma-separated list), or "" for libmunge's default.
+std::string munge_socket() {
+  if (&slurm_conf == nullptr || slurm_conf.authinfo == nullptr) return {};
+  std::string info = slurm_conf.authinfo;
+  std::size_t pos = 0;
+  while (pos <= info.size()) {
+    auto comma = info.find(',', pos);
+    if (comma == std::string::npos) comma = info.size();
+    std::string item = info.substr(pos, comma - pos);
+    if (item.rfind("socket=", 0) == 0) return item.substr(7);
+    pos = comma + 1;
+  }
+  return {};
+}
+
+bool encode(const std::string& payload, std::string& credential) {
+  munge_ctx_t ctx = munge_ctx_create();
+  if (ctx == nullptr) return false;
+  const std::string socket = munge_socket();
+  if (!socket.empty()) munge_ctx_set(ctx, MUNGE_OPT_SOCKET, socket.c_str());
+  char* cred = nullptr;
+  munge_err_t err = munge_encode(&cred, ctx, payload.data(), static_cast<int>(payload.size()));
+  munge_ctx_destroy(ctx);
+  if (err != EMUNGE_SUCCESS || cred == nullptr) {
+    if (cred != nullptr) std::free(cred);
+    slurm_verbose("ckpt: cannot encode a job event: %s", munge_strerror(err));
+    return false;
+  }
+  credential = cred;
+  std::free(cred);
+  return true;
+}
+
+std::size_t discard(char*, std::size_t size, std::size_t count, void*) { return size * count; }
+
+void post(const std::string& url, const std::string& credential) {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  CURL* curl = curl_easy_init();
+  if (curl == nullptr) return;
+  const long timeout = now_s() < g_degraded_until.load() ? kDegradedTimeoutMs : kTimeoutMs;
+  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: text/plain");
+  headers = curl_slist_append(headers, "Expect:");
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, credential.c_str());
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(credential.size()));
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, timeout);
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, timeout);
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // never SIGALRM inside slurmstepd
+  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, discard);
+  CURLcode rc = curl_easy_perform(curl);
+  long status = 0;
+  if (rc == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(curl);
+  if (rc != CURLE_OK) {
+    g_degraded_until = now_s() + 30;
+    slurm_verbose("ckpt: controller %s unreachable: %s", url.c_str(), curl_easy_strerror(rc));
+  } else if (status >= 300) {
+    slurm_verbose("ckpt: controller %s answered HTTP %ld", url.c_str(), status);
+  }
+}
+
+// Writes the credential as <dir>/<time>-<pid>-<random>.ev: exclusive temp name, then rename.
+void spool(const std::string& dir, const std::string& credential) {
+  std::random_device rd;
+  char name[128];
+  std::snprintf(name, sizeof name, "%.6f-%d-%08x", now_s(), static_cast<int>(getpid()), rd());
+  const std::string tmp = dir + "/." + name + ".tmp";
+  const std::string final_name = dir + "/" + name + ".ev";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    slurm_verbose("ckpt: cannot write a job event into %s: %s", dir.c_str(), std::strerror(errno));
+    return;
+  }
+  fchmod(fd, 0644);
+  std::size_t done = 0;
+  bool ok = true;
+  while (done < credential.size()) {
+    ssize_t n = write(fd, credential.data() + done, credential.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ok = false;
+      break;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  close(fd);
+  if (!ok || rename(tmp.c_str(), final_name.c_str()) != 0) unlink(tmp.c_str());
+}
+
+// The node this slurmstepd serves. The job's environment is the submitter's (srun copies SLURMD_NODENAME of the
+// batch host to every node), so a step's node is looked up by its index in the step's node list.
+std::string node_name(spank_t sp, std::uint32_t step) {
+  std::uint32_t index = 0;
+  if (spank_get_item(sp, S_JOB_NODEID, &index) != ESPANK_SUCCESS) index = 0;
+  std::string list = job_getenv(sp, step == rec::kBatchStep ? "SLURM_JOB_NODELIST" : "SLURM_STEP_NODELIST");
+  if (list.empty()) list = job_getenv(sp, "SLURM_NODELIST");
+  if (auto nodes = rec::expand_hostlist(list); nodes && index < nodes->size()) return (*nodes)[index];
+  std::string node = job_getenv(sp, "SLURMD_NODENAME");
+  if (node.empty()) {
+    std::array<char, 256> host{};
+    if (gethostname(host.data(), host.size() - 1) == 0) node = host.data();
+    if (auto dot = node.find('.'); dot != std::string::npos) node.resize(dot);
+  }
+  return node;
+}
+
+// The ids every event carries. False when this is not a job step.
+bool fill_ids(spank_t sp, rec::Event& e) {
+  std::uint32_t job = 0, step = 0, restarts = 0;
+  uid_t uid = 0;
+  if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS || job == 0) return false;
+  if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS) step = rec::kBatchStep;
+  // Steps of a requeued job see S_SLURM_RESTART_COUNT 0; SLURM_RESTART_COUNT in their environment is right.
+  if (auto env = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); env && *env <= 0xffffffffULL) {
+    restarts = static_cast<std::uint32_t>(*env);
+  } else {
+    spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts);
+  }
+  spank_get_item(sp, S_JOB_UID, &uid);
+  e.job_id = job;
+  e.step_id = step;
+  e.restart_count = restarts;
+  e.uid = uid;
+  e.node = node_name(sp, step);
+  e.time = now_s();
+  return true;
+}
+
+// Events are only for jobs that use checkpointing, and only where the site named a controller.
+bool reporting(const PluginState& state) {
+  return !state.policy.controller.empty() && ckpt::checkpointing_enabled(state.user, state.policy);
+}
+
+bool truthy(const std::string& v) { return v == "1" || v == "yes" || v == "true" || v == "on"; }
+
+}  // namespace
+
+void report_event(const std::string& destination, const rec::Event& event) noexcept {
+  try {
+    if (destination.empty()) return;
+    std::string credential;
+    if (!encode(rec::to_json(event), credential)) return;
+    if (destination.rfind("http://", 0) == 0 || destination.rfind("https://", 0) == 0) {
+      std::string url = destination;
+      while (!url.empty() && url.back() == '/') url.pop_back();
+      post(url + "/v1/events", credential);
+    } else {
+      spool(destination, credential);
+    }
+  } catch (...) {
+    // Never let a report fail a job or reach Slurm as an exception.
+  }
+}
+
+void report_job_start(spank_t sp, const ckpt::Settings& settings) noexcept {
+  try {
+    const auto& state = plugin_state();
+    if (!reporting(state)) return;
+    rec::Event e;
+    e.type = rec::EventType::JobStart;
+    if (!fill_ids(sp, e)) return;
+    e.ckpt_dir = settings.dir;
+    e.max_restarts = settings.max_restarts;
+    e.needs_checkpoint = truthy(job_getenv(sp, "CKPT_REQUIRE_CHECKPOINT"));
+    e.in_allocation = !job_getenv(sp, "CKPT_RUN").empty();
+    std::uint32_t nnodes = 0;
+    spank_get_item(sp, S_JOB_NNODES, &nnodes);
+    e.nnodes = nnodes;
+    report_event(state.policy.controller, e);
+  } catch (...) {
+  }
+}
+
+int report_task_exit(spank_t sp) noexcept {
+  try {
+    const auto& state = plugin_state();
+    if (!reporting(state)) return 0;
+    int status = 0;
+    if (spank_get_item(sp, S_TASK_EXIT_STATUS, &status) != ESPANK_SUCCESS) return 0;
+    rec::Event e;
+    e.type = rec::EventType::TaskExit;
+    if (WIFSIGNALED(status)) {
+      e.signal = WTERMSIG(status);
+    } else if (WIFEXITED(status)) {
+      e.exit_code = WEXITSTATUS(status);
+    }
+    if (e.signal == 0 && e.exit_code == 0) return 0;  // a clean exit is not news
+    if (!fill_ids(sp, e)) return 0;
+    std::uint32_t rank = 0;
+    if (spank_get_item(sp, S_TASK_GLOBAL_ID, &rank) == ESPANK_SUCCESS) e.rank = rank;
+    report_event(state.policy.controller, e);
+  } catch (...) {
+  }
+  return 0;
+}
+
+int report_step_exit(spank_t sp) noexcept {
+  try {
+    const auto& state = plugin_state();
+    if (!reporting(state)) return 0;
+    rec::Event e;
+    e.type = rec::EventType::JobEnd;
+    if (!fill_ids(sp, e) || e.step_id != rec::kBatchStep) return 0;
+    report_event(state.policy.controller, e);
+  } catch (...) {
+  }
+  return 0;
+}
+
+}  // namespace ckpt::spank

@@ -1,0 +1,178 @@
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+
+#include "ckpt/hooks.hpp"
+#include "hooks_test_util.hpp"
+
+using namespace ckpt;
+using namespace ckpt::hooks;
+
+namespace {
+
+// load_config over a fake environment.
+Result<Config> load(const std::map<std::string, std::string>& env, const Options& o = {}) {
+  return load_config(o, [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+}  // namespace
+
+TEST_CASE("hooks settings from the environment", "[hooks][config]") {
+  SECTION("good inputs") {
+    auto c = load({{"CKPT_DIR", "/ckpt//job/./7/"},
+                   {"CKPT_INTERVAL", "500steps"},
+                   {"CKPT_KEEP", "5"},
+                   {"CKPT_LAST_WORDS", "off"},
+                   {"CKPT_MTBF", "86400s"},
+                   {"CKPT_GRACE", "90s"},
+                   {"CKPT_MAX_RESTARTS", "4"},
+                   {"CKPT_RESTART_COUNT", "2"},
+                   {"CKPT_JOB_ID", "1234"},
+                   {"CKPT_RESUME_STEP", "200"},
+                   {"CKPT_RESUME_PATH", "/ckpt/job/7/000000000200"},
+                   {"CKPT_END_TIME", "1700000000"},
+                   {"SLURM_PROCID", "3"},
+                   {"SLURM_NTASKS", "8"},
+                   {"SLURM_LOCALID", "1"}});
+    REQUIRE(c.ok());
+    CHECK(c->dir == "/ckpt/job/7");
+    CHECK(c->interval == Interval{Interval::Kind::Steps, 500});
+    CHECK(c->keep == 5);
+    CHECK_FALSE(c->last_words);
+    CHECK(c->mtbf_s == 86400);
+    CHECK(c->grace_s == 90);
+    CHECK(c->max_restarts == 4);
+    CHECK(c->restart_count == 2);
+    CHECK(c->job_id == "1234");
+    CHECK(c->resume_step == 200u);
+    CHECK(c->resume_path == "/ckpt/job/7/000000000200");
+    CHECK(c->end_time == 1700000000);
+    CHECK(c->rank == 3);
+    CHECK(c->world_size == 8);
+    CHECK(c->local_rank == 1);
+    CHECK(c->rank_source == "slurm");
+    CHECK(c->run_id == "1234.r2");
+  }
+  SECTION("defaults") {
+    auto c = load({});
+    REQUIRE(c.ok());
+    CHECK(c->dir.empty());
+    CHECK(c->interval.kind == Interval::Kind::Auto);
+    CHECK(c->keep == BuiltinDefaults::keep);
+    CHECK(c->grace_s == BuiltinDefaults::grace_s);
+    CHECK(c->rank == 0);
+    CHECK(c->world_size == 1);
+    CHECK(c->rank_source == "single");
+    CHECK_FALSE(c->end_time.has_value());
+    CHECK_FALSE(c->resume_step.has_value());
+    CHECK(c->signals);
+  }
+  SECTION("torchrun variables win over srun's (torchrun under srun)") {
+    auto c = load({{"RANK", "5"}, {"WORLD_SIZE", "6"}, {"LOCAL_RANK", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
+    REQUIRE(c.ok());
+    CHECK(c->rank == 5);
+    CHECK(c->world_size == 6);
+    CHECK(c->local_rank == 1);
+    CHECK(c->rank_source == "torchrun");
+  }
+  SECTION("overrides win over the environment") {
+    Options o;
+    REQUIRE(o.set("dir", "/elsewhere").ok());
+    REQUIRE(o.set("interval", "15m").ok());
+    REQUIRE(o.set("rank", "1").ok());
+    REQUIRE(o.set("world_size", "2").ok());
+    auto c = load({{"CKPT_DIR", "/ckpt"}, {"CKPT_INTERVAL", "10steps"}, {"RANK", "0"}, {"WORLD_SIZE", "4"}}, o);
+    REQUIRE(c.ok());
+    CHECK(c->dir == "/elsewhere");
+    CHECK(c->interval == Interval{Interval::Kind::Seconds, 900});
+    CHECK(c->rank == 1);
+    CHECK(c->world_size == 2);
+    CHECK(c->rank_source == "override");
+  }
+  SECTION("the job's end time: CKPT_END_TIME, else SLURM_JOB_END_TIME") {
+    CHECK(load({{"SLURM_JOB_END_TIME", "1700000123"}})->end_time == 1700000123);
+    CHECK(load({{"SLURM_JOB_END_TIME", "1"}, {"CKPT_END_TIME", "2"}})->end_time == 2);
+  }
+  SECTION("run ids differ between launches and are safe file names") {
+    auto a = load({{"MASTER_PORT", "29500"}});
+    auto b = load({{"MASTER_PORT", "29501"}});
+    auto c = load({{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}, {"TORCHELASTIC_RUN_ID", "a/b c"}});
+    REQUIRE((a.ok() && b.ok() && c.ok()));
+    CHECK(a->run_id != b->run_id);
+    CHECK(c->run_id == "77.s3.r0.a_b_c");
+    CHECK(load({{"CKPT_RUN_ID", "mine-1"}})->run_id == "mine-1");
+  }
+}
+
+TEST_CASE("hooks settings reject bad values with one clear line", "[hooks][config]") {
+  SECTION("bad inputs") {
+    const std::map<std::string, std::string> bad[] = {
+        {{"CKPT_DIR", "relative/dir"}},
+        {{"CKPT_DIR", "/a/../b"}},
+        {{"CKPT_INTERVAL", "often"}},
+        {{"CKPT_INTERVAL", "0steps"}},
+        {{"CKPT_INTERVAL", "10 steps"}},
+        {{"CKPT_KEEP", "0"}},
+        {{"CKPT_KEEP", "-1"}},
+        {{"CKPT_KEEP", "3x"}},
+        {{"CKPT_GRACE", "2 minutes"}},
+        {{"CKPT_MTBF", "0s"}},
+        {{"CKPT_LAST_WORDS", "maybe"}},
+        {{"CKPT_RESUME_STEP", "12a"}},
+        {{"CKPT_END_TIME", "-5"}},
+        {{"CKPT_END_TIME", "99999999999999999999"}},
+        {{"CKPT_COORDINATOR", "mpi"}},
+        {{"CKPT_COPY_THREADS", "65"}},
+        {{"CKPT_AGREE_LEAD", "0"}},
+        {{"CKPT_COMMIT_TIMEOUT", "0s"}},
+        {{"CKPT_SIGNALS", "sometimes"}},
+        {{"CKPT_RUN_ID", "../x"}},
+        {{"CKPT_LOG", "loud"}},
+        {{"RANK", "2"}, {"WORLD_SIZE", "2"}},
+        {{"RANK", "0"}, {"WORLD_SIZE", "0"}},
+        {{"RANK", "0"}},
+        {{"RANK", "x"}, {"WORLD_SIZE", "2"}},
+        {{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}},
+    };
+    for (const auto& env : bad) {
+      auto c = load(env);
+      INFO(env.begin()->first << "=" << env.begin()->second);
+      REQUIRE_FALSE(c.ok());
+      CHECK(c.error().rfind("ckpt: ", 0) == 0);
+      CHECK(c.error().find('\n') == std::string::npos);
+    }
+  }
+  SECTION("the message names the variable and the value") {
+    CHECK(load({{"CKPT_KEEP", "3x"}}).error().rfind("ckpt: CKPT_KEEP='3x': expected a whole number >= 1", 0) == 0);
+    Options o;
+    REQUIRE(o.set("interval", "soon").ok());
+    CHECK(load({}, o).error().rfind("ckpt: interval='soon': expected auto, a duration like 15m, or <N>steps", 0) == 0);
+  }
+  SECTION("unknown keys") {
+    Options o;
+    Status s = o.set("intervall", "5m");
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.error().rfind("ckpt: unknown setting 'intervall' (known: dir, interval,", 0) == 0);
+  }
+}
+
+TEST_CASE("without a checkpoint dir every call is a no-op", "[hooks][config]") {
+  auto o = test::options({});
+  o.values.erase("dir");
+  if (std::getenv("CKPT_DIR") != nullptr) {
+    WARN("CKPT_DIR is set in this environment; not checked");
+    return;
+  }
+  auto cp = test::make(o);
+  CHECK_FALSE(cp->enabled());
+  int x = 0;
+  CHECK(cp->register_region({"x", &x, sizeof x}).ok());
+  CHECK(*cp->restore() == 0);
+  CHECK(cp->before_update().ok());
+  CHECK_FALSE(*cp->after_step(1));
+  CHECK(cp->close().ok());
+}

@@ -1,0 +1,200 @@
+// Agreement across ranks: ranks run as threads in lockstep (a barrier per step stands in for the gradient
+// all-reduce), each with its own checkpointer and the file coordinator on a shared dir.
+#include <catch2/catch.hpp>
+
+#include <barrier>
+#include <csignal>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "coordinator.hpp"
+#include "hooks_test_util.hpp"
+#include "notice.hpp"
+
+using namespace ckpt;
+using namespace ckpt::hooks;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct RankRun {
+  std::vector<std::uint64_t> snapshots;  // steps this rank checkpointed
+  std::optional<std::uint64_t> stopped_at;
+  Status closed;
+  std::string error;  // Catch2 assertions are not thread-safe: rank threads report here
+};
+
+// Runs `ranks` ranks for up to `steps` steps; `on_step(rank, step)` runs before each step's after_step.
+std::vector<RankRun> run_ranks(int ranks, std::uint64_t steps, const std::function<Options(int)>& make_options,
+                               const std::function<void(int, std::uint64_t)>& on_step = nullptr) {
+  std::vector<RankRun> runs(static_cast<std::size_t>(ranks));
+  std::barrier sync(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      RankRun& run = runs[static_cast<std::size_t>(r)];
+      std::vector<std::uint64_t> state(4096, 0);
+      auto created = Checkpointer::create(make_options(r));
+      if (!created) {
+        run.error = created.error();
+        sync.arrive_and_drop();
+        return;
+      }
+      auto cp = std::move(created).value();
+      Status ok = cp->register_region({"w", state.data(), state.size() * 8});
+      auto restored = cp->restore();
+      if (!ok || !restored || *restored != 0) run.error = "setup failed: " + ok.error() + restored.error();
+      for (std::uint64_t step = 1; step <= steps && run.error.empty(); ++step) {
+        std::this_thread::sleep_for(5ms);  // the forward and backward pass
+        sync.arrive_and_wait();            // the all-reduce
+        if (Status s = cp->before_update(); !s) run.error = s.error();
+        state.assign(state.size(), step * 10 + static_cast<std::uint64_t>(r));
+        if (on_step) on_step(r, step);
+        auto d = cp->poll(step);
+        auto stop = cp->after_step(step);
+        if (!d || !stop) {
+          run.error = "step " + std::to_string(step) + ": " + d.error() + stop.error();
+          break;
+        }
+        if (d->snapshot) run.snapshots.push_back(step);
+        if (*stop) {
+          run.stopped_at = step;
+          break;
+        }
+      }
+      sync.arrive_and_drop();  // a rank that left early must not hang the others
+      run.closed = cp->close();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const RankRun& run : runs) CHECK(run.error == "");
+  return runs;
+}
+
+Options rank_options(const std::string& dir, int rank, std::initializer_list<std::pair<const char*, std::string>> kv) {
+  Options o = test::options(kv);
+  o.set("dir", dir);
+  o.set("rank", std::to_string(rank));
+  o.set("world_size", "2");
+  o.set("coordinator", "file");
+  o.set("copy_threads", "1");
+  o.set("keep", "100");
+  return o;
+}
+
+void check_committed(const std::string& dir, std::uint64_t step, int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    auto bytes = test::read_region(dir, step, r, "w");
+    std::vector<std::uint64_t> words(bytes.size() / 8);
+    std::memcpy(words.data(), bytes.data(), bytes.size());
+    INFO("step " << step << " rank " << r);
+    CHECK((words == std::vector<std::uint64_t>(words.size(), step * 10 + static_cast<std::uint64_t>(r))));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the control dir: exclusive requests, one namespace per run and resume step", "[hooks][coord]") {
+  test::TempDir dir;
+  ControlDir a(dir.path(), "run", 0), b(dir.path(), "run", 1), other(dir.path(), "other", 1);
+  CHECK_FALSE(b.requested(5).has_value());  // nothing there yet, not even the directory
+  REQUIRE(a.request(5, store::Kind::Periodic).ok());
+  REQUIRE(a.request(5, store::Kind::Periodic).ok());  // asking twice is harmless
+  CHECK(b.requested(5) == store::Kind::Periodic);
+  CHECK_FALSE(b.requested(4).has_value());
+  CHECK_FALSE(other.requested(5).has_value());
+  REQUIRE(b.request(5, store::Kind::Terminal).ok());
+  CHECK(a.requested(5) == store::Kind::Terminal);  // terminal wins
+  b.begin(3);  // a run resumed from step 3 does not see the requests of the run before
+  CHECK_FALSE(b.requested(5).has_value());
+  REQUIRE(b.report_failure(7, "disk full").ok());
+  a.begin(3);
+  CHECK(a.failure(7, 1) == std::string("disk full"));
+  CHECK_FALSE(a.failure(7, 0).has_value());
+}
+
+TEST_CASE("ranks agree on time-based checkpoints", "[hooks][coord]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  auto runs = run_ranks(2, 700, [&](int r) { return rank_options(dir.path(), r, {{"interval", "1s"}}); });
+  REQUIRE(runs[0].closed.ok());
+  REQUIRE(runs[1].closed.ok());
+  CHECK(runs[0].snapshots.size() >= 2);
+  CHECK(runs[0].snapshots == runs[1].snapshots);
+  CHECK(test::committed_steps(dir.path()) == runs[0].snapshots);
+  for (std::uint64_t step : runs[0].snapshots) check_committed(dir.path(), step, 2);
+}
+
+TEST_CASE("a signal stops every rank at the same step with a terminal checkpoint", "[hooks][coord][notice]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  auto runs = run_ranks(
+      2, 200, [&](int r) { return rank_options(dir.path(), r, {{"interval", "1000steps"}, {"signals", "on"}}); },
+      [](int rank, std::uint64_t step) {
+        if (rank == 1 && step == 20) std::raise(SIGUSR1);
+      });
+  REQUIRE(runs[0].closed.ok());
+  REQUIRE(runs[1].closed.ok());
+  REQUIRE(runs[0].stopped_at.has_value());
+  CHECK(runs[0].stopped_at == runs[1].stopped_at);
+  CHECK(*runs[0].stopped_at >= 21);
+  CHECK(*runs[0].stopped_at <= 23);
+  auto m = store::read_manifest(dir.path(), *runs[0].stopped_at);
+  REQUIRE(m.ok());
+  CHECK(m->kind == store::Kind::Terminal);
+  check_committed(dir.path(), *runs[0].stopped_at, 2);
+  CHECK(log.has("signal " + std::to_string(SIGUSR1) + ": terminal checkpoint at step"));
+}
+
+TEST_CASE("the time limit stops every rank CKPT_GRACE before the end", "[hooks][coord][notice]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  const auto end = std::time(nullptr) + 100 + 1;  // within the grace time in about a second
+  auto started = std::chrono::steady_clock::now();
+  auto runs = run_ranks(2, 2000, [&](int r) {
+    return rank_options(dir.path(), r, {{"interval", "1000steps"}, {"grace", "100s"}, {"end_time", std::to_string(end)}});
+  });
+  REQUIRE(runs[0].stopped_at.has_value());
+  CHECK(runs[0].stopped_at == runs[1].stopped_at);
+  CHECK(std::chrono::steady_clock::now() - started < 10s);
+  auto m = store::read_manifest(dir.path(), *runs[0].stopped_at);
+  REQUIRE(m.ok());
+  CHECK(m->kind == store::Kind::Terminal);
+  CHECK(log.has("the job's time limit is within the grace time"));
+}
+
+TEST_CASE("the writer commits only when every rank persisted", "[hooks][coord]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  SECTION("a rank that never writes: the commit times out") {
+    std::uint64_t x = 1;
+    auto cp = test::make(rank_options(dir.path(), 0, {{"interval", "1steps"}, {"commit_timeout", "1s"}}));
+    REQUIRE(cp->register_region({"w", &x, sizeof x}).ok());
+    REQUIRE_FALSE(*cp->after_step(1));
+    Status s = cp->close();
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.error().find("1 of 2 ranks did not persist within 1s (ranks 1)") != std::string::npos);
+    CHECK(test::committed_steps(dir.path()).empty());
+    CHECK(cp->stats().failed == 1);
+  }
+  SECTION("a rank whose persist fails tells the writer at once") {
+    auto started = std::chrono::steady_clock::now();
+    auto runs = run_ranks(2, 1, [&](int r) {
+      Options o = rank_options(dir.path(), r, {{"interval", "1steps"}, {"commit_timeout", "60s"}});
+      if (r == 1) {
+        o.persist_observer = [](store::SavePhase p) {
+          if (p == store::SavePhase::ShardOpened) throw std::runtime_error("injected failure");
+        };
+      }
+      return o;
+    });
+    CHECK(std::chrono::steady_clock::now() - started < 30s);
+    REQUIRE_FALSE(runs[0].closed.ok());
+    CHECK(runs[0].closed.error().find("rank 1 could not persist step 1") != std::string::npos);
+    REQUIRE_FALSE(runs[1].closed.ok());
+    CHECK(test::committed_steps(dir.path()).empty());
+  }
+}

@@ -1,0 +1,465 @@
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ckpt/last_words.hpp"
+#include "ckpt/store.hpp"
+
+using namespace ckpt;
+using last_words::Plan;
+using last_words::RankReport;
+using store::Layout;
+
+namespace {
+
+// Megatron's order: tensor-parallel ranks are adjacent, then data-parallel, then pipeline stages.
+int rank_of(const Layout& l, int dp, int tp, int pp) { return tp + l.tp * (dp + l.dp * pp); }
+
+// A whole job, every rank alive and idle at `step`.
+std::vector<RankReport> healthy(const Layout& l, std::uint64_t step = 100) {
+  std::vector<RankReport> out;
+  for (int p = 0; p < l.pp; ++p) {
+    for (int d = 0; d < l.dp; ++d) {
+      for (int t = 0; t < l.tp; ++t) {
+        RankReport r;
+        r.coord = {rank_of(l, d, t, p), d, t, p};
+        r.alive = true;
+        r.step = step;
+        out.push_back(r);
+      }
+    }
+  }
+  return out;
+}
+
+RankReport& at(std::vector<RankReport>& reports, int dp, int tp, int pp) {
+  for (RankReport& r : reports) {
+    if (r.coord.dp == dp && r.coord.tp == tp && r.coord.pp == pp) return r;
+  }
+  FAIL("no report for " << last_words::format_coord(dp, tp, pp));
+  return reports.front();
+}
+
+bool has_reason(const Plan& plan, const std::string& part) {
+  return std::any_of(plan.reasons.begin(), plan.reasons.end(),
+                     [&](const std::string& r) { return r.find(part) != std::string::npos; });
+}
+
+std::string all_reasons(const Plan& plan) {
+  std::string out = plan.summary;
+  for (const auto& r : plan.reasons) out += "\n  " + r;
+  return out;
+}
+
+// The plan must be exactly what the store would commit as a terminal checkpoint, or nothing.
+void check_against_store(const Layout& l, const Plan& plan) {
+  INFO(all_reasons(plan));
+  auto decision = store::decide_commit(store::Kind::Terminal, l, l.world_size(), last_words::planned_records(plan));
+  INFO("store: " << decision.reason);
+  CHECK(decision.complete == plan.write);
+  if (!plan.write) {
+    CHECK(plan.writers.empty());
+    CHECK(plan.summary.starts_with("last words: not writing a terminal checkpoint: "));
+  } else {
+    CHECK(plan.summary.starts_with("last words: writing a terminal checkpoint at step " + std::to_string(plan.step)));
+  }
+}
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::string model(int pp, int tp) { return "model/pp" + std::to_string(pp) + "/tp" + std::to_string(tp); }
+std::string optim(int pp, int tp) { return "optim/pp" + std::to_string(pp) + "/tp" + std::to_string(tp); }
+std::string optim(int pp, int tp, int dp) { return optim(pp, tp) + "/dp" + std::to_string(dp); }
+
+// What each rank writes when stage p's model comes from replica replica[p].
+std::map<int, std::vector<std::string>> expected_writers(const Layout& l, const std::vector<int>& replica) {
+  std::map<int, std::vector<std::string>> w;
+  for (int p = 0; p < l.pp; ++p) {
+    for (int t = 0; t < l.tp; ++t) {
+      int writer = rank_of(l, replica[static_cast<std::size_t>(p)], t, p);
+      w[writer].push_back(model(p, t));
+      if (!l.zero1) {
+        w[writer].push_back(optim(p, t));
+        continue;
+      }
+      for (int d = 0; d < l.dp; ++d) w[rank_of(l, d, t, p)].push_back(optim(p, t, d));
+    }
+  }
+  for (auto& [rank, keys] : w) keys = sorted(keys);
+  return w;
+}
+
+std::map<int, std::vector<std::string>> sorted_writers(const Plan& plan) {
+  auto w = plan.writers;
+  for (auto& [rank, keys] : w) keys = sorted(keys);
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("last words: DP2xTP2xPP2 without ZeRO-1", "[last_words]") {
+  const Layout l{2, 2, 2, false};
+  auto reports = healthy(l);
+
+  SECTION("everyone alive: replica dp0 writes every stage") {
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(plan.step == 100);
+    CHECK(plan.replica_of_stage == std::vector<int>{0, 0});
+    CHECK(sorted_writers(plan) == expected_writers(l, {0, 0}));
+    CHECK(plan.writers.size() == 4);
+    CHECK(plan.summary ==
+          "last words: writing a terminal checkpoint at step 100: 4 writers cover 8 state keys (pp0 from dp0, pp1 "
+          "from dp0)");
+  }
+  SECTION("one death moves that stage to the other replica") {
+    at(reports, 0, 1, 0).alive = false;
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(plan.replica_of_stage == std::vector<int>{1, 0});
+    CHECK(sorted_writers(plan) == expected_writers(l, {1, 0}));
+    CHECK(has_reason(plan, "replica dp0 of stage pp0 disqualified: rank 1 (dp0/tp1/pp0) is dead"));
+    CHECK(has_reason(plan, "stage pp0: replica dp1 of stage pp0 writes the model"));
+  }
+  SECTION("deaths in different replicas of different stages still leave a copy") {
+    at(reports, 0, 0, 0).alive = false;
+    at(reports, 1, 1, 1).alive = false;
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(plan.replica_of_stage == std::vector<int>{1, 0});
+  }
+  SECTION("both replicas of one stage broken: nothing is written") {
+    at(reports, 0, 1, 0).alive = false;
+    at(reports, 1, 0, 0).alive = false;
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    CHECK_FALSE(plan.write);
+    CHECK(has_reason(plan,
+                     "stage pp0 has no replica whose whole tensor-parallel group is alive and consistent at "
+                     "step 100"));
+    CHECK(plan.summary ==
+          "last words: not writing a terminal checkpoint: 4 of 8 state keys cannot be covered at step 100 (stage pp0 "
+          "has no replica whose whole tensor-parallel group is alive and consistent at step 100)");
+  }
+  SECTION("a rank caught mid-update disqualifies its replica") {
+    at(reports, 0, 0, 1).mid_update = true;
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(plan.replica_of_stage == std::vector<int>{0, 1});
+    CHECK(has_reason(plan,
+                     "replica dp0 of stage pp1 disqualified: rank 4 (dp0/tp0/pp1) was caught mid-update at "
+                     "step 100"));
+
+    at(reports, 1, 1, 1).mid_update = true;
+    Plan none = last_words::plan(l, reports);
+    check_against_store(l, none);
+    CHECK_FALSE(none.write);
+  }
+  SECTION("ranks of one group that disagree on the step disqualify it") {
+    at(reports, 0, 1, 0).step = 101;
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(plan.step == 100);
+    CHECK(plan.replica_of_stage == std::vector<int>{1, 0});
+    CHECK(has_reason(plan,
+                     "replica dp0 of stage pp0 disqualified: its ranks disagree on the step (1 at step 100; 1 "
+                     "at step 101)"));
+  }
+  SECTION("the newest common step wins; replicas at another step are disqualified") {
+    for (int t = 0; t < 2; ++t) {
+      for (int p = 0; p < 2; ++p) at(reports, 1, t, p).step = 101;
+    }
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(plan.step == 101);
+    CHECK(plan.replica_of_stage == std::vector<int>{1, 1});
+    CHECK(has_reason(plan, "replica dp0 of stage pp0 disqualified: at step 100, not the agreed step 101"));
+  }
+  SECTION("stages intact only at different steps: nothing is written") {
+    at(reports, 1, 0, 0).alive = false;  // stage 0: only dp0 is intact, at step 100
+    at(reports, 0, 0, 1).alive = false;  // stage 1: only dp1 is intact, at step 101
+    at(reports, 1, 0, 1).step = 101;
+    at(reports, 1, 1, 1).step = 101;
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    CHECK_FALSE(plan.write);
+  }
+  SECTION("a rank that sent no report counts as dead") {
+    reports.erase(reports.begin());  // dp0/tp0/pp0
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(plan.replica_of_stage == std::vector<int>{1, 0});
+    CHECK(has_reason(plan, "dp0/tp0/pp0 did not report"));
+  }
+  SECTION("everyone dead") {
+    for (auto& r : reports) r.alive = false;
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    CHECK_FALSE(plan.write);
+    CHECK(plan.reasons.size() == 5);  // four groups and the decision
+  }
+}
+
+TEST_CASE("last words: DP2xTP2xPP2 with ZeRO-1", "[last_words]") {
+  const Layout l{2, 2, 2, true};
+  auto reports = healthy(l);
+
+  SECTION("everyone alive: every rank writes its optimizer shard, dp0 the model") {
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(plan.writers.size() == 8);
+    CHECK(sorted_writers(plan) == expected_writers(l, {0, 0}));
+    CHECK(plan.writers.at(rank_of(l, 1, 0, 0)) == std::vector<std::string>{"optim/pp0/tp0/dp1"});
+  }
+  SECTION("one death loses an optimizer shard nobody else holds") {
+    at(reports, 1, 1, 0).alive = false;
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    CHECK_FALSE(plan.write);
+    CHECK(has_reason(plan, "optim/pp0/tp1/dp1: its only holder rank 3 (dp1/tp1/pp0) is dead"));
+  }
+  SECTION("a shard holder caught mid-update, or at another step") {
+    at(reports, 1, 0, 1).mid_update = true;
+    Plan mid = last_words::plan(l, reports);
+    check_against_store(l, mid);
+    CHECK_FALSE(mid.write);
+    at(reports, 1, 0, 1).mid_update = false;
+    at(reports, 1, 0, 1).step = 99;
+    Plan behind = last_words::plan(l, reports);
+    check_against_store(l, behind);
+    CHECK_FALSE(behind.write);
+    CHECK(has_reason(behind, "replica dp1 of stage pp1 disqualified: its ranks disagree on the step"));
+  }
+}
+
+TEST_CASE("last words: other layouts", "[last_words]") {
+  SECTION("a single rank") {
+    const Layout l{1, 1, 1, false};
+    auto reports = healthy(l, 7);
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(plan.step == 7);
+    CHECK(plan.writers.at(0) == std::vector<std::string>{"model/pp0/tp0", "optim/pp0/tp0"});
+    reports[0].mid_update = true;
+    CHECK_FALSE(last_words::plan(l, reports).write);
+  }
+  SECTION("pure data parallelism survives all but one death") {
+    const Layout l{4, 1, 1, false};
+    auto reports = healthy(l);
+    for (int d = 0; d < 3; ++d) at(reports, d, 0, 0).alive = false;
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(plan.writers.size() == 1);
+    CHECK(plan.writers.count(rank_of(l, 3, 0, 0)) == 1);
+  }
+  SECTION("without data parallelism any death is fatal") {
+    const Layout l{1, 2, 2, false};
+    auto reports = healthy(l);
+    at(reports, 0, 1, 1).alive = false;
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    CHECK_FALSE(plan.write);
+  }
+  SECTION("DP3xTP2 with ZeRO-1") {
+    const Layout l{3, 2, 1, true};
+    Plan plan = last_words::plan(l, healthy(l));
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(sorted_writers(plan) == expected_writers(l, {0}));
+  }
+  SECTION("a rank numbering other than Megatron's") {
+    const Layout l{2, 2, 2, false};
+    auto reports = healthy(l);
+    for (auto& r : reports) r.coord.rank = 7 - r.coord.rank;
+    at(reports, 0, 0, 0).alive = false;
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    REQUIRE(plan.write);
+    CHECK(plan.writers.count(7 - rank_of(l, 1, 0, 0)) == 1);
+  }
+  SECTION("a mass failure is summarized, not listed in full") {
+    const Layout l{100, 1, 1, false};
+    auto reports = healthy(l);
+    for (auto& r : reports) r.alive = false;
+    Plan plan = last_words::plan(l, reports);
+    CHECK_FALSE(plan.write);
+    CHECK(plan.reasons.size() == 32 + 2);  // 32 listed, one "and 68 more", the decision
+    CHECK(has_reason(plan, "and 68 more disqualified replicas"));
+  }
+}
+
+TEST_CASE("last words: bad reports write nothing", "[last_words]") {
+  const Layout l{2, 2, 2, false};
+  SECTION("good inputs") { CHECK(last_words::plan(l, healthy(l)).write); }
+  SECTION("bad inputs") {
+    auto reports = healthy(l);
+    reports[1].coord.rank = reports[0].coord.rank;
+    Plan twice = last_words::plan(l, reports);
+    CHECK_FALSE(twice.write);
+    CHECK(twice.summary ==
+          "last words: not writing a terminal checkpoint: invalid report from rank 0: rank reported "
+          "twice");
+
+    reports = healthy(l);
+    reports[1].coord.dp = reports[0].coord.dp;
+    reports[1].coord.tp = reports[0].coord.tp;
+    reports[1].coord.pp = reports[0].coord.pp;
+    CHECK(last_words::plan(l, reports).summary.find("already reported by rank 0") != std::string::npos);
+
+    reports = healthy(l);
+    reports[3].coord.tp = 2;
+    CHECK(last_words::plan(l, reports).summary.find("coordinate dp1/tp2/pp0 outside the layout") != std::string::npos);
+
+    reports = healthy(l);
+    reports[3].coord.rank = 8;
+    CHECK(last_words::plan(l, reports).summary.find("rank outside a world of 8") != std::string::npos);
+
+    reports = healthy(l);
+    reports[3].coord.rank = -1;
+    CHECK_FALSE(last_words::plan(l, reports).write);
+
+    CHECK(last_words::plan(Layout{0, 1, 1, false}, {}).summary ==
+          "last words: not writing a terminal checkpoint: layout sizes must be at least 1 (dp 0, tp 1, pp 1)");
+    CHECK_FALSE(last_words::plan(l, {}).write);
+  }
+}
+
+// ---- property test: every failure set, checked against a brute-force search --------------------------------------
+
+namespace {
+
+enum class RankState { Dead, At100, At101, MidUpdate };
+constexpr RankState kStates[] = {RankState::Dead, RankState::At100, RankState::At101, RankState::MidUpdate};
+
+struct Expected {
+  bool write = false;
+  std::uint64_t step = 0;
+  std::vector<int> replica;
+};
+
+// Straight from the definition: the newest step s for which some choice of one replica per stage has every rank
+// of the chosen TP groups alive, idle and at s, and (ZeRO-1) every rank of the job alive, idle and at s. The
+// choice is the first valid one in lexicographic order, i.e. the lowest dp index per stage.
+Expected brute_force(const Layout& l, const std::vector<RankState>& state) {
+  auto ready = [&](int d, int t, int p, std::uint64_t s) {
+    RankState st = state[static_cast<std::size_t>(rank_of(l, d, t, p))];
+    return (st == RankState::At100 && s == 100) || (st == RankState::At101 && s == 101);
+  };
+  for (std::uint64_t s : {101ULL, 100ULL}) {
+    if (l.zero1) {
+      bool all = true;
+      for (int r = 0; r < l.world_size(); ++r) {
+        all = all && (state[static_cast<std::size_t>(r)] == (s == 100 ? RankState::At100 : RankState::At101));
+      }
+      if (!all) continue;
+    }
+    std::vector<int> choice(static_cast<std::size_t>(l.pp), 0);
+    while (true) {
+      bool valid = true;
+      for (int p = 0; p < l.pp && valid; ++p) {
+        for (int t = 0; t < l.tp && valid; ++t) valid = ready(choice[static_cast<std::size_t>(p)], t, p, s);
+      }
+      if (valid) return {true, s, choice};
+      // Next choice in lexicographic order (the last stage varies fastest).
+      int p = l.pp - 1;
+      while (p >= 0 && ++choice[static_cast<std::size_t>(p)] == l.dp) choice[static_cast<std::size_t>(p--)] = 0;
+      if (p < 0) break;
+    }
+  }
+  return {};
+}
+
+std::vector<RankReport> reports_for(const Layout& l, const std::vector<RankState>& state) {
+  std::vector<RankReport> out;
+  for (int p = 0; p < l.pp; ++p) {
+    for (int d = 0; d < l.dp; ++d) {
+      for (int t = 0; t < l.tp; ++t) {
+        const int rank = rank_of(l, d, t, p);
+        const RankState st = state[static_cast<std::size_t>(rank)];
+        RankReport r;
+        r.coord = {rank, d, t, p};
+        r.alive = st != RankState::Dead;
+        r.mid_update = st == RankState::MidUpdate;
+        r.step = st == RankState::At101 ? 101 : 100;
+        // Half the dead ranks report themselves dead, the other half say nothing.
+        if (st == RankState::Dead && rank % 2 == 1) continue;
+        out.push_back(r);
+      }
+    }
+  }
+  return out;
+}
+
+// Runs plan() on every assignment of the four rank states and compares with brute_force().
+std::size_t check_every_failure_set(const Layout& l, bool steps_and_updates) {
+  const std::size_t n = static_cast<std::size_t>(l.world_size());
+  const std::size_t per_rank = steps_and_updates ? 4 : 2;
+  std::size_t cases = 1;
+  for (std::size_t i = 0; i < n; ++i) cases *= per_rank;
+  std::size_t writes = 0;
+  std::vector<RankState> state(n);
+  for (std::size_t code = 0; code < cases; ++code) {
+    std::size_t c = code;
+    for (std::size_t r = 0; r < n; ++r) {
+      state[r] = kStates[c % per_rank];
+      c /= per_rank;
+    }
+    const Expected want = brute_force(l, state);
+    const Plan got = last_words::plan(l, reports_for(l, state));
+    INFO("layout dp" << l.dp << " tp" << l.tp << " pp" << l.pp << (l.zero1 ? " zero1" : "") << ", case " << code);
+    INFO(all_reasons(got));
+    REQUIRE(got.write == want.write);
+    const auto decision =
+        store::decide_commit(store::Kind::Terminal, l, l.world_size(), last_words::planned_records(got));
+    REQUIRE(decision.complete == got.write);
+    if (!want.write) {
+      REQUIRE(got.writers.empty());
+      continue;
+    }
+    ++writes;
+    REQUIRE(got.step == want.step);
+    REQUIRE(got.replica_of_stage == want.replica);
+    REQUIRE(sorted_writers(got) == expected_writers(l, want.replica));
+    // Every writer is alive, idle and at the agreed step.
+    for (const auto& [rank, keys] : got.writers) {
+      REQUIRE(state[static_cast<std::size_t>(rank)] == (want.step == 100 ? RankState::At100 : RankState::At101));
+    }
+  }
+  return writes;
+}
+
+}  // namespace
+
+TEST_CASE("last words: every failure set of small layouts matches a brute-force search", "[last_words][property]") {
+  SECTION("DP2xTP2xPP2: all 2^8 alive sets") {
+    CHECK(check_every_failure_set({2, 2, 2, false}, false) > 0);
+    CHECK(check_every_failure_set({2, 2, 2, true}, false) == 1);  // ZeRO-1: only with nobody dead
+  }
+  SECTION("DP2xTP2xPP2: all 4^8 combinations of dead, step 100, step 101 and mid-update") {
+    CHECK(check_every_failure_set({2, 2, 2, false}, true) > 0);
+    CHECK(check_every_failure_set({2, 2, 2, true}, true) == 2);  // everyone at 100, or everyone at 101
+  }
+  SECTION("other shapes") {
+    for (Layout l : {Layout{3, 1, 2, false}, Layout{3, 1, 2, true}, Layout{1, 2, 2, false}, Layout{2, 1, 1, false},
+                     Layout{3, 2, 1, false}, Layout{3, 2, 1, true}, Layout{1, 1, 3, false}, Layout{2, 1, 3, false}}) {
+      CHECK(check_every_failure_set(l, true) > 0);
+    }
+  }
+}

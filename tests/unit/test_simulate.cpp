@@ -1,0 +1,262 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "ckpt/interval.hpp"
+#include "ckpt/simulate.hpp"
+
+using namespace ckpt::simulate;
+
+namespace {
+
+// A job long enough for about 20000 failures, so the simulated waste is within about 1% of its expectation.
+Config job(double cost_s, double restart_s, double mtbf_s, double catchable = 0, std::uint64_t seed = 1) {
+  Config c;
+  c.cost_s = cost_s;
+  c.restart_s = restart_s;
+  c.mtbf_s = mtbf_s;
+  c.work_s = 20000 * mtbf_s;
+  c.catchable = catchable;
+  c.seed = seed;
+  return c;
+}
+
+std::size_t count(const std::string& haystack, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto pos = haystack.find(needle); pos != std::string::npos; pos = haystack.find(needle, pos + 1)) ++n;
+  return n;
+}
+
+struct Case {
+  double cost_s, restart_s, mtbf_s, catchable;
+};
+
+// Parameter sets where the first-order model is meant to hold: (τ + δ + R) well below M.
+const Case kSmallCases[] = {
+    {30, 120, 21600, 0.5},    // 30 s checkpoints, 6 h MTBF
+    {300, 600, 86400, 0.3},   // a big model on a slow file system
+    {10, 60, 3600, 0.8},      // a large job failing hourly
+    {5, 30, 7 * 86400, 0.5},  // a small job on a reliable cluster
+};
+
+}  // namespace
+
+TEST_CASE("the simulator is deterministic and accounts for every second", "[simulate]") {
+  Config c = job(30, 120, 21600, 0.5);
+  for (Policy p : {Policy::Young, Policy::Daly, Policy::LastWords}) {
+    INFO(to_string(p));
+    auto a = run(c, p);
+    auto b = run(c, p);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->wall_s == b->wall_s);
+    CHECK(a->failures == b->failures);
+    CHECK(a->work_s == c.work_s);
+    double sum = a->work_s + a->checkpoint_s + a->rework_s + a->restart_s + a->last_words_s;
+    CHECK(sum == Approx(a->wall_s).epsilon(1e-9));
+    CHECK(a->goodput() + a->waste_fraction() == Approx(1));
+  }
+  Config other = c;
+  other.seed = 2;
+  CHECK(run(other, Policy::Daly)->wall_s != run(c, Policy::Daly)->wall_s);
+}
+
+TEST_CASE("the simulator agrees with the analytic models", "[simulate]") {
+  for (const Case& k : kSmallCases) {
+    for (std::uint64_t seed : {1ULL, 7ULL}) {
+      Config c = job(k.cost_s, k.restart_s, k.mtbf_s, k.catchable, seed);
+      for (Policy p : {Policy::Young, Policy::Daly}) {
+        auto o = run(c, p);
+        REQUIRE(o.ok());
+        const double tau = o->interval_s;
+        INFO("cost " << k.cost_s << " restart " << k.restart_s << " mtbf " << k.mtbf_s << " seed " << seed << " "
+                     << to_string(p) << " τ " << tau << " simulated " << o->waste_fraction() << " model "
+                     << model_waste(c, p, tau) << " exact " << exact_waste(c, tau));
+        // The exact expression describes this simulator; only sampling noise separates them.
+        CHECK(o->waste_fraction() == Approx(exact_waste(c, tau)).epsilon(0.03));
+        // The first-order model is an approximation that overestimates slightly as τ/M grows.
+        CHECK(o->waste_fraction() == Approx(model_waste(c, p, tau)).epsilon(0.08));
+      }
+      // A few fixed intervals on both sides of the optimum.
+      const double young_s = ckpt::interval::young(k.cost_s, k.mtbf_s);
+      for (double factor : {0.5, 2.0}) {
+        auto o = run(c, Policy::Fixed, young_s * factor);
+        REQUIRE(o.ok());
+        INFO("fixed τ " << young_s * factor << " mtbf " << k.mtbf_s << " seed " << seed);
+        CHECK(o->waste_fraction() == Approx(exact_waste(c, young_s * factor)).epsilon(0.03));
+      }
+      auto lw = run(c, Policy::LastWords);
+      REQUIRE(lw.ok());
+      INFO("last words: simulated " << lw->waste_fraction() << " model "
+                                    << model_waste(c, Policy::LastWords, lw->interval_s));
+      CHECK(lw->waste_fraction() == Approx(model_waste(c, Policy::LastWords, lw->interval_s)).epsilon(0.08));
+    }
+  }
+}
+
+TEST_CASE("last words never does worse than Daly", "[simulate]") {
+  const Case cases[] = {{30, 120, 21600, 0.5}, {300, 600, 86400, 0.3}, {10, 60, 3600, 0.8},
+                        {120, 300, 7200, 0.5}, {30, 120, 21600, 0.05}, {1800, 600, 3600, 0.5}};
+  for (const Case& k : cases) {
+    for (std::uint64_t seed : {1ULL, 2ULL, 3ULL}) {
+      Config c = job(k.cost_s, k.restart_s, k.mtbf_s, k.catchable, seed);
+      auto daly = run(c, Policy::Daly);
+      auto lw = run(c, Policy::LastWords);
+      REQUIRE(daly.ok());
+      REQUIRE(lw.ok());
+      INFO("cost " << k.cost_s << " mtbf " << k.mtbf_s << " p " << k.catchable << " seed " << seed);
+      CHECK(lw->interval_s == daly->interval_s);
+      CHECK(lw->goodput() >= daly->goodput());
+      CHECK(lw->last_words > 0);
+    }
+  }
+  SECTION("with nothing catchable, last words is Daly, run for run") {
+    Config c = job(30, 120, 21600, 0.0);
+    auto daly = run(c, Policy::Daly);
+    auto lw = run(c, Policy::LastWords);
+    CHECK(lw->wall_s == daly->wall_s);
+    CHECK(lw->last_words == 0);
+  }
+  SECTION("with everything catchable, only work worth less than δ is ever redone") {
+    Config c = job(30, 120, 21600, 1.0);
+    auto lw = run(c, Policy::LastWords);
+    REQUIRE(lw.ok());
+    // At most δ of compute plus, when the last segment is shorter than δ, its cut-short checkpoint write.
+    CHECK(lw->rework_s <= 2 * 30.0 * static_cast<double>(lw->failures));
+  }
+}
+
+TEST_CASE("simulator limit cases", "[simulate]") {
+  SECTION("no failure within the job: goodput is τ/(τ+δ)") {
+    Config c = job(30, 120, 1e15);
+    c.work_s = 3600 * 100;
+    auto o = run(c, Policy::Fixed, 3600);
+    REQUIRE(o.ok());
+    CHECK(o->failures == 0);
+    CHECK(o->checkpoints == 100);
+    CHECK(o->goodput() == Approx(3600.0 / 3630));
+    CHECK(exact_waste(c, 3600) == Approx(30.0 / 3630).epsilon(1e-6));
+  }
+  SECTION("zero cost checkpoints: only rework and restarts are lost") {
+    Config c = job(0, 60, 3600);
+    auto o = run(c, Policy::Fixed, 60);
+    REQUIRE(o.ok());
+    CHECK(o->checkpoint_s == 0);
+    CHECK(o->waste_fraction() == Approx(exact_waste(c, 60)).epsilon(0.03));
+    // Young's interval is 0 when checkpoints are free; the simulator cannot run that.
+    CHECK(run(c, Policy::Young).error() == "the young interval must be a positive finite duration (got 0s)");
+  }
+  SECTION("the last segment may be shorter than τ") {
+    Config c = job(10, 0, 1e15);
+    c.work_s = 250;
+    auto o = run(c, Policy::Fixed, 100);
+    REQUIRE(o.ok());
+    CHECK(o->checkpoints == 3);
+    CHECK(o->wall_s == Approx(280));
+  }
+}
+
+TEST_CASE("model_waste and exact_waste", "[simulate]") {
+  Config c = job(30, 120, 21600);
+  const double tau = 1000;
+  // Without last words the model is interval::waste_fraction.
+  CHECK(model_waste(c, Policy::Daly, tau) == Approx(ckpt::interval::waste_fraction({30, 120, 21600}, tau)));
+  c.catchable = 0.5;
+  CHECK(model_waste(c, Policy::Daly, tau) == Approx(ckpt::interval::waste_fraction({30, 120, 21600}, tau)));
+  // Last words: half the failures cost E[min(u, δ)] = δ − δ²/2τ = 29.55 instead of τ/2 = 500.
+  CHECK(model_waste(c, Policy::LastWords, tau) ==
+        Approx(30.0 / 1000 + (0.5 * 500 + 0.5 * (30 - 900.0 / 2000) + 120) / 21600));
+  // When δ exceeds τ, last words is never worth writing.
+  c.cost_s = 2000;
+  CHECK(model_waste(c, Policy::LastWords, tau) == Approx(model_waste(c, Policy::Daly, tau)));
+  // Exact: M·e^{R/M}·(e^{(τ+δ)/M} − 1) per segment of τ.
+  Config e = job(30, 120, 21600);
+  e.work_s = 1000 * 100;
+  double segment = 21600 * std::exp(120.0 / 21600) * std::expm1(1030.0 / 21600);
+  CHECK(exact_waste(e, 1000) == Approx(1 - 1000 / segment));
+  CHECK(exact_waste(e, 0) == 1);
+}
+
+TEST_CASE("simulator inputs", "[simulate]") {
+  SECTION("good inputs") {
+    CHECK(check(job(30, 120, 21600, 0.5)).ok());
+    CHECK(check(job(0, 0, 1, 0)).ok());
+    CHECK(check(job(0, 0, 1, 1)).ok());
+  }
+  SECTION("bad inputs") {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const double inf = std::numeric_limits<double>::infinity();
+    CHECK(check(job(30, 0, 0)).error() == "MTBF must be a positive finite duration (got 0s)");
+    CHECK_FALSE(check(job(30, 0, -3600)).ok());
+    CHECK_FALSE(check(job(-1, 0, 3600)).ok());
+    CHECK_FALSE(check(job(nan, 0, 3600)).ok());
+    CHECK_FALSE(check(job(30, -1, 3600)).ok());
+    CHECK_FALSE(check(job(30, 0, 3600, -0.1)).ok());
+    CHECK(check(job(30, 0, 3600, 1.5)).error() == "catchable fraction must be between 0 and 1 (got 1.5)");
+    CHECK_FALSE(check(job(30, 0, 3600, nan)).ok());
+    Config c = job(30, 0, 3600);
+    c.work_s = 0;
+    CHECK(check(c).error() == "work must be a positive finite duration (got 0s)");
+    c.work_s = inf;
+    CHECK_FALSE(check(c).ok());
+    CHECK_FALSE(run(c, Policy::Daly).ok());
+
+    Config ok = job(30, 0, 3600);
+    CHECK_FALSE(run(ok, Policy::Fixed, 0).ok());
+    CHECK_FALSE(run(ok, Policy::Fixed, -5).ok());
+    CHECK_FALSE(run(ok, Policy::Fixed, inf).ok());
+  }
+  SECTION("a job that cannot finish is stopped, not run forever") {
+    Config c = job(30, 0, 60);
+    c.work_s = 1e6;
+    c.max_events = 100000;
+    auto o = run(c, Policy::Fixed, 3600);  // an hour of work between failures a minute apart
+    REQUIRE_FALSE(o.ok());
+    CHECK(o.error() == "the job cannot finish within 100000 events (interval 1h is far too long for MTBF 1m)");
+    // Last words is refused by the guard while running rather than up front; same answer.
+    c.catchable = 0.5;
+    c.cost_s = 4000;  // so that no failure is caught: the work at risk never exceeds δ
+    auto lw = run(c, Policy::LastWords);
+    REQUIRE_FALSE(lw.ok());
+    CHECK(lw.error().starts_with("the job cannot finish within 100000 events"));
+  }
+}
+
+TEST_CASE("sweep and SVG", "[simulate]") {
+  Config c = job(30, 120, 21600, 0.5);
+  c.work_s = 2000 * c.mtbf_s;
+  const double young_s = ckpt::interval::young(30, 21600);
+  SECTION("good inputs") {
+    auto points = sweep(c, young_s / 8, young_s * 8, 13);
+    REQUIRE(points.ok());
+    REQUIRE(points->size() == 13);
+    CHECK(points->front().interval_s == Approx(young_s / 8));
+    CHECK(points->back().interval_s == Approx(young_s * 8));
+    CHECK((*points)[6].interval_s == Approx(young_s));
+    // The simulated curve has its minimum near Young's interval.
+    std::size_t best = 0;
+    for (std::size_t i = 0; i < points->size(); ++i) {
+      if ((*points)[i].simulated < (*points)[best].simulated) best = i;
+    }
+    CHECK(best >= 5);
+    CHECK(best <= 7);
+
+    std::string svg = render_svg(c, *points);
+    CHECK(svg.starts_with("<?xml"));
+    CHECK(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\"") != std::string::npos);
+    CHECK(svg.ends_with("</svg>\n"));
+    CHECK(count(svg, "<circle") == 13 + 1);  // the points and the legend's dot
+    CHECK(count(svg, "<polyline") == 2);     // model and exact curves
+    CHECK(svg.find("Young 18m58s") != std::string::npos);
+    CHECK(svg.find("Daly 18m39s") != std::string::npos);
+    CHECK(svg == render_svg(c, *sweep(c, young_s / 8, young_s * 8, 13)));  // deterministic
+  }
+  SECTION("bad inputs") {
+    CHECK_FALSE(sweep(c, 0, 100, 10).ok());
+    CHECK_FALSE(sweep(c, 100, 100, 10).ok());
+    CHECK_FALSE(sweep(c, 100, 50, 10).ok());
+    CHECK(sweep(c, 10, 100, 1).error() == "a sweep needs at least 2 points");
+  }
+}
