@@ -4,10 +4,11 @@
 With --gib of model state (float32 parameters; 1 GiB by default), measured in one run:
   (a) the stall of a synchronous torch.save of the state dict (made durable with fsync, as a checkpoint must be);
   (b) the stall of slurm_ckpt's asynchronous snapshot: after_step() plus before_update(), with no compute in between
-      (the worst case: training has nothing to overlap the copy with);
+      (the worst case: training has nothing to overlap the copy with), and the same inside the compute loop below;
   (c) a bare single-threaded memcpy of the same bytes into warm memory (the physical floor of any snapshot);
   the persist time against the disk's sequential write bandwidth measured here (write + fsync, as the store writes,
-  and O_DIRECT); the slowdown of a compute loop when checkpoints come every >= 10 persist times; staging vs state.
+  and O_DIRECT); the slowdown of a single-threaded compute loop when checkpoints come every >= 10 persist times
+  (blocks with and without a checkpoint alternate, ABBA, against drift); staging vs state.
 
     PYTHONPATH=<build>/python /usr/bin/python3 bench/bench_async.py [--gib 1] [--dir /tmp/bench]
 
@@ -36,7 +37,7 @@ def parse_args():
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir under $TMPDIR)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--tensor-mib", type=int, default=64, help="size of each parameter tensor")
-    p.add_argument("--loop-checkpoints", type=int, default=3, help="checkpoints in the slowdown loop")
+    p.add_argument("--loop-pairs", type=int, default=2, help="pairs of loop blocks with and without a checkpoint")
     return p.parse_args()
 
 
@@ -83,14 +84,15 @@ def disk_bandwidth(dir_, nbytes, chunk=64 * MIB):
     return results
 
 
-def torch_save_stall(model, dir_, reps):
+def torch_save_stall(model, dir_, reps, durable=True):
     path = os.path.join(dir_, "torch_save.pt")
 
     def save():
         with open(path, "wb") as f:
             torch.save(model.state_dict(), f)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
 
     t = median_time(save, reps)
     os.unlink(path)
@@ -151,9 +153,11 @@ def compute_step(a, b, iters):
         torch.mm(a, b)
 
 
-def loop_slowdown(model, dir_, persist_s, checkpoints):
-    """A single-threaded compute loop with an update per step, without and then with checkpoints every
-    >= 10 persist times. Returns (slowdown, step seconds, steps per interval, stats)."""
+def loop_slowdown(model, dir_, persist_s, pairs):
+    """A single-threaded compute loop with an update of every tensor per step. Blocks of one checkpoint interval
+    (>= 10 persist times) alternate, with one checkpoint at the start of a block or none, in ABBA order so that
+    the load of other processes drifting over the run cancels out. Returns (slowdown, in-loop stall per checkpoint,
+    step seconds, steps per interval, stats, seconds without, seconds with)."""
     a, b = torch.rand(384, 384), torch.rand(384, 384)
     t0 = time.perf_counter()
     compute_step(a, b, 20)
@@ -161,30 +165,30 @@ def loop_slowdown(model, dir_, persist_s, checkpoints):
     iters = max(1, int(0.05 / per_mm))  # ~50 ms steps
     step_s = median_time(lambda: compute_step(a, b, iters), 5)
     interval = max(1, int(10 * persist_s / step_s) + 1)
-    steps = interval * checkpoints + interval // 2
-
-    def run(cp):
-        t = time.perf_counter()
-        with torch.no_grad():
-            for step in range(steps):
-                compute_step(a, b, iters)
-                if cp:
-                    cp.before_update()
-                for p in model.params:
-                    p[:16] += 1  # the update touches every tensor
-                if cp:
-                    cp.after_step(step + 1)
-        return time.perf_counter() - t
-
-    base = run(None)
-    cp = slurm_ckpt.torch.Checkpointer(model, None, dir=os.path.join(dir_, "loop"), interval=f"{interval}steps",
+    cp = slurm_ckpt.torch.Checkpointer(model, None, dir=os.path.join(dir_, "loop"), interval="1000000000steps",
                                        signals=False, log="warn")
     cp.restore()
-    with_ckpt = run(cp)
+    step = 0
+    spent = {False: 0.0, True: 0.0}
+    with torch.no_grad():
+        for pair in range(pairs):
+            for with_ckpt in ((False, True) if pair % 2 == 0 else (True, False)):
+                t = time.perf_counter()
+                for i in range(interval):
+                    compute_step(a, b, iters)
+                    cp.before_update()
+                    for p in model.params:
+                        p[:16] += 1  # the update touches every tensor
+                    step += 1
+                    if with_ckpt and i == 0:
+                        cp.save(step)  # what after_step does when a checkpoint is due
+                    else:
+                        cp.after_step(step)
+                spent[with_ckpt] += time.perf_counter() - t
+    s = cp.stats()
     cp.close()
-    base2 = run(None)  # the baseline again, after: drift on a shared machine shows up here
-    base = min(base, base2)
-    return (with_ckpt - base) / base, step_s, interval, steps, cp.stats(), base, with_ckpt
+    stall = s["total_stall_s"] / max(1, s["snapshots"])
+    return ((spent[True] - spent[False]) / spent[False], stall, step_s, interval, s, spent[False], spent[True])
 
 
 def main():
@@ -202,23 +206,26 @@ def main():
         print(f"  disk sequential write:   write+fsync {disk['write+fsync'] / 1e9:.2f} GB/s, "
               f"O_DIRECT {disk['O_DIRECT'] / 1e9:.2f} GB/s", flush=True)
         t_save = torch_save_stall(model, root, args.reps)
-        print(f"  (a) torch.save + fsync:  {t_save:.3f} s stall", flush=True)
+        t_save_cache = torch_save_stall(model, root, args.reps, durable=False)
+        print(f"  (a) torch.save + fsync:  {t_save:.3f} s stall (without fsync, not durable: {t_save_cache:.3f} s)",
+              flush=True)
         t_async, t_persist, t_commit, s = async_stall(model, root, args.reps)
         print(f"  (b) async snapshot:      {t_async:.3f} s stall; persist {t_persist:.3f} s "
               f"({state / t_persist / 1e9:.2f} GB/s), commit done {t_commit:.3f} s after the snapshot", flush=True)
         t_memcpy = memcpy_floor(model, args.reps)
         print(f"  (c) memcpy (1 thread):   {t_memcpy:.3f} s ({state / t_memcpy / 1e9:.2f} GB/s)", flush=True)
-        slow, step_s, interval, steps, ls, base, with_ckpt = loop_slowdown(model, root, t_persist,
-                                                                           args.loop_checkpoints)
-        print(f"  loop: {steps} steps of {step_s * 1000:.1f} ms, checkpoint every {interval} steps "
-              f"({interval * step_s:.1f} s = {interval * step_s / t_persist:.1f}x persist): {base:.2f} s without, "
-              f"{with_ckpt:.2f} s with {ls['snapshots']} checkpoints ({ls['backpressure_waits']} back-pressure waits)",
-              flush=True)
+        slow, loop_stall, step_s, interval, ls, base, with_ckpt = loop_slowdown(model, root, t_persist,
+                                                                                args.loop_pairs)
+        print(f"  loop: steps of {step_s * 1000:.1f} ms, blocks of {interval} steps ({interval * step_s:.1f} s = "
+              f"{interval * step_s / t_persist:.1f}x persist): {base:.2f} s in {args.loop_pairs} blocks without, "
+              f"{with_ckpt:.2f} s in {args.loop_pairs} with a checkpoint each ({ls['backpressure_waits']} "
+              f"back-pressure waits); stall per checkpoint in the loop {loop_stall:.3f} s", flush=True)
         staging = s["staging_bytes"]
 
         disk_best = max(disk.values())
         rows = [
             ("async stall / torch.save", t_async / t_save, "<= 0.05", t_async / t_save <= 0.05),
+            ("  the same, stall in the loop", loop_stall / t_save, "<= 0.05", loop_stall / t_save <= 0.05),
             ("async stall / memcpy", t_async / t_memcpy, "<= 1.3", t_async / t_memcpy <= 1.3),
             ("persist bw / disk bw (write+fsync)", (state / t_persist) / disk["write+fsync"], ">= 0.8",
              (state / t_persist) / disk["write+fsync"] >= 0.8),

@@ -219,10 +219,21 @@ void Engine::cycle(double now, bool force_reconcile) {
     }
   }
   flush();
+  // Requeues decided in this cycle are durable now: start them without waiting for the next cycle.
+  for (auto& [id, r] : jobs_) {
+    if (r.state != JobState::Requeueing || now < runtime(id).next_check) continue;
+    try {
+      drive_intent(r, now);
+    } catch (const std::exception& e) {
+      log_error("job " + std::to_string(id) + ": internal error: " + e.what());
+    }
+  }
+  flush();
   // Forget finished jobs after an hour in memory; their records stay in the database.
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Runtime& rt = runtime(it->first);
-    if (rec::is_terminal(it->second.state) && rt.terminal_since > 0 && now - rt.terminal_since > 3600) {
+    const JobState st = it->second.state;
+    if (st != JobState::GaveUp && rec::is_terminal(st) && rt.terminal_since > 0 && now - rt.terminal_since > 3600) {
       runtime_.erase(it->first);
       it = jobs_.erase(it);
     } else {
@@ -354,7 +365,6 @@ Verdict Engine::handle_event(const Event& e, std::uint32_t uid, double now) {
       break;
   }
   mark_dirty(r, now);
-  crash_point("event");
   return Verdict{202, "accepted"};
 }
 
@@ -516,7 +526,6 @@ void Engine::start_failing(JobRecord& r, double now) {
   rt.dead.clear();
   rt.next_check = now + config_.settle_s;  // let reports from live nodes arrive before probing the silent ones
   transition(r, JobState::Failing, "failure reported", now);
-  crash_point("failing");
 }
 
 void Engine::mark_dirty(JobRecord& r, double now) {
@@ -542,7 +551,7 @@ void Engine::flush() {
 
 void Engine::crash_point(const char* name) {
   if (crash_points_.count(name) == 0) return;
-  flush();
+  // No flush: whatever the engine has not saved by now is lost, as in a real crash.
   log_warning(std::string("crash point '") + name + "' reached: SIGKILL (CKPT_CONTROLLER_CRASH_AT)");
   std::raise(SIGKILL);
 }
@@ -609,6 +618,7 @@ void Engine::check_failing(JobRecord& r, double now) {
   }
   if (!rt.probe_done) {
     if (!rt.probe_started) {
+      crash_point("failing");  // the failure is recorded; nothing is decided yet
       std::vector<ProbeTarget> targets;
       refresh_nodes(now, false);
       for (const auto& node : r.nodes) {
@@ -780,9 +790,9 @@ void Engine::decide(JobRecord& r, Ending ending, const SlurmJob& s, const std::v
                "ending=\"" + std::string(rec::to_string(ending)) + "\",path=\"requeue\"");
   crash_point("decided");
   if (!transition(r, JobState::Requeueing, verdict.reason, now)) return;
-  flush();  // the intent is durable before anything is sent to Slurm
-  crash_point("intent");
-  drive_intent(r, now);
+  // Nothing is sent to Slurm before the intent is durable: the end of this cycle saves every decision in one
+  // transaction, and the next cycle (a few ms later) carries them out.
+  runtime(r.job_id).next_check = 0;
 }
 
 void Engine::drive_intent(JobRecord& r, double now) {
@@ -791,6 +801,14 @@ void Engine::drive_intent(JobRecord& r, double now) {
     return;
   }
   Runtime& rt = runtime(r.job_id);
+  if (dirty_.count(r.job_id) != 0) {
+    flush();  // the intent (and every step so far) is durable before the next action
+    if (dirty_.count(r.job_id) != 0) {
+      rt.next_check = now + 1;
+      return;
+    }
+  }
+  if (r.intent->phase == Intent::Phase::Requeue) crash_point("intent");
   bool failed = false;
   auto slurm = load_job(r, now, failed);
   if (failed || !slurm) return;
@@ -872,6 +890,10 @@ void Engine::drive_intent(JobRecord& r, double now) {
         mark_dirty(r, now);
         break;
       case Intent::Phase::Update: {
+        if (s.state != SlurmState::Pending) {  // it started already (or ended): nothing to expedite
+          i.phase = Intent::Phase::Done;
+          break;
+        }
         auto status = backend_.expedite(r.job_id, i.exclude, s.held);
         if (!status) {
           metrics_.add("ckpt_controller_slurm_errors_total", "op=\"update\"");

@@ -44,7 +44,7 @@ class Alerts {
   ~Alerts();
   Alerts(const Alerts&) = delete;
   Alerts& operator=(const Alerts&) = delete;
-  // Queues one alert (a JSON object's text). Dropped, with a log line, when no URL is configured... silently.
+  // Queues one alert (a JSON object's text); does nothing when no webhook_url is configured.
   void send(const std::string& json);
 
  private:

@@ -72,6 +72,11 @@ struct Server::Impl {
 Server::Server(Engine& engine, std::string munge_socket) : impl_(new Impl{engine, std::move(munge_socket), {}, {}}) {
   auto& http = impl_->http;
   Impl* impl = impl_.get();
+  // httplib's default adds SO_REUSEPORT, which would let a second controller share the port unnoticed.
+  http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   http.set_payload_max_length(kMaxBody);
   http.set_read_timeout(5, 0);
   http.set_write_timeout(5, 0);

@@ -1,7 +1,7 @@
 // ckpt-test-job: a stand-in for a data-parallel training job, for the controller's integration tests. Each rank
 // (srun task) takes steps, writes its shard of a checkpoint every K steps through the real store, and rank 0
 // commits it. Ranks are linked by TCP like a collective library: when a peer dies, the survivors see the
-// connection drop and exit 1 within milliseconds (as gloo does), which is what the plugin reports.
+// connection drop and exit 1 within milliseconds, as ranks of a real collective do; the plugin reports those exits.
 //
 //   ckpt-test-job [--steps N] [--step-ms MS] [--every K] [--fail-rank R --fail-step S [--fail-code C]
 //                 [--fail-runs all|LIST]]

@@ -59,7 +59,7 @@ scenario_node_crash_requeue() {
     cat "$SCRATCH/out.$job" >&2; fail "run 1 did not resume from step $newest"; }
   [ "$(slurm_field "$job" Restarts)" = 1 ] || fail "Slurm restart count is $(slurm_field "$job" Restarts), expected 1"
   [ "$(slurm_field "$job" ExcNodeList)" = "$victim" ] || fail "ExcNodeList is $(slurm_field "$job" ExcNodeList)"
-  ctl status | grep -q "$victim (jobs $job)" || { ctl status >&2; fail "status does not show $victim excluded"; }
+  ctl status | grep -qE "^  $victim \(jobs ([0-9]+,)*$job(,[0-9]+)*\)" || { ctl status >&2; fail "status does not show $victim excluded"; }
   curl -sf "$CTL_URL/metrics" > "$SCRATCH/metrics"
   assert_contains "$SCRATCH/metrics" 'ckpt_controller_restarts_total{ending="node failure",path="requeue"} 1'
   assert_contains "$SCRATCH/metrics" 'ckpt_controller_recovery_seconds_count{path="requeue"} 1'
@@ -68,6 +68,10 @@ scenario_node_crash_requeue() {
     python3 -c "import sys; sys.exit(0 if float('$TOTAL') <= 15 else 1)" || fail "recovery took $TOTAL s (target 15 s)"
   fi
   revive_node "$victim"
+  # An admin takes the node back: the job no longer excludes it.
+  ctl forget-node "$victim" > "$SCRATCH/forget" || fail "forget-node failed"
+  assert_contains "$SCRATCH/forget" "node $victim forgotten by"
+  ctl status | grep -qE "^  $victim " && { ctl status >&2; fail "status still shows $victim excluded"; }
   scancel "$job"
   wait_ctl_state "$job" '^cancelled$' 30
   pass "$BACKEND: node crash: job $job runs again on $nodes from step $newest in $TOTAL s, $victim excluded"
@@ -88,6 +92,14 @@ scenario_crash_loop() {
   if [ "$BACKEND" = libslurm ]; then
     [ "$restarts" = 2 ] || fail "Slurm restarted the job $restarts times, expected 2"
     assert_contains "$SCRATCH/status" "job $job: task crash after 2 restarts without progress (budget 2; newest complete checkpoint: none)"
+    # Only an admin may release it; then it gets a fresh budget and stops again after 2 more restarts.
+    expect_fail runuser -u "$TEST_USER" -- "$CTL" -c "$SCRATCH/controller.conf" release "$job"
+    assert_contains "$SCRATCH/err" "ckpt-controller: uid $(id -u "$TEST_USER") may not release (admin_users)"
+    ctl release "$job" > "$SCRATCH/release" || fail "release failed"
+    assert_contains "$SCRATCH/release" "job $job released"
+    wait_ctl_state "$job" '^gave-up$' 120
+    wait_job_state "$job" '^(FAILED|COMPLETED)$' 30
+    [ "$(slurm_field "$job" Restarts)" = 5 ] || fail "after release Slurm restarted job $job $(slurm_field "$job" Restarts) times, expected 5"
   else
     [ "$restarts" = 0 ] || fail "Slurm restarted the job $restarts times"
     assert_contains "$SCRATCH/status" "job $job: task crash: the rest backend cannot requeue a job"
@@ -168,4 +180,21 @@ scenario_relaunch() {
   scancel "$job"
   wait_ctl_state "$job" '^cancelled$' 30
   pass "$BACKEND: in-allocation relaunch: step 1 runs on $nodes from step $newest in $TOTAL s, no requeue"
+}
+
+scenario_spool_transport() {  # the plugin drops events into a spool dir instead of POSTing them
+  wait_idle_nodes 2
+  local job
+  job=$(sbatch --parsable -N2 -o "$SCRATCH/out.%j" --ckpt-dir="$SCRATCH/ckpt-%j" --ckpt-interval=1m --ckpt-max-restarts=0 \
+    --wrap "srun --ntasks-per-node=1 bash -c '[ \$SLURM_PROCID = 1 ] && exit 3; exit 0'") || fail sbatch
+  echo "$job" >> "$SCRATCH/jobs"
+  wait_ctl_state "$job" '^gave-up$' 60
+  ctl history "$job" > "$SCRATCH/history"
+  local second; second=$(scontrol show hostnames "$(slurm_field "$job" NodeList)" | sed -n 2p)
+  assert_contains "$SCRATCH/history" "job_start from $(slurm_field "$job" BatchHost) (batch step)"
+  assert_contains "$SCRATCH/history" "task_exit from $second (step 0): rank 1 exited 3"
+  assert_contains "$SCRATCH/history" "task crash after 0 restarts without progress (budget 0"
+  [ -z "$(ls -A "$1")" ] || { ls -la "$1" >&2; fail "event files were left in the spool dir"; }
+  [ "$(stat -c %a "$1")" = 1733 ] || fail "spool dir mode is $(stat -c %a "$1")"
+  pass "$BACKEND: events through the spool dir: start, rank failure on $second, decision"
 }

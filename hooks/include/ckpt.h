@@ -77,7 +77,7 @@ int ckpt_save(ckpt_checkpointer* cp, uint64_t step, int terminal);
 int ckpt_stats_get(const ckpt_checkpointer* cp, ckpt_stats* out);
 /* Waits for the last persist and commit; returns the first persist failure, if any. */
 int ckpt_close(ckpt_checkpointer* cp);
-/* Closes (when not closed) and frees; NULL is fine. */
+/* Frees; NULL is fine. Without ckpt_close first, it does not wait for other ranks' shards (for error paths). */
 void ckpt_free(ckpt_checkpointer* cp);
 
 #ifdef __cplusplus

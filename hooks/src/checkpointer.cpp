@@ -5,6 +5,7 @@
 // to the coordinator and, on the writer, commits. Staging belongs to the worker whenever it has a task queued or
 // running; the training thread touches staging only after wait_idle(), which is what back-pressure is.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -35,6 +36,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kCopyChunk = 16u << 20;  // big enough to amortize scheduling, small enough to share
 constexpr double kAutoIntervalS = 1800;        // `auto` is a later feature; until then a fixed 30 minutes
+// The persist thread runs at the lowest priority. Buffered writes cost a lot of system CPU (page-cache
+// allocation runs at first-touch speed on some VMs: ~2.6 s per GiB here); training must win a contended core.
+constexpr int kPersistNice = 19;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -113,20 +117,16 @@ struct Checkpointer::Impl {
   bool snapshot_active = false;       // host copies running; before_update has not passed yet
   bool device_guard_pending = false;  // device copies queued; the compute streams do not wait yet
   std::optional<std::uint64_t> last_step;
-  std::optional<std::uint64_t> last_snapshot_step;
   std::optional<std::pair<std::uint64_t, Decision>> cached;
   bool stopped = false;
   bool notice_sent = false;
   bool closed = false;
   Status close_status;
-  std::uint64_t resume_step = 0;
   std::vector<RestoredRegion> restored;
   Clock::time_point last_checkpoint_time = Clock::now();
   std::optional<std::uint64_t> time_request;  // the step rank 0 asked for by the clock, until it passes
   double interval_s = 0;
   Clock::time_point backpressure_logged;  // when the last back-pressure line went out
-  std::size_t host_wanted = 0;    // staging asked of the worker
-  std::size_t pinned_wanted = 0;
 
   // ---- staging: the worker's while it has tasks, the training thread's after wait_idle() ----
   HostBuffer host;
@@ -145,14 +145,21 @@ struct Checkpointer::Impl {
   int persists_pending = 0;     // guarded by mu: persist tasks queued or running
   bool stopping = false;        // guarded by mu
   Stats stats;                  // guarded by mu
-  std::pair<std::size_t, std::size_t> grow_target;  // guarded by mu: host and pinned bytes the next grow task makes
+  std::pair<std::size_t, std::size_t> staging_asked;  // guarded by mu: host and pinned staging bytes wanted
   Status first_error;           // guarded by mu
 
   ~Impl() { free_pinned(); }
 
+  Stats stats_copy() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return stats;
+  }
+
   // ---- worker ----------------------------------------------------------------------------------------------
 
   void worker_loop() {
+    // Linux nice values are per thread; a failure only costs some interference.
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kPersistNice);
     for (;;) {
       Task task;
       {
@@ -230,22 +237,24 @@ struct Checkpointer::Impl {
     return Status::success();
   }
 
+  // Raises the staging sizes wanted; true when they grew (a grow task must be queued).
+  bool ask_staging(std::size_t host_bytes, std::size_t pinned_bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (host_bytes <= staging_asked.first && pinned_bytes <= staging_asked.second) return false;
+    staging_asked = {std::max(staging_asked.first, host_bytes), std::max(staging_asked.second, pinned_bytes)};
+    return true;
+  }
+
   // Training thread: asks the worker for staging the current regions need, so no snapshot has to fault it in.
   // A task grows to the latest size asked when it runs, so a burst of registrations maps staging once.
   void plan_growth() {
     StagingPlan plan = plan_staging(regions);
-    if (plan.host_bytes > host_wanted || plan.device_bytes > pinned_wanted) {
-      host_wanted = std::max(host_wanted, plan.host_bytes);
-      pinned_wanted = std::max(pinned_wanted, plan.device_bytes);
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        grow_target = {host_wanted, pinned_wanted};
-      }
+    if (ask_staging(plan.host_bytes, plan.device_bytes)) {
       enqueue(false, [this] {
         std::pair<std::size_t, std::size_t> target;
         {
           std::lock_guard<std::mutex> lock(mu);
-          target = grow_target;
+          target = staging_asked;
         }
         if (Status s = grow_host(target.first); !s) log::error(rank, s.error() + " (retried at the next snapshot)");
         if (target.second > 0) {
@@ -287,7 +296,6 @@ struct Checkpointer::Impl {
   // Training thread: the coordinator namespace, leftovers of dead saves, the interval clock.
   void start(std::uint64_t step) {
     started = true;
-    resume_step = step;
     if (Status s = coord->begin(step); !s) log::error(rank, s.error());
     last_checkpoint_time = Clock::now();
     if (rank != 0) return;
@@ -391,8 +399,7 @@ struct Checkpointer::Impl {
       ready = grow_host(plan.host_bytes);
     }
     if (ready && pinned.size < plan.device_bytes) ready = grow_pinned(plan.device_bytes);
-    host_wanted = std::max(host_wanted, plan.host_bytes);
-    pinned_wanted = std::max(pinned_wanted, plan.device_bytes);
+    (void)ask_staging(plan.host_bytes, plan.device_bytes);  // allocated above: no grow task
 
     if (!ready) {
       job->error = "no staging memory: " + ready.error();
@@ -440,7 +447,6 @@ struct Checkpointer::Impl {
         snapshot_active = true;
       }
     }
-    last_snapshot_step = step;
     last_checkpoint_time = t0;
     double stall = seconds_since(t0);
     {
@@ -566,20 +572,33 @@ struct Checkpointer::Impl {
     const std::string at = "ckpt: step " + std::to_string(step) + ": ";
     auto m = store::read_manifest(root, step);
     if (!m) return Status::failure(at + m.error());
+    int source = rank;
     if (m->world_size != config.world_size) {
-      return Status::failure(at + "written by " + std::to_string(m->world_size) + " ranks; this run has " +
-                             std::to_string(config.world_size));
+      // Pure data parallelism: every shard holds a full replica, so a job relaunched on fewer or more nodes can
+      // go on from any of them (per-rank extras such as RNG states come from the replica it loads).
+      const store::Layout& l = m->layout;
+      if (l.tp != 1 || l.pp != 1 || l.zero1 || m->world_size < 1) {
+        return Status::failure(at + "written by " + std::to_string(m->world_size) + " ranks (tp " +
+                               std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + (l.zero1 ? ", ZeRO-1" : "") +
+                               "); this run has " + std::to_string(config.world_size));
+      }
+      source = rank % m->world_size;
+      if (rank == 0) {
+        log::warn(rank, "step " + std::to_string(step) + " was written by " + std::to_string(m->world_size) +
+                            " data-parallel ranks; this run has " + std::to_string(config.world_size) +
+                            ": rank r loads the replica of rank r % " + std::to_string(m->world_size));
+      }
     }
     const store::ShardRecord* record = nullptr;
     for (const store::ShardRecord& r : m->shards) {
-      if (r.rank == rank) record = &r;
+      if (r.rank == source) record = &r;
     }
     if (record == nullptr) {
       definite = true;
-      return Status::failure(at + "no shard for rank " + std::to_string(rank));
+      return Status::failure(at + "no shard for rank " + std::to_string(source));
     }
     if (Status s = grow_host(static_cast<std::size_t>(record->size)); !s) return s;
-    host_wanted = std::max(host_wanted, host.size());
+    (void)ask_staging(host.size(), 0);
     const std::string path = join(join(root, store::step_dir_name(step)), record->file);
     int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return Status::failure(at + "cannot open " + path + ": " + errno_text(errno));
@@ -697,10 +716,13 @@ struct Checkpointer::Impl {
     return step;
   }
 
-  Status close() {
+  // With wait_for_peers false (the loop was unwound by an error, close() never called), the writer does not wait
+  // for ranks that may be gone; this rank's own shard is still finished.
+  Status close(bool wait_for_peers) {
     if (closed) return close_status;
     closed = true;
     if (!enabled) return close_status;
+    if (!wait_for_peers) coord->cancel();
     guard();
     wait_idle();
     {
@@ -726,7 +748,7 @@ Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 
 Checkpointer::~Checkpointer() {
   if (!impl_) return;
-  if (Status s = impl_->close(); !s) log::error(impl_->rank, "at close: " + s.error());
+  if (Status s = impl_->close(false); !s) log::error(impl_->rank, "at close: " + s.error());
 }
 
 Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& options) {
@@ -890,8 +912,8 @@ Status Checkpointer::save(std::uint64_t step, store::Kind kind) {
   Impl& m = *impl_;
   if (!m.enabled) return Status::success();
   if (m.closed) return Status::failure("ckpt: save() after close()");
-  if (m.last_snapshot_step && step <= *m.last_snapshot_step) {
-    return Status::failure("ckpt: save(" + std::to_string(step) + "): step " + std::to_string(*m.last_snapshot_step) +
+  if (auto last = m.stats_copy().last_snapshot_step; last && step <= *last) {
+    return Status::failure("ckpt: save(" + std::to_string(step) + "): step " + std::to_string(*last) +
                            " was saved already");
   }
   if (!m.started) m.start(0);
@@ -900,11 +922,8 @@ Status Checkpointer::save(std::uint64_t step, store::Kind kind) {
   return Status::success();
 }
 
-Status Checkpointer::close() { return impl_->close(); }
+Status Checkpointer::close() { return impl_->close(true); }
 
-Stats Checkpointer::stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->stats;
-}
+Stats Checkpointer::stats() const { return impl_->stats_copy(); }
 
 }  // namespace ckpt::hooks

@@ -160,6 +160,7 @@ std::string derive_run_id(const Lookup& lookup, const Config& config) {
   id += ".r" + std::to_string(config.restart_count);
   if (auto s = lookup.env("TORCHELASTIC_RUN_ID")) id += "." + s->value;
   if (auto s = lookup.env("MASTER_PORT")) id += ".p" + s->value;
+  if (auto s = lookup.env("CKPT_RUN_ATTEMPT")) id += ".a" + s->value;  // ckpt-run's relaunch inside the allocation
   std::string clean;
   for (char c : id) clean += is_run_id_char(c) ? c : '_';
   return clean.substr(0, 128);

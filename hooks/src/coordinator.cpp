@@ -108,6 +108,9 @@ class FileCoordinator final : public Coordinator {
     int missing = world_;
     auto pause = std::chrono::milliseconds(1);
     for (;;) {
+      if (cancelled_.load()) {
+        return Status::failure("ckpt: step " + std::to_string(step) + ": training ended before every rank persisted");
+      }
       for (int r = 0; r < world_; ++r) {
         if (seen[static_cast<std::size_t>(r)]) continue;
         struct stat st {};
@@ -133,11 +136,13 @@ class FileCoordinator final : public Coordinator {
       pause = std::min(pause * 2, std::chrono::milliseconds(50));
     }
   }
+  void cancel() override { cancelled_.store(true); }
 
  private:
   std::string root_;
   int world_;
   ControlDir control_;
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace

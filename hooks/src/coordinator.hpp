@@ -37,6 +37,8 @@ class Coordinator {
   virtual Status publish(std::uint64_t step, const Status& outcome) = 0;
   // Persist thread, writer only: waits until every rank published `step`; fails on timeout or a failed rank.
   virtual Status wait_all(std::uint64_t step, std::chrono::milliseconds timeout) = 0;
+  // Any thread: training is gone; a wait_all in progress or to come gives up at once where it can.
+  virtual void cancel() {}
 };
 
 // The coordinator the settings ask for. Auto: single for one process, pmix when PMIx launched this process

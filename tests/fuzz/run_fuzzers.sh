@@ -16,9 +16,10 @@ for tool in clang clang++ cmake; do
   command -v "$tool" >/dev/null || { echo "run_fuzzers: $tool not found" >&2; exit 1; }
 done
 
+mkdir -p "$build"
 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DCKPT_BUILD_FUZZERS=ON -DCKPT_BUILD_SPANK=OFF -DCKPT_WITH_CUDA=OFF >"$build.configure.log" 2>&1 ||
-  { cat "$build.configure.log" >&2; echo "run_fuzzers: configure failed" >&2; exit 1; }
+  -DCKPT_BUILD_FUZZERS=ON -DCKPT_BUILD_SPANK=OFF -DCKPT_WITH_CUDA=OFF >"$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log" >&2; echo "run_fuzzers: configure failed" >&2; exit 1; }
 cmake --build "$build" -j"$(nproc)" --target fuzz_manifest fuzz_record
 
 status=0

@@ -32,6 +32,7 @@ struct Args {
   std::uint64_t min_checkpoints = 5;
   std::uint64_t notice_at = 0;  // raise SIGUSR1 on rank 0 at this step (0: never)
   unsigned copy_threads = 2;
+  unsigned step_us = 0;  // a forward pass of at least this long per step (paces time-interval runs)
   bool guard = true;  // --no-guard skips before_update(): a deliberate race, for the TSAN harness's control run
 };
 
@@ -79,6 +80,7 @@ void run_rank(const Args& a, int rank, std::barrier<>& sync, RankResult& out) {
   auto restored = cp->restore();
   if (!s || !restored || *restored != 0) out.error = "setup: " + s.error() + restored.error();
   for (std::uint64_t step = 1; step <= a.steps && out.error.empty(); ++step) {
+    if (a.step_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(a.step_us));
     fill(stats, step, rank);  // the forward pass changes sync state before the guard
     sync.arrive_and_wait();
     if (a.guard) {
@@ -149,6 +151,7 @@ bool parse(int argc, char** argv, Args& a) {
     else if (k == "--interval") a.interval = v;
     else if (k == "--min-checkpoints") a.min_checkpoints = std::stoull(v);
     else if (k == "--notice-at") a.notice_at = std::stoull(v);
+    else if (k == "--step-us") a.step_us = static_cast<unsigned>(std::stoul(v));
     else if (k == "--copy-threads") a.copy_threads = static_cast<unsigned>(std::stoul(v));
     else return false;
   }
@@ -162,7 +165,7 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, a)) {
     std::fprintf(stderr,
                  "usage: hooks_stress --dir DIR [--ranks N] [--steps N] [--mib N] [--interval 7steps|1s] "
-                 "[--min-checkpoints N] [--notice-at STEP] [--copy-threads N] [--no-guard]\n");
+                 "[--min-checkpoints N] [--notice-at STEP] [--copy-threads N] [--step-us N] [--no-guard]\n");
     return 2;
   }
   std::barrier<> sync(a.ranks);

@@ -36,7 +36,7 @@ fi
 echo "test_hooks_tsan: control run without the guard reported a race, as it must"
 
 "$BIN" --dir "$work/steps" --ranks 2 --steps 400 --mib 1 --interval 5steps --min-checkpoints 80
-"$BIN" --dir "$work/time" --ranks 2 --steps 1500 --mib 1 --interval 1s --min-checkpoints 1
+"$BIN" --dir "$work/time" --ranks 2 --steps 800 --mib 1 --interval 1s --step-us 3000 --min-checkpoints 2
 "$BIN" --dir "$work/notice" --ranks 2 --steps 100000 --mib 1 --interval 20steps --notice-at 60 --min-checkpoints 3
 "$BIN" --dir "$work/inline" --ranks 1 --steps 40 --mib 1 --interval 3steps --copy-threads 0 --min-checkpoints 13
 echo "test_hooks_tsan: no ThreadSanitizer report"

@@ -105,6 +105,7 @@ TEST_CASE("hooks settings from the environment", "[hooks][config]") {
     CHECK(a->run_id != b->run_id);
     CHECK(c->run_id == "77.s3.r0.a_b_c");
     CHECK(load({{"CKPT_RUN_ID", "mine-1"}})->run_id == "mine-1");
+    CHECK(load({{"CKPT_RUN_ATTEMPT", "2"}})->run_id == "local.r0.a2");  // ckpt-run's relaunches differ too
   }
 }
 

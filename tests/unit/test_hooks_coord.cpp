@@ -180,6 +180,18 @@ TEST_CASE("the writer commits only when every rank persisted", "[hooks][coord]")
     CHECK(test::committed_steps(dir.path()).empty());
     CHECK(cp->stats().failed == 1);
   }
+  SECTION("without close(), the writer does not wait for ranks that may be gone") {
+    std::uint64_t x = 1;
+    auto started = std::chrono::steady_clock::now();
+    {
+      auto cp = test::make(rank_options(dir.path(), 0, {{"interval", "1steps"}, {"commit_timeout", "60s"}}));
+      REQUIRE(cp->register_region({"w", &x, sizeof x}).ok());
+      REQUIRE_FALSE(*cp->after_step(1));
+    }  // an exception unwinding the training loop
+    CHECK(std::chrono::steady_clock::now() - started < 20s);
+    CHECK(test::committed_steps(dir.path()).empty());
+    CHECK(log.has("training ended before every rank persisted"));
+  }
   SECTION("a rank whose persist fails tells the writer at once") {
     auto started = std::chrono::steady_clock::now();
     auto runs = run_ranks(2, 1, [&](int r) {

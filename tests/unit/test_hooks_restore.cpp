@@ -130,12 +130,41 @@ TEST_CASE("restore loads the newest complete checkpoint bitwise", "[hooks][resto
     REQUIRE(cp->register_region({"c", &c, sizeof c}).ok());
     CHECK(cp->restore().error() == "ckpt: step 3 has no region 'c'");
   }
-  SECTION("a checkpoint of another world size is refused") {
-    auto cp = test::make(test::options({{"dir", dir.path()}, {"rank", "0"}, {"world_size", "2"}, {"coordinator", "file"}}));
-    auto r = cp->restore(false);
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error() == "ckpt: step 3: written by 1 ranks; this run has 2");
+  SECTION("a data-parallel checkpoint restores into another world size, replica by replica") {
+    auto o = test::options({{"dir", dir.path()}, {"rank", "1"}, {"world_size", "2"}, {"coordinator", "file"}});
+    auto r = restore_from(o);
+    REQUIRE(r.step.ok());
+    CHECK(*r.step == 3);
+    CHECK((r.a == state_at(1 << 20, 3)));
+    auto r0 = restore_from(test::options({{"dir", dir.path()}, {"rank", "0"}, {"world_size", "2"}, {"coordinator", "file"}}));
+    REQUIRE(r0.step.ok());
+    CHECK((r0.a == state_at(1 << 20, 3)));
+    CHECK(log.has("step 3 was written by 1 data-parallel ranks; this run has 2: rank r loads the replica of rank r % 1"));
   }
+}
+
+TEST_CASE("a checkpoint of another world size and another layout is refused", "[hooks][restore]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  // Two tensor-parallel ranks, each with half of the model.
+  for (int rank = 0; rank < 2; ++rank) {
+    auto w = store::ShardWriter::open(dir.path(), 4, rank);
+    REQUIRE(w.ok());
+    REQUIRE(w->append("a", "xy", 2).ok());
+    REQUIRE(w->finish().ok());
+  }
+  store::Manifest m;
+  m.step = 4;
+  m.world_size = 2;
+  m.layout = store::Layout{1, 2, 1, false};
+  m.ranks = {{0, 0, 0, 0}, {1, 0, 1, 0}};
+  REQUIRE(store::commit(dir.path(), m).ok());
+  auto cp = test::make(test::options({{"dir", dir.path()}}));
+  auto r = cp->restore(false);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error() == "ckpt: step 4: written by 2 ranks (tp 2, pp 1); this run has 1");
+  auto dp = test::make(test::options({{"dir", dir.path()}, {"rank", "0"}, {"world_size", "2"}, {"coordinator", "file"}}));
+  CHECK(*dp->restore(false) == 4);  // the same world size: no question of replicas
 }
 
 TEST_CASE("a start discards incomplete saves newer than the resume step", "[hooks][restore]") {

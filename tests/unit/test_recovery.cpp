@@ -336,3 +336,21 @@ TEST_CASE("controller config", "[recovery][config]") {
     CHECK_FALSE(parse_duration_ms("1.5s"));
   }
 }
+
+TEST_CASE("a requeued job starts no earlier than the second after its credential was revoked", "[recovery][intent]") {
+  CHECK(credential_safe_start(1000.0) == Approx(1002.0));
+  CHECK(credential_safe_start(1000.9) == Approx(1002.0));
+  CHECK(credential_safe_start(1001.0) == Approx(1003.0));
+  CHECK(parse_intent_phase(to_string(Intent::Phase::WaitCompleting)) == Intent::Phase::WaitCompleting);
+  CHECK_FALSE(parse_intent_phase("later").has_value());
+}
+
+TEST_CASE("Slurm state names as slurmrestd and squeue print them", "[recovery][classify]") {
+  CHECK(parse_slurm_state("NODE_FAIL") == SlurmState::NodeFail);
+  CHECK(parse_slurm_state("OUT_OF_MEMORY") == SlurmState::OutOfMemory);
+  CHECK(parse_slurm_state("COMPLETING") == SlurmState::Unknown);  // a flag, not an ending
+  CHECK(parse_slurm_state("") == SlurmState::Unknown);
+  CHECK_FALSE(is_finished(SlurmState::Pending));
+  CHECK_FALSE(is_finished(SlurmState::Unknown));
+  CHECK(is_finished(SlurmState::Timeout));
+}

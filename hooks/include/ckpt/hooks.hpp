@@ -115,7 +115,8 @@ struct RegionSpec {
   void* stream = nullptr;        // Device: the cudaStream_t updates run on; null is the legacy default stream
 };
 
-// One region of the checkpoint restore() loaded. `data` stays valid until the next snapshot or restore.
+// One region of the checkpoint restore() loaded. `data` points into staging: valid until the next snapshot,
+// restore, or registration that grows the state.
 struct RestoredRegion {
   std::string name;
   std::string meta_json;
@@ -160,7 +161,9 @@ class Checkpointer {
   // Reads the settings and, when a checkpoint dir is configured, starts the copy and persist threads, the
   // coordinator and the notice handlers. Fails on a bad setting.
   static Result<std::unique_ptr<Checkpointer>> create(const Options& options = {});
-  ~Checkpointer();  // close()s, logging a failure
+  // Closes when close() was not called, without waiting for other ranks: an error unwound the loop, and a writer
+  // must not wait commit_timeout for ranks that may be gone. Call close() to wait for the last commit.
+  ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
