@@ -360,7 +360,15 @@ Verdict Engine::handle_event(const Event& e, std::uint32_t uid, double now) {
     case EventType::Handover:
       note(r, "event", what + ": ckpt-run hands over to a requeue" + (e.detail.empty() ? "" : " (" + e.detail + ")"), now);
       r.handover = true;
-      if (r.state == JobState::Running || r.state == JobState::Relaunching) start_failing(r, now);
+      if (r.state == JobState::Relaunching) {
+        // The failure that led to the relaunch decision is the same one: keep its clock.
+        Runtime& rt = runtime(r.job_id);
+        rt.probe_started = false;
+        rt.probe_done = false;
+        transition(r, JobState::Failing, "ckpt-run cannot relaunch inside the allocation", now);
+      } else if (r.state == JobState::Running) {
+        start_failing(r, now);
+      }
       runtime(r.job_id).next_check = 0;
       break;
   }
@@ -712,7 +720,14 @@ void Engine::decide(JobRecord& r, Ending ending, const SlurmJob& s, const std::v
   if (rec::restartable(ending) && ending != Ending::CleanExit) {
     metrics_.add("ckpt_controller_lost_work_seconds_total", "", r.lost_work_s);
   }
-  const auto verdict = rec::decide_restart(ending, r.budget, ckpts.newest_complete, r.needs_checkpoint);
+  auto verdict = rec::decide_restart(ending, r.budget, ckpts.newest_complete, r.needs_checkpoint);
+  if (r.handover && r.relaunch_step && rec::restartable(ending) && (!r.needs_checkpoint || ckpts.newest_complete)) {
+    // ckpt-run could not relaunch after a decision that already spent the budget for this failure.
+    verdict.restart = true;
+    verdict.after = r.budget;
+    verdict.reason = std::string(rec::to_string(ending)) + ": ckpt-run handed over; requeue (restart " +
+                     std::to_string(r.budget.restarts) + " already counted)";
+  }
   // Remember the dead nodes whatever happens next: the job may be restarted by hand.
   std::vector<std::string> fresh;
   const auto active_before = rec::active_bad_nodes(r.bad_nodes, now);

@@ -198,3 +198,33 @@ scenario_spool_transport() {  # the plugin drops events into a spool dir instead
   [ "$(stat -c %a "$1")" = 1733 ] || fail "spool dir mode is $(stat -c %a "$1")"
   pass "$BACKEND: events through the spool dir: start, rank failure on $second, decision"
 }
+
+scenario_relaunch_handover() {  # no spare node: ckpt-run cannot relaunch inside and hands over to a requeue
+  wait_idle_nodes 4
+  local job
+  job=$(sbatch --parsable -N3 --no-kill --open-mode=append -o "$SCRATCH/out.%j" --ckpt-dir="$SCRATCH/ckpt-%j" --ckpt-interval=1m \
+    --wrap "$CKPT_RUN --controller $CTL_URL srun -N3 --ntasks-per-node=1 $TEST_JOB --step-ms 100 --every 10") || fail sbatch
+  echo "$job" >> "$SCRATCH/jobs"
+  wait_output "$SCRATCH/out.$job" "committed step 20" 60
+  local victim; victim=$(second_node "$job")
+  local t0; t0=$(date +%s.%N)
+  crash_node "$victim"
+  wait_output "$SCRATCH/out.$job" "run=1 step_id=0" 60
+  ctl history "$job" > "$SCRATCH/history"
+  assert_contains "$SCRATCH/history" "ckpt-run hands over to a requeue (2 healthy nodes left in the allocation, 3 needed)"
+  assert_contains "$SCRATCH/history" "relaunching -> failing: ckpt-run cannot relaunch inside the allocation"
+  wait_ctl_state "$job" '^running$' 10
+  for _ in $(seq 30); do
+    [ "$(job_json "$job" | json_get 'j["clock"]["launched"]')" != "0.0" ] && break
+    sleep 0.2
+  done
+  report_times "$job" "$t0" "$BACKEND hand-over to a requeue after a node crash (no spare node)" >/dev/null
+  local nodes; nodes=$(grep "run=1 step_id=0" "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | cut -d= -f2 | sort | tr '\n' ' ')
+  [[ " $nodes " != *" $victim "* ]] || fail "run 1 went back to the crashed node: $nodes"
+  [ "$(slurm_field "$job" Restarts)" = 1 ] || fail "Slurm restart count is $(slurm_field "$job" Restarts)"
+  job_json "$job" | json_get 'j["budget"]["restarts"]' | grep -qx 1 || fail "one failure spent the budget twice"
+  revive_node "$victim"
+  scancel "$job"
+  wait_ctl_state "$job" '^cancelled$' 30
+  pass "$BACKEND: ckpt-run without a spare node hands over: job $job requeued once, runs on $nodes in $TOTAL s"
+}

@@ -17,6 +17,7 @@ scenario_no_false_restarts
 scenario_needs_checkpoint
 scenario_node_crash_requeue
 scenario_relaunch
+scenario_relaunch_handover
 scenario_crash_loop
 cat "$SCRATCH/timings"
 finish
