@@ -17,6 +17,7 @@ extern "C" {
 #include <slurm/slurm.h>
 }
 
+#include "ckpt/parse.hpp"
 #include "ckpt/store.hpp"
 #include "events.hpp"
 #include "plugin_state.hpp"
@@ -206,6 +207,10 @@ int remote_user_init(spank_t sp) {
 
   for (const auto& [name, value] : ckpt::settings_environment(*settings)) export_env(sp, name, value);
   export_env(sp, "CKPT_JOB_ID", job.job_id);
+  // Steps of a requeued batch job report a restart count of 0; the job's environment has the real one.
+  if (auto count = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); count && *count > restarts) {
+    restarts = static_cast<std::uint32_t>(*count);
+  }
   export_env(sp, "CKPT_RESTART_COUNT", std::to_string(restarts));
   if (std::time_t end = job_end_time(ids.job_id); end > 0) export_env(sp, "CKPT_END_TIME", std::to_string(end));
 

@@ -50,6 +50,23 @@ sbatch -W -N1 -o "$SCRATCH/override.out" --ckpt-interval=15m --ckpt-dir="$SCRATC
 assert_contains "$SCRATCH/override.out" "step CKPT_INTERVAL=300s"
 pass "srun's own value overrides sbatch's"
 
+# After a requeue, every step sees the job's restart count.
+cat > "$SCRATCH/requeue.sh" <<'JOB'
+#!/bin/bash
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then scontrol requeue "$SLURM_JOB_ID"; sleep 60; exit 0; fi
+srun bash -c 'echo "step CKPT_RESTART_COUNT=$CKPT_RESTART_COUNT"'
+JOB
+job=$(sbatch --parsable -N1 --requeue --open-mode=append -o "$SCRATCH/requeue.out" --ckpt-interval=15m \
+  --ckpt-dir="$SCRATCH/requeue-%j" "$SCRATCH/requeue.sh")
+for _ in $(seq 240); do
+  [ "$(scontrol show job "$job" | grep -oE 'Restarts=[0-9]+' | cut -d= -f2)" = 1 ] &&
+    scontrol update jobid="$job" StartTime=now 2>/dev/null && grep -q "^step " "$SCRATCH/requeue.out" 2>/dev/null && break
+  sleep 0.5
+done
+wait_job_state "$job" COMPLETED 60
+assert_contains "$SCRATCH/requeue.out" "step CKPT_RESTART_COUNT=1"
+pass "CKPT_RESTART_COUNT follows requeues"
+
 # A bad value refuses the job with one line naming the option and the value, in srun and in sbatch.
 expect_fail srun -N1 --ckpt-interval=-5 true
 assert_contains "$SCRATCH/err" "ckpt: --ckpt-interval: invalid value '-5' $EXPECTED"
