@@ -113,6 +113,10 @@ py::dict config_dict(const ckpt::hooks::Config& c) {
   d["keep"] = c.keep;
   d["grace_s"] = c.grace_s;
   d["last_words"] = c.last_words;
+  d["layout"] = py::dict(py::arg("dp") = c.layout.dp, py::arg("tp") = c.layout.tp, py::arg("pp") = c.layout.pp,
+                         py::arg("zero1") = c.layout.zero1);
+  d["coord"] = py::dict(py::arg("dp") = c.coord.dp, py::arg("tp") = c.coord.tp, py::arg("pp") = c.coord.pp);
+  d["layout_declared"] = c.layout_declared;
   d["mtbf_s"] = c.mtbf_s;
   d["max_restarts"] = c.max_restarts;
   d["restart_count"] = c.restart_count;
@@ -153,6 +157,14 @@ py::dict stats_dict(const ckpt::hooks::Stats& s) {
   d["state_bytes"] = s.state_bytes;
   d["staging_bytes"] = s.staging_bytes;
   d["blob_bytes"] = s.blob_bytes;
+  d["auto_interval_s"] = s.auto_interval_s;
+  d["auto_cost_s"] = s.auto_cost_s;
+  d["auto_stall_s"] = s.auto_stall_s;
+  d["auto_interference_s"] = s.auto_interference_s;
+  d["auto_persist_floor_s"] = s.auto_persist_floor_s;
+  d["auto_mtbf_s"] = s.auto_mtbf_s;
+  d["auto_checkpoints"] = s.auto_checkpoints;
+  d["auto_interval_inputs"] = s.auto_interval_inputs;
   return d;
 }
 
@@ -222,5 +234,9 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release release;
              check(self.get().close());
            }, "Waits for the last persist and commit.")
+      .def("abort", [](PyCheckpointer& self) {
+             py::gil_scoped_release release;
+             check(self.get().abort());
+           }, "Closes after a training error without waiting for other ranks (after the last words, if any).")
       .def("stats", [](PyCheckpointer& self) { return stats_dict(self.get().stats()); });
 }

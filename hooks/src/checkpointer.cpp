@@ -22,8 +22,10 @@
 #include <thread>
 
 #include "ckpt/hooks.hpp"
+#include "ckpt/interval.hpp"
 #include "coordinator.hpp"
 #include "device.hpp"
+#include "last_words_runtime.hpp"
 #include "log.hpp"
 #include "notice.hpp"
 #include "staging.hpp"
@@ -35,7 +37,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kCopyChunk = 16u << 20;  // big enough to amortize scheduling, small enough to share
-constexpr double kAutoIntervalS = 1800;        // `auto` is a later feature; until then a fixed 30 minutes
 // The persist thread runs at the lowest priority. Buffered writes cost a lot of system CPU (page-cache
 // allocation runs at first-touch speed on some VMs: ~2.6 s per GiB here); training must win a contended core.
 constexpr int kPersistNice = 19;
@@ -106,6 +107,8 @@ struct Checkpointer::Impl {
   std::unique_ptr<Coordinator> coord;
   std::unique_ptr<CopyPool> pool;
   std::unique_ptr<DeviceBackend> device;  // created at the first device region
+  UpdateTracker tracker;                  // step and mid-update, for the last words
+  std::unique_ptr<LastWords> last_words;  // armed: see last_words_runtime.hpp
   bool handlers = false;
   std::uint64_t notices_seen = 0;  // notice::count() at start: only later signals are for this checkpointer
 
@@ -127,6 +130,16 @@ struct Checkpointer::Impl {
   std::optional<std::uint64_t> time_request;  // the step rank 0 asked for by the clock, until it passes
   double interval_s = 0;
   Clock::time_point backpressure_logged;  // when the last back-pressure line went out
+  // CKPT_INTERVAL=auto, on rank 0 only (it alone decides timed checkpoints): δ is the stall plus the interference,
+  // the extra step time while a persist runs over the median step time without one.
+  std::optional<interval::AutoInterval> auto_interval;
+  std::deque<double> quiet_steps;             // recent step times with no persist in flight
+  Clock::time_point step_end = Clock::now();  // when the last after_step returned
+  double guard_s = 0;                         // before_update stalls since then: not step time
+  double interference_s = 0;                  // of the checkpoint being measured
+  std::uint64_t persists_seen = 0;            // persisted + failed when that checkpoint started
+  std::uint64_t persisted_seen = 0;           // persisted then
+  bool measuring = false;
 
   // ---- staging: the worker's while it has tasks, the training thread's after wait_idle() ----
   HostBuffer host;
@@ -331,7 +344,8 @@ struct Checkpointer::Impl {
     }
     if (config.interval.kind != Interval::Kind::Steps && rank == 0) {
       if (time_request && *time_request < step) time_request.reset();
-      if (!time_request && seconds_since(last_checkpoint_time) >= interval_s) {
+      // The persist floor: with `auto`, no snapshot is asked for while the previous persist is running.
+      if (!time_request && seconds_since(last_checkpoint_time) >= interval_s && !(auto_interval && persist_busy())) {
         time_request = step + lead();
         if (Status s = coord->request(*time_request, store::Kind::Periodic); !s) log::error(rank, s.error());
       }
@@ -345,6 +359,73 @@ struct Checkpointer::Impl {
       }
     }
     return d;
+  }
+
+  // ---- CKPT_INTERVAL=auto (rank 0, training thread) -----------------------------------------------------------
+
+  bool persist_busy() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return persists_pending > 0;
+  }
+
+  // Uses the auto interval's current choice, logs it and shows it in the stats.
+  void publish_auto_interval() {
+    const interval::AutoInterval::Inputs& in = auto_interval->inputs();
+    interval_s = in.interval_s;
+    std::string line = auto_interval->describe();
+    log::info(rank, "CKPT_INTERVAL=auto: " + line);
+    std::lock_guard<std::mutex> lock(mu);
+    stats.auto_interval_s = in.interval_s;
+    stats.auto_cost_s = in.cost_s;
+    stats.auto_stall_s = in.stall_s;
+    stats.auto_interference_s = in.interference_s;
+    stats.auto_persist_floor_s = in.persist_floor_s;
+    stats.auto_mtbf_s = in.mtbf_s;
+    stats.auto_checkpoints = in.checkpoints;
+    stats.auto_interval_inputs = std::move(line);
+  }
+
+  // Once per step: the step's time (after_step to after_step, less the guard's stall) goes to the baseline when no
+  // persist runs, and its excess over the baseline's median to the interference while one does. When the measured
+  // checkpoint's persist is done, the interval is recomputed.
+  void observe_step() {
+    constexpr std::size_t kQuietWindow = 31;
+    double dt = std::max(0.0, seconds_since(step_end) - guard_s);
+    guard_s = 0;
+    int pending = 0;
+    std::uint64_t done = 0;
+    std::uint64_t persisted = 0;
+    double stall = 0;
+    double persist_s = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      pending = persists_pending;
+      done = stats.persisted + stats.failed;
+      persisted = stats.persisted;
+      stall = stats.last_stall_s;
+      persist_s = stats.last_persist_s;
+    }
+    step_end = Clock::now();
+    bool finished = measuring && pending == 0 && done > persists_seen;
+    if (measuring && !finished) {
+      if (!quiet_steps.empty()) {
+        std::vector<double> sorted(quiet_steps.begin(), quiet_steps.end());
+        std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
+        interference_s += std::max(0.0, dt - sorted[sorted.size() / 2]);
+      }
+    } else if (pending == 0) {
+      quiet_steps.push_back(dt);
+      if (quiet_steps.size() > kQuietWindow) quiet_steps.pop_front();
+    }
+    if (!finished) return;
+    measuring = false;
+    // A failed persist measured nothing: its time is not the store's speed.
+    if (persisted <= persisted_seen) return;
+    if (Status s = auto_interval->observe_checkpoint(stall, interference_s, persist_s); !s) {
+      log::warn(rank, "CKPT_INTERVAL=auto: " + s.error());
+      return;
+    }
+    publish_auto_interval();
   }
 
   // ---- the snapshot (training thread) -------------------------------------------------------------------------
@@ -448,11 +529,18 @@ struct Checkpointer::Impl {
       }
     }
     last_checkpoint_time = t0;
+    if (auto_interval) {
+      measuring = true;
+      interference_s = 0;
+      step_end = Clock::now();  // the snapshot's stall is δ's stall part, not step time
+    }
     double stall = seconds_since(t0);
     {
       std::lock_guard<std::mutex> lock(mu);
       ++stats.snapshots;
       stats.last_snapshot_step = step;
+      persists_seen = stats.persisted + stats.failed;
+      persisted_seen = stats.persisted;
       stats.last_stall_s = stall;
       stats.total_stall_s += stall;
       if (waited_for_persist) {
@@ -468,23 +556,21 @@ struct Checkpointer::Impl {
 
   // ---- the persist (worker) -----------------------------------------------------------------------------------
 
+  // The state keys this rank's record covers (store::state_keys_of_rank): every key is covered exactly once per
+  // checkpoint, so a terminal one passes decide_commit. Replicas hold copies of the model and optimizer slices;
+  // the replica dp 0 claims them. A ZeRO-1 optimizer shard lives on one rank only and is always claimed.
+  // (Last words write their own covers: the keys each survivor was elected for.)
   std::vector<std::string> covers() const {
-    // Every data-parallel rank holds a full replica; the replica of dp rank 0 claims it, so a terminal checkpoint
-    // has each state key covered exactly once.
-    store::Layout layout{config.world_size, 1, 1, false};
-    store::RankCoord me{rank, rank, 0, 0};
-    if (me.dp != 0) return {};
-    return store::state_keys_of_rank(layout, me);
+    std::vector<std::string> keys = store::state_keys_of_rank(config.layout, config.coord);
+    if (config.coord.dp == 0) return keys;
+    keys.erase(std::remove_if(keys.begin(), keys.end(),
+                              [](const std::string& k) { return k.find("/dp") == std::string::npos; }),
+               keys.end());
+    return keys;
   }
 
   store::Manifest manifest(const PersistJob& job) const {
-    store::Manifest m;
-    m.step = job.step;
-    m.kind = job.kind;
-    m.world_size = config.world_size;
-    m.layout = store::Layout{config.world_size, 1, 1, false};
-    for (int r = 0; r < config.world_size; ++r) m.ranks.push_back({r, r, 0, 0});
-    return m;
+    return last_words_manifest(config, job.step, job.kind);
   }
 
   Status write_shard(const PersistJob& job) {
@@ -497,6 +583,27 @@ struct Checkpointer::Impl {
     writer->add_covers(covers());
     auto record = writer->finish();
     if (!record) return Status::failure(record.error());
+    return Status::success();
+  }
+
+  // The last-words thread, training frozen outside an update: this rank's live state, consistent at `step`, as a
+  // terminal shard covering `keys`.
+  Status write_terminal(std::uint64_t step, const std::vector<std::string>& keys) {
+    auto writer = store::ShardWriter::open(config.dir, step, rank, observer);
+    if (!writer) return Status::failure(writer.error());
+    for (std::size_t i = 0; i < regions.size(); ++i) {
+      const RegionSpec& r = regions[i];
+      if (r.memory != Memory::Host) return Status::failure("region '" + r.name + "' is device memory");
+      if (Status s = writer->append(r.name, r.data, r.size, region_meta[i]); !s) return s;
+    }
+    for (const Blob& b : blobs) {
+      if (Status s = writer->append(b.name, b.bytes.data(), b.bytes.size(), b.meta); !s) return s;
+    }
+    writer->add_covers(keys);
+    auto record = writer->finish();
+    if (!record) return Status::failure(record.error());
+    log::info(rank, "last words: wrote the terminal shard of step " + std::to_string(step) + " (" +
+                        std::to_string(keys.size()) + " state keys)");
     return Status::success();
   }
 
@@ -593,6 +700,13 @@ struct Checkpointer::Impl {
     for (const store::ShardRecord& r : m->shards) {
       if (r.rank == source) record = &r;
     }
+    if (record == nullptr && m->kind == store::Kind::Terminal && m->world_size == config.world_size) {
+      // Last words: only survivors wrote, each state key once; this rank loads the shard that covers its keys.
+      if (Status s = terminal_source(*m, record); !s) {
+        definite = true;
+        return Status::failure(at + s.error());
+      }
+    }
     if (record == nullptr) {
       definite = true;
       return Status::failure(at + "no shard for rank " + std::to_string(source));
@@ -628,6 +742,32 @@ struct Checkpointer::Impl {
         return Status::failure(at + "region '" + s.name + "' lies outside its shard");
       }
       restored.push_back({s.name, s.meta.dump(), host.data() + s.offset, static_cast<std::size_t>(s.length)});
+    }
+    return Status::success();
+  }
+
+  // The shard of a terminal checkpoint that covers every state key of this rank (a rank of the same layout).
+  Status terminal_source(const store::Manifest& m, const store::ShardRecord*& record) const {
+    const store::Layout& l = m.layout;
+    if (l.dp != config.layout.dp || l.tp != config.layout.tp || l.pp != config.layout.pp || l.zero1 != config.layout.zero1) {
+      return Status::failure("a terminal checkpoint of another layout (dp " + std::to_string(l.dp) + ", tp " +
+                             std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + ")");
+    }
+    std::vector<std::string> keys = store::state_keys_of_rank(config.layout, config.coord);
+    record = nullptr;
+    for (const store::ShardRecord& r : m.shards) {
+      if (std::find(r.covers.begin(), r.covers.end(), keys.front()) != r.covers.end()) record = &r;
+    }
+    if (record == nullptr) return Status::failure("no shard covers " + keys.front());
+    for (const std::string& key : keys) {
+      if (std::find(record->covers.begin(), record->covers.end(), key) == record->covers.end()) {
+        return Status::failure(key + " lies in another shard than " + keys.front() +
+                               " (restoring one rank from two shards is not supported yet)");
+      }
+    }
+    if (record->rank != rank) {
+      log::info(rank, "terminal checkpoint of step " + std::to_string(m.step) + ": loading the shard of rank " +
+                          std::to_string(record->rank) + " (it covers " + keys.front() + ")");
     }
     return Status::success();
   }
@@ -722,6 +862,19 @@ struct Checkpointer::Impl {
     if (closed) return close_status;
     closed = true;
     if (!enabled) return close_status;
+    if (last_words) {
+      // A training error on an armed job is most likely a dead peer (gloo resets within ~50 ms, the mesh needs up
+      // to its silence limit): wait for the last words before this rank goes, or peers would count it dead too.
+      if (!wait_for_peers || last_words->triggered()) {
+        wait_for_peers = false;
+        if (last_words->wait_triggered(std::chrono::milliseconds(2000))) {
+          (void)last_words->wait_done(std::chrono::milliseconds(10000));
+        }
+      } else {
+        last_words->leave();
+      }
+      last_words.reset();
+    }
     if (!wait_for_peers) coord->cancel();
     guard();
     wait_idle();
@@ -772,8 +925,14 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
       case Interval::Kind::Seconds: impl->interval_s = static_cast<double>(config->interval.value); break;
       case Interval::Kind::Steps: break;
       case Interval::Kind::Auto:
-        impl->interval_s = kAutoIntervalS;
-        if (config->rank == 0) log::info(0, "CKPT_INTERVAL=auto is not implemented yet; using a fixed 30m interval");
+        impl->interval_s = interval::AutoInterval().interval_s();
+        if (config->rank == 0) {
+          impl->auto_interval.emplace();
+          if (Status s = impl->auto_interval->set_mtbf(static_cast<double>(config->mtbf_s)); !s) {
+            return Error{"ckpt: CKPT_MTBF: " + s.error()};
+          }
+          impl->publish_auto_interval();
+        }
         break;
     }
     impl->pool = std::make_unique<CopyPool>(config->copy_threads);
@@ -783,6 +942,18 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
       impl->notices_seen = notice::count();
     }
     impl->worker = std::thread([p = impl.get()] { p->worker_loop(); });
+    if (last_words_armed(*config)) {
+      Impl* p = impl.get();
+      auto lw = LastWords::start(
+          *config, join(join(config->dir, ".control"), config->run_id + "-mesh"), impl->tracker,
+          [p](std::uint64_t step, const std::vector<std::string>& keys) { return p->write_terminal(step, keys); },
+          [p] { return std::none_of(p->regions.begin(), p->regions.end(), [](const RegionSpec& r) { return r.memory == Memory::Device; }); });
+      if (!lw) {
+        impl->close(false);
+        return Error{lw.error()};
+      }
+      impl->last_words = std::move(lw).value();
+    }
     if (config->rank == 0) {
       log::debug(0, "checkpoints in " + config->dir + " every " + format_interval(config->interval) + ", " +
                         std::to_string(config->world_size) + " ranks (" + config->rank_source + "), coordinator " +
@@ -862,7 +1033,9 @@ Result<std::uint64_t> Checkpointer::restore(bool copy_into_regions) {
   if (!impl_->enabled) return std::uint64_t{0};
   if (impl_->closed) return Error{"ckpt: restore() after close()"};
   try {
-    return impl_->restore(copy_into_regions);
+    auto step = impl_->restore(copy_into_regions);
+    if (step) impl_->tracker.finish_step(*step);
+    return step;
   } catch (const std::exception& e) {
     return Error{std::string("ckpt: restore failed: ") + e.what()};
   }
@@ -872,10 +1045,15 @@ const std::vector<RestoredRegion>& Checkpointer::restored() const { return impl_
 
 Status Checkpointer::before_update() {
   Impl& m = *impl_;
+  if (m.last_words && !m.tracker.enter_update()) {
+    (void)m.last_words->wait_done(std::chrono::milliseconds(10000));
+    return Status::failure("ckpt: training is stopped: " + m.last_words->outcome().summary);
+  }
   if (!m.snapshot_active && !m.device_guard_pending) return Status::success();
   double waited = m.guard();
   std::lock_guard<std::mutex> lock(m.mu);
   m.stats.last_stall_s += waited;
+  m.guard_s += waited;
   m.stats.total_stall_s += waited;
   return Status::success();
 }
@@ -900,7 +1078,9 @@ Result<bool> Checkpointer::after_step(std::uint64_t step) {
   if (!m.enabled) return false;
   auto d = poll(step);
   if (!d) return Error{d.error()};
+  m.tracker.finish_step(step);
   m.cached.reset();
+  if (m.auto_interval) m.observe_step();
   m.last_step = step;
   if (m.stopped) return true;
   if (d->snapshot) m.snapshot(step, d->kind);
@@ -923,6 +1103,8 @@ Status Checkpointer::save(std::uint64_t step, store::Kind kind) {
 }
 
 Status Checkpointer::close() { return impl_->close(true); }
+
+Status Checkpointer::abort() { return impl_->close(false); }
 
 Stats Checkpointer::stats() const { return impl_->stats_copy(); }
 

@@ -1,6 +1,7 @@
 // Settings: the CKPT_* environment the SPANK plugin exports, the launchers' rank variables, and code overrides.
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <thread>
 
 #include "ckpt/hooks.hpp"
@@ -40,6 +41,8 @@ const std::vector<KeySpec>& key_specs() {
       {{"signals", "CKPT_SIGNALS", "on or off"}, {"CKPT_SIGNALS"}},
       {{"run_id", "CKPT_RUN_ID", "letters, digits, '.', '_' or '-'"}, {"CKPT_RUN_ID"}},
       {{"log", "CKPT_LOG", "error, warn, info or debug"}, {"CKPT_LOG"}},
+      {{"layout", "CKPT_LAYOUT", "dp=<n>,tp=<n>,pp=<n>[,zero1=on|off] with dp*tp*pp = world_size"}, {"CKPT_LAYOUT"}},
+      {{"coord", "CKPT_COORD", "dp=<i>,tp=<i>,pp=<i> inside the layout"}, {"CKPT_COORD"}},
   };
   return specs;
 }
@@ -208,6 +211,95 @@ std::optional<Error> resolve_ranks(const Lookup& lookup, Config& config) {
   return std::nullopt;
 }
 
+// "dp=2,tp=2,pp=1,zero1=off" into name -> value; every name must be one of `allowed`, given once.
+Result<std::map<std::string, std::string>> parse_pairs(std::string_view text, const std::vector<std::string>& allowed) {
+  std::map<std::string, std::string> out;
+  if (text.empty()) return Error{"empty"};
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t comma = text.find(',', pos);
+    std::string_view item = text.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+    std::size_t eq = item.find('=');
+    if (eq == std::string_view::npos || eq == 0) return Error{"'" + std::string(item) + "' is not name=value"};
+    std::string name(item.substr(0, eq));
+    if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) return Error{"unknown name '" + name + "'"};
+    if (!out.emplace(name, std::string(item.substr(eq + 1))).second) return Error{"'" + name + "' given twice"};
+    if (comma == std::string_view::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+Result<int> parse_size_or_index(const std::map<std::string, std::string>& pairs, const std::string& name, int fallback,
+                                bool positive) {
+  auto it = pairs.find(name);
+  if (it == pairs.end()) return fallback;
+  auto n = parse_int_below(it->second, 1u << 24);
+  if (!n) return Error{name + ": " + n.error()};
+  if (positive && *n < 1) return Error{name + ": must be at least 1"};
+  return *n;
+}
+
+Result<store::Layout> parse_layout(std::string_view text) {
+  auto pairs = parse_pairs(text, {"dp", "tp", "pp", "zero1"});
+  if (!pairs) return Error{pairs.error()};
+  store::Layout l;
+  for (auto [name, out] : {std::pair{"dp", &l.dp}, std::pair{"tp", &l.tp}, std::pair{"pp", &l.pp}}) {
+    auto n = parse_size_or_index(*pairs, name, 1, true);
+    if (!n) return Error{n.error()};
+    *out = *n;
+  }
+  if (auto it = pairs->find("zero1"); it != pairs->end()) {
+    auto z = parse_on_off(it->second);
+    if (!z) return Error{"zero1: " + z.error()};
+    l.zero1 = *z;
+  }
+  if (static_cast<std::uint64_t>(l.dp) * static_cast<std::uint64_t>(l.tp) * static_cast<std::uint64_t>(l.pp) >
+      (1u << 24)) {
+    return Error{"too large"};
+  }
+  return l;
+}
+
+Result<store::RankCoord> parse_coord(std::string_view text) {
+  auto pairs = parse_pairs(text, {"dp", "tp", "pp"});
+  if (!pairs) return Error{pairs.error()};
+  store::RankCoord c;
+  for (auto [name, out] : {std::pair{"dp", &c.dp}, std::pair{"tp", &c.tp}, std::pair{"pp", &c.pp}}) {
+    auto n = parse_size_or_index(*pairs, name, 0, false);
+    if (!n) return Error{n.error()};
+    *out = *n;
+  }
+  return c;
+}
+
+// The layout and this rank's place in it. Without a layout: pure data parallelism (dp = world_size), declared
+// false. Without a coordinate: tp varies fastest, then dp, then pp (rank = (pp * dp + d) * tp + t).
+std::optional<Error> resolve_layout(const Lookup& lookup, Config& c) {
+  if (auto s = lookup.get("layout")) {
+    auto l = parse_layout(s->value);
+    if (!l) return bad(*s, "layout", l.error());
+    if (l->world_size() != c.world_size) {
+      return bad(*s, "layout", "dp*tp*pp is " + std::to_string(l->world_size()) + ", world_size is " +
+                                    std::to_string(c.world_size));
+    }
+    c.layout = *l;
+    c.layout_declared = true;
+  } else {
+    c.layout = store::Layout{c.world_size, 1, 1, false};
+  }
+  const store::Layout& l = c.layout;
+  c.coord = {c.rank, (c.rank / l.tp) % l.dp, c.rank % l.tp, c.rank / (l.tp * l.dp)};
+  if (auto s = lookup.get("coord")) {
+    if (!c.layout_declared) return bad(*s, "coord", "needs a layout");
+    auto coord = parse_coord(s->value);
+    if (!coord) return bad(*s, "coord", coord.error());
+    if (coord->dp >= l.dp || coord->tp >= l.tp || coord->pp >= l.pp) return bad(*s, "coord", "outside the layout");
+    c.coord = {c.rank, coord->dp, coord->tp, coord->pp};
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 const std::vector<OptionKey>& option_keys() {
@@ -277,6 +369,7 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   if (auto e = read(lookup, "log", c.log_level, parse_log_level)) return *e;
   if (auto e = read(lookup, "run_id", c.run_id, parse_run_id)) return *e;
   if (c.run_id.empty()) c.run_id = derive_run_id(lookup, c);
+  if (auto e = resolve_layout(lookup, c)) return *e;
   return c;
 }
 

@@ -1,5 +1,6 @@
 // The control dir, and the single-process and file-based coordinators.
 #include "coordinator.hpp"
+#include "last_words_runtime.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -249,6 +250,10 @@ Result<std::unique_ptr<Coordinator>> make_coordinator(const Config& config) {
     const char* pmix_rank = std::getenv("PMIX_RANK");
     if (config.world_size == 1) {
       kind = CoordinatorKind::Single;
+    } else if (last_words_armed(config)) {
+      // Last words: survivors must outlive a dead peer, and Slurm's PMIx server SIGKILLs the whole step when a
+      // PMIx-connected rank dies. The file coordinator keeps no PMIx connection, so nothing ties them together.
+      kind = CoordinatorKind::File;
     } else if (pmix_rank != nullptr && config.rank_source == "slurm" && have_pmix()) {
       kind = CoordinatorKind::Pmix;
     } else {

@@ -178,6 +178,9 @@ class ShardWriter {
   void add_covers(const std::vector<std::string>& keys);
   // Makes the shard and its record durable; returns the record.
   Result<ShardRecord> finish();
+  // Whether the shard is written with O_DIRECT (through an aligned bounce buffer); false where the file system
+  // refuses it, and after a direct write was refused and the rest went buffered.
+  bool direct() const;
 
  private:
   ShardWriter() = default;

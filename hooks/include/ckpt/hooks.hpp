@@ -63,7 +63,7 @@ enum class LogLevel { Error, Warn, Info, Debug };
 // The resolved settings of one rank.
 struct Config {
   std::string dir;                         // absolute checkpoint root; empty: checkpointing is off
-  Interval interval;                       // CKPT_INTERVAL; Auto runs as a fixed 30 minutes for now
+  Interval interval;                       // CKPT_INTERVAL; Auto: rank 0 measures and picks (AutoInterval)
   std::uint64_t keep = BuiltinDefaults::keep;
   bool last_words = BuiltinDefaults::last_words;
   std::uint64_t mtbf_s = BuiltinDefaults::mtbf_s;
@@ -85,6 +85,11 @@ struct Config {
   bool signals = true;                     // SIGTERM, SIGUSR1 and SIGUSR2 ask for a terminal checkpoint
   std::string run_id;                      // names this run's control files; derived from job ids when unset
   LogLevel log_level = LogLevel::Info;
+  // The parallel layout (CKPT_LAYOUT / layout=) and this rank's coordinates in it (CKPT_COORD / coord=). Without
+  // a declaration: pure data parallelism, dp = world_size. Shard records cover state_keys_of_rank(layout, coord).
+  store::Layout layout;
+  store::RankCoord coord;
+  bool layout_declared = false;            // the job declared its layout: last words can judge completeness
 };
 
 // Resolves overrides over the environment. Ranks: an override, else RANK/WORLD_SIZE/LOCAL_RANK (torchrun), else
@@ -151,6 +156,16 @@ struct Stats {
   std::uint64_t state_bytes = 0;          // bytes of the registered regions
   std::uint64_t staging_bytes = 0;        // bytes of staging memory held (host and pinned)
   std::uint64_t blob_bytes = 0;           // bytes of small blobs held
+  // CKPT_INTERVAL=auto, on rank 0 (the rank that decides timed checkpoints); zero elsewhere. Recomputed after
+  // each checkpoint's persist (see ckpt::interval::AutoInterval).
+  double auto_interval_s = 0;             // the interval in use
+  double auto_cost_s = 0;                 // δ: median of stall + interference
+  double auto_stall_s = 0;                // median stall
+  double auto_interference_s = 0;         // median extra step time while a persist runs
+  double auto_persist_floor_s = 0;        // slowest recent persist: the interval is never shorter
+  double auto_mtbf_s = 0;                 // M (CKPT_MTBF)
+  std::uint64_t auto_checkpoints = 0;     // checkpoints measured
+  std::string auto_interval_inputs;       // the log line: interval, source and every input
 };
 
 // ---- the checkpointer -------------------------------------------------------------------------------------------
@@ -198,6 +213,10 @@ class Checkpointer {
   Status save(std::uint64_t step, store::Kind kind = store::Kind::Periodic);
   // Waits for the last persist and commit and stops the threads. Idempotent; returns the first persist error.
   Status close();
+  // Closes after a training error (a collective failed): does not wait for other ranks. With last words armed it
+  // first waits (up to 2 s) for a failure to be detected and then for the last words to finish, so that this
+  // rank's departure is not taken for another failure. Idempotent with close().
+  Status abort();
 
   Stats stats() const;
 

@@ -79,6 +79,13 @@ def _set_rng_state(state):
         numpy.random.set_state(state["numpy"])
 
 
+def _pairs(value):
+    """layout=dict(dp=2, tp=2, pp=1, zero1=False) as "dp=2,tp=2,pp=1,zero1=off"; a string passes through."""
+    if isinstance(value, str):
+        return value
+    return ",".join(f"{k}={('on' if v else 'off') if isinstance(v, bool) else int(v)}" for k, v in value.items())
+
+
 def _has_state_dict(obj):
     return hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
 
@@ -91,7 +98,12 @@ class Checkpointer:
     override their CKPT_* variables too; see slurm_ckpt.option_keys().
     """
 
-    def __init__(self, model, optimizer=None, extra=None, dir=None, interval=None, **settings):
+    def __init__(self, model, optimizer=None, extra=None, dir=None, interval=None, layout=None, coord=None,
+                 **settings):
+        if layout is not None:
+            settings["layout"] = _pairs(layout)
+        if coord is not None:
+            settings["coord"] = _pairs(coord)
         if dir is not None:
             settings["dir"] = str(dir)
         if interval is not None:
@@ -102,6 +114,11 @@ class Checkpointer:
         self.extra = extra
         self._signature = None
         self._first_step = True
+        # Last words write the live state of a step from another thread: the extras (optimizer metadata, RNG
+        # states, `extra`) must then be current at every step, not only at checkpoint steps.
+        config = self._native.config if self._native.enabled else {}
+        self._extras_every_step = bool(config.get("last_words") and config.get("layout_declared")
+                                       and self._native.world_size > 1)
         if self._native.enabled:
             self._register()  # the model's staging is allocated and faulted in now, in the background
 
@@ -242,7 +259,7 @@ class Checkpointer:
         if self._first_step or snapshot:
             self._first_step = False
             self._register()  # the optimizer's state exists after its first step: staging grows in the background
-        if snapshot:
+        if snapshot or self._extras_every_step:
             self._put_extras(step)
         return n.after_step(step)
 
@@ -257,6 +274,11 @@ class Checkpointer:
     def close(self):
         """Waits for the last persist and commit; raises if a persist failed."""
         self._native.close()
+
+    def abort(self):
+        """After a training error (a collective failed because a peer died): closes without waiting for other
+        ranks. With last words on, it first lets this rank take part in the survivors' terminal checkpoint."""
+        self._native.abort()
 
     def __enter__(self):
         return self

@@ -1,0 +1,117 @@
+#pragma once
+// Last words at run time: when a rank or node dies (or Slurm sends SIGTERM), the survivors agree within a few
+// seconds on a terminal checkpoint and write it, or write nothing when they cannot hold a complete copy.
+//
+//  1. Detection: the heartbeat mesh (heartbeat.hpp) declares a peer dead on a reset/EOF or 1.5 s of silence; a
+//     notice signal or a peer's report triggers too.
+//  2. Freeze: the training thread may not start another update (UpdateTracker); each rank's report is its step and
+//     whether it was caught between before_update and after_step (its state is then inconsistent).
+//  3. Agreement: reports go to every survivor over the mesh; each runs ckpt::last_words::plan on what it heard.
+//  4. Writes: the elected writers write their live state (consistent at the step when not mid-update) as a shard
+//     covering the keys they were elected for; the lowest writer commits through ckpt::store::commit, which
+//     commits only when decide_commit(Kind::Terminal) finds every state key covered exactly once.
+//
+// Armed when CKPT_LAST_WORDS is on, the job declared its layout and has more than one rank. Such a job uses the
+// file coordinator, not PMIx: Slurm's PMIx server SIGKILLs the whole step when a PMIx-connected rank dies.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ckpt/hooks.hpp"
+#include "ckpt/last_words.hpp"
+
+namespace ckpt::hooks {
+
+// Whether last words run for this configuration.
+bool last_words_armed(const Config& config);
+
+// The manifest of a checkpoint of `step` (shards are filled in by store::commit). Other ranks' coordinates follow
+// the default order (tp fastest, then dp, then pp); a restore maps keys to shards through `covers`, not these.
+store::Manifest last_words_manifest(const Config& config, std::uint64_t step, store::Kind kind);
+
+// "dp1/tp0/pp2" packed into 64 bits for the mesh's hello, and back.
+std::uint64_t pack_coord(const store::RankCoord& coord);
+store::RankCoord unpack_coord(int rank, std::uint64_t packed);
+
+// Where the training thread stands: its step and whether it is inside an update. Thread-safe.
+class UpdateTracker {
+ public:
+  struct Progress {
+    std::uint64_t step = 0;
+    bool mid_update = false;
+  };
+  // Training thread, before an update: false once frozen (the update must not start).
+  bool enter_update();
+  // Training thread, after the update of `step` (and at restore, with the resume step).
+  void finish_step(std::uint64_t step);
+  // Any thread: no update starts after this; returns where training stands.
+  Progress freeze();
+  Progress progress() const;
+  bool frozen() const;
+
+ private:
+  mutable std::mutex mu_;
+  Progress progress_;
+  bool frozen_ = false;
+};
+
+// What the last words did on this rank.
+struct LastWordsOutcome {
+  bool triggered = false;
+  bool done = false;
+  bool wrote = false;       // this rank wrote a terminal shard
+  bool committed = false;   // this rank committed the terminal checkpoint
+  std::uint64_t step = 0;
+  std::string summary;      // the plan's one-line decision
+  double detect_unix = 0;   // when the failure was caught here, unix seconds
+  double commit_s = 0;      // from detection to the commit (the committer only)
+};
+
+class LastWords {
+ public:
+  // Writes this rank's live state as a terminal shard of `step` covering `keys`; called on the last-words thread
+  // while the training thread is frozen.
+  using WriteShard = std::function<Status(std::uint64_t step, const std::vector<std::string>& keys)>;
+  // True when this rank's state can be written by WriteShard (e.g. no device regions).
+  using CanWrite = std::function<bool()>;
+
+  struct Timing {
+    std::chrono::milliseconds period{100};        // heartbeat period
+    std::chrono::milliseconds dead_after{1500};   // silence that declares a peer dead
+    std::chrono::milliseconds deadline{4500};     // detection to commit, under KillWait (5 s in the test cluster)
+    std::chrono::milliseconds connect_timeout{120000};
+  };
+
+  // Joins the mesh (blocks until every rank joined); `rendezvous_dir` is shared by every rank of this run.
+  static Result<std::unique_ptr<LastWords>> start(const Config& config, const std::string& rendezvous_dir,
+                                                  UpdateTracker& tracker, WriteShard write, CanWrite can_write,
+                                                  Timing timing);
+  static Result<std::unique_ptr<LastWords>> start(const Config& config, const std::string& rendezvous_dir,
+                                                  UpdateTracker& tracker, WriteShard write, CanWrite can_write);
+  ~LastWords();
+  LastWords(const LastWords&) = delete;
+  LastWords& operator=(const LastWords&) = delete;
+
+  // Starts the last words now (tests; a rank whose training failed).
+  void trigger(const std::string& why);
+  bool triggered() const;
+  // Waits until triggered, at most `timeout`; true when triggered.
+  bool wait_triggered(std::chrono::milliseconds timeout) const;
+  // Waits until the last words are done (written, committed or given up), at most `timeout`.
+  bool wait_done(std::chrono::milliseconds timeout) const;
+  LastWordsOutcome outcome() const;
+  // An orderly end of training: peers will not take this rank's departure for a failure.
+  void leave();
+
+ private:
+  struct Impl;
+  explicit LastWords(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt::hooks

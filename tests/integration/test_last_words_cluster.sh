@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Last words on the real local cluster: slurm-examples/train_dp_tp.py (DP2 x TP2 over gloo, bitwise resumable)
+# on 4 nodes with `srun -N4 -n4 --ckpt-last-words=on`.
+#  1. A node crashes (SIGKILL) at a random step, with no periodic checkpoint to fall back on (interval 1000
+#     steps): the survivors detect it over their heartbeat mesh, agree, and commit a terminal checkpoint of the
+#     step they were on; a rerun resumes from it and ends bitwise identical to an uninterrupted run. Prints the
+#     detection latency and the time from the crash to the committed checkpoint.
+#  2. Two nodes holding both replicas of one tensor slice freeze (SIGSTOP: the silent case, seen only through
+#     missed heartbeats): the survivors cannot hold a complete copy and write nothing; the rerun resumes from the
+#     last periodic checkpoint, still bitwise identical.
+source "$(dirname "$0")/lib.sh"
+PY=${CKPT_PYTHON:-/usr/bin/python3}
+export PYTHONPATH=$CKPT_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}
+"$PY" -c 'import torch, slurm_ckpt.torch' || fail "needs python3-torch and a built slurm_ckpt"
+STEPS=60
+tag=$RANDOM$RANDOM
+crashed_nodes=()
+revive_all() {
+  for n in "${crashed_nodes[@]}"; do "$CLUSTER" revive-node "$n" >/dev/null 2>&1 || true; done
+  crashed_nodes=()
+}
+trap revive_all EXIT
+
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+latest_step() { [ -f "$1/latest" ] && sed 's/^0*//; s/^$/0/' "$1/latest" || echo 0; }
+logged_step() { [ -f "$1" ] && sed -n 's/^train_dp_tp: step \([0-9]*\) .*/\1/p' "$1" | tail -1 || true; }
+now() { date +%s.%N; }
+
+# train NAME INTERVAL [train_dp_tp args...]: one 4-node job writing into $SCRATCH/NAME.
+train() {
+  local name=$1 interval=$2
+  shift 2
+  mkdir -p "$SCRATCH/$name"
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) \
+    srun -N4 -n4 -J "lw-$name-$tag" --ckpt-interval="$interval" --ckpt-last-words=on \
+    --ckpt-dir="$SCRATCH/$name/ckpt" \
+    "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_dp_tp.py" --steps $STEPS --out "$SCRATCH/$name/final" "$@"
+}
+
+same_weights() {
+  cmp -s "$SCRATCH/straight/final.tp0" "$SCRATCH/$1/final.tp0" && cmp -s "$SCRATCH/straight/final.tp1" "$SCRATCH/$1/final.tp1"
+}
+
+train straight 1000steps > "$SCRATCH/straight.log" 2>&1 || { cat "$SCRATCH/straight.log" >&2; fail "the uninterrupted run failed"; }
+[ -s "$SCRATCH/straight/final.tp0" ] && [ -s "$SCRATCH/straight/final.tp1" ] || fail "the uninterrupted run wrote no weights"
+grep -q "last words armed" "$SCRATCH/straight.log" || fail "last words were not armed"
+pass "uninterrupted DP2xTP2 run on 4 nodes"
+
+# ---- 1. one node crashes: a terminal checkpoint from the survivors ----
+at=$((15 + RANDOM % 20))
+train one 1000steps --step-sleep 0.2 > "$SCRATCH/one.log" 2>&1 &
+srun_pid=$!
+for _ in $(seq 900); do
+  s=$(logged_step "$SCRATCH/one.log")
+  [ -n "$s" ] && [ "$s" -ge "$at" ] && break
+  kill -0 "$srun_pid" 2>/dev/null || { cat "$SCRATCH/one.log" >&2; fail "the run ended before step $at"; }
+  sleep 0.05
+done
+crash_t=$(now)
+"$CLUSTER" crash-node n4
+crashed_nodes+=(n4)
+seen=$(logged_step "$SCRATCH/one.log")
+for _ in $(seq 200); do [ -f "$SCRATCH/one/ckpt/latest" ] && break; sleep 0.05; done
+committed_t=$(now)
+[ -f "$SCRATCH/one/ckpt/latest" ] || { cat "$SCRATCH/one.log" >&2; fail "no terminal checkpoint 10 s after n4 crashed"; }
+for _ in $(seq 600); do kill -0 "$srun_pid" 2>/dev/null || break; sleep 0.2; done
+kill -0 "$srun_pid" 2>/dev/null && { kill "$srun_pid"; fail "srun still runs 2 minutes after n4 crashed"; }
+wait "$srun_pid" && fail "the crashed run exited 0"
+revive_all
+term=$(latest_step "$SCRATCH/one/ckpt")
+grep -q '"kind": *"terminal"' "$SCRATCH/one/ckpt/$(cat "$SCRATCH/one/ckpt/latest")/MANIFEST.json" ||
+  fail "the checkpoint of step $term is not terminal"
+[ "$term" -ge $((seen - 1)) ] && [ "$term" -le $((seen + 1)) ] ||
+  fail "terminal checkpoint at step $term; the run was at step $seen when n4 crashed"
+detected=$(sed -n 's/.*last words: rank 3 is dead (.*), detected at unix \([0-9.]*\).*/\1/p' "$SCRATCH/one.log" | sort -n | head -1)
+took=$(sed -n 's/.*committed the terminal checkpoint of step [0-9]*, \([0-9.]*\) s after.*/\1/p' "$SCRATCH/one.log")
+[ -n "$detected" ] && [ -n "$took" ] || { cat "$SCRATCH/one.log" >&2; fail "no detection or commit line in the log"; }
+detect_ms=$(awk -v a="$crash_t" -v b="$detected" 'BEGIN { printf "%.0f", (b - a) * 1000 }')
+total_ms=$(awk -v a="$crash_t" -v b="$detected" -v t="$took" 'BEGIN { printf "%.0f", (b - a + t) * 1000 }')
+echo "last words: crash of n4 at step ~$seen: detected after $detect_ms ms, terminal checkpoint of step $term committed $total_ms ms after the crash (poll saw it after $(awk -v a="$crash_t" -v b="$committed_t" 'BEGIN { printf "%.0f", (b - a) * 1000 }') ms)"
+grep "last words:" "$SCRATCH/one.log" | sed 's/^/  /' | head -20
+pass "n4 crashed at step ~$seen: terminal checkpoint of step $term from the survivors"
+
+train one 1000steps > "$SCRATCH/one-rerun.log" 2>&1 || { cat "$SCRATCH/one-rerun.log" >&2; fail "the rerun failed"; }
+grep -q "resumed from step $term" "$SCRATCH/one-rerun.log" || { cat "$SCRATCH/one-rerun.log" >&2; fail "the rerun did not resume from step $term"; }
+same_weights one || fail "final weights differ after resuming from the terminal checkpoint of step $term"
+pass "resumed from the terminal checkpoint of step $term; final weights bitwise identical"
+
+# ---- 2. both replicas of slice tp1 crash: nothing is written, the periodic checkpoint serves ----
+train two 10steps --step-sleep 0.2 > "$SCRATCH/two.log" 2>&1 &
+srun_pid=$!
+at=$((25 + RANDOM % 10))
+for _ in $(seq 900); do
+  s=$(logged_step "$SCRATCH/two.log")
+  [ -n "$s" ] && [ "$s" -ge "$at" ] && break
+  kill -0 "$srun_pid" 2>/dev/null || { cat "$SCRATCH/two.log" >&2; fail "the run ended before step $at"; }
+  sleep 0.05
+done
+# Frozen, not killed: a killed node's sockets reset at once and the survivors would (rightly) save before the
+# second node goes; frozen nodes fall silent together and only the heartbeat timeout can tell.
+"$CLUSTER" freeze-node n2 &
+f1=$!
+"$CLUSTER" freeze-node n4 &
+f2=$!
+wait "$f1" "$f2"
+crashed_nodes+=(n2 n4)
+for _ in $(seq 600); do kill -0 "$srun_pid" 2>/dev/null || break; sleep 0.2; done
+kill -0 "$srun_pid" 2>/dev/null && { kill "$srun_pid"; fail "srun still runs 2 minutes after the freeze"; }
+wait "$srun_pid" && fail "the frozen run exited 0"
+revive_all
+sleep 2
+periodic=$(latest_step "$SCRATCH/two/ckpt")
+[ "$periodic" -gt 0 ] || fail "no periodic checkpoint before the freeze"
+assert_contains "$SCRATCH/two.log" "last words: not writing a terminal checkpoint"
+grep "last words:" "$SCRATCH/two.log" | grep -v "rank [123]:" | sed 's/^/  /' | head -12
+grep -q '"kind": *"periodic"' "$SCRATCH/two/ckpt/$(cat "$SCRATCH/two/ckpt/latest")/MANIFEST.json" ||
+  fail "the latest checkpoint is not periodic"
+pass "n2 and n4 (both replicas of tp1) froze: no terminal checkpoint; periodic step $periodic stands"
+
+train two 10steps > "$SCRATCH/two-rerun.log" 2>&1 || { cat "$SCRATCH/two-rerun.log" >&2; fail "the rerun failed"; }
+grep -q "resumed from step $periodic" "$SCRATCH/two-rerun.log" || { cat "$SCRATCH/two-rerun.log" >&2; fail "the rerun did not resume from step $periodic"; }
+same_weights two || fail "final weights differ after resuming from the periodic checkpoint of step $periodic"
+pass "resumed from the periodic checkpoint of step $periodic; final weights bitwise identical"
+finish

@@ -1,0 +1,358 @@
+// Last words at run time: the layout settings, the update tracker, the heartbeat mesh (reset and silence), and
+// whole checkpointers as rank threads where one rank goes away and the survivors write a terminal checkpoint (or,
+// when a stage is lost, nothing), then a new run restores from it.
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "heartbeat.hpp"
+#include "hooks_test_util.hpp"
+#include "last_words_runtime.hpp"
+
+using namespace ckpt;
+using namespace ckpt::hooks;
+using namespace ckpt::hooks::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// One rank's state: 64 doubles, every one equal to 1000 * (tp + 1) + 100 * pp + step (the same on every replica).
+double value_of(const store::RankCoord& c, std::uint64_t step) {
+  return 1000.0 * (c.tp + 1) + 100.0 * c.pp + static_cast<double>(step);
+}
+
+struct Rank {
+  std::unique_ptr<Checkpointer> cp;
+  std::vector<double> state = std::vector<double>(64, 0.0);
+};
+
+// Creates the checkpointers of `mine` (all ranks when empty) at once, with the given layout; the mesh needs every
+// rank of the world, so the others must be created at the same time (in a child process).
+std::vector<Rank> make_ranks(const std::string& dir, int world, const std::string& layout, const std::string& run_id,
+                             std::vector<int> mine = {}) {
+  if (mine.empty()) {
+    for (int r = 0; r < world; ++r) mine.push_back(r);
+  }
+  std::vector<Rank> ranks(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  for (int r : mine) {
+    threads.emplace_back([&, r] {
+      try {
+        Options o = options({{"dir", dir}, {"rank", std::to_string(r)}, {"world_size", std::to_string(world)},
+                             {"layout", layout}, {"last_words", "on"}, {"interval", "1000steps"},
+                             {"run_id", run_id}, {"copy_threads", "0"}});
+        Rank& me = ranks[static_cast<std::size_t>(r)];
+        me.cp = make(o);
+        if (Status s = me.cp->register_region({"model", me.state.data(), me.state.size() * sizeof(double)}); !s) {
+          errors[static_cast<std::size_t>(r)] = s.error();
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors) {
+    if (!e.empty()) throw std::runtime_error(e);
+  }
+  return ranks;
+}
+
+// Runs every rank through steps [from + 1, to] (the state follows value_of); false on an error.
+bool train(std::vector<Rank>& ranks, std::uint64_t from, std::uint64_t to) {
+  for (std::uint64_t step = from + 1; step <= to; ++step) {
+    for (Rank& r : ranks) {
+      if (!r.cp) continue;
+      if (!r.cp->before_update()) return false;
+      std::fill(r.state.begin(), r.state.end(), value_of(r.cp->config().coord, step));
+      auto stop = r.cp->after_step(step);
+      if (!stop || *stop) return false;
+    }
+  }
+  return true;
+}
+
+// Ranks `theirs` live in a child process that trains them to `steps`, then waits to be SIGKILLed: its sockets
+// close the way a killed rank's do. Returns the child's pid once it reached `steps`.
+struct Child {
+  pid_t pid = -1;
+  int ready_fd = -1;
+};
+
+Child spawn(const std::string& dir, int world, const std::string& layout, const std::string& run_id,
+            const std::vector<int>& theirs, std::uint64_t steps) {
+  int fds[2];
+  if (::pipe(fds) != 0) throw std::runtime_error("pipe");
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    char ok = 0;
+    try {
+      std::vector<Rank> ranks = make_ranks(dir, world, layout, run_id, theirs);
+      for (Rank& r : ranks) {
+        if (r.cp && !r.cp->restore()) ::_exit(3);
+      }
+      ok = train(ranks, 0, steps) ? 1 : 2;
+      (void)::write(fds[1], &ok, 1);
+      for (;;) ::pause();
+    } catch (...) {
+      ::_exit(4);
+    }
+  }
+  ::close(fds[1]);
+  return {pid, fds[0]};
+}
+
+void kill_child(Child& c) {
+  char ok = 0;
+  REQUIRE(::read(c.ready_fd, &ok, 1) == 1);
+  REQUIRE(ok == 1);
+  ::close(c.ready_fd);
+  ::kill(c.pid, SIGKILL);
+  int status = 0;
+  ::waitpid(c.pid, &status, 0);
+}
+
+bool wait_for(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return done();
+}
+
+}  // namespace
+
+TEST_CASE("layout and coord settings", "[hooks][last_words]") {
+  auto env = [](const char*) -> const char* { return nullptr; };
+  SECTION("good inputs") {
+    Options o = options({{"rank", "3"}, {"world_size", "8"}, {"layout", "dp=2,tp=2,pp=2,zero1=on"}});
+    auto c = load_config(o, env);
+    REQUIRE(c);
+    CHECK(c->layout_declared);
+    CHECK(c->layout.dp == 2);
+    CHECK(c->layout.tp == 2);
+    CHECK(c->layout.pp == 2);
+    CHECK(c->layout.zero1);
+    // Default order: tp fastest, then dp, then pp.
+    CHECK(c->coord.tp == 1);
+    CHECK(c->coord.dp == 1);
+    CHECK(c->coord.pp == 0);
+    REQUIRE(o.set("coord", "dp=0,tp=1,pp=1"));
+    c = load_config(o, env);
+    REQUIRE(c);
+    CHECK(c->coord.rank == 3);
+    CHECK(c->coord.dp == 0);
+    CHECK(c->coord.pp == 1);
+    auto none = load_config(options({{"rank", "1"}, {"world_size", "4"}}), env);
+    REQUIRE(none);
+    CHECK_FALSE(none->layout_declared);
+    CHECK(none->layout.dp == 4);
+    CHECK(none->coord.dp == 1);
+    CHECK_FALSE(last_words_armed(*none));
+  }
+  SECTION("bad inputs") {
+    for (const char* bad : {"", "dp=2,tp=3", "dp=2,tp=2,pp=1,pp=1", "dp=x,tp=4", "dp=0,tp=4", "dp=4,mp=1",
+                            "dp=4,zero1=maybe", "dp=4,", "dp=-4", "dp=4x"}) {
+      CAPTURE(bad);
+      Options o = options({{"rank", "0"}, {"world_size", "4"}, {"layout", bad}});
+      auto c = load_config(o, env);
+      REQUIRE_FALSE(c);
+      CHECK(c.error().find("layout='") != std::string::npos);
+    }
+    for (const char* bad : {"dp=2", "tp=2", "dp=0,tp=0,pp=1", "dp=1,xx=0", "dp=a"}) {
+      CAPTURE(bad);
+      Options o = options({{"rank", "0"}, {"world_size", "4"}, {"layout", "dp=2,tp=2"}, {"coord", bad}});
+      CHECK_FALSE(load_config(o, env));
+    }
+    Options o = options({{"rank", "0"}, {"world_size", "4"}, {"coord", "dp=1"}});
+    CHECK_FALSE(load_config(o, env));  // a coord needs a layout
+  }
+}
+
+TEST_CASE("coordinates pack into a hello and back", "[hooks][last_words]") {
+  store::RankCoord c{7, 3, 1, 2};
+  store::RankCoord back = unpack_coord(7, pack_coord(c));
+  CHECK(back.rank == 7);
+  CHECK(back.dp == 3);
+  CHECK(back.tp == 1);
+  CHECK(back.pp == 2);
+}
+
+TEST_CASE("the update tracker freezes training outside an update", "[hooks][last_words]") {
+  UpdateTracker t;
+  t.finish_step(10);
+  CHECK(t.enter_update());
+  CHECK(t.progress().mid_update);
+  t.finish_step(11);
+  CHECK_FALSE(t.progress().mid_update);
+  UpdateTracker::Progress p = t.freeze();
+  CHECK(p.step == 11);
+  CHECK_FALSE(p.mid_update);
+  CHECK_FALSE(t.enter_update());
+  UpdateTracker mid;
+  CHECK(mid.enter_update());
+  CHECK(mid.freeze().mid_update);
+}
+
+TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after the limit", "[hooks][last_words]") {
+  TempDir dir;
+  std::mutex mu;
+  std::vector<heartbeat::Event> events;
+  auto collect = [&](const heartbeat::Event& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(e);
+  };
+  auto dead = [&](int peer) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& e : events) {
+      if (e.kind == heartbeat::Event::Kind::PeerDead && e.peer == peer) return e.why;
+    }
+    return std::string();
+  };
+
+  SECTION("a closed connection") {
+    std::vector<std::unique_ptr<heartbeat::Mesh>> meshes(3);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        heartbeat::Settings s;
+        s.rank = r;
+        s.world_size = 3;
+        s.rendezvous_dir = dir.sub("mesh");
+        s.hello = static_cast<std::uint64_t>(100 + r);
+        s.connect_timeout = 10s;
+        auto m = heartbeat::Mesh::start(s, r == 0 ? heartbeat::Handler(collect) : [](const heartbeat::Event&) {});
+        if (m) meshes[static_cast<std::size_t>(r)] = std::move(m).value();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& m : meshes) REQUIRE(m);
+    CHECK(meshes[0]->hellos() == std::vector<std::uint64_t>{100, 101, 102});
+    std::this_thread::sleep_for(300ms);  // heartbeats flow; nobody is dead
+    CHECK(dead(1).empty());
+    CHECK(dead(2).empty());
+    meshes[2]->say_bye();  // an orderly leave is no failure
+    meshes[2].reset();
+    auto t0 = std::chrono::steady_clock::now();
+    meshes[1].reset();  // closes its sockets without a word: what a killed process does
+    REQUIRE(wait_for([&] { return !dead(1).empty(); }, 2s));
+    CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
+    CHECK(dead(2).empty());
+    CHECK(meshes[0]->alive() == std::vector<bool>{true, false, false});
+  }
+
+  SECTION("silence") {
+    // Rank 1 joins the mesh by hand, then says nothing: a frozen node.
+    int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener, 4) == 0);
+    REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    std::filesystem::create_directories(dir.sub("mesh"));
+    std::ofstream(dir.sub("mesh/rank-1.addr")) << "127.0.0.1 " << ntohs(addr.sin_port) << "\n";
+    std::thread frozen([&] {
+      int fd = ::accept(listener, nullptr, nullptr);
+      heartbeat::Frame hello;
+      if (::recv(fd, &hello, sizeof hello, MSG_WAITALL) == static_cast<ssize_t>(sizeof hello)) {
+        hello.from = 1;
+        (void)::send(fd, &hello, sizeof hello, MSG_NOSIGNAL);
+      }
+      std::this_thread::sleep_for(1500ms);  // silent, connection open
+      ::close(fd);
+    });
+    heartbeat::Settings s;
+    s.rank = 0;
+    s.world_size = 2;
+    s.rendezvous_dir = dir.sub("mesh");
+    s.dead_after = 400ms;
+    s.connect_timeout = 5s;
+    auto t0 = std::chrono::steady_clock::now();
+    auto mesh = heartbeat::Mesh::start(s, collect);
+    REQUIRE(mesh);
+    REQUIRE(wait_for([&] { return !dead(1).empty(); }, 1200ms));
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(took >= 0.4);
+    CHECK(dead(1).find("no heartbeat") != std::string::npos);
+    frozen.join();
+    ::close(listener);
+  }
+}
+
+TEST_CASE("last words: survivors of a DP2xTP2 job commit a terminal checkpoint that restores",
+          "[hooks][last_words]") {
+  TempDir dir;
+  LogCapture logs;
+  {
+    Child child = spawn(dir.path(), 4, "dp=2,tp=2,pp=1", "lw1", {3}, 7);
+    std::vector<Rank> ranks = make_ranks(dir.path(), 4, "dp=2,tp=2,pp=1", "lw1", {0, 1, 2});
+    for (int r : {0, 1, 2}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+    REQUIRE(train(ranks, 0, 7));
+    // Rank 2 (dp1/tp0) is caught mid-update: replica dp0 must write.
+    REQUIRE(ranks[2].cp->before_update());
+    kill_child(child);  // rank 3 (dp1/tp1) is SIGKILLed
+    REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{7}; }, 10s));
+    auto m = store::read_manifest(dir.path(), 7);
+    REQUIRE(m);
+    CHECK(m->kind == store::Kind::Terminal);
+    REQUIRE(m->shards.size() == 2);
+    CHECK(m->shards[0].rank == 0);
+    CHECK(m->shards[1].rank == 1);
+    CHECK(logs.has("last words: writing a terminal checkpoint at step 7"));
+    CHECK(wait_for([&] { return logs.has("committed the terminal checkpoint of step 7"); }, 5s));
+    // Training is stopped: the next update is refused.
+    CHECK_FALSE(ranks[0].cp->before_update());
+    for (Rank& r : ranks) {
+      if (r.cp) (void)r.cp->close();
+    }
+  }
+  // A new run restores every rank from the survivors' shards, rank 3 from rank 1's (both tp1).
+  std::vector<Rank> again = make_ranks(dir.path(), 4, "dp=2,tp=2,pp=1", "lw2");
+  std::vector<std::uint64_t> steps(4, 0);
+  for (int r = 0; r < 4; ++r) {
+    auto got = again[static_cast<std::size_t>(r)].cp->restore();
+    REQUIRE(got);
+    steps[static_cast<std::size_t>(r)] = *got;
+  }
+  CHECK(steps == std::vector<std::uint64_t>{7, 7, 7, 7});
+  for (Rank& r : again) {
+    CAPTURE(r.cp->config().rank);
+    CHECK(r.state.front() == value_of(r.cp->config().coord, 7));
+    CHECK(r.state.back() == value_of(r.cp->config().coord, 7));
+  }
+  CHECK(logs.has("loading the shard of rank 1"));
+  for (Rank& r : again) CHECK(r.cp->close());
+}
+
+TEST_CASE("last words: a lost pipeline stage writes nothing", "[hooks][last_words]") {
+  TempDir dir;
+  LogCapture logs;
+  // DP2xPP2: ranks 2 and 3 hold stage 1, both go.
+  Child child = spawn(dir.path(), 4, "dp=2,tp=1,pp=2", "lw3", {2, 3}, 5);
+  std::vector<Rank> ranks = make_ranks(dir.path(), 4, "dp=2,tp=1,pp=2", "lw3", {0, 1});
+  for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+  REQUIRE(train(ranks, 0, 5));
+  kill_child(child);
+  REQUIRE(wait_for([&] { return logs.has("last words: not writing a terminal checkpoint"); }, 10s));
+  std::this_thread::sleep_for(200ms);
+  CHECK(committed_steps(dir.path()).empty());
+  CHECK_FALSE(ranks[0].cp->before_update());
+  for (Rank& r : ranks) {
+    if (r.cp) (void)r.cp->close();
+  }
+}
