@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The whole story on the real cluster, as the README's main job shows it: a 3-node PyTorch training job
+# (slurm-examples/train_ddp.py) loses a node mid-run. The plugin reports the failure, the recovery controller
+# requeues the job off the dead node within seconds, the job resumes from the newest complete checkpoint, and its
+# final weights equal an uninterrupted run's bit for bit.
+source "$(dirname "$0")/lib.sh"
+SRC=$CKPT_SOURCE_DIR
+D=$CKPT_CLUSTER_DIR
+DEMO=$SCRATCH
+PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 10 ))
+STEPS=${CKPT_DEMO_STEPS:-80}
+PY=/usr/bin/python3
+export PYTHONPATH=$CKPT_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}
+"$PY" -c 'import torch, slurm_ckpt.torch' || fail "needs python3-torch and a built slurm_ckpt"
+[ -x "$CKPT_BUILD_DIR/controller/ckpt-controller" ] || fail "ckpt-controller is not built"
+
+say() { printf '\n== %s\n' "$*"; }
+die() { fail "$*"; }
+
+say "starting the local cluster (munged, slurmctld, slurmd n1..n4) and the recovery controller"
+CKPT_CLUSTER_PLUGIN_ARGS="controller=http://127.0.0.1:$PORT" "$CLUSTER" up
+mkdir -p "$DEMO/reference" "$DEMO/job"
+cat > "$DEMO/controller.conf" <<CONF
+listen = 127.0.0.1:$PORT
+database = $DEMO/controller.db
+munge_socket = $D/munge/munge.socket
+backend = libslurm
+settle = 200ms
+reconcile_interval = 1s
+CONF
+setsid "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$DEMO/controller.conf" run > "$DEMO/controller.log" 2>&1 &
+ctl_pid=$!
+cleanup() {
+  kill "$ctl_pid" 2>/dev/null || true
+  [ -n "${victim:-}" ] && "$CLUSTER" revive-node "$victim" > /dev/null 2>&1 || true
+  [ -n "${job:-}" ] && scancel "$job" 2>/dev/null || true
+  "$CLUSTER" up > /dev/null 2>&1 || true  # plugstack.conf as the cluster script writes it (no controller=)
+}
+trap cleanup EXIT
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.1; done
+curl -sf "http://127.0.0.1:$PORT/healthz" > /dev/null || die "the controller did not start: $(tail -5 "$DEMO/controller.log")"
+ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$DEMO/controller.conf" "$@"; }
+
+# One training job: 3 nodes, one rank each, a checkpoint every 10 steps. Rank 0's rendezvous port changes with
+# every run so a restarted job never meets the previous run's sockets.
+cat > "$DEMO/train.sbatch" <<JOB
+#!/bin/bash
+#SBATCH -N3 --ntasks-per-node=1 --requeue --open-mode=append
+#SBATCH --ckpt-interval=10steps --ckpt-keep=2
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=\$((20000 + SLURM_JOB_ID % 2000 * 8 + \${SLURM_RESTART_COUNT:-0}))
+echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST, resuming from step \${CKPT_RESUME_STEP:-none}"
+srun $PY $SRC/slurm-examples/train_ddp.py --steps $STEPS --log-every 20 "\$@"
+JOB
+
+say "reference: the same training without a failure"
+sbatch -W -o "$DEMO/reference/out" --ckpt-dir="$DEMO/reference/ckpt" "$DEMO/train.sbatch" --out "$DEMO/reference/final.bin" > /dev/null
+[ -s "$DEMO/reference/final.bin.sha256" ] || die "the reference run failed: $(tail "$DEMO/reference/out")"
+echo "reference weights: $(cat "$DEMO/reference/final.bin.sha256")"
+
+say "the job: the same training, and a node will crash in the middle of it"
+job=$(sbatch --parsable -o "$DEMO/job/out" --ckpt-dir="$DEMO/job/ckpt" "$DEMO/train.sbatch" \
+  --out "$DEMO/job/final.bin" --step-sleep 0.15)
+echo "submitted job $job"
+latest() { [ -f "$DEMO/job/ckpt/latest" ] && sed 's/^0*//; s/^$/0/' "$DEMO/job/ckpt/latest" || echo 0; }
+for _ in $(seq 600); do [ "$(latest)" -ge 30 ] && break; sleep 0.2; done
+[ "$(latest)" -ge 30 ] || die "no checkpoint at step 30 in time: $(tail "$DEMO/job/out")"
+victim=$(scontrol show hostnames "$(squeue -h -j "$job" -o %N)" | sed -n 2p)
+echo "checkpoint step $(latest) is committed; crashing node $victim (its slurmd, slurmstepd and rank die)"
+t0=$(date +%s.%N)
+"$CLUSTER" crash-node "$victim"
+
+for _ in $(seq 600); do grep -q "^run 1 " "$DEMO/job/out" 2>/dev/null && break; sleep 0.1; done
+t1=$(date +%s.%N)
+grep -q "^run 1 " "$DEMO/job/out" || die "the job did not run again: $(ctl history "$job")"
+printf 'job %s is running again %.1f s after the crash: %s\n' "$job" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" "$(grep '^run 1 ' "$DEMO/job/out")"
+for _ in $(seq 900); do
+  state=$(scontrol show job "$job" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+  [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
+  sleep 0.2
+done
+[ "$state" = COMPLETED ] || die "the job ended $state: $(tail "$DEMO/job/out")"
+
+say "what the controller did"
+ctl history "$job" || true
+
+say "result"
+ref=$(cut -d' ' -f1 "$DEMO/reference/final.bin.sha256")
+got=$(cut -d' ' -f1 "$DEMO/job/final.bin.sha256")
+echo "reference final weights: $ref"
+echo "recovered final weights: $got"
+if [ "$ref" = "$got" ] && cmp -s "$DEMO/reference/final.bin" "$DEMO/job/final.bin"; then
+  echo "IDENTICAL: the job survived the crash of $victim and finished bit for bit as if nothing had happened"
+else
+  die "the final weights differ"
+fi
+[ "${CKPT_DEMO_KEEP:-0}" = 1 ] && echo "(files kept in $DEMO; the cluster stays up: tests/cluster.sh down stops it)" && exit 0
+finish
