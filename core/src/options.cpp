@@ -28,20 +28,6 @@ Status set_once(std::optional<T>& slot, const OptionSpec& spec, std::string_view
   return Status::success();
 }
 
-Result<std::uint64_t> parse_positive_uint(std::string_view text) {
-  auto n = parse_uint(text);
-  if (!n) return n;
-  if (*n == 0) return Error{"must be at least 1"};
-  return n;
-}
-
-Result<std::uint64_t> parse_positive_duration(std::string_view text) {
-  auto d = parse_duration(text);
-  if (!d) return d;
-  if (*d == 0) return Error{"must be positive"};
-  return d;
-}
-
 Result<std::string> parse_dir_template(std::string_view text) {
   if (text.empty() || text.front() != '/') return Error{"not an absolute path"};
   return std::string(text);

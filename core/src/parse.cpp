@@ -64,6 +64,18 @@ Result<std::uint64_t> parse_duration(std::string_view text) {
   return total;
 }
 
+Result<std::uint64_t> parse_positive_uint(std::string_view text) {
+  auto n = parse_uint(text);
+  if (n && *n == 0) return Error{"must be at least 1"};
+  return n;
+}
+
+Result<std::uint64_t> parse_positive_duration(std::string_view text) {
+  auto d = parse_duration(text);
+  if (d && *d == 0) return Error{"must be positive"};
+  return d;
+}
+
 std::string format_duration(std::uint64_t seconds) {
   if (seconds == 0) return "0s";
   std::string out;

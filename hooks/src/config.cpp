@@ -107,20 +107,6 @@ std::optional<Error> read(const Lookup& lookup, std::string_view key, T& out, Pa
   return std::nullopt;
 }
 
-Result<std::uint64_t> parse_at_least_one(std::string_view text) {
-  auto n = parse_uint(text);
-  if (!n) return n;
-  if (*n < 1) return Error{"must be at least 1"};
-  return n;
-}
-
-Result<std::uint64_t> parse_positive_duration(std::string_view text) {
-  auto d = parse_duration(text);
-  if (!d) return d;
-  if (*d == 0) return Error{"must be positive"};
-  return d;
-}
-
 Result<int> parse_int_below(std::string_view text, std::uint64_t limit) {
   auto n = parse_uint(text);
   if (!n) return Error{n.error()};
@@ -335,7 +321,7 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   }
   c.interval = Interval{Interval::Kind::Auto, 0};
   if (auto e = read(lookup, "interval", c.interval, parse_interval)) return *e;
-  if (auto e = read(lookup, "keep", c.keep, parse_at_least_one)) return *e;
+  if (auto e = read(lookup, "keep", c.keep, parse_positive_uint)) return *e;
   if (auto e = read(lookup, "last_words", c.last_words, parse_on_off)) return *e;
   if (auto e = read(lookup, "mtbf", c.mtbf_s, parse_positive_duration)) return *e;
   if (auto e = read(lookup, "grace", c.grace_s, parse_duration)) return *e;
@@ -363,7 +349,7 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   if (threads > 64) return bad(*lookup.get("copy_threads"), "copy_threads", "too large");
   c.copy_threads = static_cast<unsigned>(threads);
   if (auto e = read(lookup, "commit_timeout", c.commit_timeout_s, parse_positive_duration)) return *e;
-  if (auto e = read(lookup, "agree_lead", c.agree_lead, parse_at_least_one)) return *e;
+  if (auto e = read(lookup, "agree_lead", c.agree_lead, parse_positive_uint)) return *e;
   if (c.agree_lead > 1000) return bad(*lookup.get("agree_lead"), "agree_lead", "too large");
   if (auto e = read(lookup, "signals", c.signals, parse_on_off)) return *e;
   if (auto e = read(lookup, "log", c.log_level, parse_log_level)) return *e;

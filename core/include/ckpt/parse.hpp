@@ -12,9 +12,15 @@ namespace ckpt {
 // A non-negative decimal integer; no sign, no spaces, no suffix.
 Result<std::uint64_t> parse_uint(std::string_view text);
 
+// parse_uint, and at least 1.
+Result<std::uint64_t> parse_positive_uint(std::string_view text);
+
 // A duration made of <number><unit> groups, units d, h, m, s in that order, each at most once:
 // "90s", "15m", "2h", "1h30m", "1d12h". A bare number is seconds. Returns whole seconds.
 Result<std::uint64_t> parse_duration(std::string_view text);
+
+// parse_duration, and more than zero seconds.
+Result<std::uint64_t> parse_positive_duration(std::string_view text);
 
 // The shortest spelling parse_duration reads back to the same value: 5400 -> "1h30m", 0 -> "0s".
 std::string format_duration(std::uint64_t seconds);
