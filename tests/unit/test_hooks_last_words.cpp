@@ -356,3 +356,32 @@ TEST_CASE("last words: a lost pipeline stage writes nothing", "[hooks][last_word
     if (r.cp) (void)r.cp->close();
   }
 }
+
+TEST_CASE("last words: SIGTERM on a healthy job writes a terminal checkpoint of the current step",
+          "[hooks][last_words]") {
+  TempDir dir;
+  LogCapture logs;
+  std::vector<Rank> ranks(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Options o = options({{"dir", dir.path()}, {"rank", std::to_string(r)}, {"world_size", "2"},
+                           {"layout", "dp=2,tp=1,pp=1"}, {"last_words", "on"}, {"interval", "1000steps"},
+                           {"run_id", "lw4"}, {"copy_threads", "0"}, {"signals", "on"}});
+      Rank& me = ranks[static_cast<std::size_t>(r)];
+      me.cp = make(o);
+      (void)me.cp->register_region({"model", me.state.data(), me.state.size() * sizeof(double)});
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (Rank& r : ranks) REQUIRE(r.cp->restore().value() == 0);
+  REQUIRE(train(ranks, 0, 4));
+  std::raise(SIGTERM);
+  REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{4}; }, 10s));
+  auto m = store::read_manifest(dir.path(), 4);
+  REQUIRE(m);
+  CHECK(m->kind == store::Kind::Terminal);
+  CHECK(m->shards.size() == 1);  // replica dp0 covers every key
+  CHECK(wait_for([&] { return logs.has("last words: signal 15"); }, 5s));
+  for (Rank& r : ranks) (void)r.cp->close();
+}
