@@ -1,25 +1,7 @@
 #!/usr/bin/env bash
 # The ckpt command line: ls, verify, latest and gc on real checkpoints, and its one-line errors (missing dir,
 # no permission, unreadable files, bad arguments).
-set -euo pipefail
-
-: "${CKPT_BUILD_DIR:?CKPT_BUILD_DIR must name the build dir}"
-CKPT="$CKPT_BUILD_DIR/cli/ckpt"
-CRASHER="$CKPT_BUILD_DIR/tests/store_crasher"
-for bin in "$CKPT" "$CRASHER"; do
-  [[ -x "$bin" ]] || { echo "test_ckpt_cli: $bin is not built" >&2; exit 1; }
-done
-
-work="$(mktemp -d)"
-chmod 755 "$work"
-trap 'chmod -R u+rwX "$work" 2>/dev/null; rm -rf "$work"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-step_dir() { printf '%s/%012d' "$1" "$2"; }
+source "$(dirname "$0")/store_lib.sh"
 
 # expect RC WANT_STDOUT_GLOB WANT_STDERR_GLOB -- command...: runs it and checks the exit code and both streams.
 expect() {

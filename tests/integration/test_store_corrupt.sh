@@ -2,35 +2,7 @@
 # Corrupt input on real files. For each corruption of the newest of three checkpoints (100, 200, 300): it is
 # detected (ls, verify naming the shard), a restart walks back to 200, nothing is written through a symlink,
 # and gc deletes only what it should (never the corrupt one, never the newest verified one).
-set -euo pipefail
-
-: "${CKPT_BUILD_DIR:?CKPT_BUILD_DIR must name the build dir}"
-CKPT="$CKPT_BUILD_DIR/cli/ckpt"
-CRASHER="$CKPT_BUILD_DIR/tests/store_crasher"
-for bin in "$CKPT" "$CRASHER"; do
-  [[ -x "$bin" ]] || { echo "test_store_corrupt: $bin is not built" >&2; exit 1; }
-done
-
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-step_dir() { printf '%s/%012d' "$1" "$2"; }
-
-state_of() {
-  "$CKPT" ls "$1" --json | python3 -c '
-import json, sys
-step = int(sys.argv[1])
-for e in json.load(sys.stdin):
-    if e["step"] == step:
-        print(e["state"]); break
-else:
-    print("absent")' "$2"
-}
+source "$(dirname "$0")/store_lib.sh"
 
 # Every path under a tree with its type, size and content hash: to prove that nothing changed.
 snapshot() {

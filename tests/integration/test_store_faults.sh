@@ -2,37 +2,7 @@
 # Fault injection on real files: a save is SIGKILLed at each phase (mid-shard, after the shards but before the
 # manifest, mid-manifest, after the rename but before the directory fsync, after the commit). Afterwards the
 # checkpoint a restart would use must be the previous complete one or the new one whole, and it must verify.
-set -euo pipefail
-
-: "${CKPT_BUILD_DIR:?CKPT_BUILD_DIR must name the build dir}"
-CKPT="$CKPT_BUILD_DIR/cli/ckpt"
-CRASHER="$CKPT_BUILD_DIR/tests/store_crasher"
-for bin in "$CKPT" "$CRASHER"; do
-  [[ -x "$bin" ]] || { echo "test_store_faults: $bin is not built" >&2; exit 1; }
-done
-
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-step_dir() { printf '%s/%012d' "$1" "$2"; }
-
-# The state `ckpt ls --json` reports for a step, or "absent".
-state_of() {
-  local root="$1" step="$2"
-  "$CKPT" ls "$root" --json | python3 -c '
-import json, sys
-step = int(sys.argv[1])
-for e in json.load(sys.stdin):
-    if e["step"] == step:
-        print(e["state"]); break
-else:
-    print("absent")' "$step"
-}
+source "$(dirname "$0")/store_lib.sh"
 
 # check_after_kill ROOT CASE EXPECTED_STEP NEW_STEP: what a restart sees after the kill.
 check_after_kill() {
