@@ -65,14 +65,14 @@ std::string coarse(double seconds) {
   return buf;
 }
 
-// Parses a duration option; `what` is the option name. Rejects what parse_duration rejects.
+// Parses a duration option (whole or fractional seconds); `what` is the option name.
 double duration_option(const std::string& what, const std::string& text) {
-  auto value = ckpt::parse_duration(text);
+  auto value = ckpt::parse_seconds(text);
   if (!value) {
     throw InputError{what + ": invalid value '" + text + "': " + value.error() +
-                     "; a duration looks like 30s, 2m, 6h or 1d12h"};
+                     "; a duration looks like 30s, 2m, 6h, 1d12h, 0.25s or 120ms"};
   }
-  return static_cast<double>(*value);
+  return *value;
 }
 
 // A fraction in [0, 1] written as plain decimal digits: "0", "0.25", "1".
@@ -244,7 +244,7 @@ struct IntervalCommand {
 
 struct SimulateCommand {
   ModelOptions model;
-  std::string catchable = "0", interval, work, seed = "1", svg, points = "25";
+  std::string catchable = "0", interval, work, seed = "1", svg, points = "25", failure_times;
   bool json = false;
 
   struct Row {
@@ -266,6 +266,18 @@ struct SimulateCommand {
     if (c.cost_s <= 0) {
       throw InputError{"--cost: invalid value '" + model.cost +
                        "': the simulator needs a cost > 0 (free checkpoints make every optimum 0s)"};
+    }
+    if (failure_times == "none") {
+      c.failure_times.emplace();
+    } else if (!failure_times.empty()) {
+      c.failure_times.emplace();
+      std::size_t start = 0;
+      while (true) {
+        const std::size_t comma = failure_times.find(',', start);
+        c.failure_times->push_back(duration_option("--failure-times", failure_times.substr(start, comma - start)));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
     }
     if (auto st = sim::check(c); !st) throw InputError{st.error()};
 
@@ -320,6 +332,7 @@ struct SimulateCommand {
         {"catchable", c.catchable},
         {"work_s", c.work_s},
         {"seed", c.seed},
+        {"failure_times", c.failure_times ? nlohmann::json(*c.failure_times) : nlohmann::json(nullptr)},
         {"young_s", iv::young(c.cost_s, c.mtbf_s)},
         {"daly_s", iv::daly(c.cost_s, c.mtbf_s)},
     };
@@ -362,6 +375,10 @@ struct SimulateCommand {
     std::printf("checkpoint cost %s, restart %s, %s, %s of failures catchable, work %s, seed %llu\n",
                 iv::format_seconds(c.cost_s).c_str(), iv::format_seconds(c.restart_s).c_str(), mtbf_text(v).c_str(),
                 percent(c.catchable).c_str(), work_text.c_str(), static_cast<unsigned long long>(c.seed));
+    if (c.failure_times) {
+      std::printf("failures replayed at %zu given times, not drawn (model and exact are expectations)\n",
+                  c.failure_times->size());
+    }
     std::printf("%-11s %-9s %8s %8s %8s  %10s %10s  %8s %10s\n", "policy", "interval", "goodput", "model", "exact",
                 "lost work", "model", "failures", "last words");
     for (const Row& r : rows) {
@@ -403,6 +420,11 @@ void add_interval_commands(CLI::App& app, int& exit_code) {
   simulate->add_option("--interval", simulate_cmd->interval, "Also simulate this fixed interval")->type_name("DUR");
   simulate->add_option("--work", simulate_cmd->work, "Compute the job needs (default 10000 x MTBF)")->type_name("DUR");
   simulate->add_option("--seed", simulate_cmd->seed, "Random seed (default 1)")->type_name("N");
+  simulate
+      ->add_option("--failure-times", simulate_cmd->failure_times,
+                   "Replay failures at these wall times (comma-separated, ascending; none: no failure) instead of "
+                   "drawing them")
+      ->type_name("LIST");
   simulate->add_option("--svg", simulate_cmd->svg, "Write a plot of waste against interval to this file")
       ->type_name("FILE");
   simulate->add_option("--points", simulate_cmd->points, "Intervals in the --svg sweep (default 25)")->type_name("N");

@@ -36,6 +36,7 @@ def parse_args():
     p.add_argument("--d-out", type=int, default=8)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--log-time", action="store_true", help="end each log line with t=<unix seconds> (benchmarks)")
     return p.parse_args()
 
 
@@ -74,7 +75,8 @@ def main():
     cp = slurm_ckpt.torch.Checkpointer(model, optimizer, extra=extra, dir=args.ckpt_dir,
                                        layout=dict(dp=dp, tp=tp, pp=1, zero1=False),
                                        coord=dict(dp=dp_index, tp=tp_index, pp=0))
-    say = (lambda *a: print("train_dp_tp:", *a, flush=True)) if rank == 0 else (lambda *a: None)
+    stamp = (lambda: (f"t={time.time():.3f}",)) if args.log_time else (lambda: ())
+    say = (lambda *a: print("train_dp_tp:", *a, *stamp(), flush=True)) if rank == 0 else (lambda *a: None)
     start = cp.restore()
     say(f"resumed from step {start}" if start else "starting at step 0",
         f"(dp {dp} x tp {tp}, checkpoints every {cp.config['interval'] if cp.enabled else 'never'},"

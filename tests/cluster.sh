@@ -100,7 +100,9 @@ SlurmctldLogFile=$D/log/slurmctld.log
 SlurmdLogFile=$D/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
+# proctrack/pgid, like cgroup on a real site, reaches an srun orphaned by its dying batch script: with
+# linuxproc that srun outlives a requeue and, KillWait+2 s later, cancels the next run's step of the same id.
+ProctrackType=proctrack/pgid
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU

@@ -238,6 +238,8 @@ Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& poli
   s.last_words = user.last_words.value_or(site.last_words.value_or(BuiltinDefaults::last_words));
   s.max_restarts = user.max_restarts.value_or(site.max_restarts.value_or(BuiltinDefaults::max_restarts));
   s.grace_s = user.grace_s.value_or(site.grace_s.value_or(BuiltinDefaults::grace_s));
+  s.min_interval_s = policy.min_interval_s;
+  s.max_interval_s = policy.max_interval_s;
   if (user.mtbf_s) {
     s.mtbf_s = *user.mtbf_s;
   } else if (site.mtbf_s) {
@@ -287,6 +289,8 @@ std::vector<std::pair<std::string, std::string>> settings_environment(const Sett
       {"CKPT_MTBF", std::to_string(s.mtbf_s) + "s"},
       {"CKPT_GRACE", std::to_string(s.grace_s) + "s"},
       {"CKPT_MAX_RESTARTS", std::to_string(s.max_restarts)},
+      {"CKPT_MIN_INTERVAL", std::to_string(s.min_interval_s) + "s"},
+      {"CKPT_MAX_INTERVAL", std::to_string(s.max_interval_s) + "s"},
   };
 }
 

@@ -76,6 +76,35 @@ Result<std::uint64_t> parse_positive_duration(std::string_view text) {
   return d;
 }
 
+Result<double> parse_seconds(std::string_view text) {
+  if (auto whole = parse_duration(text)) return static_cast<double>(*whole);
+  std::string_view number = text;
+  double scale = 1;
+  if (number.ends_with("ms")) {
+    number.remove_suffix(2);
+    scale = 1e-3;
+  } else if (number.ends_with("s")) {
+    number.remove_suffix(1);
+  }
+  const auto dot = number.find('.');
+  std::string_view integer = number.substr(0, dot);
+  std::string_view fraction = dot == std::string_view::npos ? std::string_view{} : number.substr(dot + 1);
+  auto all_digits = [](std::string_view s) {
+    return !s.empty() && s.size() <= 15 && s.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  if (!all_digits(integer) || (dot != std::string_view::npos && !all_digits(fraction))) {
+    return Error{"not a duration (like 30s, 1h30m, 0.25s or 120ms)"};
+  }
+  double value = 0;
+  for (char c : integer) value = value * 10 + (c - '0');
+  double place = 0.1;
+  for (char c : fraction) {
+    value += (c - '0') * place;
+    place /= 10;
+  }
+  return value * scale;
+}
+
 std::string format_duration(std::uint64_t seconds) {
   if (seconds == 0) return "0s";
   std::string out;

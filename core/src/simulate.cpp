@@ -23,21 +23,33 @@ std::string number(double value) {
 // conversions are written out to make a seed mean the same run on every platform.
 class Failures {
  public:
-  explicit Failures(std::uint64_t seed) : rng_(seed) {}
+  // `trace`: replay these failure times instead of drawing gaps (see Config::failure_times).
+  Failures(std::uint64_t seed, const std::vector<double>* trace) : rng_(seed), trace_(trace) {}
 
-  // Draws the next failure: its gap from now and whether it is catchable.
+  // Draws the next failure: its gap from now and whether it is catchable. A replayed failure that is already due
+  // strikes now.
   void draw(double now, double mtbf_s, double catchable) {
-    next_at_ = now - mtbf_s * std::log1p(-uniform());
+    const double gap = -mtbf_s * std::log1p(-uniform());
+    if (trace_ == nullptr) {
+      next_at_ = now + gap;
+    } else {
+      next_at_ = next_ < trace_->size() ? std::max(now, (*trace_)[next_++]) : kNever;
+    }
     next_catchable_ = uniform() < catchable;
   }
   double next_at() const { return next_at_; }
   bool next_catchable() const { return next_catchable_; }
+  // A replay defers failures during a restart to its end instead of starting the restart over.
+  bool replaying() const { return trace_ != nullptr; }
 
  private:
   // Uniform in [0, 1) with 53 random bits.
   double uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
+  static constexpr double kNever = std::numeric_limits<double>::infinity();
   std::mt19937_64 rng_;
+  const std::vector<double>* trace_;
+  std::size_t next_ = 0;
   double next_at_ = 0;
   bool next_catchable_ = false;
 };
@@ -76,6 +88,14 @@ Status check(const Config& config) {
   if (!(config.catchable >= 0 && config.catchable <= 1)) {
     return Status::failure("catchable fraction must be between 0 and 1 (got " + number(config.catchable) + ")");
   }
+  const std::vector<double> times = config.failure_times.value_or(std::vector<double>{});
+  for (std::size_t i = 0; i < times.size(); ++i) {
+    const double t = times[i];
+    if (!std::isfinite(t) || t < 0 || (i > 0 && t < times[i - 1])) {
+      return Status::failure("failure time " + std::to_string(i + 1) + " must be finite, >= 0 and not before the one"
+                             " before it (got " + number(t) + "s)");
+    }
+  }
   if (config.max_events == 0) return Status::failure("max_events must be at least 1");
   return Status::success();
 }
@@ -108,12 +128,14 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
   // Refuse up front what would run into the guard anyway: each segment takes e^{(τ+δ)/M}·e^{R/M} attempts on
   // average. Last words can only shorten that, so it keeps just the guard below.
   const double expected_events = std::ceil(config.work_s / tau) * std::exp((tau + delta + restart) / config.mtbf_s);
-  if (!last_words && expected_events > static_cast<double>(config.max_events)) return too_many_events(interval_text);
+  if (!last_words && !config.failure_times && expected_events > static_cast<double>(config.max_events)) {
+    return too_many_events(interval_text);
+  }
 
   Outcome out;
   out.policy = policy;
   out.interval_s = tau;
-  Failures failures(config.seed);
+  Failures failures(config.seed, config.failure_times ? &*config.failure_times : nullptr);
   double now = 0;
   double done = 0;
   failures.draw(now, config.mtbf_s, config.catchable);
@@ -149,7 +171,7 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
 
     // Restart; a failure during the restart starts it over. Its catchable flag is drawn but unused, which keeps
     // the random stream aligned across policies (two draws per failure).
-    failures.draw(now, config.mtbf_s, config.catchable);
+    failures.draw(now + (failures.replaying() ? restart : 0), config.mtbf_s, config.catchable);
     while (now + restart > failures.next_at()) {
       if (++events > config.max_events) return too_many_events("restart cost " + interval::format_seconds(restart));
       out.restart_s += failures.next_at() - now;

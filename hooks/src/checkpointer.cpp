@@ -97,6 +97,18 @@ struct PinnedBuffer {
   std::size_t size = 0;
 };
 
+// The auto interval within the site's bounds. Until δ is measured it waits a tenth of the MTBF (at most 30 min)
+// for the first checkpoint: that bounds the work at risk early on, and that checkpoint measures δ.
+interval::AutoInterval::Config auto_interval_config(const Config& config) {
+  interval::AutoInterval::Config c;
+  c.mtbf_s = static_cast<double>(config.mtbf_s);
+  c.min_interval_s = static_cast<double>(config.min_interval_s);
+  c.max_interval_s = static_cast<double>(config.max_interval_s);
+  c.initial_interval_s = std::max(c.min_interval_s, std::min(1800.0, c.mtbf_s / 10));
+  if (c.max_interval_s > 0) c.initial_interval_s = std::min(c.initial_interval_s, c.max_interval_s);
+  return c;
+}
+
 }  // namespace
 
 struct Checkpointer::Impl {
@@ -925,15 +937,16 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
       case Interval::Kind::Seconds: impl->interval_s = static_cast<double>(config->interval.value); break;
       case Interval::Kind::Steps: break;
       case Interval::Kind::Auto:
-        impl->interval_s = interval::AutoInterval().interval_s();
+      {
+        auto chooser = interval::AutoInterval::create(auto_interval_config(*config));
+        if (!chooser) return Error{"ckpt: CKPT_INTERVAL=auto: " + chooser.error()};
+        impl->interval_s = chooser->interval_s();
         if (config->rank == 0) {
-          impl->auto_interval.emplace();
-          if (Status s = impl->auto_interval->set_mtbf(static_cast<double>(config->mtbf_s)); !s) {
-            return Error{"ckpt: CKPT_MTBF: " + s.error()};
-          }
+          impl->auto_interval.emplace(std::move(chooser).value());
           impl->publish_auto_interval();
         }
         break;
+      }
     }
     impl->pool = std::make_unique<CopyPool>(config->copy_threads);
     if (config->signals) {

@@ -25,6 +25,8 @@ const std::vector<KeySpec>& key_specs() {
       {{"last_words", "CKPT_LAST_WORDS", "on or off"}, {"CKPT_LAST_WORDS"}},
       {{"mtbf", "CKPT_MTBF", "a positive duration like 24h"}, {"CKPT_MTBF"}},
       {{"grace", "CKPT_GRACE", "a duration like 120s"}, {"CKPT_GRACE"}},
+      {{"min_interval", "CKPT_MIN_INTERVAL", "a positive duration like 1m"}, {"CKPT_MIN_INTERVAL"}},
+      {{"max_interval", "CKPT_MAX_INTERVAL", "a duration like 6h (0s: none)"}, {"CKPT_MAX_INTERVAL"}},
       {{"max_restarts", "CKPT_MAX_RESTARTS", "a whole number"}, {"CKPT_MAX_RESTARTS"}},
       {{"restart_count", "CKPT_RESTART_COUNT", "a whole number"}, {"CKPT_RESTART_COUNT", "SLURM_RESTART_COUNT"}},
       {{"job_id", "CKPT_JOB_ID", "a job id"}, {"CKPT_JOB_ID", "SLURM_JOB_ID"}},
@@ -325,6 +327,12 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   if (auto e = read(lookup, "last_words", c.last_words, parse_on_off)) return *e;
   if (auto e = read(lookup, "mtbf", c.mtbf_s, parse_positive_duration)) return *e;
   if (auto e = read(lookup, "grace", c.grace_s, parse_duration)) return *e;
+  if (auto e = read(lookup, "min_interval", c.min_interval_s, parse_positive_duration)) return *e;
+  if (auto e = read(lookup, "max_interval", c.max_interval_s, parse_duration)) return *e;
+  if (c.max_interval_s != 0 && c.max_interval_s < c.min_interval_s) {
+    return Error{"ckpt: CKPT_MAX_INTERVAL=" + std::to_string(c.max_interval_s) + "s is below CKPT_MIN_INTERVAL=" +
+                 std::to_string(c.min_interval_s) + "s"};
+  }
   if (auto e = read(lookup, "max_restarts", c.max_restarts, parse_uint)) return *e;
   if (auto e = read(lookup, "restart_count", c.restart_count, parse_uint)) return *e;
   if (auto s = lookup.get("job_id")) c.job_id = s->value;

@@ -85,3 +85,21 @@ TEST_CASE("auto interval stats stay zero for a fixed interval and on other ranks
     CHECK(cp->stats().auto_interval_s == 0);
   }
 }
+
+TEST_CASE("auto interval respects the site's bounds and measures δ early", "[hooks][auto]") {
+  test::TempDir dir;
+  SECTION("a short MTBF: the first checkpoint after a tenth of it") {
+    auto cp = test::make(test::options(
+        {{"dir", dir.path()}, {"interval", "auto"}, {"mtbf", "60s"}, {"min_interval", "1s"}}));
+    CHECK(cp->stats().auto_interval_s == Approx(6));
+  }
+  SECTION("never below the site minimum") {
+    auto cp = test::make(test::options({{"dir", dir.path()}, {"interval", "auto"}, {"mtbf", "60s"}}));
+    CHECK(cp->stats().auto_interval_s == Approx(60));
+  }
+  SECTION("never above the site maximum") {
+    auto cp = test::make(test::options(
+        {{"dir", dir.path()}, {"interval", "auto"}, {"min_interval", "1s"}, {"max_interval", "10m"}}));
+    CHECK(cp->stats().auto_interval_s == Approx(600));
+  }
+}

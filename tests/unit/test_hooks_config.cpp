@@ -29,6 +29,8 @@ TEST_CASE("hooks settings from the environment", "[hooks][config]") {
                    {"CKPT_LAST_WORDS", "off"},
                    {"CKPT_MTBF", "86400s"},
                    {"CKPT_GRACE", "90s"},
+                   {"CKPT_MIN_INTERVAL", "5s"},
+                   {"CKPT_MAX_INTERVAL", "2h"},
                    {"CKPT_MAX_RESTARTS", "4"},
                    {"CKPT_RESTART_COUNT", "2"},
                    {"CKPT_JOB_ID", "1234"},
@@ -45,6 +47,8 @@ TEST_CASE("hooks settings from the environment", "[hooks][config]") {
     CHECK_FALSE(c->last_words);
     CHECK(c->mtbf_s == 86400);
     CHECK(c->grace_s == 90);
+    CHECK(c->min_interval_s == 5);
+    CHECK(c->max_interval_s == 7200);
     CHECK(c->max_restarts == 4);
     CHECK(c->restart_count == 2);
     CHECK(c->job_id == "1234");
@@ -64,6 +68,8 @@ TEST_CASE("hooks settings from the environment", "[hooks][config]") {
     CHECK(c->interval.kind == Interval::Kind::Auto);
     CHECK(c->keep == BuiltinDefaults::keep);
     CHECK(c->grace_s == BuiltinDefaults::grace_s);
+    CHECK(c->min_interval_s == SitePolicy{}.min_interval_s);
+    CHECK(c->max_interval_s == 0);
     CHECK(c->rank == 0);
     CHECK(c->world_size == 1);
     CHECK(c->rank_source == "single");
@@ -122,6 +128,9 @@ TEST_CASE("hooks settings reject bad values with one clear line", "[hooks][confi
         {{"CKPT_KEEP", "3x"}},
         {{"CKPT_GRACE", "2 minutes"}},
         {{"CKPT_MTBF", "0s"}},
+        {{"CKPT_MIN_INTERVAL", "0s"}},
+        {{"CKPT_MAX_INTERVAL", "soon"}},
+        {{"CKPT_MIN_INTERVAL", "10m"}, {"CKPT_MAX_INTERVAL", "5m"}},
         {{"CKPT_LAST_WORDS", "maybe"}},
         {{"CKPT_RESUME_STEP", "12a"}},
         {{"CKPT_END_TIME", "-5"}},

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "ckpt/options.hpp"
 #include "ckpt/parse.hpp"
 
@@ -18,6 +20,20 @@ TEST_CASE("parse_uint", "[parse]") {
     }
     CHECK(parse_uint("99999999999999999999").error() == "number too large");
   }
+}
+
+TEST_CASE("parse_seconds", "[parse]") {
+  CHECK(*parse_seconds("1h30m") == 5400);
+  CHECK(*parse_seconds("45") == 45);
+  CHECK(*parse_seconds("0.25s") == Approx(0.25));
+  CHECK(*parse_seconds("1.5") == Approx(1.5));
+  CHECK(*parse_seconds("120ms") == Approx(0.12));
+  CHECK(*parse_seconds("0ms") == 0);
+  for (const char* bad : {"", "-0.5s", ".5s", "5.s", "1.5h", "1.2.3s", "ms", "s", "0x10s", "1e3s", "5 ms"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_seconds(bad).ok());
+  }
+  CHECK(parse_seconds("abc").error() == "not a duration (like 30s, 1h30m, 0.25s or 120ms)");
 }
 
 TEST_CASE("parse_duration", "[parse]") {
@@ -135,6 +151,8 @@ TEST_CASE("resolve_settings merges user over site over built-in", "[options]") {
   auto env = settings_environment(*s);
   CHECK(env[0] == std::pair<std::string, std::string>{"CKPT_DIR", "/scratch/alice/1234"});
   CHECK(env[1].second == "900s");
+  CHECK(std::count(env.begin(), env.end(), std::pair<std::string, std::string>{"CKPT_MIN_INTERVAL", "60s"}) == 1);
+  CHECK(std::count(env.begin(), env.end(), std::pair<std::string, std::string>{"CKPT_MAX_INTERVAL", "0s"}) == 1);
 
   SECTION("interval bounds") {
     JobOptions fast;

@@ -260,3 +260,61 @@ TEST_CASE("sweep and SVG", "[simulate]") {
     CHECK(sweep(c, 10, 100, 1).error() == "a sweep needs at least 2 points");
   }
 }
+
+TEST_CASE("replayed failures: hand-computed timelines", "[simulate]") {
+  Config c;
+  c.cost_s = 1;
+  c.restart_s = 2;
+  c.mtbf_s = 60;
+  c.work_s = 10;
+  SECTION("an empty trace never fails") {
+    c.failure_times.emplace();  // replay, with no failure in it
+    auto o = run(c, Policy::Fixed, 4);  // segments 4, 4, 2, each plus δ
+    REQUIRE(o.ok());
+    CHECK(o->failures == 0);
+    CHECK(o->wall_s == Approx(13));
+  }
+  SECTION("one failure inside the second segment") {
+    c.failure_times = std::vector<double>{6};
+    // [0,4] work, [4,5] checkpoint, [5,6] work lost, [6,8] restart, [8,12]+[12,13], [13,15]+[15,16].
+    auto o = run(c, Policy::Fixed, 4);
+    REQUIRE(o.ok());
+    CHECK(o->failures == 1);
+    CHECK(o->rework_s == Approx(1));
+    CHECK(o->restart_s == Approx(2));
+    CHECK(o->wall_s == Approx(16));
+    CHECK(o->goodput() == Approx(10.0 / 16));
+  }
+  SECTION("a failure due during a restart strikes when the restart ends") {
+    c.failure_times = std::vector<double>{6, 7};
+    // As above, then the second failure hits at 8 with nothing at risk: one more restart, [8,10].
+    auto o = run(c, Policy::Fixed, 4);
+    REQUIRE(o.ok());
+    CHECK(o->failures == 2);
+    CHECK(o->rework_s == Approx(1));
+    CHECK(o->restart_s == Approx(4));
+    CHECK(o->wall_s == Approx(18));
+  }
+  SECTION("last words keep the work at risk when it is worth more than δ") {
+    c.failure_times = std::vector<double>{3.5};
+    c.catchable = 1;
+    auto daly = run(c, Policy::Daly);
+    auto words = run(c, Policy::LastWords);
+    REQUIRE(daly.ok());
+    REQUIRE(words.ok());
+    CHECK(words->interval_s == daly->interval_s);
+    CHECK(words->last_words == 1);
+    CHECK(words->rework_s == 0);
+    CHECK(daly->rework_s == Approx(3.5));
+    // Same trace: last words pay δ instead of redoing 3.5 s.
+    CHECK(daly->wall_s - words->wall_s == Approx(3.5 - 1));
+  }
+  SECTION("bad traces are refused") {
+    c.failure_times = std::vector<double>{5, 4};
+    CHECK(check(c).error() == "failure time 2 must be finite, >= 0 and not before the one before it (got 4s)");
+    c.failure_times = std::vector<double>{-1};
+    CHECK_FALSE(check(c).ok());
+    c.failure_times = std::vector<double>{std::numeric_limits<double>::infinity()};
+    CHECK_FALSE(run(c, Policy::Daly).ok());
+  }
+}

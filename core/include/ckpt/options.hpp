@@ -101,6 +101,9 @@ struct Settings {
   std::uint64_t mtbf_s = BuiltinDefaults::mtbf_s;
   std::uint64_t max_restarts = BuiltinDefaults::max_restarts;
   std::uint64_t grace_s = BuiltinDefaults::grace_s;
+  // The site's bounds, which --ckpt-interval=auto must respect too (it picks its interval in the job).
+  std::uint64_t min_interval_s = SitePolicy{}.min_interval_s;
+  std::uint64_t max_interval_s = 0;  // 0: no maximum
 };
 
 // True when this job gets checkpointing: it gave a --ckpt option, or the site enables it by default.
@@ -111,7 +114,7 @@ bool checkpointing_enabled(const JobOptions& user, const SitePolicy& policy);
 Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& policy, const JobContext& job);
 
 // The CKPT_* variables for the settings: CKPT_DIR, CKPT_INTERVAL, CKPT_KEEP, CKPT_LAST_WORDS, CKPT_MTBF,
-// CKPT_GRACE, CKPT_MAX_RESTARTS. Durations are exported in seconds ("900s").
+// CKPT_GRACE, CKPT_MAX_RESTARTS, CKPT_MIN_INTERVAL, CKPT_MAX_INTERVAL (0s: none). Durations are exported in seconds ("900s").
 std::vector<std::pair<std::string, std::string>> settings_environment(const Settings& settings);
 
 // Expands %u %j %x %a and %% in a dir template. Values that would add a path separator are rejected.

@@ -22,6 +22,10 @@ Result<std::uint64_t> parse_duration(std::string_view text);
 // parse_duration, and more than zero seconds.
 Result<std::uint64_t> parse_positive_duration(std::string_view text);
 
+// A duration as parse_duration reads it, or a fraction of a second or more written as decimal seconds or
+// milliseconds: "0.25s", "1.5s", "120ms". For measured costs, where whole seconds are too coarse.
+Result<double> parse_seconds(std::string_view text);
+
 // The shortest spelling parse_duration reads back to the same value: 5400 -> "1h30m", 0 -> "0s".
 std::string format_duration(std::uint64_t seconds);
 

@@ -9,6 +9,7 @@
 // policy the survivors then write a terminal checkpoint (cost δ, inside the grace window, not interrupted)
 // that keeps the work since the last checkpoint, but only when that work is worth more than δ.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,10 +34,15 @@ struct Config {
   double work_s = 0;     // compute the job needs
   double catchable = 0;  // p: fraction of failures that leave time for last words
   std::uint64_t seed = 1;
+  // Set: replay instead of drawing, failures at these wall times (seconds from the start, ascending; empty: none).
+  // A failure that falls inside a restart strikes as soon as the restart ends, as an injector that kills a running
+  // job would have it; after the last one the job runs without failures. Catchability is still drawn with p.
+  std::optional<std::vector<double>> failure_times;
   std::uint64_t max_events = 100'000'000;  // segments plus failures; guards against jobs that never finish
 };
 
-// Accepts δ >= 0, R >= 0, M > 0 (all finite), work > 0, 0 <= p <= 1; the error names the bad input.
+// Accepts δ >= 0, R >= 0, M > 0 (all finite), work > 0, 0 <= p <= 1, failure times finite, >= 0 and ascending;
+// the error names the bad input.
 Status check(const Config& config);
 
 // The interval a policy uses; `fixed_s` is used only by Policy::Fixed. Expects a checked config.

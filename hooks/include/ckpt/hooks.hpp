@@ -68,6 +68,8 @@ struct Config {
   bool last_words = BuiltinDefaults::last_words;
   std::uint64_t mtbf_s = BuiltinDefaults::mtbf_s;
   std::uint64_t grace_s = BuiltinDefaults::grace_s;
+  std::uint64_t min_interval_s = SitePolicy{}.min_interval_s;  // bounds of the auto interval (the site's)
+  std::uint64_t max_interval_s = 0;                             // 0: none
   std::uint64_t max_restarts = BuiltinDefaults::max_restarts;
   std::uint64_t restart_count = 0;
   std::string job_id;                      // CKPT_JOB_ID, else SLURM_JOB_ID; may be empty
