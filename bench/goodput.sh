@@ -7,24 +7,26 @@
 # every run (common random numbers, so the policies are compared on the same failures). A failure SIGKILLs one
 # random rank; one that falls due while the job is restarting strikes as soon as training runs again.
 #
-# Per run it measures goodput = useful work / wall time, where the useful work is the job's steps times the
-# step time of a run without checkpoints or failures, and the wall time runs from the first step to the last. It
-# then asks `ckpt simulate` for its prediction of the same run: the same failure times (--failure-times), with
-# the checkpoint cost δ and the restart cost R measured across all runs (medians), and also for the expected
-# goodput over many failures (Monte Carlo). The table and the acceptance checks go to stdout and to
+# Per run (bench/goodput_measure.py) it measures goodput = useful work / wall time, where the useful work is the
+# job's steps times the step time of a run without checkpoints or failures, and the wall time runs from the first
+# step to the last. It then asks `ckpt simulate` for its prediction of the same run: the same failure times
+# (--failure-times), with the checkpoint cost δ and the restart cost R measured across all runs (medians), and for
+# the expected goodput over many failures (Monte Carlo). The table and the acceptance checks go to stdout and to
 # <work dir>/report.
 #
-#   bench/goodput.sh [--mtbf SECONDS] [--work SECONDS] [--fixed LIST] [--seed N] [--step-sleep S]
+#   bench/goodput.sh [--mtbf SECONDS] [--work SECONDS] [--fixed LIST] [--seed N] [--step-sleep S] [--report DIR]
 #     --mtbf        scaled MTBF of the job (default 60)
 #     --work        useful compute the job needs, in seconds (default 200)
 #     --fixed       fixed intervals to compare, comma-separated seconds (default 1,3,10,30)
 #     --seed        seed of the failure schedule (default 7)
 #     --step-sleep  seconds each step sleeps (default 0.2; sets the step time)
+#     --hidden      hidden width of the MLP (default 16384: with 256 inputs, 17 MB of weights and momentum per rank)
+#     --report      measure and report the runs kept in DIR again (give the options of the run that made them)
 # Needs a built tree (CKPT_BUILD_DIR, default build/), root, and the packages of scripts/install-deps.sh. It
 # starts the local cluster (tests/cluster.sh up, whose site policy allows intervals down to 1 s) with the plugin
 # reporting to its own controller; `tests/cluster.sh down` stops it.
 set -euo pipefail
-MTBF=60 WORK=200 FIXED=1,3,10,30 SEED=7 SLEEP=0.2
+MTBF=60 WORK=200 FIXED=1,3,10,30 SEED=7 SLEEP=0.2 HIDDEN=16384 REPORT=
 while [ $# -gt 0 ]; do
   case $1 in
     --mtbf) MTBF=$2; shift 2 ;;
@@ -32,6 +34,8 @@ while [ $# -gt 0 ]; do
     --fixed) FIXED=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
     --step-sleep) SLEEP=$2; shift 2 ;;
+    --hidden) HIDDEN=$2; shift 2 ;;
+    --report) REPORT=$2; shift 2 ;;
     *) echo "goodput: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -49,6 +53,21 @@ for f in "$CKPT" "$BUILD/controller/ckpt-controller"; do
 done
 "$PY" -c 'import torch, slurm_ckpt.torch' || { echo "goodput: needs python3-torch and a built slurm_ckpt" >&2; exit 2; }
 
+policies=()
+for f in ${FIXED//,/ }; do policies+=("fixed-${f}s|${f}s|off"); done
+policies+=("auto|auto|off" "last-words|auto|on")
+median() { sort -g | awk '{ v[++n] = $1 } END { if (n) printf "%.4f\n", (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2) }'; }
+# "t=" of the lines of a log that match a pattern, one per line.
+times_of() { sed -n "/^train_dp_tp: $2/s/.* t=\([0-9.]*\)\$/\1/p" "$1" 2>/dev/null; }
+step_time() {  # the median step time of the baseline run
+  times_of "$W/baseline.out" "step [0-9]* loss" | awk 'NR > 5 { printf "%.4f\n", $1 - p } { p = $1 }' | median
+}
+
+if [ -n "$REPORT" ]; then
+  W=$(cd "$REPORT" && pwd)
+  STEP_S=$(step_time)
+  STEPS=$(awk -v w="$WORK" -v s="$STEP_S" 'BEGIN { printf "%d", w / s + 0.5 }')
+else
 CKPT_CLUSTER_PLUGIN_ARGS="controller=http://127.0.0.1:$PORT" "$CLUSTER" up
 mkdir -p "$D/ckpt"
 W=$(mktemp -d "$D/ckpt/bench-goodput.XXXXXX")
@@ -79,29 +98,33 @@ cat > "$W/train.sbatch" <<JOB
 export MASTER_ADDR=127.0.0.1
 export MASTER_PORT=\$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
-srun $PY $SRC/slurm-examples/train_dp_tp.py --step-sleep $SLEEP --log-time "\$@"
+srun $PY $SRC/slurm-examples/train_dp_tp.py --step-sleep $SLEEP --d-in 256 --hidden $HIDDEN --lr 0.0005 --log-time "\$@"
 JOB
 
-# "t=" of the lines of a log that match a pattern, one per line.
-times_of() { sed -n "s/^train_dp_tp: $2.* t=\([0-9.]*\)\$/\1/p" "$1"; }
-wait_done() {  # job id: waits until it leaves the queue, prints its final state
+# The controller's view of a job: running, failing, requeueing, pending, completed, gave-up, ...
+ctl_state() {
+  curl -sf "http://127.0.0.1:$PORT/v1/jobs/$1" 2>/dev/null | grep -oE '"state" *: *"[a-z-]+"' | head -1 |
+    sed 's/.*"\([a-z-]*\)"$/\1/' || true
+}
+# Over for good: the controller will not restart it (between a failed run and its requeue, squeue shows nothing).
+job_over() { case $(ctl_state "$1") in completed|cancelled|gave-up|gone) return 0 ;; esac; return 1; }
+wait_done() {  # job id: waits until the job is over for good (a failed run is requeued), prints how it ended
   local state=""
-  for _ in $(seq 6000); do
-    state=$(scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
-    case $state in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|"") break ;; esac
-    sleep 0.2
+  for _ in $(seq 12000); do
+    state=$(ctl_state "$1")
+    case $state in completed|cancelled|gave-up|gone) break ;; esac
+    sleep 0.5
   done
-  echo "${state:-GONE}"
+  echo "$state"
 }
 
 # ---- the step time without checkpoints or failures ------------------------------------------------------------
 echo "== baseline: 60 steps without checkpoints or failures"
 job=$(sbatch --parsable -o "$W/baseline.out" --ckpt-interval=1000000steps --ckpt-last-words=off "$W/train.sbatch" \
   --steps 60 --out "$W/baseline.final")
-[ "$(wait_done "$job")" = COMPLETED ] || { echo "goodput: the baseline run failed: $(tail -5 "$W/baseline.out")" >&2; exit 1; }
+[ "$(wait_done "$job")" = completed ] || { echo "goodput: the baseline run failed: $(tail -5 "$W/baseline.out")" >&2; exit 1; }
 job=""
-STEP_S=$(times_of "$W/baseline.out" "step [0-9]* loss" | awk 'NR > 5 { d[++n] = $1 - p } { p = $1 }
-  END { asort(d); print (n % 2 ? d[(n + 1) / 2] : (d[n / 2] + d[n / 2 + 1]) / 2) }')
+STEP_S=$(step_time)
 STEPS=$(awk -v w="$WORK" -v s="$STEP_S" 'BEGIN { printf "%d", w / s + 0.5 }')
 echo "step time ${STEP_S}s (median); $STEPS steps make ${WORK}s of work"
 
@@ -117,6 +140,7 @@ echo "failure schedule (seconds after the first step, seed $SEED): $(head -8 "$W
 # Kills one rank per scheduled failure while the job runs; writes "<unix time> <rank pid>" per kill.
 inject() {  # log, kills file, job id
   local log=$1 kills=$2 id=$3 t0 due now pids pick n=0
+  set +e +o pipefail  # a log that does not exist yet is no reason to stop injecting
   : > "$kills"
   for _ in $(seq 3000); do t0=$(times_of "$log" "starting at step 0" | head -1); [ -n "$t0" ] && break; sleep 0.1; done
   [ -n "$t0" ] || return 0
@@ -124,7 +148,7 @@ inject() {  # log, kills file, job id
     n=$((n + 1))
     due=$(awk -v a="$t0" -v b="$at" 'BEGIN { printf "%.3f", a + b }')
     while :; do
-      squeue -h -j "$id" 2>/dev/null | grep -q . || return 0  # the job is over
+      job_over "$id" && return 0
       now=$(date +%s.%N)
       if awk -v n="$now" -v d="$due" 'BEGIN { exit !(n >= d) }'; then
         # Due: strike once this run trains (it printed its start line and all four ranks are up).
@@ -137,15 +161,12 @@ inject() {  # log, kills file, job id
           break
         fi
       fi
-      sleep 0.05
+      sleep 0.1
     done
   done < "$W/schedule"
 }
 
 # ---- one run per policy ------------------------------------------------------------------------------------------
-policies=()
-for f in ${FIXED//,/ }; do policies+=("fixed-${f}s|${f}s|off"); done
-policies+=("auto|auto|off" "last-words|auto|on")
 for p in "${policies[@]}"; do
   IFS='|' read -r name interval words <<< "$p"
   echo "== $name: --ckpt-interval=$interval --ckpt-last-words=$words"
@@ -159,68 +180,63 @@ for p in "${policies[@]}"; do
   wait "$injector" || true
   job=""
   echo "   $state after $(wc -l < "$W/$name.kills") injected failures"
-  [ "$state" = COMPLETED ] || { echo "goodput: $name ended $state: $(tail -5 "$log")" >&2; exit 1; }
+  [ "$state" = completed ] || { echo "goodput: $name ended $state: $(tail -5 "$log")" >&2; exit 1; }
 done
+fi
 
 # ---- measure ------------------------------------------------------------------------------------------------------
-# Per run: wall (first step to last), restarts (kill to the next start line), checkpoints, the cost δ left over
-# once the steps run and the restarts are taken out, and the failure times relative to the first step.
+# bench/goodput_measure.py puts the runs in the simulator's terms: per run the wall time, failures (as times) and
+# checkpoints; pooled, the step time with checkpointing on, the checkpoint cost δ and the restart cost R.
+measure_args=()
 for p in "${policies[@]}"; do
-  IFS='|' read -r name interval words <<< "$p"
-  log=$W/$name.out
-  times_of "$log" "\(starting at\|resumed from\) step" > "$W/$name.starts"
-  t0=$(head -1 "$W/$name.starts")
-  t1=$(times_of "$log" "step $STEPS loss" | tail -1)
-  executed=$(grep -c "^train_dp_tp: step [0-9]* loss" "$log" || true)
-  ckpts=$(grep -c "committed periodic checkpoint" "$log" || true)
-  words_n=$(grep -c "committed the terminal checkpoint" "$log" || true)
-  # Each kill's restart: to the first start line after it.
-  awk 'NR == FNR { s[++n] = $1; next } { for (i = 1; i <= n; i++) if (s[i] > $1) { print s[i] - $1; break } }' \
-    "$W/$name.starts" "$W/$name.kills" > "$W/$name.restarts"
-  trace=$(awk -v t0="$t0" '{ printf "%s%.3f", (NR > 1 ? "," : ""), $1 - t0 }' "$W/$name.kills")
-  awk -v name="$name" -v t0="$t0" -v t1="$t1" -v ex="$executed" -v st="$STEP_S" -v c="$ckpts" -v lw="$words_n" \
-    -v trace="$trace" -v steps="$STEPS" '
-    { r += $1; k++ }
-    END { wall = t1 - t0; d = c > 0 ? (wall - r - ex * st) / c : 0
-          printf "%s %.3f %d %d %d %.3f %.4f %s\n", name, wall, k, c, lw, r, d, (trace == "" ? "-" : trace) }' \
-    "$W/$name.restarts" >> "$W/measured"
+  name=${p%%|*}
+  measure_args+=("$name" "$W/$name.out" "$W/$name.kills")
 done
-# The model's inputs, measured across all runs: δ the median per-run cost, R the median restart.
-DELTA=$(awk '$4 > 0 && $7 > 0 { print $7 }' "$W/measured" | sort -g | awk '{ v[++n] = $1 } END { print n ? (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2) : 0.001 }')
-RESTART=$(cat "$W"/*.restarts | sort -g | awk '{ v[++n] = $1 } END { print n ? (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2) : 0 }')
+"$PY" "$SRC/bench/goodput_measure.py" "$STEP_S" "$STEPS" "${measure_args[@]}" > "$W/measured.json"
+get() { "$PY" -c "import json, sys; d = json.load(open('$W/measured.json')); print($1)"; }
+DELTA=$(get "f\"{max(d['cost_s'], 0.0001):.4f}\"")  # the simulator needs a cost > 0
+RESTART=$(get "f\"{d['restart_s']:.3f}\"")
+STEP_SEEN=$(get "f\"{d['step_seen_s']:.4f}\"")
+SIM_WORK=$(awk -v n="$STEPS" -v s="$STEP_SEEN" 'BEGIN { printf "%.3f", n * s }')
 AUTO_LINE=$(grep "CKPT_INTERVAL=auto: interval" "$W/auto.out" | tail -1 | sed 's/.*CKPT_INTERVAL=auto: //')
-WORK_S=$(awk -v n="$STEPS" -v s="$STEP_S" 'BEGIN { printf "%.3f", n * s }')
 
-predict() {  # name interval trace -> "replay expected" goodputs
+# The simulator's goodput for one run, on its failure times and as an expectation, both counted in useful work
+# (steps x the step time without checkpointing): "replay expected".
+predict() {  # name interval failure-times
   local name=$1 interval=$2 trace=$3 row fixed=() replay expected
   case $name in fixed-*) fixed=(--interval "$interval"); row=fixed ;; auto) row=daly ;; *) row=last-words ;; esac
   local args=(simulate --cost "${DELTA}s" --restart "${RESTART}s" --mtbf "${MTBF}s" --catchable 1 "${fixed[@]}" --json)
-  replay=$("$CKPT" "${args[@]}" --work "${WORK_S}s" --failure-times "${trace:-none}" |
-    "$PY" -c "import json, sys; print(next(p['goodput'] for p in json.load(sys.stdin)['policies'] if p['policy'] == '$row'))")
-  expected=$("$CKPT" "${args[@]}" |
-    "$PY" -c "import json, sys; print(next(p['goodput'] for p in json.load(sys.stdin)['policies'] if p['policy'] == '$row'))")
+  local pick="import json, sys; print(next(p['goodput'] for p in json.load(sys.stdin)['policies'] if p['policy'] == '$row') * $STEP_S / $STEP_SEEN)"
+  replay=$("$CKPT" "${args[@]}" --work "${SIM_WORK}s" --failure-times "${trace:-none}" | "$PY" -c "$pick")
+  expected=$("$CKPT" "${args[@]}" | "$PY" -c "$pick")
   echo "$replay $expected"
 }
 
 {
-  echo "goodput on the local cluster: DP2 x TP2 on 4 nodes, MTBF ${MTBF}s (failure schedule seed $SEED), work ${WORK_S}s"
-  echo "($STEPS steps of ${STEP_S}s), a failure SIGKILLs one random rank; the controller requeues the job."
-  echo "model inputs measured across the runs: checkpoint cost δ ${DELTA}s (median per run), restart R ${RESTART}s (median)"
+  echo "goodput on the local cluster: DP2 x TP2 on 4 nodes, MTBF ${MTBF}s (failure schedule seed $SEED); $STEPS steps of"
+  echo "${STEP_S}s without checkpointing, ${STEP_SEEN}s with it (median); a failure SIGKILLs one random rank, the controller requeues"
+  echo "measured across the runs: checkpoint cost δ ${DELTA}s (median per run), restart R ${RESTART}s (median); simulator inputs"
   echo "auto's last choice: $AUTO_LINE"
   printf '%-16s %8s %8s %6s %6s %9s %9s %9s %7s\n' policy wall_s failures ckpts words measured predicted expected diff
-  while read -r name wall fails ckpts words rsum delta trace; do
-    interval=${name#fixed-}
-    [ "$trace" = - ] && trace=""
+  n=0
+  for p in "${policies[@]}"; do
+    IFS='|' read -r name interval words <<< "$p"
+    read -r wall fails ckpts lw g trace <<< "$(get "(lambda r: f\"{r['wall_s']:.1f} {r['failures']} {r['checkpoints']} {r['terminal_checkpoints']} {r['goodput']:.4f} {','.join(str(t) for t in r['failure_times']) or 'none'}\")(d['runs'][$n])")"
+    n=$((n + 1))
+    [ "$trace" = none ] && trace=""
     read -r replay expected <<< "$(predict "$name" "$interval" "$trace")"
-    awk -v n="$name" -v w="$wall" -v f="$fails" -v c="$ckpts" -v lw="$words" -v work="$WORK_S" -v r="$replay" -v e="$expected" \
-      'BEGIN { g = work / w; printf "%-16s %8.1f %8d %6d %6d %9.4f %9.4f %9.4f %+7.4f\n", n, w, f, c, lw, g, r, e, g - r }'
-  done < "$W/measured"
+    awk -v n="$name" -v w="$wall" -v f="$fails" -v c="$ckpts" -v lw="$lw" -v g="$g" -v r="$replay" -v e="$expected" \
+      'BEGIN { printf "%-16s %8.1f %8d %6d %6d %9.4f %9.4f %9.4f %+7.4f\n", n, w, f, c, lw, g, r, e, g - r }'
+  done
 } | tee "$W/report"
 
 # ---- acceptance ---------------------------------------------------------------------------------------------------
-awk 'NR > 5 { g[$1] = $6; diff[$1] = $9 < 0 ? -$9 : $9; if ($1 ~ /^fixed-/ && $6 > best) { best = $6; bestn = $1 } }
+awk 'NR > 5 { g[$1] = $6; diff[$1] = $9 < 0 ? -$9 : $9; if ($1 ~ /^fixed-/ && $6 > best) { best = $6; bestn = $1 }
+              if (!($6 > 0 && $6 <= 1 && $7 > 0 && $7 <= 1)) bad = bad " " $1 }
   END {
     ok = 1
+    if (bad != "") { print "unusable measurements or predictions for:" bad; ok = 0 }
+    if (!("auto" in g) || !("last-words" in g) || bestn == "") { print "a policy run is missing"; ok = 0 }
     printf "auto vs the simulator: |%.4f| %s 0.03\n", diff["auto"], (diff["auto"] <= 0.03 ? "<=" : ">")
     if (diff["auto"] > 0.03) ok = 0
     printf "auto %.4f vs the best fixed interval (%s) %.4f: %+.2f points (target >= -1)\n", g["auto"], bestn, best, 100 * (g["auto"] - best)

@@ -35,6 +35,7 @@ def parse_args():
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--d-out", type=int, default=8)
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (lower it for a wide --hidden)")
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--log-time", action="store_true", help="end each log line with t=<unix seconds> (benchmarks)")
     return p.parse_args()
@@ -69,7 +70,7 @@ def main():
     shard = args.hidden // tp
     model = torch.nn.Sequential(torch.nn.Linear(args.d_in, shard, bias=False), torch.nn.ReLU(),
                                 torch.nn.Linear(shard, args.d_out, bias=False))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     params = list(model.parameters())
     extra = {"samples_seen": 0}
     cp = slurm_ckpt.torch.Checkpointer(model, optimizer, extra=extra, dir=args.ckpt_dir,

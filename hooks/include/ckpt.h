@@ -39,6 +39,9 @@ typedef struct ckpt_stats {
   uint64_t backpressure_waits;
   uint64_t state_bytes, staging_bytes;
   double last_stall_s, total_stall_s, last_copy_s, last_persist_s, last_commit_s, backpressure_s;
+  /* CKPT_INTERVAL=auto, rank 0 (zero elsewhere): the chosen interval and its inputs. */
+  double auto_interval_s, auto_cost_s, auto_stall_s, auto_interference_s, auto_persist_floor_s, auto_mtbf_s;
+  uint64_t auto_checkpoints;
 } ckpt_stats;
 
 /* The message of the last failed call on this thread; "" after a successful one. */
@@ -73,6 +76,10 @@ int ckpt_before_update(ckpt_checkpointer* cp);
 int ckpt_after_step(ckpt_checkpointer* cp, uint64_t step, int* stop);
 /* Takes a checkpoint now (terminal: then stop); every rank must call it at the same step. */
 int ckpt_save(ckpt_checkpointer* cp, uint64_t step, int terminal);
+
+/* Watches an NCCL communicator (an ncclComm_t) until ckpt_close: an asynchronous error aborts it and starts the
+ * last words; last words started another way abort it first. Destroy the communicator only after ckpt_close. */
+int ckpt_watch_nccl(ckpt_checkpointer* cp, void* comm);
 
 int ckpt_stats_get(const ckpt_checkpointer* cp, ckpt_stats* out);
 /* Waits for the last persist and commit; returns the first persist failure, if any. */

@@ -188,8 +188,22 @@ int ckpt_stats_get(const ckpt_checkpointer* cp, ckpt_stats* out) {
     out->last_persist_s = s.last_persist_s;
     out->last_commit_s = s.last_commit_s;
     out->backpressure_s = s.backpressure_s;
+    out->auto_interval_s = s.auto_interval_s;
+    out->auto_cost_s = s.auto_cost_s;
+    out->auto_stall_s = s.auto_stall_s;
+    out->auto_interference_s = s.auto_interference_s;
+    out->auto_persist_floor_s = s.auto_persist_floor_s;
+    out->auto_mtbf_s = s.auto_mtbf_s;
+    out->auto_checkpoints = s.auto_checkpoints;
     g_error.clear();
     return 0;
+  });
+}
+
+int ckpt_watch_nccl(ckpt_checkpointer* cp, void* comm) {
+  return guarded("ckpt_watch_nccl", [&] {
+    CKPT_NEED("ckpt_watch_nccl", cp);
+    return done(cp->impl->watch_nccl(comm));
   });
 }
 

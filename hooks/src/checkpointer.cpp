@@ -27,6 +27,7 @@
 #include "device.hpp"
 #include "last_words_runtime.hpp"
 #include "log.hpp"
+#include "nccl_watch.hpp"
 #include "notice.hpp"
 #include "staging.hpp"
 
@@ -121,6 +122,7 @@ struct Checkpointer::Impl {
   std::unique_ptr<DeviceBackend> device;  // created at the first device region
   UpdateTracker tracker;                  // step and mid-update, for the last words
   std::unique_ptr<LastWords> last_words;  // armed: see last_words_runtime.hpp
+  std::unique_ptr<NcclWatch> nccl;        // communicators handed to watch_nccl; reset before last_words
   bool handlers = false;
   std::uint64_t notices_seen = 0;  // notice::count() at start: only later signals are for this checkpointer
 
@@ -874,6 +876,7 @@ struct Checkpointer::Impl {
     if (closed) return close_status;
     closed = true;
     if (!enabled) return close_status;
+    nccl.reset();  // stops polling; the program destroys its communicators after close()
     if (last_words) {
       // A training error on an armed job is most likely a dead peer (gloo resets within ~50 ms, the mesh needs up
       // to its silence limit): wait for the last words before this rank goes, or peers would count it dead too.
@@ -1118,6 +1121,25 @@ Status Checkpointer::save(std::uint64_t step, store::Kind kind) {
 Status Checkpointer::close() { return impl_->close(true); }
 
 Status Checkpointer::abort() { return impl_->close(false); }
+
+Status Checkpointer::watch_nccl(void* comm) {
+  Impl& d = *impl_;
+  if (!d.enabled || d.closed) return Status::success();
+  if (!d.nccl) {
+    NcclWatch::Hooks hooks;
+    LastWords* words = d.last_words.get();
+    const int rank = d.rank;
+    hooks.on_error = [words, rank](const std::string& why) {
+      log::error(rank, why);
+      if (words != nullptr) words->trigger(why);
+    };
+    if (words != nullptr) hooks.abort_requested = [words] { return words->triggered(); };
+    auto watch = NcclWatch::start(std::move(hooks), std::chrono::milliseconds(50));
+    if (!watch) return Status::failure(watch.error());
+    d.nccl = std::move(watch).value();
+  }
+  return d.nccl->add(comm);
+}
 
 Stats Checkpointer::stats() const { return impl_->stats_copy(); }
 

@@ -85,19 +85,12 @@ class SingleCoordinator final : public Coordinator {
 
 // A rank's shard record appearing in the step dir is its publication: the store writes it atomically after the
 // shard is durable. A failure leaves a report in the control dir so the writer need not wait for the timeout.
-class FileCoordinator final : public Coordinator {
+class FileCoordinator final : public ControlDirCoordinator {
  public:
   explicit FileCoordinator(const Config& config)
-      : root_(config.dir), world_(config.world_size),
-        control_(config.dir, config.run_id, config.rank) {}
+      : ControlDirCoordinator(config), root_(config.dir), world_(config.world_size) {}
 
   const char* name() const override { return "file"; }
-  Status begin(std::uint64_t resume_step) override {
-    control_.begin(resume_step);
-    return Status::success();
-  }
-  Status request(std::uint64_t step, store::Kind kind) override { return control_.request(step, kind); }
-  std::optional<store::Kind> requested(std::uint64_t step) override { return control_.requested(step); }
   Status publish(std::uint64_t step, const Status& outcome) override {
     if (outcome) return Status::success();
     return control_.report_failure(step, outcome.error());
@@ -142,7 +135,6 @@ class FileCoordinator final : public Coordinator {
  private:
   std::string root_;
   int world_;
-  ControlDir control_;
   std::atomic<bool> cancelled_{false};
 };
 

@@ -82,6 +82,21 @@ class ControlDir {
   int fd_ = -1;     // guarded by mu_: the namespace dir once it exists
 };
 
+// A coordinator whose requests live in a ControlDir (File and Pmix); they differ only in how shards are published.
+class ControlDirCoordinator : public Coordinator {
+ public:
+  explicit ControlDirCoordinator(const Config& config) : control_(config.dir, config.run_id, config.rank) {}
+  Status begin(std::uint64_t resume_step) override {
+    control_.begin(resume_step);
+    return Status::success();
+  }
+  Status request(std::uint64_t step, store::Kind kind) override { return control_.request(step, kind); }
+  std::optional<store::Kind> requested(std::uint64_t step) override { return control_.requested(step); }
+
+ protected:
+  ControlDir control_;
+};
+
 }  // namespace ckpt::hooks
 
 namespace ckpt::hooks {

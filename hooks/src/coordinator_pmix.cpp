@@ -36,10 +36,9 @@ void release(pmix_value_t* value) {
   std::free(value);
 }
 
-class PmixCoordinator final : public Coordinator {
+class PmixCoordinator final : public ControlDirCoordinator {
  public:
-  explicit PmixCoordinator(const Config& config)
-      : world_(config.world_size), control_(config.dir, config.run_id, config.rank) {
+  explicit PmixCoordinator(const Config& config) : ControlDirCoordinator(config), world_(config.world_size) {
     std::memset(&me_, 0, sizeof me_);
   }
   ~PmixCoordinator() override {
@@ -69,12 +68,6 @@ class PmixCoordinator final : public Coordinator {
   }
 
   const char* name() const override { return "pmix"; }
-  Status begin(std::uint64_t resume_step) override {
-    control_.begin(resume_step);
-    return Status::success();
-  }
-  Status request(std::uint64_t step, store::Kind kind) override { return control_.request(step, kind); }
-  std::optional<store::Kind> requested(std::uint64_t step) override { return control_.requested(step); }
 
   Status publish(std::uint64_t step, const Status& outcome) override {
     fence_ok_ = false;
@@ -140,7 +133,6 @@ class PmixCoordinator final : public Coordinator {
   int world_;
   int fence_timeout_s_ = 600;
   bool fence_ok_ = false;  // persist thread only
-  ControlDir control_;
 };
 
 }  // namespace

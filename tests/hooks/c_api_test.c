@@ -72,6 +72,19 @@ int main(int argc, char** argv) {
   CHECK(ckpt_stats_get(cp, &st) == 0);
   CHECK(st.snapshots == 2 && st.committed == 2 && st.last_committed_step == 4 && st.failed == 0);
   CHECK(st.staging_bytes >= st.state_bytes && st.state_bytes == sizeof weights + sizeof stats);
+  CHECK(st.auto_interval_s == 0 && st.auto_checkpoints == 0); /* a step interval: auto is off */
+  CHECK(ckpt_watch_nccl(cp, NULL) == 0);                       /* closed: a no-op */
+  ckpt_free(cp);
+
+  /* CKPT_INTERVAL=auto shows its choice; with no NCCL in this process, watching one fails with one line */
+  const char* auto_settings[] = {settings[0], "interval=auto", "mtbf=600s", "min_interval=1s"};
+  CHECK(ckpt_open(auto_settings, 4, &cp) == 0);
+  CHECK(ckpt_stats_get(cp, &st) == 0);
+  CHECK(st.auto_interval_s == 60 && st.auto_mtbf_s == 600 && st.auto_checkpoints == 0); /* a tenth of the MTBF */
+  int fake_comm = 0;
+  CHECK(ckpt_watch_nccl(cp, &fake_comm) == -1);
+  CHECK(starts_with(ckpt_last_error(), "ckpt: watch_nccl: no NCCL in this process"));
+  CHECK(ckpt_close(cp) == 0);
   ckpt_free(cp);
 
   /* restore into fresh memory */

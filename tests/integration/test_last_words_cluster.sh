@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Last words on the real local cluster: slurm-examples/train_dp_tp.py (DP2 x TP2 over gloo, bitwise resumable)
 # on 4 nodes with `srun -N4 -n4 --ckpt-last-words=on`.
-#  1. A node crashes (SIGKILL) at a random step, with no periodic checkpoint to fall back on (interval 1000
-#     steps): the survivors detect it over their heartbeat mesh, agree, and commit a terminal checkpoint of the
-#     step they were on; a rerun resumes from it and ends bitwise identical to an uninterrupted run. Prints the
-#     detection latency and the time from the crash to the committed checkpoint.
+#  1. A requeueable batch job under the recovery controller; a node crashes (SIGKILL) at a random step, with no
+#     periodic checkpoint to fall back on (interval 1000 steps): the survivors detect it over their heartbeat
+#     mesh, agree, and commit a terminal checkpoint of the step they were on; the controller requeues the job off
+#     the dead node, it resumes from that checkpoint (at most one step lost) and ends bitwise identical to an
+#     uninterrupted run. Prints the detection latency and the time from the crash to the committed checkpoint.
 #  2. Two nodes holding both replicas of one tensor slice freeze (SIGSTOP: the silent case, seen only through
 #     missed heartbeats): the survivors cannot hold a complete copy and write nothing; the rerun resumes from the
 #     last periodic checkpoint, still bitwise identical.
@@ -19,7 +20,36 @@ revive_all() {
   for n in "${crashed_nodes[@]}"; do "$CLUSTER" revive-node "$n" >/dev/null 2>&1 || true; done
   crashed_nodes=()
 }
-trap revive_all EXIT
+
+# The recovery controller, and the plugin reporting to it.
+PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 30 ))
+[ -x "$CKPT_BUILD_DIR/controller/ckpt-controller" ] || fail "ckpt-controller is not built"
+CKPT_CLUSTER_PLUGIN_ARGS="controller=http://127.0.0.1:$PORT" "$CLUSTER" up > /dev/null
+cat > "$SCRATCH/controller.conf" <<CONF
+listen = 127.0.0.1:$PORT
+database = $SCRATCH/controller.db
+munge_socket = $CKPT_CLUSTER_DIR/munge/munge.socket
+backend = libslurm
+settle = 200ms
+reconcile_interval = 1s
+CONF
+setsid "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" run > "$SCRATCH/controller.log" 2>&1 &
+ctl_pid=$!
+job=""
+stop_controller() {
+  [ -n "$ctl_pid" ] || return 0
+  kill "$ctl_pid" 2>/dev/null || true
+  ctl_pid=""
+  "$CLUSTER" up > /dev/null 2>&1 || true  # plugstack.conf as the cluster script writes it
+}
+cleanup() {
+  [ -n "$job" ] && scancel "$job" 2>/dev/null || true
+  revive_all
+  stop_controller
+}
+trap cleanup EXIT
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.1; done
+curl -sf "http://127.0.0.1:$PORT/healthz" > /dev/null || fail "the controller did not start: $(tail -5 "$SCRATCH/controller.log")"
 
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 latest_step() { [ -f "$1/latest" ] && sed 's/^0*//; s/^$/0/' "$1/latest" || echo 0; }
@@ -46,16 +76,27 @@ train straight 1000steps > "$SCRATCH/straight.log" 2>&1 || { cat "$SCRATCH/strai
 grep -q "last words armed" "$SCRATCH/straight.log" || fail "last words were not armed"
 pass "uninterrupted DP2xTP2 run on 4 nodes"
 
-# ---- 1. one node crashes: a terminal checkpoint from the survivors ----
+# ---- 1. one node crashes: a terminal checkpoint from the survivors, the controller requeues, the job resumes ----
+# -N3-4: Slurm gives the first run all 4 nodes, the requeued run the 3 the controller did not exclude.
+mkdir -p "$SCRATCH/one"
+cat > "$SCRATCH/one.sbatch" <<JOB
+#!/bin/bash
+#SBATCH -N3-4 -n4 --requeue --open-mode=append
+export MASTER_ADDR=127.0.0.1
+export MASTER_PORT=\$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
+srun $PY $CKPT_SOURCE_DIR/slurm-examples/train_dp_tp.py --steps $STEPS --out $SCRATCH/one/final "\$@"
+JOB
 at=$((15 + RANDOM % 20))
-train one 1000steps --step-sleep 0.2 > "$SCRATCH/one.log" 2>&1 &
-srun_pid=$!
-for _ in $(seq 900); do
+job=$(sbatch --parsable -J "lw-one-$tag" -o "$SCRATCH/one.log" --ckpt-interval=1000steps --ckpt-last-words=on \
+  --ckpt-dir="$SCRATCH/one/ckpt" "$SCRATCH/one.sbatch" --step-sleep 0.2)
+for _ in $(seq 1200); do
   s=$(logged_step "$SCRATCH/one.log")
   [ -n "$s" ] && [ "$s" -ge "$at" ] && break
-  kill -0 "$srun_pid" 2>/dev/null || { cat "$SCRATCH/one.log" >&2; fail "the run ended before step $at"; }
   sleep 0.05
 done
+[ "$(scontrol show hostnames "$(squeue -h -j "$job" -o %N)" | wc -l)" = 4 ] ||
+  fail "the first run is not on 4 nodes: $(squeue -h -j "$job" -o %N)"
 crash_t=$(now)
 "$CLUSTER" crash-node n4
 crashed_nodes+=(n4)
@@ -63,10 +104,6 @@ seen=$(logged_step "$SCRATCH/one.log")
 for _ in $(seq 200); do [ -f "$SCRATCH/one/ckpt/latest" ] && break; sleep 0.05; done
 committed_t=$(now)
 [ -f "$SCRATCH/one/ckpt/latest" ] || { cat "$SCRATCH/one.log" >&2; fail "no terminal checkpoint 10 s after n4 crashed"; }
-for _ in $(seq 600); do kill -0 "$srun_pid" 2>/dev/null || break; sleep 0.2; done
-kill -0 "$srun_pid" 2>/dev/null && { kill "$srun_pid"; fail "srun still runs 2 minutes after n4 crashed"; }
-wait "$srun_pid" && fail "the crashed run exited 0"
-revive_all
 term=$(latest_step "$SCRATCH/one/ckpt")
 grep -q '"kind": *"terminal"' "$SCRATCH/one/ckpt/$(cat "$SCRATCH/one/ckpt/latest")/MANIFEST.json" ||
   fail "the checkpoint of step $term is not terminal"
@@ -81,10 +118,22 @@ echo "last words: crash of n4 at step ~$seen: detected after $detect_ms ms, term
 grep "last words:" "$SCRATCH/one.log" | sed 's/^/  /' | head -20
 pass "n4 crashed at step ~$seen: terminal checkpoint of step $term from the survivors"
 
-train one 1000steps > "$SCRATCH/one-rerun.log" 2>&1 || { cat "$SCRATCH/one-rerun.log" >&2; fail "the rerun failed"; }
-grep -q "resumed from step $term" "$SCRATCH/one-rerun.log" || { cat "$SCRATCH/one-rerun.log" >&2; fail "the rerun did not resume from step $term"; }
+# The controller requeues the job off n4; the next run resumes from the terminal checkpoint and finishes.
+for _ in $(seq 1200); do
+  state=$(scontrol show job "$job" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+  grep -q "^run 1 " "$SCRATCH/one.log" && [ "$state" = COMPLETED ] && break
+  sleep 0.25
+done
+"$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" history "$job" | sed 's/^/  /' | head -20
+grep -q "^run 1 " "$SCRATCH/one.log" || { cat "$SCRATCH/one.log" >&2; fail "the controller did not requeue job $job"; }
+[ "$state" = COMPLETED ] || { tail -20 "$SCRATCH/one.log" >&2; fail "the requeued job ended $state"; }
+job=""
+grep "^run 1 " "$SCRATCH/one.log" | grep -q "n4" && fail "the requeued run went back to the dead node n4"
+grep -q "resumed from step $term " "$SCRATCH/one.log" || { cat "$SCRATCH/one.log" >&2; fail "the requeued run did not resume from step $term"; }
 same_weights one || fail "final weights differ after resuming from the terminal checkpoint of step $term"
-pass "resumed from the terminal checkpoint of step $term; final weights bitwise identical"
+pass "the controller requeued the job off n4; it resumed from the terminal checkpoint of step $term (steps lost: $((seen > term ? seen - term : 0))); final weights bitwise identical"
+revive_all
+stop_controller  # case 2 needs no restart
 
 # ---- 2. both replicas of slice tp1 crash: nothing is written, the periodic checkpoint serves ----
 train two 10steps --step-sleep 0.2 > "$SCRATCH/two.log" 2>&1 &

@@ -220,6 +220,12 @@ class Checkpointer {
   // rank's departure is not taken for another failure. Idempotent with close().
   Status abort();
 
+  // Watches an NCCL communicator (an ncclComm_t) until close(): an asynchronous error aborts it (collectives blocked
+  // on it return) and, with last words armed, starts them; last words started any other way abort it before
+  // anything is saved. Uses the NCCL already in the process; fails with one line where there is none. Destroy the
+  // communicator only after close(). A no-op when checkpointing is off.
+  Status watch_nccl(void* comm);
+
   Stats stats() const;
 
  private:

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Measures the runs of bench/goodput.sh from their batch logs and kill times, in the simulator's terms.
+
+    goodput_measure.py STEP_S STEPS NAME LOG KILLS [NAME LOG KILLS ...]  ->  one JSON object on stdout
+
+Each LOG is train_dp_tp.py's with --log-time (rank 0's lines end with t=<unix seconds>), plus the batch script's
+"run N on ..." lines and libckpt's lines; each KILLS holds "<unix seconds> <pid>" per injected failure. STEP_S is
+the step time of the run without checkpoints or failures: the useful work of a job is STEPS x STEP_S.
+
+The accounting matches `ckpt simulate`'s, so that its prediction can be held against what happened:
+  - a run (one start of the job) warms up over its first WARMUP steps (gloo connections, allocator, caches); that
+    time beyond the step time belongs to the start-up, not to the work or to checkpoints;
+  - the job starts when run 0 has warmed up (less the steps it did), and ends at the last step;
+  - a restart R runs from a kill to the moment the next run has warmed up (less the steps it did), or to the next
+    kill when that comes first: detection, last words, the requeue, Python and gloo start-up, the restore;
+  - with checkpointing on, every step pays a little (polling the coordinator; the other ranks' persists), so the
+    step time seen in the runs is the pooled median of their steps; the checkpoint cost δ is what the steps of a
+    run took beyond that, per checkpoint (the step cut short by a kill is lost work, as in the simulator);
+  - failure times are the kills, relative to the start.
+Pooled over the runs it reports that step time, δ (median over runs) and R (median over restarts).
+"""
+import json
+import re
+import statistics
+import sys
+
+WARMUP = 3
+STEP = re.compile(r"^train_dp_tp: step (\d+) loss \S+ t=([0-9.]+)$")
+START = re.compile(r"^train_dp_tp: (?:starting at|resumed from) step (\d+) .* t=([0-9.]+)$")
+
+
+def read_run(log, kills_file):
+    kills = sorted(float(line.split()[0]) for line in open(kills_file) if line.strip())
+    runs = []  # per start: the times of its step lines
+    checkpoints = terminal = 0
+    for line in open(log, errors="replace"):
+        line = line.rstrip("\n")
+        if m := STEP.match(line):
+            if runs:
+                runs[-1].append((float(m.group(2)), int(m.group(1))))
+        elif START.match(line):
+            runs.append([])
+        elif "committed periodic checkpoint" in line:
+            checkpoints += 1
+        elif "committed the terminal checkpoint" in line:
+            terminal += 1
+    return kills, runs, checkpoints, terminal
+
+
+def measure(name, log, kills_file, step_s, steps):
+    kills, runs, checkpoints, terminal = read_run(log, kills_file)
+    last = [t for run in runs for t, s in run if s == steps]
+    if not last:
+        raise SystemExit(f"goodput_measure: {log}: the job did not reach step {steps}")
+    # A run's steps between kills: the durations after its warm-up are its working steps.
+    warmed = []  # per run: when it was warm (time of its WARMUP-th step line less WARMUP step times), or None
+    durations = []
+    for run in runs:
+        warmed.append(run[WARMUP - 1][0] - WARMUP * step_s if len(run) >= WARMUP else None)
+        for (t0, _), (t1, _) in zip(run[WARMUP - 1:], run[WARMUP:]):
+            if not any(t0 < k < t1 for k in kills):
+                durations.append(t1 - t0)
+    if warmed[0] is None:
+        raise SystemExit(f"goodput_measure: {log}: the first run did not warm up")
+    start, end = warmed[0], max(last)
+    restarts = []
+    for i, k in enumerate(kills):
+        after = [w for w in warmed if w is not None and w > k]
+        if after:
+            finish = min(after[0], kills[i + 1]) if i + 1 < len(kills) else after[0]
+            restarts.append(max(0.0, finish - k))
+    return {
+        "name": name,
+        "wall_s": end - start,
+        "goodput": steps * step_s / (end - start),
+        "failures": len(kills),
+        "checkpoints": checkpoints,
+        "terminal_checkpoints": terminal,
+        "restarts_s": restarts,
+        "failure_times": [round(k - start, 3) for k in kills],
+        "durations": durations,
+    }
+
+
+def main():
+    step_s, steps = float(sys.argv[1]), int(sys.argv[2])
+    args = sys.argv[3:]
+    runs = [measure(args[i], args[i + 1], args[i + 2], step_s, steps) for i in range(0, len(args), 3)]
+    step_seen = statistics.median(d for r in runs for d in r["durations"])
+    for r in runs:
+        excess = sum(d - step_seen for d in r.pop("durations"))
+        r["cost_s"] = max(0.0, excess / r["checkpoints"]) if r["checkpoints"] else None
+    costs = [r["cost_s"] for r in runs if r["cost_s"] is not None]
+    restarts = [x for r in runs for x in r["restarts_s"]]
+    print(json.dumps({
+        "step_s": step_s,
+        "steps": steps,
+        "step_seen_s": step_seen,
+        "cost_s": statistics.median(costs) if costs else 0.0,
+        "restart_s": statistics.median(restarts) if restarts else 0.0,
+        "runs": runs,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
