@@ -68,28 +68,18 @@ if [ -n "$REPORT" ]; then
   STEP_S=$(step_time)
   STEPS=$(awk -v w="$WORK" -v s="$STEP_S" 'BEGIN { printf "%d", w / s + 0.5 }')
 else
-CKPT_CLUSTER_PLUGIN_ARGS="controller=http://127.0.0.1:$PORT" "$CLUSTER" up
+"$CLUSTER" up > /dev/null  # first, so that the run dir can live under the cluster's checkpoint area
 mkdir -p "$D/ckpt"
 W=$(mktemp -d "$D/ckpt/bench-goodput.XXXXXX")
-cat > "$W/controller.conf" <<CONF
-listen = 127.0.0.1:$PORT
-database = $W/controller.db
-munge_socket = $D/munge/munge.socket
-backend = libslurm
-settle = 200ms
-reconcile_interval = 1s
-CONF
-setsid "$BUILD/controller/ckpt-controller" -c "$W/controller.conf" run > "$W/controller.log" 2>&1 &
-ctl_pid=$!
 job=""
 cleanup() {
-  kill "$ctl_pid" 2>/dev/null || true
   [ -n "$job" ] && scancel "$job" 2>/dev/null || true
-  "$CLUSTER" up > /dev/null 2>&1 || true  # plugstack.conf back to the cluster script's own
+  controller_down
 }
 trap cleanup EXIT
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.1; done
-curl -sf "http://127.0.0.1:$PORT/healthz" > /dev/null || { echo "goodput: the controller did not start" >&2; exit 1; }
+CKPT_SOURCE_DIR=$SRC CKPT_BUILD_DIR=$BUILD CKPT_CLUSTER_DIR=$D
+source "$SRC/tests/integration/controller_lib.sh"
+controller_up "$W" "$PORT" || { echo "goodput: no controller" >&2; exit 1; }
 
 # One batch script for every run; the policy comes in as sbatch options. A fresh rendezvous port per run.
 cat > "$W/train.sbatch" <<JOB

@@ -4,8 +4,8 @@
 # requeues the job off the dead node within seconds, the job resumes from the newest complete checkpoint, and its
 # final weights equal an uninterrupted run's bit for bit.
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/controller_lib.sh"
 SRC=$CKPT_SOURCE_DIR
-D=$CKPT_CLUSTER_DIR
 DEMO=$SCRATCH
 PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 10 ))
 STEPS=${CKPT_DEMO_STEPS:-80}
@@ -18,27 +18,14 @@ say() { printf '\n== %s\n' "$*"; }
 die() { fail "$*"; }
 
 say "starting the local cluster (munged, slurmctld, slurmd n1..n4) and the recovery controller"
-CKPT_CLUSTER_PLUGIN_ARGS="controller=http://127.0.0.1:$PORT" "$CLUSTER" up
-mkdir -p "$DEMO/reference" "$DEMO/job"
-cat > "$DEMO/controller.conf" <<CONF
-listen = 127.0.0.1:$PORT
-database = $DEMO/controller.db
-munge_socket = $D/munge/munge.socket
-backend = libslurm
-settle = 200ms
-reconcile_interval = 1s
-CONF
-setsid "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$DEMO/controller.conf" run > "$DEMO/controller.log" 2>&1 &
-ctl_pid=$!
 cleanup() {
-  kill "$ctl_pid" 2>/dev/null || true
   [ -n "${victim:-}" ] && "$CLUSTER" revive-node "$victim" > /dev/null 2>&1 || true
   [ -n "${job:-}" ] && scancel "$job" 2>/dev/null || true
-  "$CLUSTER" up > /dev/null 2>&1 || true  # plugstack.conf as the cluster script writes it (no controller=)
+  controller_down
 }
 trap cleanup EXIT
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.1; done
-curl -sf "http://127.0.0.1:$PORT/healthz" > /dev/null || die "the controller did not start: $(tail -5 "$DEMO/controller.log")"
+controller_up "$DEMO" "$PORT" || die "no controller"
+mkdir -p "$DEMO/reference" "$DEMO/job"
 ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$DEMO/controller.conf" "$@"; }
 
 # One training job: 3 nodes, one rank each, a checkpoint every 10 steps. Rank 0's rendezvous port changes with

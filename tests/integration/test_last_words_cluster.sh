@@ -10,6 +10,7 @@
 #     missed heartbeats): the survivors cannot hold a complete copy and write nothing; the rerun resumes from the
 #     last periodic checkpoint, still bitwise identical.
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/controller_lib.sh"
 PY=${CKPT_PYTHON:-/usr/bin/python3}
 export PYTHONPATH=$CKPT_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}
 "$PY" -c 'import torch, slurm_ckpt.torch' || fail "needs python3-torch and a built slurm_ckpt"
@@ -24,32 +25,14 @@ revive_all() {
 # The recovery controller, and the plugin reporting to it.
 PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 30 ))
 [ -x "$CKPT_BUILD_DIR/controller/ckpt-controller" ] || fail "ckpt-controller is not built"
-CKPT_CLUSTER_PLUGIN_ARGS="controller=http://127.0.0.1:$PORT" "$CLUSTER" up > /dev/null
-cat > "$SCRATCH/controller.conf" <<CONF
-listen = 127.0.0.1:$PORT
-database = $SCRATCH/controller.db
-munge_socket = $CKPT_CLUSTER_DIR/munge/munge.socket
-backend = libslurm
-settle = 200ms
-reconcile_interval = 1s
-CONF
-setsid "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" run > "$SCRATCH/controller.log" 2>&1 &
-ctl_pid=$!
 job=""
-stop_controller() {
-  [ -n "$ctl_pid" ] || return 0
-  kill "$ctl_pid" 2>/dev/null || true
-  ctl_pid=""
-  "$CLUSTER" up > /dev/null 2>&1 || true  # plugstack.conf as the cluster script writes it
-}
 cleanup() {
   [ -n "$job" ] && scancel "$job" 2>/dev/null || true
   revive_all
-  stop_controller
+  controller_down
 }
 trap cleanup EXIT
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.1; done
-curl -sf "http://127.0.0.1:$PORT/healthz" > /dev/null || fail "the controller did not start: $(tail -5 "$SCRATCH/controller.log")"
+controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 latest_step() { [ -f "$1/latest" ] && sed 's/^0*//; s/^$/0/' "$1/latest" || echo 0; }
@@ -133,7 +116,7 @@ grep -q "resumed from step $term " "$SCRATCH/one.log" || { cat "$SCRATCH/one.log
 same_weights one || fail "final weights differ after resuming from the terminal checkpoint of step $term"
 pass "the controller requeued the job off n4; it resumed from the terminal checkpoint of step $term (steps lost: $((seen > term ? seen - term : 0))); final weights bitwise identical"
 revive_all
-stop_controller  # case 2 needs no restart
+controller_down  # case 2 needs no restart
 
 # ---- 2. both replicas of slice tp1 crash: nothing is written, the periodic checkpoint serves ----
 train two 10steps --step-sleep 0.2 > "$SCRATCH/two.log" 2>&1 &

@@ -59,8 +59,10 @@ JOB
 job=$(sbatch --parsable -N1 --requeue --open-mode=append -o "$SCRATCH/requeue.out" --ckpt-interval=15m \
   --ckpt-dir="$SCRATCH/requeue-%j" "$SCRATCH/requeue.sh")
 for _ in $(seq 240); do
-  [ "$(scontrol show job "$job" | grep -oE 'Restarts=[0-9]+' | cut -d= -f2)" = 1 ] &&
-    scontrol update jobid="$job" StartTime=now 2>/dev/null && grep -q "^step " "$SCRATCH/requeue.out" 2>/dev/null && break
+  grep -q "^step " "$SCRATCH/requeue.out" 2>/dev/null && break
+  if [ "$(scontrol show job "$job" | grep -oE 'Restarts=[0-9]+' | cut -d= -f2)" = 1 ]; then
+    scontrol update jobid="$job" StartTime=now 2>/dev/null || true  # fails once it runs: that is fine
+  fi
   sleep 0.5
 done
 wait_job_state "$job" COMPLETED 60

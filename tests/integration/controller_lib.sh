@@ -1,0 +1,32 @@
+# The recovery controller for a test or a benchmark on the local cluster (sourced; needs CKPT_SOURCE_DIR and
+# CKPT_BUILD_DIR). controller_up DIR PORT brings the cluster up with the plugin reporting to a controller on
+# 127.0.0.1:PORT (libslurm backend, quick settle and reconcile) whose config, database and log live in DIR;
+# controller_down stops it and puts plugstack.conf back as tests/cluster.sh writes it.
+controller_up() {
+  local dir=$1 port=$2
+  CKPT_CLUSTER_PLUGIN_ARGS="controller=http://127.0.0.1:$port" "$CKPT_SOURCE_DIR/tests/cluster.sh" up
+  cat > "$dir/controller.conf" <<CONF
+listen = 127.0.0.1:$port
+database = $dir/controller.db
+munge_socket = ${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}/munge/munge.socket
+backend = libslurm
+settle = 200ms
+reconcile_interval = 1s
+CONF
+  setsid "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$dir/controller.conf" run > "$dir/controller.log" 2>&1 &
+  CONTROLLER_PID=$!
+  CONTROLLER_URL=http://127.0.0.1:$port
+  for _ in $(seq 100); do
+    curl -sf "$CONTROLLER_URL/healthz" > /dev/null && return 0
+    sleep 0.1
+  done
+  echo "the controller did not start: $(tail -5 "$dir/controller.log")" >&2
+  return 1
+}
+
+controller_down() {
+  [ -n "${CONTROLLER_PID:-}" ] || return 0
+  kill "$CONTROLLER_PID" 2>/dev/null || true
+  CONTROLLER_PID=""
+  "$CKPT_SOURCE_DIR/tests/cluster.sh" up > /dev/null 2>&1 || true
+}
