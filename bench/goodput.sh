@@ -43,15 +43,14 @@ SRC=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${CKPT_BUILD_DIR:-$SRC/build}
 D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
 PORT=${CKPT_BENCH_CONTROLLER_PORT:-16860}
-PY=/usr/bin/python3
 CKPT=$BUILD/cli/ckpt
 CLUSTER=$SRC/tests/cluster.sh
 export SLURM_CONF=$D/etc/slurm.conf
-export PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH}
+CKPT_BUILD_DIR=$BUILD source "$SRC/tests/integration/torch_lib.sh"
 for f in "$CKPT" "$BUILD/controller/ckpt-controller"; do
   [ -x "$f" ] || { echo "goodput: $f is not built" >&2; exit 2; }
 done
-"$PY" -c 'import torch, slurm_ckpt.torch' || { echo "goodput: needs python3-torch and a built slurm_ckpt" >&2; exit 2; }
+have_torch || { echo "goodput: needs python3-torch and a built slurm_ckpt" >&2; exit 2; }
 
 policies=()
 for f in ${FIXED//,/ }; do policies+=("fixed-${f}s|${f}s|off"); done
@@ -99,13 +98,11 @@ ctl_state() {
 # Over for good: the controller will not restart it (between a failed run and its requeue, squeue shows nothing).
 job_over() { case $(ctl_state "$1") in completed|cancelled|gave-up|gone) return 0 ;; esac; return 1; }
 wait_done() {  # job id: waits until the job is over for good (a failed run is requeued), prints how it ended
-  local state=""
   for _ in $(seq 12000); do
-    state=$(ctl_state "$1")
-    case $state in completed|cancelled|gave-up|gone) break ;; esac
+    job_over "$1" && break
     sleep 0.5
   done
-  echo "$state"
+  ctl_state "$1"
 }
 
 # ---- the step time without checkpoints or failures ------------------------------------------------------------

@@ -11,13 +11,10 @@ SRC=$(cd "$(dirname "$0")/.." && pwd)
 export CKPT_BUILD_DIR=${CKPT_BUILD_DIR:-$SRC/build}
 D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
 export SLURM_CONF=${SLURM_CONF:-$D/etc/slurm.conf}
-export PYTHONPATH=$CKPT_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}
-PY=/usr/bin/python3
+source "$SRC/tests/integration/torch_lib.sh"
 WORK=$(mktemp -d "$D/ckpt/bench-lw.XXXXXX")
 victim=""
 trap '[ -n "$victim" ] && "$SRC/tests/cluster.sh" revive-node "$victim" > /dev/null 2>&1 || true' EXIT
-logged_step() { { sed -n 's/^train_dp_tp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 printf '%4s %5s %10s %10s %12s %10s\n' run node crash_at detect_ms committed_ms steps_lost > "$WORK/table"
 for i in $(seq "$N"); do

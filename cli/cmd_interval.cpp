@@ -271,12 +271,8 @@ struct SimulateCommand {
       c.failure_times.emplace();
     } else if (!failure_times.empty()) {
       c.failure_times.emplace();
-      std::size_t start = 0;
-      while (true) {
-        const std::size_t comma = failure_times.find(',', start);
-        c.failure_times->push_back(duration_option("--failure-times", failure_times.substr(start, comma - start)));
-        if (comma == std::string::npos) break;
-        start = comma + 1;
+      for (const std::string& t : ckpt::split(failure_times, ',')) {
+        c.failure_times->push_back(duration_option("--failure-times", t));
       }
     }
     if (auto st = sim::check(c); !st) throw InputError{st.error()};

@@ -29,6 +29,20 @@ PY
   echo "TIMING $label total=$TOTAL" >> "$SCRATCH/timings"
 }
 
+# After a requeue off a crashed node: waits until the controller saw run 1 launched, reports the recovery times
+# (sets TOTAL), and checks that run 1 stayed off the victim; sets RUN1_NODES to the nodes run 1 has ranks on.
+check_requeued() {  # check_requeued JOB CRASH_TIME LABEL VICTIM
+  local job=$1 t0=$2 label=$3 victim=$4
+  wait_ctl_state "$job" '^running$' 10
+  for _ in $(seq 30); do
+    [ "$(job_json "$job" | json_get 'j["clock"]["launched"]')" != "0.0" ] && break
+    sleep 0.2
+  done
+  report_times "$job" "$t0" "$label" >/dev/null
+  RUN1_NODES=$(grep "run=1 step_id=0" "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | cut -d= -f2 | sort | tr '\n' ' ')
+  [[ " $RUN1_NODES " != *" $victim "* ]] || fail "run 1 went back to the crashed node $victim: $RUN1_NODES"
+}
+
 scenario_node_crash_requeue() {
   wait_idle_nodes 4
   local job; job=$(submit_job -N3 -- --step-ms 100 --every 10)
@@ -42,14 +56,8 @@ scenario_node_crash_requeue() {
   local t0; t0=$(date +%s.%N)
   crash_node "$victim"
   wait_output "$SCRATCH/out.$job" "run=1 step_id=0" $([ "$BACKEND" = rest ] && echo 90 || echo 40)
-  wait_ctl_state "$job" '^running$' 10
-  for _ in $(seq 30); do
-    [ "$(job_json "$job" | json_get 'j["clock"]["launched"]')" != "0.0" ] && break
-    sleep 0.2
-  done
-  report_times "$job" "$t0" "$BACKEND requeue after a node crash" >/dev/null
-  local nodes; nodes=$(grep "run=1 step_id=0" "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | cut -d= -f2 | sort | tr '\n' ' ')
-  [[ " $nodes " != *" $victim "* ]] || fail "run 1 went back to the crashed node $victim: $nodes"
+  check_requeued "$job" "$t0" "$BACKEND requeue after a node crash" "$victim"
+  local nodes=$RUN1_NODES
   [ "$(echo $nodes | wc -w)" -eq 3 ] || fail "run 1 has ranks on '$nodes'"
   # It resumed from the newest complete checkpoint the controller saw at the decision.
   local newest; newest=$(ctl history "$job" | grep -oE "newest complete checkpoint: step [0-9]+" | head -1 | awk '{print $NF}')
@@ -213,14 +221,8 @@ scenario_relaunch_handover() {  # no spare node: ckpt-run cannot relaunch inside
   ctl history "$job" > "$SCRATCH/history"
   assert_contains "$SCRATCH/history" "ckpt-run hands over to a requeue (2 healthy nodes left in the allocation, 3 needed)"
   assert_contains "$SCRATCH/history" "relaunching -> failing: ckpt-run cannot relaunch inside the allocation"
-  wait_ctl_state "$job" '^running$' 10
-  for _ in $(seq 30); do
-    [ "$(job_json "$job" | json_get 'j["clock"]["launched"]')" != "0.0" ] && break
-    sleep 0.2
-  done
-  report_times "$job" "$t0" "$BACKEND hand-over to a requeue after a node crash (no spare node)" >/dev/null
-  local nodes; nodes=$(grep "run=1 step_id=0" "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | cut -d= -f2 | sort | tr '\n' ' ')
-  [[ " $nodes " != *" $victim "* ]] || fail "run 1 went back to the crashed node: $nodes"
+  check_requeued "$job" "$t0" "$BACKEND hand-over to a requeue after a node crash (no spare node)" "$victim"
+  local nodes=$RUN1_NODES
   [ "$(slurm_field "$job" Restarts)" = 1 ] || fail "Slurm restart count is $(slurm_field "$job" Restarts)"
   job_json "$job" | json_get 'j["budget"]["restarts"]' | grep -qx 1 || fail "one failure spent the budget twice"
   revive_node "$victim"

@@ -33,18 +33,6 @@ Result<std::string> parse_dir_template(std::string_view text) {
   return std::string(text);
 }
 
-std::vector<std::string> split(std::string_view text, char sep) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    std::size_t end = text.find(sep, start);
-    if (end == std::string_view::npos) end = text.size();
-    out.emplace_back(text.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 Result<Interval> parse_interval(std::string_view text) {

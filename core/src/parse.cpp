@@ -105,6 +105,18 @@ Result<double> parse_seconds(std::string_view text) {
   return value * scale;
 }
 
+std::vector<std::string> split(std::string_view text, char sep) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t end = text.find(sep, start);
+    if (end == std::string_view::npos) end = text.size();
+    out.emplace_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
 std::string format_duration(std::uint64_t seconds) {
   if (seconds == 0) return "0s";
   std::string out;

@@ -88,7 +88,8 @@ Status check(const Config& config) {
   if (!(config.catchable >= 0 && config.catchable <= 1)) {
     return Status::failure("catchable fraction must be between 0 and 1 (got " + number(config.catchable) + ")");
   }
-  const std::vector<double> times = config.failure_times.value_or(std::vector<double>{});
+  static const std::vector<double> kNone;
+  const std::vector<double>& times = config.failure_times ? *config.failure_times : kNone;
   for (std::size_t i = 0; i < times.size(); ++i) {
     const double t = times[i];
     if (!std::isfinite(t) || t < 0 || (i > 0 && t < times[i - 1])) {

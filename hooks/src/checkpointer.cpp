@@ -587,35 +587,35 @@ struct Checkpointer::Impl {
     return last_words_manifest(config, job.step, job.kind);
   }
 
-  Status write_shard(const PersistJob& job) {
-    if (!job.error.empty()) return Status::failure(job.error);
-    auto writer = store::ShardWriter::open(config.dir, job.step, rank, observer);
+  // This rank's shard of `step`: the pieces in order, claiming `keys`.
+  Status write_pieces(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::string>& keys) {
+    auto writer = store::ShardWriter::open(config.dir, step, rank, observer);
     if (!writer) return Status::failure(writer.error());
-    for (const Piece& p : job.pieces) {
+    for (const Piece& p : pieces) {
       if (Status s = writer->append(p.name, p.data, p.size, p.meta); !s) return s;
     }
-    writer->add_covers(covers());
+    writer->add_covers(keys);
     auto record = writer->finish();
     if (!record) return Status::failure(record.error());
     return Status::success();
   }
 
+  Status write_shard(const PersistJob& job) {
+    if (!job.error.empty()) return Status::failure(job.error);
+    return write_pieces(job.step, job.pieces, covers());
+  }
+
   // The last-words thread, training frozen outside an update: this rank's live state, consistent at `step`, as a
   // terminal shard covering `keys`.
   Status write_terminal(std::uint64_t step, const std::vector<std::string>& keys) {
-    auto writer = store::ShardWriter::open(config.dir, step, rank, observer);
-    if (!writer) return Status::failure(writer.error());
+    std::vector<Piece> pieces;
     for (std::size_t i = 0; i < regions.size(); ++i) {
       const RegionSpec& r = regions[i];
       if (r.memory != Memory::Host) return Status::failure("region '" + r.name + "' is device memory");
-      if (Status s = writer->append(r.name, r.data, r.size, region_meta[i]); !s) return s;
+      pieces.push_back({r.name, static_cast<const std::byte*>(r.data), r.size, region_meta[i]});
     }
-    for (const Blob& b : blobs) {
-      if (Status s = writer->append(b.name, b.bytes.data(), b.bytes.size(), b.meta); !s) return s;
-    }
-    writer->add_covers(keys);
-    auto record = writer->finish();
-    if (!record) return Status::failure(record.error());
+    for (const Blob& b : blobs) pieces.push_back({b.name, b.bytes.data(), b.bytes.size(), b.meta});
+    if (Status s = write_pieces(step, pieces, keys); !s) return s;
     log::info(rank, "last words: wrote the terminal shard of step " + std::to_string(step) + " (" +
                         std::to_string(keys.size()) + " state keys)");
     return Status::success();

@@ -203,17 +203,12 @@ std::optional<Error> resolve_ranks(const Lookup& lookup, Config& config) {
 Result<std::map<std::string, std::string>> parse_pairs(std::string_view text, const std::vector<std::string>& allowed) {
   std::map<std::string, std::string> out;
   if (text.empty()) return Error{"empty"};
-  std::size_t pos = 0;
-  while (pos <= text.size()) {
-    std::size_t comma = text.find(',', pos);
-    std::string_view item = text.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+  for (const std::string& item : split(text, ',')) {
     std::size_t eq = item.find('=');
-    if (eq == std::string_view::npos || eq == 0) return Error{"'" + std::string(item) + "' is not name=value"};
-    std::string name(item.substr(0, eq));
+    if (eq == std::string::npos || eq == 0) return Error{"'" + item + "' is not name=value"};
+    std::string name = item.substr(0, eq);
     if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) return Error{"unknown name '" + name + "'"};
-    if (!out.emplace(name, std::string(item.substr(eq + 1))).second) return Error{"'" + name + "' given twice"};
-    if (comma == std::string_view::npos) break;
-    pos = comma + 1;
+    if (!out.emplace(name, item.substr(eq + 1)).second) return Error{"'" + name + "' given twice"};
   }
   return out;
 }
@@ -277,7 +272,7 @@ std::optional<Error> resolve_layout(const Lookup& lookup, Config& c) {
     c.layout = store::Layout{c.world_size, 1, 1, false};
   }
   const store::Layout& l = c.layout;
-  c.coord = {c.rank, (c.rank / l.tp) % l.dp, c.rank % l.tp, c.rank / (l.tp * l.dp)};
+  c.coord = l.coord_of(c.rank);
   if (auto s = lookup.get("coord")) {
     if (!c.layout_declared) return bad(*s, "coord", "needs a layout");
     auto coord = parse_coord(s->value);

@@ -37,8 +37,7 @@ store::Manifest last_words_manifest(const Config& config, std::uint64_t step, st
   m.kind = kind;
   m.world_size = config.world_size;
   m.layout = config.layout;
-  const store::Layout& l = config.layout;
-  for (int r = 0; r < config.world_size; ++r) m.ranks.push_back({r, (r / l.tp) % l.dp, r % l.tp, r / (l.tp * l.dp)});
+  for (int r = 0; r < config.world_size; ++r) m.ranks.push_back(config.layout.coord_of(r));
   if (config.rank >= 0 && config.rank < config.world_size) m.ranks[static_cast<std::size_t>(config.rank)] = config.coord;
   return m;
 }

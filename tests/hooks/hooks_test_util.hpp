@@ -13,6 +13,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,17 @@
 #include "ckpt/store.hpp"
 
 namespace ckpt::hooks::test {
+
+// Polls `done` every 5 ms until it holds or `timeout` has passed; returns its last answer.
+template <class Pred>
+bool wait_for(Pred done, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return done();
+}
 
 // A fresh directory under $TMPDIR (or /tmp), removed with everything in it at the end of the scope.
 class TempDir {

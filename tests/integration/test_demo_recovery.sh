@@ -5,13 +5,12 @@
 # final weights equal an uninterrupted run's bit for bit.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/controller_lib.sh"
+source "$(dirname "$0")/torch_lib.sh"
 SRC=$CKPT_SOURCE_DIR
 DEMO=$SCRATCH
 PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 10 ))
 STEPS=${CKPT_DEMO_STEPS:-80}
-PY=/usr/bin/python3
-export PYTHONPATH=$CKPT_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}
-"$PY" -c 'import torch, slurm_ckpt.torch' || fail "needs python3-torch and a built slurm_ckpt"
+have_torch || fail "needs python3-torch and a built slurm_ckpt"
 [ -x "$CKPT_BUILD_DIR/controller/ckpt-controller" ] || fail "ckpt-controller is not built"
 
 say() { printf '\n== %s\n' "$*"; }
@@ -48,7 +47,7 @@ say "the job: the same training, and a node will crash in the middle of it"
 job=$(sbatch --parsable -o "$DEMO/job/out" --ckpt-dir="$DEMO/job/ckpt" "$DEMO/train.sbatch" \
   --out "$DEMO/job/final.bin" --step-sleep 0.15)
 echo "submitted job $job"
-latest() { [ -f "$DEMO/job/ckpt/latest" ] && sed 's/^0*//; s/^$/0/' "$DEMO/job/ckpt/latest" || echo 0; }
+latest() { latest_step "$DEMO/job/ckpt"; }
 for _ in $(seq 600); do [ "$(latest)" -ge 30 ] && break; sleep 0.2; done
 [ "$(latest)" -ge 30 ] || die "no checkpoint at step 30 in time: $(tail "$DEMO/job/out")"
 victim=$(scontrol show hostnames "$(squeue -h -j "$job" -o %N)" | sed -n 2p)

@@ -11,9 +11,8 @@
 #     last periodic checkpoint, still bitwise identical.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/controller_lib.sh"
-PY=${CKPT_PYTHON:-/usr/bin/python3}
-export PYTHONPATH=$CKPT_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}
-"$PY" -c 'import torch, slurm_ckpt.torch' || fail "needs python3-torch and a built slurm_ckpt"
+source "$(dirname "$0")/torch_lib.sh"
+have_torch || fail "needs python3-torch and a built slurm_ckpt"
 STEPS=60
 tag=$RANDOM$RANDOM
 crashed_nodes=()
@@ -34,9 +33,6 @@ cleanup() {
 trap cleanup EXIT
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-latest_step() { [ -f "$1/latest" ] && sed 's/^0*//; s/^$/0/' "$1/latest" || echo 0; }
-logged_step() { [ -f "$1" ] && sed -n 's/^train_dp_tp: step \([0-9]*\) .*/\1/p' "$1" | tail -1 || true; }
 now() { date +%s.%N; }
 
 # train NAME INTERVAL [train_dp_tp args...]: one 4-node job writing into $SCRATCH/NAME.

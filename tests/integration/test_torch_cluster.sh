@@ -4,14 +4,11 @@
 # crashed mid-run after a checkpoint committed, and is run again (the plugin hands it the checkpoint). The final
 # weights must be bitwise identical to the uninterrupted run's.
 source "$(dirname "$0")/lib.sh"
-PY=${CKPT_PYTHON:-/usr/bin/python3}
-export PYTHONPATH=$CKPT_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}
-"$PY" -c 'import torch, slurm_ckpt.torch' || fail "needs python3-torch and a built slurm_ckpt"
+source "$(dirname "$0")/torch_lib.sh"
+have_torch || fail "needs python3-torch and a built slurm_ckpt"
 STEPS=60
 tag=$RANDOM$RANDOM
 
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-latest_step() { [ -f "$1/latest" ] && sed 's/^0*//; s/^$/0/' "$1/latest" || echo 0; }
 
 # train NAME [train_ddp args...]: one 4-node job writing into $SCRATCH/NAME.
 train() {

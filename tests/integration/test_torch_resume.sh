@@ -4,9 +4,9 @@
 # then run again to the end. The final weights of both runs must be identical, byte for byte.
 set -euo pipefail
 SRC=${CKPT_SOURCE_DIR:?}
-PY=${CKPT_PYTHON:-/usr/bin/python3}
-export PYTHONPATH=${CKPT_BUILD_DIR:?}/python${PYTHONPATH:+:$PYTHONPATH}
-"$PY" -c 'import torch, slurm_ckpt.torch' || { echo "test_torch_resume: needs python3-torch and a built slurm_ckpt" >&2; exit 1; }
+: "${CKPT_BUILD_DIR:?}"
+source "$SRC/tests/integration/torch_lib.sh"
+have_torch || { echo "test_torch_resume: needs python3-torch and a built slurm_ckpt" >&2; exit 1; }
 
 STEPS=60
 INTERVAL=10
@@ -18,7 +18,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # start_ranks NAME [train_ddp args...]: starts rank 0 and 1 in the background; their pids land in `pids`.
 start_ranks() {
@@ -49,7 +48,6 @@ wait_ranks() {
   pids=()
 }
 
-latest_step() { [ -f "$1/latest" ] && sed 's/^0*//; s/^$/0/' "$1/latest" || echo 0; }
 
 mkdir -p "$work/straight" "$work/killed"
 

@@ -124,15 +124,6 @@ void kill_child(Child& c) {
   ::waitpid(c.pid, &status, 0);
 }
 
-bool wait_for(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
-  auto until = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return done();
-}
-
 }  // namespace
 
 TEST_CASE("layout and coord settings", "[hooks][last_words]") {

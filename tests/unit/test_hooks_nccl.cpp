@@ -42,20 +42,6 @@ __attribute__((visibility("default"))) const char* ncclGetErrorString(int result
 using namespace ckpt::hooks;
 using namespace std::chrono_literals;
 
-namespace {
-
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout = 2000ms) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return pred();
-}
-
-}  // namespace
-
 TEST_CASE("the NCCL watcher aborts a failed communicator and reports it once", "[hooks][nccl]") {
   std::mutex mu;
   std::vector<std::string> reports;
@@ -72,18 +58,18 @@ TEST_CASE("the NCCL watcher aborts a failed communicator and reports it once", "
   REQUIRE((*watch)->add(&failing).ok());  // twice is once
   CHECK_FALSE((*watch)->add(nullptr).ok());
 
-  REQUIRE(eventually([&] { return healthy.polls > 3 && failing.polls > 3; }));
+  REQUIRE(test::wait_for([&] { return healthy.polls > 3 && failing.polls > 3; }, 2s));
   CHECK(failing.aborts == 0);  // ncclSuccess: nothing to do
   failing.async_error = 7;     // ncclInProgress is not an error
   std::this_thread::sleep_for(60ms);
   CHECK(failing.aborts == 0);
 
   failing.async_error = 6;  // ncclRemoteError: a peer is gone
-  REQUIRE(eventually([&] { return failing.aborts == 1; }));
-  REQUIRE(eventually([&] {
+  REQUIRE(test::wait_for([&] { return failing.aborts == 1; }, 2s));
+  REQUIRE(test::wait_for([&] {
     std::lock_guard<std::mutex> lock(mu);
     return reports.size() == 1;
-  }));
+  }, 2s));
   {
     std::lock_guard<std::mutex> lock(mu);
     CHECK(reports[0] ==
@@ -119,7 +105,7 @@ TEST_CASE("the NCCL watcher aborts every communicator once the last words start"
   CHECK(a.aborts + b.aborts == 0);
   const auto t0 = std::chrono::steady_clock::now();
   last_words = true;
-  REQUIRE(eventually([&] { return a.aborts == 1 && b.aborts == 1; }));
+  REQUIRE(test::wait_for([&] { return a.aborts == 1 && b.aborts == 1; }, 2s));
   CHECK(std::chrono::steady_clock::now() - t0 < 500ms);  // one poll period, with a margin for a loaded machine
   std::this_thread::sleep_for(50ms);
   CHECK(a.aborts == 1);
@@ -133,8 +119,9 @@ TEST_CASE("watch_nccl on a checkpointer reports an NCCL failure in the log", "[h
   FakeComm comm;
   REQUIRE(cp->watch_nccl(&comm).ok());
   comm.async_error = 3;  // ncclInternalError
-  REQUIRE(eventually([&] { return comm.aborts == 1; }));
-  REQUIRE(eventually([&] { return log.has("a watched NCCL communicator reported NCCL error 3 (some error)"); }));
+  REQUIRE(test::wait_for([&] { return comm.aborts == 1; }, 2s));
+  REQUIRE(test::wait_for(
+      [&] { return log.has("a watched NCCL communicator reported NCCL error 3 (some error)"); }, 2s));
   REQUIRE(cp->close().ok());
   FakeComm after;
   CHECK(cp->watch_nccl(&after).ok());  // closed: nothing is watched any more

@@ -22,6 +22,12 @@ TEST_CASE("parse_uint", "[parse]") {
   }
 }
 
+TEST_CASE("split", "[parse]") {
+  CHECK(split("a,,b", ',') == std::vector<std::string>{"a", "", "b"});
+  CHECK(split("", ',') == std::vector<std::string>{""});
+  CHECK(split("dp=2,", ',') == std::vector<std::string>{"dp=2", ""});
+}
+
 TEST_CASE("parse_seconds", "[parse]") {
   CHECK(*parse_seconds("1h30m") == 5400);
   CHECK(*parse_seconds("45") == 45);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ckpt/result.hpp"
 
@@ -25,6 +26,9 @@ Result<std::uint64_t> parse_positive_duration(std::string_view text);
 // A duration as parse_duration reads it, or a fraction of a second or more written as decimal seconds or
 // milliseconds: "0.25s", "1.5s", "120ms". For measured costs, where whole seconds are too coarse.
 Result<double> parse_seconds(std::string_view text);
+
+// The pieces of `text` between separators, empty ones included: "a,,b" -> {"a", "", "b"}, "" -> {""}.
+std::vector<std::string> split(std::string_view text, char sep);
 
 // The shortest spelling parse_duration reads back to the same value: 5400 -> "1h30m", 0 -> "0s".
 std::string format_duration(std::uint64_t seconds);

@@ -45,14 +45,16 @@ struct ShardRecord {
 };
 
 // Parallel layout of the job. ZeRO-1 shards optimizer state across data-parallel ranks.
+struct RankCoord {
+  int rank = 0, dp = 0, tp = 0, pp = 0;
+};
+
 struct Layout {
   int dp = 1, tp = 1, pp = 1;
   bool zero1 = false;
   int world_size() const { return dp * tp * pp; }
-};
-
-struct RankCoord {
-  int rank = 0, dp = 0, tp = 0, pp = 0;
+  // Where `rank` sits when the job does not say: tp varies fastest, then dp, then pp.
+  RankCoord coord_of(int rank) const { return {rank, (rank / tp) % dp, rank % tp, rank / (tp * dp)}; }
 };
 
 enum class Kind { Periodic, Terminal };
