@@ -30,7 +30,7 @@ stepd_pids_of_node() {
   inodes=$(awk -v p="$D/spool/$node/" 'NR > 1 && index($8, p) == 1 { print $7 }' /proc/net/unix | sort -u)
   [ -n "$inodes" ] || return 0
   for pid in $(pgrep -x slurmstepd || true); do
-    if ls -l "/proc/$pid/fd" 2>/dev/null | grep -oE 'socket:\[[0-9]+\]' | tr -dc '0-9\n' | grep -qxF "$inodes"; then
+    if ls -l "/proc/$pid/fd" 2>/dev/null | grep -oE 'socket:\[[0-9]+\]' | tr -dc '0-9\n' | grep -xF "$inodes" > /dev/null; then
       echo "$pid"
     fi
   done
@@ -244,7 +244,7 @@ cmd_revive_node() {
   start_slurmd "$node"
   for _ in $(seq 60); do
     scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true
-    sinfo -h -n "$node" -o '%T' | grep -qE '^(idle|mixed|allocated)$' && { say "revived $node"; return 0; }
+    sinfo -h -n "$node" -o '%T' | grep -E '^(idle|mixed|allocated)$' > /dev/null && { say "revived $node"; return 0; }
     sleep 0.5
   done
   die "revive-node: $node did not come back"

@@ -63,11 +63,11 @@ scenario_node_crash_requeue() {
   local newest; newest=$(ctl history "$job" | grep -oE "newest complete checkpoint: step [0-9]+" | head -1 | awk '{print $NF}')
   [ -n "$newest" ] || fail "no checkpoint in the decision"
   [ "$newest" -ge "$last_committed" ] || fail "decision saw step $newest, but step $last_committed was committed"
-  grep "run=1 step_id=0" "$SCRATCH/out.$job" | grep -q "resume=$newest " || {
+  grep "run=1 step_id=0" "$SCRATCH/out.$job" | grep "resume=$newest " > /dev/null || {
     cat "$SCRATCH/out.$job" >&2; fail "run 1 did not resume from step $newest"; }
   [ "$(slurm_field "$job" Restarts)" = 1 ] || fail "Slurm restart count is $(slurm_field "$job" Restarts), expected 1"
   [ "$(slurm_field "$job" ExcNodeList)" = "$victim" ] || fail "ExcNodeList is $(slurm_field "$job" ExcNodeList)"
-  ctl status | grep -qE "^  $victim \(jobs ([0-9]+,)*$job(,[0-9]+)*\)" || { ctl status >&2; fail "status does not show $victim excluded"; }
+  ctl status | grep -E "^  $victim \(jobs ([0-9]+,)*$job(,[0-9]+)*\)" > /dev/null || { ctl status >&2; fail "status does not show $victim excluded"; }
   curl -sf "$CTL_URL/metrics" > "$SCRATCH/metrics"
   assert_contains "$SCRATCH/metrics" 'ckpt_controller_restarts_total{ending="node failure",path="requeue"} 1'
   assert_contains "$SCRATCH/metrics" 'ckpt_controller_recovery_seconds_count{path="requeue"} 1'
@@ -79,7 +79,7 @@ scenario_node_crash_requeue() {
   # An admin takes the node back: the job no longer excludes it.
   ctl forget-node "$victim" > "$SCRATCH/forget" || fail "forget-node failed"
   assert_contains "$SCRATCH/forget" "node $victim forgotten by"
-  ctl status | grep -qE "^  $victim " && { ctl status >&2; fail "status still shows $victim excluded"; }
+  ctl status | grep -E "^  $victim " > /dev/null && { ctl status >&2; fail "status still shows $victim excluded"; }
   scancel "$job"
   wait_ctl_state "$job" '^cancelled$' 30
   pass "$BACKEND: node crash: job $job runs again on $nodes from step $newest in $TOTAL s, $victim excluded"
@@ -95,7 +95,7 @@ scenario_crash_loop() {
   local restarts; restarts=$(slurm_field "$job" Restarts)
   ctl status > "$SCRATCH/status"
   for _ in $(seq 50); do grep -q "\"job_id\": *$job" "$SCRATCH/alerts" && break; sleep 0.1; done
-  grep "\"job_id\": *$job" "$SCRATCH/alerts" | grep -q '"event": *"gave_up"' || {
+  grep "\"job_id\": *$job" "$SCRATCH/alerts" | grep '"event": *"gave_up"' > /dev/null || {
     cat "$SCRATCH/alerts" >&2; fail "the webhook got no gave_up alert for job $job"; }
   if [ "$BACKEND" = libslurm ]; then
     [ "$restarts" = 2 ] || fail "Slurm restarted the job $restarts times, expected 2"
@@ -150,7 +150,7 @@ scenario_needs_checkpoint() {
   wait_ctl_state "$job" '^gave-up$' 60
   sleep 2
   [ "$(slurm_field "$job" Restarts)" = 0 ] || fail "a job without a checkpoint that needs one was requeued"
-  ctl status | grep -q "job $job: task crash, and the job needs a checkpoint to restart but none is complete" || {
+  ctl status | grep "job $job: task crash, and the job needs a checkpoint to restart but none is complete" > /dev/null || {
     ctl status >&2; fail "status does not say why"; }
   pass "$BACKEND: a job that needs a checkpoint is not restarted without one"
 }
@@ -181,7 +181,7 @@ scenario_relaunch() {
   [[ " $nodes " != *" $victim "* ]] || fail "the relaunch used the crashed node $victim: $nodes"
   local newest; newest=$(ctl history "$job" | grep -oE "newest complete checkpoint: step [0-9]+" | head -1 | awk '{print $NF}')
   [ "$newest" -ge "$last_committed" ] || fail "decision saw step $newest, but step $last_committed was committed"
-  grep "run=0 step_id=1" "$SCRATCH/out.$job" | grep -q "resume=$newest " || { cat "$SCRATCH/out.$job" >&2; fail "the relaunch did not resume from step $newest"; }
+  grep "run=0 step_id=1" "$SCRATCH/out.$job" | grep "resume=$newest " > /dev/null || { cat "$SCRATCH/out.$job" >&2; fail "the relaunch did not resume from step $newest"; }
   [ "$(slurm_field "$job" Restarts)" = 0 ] || fail "the job left its allocation (Restarts=$(slurm_field "$job" Restarts))"
   python3 -c "import sys; sys.exit(0 if float('$TOTAL') <= 5 else 1)" || fail "relaunch took $TOTAL s (target 5 s)"
   revive_node "$victim"
@@ -224,7 +224,7 @@ scenario_relaunch_handover() {  # no spare node: ckpt-run cannot relaunch inside
   check_requeued "$job" "$t0" "$BACKEND hand-over to a requeue after a node crash (no spare node)" "$victim"
   local nodes=$RUN1_NODES
   [ "$(slurm_field "$job" Restarts)" = 1 ] || fail "Slurm restart count is $(slurm_field "$job" Restarts)"
-  job_json "$job" | json_get 'j["budget"]["restarts"]' | grep -qx 1 || fail "one failure spent the budget twice"
+  job_json "$job" | json_get 'j["budget"]["restarts"]' | grep -x 1 > /dev/null || fail "one failure spent the budget twice"
   revive_node "$victim"
   scancel "$job"
   wait_ctl_state "$job" '^cancelled$' 30

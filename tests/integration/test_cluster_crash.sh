@@ -31,7 +31,7 @@ for _ in $(seq 120); do
 done
 [ -n "${job:-}" ] || fail "probe job did not start"
 n2_before=$(for p in $(pgrep -f "^ckpt-crash-probe-$tag"); do
-  if tr '\0' '\n' < "/proc/$p/environ" | grep -qx SLURMD_NODENAME=n2; then echo "$p"; fi
+  if tr '\0' '\n' < "/proc/$p/environ" | grep -x SLURMD_NODENAME=n2 > /dev/null; then echo "$p"; fi
 done)
 [ -n "$n2_before" ] || fail "no probe task on n2"
 
@@ -45,8 +45,8 @@ others=$(pgrep -fc "^ckpt-crash-probe-$tag" || true)
 pass "crash-node n2 killed its slurmd and tasks and nothing else"
 
 # Slurm notices on its own only after SlurmdTimeout; then the job is cancelled for node failure.
-for _ in $(seq 160); do sinfo -h -n n2 -o %T | grep -qiE 'down|not_responding|\*' && break; sleep 0.25; done
-sinfo -h -n n2 -o %T | grep -qiE 'down|\*' || fail "slurmctld never saw n2 go down"
+for _ in $(seq 160); do sinfo -h -n n2 -o %T | grep -iE 'down|not_responding|\*' > /dev/null && break; sleep 0.25; done
+sinfo -h -n n2 -o %T | grep -iE 'down|\*' > /dev/null || fail "slurmctld never saw n2 go down"
 wait "$srun_pid" 2>/dev/null || true
 pass "slurmctld marked n2 down"
 

@@ -40,7 +40,7 @@ for point in $POINTS; do
   [ "$(grep -c "transition requeueing -> pending\|pending -> running\|requeueing -> running" "$SCRATCH/history.$point")" -ge 1 ] ||
     fail "history of job $job lacks the end of the recovery"
   [ "$(grep -c "running -> failing" "$SCRATCH/history.$point")" -eq 1 ] || fail "the failure was handled twice"
-  job_json "$job" | json_get 'j["budget"]["restarts"]' | grep -qx 1 || fail "the budget counts $(job_json "$job" | json_get 'j["budget"]["restarts"]') restarts"
+  job_json "$job" | json_get 'j["budget"]["restarts"]' | grep -x 1 > /dev/null || fail "the budget counts $(job_json "$job" | json_get 'j["budget"]["restarts"]') restarts"
   revive_node "$victim"
   scancel "$job"
   wait_ctl_state "$job" '^cancelled$' 30

@@ -34,9 +34,9 @@ pass "step 300 is marked FAILED, nothing is deleted"
 # The nodes' logs say where the job resumes from and why step 300 was skipped.
 logs=$(ls "$CKPT_CLUSTER_DIR"/log/slurmd-n*.log)
 # shellcheck disable=SC2086
-grep -h "ckpt: job .*resume from step 200" $logs | grep -qF "$dir/000000000200" || fail "no resume line in slurmd logs"
+grep -h "ckpt: job .*resume from step 200" $logs | grep -F "$dir/000000000200" > /dev/null || fail "no resume line in slurmd logs"
 # shellcheck disable=SC2086
-grep -h "ckpt: job" $logs | grep -F "300" | grep -qiE "skip|fail|corrupt|checksum" || fail "no skip reason for step 300 logged"
+grep -h "ckpt: job" $logs | grep -F "300" | grep -iE "skip|fail|corrupt|checksum" > /dev/null || fail "no skip reason for step 300 logged"
 pass "the choice and the skipped checkpoint are logged"
 
 # A dir with nothing complete exports no resume variables.
