@@ -92,7 +92,7 @@ JOB
 
 # The controller's view of a job: running, failing, requeueing, pending, completed, gave-up, ...
 ctl_state() {
-  curl -sf "http://127.0.0.1:$PORT/v1/jobs/$1" 2>/dev/null | grep -oE '"state" *: *"[a-z-]+"' | head -1 |
+  curl -sf "http://127.0.0.1:$PORT/v1/jobs/$1" 2>/dev/null | grep -oE '"state" *: *"[a-z-]+"' | sed -n 1p |
     sed 's/.*"\([a-z-]*\)"$/\1/' || true
 }
 # Over for good: the controller will not restart it (between a failed run and its requeue, squeue shows nothing).
@@ -129,7 +129,7 @@ inject() {  # log, kills file, job id
   local log=$1 kills=$2 id=$3 t0 due now pids pick n=0
   set +e +o pipefail  # a log that does not exist yet is no reason to stop injecting
   : > "$kills"
-  for _ in $(seq 3000); do t0=$(times_of "$log" "starting at step 0" | head -1); [ -n "$t0" ] && break; sleep 0.1; done
+  for _ in $(seq 3000); do t0=$(times_of "$log" "starting at step 0" | sed -n 1p); [ -n "$t0" ] && break; sleep 0.1; done
   [ -n "$t0" ] || return 0
   while read -r at; do
     n=$((n + 1))

@@ -38,8 +38,8 @@ for i in $(seq "$N"); do
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   "$SRC/tests/cluster.sh" revive-node "$victim" > /dev/null 2>&1
-  detected=$(sed -n 's/.*last words: rank [0-9]* is dead (.*), detected at unix \([0-9.]*\).*/\1/p' "$run/log" | sort -n | head -1)
-  took=$(sed -n 's/.*committed the terminal checkpoint of step [0-9]*, \([0-9.]*\) s after.*/\1/p' "$run/log" | head -1)
+  detected=$(sed -n 's/.*last words: rank [0-9]* is dead (.*), detected at unix \([0-9.]*\).*/\1/p' "$run/log" | sort -n | sed -n 1p)
+  took=$(sed -n 's/.*committed the terminal checkpoint of step [0-9]*, \([0-9.]*\) s after.*/\1/p' "$run/log" | sed -n 1p)
   term=$(sed 's/^0*//; s/^$/0/' "$run/ckpt/latest" 2>/dev/null || echo none)
   if [ -z "$detected" ] || [ -z "$took" ] || [ "$term" = none ]; then
     printf '%4s %5s %10s %10s %12s %10s\n' "$i" "$victim" "$seen" - - "no-ckpt" >> "$WORK/table"

@@ -127,7 +127,7 @@ wait_ctl_state() {
   fail "controller state of job $job is '$state', expected $want"
 }
 
-slurm_field() { scontrol show job "$1" 2>/dev/null | grep -oE "(^| )$2=[^ ]*" | head -1 | cut -d= -f2; }
+slurm_field() { scontrol show job "$1" 2>/dev/null | grep -oE "(^| )$2=[^ ]*" | sed -n 1p | cut -d= -f2; }
 
 # submit_job [sbatch options] -- [test-job options]: a 3-task test job, one task per node.
 submit_job() {
@@ -178,4 +178,4 @@ PY
 }
 
 # The node (not the batch host) of a running job to crash: its second node.
-second_node() { scontrol show job "$1" | grep -oE " NodeList=[^ ]+" | head -1 | cut -d= -f2 | xargs -I{} scontrol show hostnames {} | sed -n 2p; }
+second_node() { scontrol show job "$1" | grep -oE " NodeList=[^ ]+" | sed -n 1p | cut -d= -f2 | xargs -I{} scontrol show hostnames {} | sed -n 2p; }

@@ -60,7 +60,7 @@ scenario_node_crash_requeue() {
   local nodes=$RUN1_NODES
   [ "$(echo $nodes | wc -w)" -eq 3 ] || fail "run 1 has ranks on '$nodes'"
   # It resumed from the newest complete checkpoint the controller saw at the decision.
-  local newest; newest=$(ctl history "$job" | grep -oE "newest complete checkpoint: step [0-9]+" | head -1 | awk '{print $NF}')
+  local newest; newest=$(ctl history "$job" | grep -oE "newest complete checkpoint: step [0-9]+" | sed -n 1p | awk '{print $NF}')
   [ -n "$newest" ] || fail "no checkpoint in the decision"
   [ "$newest" -ge "$last_committed" ] || fail "decision saw step $newest, but step $last_committed was committed"
   grep "run=1 step_id=0" "$SCRATCH/out.$job" | grep "resume=$newest " > /dev/null || {
@@ -164,7 +164,7 @@ scenario_relaunch() {
   JOBS_STARTED+=("$job")
   wait_output "$SCRATCH/out.$job" "committed step 20" 60
   local batch_host; batch_host=$(slurm_field "$job" BatchHost)
-  local victim; victim=$(grep "step_id=0" "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | cut -d= -f2 | grep -vx "$batch_host" | sort | head -1)
+  local victim; victim=$(grep "step_id=0" "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | cut -d= -f2 | grep -vx "$batch_host" | sort | sed -n 1p)
   local last_committed; last_committed=$(grep "committed step" "$SCRATCH/out.$job" | tail -1 | awk '{print $4}')
   local t0; t0=$(date +%s.%N)
   crash_node "$victim"
@@ -179,7 +179,7 @@ scenario_relaunch() {
   report_times "$job" "$t0" "$BACKEND in-allocation relaunch after a node crash" "$srun_start" >/dev/null
   local nodes; nodes=$(grep "run=0 step_id=1" "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | cut -d= -f2 | sort | tr '\n' ' ')
   [[ " $nodes " != *" $victim "* ]] || fail "the relaunch used the crashed node $victim: $nodes"
-  local newest; newest=$(ctl history "$job" | grep -oE "newest complete checkpoint: step [0-9]+" | head -1 | awk '{print $NF}')
+  local newest; newest=$(ctl history "$job" | grep -oE "newest complete checkpoint: step [0-9]+" | sed -n 1p | awk '{print $NF}')
   [ "$newest" -ge "$last_committed" ] || fail "decision saw step $newest, but step $last_committed was committed"
   grep "run=0 step_id=1" "$SCRATCH/out.$job" | grep "resume=$newest " > /dev/null || { cat "$SCRATCH/out.$job" >&2; fail "the relaunch did not resume from step $newest"; }
   [ "$(slurm_field "$job" Restarts)" = 0 ] || fail "the job left its allocation (Restarts=$(slurm_field "$job" Restarts))"

@@ -25,7 +25,7 @@ tag=$RANDOM$RANDOM
 srun -N4 -n4 -J "crash-$tag" bash -c "exec -a ckpt-crash-probe-$tag sleep 300" > /dev/null 2>&1 &
 srun_pid=$!
 for _ in $(seq 120); do
-  job=$(squeue -h -n "crash-$tag" -o %i | head -n1)
+  job=$(squeue -h -n "crash-$tag" -o %i | sed -n 1p)
   [ -n "$job" ] && [ "$(pgrep -fc "^ckpt-crash-probe-$tag" || true)" -ge 4 ] && break
   sleep 0.25
 done

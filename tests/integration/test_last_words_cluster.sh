@@ -88,13 +88,13 @@ grep -q '"kind": *"terminal"' "$SCRATCH/one/ckpt/$(cat "$SCRATCH/one/ckpt/latest
   fail "the checkpoint of step $term is not terminal"
 [ "$term" -ge $((seen - 1)) ] && [ "$term" -le $((seen + 1)) ] ||
   fail "terminal checkpoint at step $term; the run was at step $seen when n4 crashed"
-detected=$(sed -n 's/.*last words: rank 3 is dead (.*), detected at unix \([0-9.]*\).*/\1/p' "$SCRATCH/one.log" | sort -n | head -1)
+detected=$(sed -n 's/.*last words: rank 3 is dead (.*), detected at unix \([0-9.]*\).*/\1/p' "$SCRATCH/one.log" | sort -n | sed -n 1p)
 took=$(sed -n 's/.*committed the terminal checkpoint of step [0-9]*, \([0-9.]*\) s after.*/\1/p' "$SCRATCH/one.log")
 [ -n "$detected" ] && [ -n "$took" ] || { cat "$SCRATCH/one.log" >&2; fail "no detection or commit line in the log"; }
 detect_ms=$(awk -v a="$crash_t" -v b="$detected" 'BEGIN { printf "%.0f", (b - a) * 1000 }')
 total_ms=$(awk -v a="$crash_t" -v b="$detected" -v t="$took" 'BEGIN { printf "%.0f", (b - a + t) * 1000 }')
 echo "last words: crash of n4 at step ~$seen: detected after $detect_ms ms, terminal checkpoint of step $term committed $total_ms ms after the crash (poll saw it after $(awk -v a="$crash_t" -v b="$committed_t" 'BEGIN { printf "%.0f", (b - a) * 1000 }') ms)"
-grep "last words:" "$SCRATCH/one.log" | sed 's/^/  /' | head -20
+grep "last words:" "$SCRATCH/one.log" | sed 's/^/  /' | sed -n 1,20p
 pass "n4 crashed at step ~$seen: terminal checkpoint of step $term from the survivors"
 
 # The controller requeues the job off n4; the next run resumes from the terminal checkpoint and finishes.
@@ -103,7 +103,7 @@ for _ in $(seq 1200); do
   grep -q "^run 1 " "$SCRATCH/one.log" && [ "$state" = COMPLETED ] && break
   sleep 0.25
 done
-"$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" history "$job" | sed 's/^/  /' | head -20
+"$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" history "$job" | sed 's/^/  /' | sed -n 1,20p
 grep -q "^run 1 " "$SCRATCH/one.log" || { cat "$SCRATCH/one.log" >&2; fail "the controller did not requeue job $job"; }
 [ "$state" = COMPLETED ] || { tail -20 "$SCRATCH/one.log" >&2; fail "the requeued job ended $state"; }
 job=""
@@ -140,7 +140,7 @@ sleep 2
 periodic=$(latest_step "$SCRATCH/two/ckpt")
 [ "$periodic" -gt 0 ] || fail "no periodic checkpoint before the freeze"
 assert_contains "$SCRATCH/two.log" "last words: not writing a terminal checkpoint"
-grep "last words:" "$SCRATCH/two.log" | grep -v "rank [123]:" | sed 's/^/  /' | head -12
+grep "last words:" "$SCRATCH/two.log" | grep -v "rank [123]:" | sed 's/^/  /' | sed -n 1,12p
 grep -q '"kind": *"periodic"' "$SCRATCH/two/ckpt/$(cat "$SCRATCH/two/ckpt/latest")/MANIFEST.json" ||
   fail "the latest checkpoint is not periodic"
 pass "n2 and n4 (both replicas of tp1) froze: no terminal checkpoint; periodic step $periodic stands"
