@@ -9,6 +9,9 @@
 #  2. Two nodes holding both replicas of one tensor slice freeze (SIGSTOP: the silent case, seen only through
 #     missed heartbeats): the survivors cannot hold a complete copy and write nothing; the rerun resumes from the
 #     last periodic checkpoint, still bitwise identical.
+#  3. Slurm cancels the step with SIGTERM, as it does after a node failure or at preemption: every rank is alive,
+#     they agree on the step they are on and commit a terminal checkpoint of it; the rerun resumes from it with no
+#     step lost and ends bitwise identical.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/controller_lib.sh"
 source "$(dirname "$0")/torch_lib.sh"
@@ -149,4 +152,33 @@ train two 10steps > "$SCRATCH/two-rerun.log" 2>&1 || { cat "$SCRATCH/two-rerun.l
 grep -q "resumed from step $periodic" "$SCRATCH/two-rerun.log" || { cat "$SCRATCH/two-rerun.log" >&2; fail "the rerun did not resume from step $periodic"; }
 same_weights two || fail "final weights differ after resuming from the periodic checkpoint of step $periodic"
 pass "resumed from the periodic checkpoint of step $periodic; final weights bitwise identical"
+
+# ---- 3. SIGTERM from Slurm: a terminal checkpoint of the current step, nothing lost ----
+train three 1000steps --step-sleep 0.2 > "$SCRATCH/three.log" 2>&1 &
+srun_pid=$!
+at=$((10 + RANDOM % 20))
+for _ in $(seq 900); do
+  s=$(logged_step "$SCRATCH/three.log")
+  [ -n "$s" ] && [ "$s" -ge "$at" ] && break
+  kill -0 "$srun_pid" 2>/dev/null || { cat "$SCRATCH/three.log" >&2; fail "the run ended before step $at"; }
+  sleep 0.05
+done
+seen=$(logged_step "$SCRATCH/three.log")
+scancel -s TERM -n "lw-three-$tag"
+for _ in $(seq 300); do kill -0 "$srun_pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$srun_pid" 2>/dev/null && { kill "$srun_pid"; fail "srun still runs 30 s after SIGTERM"; }
+wait "$srun_pid" || true
+assert_contains "$SCRATCH/three.log" "last words: signal 15"
+[ -f "$SCRATCH/three/ckpt/latest" ] || { cat "$SCRATCH/three.log" >&2; fail "no terminal checkpoint after SIGTERM"; }
+term=$(latest_step "$SCRATCH/three/ckpt")
+grep -q '"kind": *"terminal"' "$SCRATCH/three/ckpt/$(cat "$SCRATCH/three/ckpt/latest")/MANIFEST.json" ||
+  fail "the checkpoint of step $term is not terminal"
+[ "$term" -ge "$seen" ] || fail "terminal checkpoint at step $term; the run had logged step $seen before SIGTERM"
+took=$(sed -n 's/.*committed the terminal checkpoint of step [0-9]*, \([0-9.]*\) s after.*/\1/p' "$SCRATCH/three.log")
+pass "SIGTERM at step ~$seen: terminal checkpoint of step $term committed $took s after the signal was seen"
+
+train three 1000steps > "$SCRATCH/three-rerun.log" 2>&1 || { cat "$SCRATCH/three-rerun.log" >&2; fail "the rerun failed"; }
+grep -q "resumed from step $term " "$SCRATCH/three-rerun.log" || { cat "$SCRATCH/three-rerun.log" >&2; fail "the rerun did not resume from step $term"; }
+same_weights three || fail "final weights differ after resuming from the terminal checkpoint of step $term"
+pass "resumed from the terminal checkpoint of step $term; final weights bitwise identical"
 finish
