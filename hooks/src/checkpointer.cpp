@@ -159,6 +159,12 @@ struct Checkpointer::Impl {
   HostBuffer host;
   PinnedBuffer pinned;
 
+  // ---- last words: the device regions copied to host memory when they start (the last-words thread's) ----
+  std::vector<void*> device_streams;  // the compute streams of the device regions, marked after every update
+  PinnedBuffer rescued;
+  bool rescued_in_staging = false;  // `rescued` is the snapshot's pinned staging, not an allocation of its own
+  std::vector<std::size_t> rescued_at;  // per region: its offset in `rescued` (device regions only)
+
   // ---- the worker ----
   struct Task {
     bool persist = false;
@@ -175,7 +181,10 @@ struct Checkpointer::Impl {
   std::pair<std::size_t, std::size_t> staging_asked;  // guarded by mu: host and pinned staging bytes wanted
   Status first_error;           // guarded by mu
 
-  ~Impl() { free_pinned(); }
+  ~Impl() {
+    free_pinned();
+    free_rescued();
+  }
 
   Stats stats_copy() const {
     std::lock_guard<std::mutex> lock(mu);
@@ -238,6 +247,12 @@ struct Checkpointer::Impl {
     pinned = {};
   }
 
+  void free_rescued() {
+    if (rescued.data != nullptr && device && !rescued_in_staging) device->free_pinned(rescued.data);
+    rescued = {};
+    rescued_in_staging = false;
+  }
+
   void update_staging_stats() {
     std::lock_guard<std::mutex> lock(mu);
     stats.staging_bytes = host.size() + pinned.size;
@@ -292,7 +307,14 @@ struct Checkpointer::Impl {
       });
     }
     std::uint64_t state = 0;
-    for (const RegionSpec& r : regions) state += r.size;
+    device_streams.clear();
+    for (const RegionSpec& r : regions) {
+      state += r.size;
+      if (r.memory == Memory::Device &&
+          std::find(device_streams.begin(), device_streams.end(), r.stream) == device_streams.end()) {
+        device_streams.push_back(r.stream);
+      }
+    }
     std::lock_guard<std::mutex> lock(mu);
     stats.state_bytes = state;
   }
@@ -605,14 +627,61 @@ struct Checkpointer::Impl {
     return write_pieces(job.step, job.pieces, covers());
   }
 
+  // The last-words thread, training frozen outside an update, before this rank reports: the device regions into
+  // host memory, as they were after the last update, by `deadline`. A rank that cannot do it reports that it
+  // cannot write, so that the survivors elect another replica.
+  Status rescue_device_state(Clock::time_point deadline) {
+    free_rescued();
+    rescued_at.assign(regions.size(), 0);
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < regions.size(); ++i) {
+      if (regions[i].memory != Memory::Device) continue;
+      rescued_at[i] = total;
+      total += regions[i].size;
+    }
+    if (total == 0) return Status::success();
+    auto t0 = Clock::now();
+    // The snapshot's pinned staging when no persist is reading it (training is frozen: none will start), since
+    // pinning tens of GiB takes seconds; otherwise memory of its own.
+    bool worker_idle = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      worker_idle = tasks.empty() && !busy;
+    }
+    const bool in_staging = worker_idle && pinned.size >= total;
+    Result<void*> buffer = in_staging ? Result<void*>(pinned.data) : device->alloc_pinned(total);
+    if (!buffer) return Status::failure(buffer.error());
+    std::vector<DeviceCopy> copies;
+    for (std::size_t i = 0; i < regions.size(); ++i) {
+      const RegionSpec& r = regions[i];
+      if (r.memory != Memory::Device || r.size == 0) continue;
+      copies.push_back({static_cast<std::byte*>(*buffer) + rescued_at[i], r.data, r.size, r.stream});
+    }
+    if (Status s = device->rescue(copies, deadline); !s) {
+      // The copy may still land in the buffer: it is left allocated.
+      return s;
+    }
+    rescued = {*buffer, total};
+    rescued_in_staging = in_staging;
+    log::info(rank, "last words: copied " + mib(total) + " of device state to host memory in " +
+                        std::to_string(static_cast<int>(seconds_since(t0) * 1000)) + " ms");
+    return Status::success();
+  }
+
   // The last-words thread, training frozen outside an update: this rank's live state, consistent at `step`, as a
-  // terminal shard covering `keys`.
+  // terminal shard covering `keys` (device regions from what rescue_device_state copied).
   Status write_terminal(std::uint64_t step, const std::vector<std::string>& keys) {
     std::vector<Piece> pieces;
     for (std::size_t i = 0; i < regions.size(); ++i) {
       const RegionSpec& r = regions[i];
-      if (r.memory != Memory::Host) return Status::failure("region '" + r.name + "' is device memory");
-      pieces.push_back({r.name, static_cast<const std::byte*>(r.data), r.size, region_meta[i]});
+      const std::byte* data = static_cast<const std::byte*>(r.data);
+      if (r.memory == Memory::Device) {
+        if (rescued_at.size() != regions.size() || (rescued.data == nullptr && r.size > 0)) {
+          return Status::failure("region '" + r.name + "' is device memory and was not copied to the host");
+        }
+        data = static_cast<const std::byte*>(rescued.data) + rescued_at[i];
+      }
+      pieces.push_back({r.name, data, r.size, region_meta[i]});
     }
     for (const Blob& b : blobs) pieces.push_back({b.name, b.bytes.data(), b.bytes.size(), b.meta});
     if (Status s = write_pieces(step, pieces, keys); !s) return s;
@@ -775,8 +844,8 @@ struct Checkpointer::Impl {
     if (record == nullptr) return Status::failure("no shard covers " + keys.front());
     for (const std::string& key : keys) {
       if (std::find(record->covers.begin(), record->covers.end(), key) == record->covers.end()) {
-        return Status::failure(key + " lies in another shard than " + keys.front() +
-                               " (restoring one rank from two shards is not supported yet)");
+        // A plan never splits a rank's keys among ranks other than itself (ZeRO-1 shards have no other copy).
+        return Status::failure(key + " lies in another shard than " + keys.front() + ": not a last-words plan");
       }
     }
     if (record->rank != rank) {
@@ -904,6 +973,7 @@ struct Checkpointer::Impl {
     handlers = false;
     coord.reset();
     free_pinned();
+    free_rescued();
     std::lock_guard<std::mutex> lock(mu);
     close_status = first_error;
     return close_status;
@@ -963,7 +1033,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
       auto lw = LastWords::start(
           *config, join(join(config->dir, ".control"), config->run_id + "-mesh"), impl->tracker,
           [p](std::uint64_t step, const std::vector<std::string>& keys) { return p->write_terminal(step, keys); },
-          [p] { return std::none_of(p->regions.begin(), p->regions.end(), [](const RegionSpec& r) { return r.memory == Memory::Device; }); });
+          [p](Clock::time_point deadline) { return p->rescue_device_state(deadline); });
       if (!lw) {
         impl->close(false);
         return Error{lw.error()};
@@ -1095,6 +1165,9 @@ Result<bool> Checkpointer::after_step(std::uint64_t step) {
   auto d = poll(step);
   if (!d) return Error{d.error()};
   m.tracker.finish_step(step);
+  if (m.last_words && m.device && !m.device_streams.empty()) {
+    if (Status s = m.device->mark_updates(m.device_streams); !s) m.record_error(s.error());
+  }
   m.cached.reset();
   if (m.auto_interval) m.observe_step();
   m.last_step = step;

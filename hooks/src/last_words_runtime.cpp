@@ -89,7 +89,7 @@ struct LastWords::Impl {
   Timing timing;
   UpdateTracker* tracker = nullptr;
   WriteShard write;
-  CanWrite can_write;
+  Prepare prepare;
   std::unique_ptr<heartbeat::Mesh> mesh;
   std::uint64_t notices_seen = 0;
   int rank = 0;
@@ -174,18 +174,29 @@ struct LastWords::Impl {
     const int world = config.world_size;
     // 1. Freeze and report.
     UpdateTracker::Progress me = tracker->freeze();
+    bool ready = true;
+    if (prepare && !me.mid_update) {
+      // Half the deadline at most: the write and the commit need the rest.
+      if (Status s = prepare(t0 + timing.deadline / 2); !s) {
+        log::error(rank, "last words: this rank cannot write its state: " + s.error());
+        ready = false;
+      }
+    }
     heartbeat::Frame report;
     report.type = heartbeat::kReport;
     report.a = me.step;
-    report.flags = (me.mid_update ? kMidUpdate : 0) | (can_write && !can_write() ? kCannotWrite : 0);
+    report.flags = (me.mid_update ? kMidUpdate : 0) | (ready ? 0 : kCannotWrite);
     {
       std::lock_guard<std::mutex> lock(mu);
       report.from = rank;
       reports[rank] = report;
     }
     mesh->broadcast(report);
-    // 2. Gather: every peer reported or is gone. A frozen peer is declared dead after dead_after.
-    const auto gather_until = t0 + timing.dead_after + std::chrono::milliseconds(500);
+    // 2. Gather: every peer reported or is gone. A frozen peer is declared dead after dead_after; a live one may
+    // take half the deadline to copy its device state before it reports.
+    const auto gather_until =
+        t0 + std::max<std::chrono::milliseconds>(timing.dead_after + std::chrono::milliseconds(500),
+                                                 timing.deadline / 2 + std::chrono::milliseconds(300));
     {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait_until(lock, gather_until, [&] {
@@ -207,7 +218,7 @@ struct LastWords::Impl {
         auto it = reports.find(p);
         if (it != reports.end()) {
           r.alive = (it->second.flags & kCannotWrite) == 0;
-          if (!r.alive) unable.push_back("rank " + std::to_string(p) + " cannot write its state here (device regions)");
+          if (!r.alive) unable.push_back("rank " + std::to_string(p) + " cannot write its state (counted as lost)");
           r.mid_update = (it->second.flags & kMidUpdate) != 0;
           r.step = it->second.a;
         }
@@ -326,19 +337,19 @@ LastWords::LastWords(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LastWords::~LastWords() = default;
 
 Result<std::unique_ptr<LastWords>> LastWords::start(const Config& config, const std::string& rendezvous_dir,
-                                                     UpdateTracker& tracker, WriteShard write, CanWrite can_write) {
-  return start(config, rendezvous_dir, tracker, std::move(write), std::move(can_write), Timing{});
+                                                     UpdateTracker& tracker, WriteShard write, Prepare prepare) {
+  return start(config, rendezvous_dir, tracker, std::move(write), std::move(prepare), Timing{});
 }
 
 Result<std::unique_ptr<LastWords>> LastWords::start(const Config& config, const std::string& rendezvous_dir,
-                                                     UpdateTracker& tracker, WriteShard write, CanWrite can_write,
+                                                     UpdateTracker& tracker, WriteShard write, Prepare prepare,
                                                      Timing timing) {
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->timing = timing;
   impl->tracker = &tracker;
   impl->write = std::move(write);
-  impl->can_write = std::move(can_write);
+  impl->prepare = std::move(prepare);
   impl->rank = config.rank;
   impl->notices_seen = notice::count();
   impl->dead.assign(static_cast<std::size_t>(config.world_size), false);

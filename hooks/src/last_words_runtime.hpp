@@ -77,8 +77,9 @@ class LastWords {
   // Writes this rank's live state as a terminal shard of `step` covering `keys`; called on the last-words thread
   // while the training thread is frozen.
   using WriteShard = std::function<Status(std::uint64_t step, const std::vector<std::string>& keys)>;
-  // True when this rank's state can be written by WriteShard (e.g. no device regions).
-  using CanWrite = std::function<bool()>;
+  // Before this rank reports, training frozen: readies its state for WriteShard by `deadline` (copies device
+  // regions to host memory). A failure reports this rank as unable to write; the survivors elect around it.
+  using Prepare = std::function<Status(std::chrono::steady_clock::time_point deadline)>;
 
   struct Timing {
     std::chrono::milliseconds period{100};        // heartbeat period
@@ -89,10 +90,10 @@ class LastWords {
 
   // Joins the mesh (blocks until every rank joined); `rendezvous_dir` is shared by every rank of this run.
   static Result<std::unique_ptr<LastWords>> start(const Config& config, const std::string& rendezvous_dir,
-                                                  UpdateTracker& tracker, WriteShard write, CanWrite can_write,
+                                                  UpdateTracker& tracker, WriteShard write, Prepare prepare,
                                                   Timing timing);
   static Result<std::unique_ptr<LastWords>> start(const Config& config, const std::string& rendezvous_dir,
-                                                  UpdateTracker& tracker, WriteShard write, CanWrite can_write);
+                                                  UpdateTracker& tracker, WriteShard write, Prepare prepare);
   ~LastWords();
   LastWords(const LastWords&) = delete;
   LastWords& operator=(const LastWords&) = delete;

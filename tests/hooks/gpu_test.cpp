@@ -1,10 +1,17 @@
 // hooks_gpu_test DIR: the CUDA backend. A device region is snapshot on the copy stream behind an event of its
 // compute stream; before_update() makes the compute stream wait, so an update queued right after it cannot reach
-// the checkpoint. Exits 77 (skipped) when no GPU is usable.
+// the checkpoint. Then the last words of two ranks whose compute streams hang (a host function that never returns
+// until released, as a collective whose peer died): the device state after their last update reaches a committed
+// terminal checkpoint within the deadline, and nothing queued after the hang does. Exits 77 (skipped) when no GPU
+// is usable.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "ckpt/hooks.hpp"
@@ -21,6 +28,78 @@ using namespace ckpt::hooks;
       return 1;                                                                             \
     }                                                                                       \
   } while (0)
+
+namespace {
+
+std::atomic<bool> released{false};
+
+// A hung collective, as the stream sees it: nothing queued behind it runs until it returns.
+void CUDART_CB hang(void*) {
+  while (!released.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+int last_words_on_hung_streams(const std::string& dir) {
+  const std::size_t bytes = 64u << 20;
+  int failures = 0;
+  void* dev[2] = {nullptr, nullptr};
+  cudaStream_t compute[2] = {nullptr, nullptr};
+  for (int r = 0; r < 2; ++r) {
+    CUDA_OK(cudaMalloc(&dev[r], bytes));
+    CUDA_OK(cudaStreamCreateWithFlags(&compute[r], cudaStreamNonBlocking));
+  }
+  std::unique_ptr<Checkpointer> cps[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {  // the mesh needs both ranks at once
+    threads.emplace_back([&, r] {
+      cps[r] = test::make(test::options({{"dir", dir}, {"rank", std::to_string(r)}, {"world_size", "2"},
+                                         {"layout", "dp=2,tp=1,pp=1"}, {"last_words", "on"},
+                                         {"interval", "1000steps"}, {"run_id", "gpu-lw"}, {"signals", "on"}}));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    if (!cps[r]->register_region({"w", dev[r], bytes, Memory::Device, false, "{}", compute[r]})) ++failures;
+    if (!cps[r]->restore()) ++failures;
+  }
+  // Step 1 on both ranks: the update writes 7s; then each stream hangs with the next update queued behind.
+  for (int r = 0; r < 2; ++r) {
+    if (!cps[r]->before_update()) ++failures;
+    CUDA_OK(cudaMemsetAsync(dev[r], 7, bytes, compute[r]));
+    auto stop = cps[r]->after_step(1);
+    if (!stop || *stop) ++failures;
+  }
+  for (int r = 0; r < 2; ++r) {
+    CUDA_OK(cudaLaunchHostFunc(compute[r], hang, nullptr));
+    CUDA_OK(cudaMemsetAsync(dev[r], 9, bytes, compute[r]));
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::raise(SIGTERM);
+  bool committed = test::wait_for([&] { return test::committed_steps(dir) == std::vector<std::uint64_t>{1}; },
+                                  std::chrono::milliseconds(10000));
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!committed) {
+    std::fprintf(stderr, "gpu_test: FAIL: no terminal checkpoint while the compute streams hang\n");
+    ++failures;
+  } else {
+    std::printf("gpu_test: last words on hung streams committed step 1 after %.3f s\n", took);
+    auto saved = test::read_region(dir, 1, 0, "w");
+    if (saved.size() != bytes || std::vector<unsigned char>(saved.begin(), saved.end()) != std::vector<unsigned char>(bytes, 7)) {
+      std::fprintf(stderr, "gpu_test: FAIL: the terminal checkpoint is not the state after step 1's update\n");
+      ++failures;
+    }
+  }
+  released = true;
+  for (int r = 0; r < 2; ++r) {
+    CUDA_OK(cudaStreamSynchronize(compute[r]));
+    (void)cps[r]->close();
+    cps[r].reset();
+    CUDA_OK(cudaFree(dev[r]));
+    CUDA_OK(cudaStreamDestroy(compute[r]));
+  }
+  return failures;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -76,6 +155,7 @@ int main(int argc, char** argv) {
   }
   CUDA_OK(cudaFree(dev));
   CUDA_OK(cudaStreamDestroy(compute));
+  failures += last_words_on_hung_streams(dir + "-last-words");
   if (failures == 0) std::printf("gpu_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

@@ -10,11 +10,14 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 #include <vector>
 
+#include "device.hpp"
 #include "heartbeat.hpp"
 #include "hooks_test_util.hpp"
 #include "last_words_runtime.hpp"
@@ -375,4 +378,156 @@ TEST_CASE("last words: SIGTERM on a healthy job writes a terminal checkpoint of 
   CHECK(m->shards.size() == 1);  // replica dp0 covers every key
   CHECK(wait_for([&] { return logs.has("last words: signal 15"); }, 5s));
   for (Rank& r : ranks) (void)r.cp->close();
+}
+
+namespace {
+
+// A device whose memory is host memory: the library's device path (snapshot, restore, the last words' marks and
+// rescue) without a GPU. A rescue of `hang_src` hangs until its deadline, like a copy stuck behind a dead kernel.
+class HostDevice final : public DeviceBackend {
+ public:
+  static inline std::atomic<int> marks{0};
+  static inline std::atomic<const void*> hang_src{nullptr};
+
+  Result<void*> alloc_pinned(std::size_t bytes) override {
+    void* p = std::malloc(bytes == 0 ? 1 : bytes);
+    if (p == nullptr) return Error{"out of memory"};
+    return p;
+  }
+  void free_pinned(void* p) override { std::free(p); }
+  Status snapshot(const std::vector<DeviceCopy>& copies) override {
+    for (const DeviceCopy& c : copies) std::memcpy(c.dst, c.src, c.size);
+    return Status::success();
+  }
+  Status guard() override { return Status::success(); }
+  Status wait() override { return Status::success(); }
+  Status upload(void* dst, const void* src, std::size_t size) override {
+    std::memcpy(dst, src, size);
+    return Status::success();
+  }
+  Status mark_updates(const std::vector<void*>& streams) override {
+    marks += static_cast<int>(streams.size());
+    return Status::success();
+  }
+  Status rescue(const std::vector<DeviceCopy>& copies, std::chrono::steady_clock::time_point deadline) override {
+    for (const DeviceCopy& c : copies) {
+      if (c.src == hang_src.load()) {
+        std::this_thread::sleep_until(deadline);
+        return Status::failure("ckpt: the device copy did not finish before the last words' deadline");
+      }
+    }
+    for (const DeviceCopy& c : copies) std::memcpy(c.dst, c.src, c.size);
+    return Status::success();
+  }
+};
+
+struct HostDeviceScope {
+  HostDeviceScope() {
+    HostDevice::marks = 0;
+    HostDevice::hang_src = nullptr;
+    set_device_backend_factory([]() -> Result<std::unique_ptr<DeviceBackend>> {
+      return std::unique_ptr<DeviceBackend>(std::make_unique<HostDevice>());
+    });
+  }
+  ~HostDeviceScope() { set_device_backend_factory({}); }
+};
+
+// Two DP ranks (threads of this process) whose state is one region, with signals handled.
+std::vector<Rank> make_signal_ranks(const std::string& dir, const std::string& run_id, Memory memory,
+                                    const std::string& layout = "dp=2,tp=1,pp=1") {
+  std::vector<Rank> ranks(2);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(2);
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Options o = options({{"dir", dir}, {"rank", std::to_string(r)}, {"world_size", "2"},
+                           {"layout", layout}, {"last_words", "on"}, {"interval", "1000steps"},
+                           {"run_id", run_id}, {"copy_threads", "0"}, {"signals", "on"}});
+      Rank& me = ranks[static_cast<std::size_t>(r)];
+      me.cp = make(o);
+      RegionSpec region{"model", me.state.data(), me.state.size() * sizeof(double)};
+      region.memory = memory;
+      if (Status s = me.cp->register_region(region); !s) errors[static_cast<std::size_t>(r)] = s.error();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors) {
+    if (!e.empty()) throw std::runtime_error(e);
+  }
+  return ranks;
+}
+
+}  // namespace
+
+TEST_CASE("last words: device state is copied to the host as it was after the last update, then written",
+          "[hooks][last_words]") {
+  HostDeviceScope device;
+  TempDir dir;
+  LogCapture logs;
+  {
+    std::vector<Rank> ranks = make_signal_ranks(dir.path(), "lw5", Memory::Device);
+    for (Rank& r : ranks) REQUIRE(r.cp->restore().value() == 0);
+    REQUIRE(train(ranks, 0, 6));
+    CHECK(HostDevice::marks == 12);  // one mark per rank and update
+    std::raise(SIGTERM);
+    REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{6}; }, 10s));
+    CHECK(logs.has("last words: copied 0.0 MiB of device state to host memory"));
+    auto m = store::read_manifest(dir.path(), 6);
+    REQUIRE(m);
+    CHECK(m->kind == store::Kind::Terminal);
+    REQUIRE(m->shards.size() == 1);
+    CHECK(m->shards[0].rank == 0);
+    for (Rank& r : ranks) (void)r.cp->close();
+  }
+  std::vector<Rank> again = make_signal_ranks(dir.path(), "lw6", Memory::Device);
+  for (Rank& r : again) {
+    CHECK(r.cp->restore().value() == 6);
+    CHECK(r.state.front() == value_of(r.cp->config().coord, 6));
+    CHECK(r.state.back() == value_of(r.cp->config().coord, 6));
+  }
+  for (Rank& r : again) CHECK(r.cp->close());
+}
+
+TEST_CASE("last words: a rank whose device copy hangs is passed over for a replica that copied in time",
+          "[hooks][last_words]") {
+  HostDeviceScope device;
+  TempDir dir;
+  LogCapture logs;
+  std::vector<Rank> ranks = make_signal_ranks(dir.path(), "lw7", Memory::Device);
+  for (Rank& r : ranks) REQUIRE(r.cp->restore().value() == 0);
+  REQUIRE(train(ranks, 0, 3));
+  HostDevice::hang_src = ranks[0].state.data();
+  std::raise(SIGTERM);
+  REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{3}; }, 10s));
+  CHECK(logs.has("last words: this rank cannot write its state: ckpt: the device copy did not finish"));
+  CHECK(logs.has("rank 0 cannot write its state"));
+  auto m = store::read_manifest(dir.path(), 3);
+  REQUIRE(m);
+  REQUIRE(m->shards.size() == 1);
+  CHECK(m->shards[0].rank == 1);  // dp1 writes: dp0's copy did not finish
+  for (Rank& r : ranks) (void)r.cp->close();
+}
+
+TEST_CASE("last words: with ZeRO-1 every rank writes its own shard and restores from it", "[hooks][last_words]") {
+  TempDir dir;
+  LogCapture logs;
+  {
+    std::vector<Rank> ranks = make_signal_ranks(dir.path(), "lw8", Memory::Host, "dp=2,tp=1,pp=1,zero1=on");
+    for (Rank& r : ranks) REQUIRE(r.cp->restore().value() == 0);
+    REQUIRE(train(ranks, 0, 5));
+    std::raise(SIGTERM);
+    REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{5}; }, 10s));
+    auto m = store::read_manifest(dir.path(), 5);
+    REQUIRE(m);
+    CHECK(m->kind == store::Kind::Terminal);
+    REQUIRE(m->shards.size() == 2);  // each optimizer shard has one holder
+    for (Rank& r : ranks) (void)r.cp->close();
+  }
+  std::vector<Rank> again = make_signal_ranks(dir.path(), "lw9", Memory::Host, "dp=2,tp=1,pp=1,zero1=on");
+  for (Rank& r : again) {
+    CHECK(r.cp->restore().value() == 5);
+    CHECK(r.state.front() == value_of(r.cp->config().coord, 5));
+  }
+  CHECK_FALSE(logs.has("loading the shard of rank"));
+  for (Rank& r : again) CHECK(r.cp->close());
 }
