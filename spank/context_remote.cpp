@@ -158,6 +158,16 @@ std::time_t job_end_time(std::uint32_t job_id) {
   return end;
 }
 
+// Slurm's KillWait in seconds (SIGTERM to SIGKILL when a step is cancelled); 0 when unknown. Last words size
+// their deadline to fit inside it.
+unsigned kill_wait_s() {
+  slurm_conf_t* conf = nullptr;
+  if (slurm_load_ctl_conf(0, &conf) != 0 || conf == nullptr) return 0;
+  unsigned seconds = conf->kill_wait;
+  slurm_free_ctl_conf(conf);
+  return seconds;
+}
+
 void export_env(spank_t sp, const std::string& name, const std::string& value) {
   if (spank_setenv(sp, name.c_str(), value.c_str(), 1) != ESPANK_SUCCESS) log_error("cannot export " + name);
 }
@@ -213,6 +223,7 @@ int remote_user_init(spank_t sp) {
   }
   export_env(sp, "CKPT_RESTART_COUNT", std::to_string(restarts));
   if (std::time_t end = job_end_time(ids.job_id); end > 0) export_env(sp, "CKPT_END_TIME", std::to_string(end));
+  if (unsigned wait = kill_wait_s(); wait > 0) export_env(sp, "CKPT_KILL_WAIT", std::to_string(wait) + "s");
 
   for (const auto& line : report.resume.log) slurm_info("ckpt: job %u.%u: %s", ids.job_id, step_id, line.c_str());
   if (report.resume.step) {

@@ -1030,10 +1030,13 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
     impl->worker = std::thread([p = impl.get()] { p->worker_loop(); });
     if (last_words_armed(*config)) {
       Impl* p = impl.get();
+      // Committed before Slurm's SIGKILL: 90% of KillWait, from the detection.
+      LastWords::Timing timing;
+      timing.deadline = std::chrono::milliseconds(std::max<std::uint64_t>(config->kill_wait_s * 900, 1000));
       auto lw = LastWords::start(
           *config, join(join(config->dir, ".control"), config->run_id + "-mesh"), impl->tracker,
           [p](std::uint64_t step, const std::vector<std::string>& keys) { return p->write_terminal(step, keys); },
-          [p](Clock::time_point deadline) { return p->rescue_device_state(deadline); });
+          [p](Clock::time_point deadline) { return p->rescue_device_state(deadline); }, timing);
       if (!lw) {
         impl->close(false);
         return Error{lw.error()};

@@ -33,6 +33,7 @@ const std::vector<KeySpec>& key_specs() {
       {{"resume_step", "CKPT_RESUME_STEP", "a whole number"}, {"CKPT_RESUME_STEP"}},
       {{"resume_path", "CKPT_RESUME_PATH", "an absolute path to a step dir"}, {"CKPT_RESUME_PATH"}},
       {{"end_time", "CKPT_END_TIME", "unix seconds"}, {"CKPT_END_TIME", "SLURM_JOB_END_TIME"}},
+      {{"kill_wait", "CKPT_KILL_WAIT", "a positive duration like 30s"}, {"CKPT_KILL_WAIT"}},
       {{"rank", "RANK", "a whole number below world_size"}, {"RANK", "SLURM_PROCID"}},
       {{"world_size", "WORLD_SIZE", "a whole number >= 1"}, {"WORLD_SIZE", "SLURM_NTASKS"}},
       {{"local_rank", "LOCAL_RANK", "a whole number"}, {"LOCAL_RANK", "SLURM_LOCALID"}},
@@ -322,6 +323,7 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   if (auto e = read(lookup, "last_words", c.last_words, parse_on_off)) return *e;
   if (auto e = read(lookup, "mtbf", c.mtbf_s, parse_positive_duration)) return *e;
   if (auto e = read(lookup, "grace", c.grace_s, parse_duration)) return *e;
+  if (auto e = read(lookup, "kill_wait", c.kill_wait_s, parse_positive_duration)) return *e;
   if (auto e = read(lookup, "min_interval", c.min_interval_s, parse_positive_duration)) return *e;
   if (auto e = read(lookup, "max_interval", c.max_interval_s, parse_duration)) return *e;
   if (c.max_interval_s != 0 && c.max_interval_s < c.min_interval_s) {

@@ -369,7 +369,8 @@ Result<std::unique_ptr<LastWords>> LastWords::start(const Config& config, const 
   if (config.rank == 0) {
     log::info(0, "last words armed: heartbeat mesh of " + std::to_string(config.world_size) + " ranks (" +
                      std::to_string(timing.period.count()) + " ms heartbeats, dead after " +
-                     std::to_string(timing.dead_after.count()) + " ms)");
+                     std::to_string(timing.dead_after.count()) + " ms, commit within " +
+                     std::to_string(timing.deadline.count()) + " ms)");
   }
   return std::unique_ptr<LastWords>(new LastWords(std::move(impl)));
 }

@@ -29,6 +29,11 @@ read -r end now < <(srun -t 5 -N1 --ckpt-interval=15m --ckpt-dir="$SCRATCH/limit
 [ $((end - now)) -gt 240 ] && [ $((end - now)) -le 300 ] || fail "CKPT_END_TIME is $end, now $now (want about now + 300)"
 pass "CKPT_END_TIME gives the time limit"
 
+# Ranks learn the cluster's KillWait (5 s here), which bounds the last words.
+wait=$(srun -N1 --ckpt-interval=15m --ckpt-dir="$SCRATCH/limit" bash -c 'echo "${CKPT_KILL_WAIT:-none}"')
+[ "$wait" = 5s ] || fail "CKPT_KILL_WAIT is $wait, want 5s (KillWait in slurm.conf)"
+pass "CKPT_KILL_WAIT gives the cluster's KillWait"
+
 # Options given to sbatch reach every srun in the script, and the batch script itself.
 cat > "$SCRATCH/job.sh" <<JOB
 #!/bin/bash

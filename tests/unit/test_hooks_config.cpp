@@ -37,6 +37,7 @@ TEST_CASE("hooks settings from the environment", "[hooks][config]") {
                    {"CKPT_RESUME_STEP", "200"},
                    {"CKPT_RESUME_PATH", "/ckpt/job/7/000000000200"},
                    {"CKPT_END_TIME", "1700000000"},
+                   {"CKPT_KILL_WAIT", "30s"},
                    {"SLURM_PROCID", "3"},
                    {"SLURM_NTASKS", "8"},
                    {"SLURM_LOCALID", "1"}});
@@ -55,6 +56,7 @@ TEST_CASE("hooks settings from the environment", "[hooks][config]") {
     CHECK(c->resume_step == 200u);
     CHECK(c->resume_path == "/ckpt/job/7/000000000200");
     CHECK(c->end_time == 1700000000);
+    CHECK(c->kill_wait_s == 30);
     CHECK(c->rank == 3);
     CHECK(c->world_size == 8);
     CHECK(c->local_rank == 1);
@@ -68,6 +70,7 @@ TEST_CASE("hooks settings from the environment", "[hooks][config]") {
     CHECK(c->interval.kind == Interval::Kind::Auto);
     CHECK(c->keep == BuiltinDefaults::keep);
     CHECK(c->grace_s == BuiltinDefaults::grace_s);
+    CHECK(c->kill_wait_s == 5);
     CHECK(c->min_interval_s == SitePolicy{}.min_interval_s);
     CHECK(c->max_interval_s == 0);
     CHECK(c->rank == 0);
@@ -127,6 +130,8 @@ TEST_CASE("hooks settings reject bad values with one clear line", "[hooks][confi
         {{"CKPT_KEEP", "-1"}},
         {{"CKPT_KEEP", "3x"}},
         {{"CKPT_GRACE", "2 minutes"}},
+        {{"CKPT_KILL_WAIT", "0s"}},
+        {{"CKPT_KILL_WAIT", "-30"}},
         {{"CKPT_MTBF", "0s"}},
         {{"CKPT_MIN_INTERVAL", "0s"}},
         {{"CKPT_MAX_INTERVAL", "soon"}},

@@ -76,6 +76,8 @@ struct Config {
   std::optional<std::uint64_t> resume_step;  // CKPT_RESUME_STEP: the plugin's choice, verified again here
   std::string resume_path;                 // CKPT_RESUME_PATH: that checkpoint's step dir
   std::optional<std::int64_t> end_time;    // unix seconds the job must be done by (CKPT_END_TIME, SLURM_JOB_END_TIME)
+  std::uint64_t kill_wait_s = 5;           // Slurm's KillWait (CKPT_KILL_WAIT, from the plugin): last words commit
+                                           // within 90% of it; 5 s when unknown
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
