@@ -49,6 +49,21 @@ train() {
     "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_dp_tp.py" --steps $STEPS --out "$SCRATCH/$name/final" "$@"
 }
 
+# train_until NAME INTERVAL AT: `train` in the background (logging to $SCRATCH/NAME.log, srun's pid in srun_pid)
+# until it has logged step AT.
+train_until() {
+  local name=$1 interval=$2 at=$3 s
+  train "$name" "$interval" --step-sleep 0.2 > "$SCRATCH/$name.log" 2>&1 &
+  srun_pid=$!
+  for _ in $(seq 900); do
+    s=$(logged_step "$SCRATCH/$name.log")
+    [ -n "$s" ] && [ "$s" -ge "$at" ] && return 0
+    kill -0 "$srun_pid" 2>/dev/null || { cat "$SCRATCH/$name.log" >&2; fail "the run ended before step $at"; }
+    sleep 0.05
+  done
+  fail "the run did not reach step $at in 45 s"
+}
+
 same_weights() {
   cmp -s "$SCRATCH/straight/final.tp0" "$SCRATCH/$1/final.tp0" && cmp -s "$SCRATCH/straight/final.tp1" "$SCRATCH/$1/final.tp1"
 }
@@ -118,15 +133,7 @@ revive_all
 controller_down  # case 2 needs no restart
 
 # ---- 2. both replicas of slice tp1 crash: nothing is written, the periodic checkpoint serves ----
-train two 10steps --step-sleep 0.2 > "$SCRATCH/two.log" 2>&1 &
-srun_pid=$!
-at=$((25 + RANDOM % 10))
-for _ in $(seq 900); do
-  s=$(logged_step "$SCRATCH/two.log")
-  [ -n "$s" ] && [ "$s" -ge "$at" ] && break
-  kill -0 "$srun_pid" 2>/dev/null || { cat "$SCRATCH/two.log" >&2; fail "the run ended before step $at"; }
-  sleep 0.05
-done
+train_until two 10steps $((25 + RANDOM % 10))
 # Frozen, not killed: a killed node's sockets reset at once and the survivors would (rightly) save before the
 # second node goes; frozen nodes fall silent together and only the heartbeat timeout can tell.
 "$CLUSTER" freeze-node n2 &
@@ -154,15 +161,7 @@ same_weights two || fail "final weights differ after resuming from the periodic 
 pass "resumed from the periodic checkpoint of step $periodic; final weights bitwise identical"
 
 # ---- 3. SIGTERM from Slurm: a terminal checkpoint of the current step, nothing lost ----
-train three 1000steps --step-sleep 0.2 > "$SCRATCH/three.log" 2>&1 &
-srun_pid=$!
-at=$((10 + RANDOM % 20))
-for _ in $(seq 900); do
-  s=$(logged_step "$SCRATCH/three.log")
-  [ -n "$s" ] && [ "$s" -ge "$at" ] && break
-  kill -0 "$srun_pid" 2>/dev/null || { cat "$SCRATCH/three.log" >&2; fail "the run ended before step $at"; }
-  sleep 0.05
-done
+train_until three 1000steps $((10 + RANDOM % 20))
 seen=$(logged_step "$SCRATCH/three.log")
 scancel -s TERM -n "lw-three-$tag"
 for _ in $(seq 300); do kill -0 "$srun_pid" 2>/dev/null || break; sleep 0.1; done

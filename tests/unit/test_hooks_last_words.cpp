@@ -127,6 +127,16 @@ void kill_child(Child& c) {
   ::waitpid(c.pid, &status, 0);
 }
 
+// Raises SIGTERM and returns the manifest of the terminal checkpoint the ranks commit at `step`.
+store::Manifest terminal_after_sigterm(const std::string& dir, std::uint64_t step) {
+  std::raise(SIGTERM);
+  REQUIRE(wait_for([&] { return committed_steps(dir) == std::vector<std::uint64_t>{step}; }, 10s));
+  auto m = store::read_manifest(dir, step);
+  REQUIRE(m);
+  CHECK(m->kind == store::Kind::Terminal);
+  return *m;
+}
+
 }  // namespace
 
 TEST_CASE("layout and coord settings", "[hooks][last_words]") {
@@ -370,12 +380,8 @@ TEST_CASE("last words: SIGTERM on a healthy job writes a terminal checkpoint of 
   for (auto& t : threads) t.join();
   for (Rank& r : ranks) REQUIRE(r.cp->restore().value() == 0);
   REQUIRE(train(ranks, 0, 4));
-  std::raise(SIGTERM);
-  REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{4}; }, 10s));
-  auto m = store::read_manifest(dir.path(), 4);
-  REQUIRE(m);
-  CHECK(m->kind == store::Kind::Terminal);
-  CHECK(m->shards.size() == 1);  // replica dp0 covers every key
+  store::Manifest m = terminal_after_sigterm(dir.path(), 4);
+  CHECK(m.shards.size() == 1);  // replica dp0 covers every key
   CHECK(wait_for([&] { return logs.has("last words: signal 15"); }, 5s));
   for (Rank& r : ranks) (void)r.cp->close();
 }
@@ -457,6 +463,15 @@ std::vector<Rank> make_signal_ranks(const std::string& dir, const std::string& r
   return ranks;
 }
 
+// make_signal_ranks, fresh (nothing to restore), trained through `steps`.
+std::vector<Rank> trained_signal_ranks(const std::string& dir, const std::string& run_id, Memory memory,
+                                       std::uint64_t steps, const std::string& layout = "dp=2,tp=1,pp=1") {
+  std::vector<Rank> ranks = make_signal_ranks(dir, run_id, memory, layout);
+  for (Rank& r : ranks) REQUIRE(r.cp->restore().value() == 0);
+  REQUIRE(train(ranks, 0, steps));
+  return ranks;
+}
+
 }  // namespace
 
 TEST_CASE("last words: device state is copied to the host as it was after the last update, then written",
@@ -465,18 +480,12 @@ TEST_CASE("last words: device state is copied to the host as it was after the la
   TempDir dir;
   LogCapture logs;
   {
-    std::vector<Rank> ranks = make_signal_ranks(dir.path(), "lw5", Memory::Device);
-    for (Rank& r : ranks) REQUIRE(r.cp->restore().value() == 0);
-    REQUIRE(train(ranks, 0, 6));
+    std::vector<Rank> ranks = trained_signal_ranks(dir.path(), "lw5", Memory::Device, 6);
     CHECK(HostDevice::marks == 12);  // one mark per rank and update
-    std::raise(SIGTERM);
-    REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{6}; }, 10s));
+    store::Manifest m = terminal_after_sigterm(dir.path(), 6);
     CHECK(logs.has("last words: copied 0.0 MiB of device state to host memory"));
-    auto m = store::read_manifest(dir.path(), 6);
-    REQUIRE(m);
-    CHECK(m->kind == store::Kind::Terminal);
-    REQUIRE(m->shards.size() == 1);
-    CHECK(m->shards[0].rank == 0);
+    REQUIRE(m.shards.size() == 1);
+    CHECK(m.shards[0].rank == 0);
     for (Rank& r : ranks) (void)r.cp->close();
   }
   std::vector<Rank> again = make_signal_ranks(dir.path(), "lw6", Memory::Device);
@@ -493,18 +502,13 @@ TEST_CASE("last words: a rank whose device copy hangs is passed over for a repli
   HostDeviceScope device;
   TempDir dir;
   LogCapture logs;
-  std::vector<Rank> ranks = make_signal_ranks(dir.path(), "lw7", Memory::Device);
-  for (Rank& r : ranks) REQUIRE(r.cp->restore().value() == 0);
-  REQUIRE(train(ranks, 0, 3));
+  std::vector<Rank> ranks = trained_signal_ranks(dir.path(), "lw7", Memory::Device, 3);
   HostDevice::hang_src = ranks[0].state.data();
-  std::raise(SIGTERM);
-  REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{3}; }, 10s));
+  store::Manifest m = terminal_after_sigterm(dir.path(), 3);
   CHECK(logs.has("last words: this rank cannot write its state: ckpt: the device copy did not finish"));
   CHECK(logs.has("rank 0 cannot write its state"));
-  auto m = store::read_manifest(dir.path(), 3);
-  REQUIRE(m);
-  REQUIRE(m->shards.size() == 1);
-  CHECK(m->shards[0].rank == 1);  // dp1 writes: dp0's copy did not finish
+  REQUIRE(m.shards.size() == 1);
+  CHECK(m.shards[0].rank == 1);  // dp1 writes: dp0's copy did not finish
   for (Rank& r : ranks) (void)r.cp->close();
 }
 
@@ -512,15 +516,9 @@ TEST_CASE("last words: with ZeRO-1 every rank writes its own shard and restores 
   TempDir dir;
   LogCapture logs;
   {
-    std::vector<Rank> ranks = make_signal_ranks(dir.path(), "lw8", Memory::Host, "dp=2,tp=1,pp=1,zero1=on");
-    for (Rank& r : ranks) REQUIRE(r.cp->restore().value() == 0);
-    REQUIRE(train(ranks, 0, 5));
-    std::raise(SIGTERM);
-    REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{5}; }, 10s));
-    auto m = store::read_manifest(dir.path(), 5);
-    REQUIRE(m);
-    CHECK(m->kind == store::Kind::Terminal);
-    REQUIRE(m->shards.size() == 2);  // each optimizer shard has one holder
+    std::vector<Rank> ranks = trained_signal_ranks(dir.path(), "lw8", Memory::Host, 5, "dp=2,tp=1,pp=1,zero1=on");
+    store::Manifest m = terminal_after_sigterm(dir.path(), 5);
+    REQUIRE(m.shards.size() == 2);  // each optimizer shard has one holder
     for (Rank& r : ranks) (void)r.cp->close();
   }
   std::vector<Rank> again = make_signal_ranks(dir.path(), "lw9", Memory::Host, "dp=2,tp=1,pp=1,zero1=on");
