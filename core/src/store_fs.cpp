@@ -28,6 +28,12 @@
 
 namespace ckpt::store {
 
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+std::string join(const std::string& dir, const std::string& name) {
+  return (!dir.empty() && dir.back() == '/') ? dir + name : dir + "/" + name;
+}
+
 namespace {
 
 constexpr std::size_t kReadBuffer = 4u << 20;        // streaming checksum buffer
@@ -55,7 +61,6 @@ struct Joiner {
   }
 };
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 class Fd {
  public:
@@ -118,9 +123,7 @@ std::string random_suffix() {
 std::string temp_name_for(std::string_view name) { return "." + std::string(name) + "." + random_suffix() + ".tmp"; }
 
 std::string step_path(const std::string& root, std::uint64_t step) {
-  std::string path = root;
-  if (path.empty() || path.back() != '/') path += '/';
-  return path + step_dir_name(step);
+  return join(root, step_dir_name(step));
 }
 
 Result<Fd> open_root(const std::string& root) {

@@ -35,6 +35,8 @@ namespace ckpt::hooks {
 
 namespace {
 
+using store::errno_text;
+using store::join;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kCopyChunk = 16u << 20;  // big enough to amortize scheduling, small enough to share
@@ -48,8 +50,6 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
 std::string mib(std::uint64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
@@ -60,10 +60,6 @@ std::string secs(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3f s", s);
   return buf;
-}
-
-std::string join(const std::string& dir, const std::string& name) {
-  return (!dir.empty() && dir.back() == '/') ? dir + name : dir + "/" + name;
 }
 
 // A small named value saved with every checkpoint (extras).

@@ -20,12 +20,8 @@ namespace ckpt::hooks {
 
 namespace {
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-std::string join(const std::string& dir, const std::string& name) {
-  return (!dir.empty() && dir.back() == '/') ? dir + name : dir + "/" + name;
-}
-
+using store::errno_text;
+using store::join;
 // mkdir that accepts an existing directory.
 Status make_dir(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) return Status::success();

@@ -1,5 +1,7 @@
 #include "heartbeat.hpp"
 
+#include "ckpt/store.hpp"
+
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -23,11 +25,10 @@ namespace ckpt::hooks::heartbeat {
 
 namespace {
 
+using store::errno_text;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::uint32_t kMagic = 0x636b7074;  // "ckpt", in the pad field of every frame
-
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 std::string addr_file(const std::string& dir, int rank) { return dir + "/rank-" + std::to_string(rank) + ".addr"; }
 
