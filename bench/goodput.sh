@@ -80,15 +80,9 @@ CKPT_SOURCE_DIR=$SRC CKPT_BUILD_DIR=$BUILD CKPT_CLUSTER_DIR=$D
 source "$SRC/tests/integration/controller_lib.sh"
 controller_up "$W" "$PORT" || { echo "goodput: no controller" >&2; exit 1; }
 
-# One batch script for every run; the policy comes in as sbatch options. A fresh rendezvous port per run.
-cat > "$W/train.sbatch" <<JOB
-#!/bin/bash
-#SBATCH -N4 --ntasks-per-node=1 --requeue --open-mode=append
-export MASTER_ADDR=127.0.0.1
-export MASTER_PORT=\$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
-srun $PY $SRC/slurm-examples/train_dp_tp.py --step-sleep $SLEEP --d-in 256 --hidden $HIDDEN --lr 0.0005 --log-time "\$@"
-JOB
+# One batch script for every run; the policy comes in as sbatch options.
+write_train_sbatch "$W/train.sbatch" "-N4 --ntasks-per-node=1" \
+  train_dp_tp.py --step-sleep $SLEEP --d-in 256 --hidden $HIDDEN --lr 0.0005 --log-time
 
 # The controller's view of a job: running, failing, requeueing, pending, completed, gave-up, ...
 ctl_state() {

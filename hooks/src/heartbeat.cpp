@@ -1,12 +1,11 @@
 #include "heartbeat.hpp"
 
-#include "ckpt/store.hpp"
-
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,12 +20,48 @@
 #include <system_error>
 #include <thread>
 
+#include "ckpt/store.hpp"
+
 namespace ckpt::hooks::heartbeat {
 
 namespace {
 
 using store::errno_text;
 using Clock = std::chrono::steady_clock;
+
+// A process forked from a rank (a data loader's workers) inherits the mesh's sockets. Were they left open there, a
+// rank that dies would look frozen (no EOF reaches its peers until the workers exit) instead of closed. So the
+// sockets of every running mesh are listed here, and a fork handler closes them in the child, where the mesh
+// does not run. The child reads the list without locks: it is a copy of memory, and only close() is called.
+constexpr int kMaxMeshes = 16;
+std::atomic<const std::vector<int>*> mesh_sockets[kMaxMeshes];
+
+void close_mesh_sockets_in_child() {
+  for (auto& slot : mesh_sockets) {
+    const std::vector<int>* fds = slot.load(std::memory_order_relaxed);
+    if (fds == nullptr) continue;
+    for (int fd : *fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+}
+
+void list_mesh_sockets(const std::vector<int>* fds) {
+  static std::once_flag handler;
+  std::call_once(handler, [] { (void)::pthread_atfork(nullptr, nullptr, close_mesh_sockets_in_child); });
+  for (auto& slot : mesh_sockets) {
+    const std::vector<int>* empty = nullptr;
+    if (slot.compare_exchange_strong(empty, fds)) return;
+  }
+  // More meshes than slots in one process (not a real job): their sockets stay open in forked children.
+}
+
+void unlist_mesh_sockets(const std::vector<int>* fds) {
+  for (auto& slot : mesh_sockets) {
+    const std::vector<int>* mine = fds;
+    if (slot.compare_exchange_strong(mine, nullptr)) return;
+  }
+}
 
 constexpr std::uint32_t kMagic = 0x636b7074;  // "ckpt", in the pad field of every frame
 
@@ -116,6 +151,7 @@ struct Mesh::Impl {
   ~Impl() {
     stopping = true;
     if (thread.joinable()) thread.join();
+    unlist_mesh_sockets(&fds);
     for (int fd : fds) {
       if (fd >= 0) ::close(fd);
     }
@@ -370,6 +406,7 @@ Result<std::unique_ptr<Mesh>> Mesh::start(const Settings& settings, Handler hand
   impl->settings = settings;
   impl->handler = std::move(handler);
   if (Status s = impl->connect_all(); !s) return Error{s.error()};
+  list_mesh_sockets(&impl->fds);
   Impl* p = impl.get();
   impl->thread = std::thread([p] { p->loop(); });
   return std::unique_ptr<Mesh>(new Mesh(std::move(impl)));

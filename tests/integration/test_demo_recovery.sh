@@ -27,16 +27,9 @@ controller_up "$DEMO" "$PORT" || die "no controller"
 mkdir -p "$DEMO/reference" "$DEMO/job"
 ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$DEMO/controller.conf" "$@"; }
 
-# One training job: 3 nodes, one rank each, a checkpoint every 10 steps. Rank 0's rendezvous port changes with
-# every run so a restarted job never meets the previous run's sockets.
-cat > "$DEMO/train.sbatch" <<JOB
-#!/bin/bash
-#SBATCH -N3 --ntasks-per-node=1 --requeue --open-mode=append
-#SBATCH --ckpt-interval=10steps --ckpt-keep=2
-export MASTER_ADDR=127.0.0.1 MASTER_PORT=\$((20000 + SLURM_JOB_ID % 2000 * 8 + \${SLURM_RESTART_COUNT:-0}))
-echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST, resuming from step \${CKPT_RESUME_STEP:-none}"
-srun $PY $SRC/slurm-examples/train_ddp.py --steps $STEPS --log-every 20 "\$@"
-JOB
+# One training job: 3 nodes, one rank each, a checkpoint every 10 steps.
+write_train_sbatch "$DEMO/train.sbatch" "-N3 --ntasks-per-node=1 --ckpt-interval=10steps --ckpt-keep=2" \
+  train_ddp.py --steps $STEPS --log-every 20
 
 say "reference: the same training without a failure"
 sbatch -W -o "$DEMO/reference/out" --ckpt-dir="$DEMO/reference/ckpt" "$DEMO/train.sbatch" --out "$DEMO/reference/final.bin" > /dev/null

@@ -76,14 +76,7 @@ pass "uninterrupted DP2xTP2 run on 4 nodes"
 # ---- 1. one node crashes: a terminal checkpoint from the survivors, the controller requeues, the job resumes ----
 # -N3-4: Slurm gives the first run all 4 nodes, the requeued run the 3 the controller did not exclude.
 mkdir -p "$SCRATCH/one"
-cat > "$SCRATCH/one.sbatch" <<JOB
-#!/bin/bash
-#SBATCH -N3-4 -n4 --requeue --open-mode=append
-export MASTER_ADDR=127.0.0.1
-export MASTER_PORT=\$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
-srun $PY $CKPT_SOURCE_DIR/slurm-examples/train_dp_tp.py --steps $STEPS --out $SCRATCH/one/final "\$@"
-JOB
+write_train_sbatch "$SCRATCH/one.sbatch" "-N3-4 -n4" train_dp_tp.py --steps $STEPS --out "$SCRATCH/one/final"
 at=$((15 + RANDOM % 20))
 job=$(sbatch --parsable -J "lw-one-$tag" -o "$SCRATCH/one.log" --ckpt-interval=1000steps --ckpt-last-words=on \
   --ckpt-dir="$SCRATCH/one/ckpt" "$SCRATCH/one.sbatch" --step-sleep 0.2)

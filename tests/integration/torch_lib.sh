@@ -9,6 +9,23 @@ have_torch() { "$PY" -c 'import torch, slurm_ckpt.torch'; }
 # A TCP port free on 127.0.0.1 right now: a rendezvous port for MASTER_PORT.
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+# write_train_sbatch FILE "SBATCH OPTIONS" SCRIPT [ARGS...]: a requeueable batch job (appending to its output)
+# that runs slurm-examples/SCRIPT with ARGS and the job's own arguments on every task. Each run takes a fresh
+# rendezvous port, so a requeued job never meets the previous run's sockets, and logs
+# "run <restart count> on <nodes>, resuming from step <step|none>".
+write_train_sbatch() {
+  local file=$1 options=$2 script=$3
+  shift 3
+  cat > "$file" <<JOB
+#!/bin/bash
+#SBATCH $options --requeue --open-mode=append
+export MASTER_ADDR=127.0.0.1
+export MASTER_PORT=\$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST, resuming from step \${CKPT_RESUME_STEP:-none}"
+srun $PY ${CKPT_SOURCE_DIR:?}/slurm-examples/$script $* "\$@"
+JOB
+}
+
 # The step a checkpoint dir's `latest` names; 0 when it has none.
 latest_step() { [ -f "$1/latest" ] && sed 's/^0*//; s/^$/0/' "$1/latest" || echo 0; }
 

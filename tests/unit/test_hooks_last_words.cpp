@@ -258,6 +258,49 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
     CHECK(meshes[0]->alive() == std::vector<bool>{true, false, false});
   }
 
+  SECTION("a rank's forked children do not keep its connections open") {
+    // Rank 1 lives in a child process that forks a long-lived worker (as a data loader does), then dies.
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    pid_t rank1 = ::fork();
+    if (rank1 == 0) {
+      ::close(ready[0]);
+      heartbeat::Settings s;
+      s.rank = 1;
+      s.world_size = 2;
+      s.rendezvous_dir = dir.sub("mesh");
+      s.connect_timeout = 10s;
+      auto m = heartbeat::Mesh::start(s, [](const heartbeat::Event&) {});
+      if (!m) ::_exit(3);
+      pid_t worker = ::fork();
+      if (worker == 0) {
+        ::sleep(5);
+        ::_exit(0);
+      }
+      char ok = 1;
+      (void)::write(ready[1], &ok, 1);
+      ::_exit(0);  // no goodbye: a crash, with the worker still running
+    }
+    ::close(ready[1]);
+    heartbeat::Settings s;
+    s.rank = 0;
+    s.world_size = 2;
+    s.rendezvous_dir = dir.sub("mesh");
+    s.connect_timeout = 10s;
+    s.dead_after = 1500ms;
+    auto mesh = heartbeat::Mesh::start(s, collect);
+    REQUIRE(mesh);
+    char ok = 0;
+    REQUIRE(::read(ready[0], &ok, 1) == 1);
+    auto t0 = std::chrono::steady_clock::now();
+    ::close(ready[0]);
+    int status = 0;
+    ::waitpid(rank1, &status, 0);
+    REQUIRE(wait_for([&] { return !dead(1).empty(); }, 3s));
+    CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
+    CHECK(dead(1).find("no heartbeat") == std::string::npos);  // EOF or a reset, not 1.5 s of silence
+  }
+
   SECTION("silence") {
     // Rank 1 joins the mesh by hand, then says nothing: a frozen node.
     int listener = ::socket(AF_INET, SOCK_STREAM, 0);
