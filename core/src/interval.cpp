@@ -5,8 +5,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "ckpt/parse.hpp"
 
@@ -150,6 +153,45 @@ Status AutoInterval::observe_checkpoint(double stall_s, double interference_s, d
   ++checkpoints_;
   recompute();
   return Status::success();
+}
+
+std::string AutoInterval::measurements_json() const {
+  nlohmann::json checkpoints = nlohmann::json::array();
+  for (std::size_t i = 0; i < stall_.size(); ++i) checkpoints.push_back({stall_[i], interference_[i], persist_[i]});
+  nlohmann::json j = {{"version", 1}, {"checkpoints", checkpoints}, {"restarts", restart_}};
+  return j.dump();
+}
+
+Result<std::size_t> AutoInterval::replay_measurements(std::string_view json) {
+  nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Error{"not a JSON object"};
+  if (j.value("version", 0) != 1) return Error{"unknown version " + j.value("version", nlohmann::json()).dump()};
+  auto number_at = [](const nlohmann::json& a, std::size_t i) -> std::optional<double> {
+    if (!a.is_array() || i >= a.size() || !a[i].is_number()) return std::nullopt;
+    return a[i].get<double>();
+  };
+  const nlohmann::json checkpoints = j.value("checkpoints", nlohmann::json::array());
+  const nlohmann::json restarts = j.value("restarts", nlohmann::json::array());
+  if (!checkpoints.is_array() || !restarts.is_array()) return Error{"checkpoints and restarts must be arrays"};
+  // Everything is checked before anything is recorded.
+  AutoInterval trial = *this;
+  for (std::size_t i = 0; i < checkpoints.size(); ++i) {
+    auto stall = number_at(checkpoints[i], 0), interference = number_at(checkpoints[i], 1),
+         persist = number_at(checkpoints[i], 2);
+    if (!stall || !interference || !persist || checkpoints[i].size() != 3) {
+      return Error{"checkpoint " + std::to_string(i) + " is not [stall, interference, persist]"};
+    }
+    if (Status s = trial.observe_checkpoint(*stall, *interference, *persist); !s) {
+      return Error{"checkpoint " + std::to_string(i) + ": " + s.error()};
+    }
+  }
+  for (std::size_t i = 0; i < restarts.size(); ++i) {
+    auto r = number_at(restarts, i);
+    if (!r) return Error{"restart " + std::to_string(i) + " is not a number"};
+    if (Status s = trial.observe_restart(*r); !s) return Error{"restart " + std::to_string(i) + ": " + s.error()};
+  }
+  *this = std::move(trial);
+  return checkpoints.size();
 }
 
 Status AutoInterval::observe_restart(double restart_s) {

@@ -38,6 +38,8 @@ namespace {
 
 constexpr std::size_t kReadBuffer = 4u << 20;        // streaming checksum buffer
 constexpr std::size_t kMaxManifestFile = 256u << 20;  // matches the parser's bound
+constexpr std::size_t kMaxControlFile = 1u << 20;
+constexpr const char* kControlDir = ".control";
 constexpr std::size_t kMaxRecordFile = 64u << 20;
 constexpr std::size_t kMaxMarkerFile = 64u << 10;
 constexpr int kMaxTreeDepth = 8;  // step dirs are flat; deeper trees are not ours to remove
@@ -1166,6 +1168,43 @@ Result<std::vector<std::uint64_t>> gc(const std::string& root, std::uint64_t kee
     return deleted;
   } catch (const std::exception& e) {
     return Error{std::string("gc failed: ") + e.what()};
+  }
+}
+
+Status write_control_file(const std::string& root, std::string_view name, std::string_view content) {
+  try {
+    if (!is_safe_name(name)) return Status::failure("not a safe control file name: '" + std::string(name) + "'");
+    auto root_fd = open_root(root);
+    if (!root_fd) return Status::failure(root_fd.error());
+    if (::mkdirat(root_fd->get(), kControlDir, 0700) != 0 && errno != EEXIST) {
+      return Status::failure("cannot create " + join(root, kControlDir) + ": " + errno_text(errno));
+    }
+    int fd = ::openat(root_fd->get(), kControlDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return Status::failure("cannot open " + join(root, kControlDir) + ": " + errno_text(errno));
+    Fd control(fd);
+    return write_file_atomic(control.get(), name, content, join(kControlDir, std::string(name)));
+  } catch (const std::exception& e) {
+    return Status::failure(std::string("cannot write a control file: ") + e.what());
+  }
+}
+
+Result<std::optional<std::string>> read_control_file(const std::string& root, std::string_view name) {
+  try {
+    if (!is_safe_name(name)) return Error{"not a safe control file name: '" + std::string(name) + "'"};
+    int dir = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0 && errno == ENOENT) return std::optional<std::string>();  // a root not created yet holds nothing
+    if (dir < 0) return Error{"cannot open checkpoint dir '" + root + "': " + errno_text(errno)};
+    Fd root_fd(dir);
+    int fd = ::openat(root_fd.get(), kControlDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) return std::optional<std::string>();
+    if (fd < 0) return Error{"cannot open " + join(root, kControlDir) + ": " + errno_text(errno)};
+    Fd control(fd);
+    auto text = read_small_file(control.get(), std::string(name), kMaxControlFile);
+    if (!text.ok() && text.error.err == ENOENT) return std::optional<std::string>();
+    if (!text.ok()) return Error{join(kControlDir, text.error.message)};
+    return std::optional<std::string>(std::move(*text.value));
+  } catch (const std::exception& e) {
+    return Error{std::string("cannot read a control file: ") + e.what()};
   }
 }
 

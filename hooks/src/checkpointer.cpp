@@ -417,6 +417,37 @@ struct Checkpointer::Impl {
     stats.auto_interval_inputs = std::move(line);
   }
 
+  // CKPT_INTERVAL=auto keeps what it measured in <CKPT_DIR>/.control, so a restarted job picks its interval from
+  // the costs the job already measured instead of starting again from the initial interval.
+  static constexpr const char* kAutoMeasurements = "auto-interval.json";
+
+  void resume_auto_measurements() {
+    if (config.dir.empty()) return;
+    auto text = store::read_control_file(config.dir, kAutoMeasurements);
+    if (!text) {
+      log::warn(rank, "CKPT_INTERVAL=auto: earlier measurements not used: " + text.error());
+      return;
+    }
+    if (!*text) return;
+    auto replayed = auto_interval->replay_measurements(**text);
+    if (!replayed) {
+      log::warn(rank, "CKPT_INTERVAL=auto: earlier measurements not used: .control/" + std::string(kAutoMeasurements) +
+                          ": " + replayed.error());
+      return;
+    }
+    log::info(rank, "CKPT_INTERVAL=auto: starting from " + std::to_string(*replayed) +
+                        " checkpoint measurements of earlier runs");
+  }
+
+  // Worker thread, after each measurement: crash-safe, and off the training thread.
+  void save_auto_measurements() {
+    enqueue(false, [this, text = auto_interval->measurements_json()] {
+      if (Status s = store::write_control_file(config.dir, kAutoMeasurements, text); !s) {
+        log::warn(rank, "CKPT_INTERVAL=auto: cannot keep the measurements for a restart: " + s.error());
+      }
+    });
+  }
+
   // Once per step: the step's time (after_step to after_step, less the guard's stall) goes to the baseline when no
   // persist runs, and its excess over the baseline's median to the interference while one does. When the measured
   // checkpoint's persist is done, the interval is recomputed.
@@ -458,6 +489,7 @@ struct Checkpointer::Impl {
       return;
     }
     publish_auto_interval();
+    save_auto_measurements();
   }
 
   // ---- the snapshot (training thread) -------------------------------------------------------------------------
@@ -1012,6 +1044,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
         impl->interval_s = chooser->interval_s();
         if (config->rank == 0) {
           impl->auto_interval.emplace(std::move(chooser).value());
+          impl->resume_auto_measurements();
           impl->publish_auto_interval();
         }
         break;

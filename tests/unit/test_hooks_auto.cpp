@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -101,5 +103,41 @@ TEST_CASE("auto interval respects the site's bounds and measures δ early", "[ho
     auto cp = test::make(test::options(
         {{"dir", dir.path()}, {"interval", "auto"}, {"min_interval", "1s"}, {"max_interval", "10m"}}));
     CHECK(cp->stats().auto_interval_s == Approx(600));
+  }
+}
+
+TEST_CASE("auto interval measurements outlive a restart", "[hooks][auto]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  Stats first;
+  {
+    auto cp = test::make(test::options({{"dir", dir.path()}, {"interval", "auto"}, {"mtbf", "1000000000s"}}));
+    std::vector<std::uint64_t> state(1u << 16, 7);
+    REQUIRE(cp->register_region({"w", state.data(), state.size() * 8}).ok());
+    std::uint64_t step = run_until_measured(*cp, 1, 0, 5);
+    REQUIRE(cp->save(step).ok());
+    run_until_measured(*cp, step + 1, 1, 5000);
+    first = cp->stats();
+    REQUIRE(first.auto_checkpoints == 1);
+    REQUIRE(cp->close().ok());
+  }
+  CHECK(std::filesystem::exists(dir.sub(".control/auto-interval.json")));
+  SECTION("the next run starts from them") {
+    auto cp = test::make(test::options({{"dir", dir.path()}, {"interval", "auto"}, {"mtbf", "1000000000s"}}));
+    Stats s = cp->stats();
+    CHECK(s.auto_checkpoints == 1);
+    CHECK(s.auto_interval_s == Approx(first.auto_interval_s));
+    CHECK(s.auto_interval_s != Approx(1800));
+    CHECK(log.has("CKPT_INTERVAL=auto: starting from 1 checkpoint measurements of earlier runs"));
+    REQUIRE(cp->close().ok());
+  }
+  SECTION("a damaged file is named and ignored") {
+    std::ofstream(dir.sub(".control/auto-interval.json"), std::ios::trunc) << R"({"version": 1, "checkpoints": [[1, 2]]})";
+    auto cp = test::make(test::options({{"dir", dir.path()}, {"interval", "auto"}, {"mtbf", "1000000000s"}}));
+    CHECK(cp->stats().auto_checkpoints == 0);
+    CHECK(cp->stats().auto_interval_s == Approx(1800));
+    CHECK(log.has("earlier measurements not used: .control/auto-interval.json: checkpoint 0 is not [stall, "
+                  "interference, persist]"));
+    REQUIRE(cp->close().ok());
   }
 }

@@ -249,3 +249,36 @@ TEST_CASE("AutoInterval bounds and config", "[interval]") {
     CHECK_FALSE(bad([](auto& c) { c.window = 0; }).ok());
   }
 }
+
+TEST_CASE("AutoInterval measurements round-trip through JSON; bad input changes nothing", "[interval]") {
+  AutoInterval first;
+  REQUIRE(first.set_mtbf(1e9).ok());
+  REQUIRE(first.observe_checkpoint(0.02, 0.01, 0.5).ok());
+  REQUIRE(first.observe_checkpoint(0.04, 0.00, 0.7).ok());
+  REQUIRE(first.observe_restart(12).ok());
+
+  AutoInterval next;
+  REQUIRE(next.set_mtbf(1e9).ok());
+  auto replayed = next.replay_measurements(first.measurements_json());
+  REQUIRE(replayed.ok());
+  CHECK(*replayed == 2);
+  CHECK(next.interval_s() == Approx(first.interval_s()));
+  CHECK(next.inputs().cost_s == Approx(first.inputs().cost_s));
+  CHECK(next.inputs().persist_floor_s == Approx(0.7));
+  CHECK(next.inputs().restart_s == Approx(12));
+  CHECK(next.inputs().checkpoints == 2);
+
+  AutoInterval fresh;
+  const double initial = fresh.interval_s();
+  for (const char* bad : {"", "[]", "not json", R"({"version": 2, "checkpoints": []})",
+                          R"({"version": 1, "checkpoints": [[0.1, 0.2]]})",
+                          R"({"version": 1, "checkpoints": [[0.1, 0.2, 0.3], [0.1, -1, 0.3]]})",
+                          R"({"version": 1, "checkpoints": [[0.1, "x", 0.3]]})",
+                          R"({"version": 1, "checkpoints": {}})",
+                          R"({"version": 1, "checkpoints": [[0.1, 0.2, 0.3]], "restarts": ["soon"]})"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(fresh.replay_measurements(bad).ok());
+    CHECK(fresh.inputs().checkpoints == 0);  // nothing recorded, not even the good entries before the bad one
+    CHECK(fresh.interval_s() == Approx(initial));
+  }
+}

@@ -576,3 +576,30 @@ TEST_CASE("shard bytes and checksum are exact for any region size and alignment"
   CHECK(got.size() == expected.size());
   CHECK(got == expected);
 }
+
+TEST_CASE("control files: atomic, read back whole, never through a symlink", "[store][fs]") {
+  TempDir t;
+  auto absent = read_control_file(t.path(), "auto-interval.json");
+  REQUIRE(absent.ok());
+  CHECK_FALSE(absent->has_value());
+  CHECK_FALSE(read_control_file(t / "no-root", "x")->has_value());  // a root not created yet
+
+  REQUIRE(write_control_file(t.path(), "auto-interval.json", "{\"version\": 1}").ok());
+  REQUIRE(write_control_file(t.path(), "auto-interval.json", "{\"version\": 2}").ok());  // replaced whole
+  auto back = read_control_file(t.path(), "auto-interval.json");
+  REQUIRE(back.ok());
+  CHECK(**back == "{\"version\": 2}");
+  CHECK((fs::status(t / ".control").permissions() & fs::perms::others_all) == fs::perms::none);
+
+  CHECK_THAT(write_control_file(t.path(), "../escape", "x").error(), Catch::Contains("not a safe control file name"));
+  CHECK_FALSE(fs::exists(t / "escape"));
+  CHECK_THAT(read_control_file(t.path(), "..").error(), Catch::Contains("not a safe control file name"));
+
+  fs::create_symlink("/etc/hostname", t / ".control/planted");
+  CHECK_THAT(read_control_file(t.path(), "planted").error(), Catch::Contains("symlink"));
+  TempDir other;
+  fs::create_directory(other / "real");
+  fs::create_directory_symlink(other / "real", other / ".control");
+  CHECK_FALSE(write_control_file(other.path(), "x", "y").ok());
+  CHECK_FALSE(fs::exists(other / "real/x"));
+}

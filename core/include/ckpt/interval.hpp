@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <deque>
 #include <string>
+#include <string_view>
 
 #include "ckpt/result.hpp"
 
@@ -109,6 +110,13 @@ class AutoInterval {
   const Inputs& inputs() const { return inputs_; }
   // One log line: "interval 18m31s (daly) cost 30.0s (stall 12.0s + interference 18.0s) persist floor 95.0s ...".
   std::string describe() const;
+
+  // The measurements in the window as JSON, for a restarted job to start from instead of the initial interval:
+  // {"version": 1, "checkpoints": [[stall, interference, persist], ...], "restarts": [...]}, oldest first.
+  std::string measurements_json() const;
+  // Replays measurements_json() output through observe_checkpoint/observe_restart. Anything malformed or out of
+  // range is an error naming it, and then nothing is recorded. Returns how many checkpoints it replayed.
+  Result<std::size_t> replay_measurements(std::string_view json);
 
  private:
   explicit AutoInterval(const Config& config);

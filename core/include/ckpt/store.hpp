@@ -231,4 +231,10 @@ Result<std::vector<ShardRecord>> read_present_records(const std::string& root, s
 // committed with the new ones. Refuses a committed, FAILED or corrupt step dir; a missing one is success.
 Status discard_incomplete(const std::string& root, std::uint64_t step);
 
+// Small files of the library's own under <root>/.control that outlive a run (what CKPT_INTERVAL=auto measured).
+// `name` must be a safe name. The write is atomic (temp file, fsync, rename, fsync of the dir); the read returns
+// nullopt when the file does not exist and an error when it cannot be read or is over 1 MiB.
+Status write_control_file(const std::string& root, std::string_view name, std::string_view content);
+Result<std::optional<std::string>> read_control_file(const std::string& root, std::string_view name);
+
 }  // namespace ckpt::store
