@@ -1,5 +1,7 @@
 #include "observe.hpp"
 
+#include <algorithm>
+
 #include <cstdio>
 
 #include "ckpt/store.hpp"
@@ -77,7 +79,8 @@ std::string Metrics::render() const {
   return out;
 }
 
-Alerts::Alerts(std::string url, double timeout_s) : url_(std::move(url)), timeout_s_(timeout_s) {
+Alerts::Alerts(std::string url, double timeout_s, int attempts, std::chrono::milliseconds first_retry)
+    : url_(std::move(url)), timeout_s_(timeout_s), attempts_(std::max(1, attempts)), first_retry_(first_retry) {
   if (!url_.empty()) thread_ = std::thread([this] { worker(); });
 }
 
@@ -113,16 +116,34 @@ void Alerts::worker() {
       body = std::move(queue_.front());
       queue_.pop_front();
     }
-    HttpRequest request;
-    request.method = "POST";
-    request.url = url_;
-    request.body = body;
-    request.timeout_s = timeout_s_;
+    deliver(body);
+  }
+}
+
+void Alerts::deliver(const std::string& body) {
+  HttpRequest request;
+  request.method = "POST";
+  request.url = url_;
+  request.body = body;
+  request.timeout_s = timeout_s_;
+  auto wait = first_retry_;
+  for (int attempt = 1;; ++attempt) {
     HttpResponse response = http_request(request);
-    if (!response.ok()) {
-      log_warning("webhook " + url_ + " failed: " +
-                  (response.error.empty() ? "HTTP " + std::to_string(response.status) : response.error));
+    if (response.ok()) return;
+    const std::string why = response.error.empty() ? "HTTP " + std::to_string(response.status) : response.error;
+    const bool may_pass = !response.error.empty() || response.status == 429 || response.status >= 500;
+    if (!may_pass || attempt >= attempts_) {
+      log_warning("webhook " + url_ + " failed: " + why + (may_pass ? "; given up after " + std::to_string(attempt) +
+                                                                          " attempts" : "; not retried"));
+      return;
     }
+    log_warning("webhook " + url_ + " failed: " + why + "; retrying in " + std::to_string(wait.count()) + " ms");
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (cv_.wait_for(lock, wait, [&] { return stop_; })) {
+      log_warning("webhook " + url_ + ": stopping; an alert was not delivered");
+      return;
+    }
+    wait = std::min<std::chrono::milliseconds>(wait * 2, std::chrono::seconds(60));
   }
 }
 

@@ -1,5 +1,6 @@
 #pragma once
 // Observability: Prometheus counters and a histogram, webhook alerts, and what a job's checkpoints say.
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -40,7 +41,10 @@ inline const std::vector<double>& recovery_buckets() {
 // Webhook alerts: a JSON POST per alert from a worker thread, so that a slow receiver never stalls decisions.
 class Alerts {
  public:
-  Alerts(std::string url, double timeout_s);
+  // A failure that may pass (no connection, a timeout, HTTP 429 or 5xx) is retried after `first_retry`, doubling
+  // up to 60 s, for `attempts` in all; any other answer is final. Stopping ends the retries.
+  Alerts(std::string url, double timeout_s, int attempts = 5,
+         std::chrono::milliseconds first_retry = std::chrono::seconds(1));
   ~Alerts();
   Alerts(const Alerts&) = delete;
   Alerts& operator=(const Alerts&) = delete;
@@ -49,8 +53,12 @@ class Alerts {
 
  private:
   void worker();
+  // Sends one alert, retrying as above; returns when it was delivered, refused, given up on, or stopping.
+  void deliver(const std::string& body);
   std::string url_;
   double timeout_s_;
+  int attempts_;
+  std::chrono::milliseconds first_retry_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::string> queue_;
