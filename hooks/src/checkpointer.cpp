@@ -143,6 +143,7 @@ struct Checkpointer::Impl {
   // CKPT_INTERVAL=auto, on rank 0 only (it alone decides timed checkpoints): δ is the stall plus the interference,
   // the extra step time while a persist runs over the median step time without one.
   std::optional<interval::AutoInterval> auto_interval;
+  std::optional<Clock::time_point> auto_saved;  // when the measurements were last kept in .control
   std::deque<double> quiet_steps;             // recent step times with no persist in flight
   Clock::time_point step_end = Clock::now();  // when the last after_step returned
   double guard_s = 0;                         // before_update stalls since then: not step time
@@ -159,6 +160,7 @@ struct Checkpointer::Impl {
   std::vector<void*> device_streams;  // the compute streams of the device regions, marked after every update
   PinnedBuffer rescued;
   bool rescued_in_staging = false;  // `rescued` is the snapshot's pinned staging, not an allocation of its own
+  bool staging_lent = false;        // guarded by mu: the last words hold the pinned staging; nothing may grow it
   std::vector<std::size_t> rescued_at;  // per region: its offset in `rescued` (device regions only)
 
   // ---- the worker ----
@@ -293,6 +295,7 @@ struct Checkpointer::Impl {
         {
           std::lock_guard<std::mutex> lock(mu);
           target = staging_asked;
+          if (staging_lent) target.second = 0;  // the last words are copying into it
         }
         if (Status s = grow_host(target.first); !s) log::error(rank, s.error() + " (retried at the next snapshot)");
         if (target.second > 0) {
@@ -439,8 +442,12 @@ struct Checkpointer::Impl {
                         " checkpoint measurements of earlier runs");
   }
 
-  // Worker thread, after each measurement: crash-safe, and off the training thread.
+  // Worker thread, off the training thread, crash-safe; at most once a minute, since each write costs two fsyncs
+  // that contend with the persists (a restart that misses the last minute's measurements loses little).
   void save_auto_measurements() {
+    constexpr double kEvery = 60;
+    if (auto_saved && seconds_since(*auto_saved) < kEvery) return;
+    auto_saved = Clock::now();
     enqueue(false, [this, text = auto_interval->measurements_json()] {
       if (Status s = store::write_control_file(config.dir, kAutoMeasurements, text); !s) {
         log::warn(rank, "CKPT_INTERVAL=auto: cannot keep the measurements for a restart: " + s.error());
@@ -671,12 +678,12 @@ struct Checkpointer::Impl {
     auto t0 = Clock::now();
     // The snapshot's pinned staging when no persist is reading it (training is frozen: none will start), since
     // pinning tens of GiB takes seconds; otherwise memory of its own.
-    bool worker_idle = false;
+    bool in_staging = false;
     {
       std::lock_guard<std::mutex> lock(mu);
-      worker_idle = tasks.empty() && !busy;
+      in_staging = tasks.empty() && !busy && pinned.size >= total;
+      staging_lent = in_staging;
     }
-    const bool in_staging = worker_idle && pinned.size >= total;
     Result<void*> buffer = in_staging ? Result<void*>(pinned.data) : device->alloc_pinned(total);
     if (!buffer) return Status::failure(buffer.error());
     std::vector<DeviceCopy> copies;
