@@ -226,18 +226,23 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
     }
     return std::string();
   };
+  // Rank `rank` of `world` in this test's mesh dir.
+  auto settings = [&](int rank, int world, std::chrono::milliseconds connect_timeout) {
+    heartbeat::Settings s;
+    s.rank = rank;
+    s.world_size = world;
+    s.rendezvous_dir = dir.sub("mesh");
+    s.connect_timeout = connect_timeout;
+    return s;
+  };
 
   SECTION("a closed connection") {
     std::vector<std::unique_ptr<heartbeat::Mesh>> meshes(3);
     std::vector<std::thread> threads;
     for (int r = 0; r < 3; ++r) {
       threads.emplace_back([&, r] {
-        heartbeat::Settings s;
-        s.rank = r;
-        s.world_size = 3;
-        s.rendezvous_dir = dir.sub("mesh");
+        heartbeat::Settings s = settings(r, 3, 10s);
         s.hello = static_cast<std::uint64_t>(100 + r);
-        s.connect_timeout = 10s;
         auto m = heartbeat::Mesh::start(s, r == 0 ? heartbeat::Handler(collect) : [](const heartbeat::Event&) {});
         if (m) meshes[static_cast<std::size_t>(r)] = std::move(m).value();
       });
@@ -265,12 +270,7 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
     pid_t rank1 = ::fork();
     if (rank1 == 0) {
       ::close(ready[0]);
-      heartbeat::Settings s;
-      s.rank = 1;
-      s.world_size = 2;
-      s.rendezvous_dir = dir.sub("mesh");
-      s.connect_timeout = 10s;
-      auto m = heartbeat::Mesh::start(s, [](const heartbeat::Event&) {});
+      auto m = heartbeat::Mesh::start(settings(1, 2, 10s), [](const heartbeat::Event&) {});
       if (!m) ::_exit(3);
       pid_t worker = ::fork();
       if (worker == 0) {
@@ -282,11 +282,7 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
       ::_exit(0);  // no goodbye: a crash, with the worker still running
     }
     ::close(ready[1]);
-    heartbeat::Settings s;
-    s.rank = 0;
-    s.world_size = 2;
-    s.rendezvous_dir = dir.sub("mesh");
-    s.connect_timeout = 10s;
+    heartbeat::Settings s = settings(0, 2, 10s);
     s.dead_after = 3000ms;  // silence would take this long; the closed connection is seen well before
     auto mesh = heartbeat::Mesh::start(s, collect);
     REQUIRE(mesh);
@@ -323,12 +319,8 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
       std::this_thread::sleep_for(1500ms);  // silent, connection open
       ::close(fd);
     });
-    heartbeat::Settings s;
-    s.rank = 0;
-    s.world_size = 2;
-    s.rendezvous_dir = dir.sub("mesh");
+    heartbeat::Settings s = settings(0, 2, 5s);
     s.dead_after = 400ms;
-    s.connect_timeout = 5s;
     auto t0 = std::chrono::steady_clock::now();
     auto mesh = heartbeat::Mesh::start(s, collect);
     REQUIRE(mesh);
