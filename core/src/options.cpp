@@ -173,6 +173,38 @@ bool checkpointing_enabled(const JobOptions& user, const SitePolicy& policy) {
   return user.any() || policy.enabled_by_default;
 }
 
+namespace {
+
+// Why `value` cannot stand as one path component of a checkpoint dir; empty when it can.
+std::string unsafe_component(const std::string& value, bool may_be_empty) {
+  if (value.empty()) return may_be_empty ? "" : "which is empty (the dir would be shared with other jobs)";
+  if (value == "." || value == "..") return "which is not a path component";
+  if (value.find('/') != std::string::npos) return "which contains '/'";
+  if (value.size() > 255) return "which is longer than a file name may be";
+  for (unsigned char c : value) {
+    if (c < 0x20 || c == 0x7f) return "which contains a control character";
+  }
+  return {};
+}
+
+// `value` with control characters shown as \xNN, so that the error stays one line.
+std::string printable(const std::string& value) {
+  std::string out;
+  for (unsigned char c : value) {
+    if (c < 0x20 || c == 0x7f) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out.size() > 300 ? out.substr(0, 300) + "..." : out;
+}
+
+}  // namespace
+
 Result<std::string> expand_dir_template(std::string_view templ, const JobContext& job) {
   std::string out;
   for (std::size_t i = 0; i < templ.size(); ++i) {
@@ -191,9 +223,10 @@ Result<std::string> expand_dir_template(std::string_view templ, const JobContext
       case '%': out += '%'; continue;
       default: return Error{std::string("unknown escape '%") + templ[i] + "'"};
     }
-    // An expansion must stay inside one path component, or a job name could climb out of the allowed dirs.
-    if (value->find('/') != std::string::npos || *value == ".." || *value == ".") {
-      return Error{std::string("%") + templ[i] + " expands to '" + *value + "', which is not a safe path component"};
+    // An expansion must be exactly one path component, or a job name could climb out of the allowed dirs, and an
+    // empty one would collapse the path into a dir that other jobs share.
+    if (auto why = unsafe_component(*value, templ[i] == 'a'); !why.empty()) {
+      return Error{std::string("%") + templ[i] + " expands to '" + printable(*value) + "', " + why};
     }
     out += value->empty() && templ[i] == 'a' ? std::string("0") : *value;
   }
@@ -216,6 +249,14 @@ bool path_within(std::string_view path, std::string_view prefix) {
   if (prefix == "/") return !path.empty() && path.front() == '/';
   if (!path.starts_with(prefix)) return false;
   return path.size() == prefix.size() || path[prefix.size()] == '/';
+}
+
+std::vector<std::string> trusted_prefixes_of(const std::string& dir, const SitePolicy& policy) {
+  std::vector<std::string> out;
+  for (const auto& prefix : policy.allowed_dirs) {
+    if (path_within(dir, prefix)) out.push_back(prefix);
+  }
+  return out;
 }
 
 Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& policy, const JobContext& job) {

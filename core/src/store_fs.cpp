@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "ckpt/store.hpp"
+#include "ckpt/trusted_dir.hpp"
 
 namespace ckpt::store {
 
@@ -128,7 +129,14 @@ std::string step_path(const std::string& root, std::uint64_t step) {
   return join(root, step_dir_name(step));
 }
 
+// Opens the checkpoint dir so that no other user can have redirected it (ckpt/trusted_dir.hpp). Root's tools
+// (an admin's `ckpt ls`) open what root names; the plugin and the controller read users' dirs as their owner.
 Result<Fd> open_root(const std::string& root) {
+  if (::geteuid() != 0) {
+    auto fd = fs::open_trusted_dir(root, fs::TrustRules{::geteuid(), fs::trusted_prefixes_from_env()}, false);
+    if (!fd) return Error{fd.error()};
+    return Fd(*fd);
+  }
   int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Error{"cannot open checkpoint dir '" + root + "': " + errno_text(errno)};
   return Fd(fd);
@@ -1191,11 +1199,11 @@ Status write_control_file(const std::string& root, std::string_view name, std::s
 Result<std::optional<std::string>> read_control_file(const std::string& root, std::string_view name) {
   try {
     if (!is_safe_name(name)) return Error{"not a safe control file name: '" + std::string(name) + "'"};
-    int dir = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir < 0 && errno == ENOENT) return std::optional<std::string>();  // a root not created yet holds nothing
-    if (dir < 0) return Error{"cannot open checkpoint dir '" + root + "': " + errno_text(errno)};
-    Fd root_fd(dir);
-    int fd = ::openat(root_fd.get(), kControlDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st {};
+    if (::stat(root.c_str(), &st) != 0 && errno == ENOENT) return std::optional<std::string>();  // not created yet
+    auto root_fd = open_root(root);
+    if (!root_fd) return Error{root_fd.error()};
+    int fd = ::openat(root_fd->get(), kControlDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT) return std::optional<std::string>();
     if (fd < 0) return Error{"cannot open " + join(root, kControlDir) + ": " + errno_text(errno)};
     Fd control(fd);

@@ -187,6 +187,25 @@ TEST_CASE("resolve_settings merges user over site over built-in", "[options]") {
     CHECK(resolve_settings(bad_escape, policy, job).error() ==
           "--ckpt-dir: invalid value '/scratch/%q': unknown escape '%q'");
   }
+  SECTION("expansions that are not exactly one safe component") {
+    JobOptions named;
+    REQUIRE(set_job_option(named, OptionId::Dir, "/scratch/%u/%x").ok());
+    CHECK(resolve_settings(named, policy, JobContext{"alice", "1", "..", "", 1}).error() ==
+          "--ckpt-dir: invalid value '/scratch/%u/%x': %x expands to '..', which is not a path component");
+    CHECK(resolve_settings(named, policy, JobContext{"alice", "1", "a\nb", "", 1}).error() ==
+          "--ckpt-dir: invalid value '/scratch/%u/%x': %x expands to 'a\\x0ab', which contains a control character");
+    CHECK(resolve_settings(named, policy, JobContext{"", "1", "train", "", 1}).error() ==
+          "--ckpt-dir: invalid value '/scratch/%u/%x': %u expands to '', which is empty (the dir would be shared "
+          "with other jobs)");
+    CHECK(resolve_settings(named, policy, JobContext{"alice", "1", "", "", 1}).error().find("%x expands to ''") !=
+          std::string::npos);
+    CHECK_FALSE(resolve_settings(named, policy, JobContext{"alice", "1", std::string(256, 'n'), "", 1}).ok());
+    CHECK(resolve_settings(named, policy, JobContext{"alice", "1", "my job-2.x", "", 1}).ok());
+  }
+  SECTION("the trusted prefixes of a dir are the allowed dirs that hold it") {
+    CHECK(trusted_prefixes_of("/scratch/alice/1", policy) == std::vector<std::string>{"/scratch"});
+    CHECK(trusted_prefixes_of("/scratch/alice/1", SitePolicy{}).empty());
+  }
   SECTION("no dir anywhere is an error") {
     CHECK_FALSE(resolve_settings(user, SitePolicy{}, job).ok());
   }

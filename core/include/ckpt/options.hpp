@@ -71,6 +71,10 @@ struct SitePolicy {
   std::string controller;                   // where job events go: a spool directory or an http(s) URL
 };
 
+// The site's allowed dirs that contain `dir` (absolute, normalized): the prefixes below which every component of
+// the checkpoint dir must belong to root or the job's user (ckpt/trusted_dir.hpp). Empty: check from "/".
+std::vector<std::string> trusted_prefixes_of(const std::string& dir, const SitePolicy& policy);
+
 // Parses plugstack.conf arguments. Fails closed: an unknown key or a bad value is an error naming it.
 Result<SitePolicy> parse_site_policy(const std::vector<std::string>& args);
 
