@@ -51,7 +51,14 @@ struct RestSettings {
   std::string user;         // X-SLURM-USER-NAME
   std::string token;        // X-SLURM-USER-TOKEN; never logged
   double timeout_s = 5;
+  // When set, the token comes from this file: read again whenever the file changes and once more when
+  // slurmrestd answers 401 or 403 (tokens from `scontrol token` expire).
+  std::string token_file;
 };
+
+// The JWT in `path` (the bare token or scontrol's "SLURM_JWT=..." line). Refuses a file that is not a regular
+// file, or that group or others may read or write, with one line naming the file and its mode. Never prints the token.
+Result<std::string> read_rest_token_file(const std::string& path);
 std::unique_ptr<SlurmBackend> make_rest_backend(const RestSettings& settings);
 
 }  // namespace ckpt::controller

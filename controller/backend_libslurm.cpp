@@ -48,6 +48,8 @@ SlurmJob convert(const slurm_job_info_t& j) {
   out.held = out.state == SlurmState::Pending && j.priority == 0;
   out.restart_count = j.restart_cnt;
   out.user_id = j.user_id;
+  out.group_id = j.group_id;
+  out.submit_time = static_cast<double>(j.submit_time);
   const int status = static_cast<int>(j.exit_code);
   if (WIFSIGNALED(status)) {
     out.exit_signal = WTERMSIG(status);

@@ -2,14 +2,22 @@
 // v0.0.38 has no requeue operation and no node update, so this backend cannot requeue a job or change node
 // states: the engine then relies on Slurm's own node-failure requeue and only expedites it (StartTime=now,
 // ExcNodeList), which it can do here. The token is sent in a header and never logged.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
 
 #include "backend.hpp"
 #include "http.hpp"
+#include "log.hpp"
 
 namespace ckpt::controller {
 
@@ -56,6 +64,8 @@ SlurmJob convert(const json& j) {
   }
   out.restart_count = static_cast<std::uint32_t>(integer(j, "restart_cnt"));
   out.user_id = static_cast<std::uint32_t>(integer(j, "user_id"));
+  out.group_id = static_cast<std::uint32_t>(integer(j, "group_id"));
+  out.submit_time = static_cast<double>(integer(j, "submit_time"));
   const int status = static_cast<int>(integer(j, "exit_code"));
   if (WIFSIGNALED(status)) {
     out.exit_signal = WTERMSIG(status);
@@ -158,8 +168,40 @@ class RestBackend final : public SlurmBackend {
     return Status::failure("slurmrestd openapi/v0.0.38 cannot change the state of node " + node);
   }
 
-  // One call; the JSON answer, or an error from the transport, the HTTP status or Slurm's "errors" list.
+  // The token to send: the file's again when it changed since it was last read (or when `force`).
+  Status refresh_token(bool force) {
+    if (settings_.token_file.empty()) return Status::success();
+    struct stat st {};
+    if (stat(settings_.token_file.c_str(), &st) != 0) {
+      return Status::failure("rest_token_file: cannot read " + settings_.token_file + ": " + std::strerror(errno));
+    }
+    if (!force && st.st_ino == token_ino_ && st.st_mtim.tv_sec == token_mtime_.tv_sec &&
+        st.st_mtim.tv_nsec == token_mtime_.tv_nsec && st.st_size == token_size_) {
+      return Status::success();
+    }
+    auto token = read_rest_token_file(settings_.token_file);
+    if (!token) return Status::failure(token.error());
+    if (*token != settings_.token) log_info("rest_token_file: read a new token from " + settings_.token_file);
+    settings_.token = *token;
+    token_ino_ = st.st_ino;
+    token_mtime_ = st.st_mtim;
+    token_size_ = st.st_size;
+    return Status::success();
+  }
+
+  // One call; the JSON answer, or an error from the transport, the HTTP status or Slurm's "errors" list. A 401 or
+  // 403 is tried once more with the token file read again.
   Result<json> call(const std::string& method, const std::string& path, const std::string& body) {
+    std::lock_guard<std::mutex> lock(token_mutex_);
+    if (auto s = refresh_token(false); !s) return Error{s.error()};
+    auto first = call_once(method, path, body);
+    if (first || settings_.token_file.empty() || !refused_) return first;
+    if (auto s = refresh_token(true); !s) return Error{s.error()};
+    return call_once(method, path, body);
+  }
+
+  Result<json> call_once(const std::string& method, const std::string& path, const std::string& body) {
+    refused_ = false;
     HttpRequest request;
     request.method = method;
     request.url = settings_.url + path;
@@ -181,6 +223,7 @@ class RestBackend final : public SlurmBackend {
     }
     if (!slurm_error.empty()) return Error{"slurmrestd " + method + " " + path + ": " + slurm_error};
     if (response.status == 401 || response.status == 403) {
+      refused_ = true;
       return Error{"slurmrestd refused the token for user " + settings_.user + " (HTTP " +
                    std::to_string(response.status) + ")"};
     }
@@ -192,9 +235,42 @@ class RestBackend final : public SlurmBackend {
   }
 
   RestSettings settings_;
+  std::mutex token_mutex_;
+  ino_t token_ino_ = 0;
+  timespec token_mtime_{};
+  off_t token_size_ = -1;
+  bool refused_ = false;
 };
 
 }  // namespace
+
+Result<std::string> read_rest_token_file(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return Error{"rest_token_file: cannot read " + path + ": " + std::strerror(errno)};
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > 64 * 1024) {
+    close(fd);
+    return Error{"rest_token_file: " + path + " is not a regular file of at most 64 KiB"};
+  }
+  if ((st.st_mode & 077) != 0) {
+    close(fd);
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return Error{"rest_token_file: " + path + " has mode " + mode +
+                 ": group or others may read it; refusing the token (chmod 600 it)"};
+  }
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+  close(fd);
+  std::string token = text.substr(0, text.find('\n'));
+  if (token.rfind("SLURM_JWT=", 0) == 0) token = token.substr(10);
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  if (token.empty()) return Error{"rest_token_file: " + path + " holds no token"};
+  if (token.find_first_of(" \t\r") != std::string::npos) return Error{"rest_token_file: the token has spaces"};
+  return token;
+}
 
 std::unique_ptr<SlurmBackend> make_rest_backend(const RestSettings& settings) {
   return std::make_unique<RestBackend>(settings);

@@ -3,6 +3,8 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include <set>
+
 namespace ckpt::controller {
 
 namespace {
@@ -129,6 +131,19 @@ Status Database::save(const std::vector<const JobRecord*>& records, const std::v
     if (sqlite3_step(add.get()) != SQLITE_DONE) return fail(sqlite3_errmsg(db_));
     sqlite3_reset(add.get());
   }
+  std::set<std::uint32_t> touched;
+  for (const auto& h : history) touched.insert(h.job_id);
+  if (!touched.empty()) {
+    Statement trim(db_, "DELETE FROM history WHERE job_id = ?1 AND id <= "
+                        "(SELECT id FROM history WHERE job_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)");
+    if (!trim.ok()) return fail(sqlite3_errmsg(db_));
+    for (auto id : touched) {
+      sqlite3_bind_int64(trim.get(), 1, id);
+      sqlite3_bind_int64(trim.get(), 2, static_cast<sqlite3_int64>(history_limit_));
+      if (sqlite3_step(trim.get()) != SQLITE_DONE) return fail(sqlite3_errmsg(db_));
+      sqlite3_reset(trim.get());
+    }
+  }
   if (auto s = exec("COMMIT"); !s) return fail(s.error());
   return Status::success();
 }
@@ -148,6 +163,27 @@ Result<std::vector<HistoryLine>> Database::history(std::uint32_t job_id) {
     out.push_back(std::move(h));
   }
   return out;
+}
+
+Result<std::uint64_t> Database::prune(double before) {
+  std::uint64_t gone = 0;
+  for (const char* sql : {"DELETE FROM history WHERE time < ?",
+                          "DELETE FROM jobs WHERE state IN ('completed','cancelled','gone') AND updated < ?"}) {
+    Statement s(db_, sql);
+    if (!s.ok()) return Error{"database: " + std::string(sqlite3_errmsg(db_))};
+    sqlite3_bind_double(s.get(), 1, before);
+    if (sqlite3_step(s.get()) != SQLITE_DONE) return Error{"database: " + std::string(sqlite3_errmsg(db_))};
+    gone += static_cast<std::uint64_t>(sqlite3_changes(db_));
+  }
+  return gone;
+}
+
+Status Database::drop_history(std::uint32_t job_id) {
+  Statement s(db_, "DELETE FROM history WHERE job_id = ?");
+  if (!s.ok()) return Status::failure("database: " + std::string(sqlite3_errmsg(db_)));
+  sqlite3_bind_int64(s.get(), 1, job_id);
+  if (sqlite3_step(s.get()) != SQLITE_DONE) return Status::failure("database: " + std::string(sqlite3_errmsg(db_)));
+  return Status::success();
 }
 
 Result<std::uint64_t> Database::next_id() {

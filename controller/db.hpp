@@ -38,6 +38,13 @@ class Database {
   // Saves records and appends history lines in one transaction.
   Status save(const std::vector<const JobRecord*>& records, const std::vector<HistoryLine>& history);
   Result<std::vector<HistoryLine>> history(std::uint32_t job_id);
+  // At most `max_rows` history lines per job are kept: each save drops the oldest of the jobs it wrote to.
+  void set_history_limit(std::uint64_t max_rows) { history_limit_ = max_rows; }
+  // Drops history lines older than `before`, and records of finished jobs (completed, cancelled, gone) not
+  // updated since then. Returns how many rows went.
+  Result<std::uint64_t> prune(double before);
+  // Drops every history line of a job (its id was reused by another job).
+  Status drop_history(std::uint32_t job_id);
   // A counter that only grows, kept in the database (intent ids).
   Result<std::uint64_t> next_id();
   std::size_t job_count();
@@ -46,6 +53,7 @@ class Database {
   explicit Database(sqlite3* db) : db_(db) {}
   Status exec(const char* sql);
   sqlite3* db_ = nullptr;
+  std::uint64_t history_limit_ = 1000;
 };
 
 }  // namespace ckpt::controller

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 
 #include "ckpt/parse.hpp"
 #include "log.hpp"
@@ -31,16 +32,24 @@ struct Engine::Request {
 // What the engine keeps about a job between cycles but never persists: it is rebuilt after a restart.
 struct Engine::Runtime {
   double next_check = 0;
-  std::future<std::vector<std::string>> probe;
+  std::future<std::pair<rec::NodeEvidence, std::string>> probe;
   bool probe_started = false;
   bool probe_done = false;
-  std::vector<std::string> dead;
+  std::vector<std::string> dead;       // probes failed: left out of the job's next run
+  std::vector<std::string> mark_down;  // refused twice: may be marked DOWN
+  std::future<CheckpointView> checkpoints;  // read with the owner's permissions, off the engine's lock
+  bool checkpoints_started = false;
+  double reuse_checked = 0;      // when Slurm was last asked whether this id still names the same job
   double watch_until = 0;        // poll Slurm every cycle until then (a requeued job about to run)
   int expedite_retries = 0;
   double terminal_since = 0;     // when it reached a terminal state (for eviction from memory)
 };
 
 namespace {
+
+constexpr double kCheckpointReadTimeout_s = 10;
+constexpr std::size_t kRejectedPerJob = 20;
+constexpr std::size_t kRejectedJobs = 1024;
 
 std::string fmt_time(double t) {
   char buf[32];
@@ -56,6 +65,22 @@ std::optional<std::uint32_t> uid_of(const std::string& user) {
   std::vector<char> buf(16384);
   if (getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return std::nullopt;
   return found->pw_uid;
+}
+
+// Like std::async, but the future's destructor does not wait: a record reset while a probe or a checkpoint read
+// is still running must not hold the engine's lock until it ends.
+template <class F>
+auto run_detached(F f) -> std::future<decltype(f())> {
+  auto promise = std::make_shared<std::promise<decltype(f())>>();
+  auto future = promise->get_future();
+  std::thread([promise, f = std::move(f)]() mutable {
+    try {
+      promise->set_value(f());
+    } catch (...) {
+      promise->set_exception(std::current_exception());
+    }
+  }).detach();
+  return future;
 }
 
 bool contains(const std::vector<std::string>& v, const std::string& s) {
@@ -96,6 +121,7 @@ Status Engine::start(double now) {
     if (!uid) return Status::failure("admin_users: no such user '" + user + "'");
     admin_uids_.insert(*uid);
   }
+  db_.set_history_limit(config_.history_max_rows);
   auto records = db_.load_jobs(false);
   if (!records) return Status::failure(records.error());
   for (auto& r : *records) {
@@ -229,6 +255,15 @@ void Engine::cycle(double now, bool force_reconcile) {
     }
   }
   flush();
+  if (now >= next_prune_) {
+    next_prune_ = now + 3600;
+    if (auto gone = db_.prune(now - config_.history_max_age_s); !gone) {
+      log_error(gone.error());
+    } else if (*gone > 0) {
+      log_info("pruned " + std::to_string(*gone) + " history lines and finished records older than " +
+               ckpt::format_duration(static_cast<std::uint64_t>(config_.history_max_age_s)));
+    }
+  }
   // Forget finished jobs after an hour in memory; their records stay in the database.
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Runtime& rt = runtime(it->first);
@@ -247,17 +282,24 @@ Verdict Engine::handle(const Request& request, double now) {
   return handle_event(request.event, request.uid, now);
 }
 
-Verdict Engine::authorize(const Event& e, std::uint32_t uid, JobRecord* r) {
+Verdict Engine::authorize(const Event& e, std::uint32_t uid, JobRecord* r, double now) {
   if (trusted_uids_.count(uid) != 0) return Verdict{202, "trusted"};
   std::uint32_t owner = 0;
+  const std::string unknown = "job " + std::to_string(e.job_id) + " is unknown to Slurm";
   if (r != nullptr && r->uid_known) {
     owner = r->uid;
   } else {
+    // Events for made-up ids cost one lookup per id per 10 s, however many arrive.
+    if (unknown_jobs_.known_unknown(e.job_id, now)) return Verdict{403, unknown};
     auto slurm = backend_.load_job(e.job_id);
     if (!slurm) return Verdict{503, "cannot ask Slurm who owns job " + std::to_string(e.job_id) + ": " + slurm.error()};
-    if (!*slurm) return Verdict{403, "job " + std::to_string(e.job_id) + " is unknown to Slurm"};
+    if (!*slurm) {
+      unknown_jobs_.remember(e.job_id, now);
+      return Verdict{403, unknown};
+    }
     owner = (*slurm)->user_id;
     if (r != nullptr) {
+      check_reuse(*r, **slurm, now);
       r->uid = owner;
       r->uid_known = true;
     }
@@ -269,15 +311,90 @@ Verdict Engine::authorize(const Event& e, std::uint32_t uid, JobRecord* r) {
   return Verdict{202, "owner"};
 }
 
+void Engine::reject(const Event& e, std::uint32_t uid, const Verdict& why, bool job_exists, double now) {
+  const std::string what = std::string(rec::to_string(e.type)) + " from " + e.node + " (uid " + std::to_string(uid) + ")";
+  metrics_.add("ckpt_controller_events_total", "type=\"" + std::string(rec::to_string(e.type)) + "\",result=\"rejected\"");
+  log_limited(LogLevel::Warning, "rejected-event",
+              "rejected " + what + " for job " + std::to_string(e.job_id) + ": " + why.message);
+  // Anyone can send these: kept in memory, a few per job, for history to show; never a durable row each.
+  if (!job_exists) return;
+  auto it = rejected_.find(e.job_id);
+  if (it == rejected_.end()) {
+    if (rejected_.size() >= kRejectedJobs) rejected_.erase(rejected_.begin());
+    it = rejected_.emplace(e.job_id, std::vector<HistoryLine>{}).first;
+  }
+  auto& lines = it->second;
+  if (lines.size() >= kRejectedPerJob) lines.erase(lines.begin());
+  lines.push_back(HistoryLine{now, e.job_id, e.restart_count, "rejected", what + ": " + why.message});
+}
+
+void Engine::check_reuse(JobRecord& r, const SlurmJob& s, double now) {
+  runtime(r.job_id).reuse_checked = now;
+  if (s.submit_time <= 0) return;
+  if (r.submit_time <= 0) {
+    r.submit_time = s.submit_time;  // a record from before submit times were kept: adopt it
+    mark_dirty(r, now);
+    return;
+  }
+  if (s.submit_time == r.submit_time) return;
+  const std::uint32_t id = r.job_id;
+  log_info("job " + std::to_string(id) + ": Slurm's job " + std::to_string(id) + " was submitted at " +
+           fmt_time(s.submit_time) + ", the record is of the one submitted at " + fmt_time(r.submit_time) +
+           ": the id was reused; starting a fresh record");
+  if (auto st = db_.drop_history(id); !st) log_error(st.error());
+  pending_history_.erase(std::remove_if(pending_history_.begin(), pending_history_.end(),
+                                        [id](const HistoryLine& h) { return h.job_id == id; }),
+                         pending_history_.end());
+  rejected_.erase(id);
+  const double old_submit = r.submit_time;
+  JobRecord fresh;
+  fresh.job_id = id;
+  fresh.state = JobState::Running;
+  fresh.budget.max_restarts = config_.max_restarts;
+  fresh.uid = s.user_id;
+  fresh.uid_known = true;
+  fresh.gid = s.group_id;
+  fresh.submit_time = s.submit_time;
+  fresh.restart_count = s.restart_count;
+  fresh.created = now;
+  r = fresh;
+  Runtime& rt = runtime(id);
+  rt = Runtime{};
+  rt.reuse_checked = now;
+  note(r, "transition", "tracking job " + std::to_string(id) + " (submitted at " + fmt_time(s.submit_time) +
+                            "; the id's record of the job submitted at " + fmt_time(old_submit) + " was dropped)", now);
+  mark_dirty(r, now);
+}
+
 Verdict Engine::handle_event(const Event& e, std::uint32_t uid, double now) {
   JobRecord* existing = find(e.job_id);
-  Verdict auth = authorize(e, uid, existing);
+  if (existing == nullptr) {
+    if (auto stored = db_.load_job(e.job_id); stored && *stored) {
+      jobs_[e.job_id] = **stored;
+      existing = &jobs_[e.job_id];
+    }
+  }
+  // A finished record, or one without a submit time, may be of an older job with the same id: ask Slurm (at
+  // most every 5 s per job) before the owner or anything else of the record is believed.
+  if (existing != nullptr && (rec::is_terminal(existing->state) || existing->submit_time <= 0) &&
+      now - runtime(e.job_id).reuse_checked > 5 && !unknown_jobs_.known_unknown(e.job_id, now)) {
+    runtime(e.job_id).reuse_checked = now;
+    if (auto slurm = backend_.load_job(e.job_id); slurm && *slurm) {
+      check_reuse(*existing, **slurm, now);
+      existing->uid = (*slurm)->user_id;
+      existing->uid_known = true;
+      existing->gid = (*slurm)->group_id;
+    } else if (slurm) {
+      unknown_jobs_.remember(e.job_id, now);
+    }
+  }
+  Verdict auth = authorize(e, uid, existing, now);
   const std::string what = std::string(rec::to_string(e.type)) + " from " + e.node +
                            (e.step_id == rec::kBatchStep ? " (batch step)" : " (step " + std::to_string(e.step_id) + ")");
   if (!auth.ok()) {
-    metrics_.add("ckpt_controller_events_total", "type=\"" + std::string(rec::to_string(e.type)) + "\",result=\"rejected\"");
-    log_warning("rejected " + what + " for job " + std::to_string(e.job_id) + ": " + auth.message);
-    pending_history_.push_back(HistoryLine{now, e.job_id, e.restart_count, "rejected", what + ": " + auth.message});
+    const bool exists = existing != nullptr ||
+                        (auth.http_status == 403 && auth.message.find("unknown to Slurm") == std::string::npos);
+    reject(e, uid, auth, exists, now);
     return auth;
   }
   metrics_.add("ckpt_controller_events_total", "type=\"" + std::string(rec::to_string(e.type)) + "\",result=\"accepted\"");
@@ -291,7 +408,18 @@ Verdict Engine::handle_event(const Event& e, std::uint32_t uid, double now) {
 
   switch (e.type) {
     case EventType::JobStart: {
-      if (!e.ckpt_dir.empty()) r.ckpt_dir = e.ckpt_dir;
+      // The checkpoint dir is read by the controller: only the plugin running as root (or SlurmUser) in
+      // slurmstepd may name it. A user could name any path in an event signed as themselves.
+      if (!e.ckpt_dir.empty() && e.ckpt_dir != r.ckpt_dir) {
+        if (trusted_uids_.count(uid) != 0) {
+          r.ckpt_dir = e.ckpt_dir;
+        } else {
+          log_limited(LogLevel::Warning, "ckpt-dir",
+                      "job " + std::to_string(e.job_id) + ": ckpt_dir '" + e.ckpt_dir.substr(0, 256) + "' from uid " +
+                          std::to_string(uid) + " ignored: only the plugin (root or SlurmUser) names a job's checkpoint dir");
+          note(r, "event", "ckpt_dir from uid " + std::to_string(uid) + " ignored (not signed by root or SlurmUser)", now);
+        }
+      }
       if (e.max_restarts) r.budget.max_restarts = *e.max_restarts;
       if (e.needs_checkpoint) r.needs_checkpoint = true;
       auto& step = r.steps[e.step_id];
@@ -583,8 +711,10 @@ std::optional<SlurmJob> Engine::load_job(JobRecord& r, double now, bool& failed)
     return std::nullopt;
   }
   const SlurmJob& s = **slurm;
+  check_reuse(r, s, now);
   r.uid = s.user_id;
   r.uid_known = true;
+  r.gid = s.group_id;
   if (!s.nodes.empty()) r.nodes = s.nodes;
   if (!s.batch_host.empty()) r.batch_host = s.batch_host;
   return s;
@@ -639,24 +769,34 @@ void Engine::check_failing(JobRecord& r, double now) {
         if (it != nodes_.end()) targets.push_back(ProbeTarget{node, it->second.address, it->second.port});
       }
       const double timeout = config_.probe_timeout_s;
-      rt.probe = std::async(std::launch::async, [targets, timeout] { return probe_dead_nodes(targets, timeout); });
+      rt.probe = run_detached([targets, timeout] {
+        std::string summary;
+        auto evidence = probe_twice(targets, timeout, 0.2, summary);
+        return std::make_pair(std::move(evidence), std::move(summary));
+      });
       rt.probe_started = true;
+      checkpoint_view(r, now);  // read the checkpoints while the probes run
     }
     if (rt.probe.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
       rt.next_check = now + 0.02;
       return;
     }
-    rt.dead = rt.probe.get();
+    auto [evidence, summary] = rt.probe.get();
+    rt.dead = evidence.failed;
+    rt.mark_down = evidence.mark_down;
     rt.probe_done = true;
     std::vector<std::string> silent;
     for (const auto& n : r.nodes) {
       if (!contains(r.reporters, n)) silent.push_back(n);
     }
-    note(r, "decision", "reports from " + list(r.reporters) + "; probed " + list(silent) + ": dead " + list(rt.dead), now);
+    note(r, "decision", "reports from " + list(r.reporters) + "; probed " + list(silent) + ": " + summary + "; dead " +
+                            list(rt.dead) + " (refused twice: " + list(rt.mark_down) + ")", now);
   }
   std::vector<std::string> dead = rt.dead;
+  std::vector<std::string> mark_down = rt.mark_down;
   for (const auto& n : nodes_slurm_has_down(r.nodes)) {
     if (!contains(dead, n)) dead.push_back(n);
+    if (!contains(mark_down, n)) mark_down.push_back(n);
   }
   rec::EndingFacts facts;
   facts.slurm = s;
@@ -672,7 +812,29 @@ void Engine::check_failing(JobRecord& r, double now) {
     rt.next_check = now + std::min(2.0, config_.reconcile_s);
     return;
   }
-  decide(r, *ending, s, dead, now, false);
+  auto ckpts = checkpoint_view(r, now);
+  if (!ckpts) {
+    rt.next_check = now + 0.02;
+    return;
+  }
+  decide(r, *ending, s, dead, mark_down, *ckpts, now, false);
+}
+
+std::optional<CheckpointView> Engine::checkpoint_view(JobRecord& r, double now) {
+  (void)now;
+  Runtime& rt = runtime(r.job_id);
+  if (!rt.checkpoints_started) {
+    const std::string dir = r.ckpt_dir;
+    const std::uint32_t uid = r.uid_known ? r.uid : 65534;  // nobody, while the owner is not known
+    const std::uint32_t gid = r.uid_known ? r.gid : 65534;
+    rt.checkpoints = run_detached([dir, uid, gid] {
+      return read_checkpoints_as(dir, uid, gid, kCheckpointReadTimeout_s);
+    });
+    rt.checkpoints_started = true;
+  }
+  if (rt.checkpoints.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return std::nullopt;
+  rt.checkpoints_started = false;
+  return rt.checkpoints.get();
 }
 
 void Engine::give_up(JobRecord& r, const std::string& reason, const SlurmJob* slurm, double now) {
@@ -697,12 +859,12 @@ void Engine::give_up(JobRecord& r, const std::string& reason, const SlurmJob* sl
              {"time", now}});
 }
 
-void Engine::decide(JobRecord& r, Ending ending, const SlurmJob& s, const std::vector<std::string>& dead, double now,
+void Engine::decide(JobRecord& r, Ending ending, const SlurmJob& s, const std::vector<std::string>& dead,
+                    const std::vector<std::string>& mark_down, const CheckpointView& ckpts, double now,
                     bool slurm_requeued) {
   r.ending = ending;
   r.clock.decided = now;
   if (r.clock.failed == 0) r.clock.failed = now;
-  CheckpointView ckpts = read_checkpoints(r.ckpt_dir);
   if (!ckpts.error.empty()) note(r, "decision", "cannot read checkpoints in " + r.ckpt_dir + ": " + ckpts.error, now);
   const double since = ckpts.newest_wall_time > 0 ? ckpts.newest_wall_time : s.start_time;
   r.lost_work_s = since > 0 && r.clock.failed > since ? r.clock.failed - since : 0;
@@ -774,7 +936,8 @@ void Engine::decide(JobRecord& r, Ending ending, const SlurmJob& s, const std::v
   // A requeued job stays COMPLETING until every node of its old run answers; a dead node never does, and
   // slurmctld would wait SlurmdTimeout to declare it down. Marking it DOWN now (what slurmctld does later
   // anyway) ends the wait. Idempotent.
-  if (config_.down_dead_nodes && caps_.node_state) i.mark_down = dead;
+  // Only on evidence nobody but the node can give (refused twice, or Slurm's own state): a timeout is not.
+  if (config_.down_dead_nodes && caps_.node_state) i.mark_down = mark_down;
   if (config_.drain_bad_nodes && caps_.node_state) i.drain = fresh;
   if (slurm_requeued) {
     i.requeue = false;
@@ -979,16 +1142,21 @@ void Engine::check_running(JobRecord& r, const SlurmJob& s, double now) {
       // Slurm requeued the job on its own (a node failure after SlurmdTimeout, a preemption): expedite it.
       const auto down = nodes_slurm_has_down(r.nodes);
       const Ending ending = down.empty() ? Ending::Preemption : Ending::NodeFailure;
-      if (r.state != JobState::Failing) {
+      if (r.state == JobState::Running || r.state == JobState::Relaunching) {
         r.clock = rec::RecoveryClock{};
         r.clock.failed = now;
+        transition(r, JobState::Failing, "Slurm requeued it", now);
+      }
+      if (r.state != JobState::Failing) return;
+      // Decided once the checkpoints are read (off the lock); the failing job's checks come back here.
+      auto ckpts = checkpoint_view(r, now);
+      if (!ckpts) {
+        runtime(r.job_id).next_check = now + 0.02;
+        return;
       }
       note(r, "decision", "Slurm requeued the job itself (restart count " + std::to_string(s.restart_count) +
                               "; nodes down: " + list(down) + ")", now);
-      if (r.state == JobState::Running || r.state == JobState::Relaunching) {
-        transition(r, JobState::Failing, "Slurm requeued it", now);
-      }
-      if (r.state == JobState::Failing) decide(r, ending, s, down, now, true);
+      decide(r, ending, s, down, down, *ckpts, now, true);
       return;
     }
     new_run(r, s.restart_count, now);
@@ -1025,8 +1193,9 @@ void Engine::reconcile(double now) {
   by_id.reserve(all->size());
   for (const auto& j : *all) by_id[j.job_id] = &j;
   for (auto& [id, r] : jobs_) {
-    if (r.state == JobState::Gone) continue;
     auto it = by_id.find(id);
+    if (it != by_id.end()) check_reuse(r, *it->second, now);
+    if (r.state == JobState::Gone) continue;
     if (it == by_id.end()) {
       if (r.state == JobState::Requeueing || r.state == JobState::Failing) continue;  // checked on their own
       transition(r, JobState::Gone, "Slurm no longer knows the job", now);
@@ -1035,6 +1204,7 @@ void Engine::reconcile(double now) {
     const SlurmJob& s = *it->second;
     r.uid = s.user_id;
     r.uid_known = true;
+    r.gid = s.group_id;
     if (!s.nodes.empty() && s.restart_count == r.restart_count) r.nodes = s.nodes;
     switch (r.state) {
       case JobState::Running:
@@ -1068,13 +1238,21 @@ json job_summary(const rec::JobRecord& r, double now) {
 
 }  // namespace
 
-json Engine::status_json(double now) {
+rec::ReadAccess Engine::read_access(std::optional<std::uint32_t> uid) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::set<std::uint32_t> privileged = trusted_uids_;
+  privileged.insert(admin_uids_.begin(), admin_uids_.end());
+  return rec::read_access(uid, privileged);
+}
+
+json Engine::status_json(double now, const rec::ReadAccess& access) {
   std::lock_guard<std::mutex> lock(mutex_);
   json counts = json::object();
   json gave_up = json::array();
   std::map<std::string, json> bad;
   for (const auto& [id, r] : jobs_) {
     counts[rec::to_string(r.state)] = counts.value(rec::to_string(r.state), 0) + 1;
+    if (!access.may_see(r.uid, r.uid_known)) continue;
     if (r.state == JobState::GaveUp) gave_up.push_back(json{{"job_id", id}, {"reason", r.reason}, {"time", r.updated}});
     for (const auto& b : r.bad_nodes) {
       if (b.expires <= now) continue;
@@ -1095,14 +1273,16 @@ json Engine::status_json(double now) {
               {"excluded_nodes", bad_list}};
 }
 
-json Engine::jobs_json(double now) {
+json Engine::jobs_json(double now, const rec::ReadAccess& access) {
   std::lock_guard<std::mutex> lock(mutex_);
   json out = json::array();
-  for (const auto& [id, r] : jobs_) out.push_back(job_summary(r, now));
+  for (const auto& [id, r] : jobs_) {
+    if (access.may_see(r.uid, r.uid_known)) out.push_back(job_summary(r, now));
+  }
   return out;
 }
 
-std::optional<json> Engine::job_json(std::uint32_t job_id, double now) {
+std::optional<json> Engine::job_json(std::uint32_t job_id, double now, const rec::ReadAccess& access) {
   std::lock_guard<std::mutex> lock(mutex_);
   const JobRecord* r = find(job_id);
   std::optional<JobRecord> stored;
@@ -1112,22 +1292,37 @@ std::optional<json> Engine::job_json(std::uint32_t job_id, double now) {
     stored = **loaded;
     r = &*stored;
   }
+  if (!access.may_see(r->uid, r->uid_known)) return std::nullopt;
   json j = json::parse(rec::to_json(*r));
   j["summary"] = job_summary(*r, now);
   j["exclude"] = rec::active_bad_nodes(r->bad_nodes, now);
   return j;
 }
 
-Result<json> Engine::history_json(std::uint32_t job_id) {
+Result<std::optional<json>> Engine::history_json(std::uint32_t job_id, const rec::ReadAccess& access) {
   std::lock_guard<std::mutex> lock(mutex_);
+  const JobRecord* r = find(job_id);
+  std::optional<JobRecord> stored;
+  if (r == nullptr) {
+    auto loaded = db_.load_job(job_id);
+    if (!loaded) return Error{loaded.error()};
+    if (!*loaded) return std::optional<json>{};
+    stored = **loaded;
+    r = &*stored;
+  }
+  if (!access.may_see(r->uid, r->uid_known)) return std::optional<json>{};
   flush();
   auto lines = db_.history(job_id);
   if (!lines) return Error{lines.error()};
+  if (auto it = rejected_.find(job_id); it != rejected_.end()) {
+    lines->insert(lines->end(), it->second.begin(), it->second.end());
+    std::stable_sort(lines->begin(), lines->end(), [](const HistoryLine& a, const HistoryLine& b) { return a.time < b.time; });
+  }
   json out = json::array();
   for (const auto& h : *lines) {
     out.push_back(json{{"time", h.time}, {"restart_count", h.restart_count}, {"kind", h.kind}, {"text", h.text}});
   }
-  return out;
+  return std::optional<json>(std::move(out));
 }
 
 std::string Engine::metrics_text(double now) {

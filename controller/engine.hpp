@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend.hpp"
+#include "ckpt/controller_limits.hpp"
 #include "ckpt/recovery.hpp"
 #include "db.hpp"
 #include "observe.hpp"
@@ -56,11 +57,16 @@ class Engine {
   void cycle(double now, bool force_reconcile = false);
   void wake();
 
-  // Snapshots for the client subcommands and ckpt-run (JSON).
-  nlohmann::json status_json(double now);
-  nlohmann::json jobs_json(double now);
-  std::optional<nlohmann::json> job_json(std::uint32_t job_id, double now);
-  Result<nlohmann::json> history_json(std::uint32_t job_id);
+  // What a reader whose credential carried `uid` may see (nullopt: no credential).
+  ckpt::recovery::ReadAccess read_access(std::optional<std::uint32_t> uid);
+  // Snapshots for the client subcommands and ckpt-run (JSON), limited to the jobs `access` may see. status has the
+  // counts of every state for anyone (as /metrics does), but names only visible jobs.
+  nlohmann::json status_json(double now, const ckpt::recovery::ReadAccess& access);
+  nlohmann::json jobs_json(double now, const ckpt::recovery::ReadAccess& access);
+  // nullopt when the job is not tracked or not visible to `access`.
+  std::optional<nlohmann::json> job_json(std::uint32_t job_id, double now, const ckpt::recovery::ReadAccess& access);
+  // The stored history and the recent rejected events; nullopt when not tracked or not visible.
+  Result<std::optional<nlohmann::json>> history_json(std::uint32_t job_id, const ckpt::recovery::ReadAccess& access);
   std::string metrics_text(double now);
   std::size_t tracked_jobs();
 
@@ -75,7 +81,11 @@ class Engine {
   Verdict handle(const Request& request, double now);
   Verdict handle_event(const Event& event, std::uint32_t uid, double now);
   Verdict handle_admin(const std::string& op, const std::string& arg, std::uint32_t uid, double now);
-  Verdict authorize(const Event& event, std::uint32_t uid, JobRecord* record);
+  Verdict authorize(const Event& event, std::uint32_t uid, JobRecord* record, double now);
+  void reject(const Event& event, std::uint32_t uid, const Verdict& why, bool job_exists, double now);
+  // A job Slurm has under this id with another submit time is another job: the record starts afresh.
+  void check_reuse(JobRecord& r, const SlurmJob& slurm, double now);
+  std::optional<CheckpointView> checkpoint_view(JobRecord& r, double now);
 
   JobRecord* find(std::uint32_t job_id);
   JobRecord& get_or_create(std::uint32_t job_id, double now);
@@ -86,8 +96,8 @@ class Engine {
   void start_failing(JobRecord& r, double now);
 
   void check_failing(JobRecord& r, double now);
-  void decide(JobRecord& r, Ending ending, const SlurmJob& slurm, const std::vector<std::string>& dead, double now,
-              bool slurm_requeued);
+  void decide(JobRecord& r, Ending ending, const SlurmJob& slurm, const std::vector<std::string>& dead,
+              const std::vector<std::string>& mark_down, const CheckpointView& ckpts, double now, bool slurm_requeued);
   void give_up(JobRecord& r, const std::string& reason, const SlurmJob* slurm, double now);
   void drive_intent(JobRecord& r, double now);
   void check_pending(JobRecord& r, const SlurmJob* known, double now);
@@ -121,6 +131,10 @@ class Engine {
   std::set<std::uint32_t> trusted_uids_;
   std::set<std::uint32_t> admin_uids_;
   std::set<std::string> crash_points_;
+  ckpt::recovery::NegativeCache unknown_jobs_{4096, 10.0};  // job ids Slurm did not know: asked once per 10 s
+  // Rejected events of jobs Slurm knows, newest last: shown by history, never stored (anyone can cause them).
+  std::map<std::uint32_t, std::vector<HistoryLine>> rejected_;
+  double next_prune_ = 0;
 
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;

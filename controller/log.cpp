@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <mutex>
 
+#include "ckpt/controller_limits.hpp"
+
 namespace ckpt::controller {
 
 namespace {
@@ -41,6 +43,17 @@ void log(LogLevel level, const std::string& line) {
 double now_s() {
   using namespace std::chrono;
   return duration_cast<duration<double>>(system_clock::now().time_since_epoch()).count();
+}
+
+void log_limited(LogLevel level, const std::string& kind, const std::string& line) {
+  static std::mutex mutex;
+  static ckpt::recovery::LogLimiter limiter(5, 10.0);
+  std::uint64_t suppressed = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!limiter.allow(kind, now_s(), suppressed)) return;
+  }
+  log(level, suppressed == 0 ? line : line + " (" + std::to_string(suppressed) + " similar lines held back)");
 }
 
 }  // namespace ckpt::controller

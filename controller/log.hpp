@@ -16,6 +16,9 @@ inline void log_error(const std::string& line) { log(LogLevel::Error, line); }
 inline void log_warning(const std::string& line) { log(LogLevel::Warning, line); }
 inline void log_info(const std::string& line) { log(LogLevel::Info, line); }
 inline void log_debug(const std::string& line) { log(LogLevel::Debug, line); }
+// For complaints about input anyone can send: at most 5 lines of one `kind` per 10 s; the next line let through
+// says how many were held back.
+void log_limited(LogLevel level, const std::string& kind, const std::string& line);
 
 // Seconds since the epoch, with sub-second precision.
 double now_s();

@@ -54,23 +54,18 @@ ckpt::Result<rec::ControllerConfig> load_config(const std::string& path, bool mu
   return rec::parse_controller_config(ss.str(), path);
 }
 
-// The JWT for slurmrestd: rest_token_file (either the bare token or scontrol's "SLURM_JWT=..." line), else the
-// SLURM_JWT environment variable. Never printed.
+// The JWT for slurmrestd: rest_token_file (read again when it changes, see RestSettings), else the SLURM_JWT
+// environment variable. Never printed.
 ckpt::Result<std::string> read_token(const rec::ControllerConfig& cfg) {
   std::string token;
-  if (!cfg.rest_token_file.empty()) {
-    std::ifstream in(cfg.rest_token_file);
-    if (!in) return ckpt::Error{"rest_token_file: cannot read " + cfg.rest_token_file + ": " + std::strerror(errno)};
-    std::getline(in, token);
-  } else if (const char* env = std::getenv("SLURM_JWT"); env != nullptr) {
-    token = env;
-  }
+  if (!cfg.rest_token_file.empty()) return read_rest_token_file(cfg.rest_token_file);
+  if (const char* env = std::getenv("SLURM_JWT"); env != nullptr) token = env;
   if (token.rfind("SLURM_JWT=", 0) == 0) token = token.substr(10);
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
   if (token.empty()) {
     return ckpt::Error{"backend = rest needs a token: set rest_token_file or SLURM_JWT (refusing to start without one)"};
   }
-  if (token.find_first_of(" \t\r\n") != std::string::npos) return ckpt::Error{"rest_token_file: the token has spaces"};
+  if (token.find_first_of(" \t\r\n") != std::string::npos) return ckpt::Error{"SLURM_JWT: the token has spaces"};
   return token;
 }
 
@@ -98,11 +93,12 @@ int run_daemon(const rec::ControllerConfig& cfg) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  set_checkpoint_reader("/proc/self/exe");
   std::unique_ptr<SlurmBackend> backend;
   if (cfg.backend == "rest") {
     auto token = read_token(cfg);
     if (!token) return fail(token.error(), 2);
-    backend = make_rest_backend(RestSettings{cfg.rest_url, cfg.rest_user, *token, 5});
+    backend = make_rest_backend(RestSettings{cfg.rest_url, cfg.rest_user, *token, 5, cfg.rest_token_file});
   } else {
     backend = make_libslurm_backend();
   }
@@ -149,15 +145,24 @@ struct Client {
   std::string url;
   std::string munge_socket;
 
+  // Reads carry a MUNGE credential naming the path, so the controller knows whose jobs to show. Without one
+  // (no munged here) the controller shows only what anyone may see; say so once.
   ckpt::Result<json> get(const std::string& path) const {
     HttpRequest req;
     req.url = url + path;
     req.timeout_s = 10;
+    auto cred = munge_encode_payload(read_credential_payload(path), munge_socket);
+    if (cred) req.headers.emplace_back(kCredentialHeader, *cred);
     HttpResponse res = http_request(req);
     if (!res.error.empty()) return ckpt::Error{"cannot reach the controller at " + url + ": " + res.error};
     json body = json::parse(res.body, nullptr, false);
     if (body.is_discarded()) return ckpt::Error{"the controller at " + url + " answered HTTP " + std::to_string(res.status)};
-    if (res.status != 200) return ckpt::Error{body.value("error", "HTTP " + std::to_string(res.status))};
+    if (res.status != 200) {
+      std::string e = body.value("error", "HTTP " + std::to_string(res.status));
+      if (!cred) e += " (" + cred.error() + ")";
+      return ckpt::Error{e};
+    }
+    if (!cred) std::fprintf(stderr, "ckpt-controller: %s: shown what anyone may see (no jobs)\n", cred.error().c_str());
     return body;
   }
 
@@ -269,8 +274,12 @@ int cmd_history(const Client& c, const std::string& job, bool as_json) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The checkpoint reader, run with a job owner's permissions (see read_checkpoints_as): not a user command.
+  if (argc == 3 && std::string(argv[1]) == "--read-checkpoints") return checkpoint_reader_main(argv[2]);
   CLI::App app{"ckpt-controller: restarts failed Slurm jobs fast, off bad nodes, within a budget"};
   app.set_help_all_flag("--help-all");
+  // -c and --url may also follow the subcommand: `ckpt-controller run -c FILE` as well as `-c FILE run`.
+  app.fallthrough();
   std::string config_path;
   std::string url;
   bool as_json = false;

@@ -19,4 +19,9 @@ Result<std::string> munge_encode_payload(const std::string& payload, const std::
 // Decodes and checks a credential. The error says why ("credential replayed", "expired", ...).
 Result<MungePayload> munge_decode_credential(const std::string& credential, const std::string& socket);
 
+// Reads (GET /v1/jobs, /v1/status, ...) say who asks with a MUNGE credential in this header whose payload is
+// "GET <path>": the controller shows each user only their own jobs.
+inline constexpr const char* kCredentialHeader = "X-Ckpt-Credential";
+inline std::string read_credential_payload(const std::string& path) { return "GET " + path; }
+
 }  // namespace ckpt::controller

@@ -1,8 +1,19 @@
 #include "observe.hpp"
 
-#include <algorithm>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
 
 #include "ckpt/store.hpp"
 #include "http.hpp"
@@ -166,6 +177,137 @@ CheckpointView read_checkpoints(const std::string& dir) {
   } catch (const std::exception& ex) {
     view.error = ex.what();
   }
+  return view;
+}
+
+namespace {
+
+std::mutex g_reader_mutex;
+std::string g_reader_exe;
+
+// Reaps a child that may be stuck in an uninterruptible read (a hung file system) without blocking the caller.
+void reap(pid_t pid) {
+  for (int i = 0; i < 20; ++i) {
+    if (waitpid(pid, nullptr, WNOHANG) != 0) return;
+    usleep(5000);
+  }
+  std::thread([pid] { waitpid(pid, nullptr, 0); }).detach();
+}
+
+}  // namespace
+
+void set_checkpoint_reader(const std::string& exe) {
+  std::lock_guard<std::mutex> lock(g_reader_mutex);
+  g_reader_exe = exe;
+}
+
+int checkpoint_reader_main(const std::string& dir) {
+  CheckpointView v = read_checkpoints(dir);
+  nlohmann::json j = {{"newest_complete", v.newest_complete ? nlohmann::json(*v.newest_complete) : nlohmann::json(nullptr)},
+                      {"newest_wall_time", v.newest_wall_time},
+                      {"error", v.error}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+CheckpointView read_checkpoints_as(const std::string& dir, std::uint32_t uid, std::uint32_t gid, double timeout_s) {
+  CheckpointView view;
+  if (dir.empty()) return view;
+  if (geteuid() != 0) return read_checkpoints(dir);  // unprivileged already: nothing to drop
+  std::string exe;
+  {
+    std::lock_guard<std::mutex> lock(g_reader_mutex);
+    exe = g_reader_exe;
+  }
+  if (exe.empty()) {
+    view.error = "no reader to drop privileges with; not read as root";
+    return view;
+  }
+  // Everything the child needs is prepared here: between fork and exec it calls only async-signal-safe functions.
+  std::vector<gid_t> groups(1, gid);
+  {
+    passwd pw{};
+    passwd* found = nullptr;
+    std::vector<char> buf(16384);
+    if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr) {
+      int n = 256;
+      groups.assign(static_cast<std::size_t>(n), 0);
+      if (getgrouplist(found->pw_name, gid, groups.data(), &n) < 0) n = std::min(n, 256);
+      groups.resize(static_cast<std::size_t>(std::max(n, 0)));
+      if (groups.empty()) groups.push_back(gid);
+    }
+  }
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    view.error = std::string("cannot create a pipe: ") + std::strerror(errno);
+    return view;
+  }
+  const std::string flag = "--read-checkpoints";
+  char* const argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>(flag.c_str()), const_cast<char*>(dir.c_str()),
+                        nullptr};
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      dup2(null, STDIN_FILENO);
+      dup2(null, STDERR_FILENO);
+    }
+    if (setgroups(groups.size(), groups.data()) != 0 || setgid(gid) != 0 || setuid(uid) != 0 ||
+        (uid != 0 && setuid(0) == 0)) {
+      _exit(126);
+    }
+    execv(exe.c_str(), argv);
+    _exit(127);
+  }
+  close(out[1]);
+  if (pid < 0) {
+    close(out[0]);
+    view.error = std::string("cannot fork: ") + std::strerror(errno);
+    return view;
+  }
+  std::string text;
+  const double end = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() + timeout_s;
+  bool timed_out = false;
+  for (;;) {
+    const double left = end - std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{out[0], POLLIN, 0};
+    int n = poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;
+    char buf[4096];
+    ssize_t got = read(out[0], buf, sizeof buf);
+    if (got <= 0) break;
+    if (text.size() < 65536) text.append(buf, static_cast<std::size_t>(got));
+  }
+  close(out[0]);
+  if (timed_out) {
+    kill(pid, SIGKILL);
+    reap(pid);
+    view.error = "reading " + dir + " as uid " + std::to_string(uid) + " took longer than " +
+                 std::to_string(static_cast<int>(timeout_s)) + " s; stopped";
+    return view;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    view.error = WIFEXITED(status) && WEXITSTATUS(status) == 126
+                     ? "cannot drop privileges to uid " + std::to_string(uid) + " to read " + dir
+                     : "the checkpoint reader failed on " + dir;
+    return view;
+  }
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    view.error = "the checkpoint reader's answer is not JSON";
+    return view;
+  }
+  if (j["newest_complete"].is_number_unsigned()) view.newest_complete = j["newest_complete"].get<std::uint64_t>();
+  if (j["newest_wall_time"].is_number()) view.newest_wall_time = j["newest_wall_time"].get<double>();
+  if (j["error"].is_string()) view.error = j["error"].get<std::string>();
   return view;
 }
 

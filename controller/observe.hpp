@@ -72,6 +72,17 @@ struct CheckpointView {
   double newest_wall_time = 0;  // when it was committed (manifest), 0 when unknown
   std::string error;            // set when the dir could not be read
 };
+// Reads in this process, with this process's permissions.
 CheckpointView read_checkpoints(const std::string& dir);
+
+// Reads a job's CKPT_DIR with the job owner's permissions. When the controller runs as root, a child drops to
+// `uid`, `gid` and the owner's supplementary groups and execs the reader registered with
+// set_checkpoint_reader(), which prints the view as JSON; after `timeout_s` it is killed and the view says so.
+// Unprivileged, it reads in this thread. Call it from a thread that holds no lock the engine needs.
+CheckpointView read_checkpoints_as(const std::string& dir, std::uint32_t uid, std::uint32_t gid, double timeout_s);
+// The program run by read_checkpoints_as as `<exe> --read-checkpoints DIR` (ckpt-controller itself).
+void set_checkpoint_reader(const std::string& exe);
+// The reader's side: prints read_checkpoints(dir) as one JSON line; returns the exit status.
+int checkpoint_reader_main(const std::string& dir);
 
 }  // namespace ckpt::controller

@@ -157,10 +157,21 @@ std::string controller_url_from_config() {
   return "http://" + cfg->listen;
 }
 
+std::string munge_socket_from_slurm();
+
+// The controller's view of this job, read with a MUNGE credential (the controller shows a user only their jobs).
 std::optional<json> job_view(const Settings& s, const std::string& job) {
+  static const std::string socket = munge_socket_from_slurm();
   HttpRequest req;
-  req.url = s.url + "/v1/jobs/" + job;
+  const std::string path = "/v1/jobs/" + job;
+  req.url = s.url + path;
   req.timeout_s = 1;
+  auto cred = munge_encode_payload(read_credential_payload(path), socket);
+  if (!cred) {
+    log_limited(LogLevel::Warning, "munge", "cannot ask the controller about job " + job + ": " + cred.error());
+    return std::nullopt;
+  }
+  req.headers.emplace_back(kCredentialHeader, *cred);
   HttpResponse res = http_request(req);
   if (!res.ok()) return std::nullopt;
   json j = json::parse(res.body, nullptr, false);

@@ -1,11 +1,23 @@
 #pragma once
-// The controller's HTTP endpoint (cpp-httplib): events from the plugin and ckpt-run, the client subcommands,
-// and Prometheus' /metrics. Events and admin requests carry MUNGE credentials; reads are open to whoever can
-// reach the listen address (127.0.0.1 by default).
+// The controller's HTTP endpoint: events from the plugin and ckpt-run, the client subcommands, and Prometheus'
+// /metrics. A small HTTP/1.1 reader of its own, because everything that reaches it comes from users' jobs:
+//
+//   - one thread reads every connection (poll); a request must arrive whole within 2 s of the connection, with a
+//     head of at most 16 KiB and a Content-Length body of at most 64 KiB (no chunked bodies): memory is bounded
+//     by the connection limit times those sizes, whatever a client sends;
+//   - at most 256 connections; when full, the oldest unfinished one is closed for the new one, so slow clients
+//     cannot lock anyone out;
+//   - a complete request goes to a worker pool: events have their own workers, reads and admin requests others,
+//     so that reads cannot starve event intake; a full queue answers 503 at once;
+//   - one request per connection (Connection: close).
 //
 //   POST /v1/events                  body: a MUNGE credential whose payload is an event (JSON)
 //   POST /v1/admin                   body: a MUNGE credential, payload {"op":"release"|"forget-node","arg":...}
-//   GET  /v1/status | /v1/jobs | /v1/jobs/<id> | /v1/jobs/<id>/history | /metrics | /healthz
+//   GET  /v1/status | /v1/jobs | /v1/jobs/<id> | /v1/jobs/<id>/history
+//                                    header X-Ckpt-Credential: a MUNGE credential with payload "GET <path>";
+//                                    each user sees their own jobs, root, SlurmUser and admin_users all; without
+//                                    one, status has counts only, jobs is empty and a job's pages answer 401
+//   GET  /metrics | /healthz         open: counts by state and node names, no job ids or users
 #include <memory>
 #include <string>
 
@@ -31,7 +43,8 @@ class Server {
 };
 
 // Watches a spool directory for event files (<anything>.ev holding one MUNGE credential), hands them to the
-// engine and deletes them. Creates the directory (mode 1733: anyone may drop, nobody else may list).
+// engine and deletes them. Creates the directory (mode 1733: anyone may drop, nobody else may list), opens it
+// once by descriptor and refuses one that another user owns; every file is opened relative to it.
 class SpoolWatcher {
  public:
   SpoolWatcher(Engine& engine, std::string dir, std::string munge_socket);

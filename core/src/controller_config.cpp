@@ -146,6 +146,12 @@ Result<ControllerConfig> parse_controller_config(std::string_view text, std::str
     } else if (key == "slurm_user") {
       if (value.empty()) return bad("a user name");
       cfg.slurm_user = value;
+    } else if (key == "history_max_rows") {
+      auto n = parse_uint(value);
+      if (!n || *n < 10 || *n > 1000000) return bad("a number of lines, 10 to 1000000");
+      cfg.history_max_rows = *n;
+    } else if (key == "history_max_age") {
+      if (!duration(cfg.history_max_age_s, 3600)) return bad("a duration like 30d, at least 1h");
     } else if (key == "log_level") {
       if (value != "error" && value != "warning" && value != "info" && value != "debug") {
         return bad("error, warning, info or debug");

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/controller_limits.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
 
@@ -222,6 +223,10 @@ Result<Event> parse_event(std::string_view input) {
     if (e.job_id == 0) return Error{"event has no job_id"};
     e.step_id = number<std::uint32_t>(j, "step_id", kBatchStep);
     e.restart_count = number<std::uint32_t>(j, "restart_count", 0);
+    if (e.restart_count > kMaxRestartCount) {
+      return Error{"event has restart_count " + std::to_string(e.restart_count) + " (more than " +
+                   std::to_string(kMaxRestartCount) + ")"};
+    }
     e.node = text(j, "node");
     if (!safe_node_name(e.node)) return Error{"event has a bad node name"};
     e.uid = number<std::uint32_t>(j, "uid", 0);
@@ -239,6 +244,10 @@ Result<Event> parse_event(std::string_view input) {
     }
     if (j.contains("max_restarts") && !j["max_restarts"].is_null()) {
       e.max_restarts = number<std::uint64_t>(j, "max_restarts", 0);
+      if (*e.max_restarts > kMaxRestartBudget) {
+        return Error{"event has max_restarts " + std::to_string(*e.max_restarts) + " (more than " +
+                     std::to_string(kMaxRestartBudget) + ")"};
+      }
     }
     e.needs_checkpoint = flag(j, "needs_checkpoint");
     e.in_allocation = flag(j, "in_allocation");
@@ -274,6 +283,8 @@ std::string to_json(const JobRecord& r) {
   j["state"] = to_string(r.state);
   j["uid"] = r.uid;
   j["uid_known"] = r.uid_known;
+  j["gid"] = r.gid;
+  j["submit_time"] = r.submit_time;
   j["ckpt_dir"] = r.ckpt_dir;
   j["needs_checkpoint"] = r.needs_checkpoint;
   j["restart_count"] = r.restart_count;
@@ -331,6 +342,8 @@ Result<JobRecord> parse_job_record(std::string_view input) {
     r.state = *state;
     r.uid = number<std::uint32_t>(j, "uid", 0);
     r.uid_known = flag(j, "uid_known");
+    r.gid = number<std::uint32_t>(j, "gid", 0);
+    r.submit_time = number<double>(j, "submit_time", 0.0);
     r.ckpt_dir = text(j, "ckpt_dir");
     r.needs_checkpoint = flag(j, "needs_checkpoint");
     r.restart_count = number<std::uint32_t>(j, "restart_count", 0);

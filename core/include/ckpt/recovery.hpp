@@ -43,7 +43,7 @@ struct Event {
   EventType type = EventType::JobStart;
   std::uint32_t job_id = 0;
   std::uint32_t step_id = kBatchStep;
-  std::uint32_t restart_count = 0;     // SLURM_RESTART_COUNT of the run that sent it
+  std::uint32_t restart_count = 0;     // SLURM_RESTART_COUNT of the run that sent it, at most kMaxRestartCount
   std::string node;                    // the node the sender runs on
   std::int64_t rank = -1;              // TaskExit: the global task id
   int exit_code = 0;                   // TaskExit: exit status when the task exited
@@ -80,6 +80,8 @@ struct SlurmJob {
   bool held = false;                   // pending with priority 0 (held by user or admin)
   std::uint32_t restart_count = 0;     // Slurm's restart_cnt
   std::uint32_t user_id = 0;
+  std::uint32_t group_id = 0;
+  double submit_time = 0;              // with the job id, names the job: Slurm reuses ids after MaxJobId
   int exit_code = 0;                   // of the batch script, when finished
   int exit_signal = 0;
   std::vector<std::string> nodes;      // expanded allocation
@@ -234,7 +236,9 @@ struct JobRecord {
   JobState state = JobState::Running;
   std::uint32_t uid = 0;                 // owner as Slurm reports it
   bool uid_known = false;
-  std::string ckpt_dir;
+  std::uint32_t gid = 0;                 // the job's group as Slurm reports it
+  double submit_time = 0;                // Slurm's submit time: a different one under the same id is another job
+  std::string ckpt_dir;                  // as the plugin (root or SlurmUser) reported it; never from the user
   bool needs_checkpoint = false;
   std::uint32_t restart_count = 0;       // Slurm restart count of the run being tracked
   Budget budget;
@@ -262,7 +266,9 @@ Result<JobRecord> parse_job_record(std::string_view text);
 // ---- the controller's config file ------------------------------------------------------------------------------------
 
 struct ControllerConfig {
-  std::string listen = "127.0.0.1:6818";    // HTTP: events, client commands, /metrics; "off" for none
+  // HTTP: events, client commands, /metrics; "off" for none. 6830: no Slurm daemon's default (slurmd 6818,
+  // slurmctld 6817, slurmdbd 6819, slurmrestd has none, srun takes ephemeral ports).
+  std::string listen = "127.0.0.1:6830";
   std::string spool_dir;                    // optional event spool directory
   std::string database = "/var/lib/slurm-ckpt/controller.db";
   std::string backend = "libslurm";         // libslurm | rest
@@ -283,6 +289,8 @@ struct ControllerConfig {
   std::vector<std::string> admin_users = {"root"};  // may release jobs and forget nodes
   std::string slurm_user;                   // events from this user are trusted (empty: ask Slurm)
   std::string log_level = "info";           // error | warning | info | debug
+  std::uint64_t history_max_rows = 1000;    // history lines kept per job (the oldest go first)
+  double history_max_age_s = 30 * 86400;    // history and records of finished jobs older than this are dropped
 };
 
 // Parses `key = value` lines; '#' starts a comment. An unknown key or a bad value fails with one line naming
