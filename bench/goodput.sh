@@ -86,7 +86,7 @@ write_train_sbatch "$W/train.sbatch" "-N4 --ntasks-per-node=1" \
 
 # The controller's view of a job: running, failing, requeueing, pending, completed, gave-up, ...
 ctl_state() {
-  curl -sf "http://127.0.0.1:$PORT/v1/jobs/$1" 2>/dev/null | grep -oE '"state" *: *"[a-z-]+"' | sed -n 1p |
+  controller_get "/v1/jobs/$1" 2>/dev/null | grep -oE '"state" *: *"[a-z-]+"' | sed -n 1p |
     sed 's/.*"\([a-z-]*\)"$/\1/' || true
 }
 # Over for good: the controller will not restart it (between a failed run and its requeue, squeue shows nothing).

@@ -112,7 +112,9 @@ stop_controller() {
 }
 
 ctl() { "$CTL" -c "$SCRATCH/controller.conf" "$@"; }
-job_json() { curl -sf "$CTL_URL/v1/jobs/$1"; }
+# Reads carry a MUNGE credential naming the page (the controller shows each user only their own jobs).
+ctl_get() { curl -sf -H "X-Ckpt-Credential: $(munge -S "$D/munge/munge.socket" -s "GET $1")" "$CTL_URL$1"; }
+job_json() { ctl_get "/v1/jobs/$1"; }
 ctl_state() { job_json "$1" 2>/dev/null | json_get 'j["state"]' 2>/dev/null || echo none; }
 
 # wait_ctl_state JOB REGEX [TIMEOUT]

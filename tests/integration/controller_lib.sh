@@ -24,6 +24,12 @@ CONF
   return 1
 }
 
+# controller_get PATH: a read with a MUNGE credential naming the page (the controller shows each user their jobs).
+controller_get() {
+  local socket=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}/munge/munge.socket
+  curl -sf -H "X-Ckpt-Credential: $(munge -S "$socket" -s "GET $1")" "$CONTROLLER_URL$1"
+}
+
 controller_down() {
   [ -n "${CONTROLLER_PID:-}" ] || return 0
   kill "$CONTROLLER_PID" 2>/dev/null || true
