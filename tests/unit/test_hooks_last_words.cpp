@@ -298,26 +298,23 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
   }
 
   SECTION("silence") {
-    // Rank 1 joins the mesh by hand, then says nothing: a frozen node.
-    int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    REQUIRE(::listen(listener, 4) == 0);
-    REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-    std::filesystem::create_directories(dir.sub("mesh"));
-    std::ofstream(dir.sub("mesh/rank-1.addr")) << "127.0.0.1 " << ntohs(addr.sin_port) << "\n";
+    // Rank 1 joins the mesh in a child process, which is then stopped: a frozen node, its connection open.
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    pid_t rank1 = ::fork();
+    if (rank1 == 0) {
+      ::close(ready[0]);
+      auto m = heartbeat::Mesh::start(settings(1, 2, 5s), [](const heartbeat::Event&) {});
+      if (!m) ::_exit(3);
+      char ok = 1;
+      (void)::write(ready[1], &ok, 1);
+      for (;;) ::pause();
+    }
+    ::close(ready[1]);
     std::thread frozen([&] {
-      int fd = ::accept(listener, nullptr, nullptr);
-      heartbeat::Frame hello;
-      if (::recv(fd, &hello, sizeof hello, MSG_WAITALL) == static_cast<ssize_t>(sizeof hello)) {
-        hello.from = 1;
-        (void)::send(fd, &hello, sizeof hello, MSG_NOSIGNAL);
-      }
-      std::this_thread::sleep_for(1500ms);  // silent, connection open
-      ::close(fd);
+      char ok = 0;
+      if (::read(ready[0], &ok, 1) == 1) ::kill(rank1, SIGSTOP);  // silent from its first heartbeat at most
+      ::close(ready[0]);
     });
     heartbeat::Settings s = settings(0, 2, 5s);
     s.dead_after = 400ms;
@@ -329,7 +326,8 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
     CHECK(took >= 0.4);
     CHECK(dead(1).find("no heartbeat") != std::string::npos);
     frozen.join();
-    ::close(listener);
+    ::kill(rank1, SIGKILL);
+    ::waitpid(rank1, nullptr, 0);
   }
 }
 
