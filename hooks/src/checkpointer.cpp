@@ -1078,6 +1078,11 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
         return Error{lw.error()};
       }
       impl->last_words = std::move(lw).value();
+    } else if (config->last_words && !config->layout_declared && config->world_size > 1 && config->rank == 0) {
+      // Without a layout the survivors cannot tell whether they hold a complete copy, so nothing is armed.
+      log::warn(0, "last words are on but the job declared no layout, so they are off: declare it with "
+                   "CKPT_LAYOUT=dp=<n>,tp=<n>,pp=<n> (or layout= in slurm_ckpt.torch.Checkpointer, which declares "
+                   "dp=<world size> by itself for a DistributedDataParallel model)");
     }
     if (config->rank == 0) {
       log::debug(0, "checkpoints in " + config->dir + " every " + format_interval(config->interval) + ", " +

@@ -8,16 +8,24 @@ What is saved, per rank:
   - the extras: the step, the RNG states (torch, CUDA, Python's random, NumPy's when loaded) and `extra`.
 
 `extra` is a dict or an object with state_dict()/load_state_dict(). In a dict, a value with
-state_dict()/load_state_dict() (an LR scheduler, a sampler) is saved through them; any other picklable value is
-saved as is and put back into the dict by restore().
+state_dict()/load_state_dict() (an LR scheduler, a sampler) is saved through them; any other value is saved as is
+and put back into the dict by restore(). Values must be plain data: None, bools, numbers, strings, bytes, lists,
+tuples, dicts, sets, tensors and NumPy arrays (what a state_dict() holds); anything else is refused when saved.
 
-The restore is bitwise: tensors come back byte for byte, RNG states exactly.
+The restore is bitwise: tensors come back byte for byte, RNG states exactly. It never runs code a checkpoint
+names: the extras are a pickle that may name only the few globals of _SAFE_GLOBALS (tensors and arrays travel as
+raw bytes with their dtype and shape), read by an unpickler that refuses every other one.
 """
+import collections
 import ctypes
+import functools
+import io
 import json
+import os
 import pickle
 import random
 import sys
+import types
 
 import torch
 
@@ -36,6 +44,161 @@ class _Ref:
 
     def __init__(self, name):
         self.name = name
+
+    def __setstate__(self, state):
+        # The only attribute a _Ref has; a pickle cannot hand it any other.
+        if not isinstance(state, dict) or set(state) != {"name"} or not isinstance(state["name"], str):
+            raise _Refused("a _Ref with other attributes")
+        self.name = state["name"]
+
+
+# ---- the extras' format ------------------------------------------------------------------------------------------
+# A pickle with no code in it. Tensors, NumPy arrays and NumPy scalars are persistent ids holding their raw bytes;
+# the globals it may name are these (and torch's dtypes). Checkpoints written before this format pickled tensors
+# through torch's storage pickling: its entries below are read with a restricted torch.load, never a full one.
+
+
+class _Refused(Exception):
+    """A pickle named a global that a checkpoint may not name."""
+
+
+def _legacy_storage(data):
+    """torch.storage._load_from_bytes, through torch's own restricted unpickler (weights_only). Not through
+    pickle_module=: torch 1.13 ignores it unless weights_only is set, and unpickles with the full pickle."""
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        raise _Refused(f"a tensor storage that is not only data ({str(e).rsplit(': ', 1)[-1][:80]})") from None
+
+
+_SAFE_GLOBALS = {
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "complex"): complex,
+    ("builtins", "slice"): slice,
+    ("builtins", "range"): range,
+    ("builtins", "bytearray"): bytearray,
+    ("torch", "device"): torch.device,
+    ("torch", "Size"): torch.Size,
+    (_Ref.__module__, "_Ref"): _Ref,
+    # the earlier format
+    ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+    ("torch.storage", "_load_from_bytes"): _legacy_storage,
+}
+_SAFE_NUMPY = {
+    ("numpy", "ndarray"): "ndarray",
+    ("numpy", "dtype"): "dtype",
+    ("numpy.core.multiarray", "_reconstruct"): "core.multiarray._reconstruct",
+    ("numpy.core.multiarray", "scalar"): "core.multiarray.scalar",
+}
+
+
+def _safe_global(module, name):
+    """The object a pickle may name as module.name, or None."""
+    if (module, name) in _SAFE_GLOBALS:
+        return _SAFE_GLOBALS[(module, name)]
+    if module == "torch" and isinstance(name, str):
+        value = getattr(torch, name, None)
+        if isinstance(value, torch.dtype) or (name.endswith("Storage") and isinstance(value, type)):
+            return value
+    if (module, name) in _SAFE_NUMPY:
+        import numpy  # named by a checkpoint of a run that had it loaded
+
+        value = numpy
+        for part in _SAFE_NUMPY[(module, name)].split("."):
+            value = getattr(value, part)
+        return value
+    return None
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        value = _safe_global(module, name)
+        if value is None:
+            raise _Refused(f"{module}.{name}")
+        return value
+
+    def persistent_load(self, pid):
+        if not isinstance(pid, tuple) or not pid or pid[0] not in ("tensor", "ndarray", "npscalar"):
+            raise _Refused(f"persistent id {pid!r:.60}")
+        kind, dtype, shape, data = pid
+        if kind == "tensor":
+            out = torch.empty(tuple(shape), dtype=getattr(torch, dtype))
+            if not isinstance(getattr(torch, dtype), torch.dtype) or out.numel() * out.element_size() != len(data):
+                raise _Refused(f"a tensor of {len(data)} bytes as {dtype} {list(shape)}")
+            if data:
+                ctypes.memmove(out.data_ptr(), data, len(data))
+            return out
+        import numpy
+
+        array = numpy.frombuffer(data, dtype=numpy.dtype(dtype))
+        if array.dtype.hasobject:
+            raise _Refused(f"an array of dtype {dtype}")
+        return array[0] if kind == "npscalar" else array.reshape(tuple(shape)).copy()
+
+
+# Instances the reader can rebuild from the globals above.
+_SAFE_TYPES = (torch.device, torch.Size, _Ref, collections.OrderedDict, set, frozenset, complex, slice, range,
+               bytearray)
+
+
+def _is_numpy(obj):
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(obj, (numpy.ndarray, numpy.generic)) and not obj.dtype.hasobject \
+        and obj.dtype.fields is None
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles plain data, tensors and arrays; refuses anything whose restore would have to run code."""
+
+    def persistent_id(self, obj):
+        if torch.is_tensor(obj):
+            t = obj.detach().to("cpu").contiguous()
+            nbytes = t.numel() * t.element_size()
+            return ("tensor", str(t.dtype).replace("torch.", ""), tuple(t.shape),
+                    ctypes.string_at(t.data_ptr(), nbytes) if nbytes else b"")
+        if _is_numpy(obj):
+            numpy = sys.modules["numpy"]
+            kind = "ndarray" if isinstance(obj, numpy.ndarray) else "npscalar"
+            return (kind, obj.dtype.str, tuple(numpy.shape(obj)), numpy.ascontiguousarray(obj).tobytes())
+        return None
+
+    def reducer_override(self, obj):
+        if type(obj) in _SAFE_TYPES or isinstance(obj, torch.dtype):
+            return NotImplemented
+        module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+        if isinstance(name, str) and _safe_global(module, name) is obj:
+            return NotImplemented  # a global the reader allows
+        what = f"{module}.{name}" if name is not None else f"{type(obj).__module__}.{type(obj).__qualname__}"
+        raise Error(f"ckpt: cannot save a {what} in a checkpoint (extras hold plain values, tensors and arrays; "
+                    f"give the object state_dict()/load_state_dict() instead)")
+
+
+def _dumps(value):
+    out = io.BytesIO()
+    _StatePickler(out, protocol=4).dump(value)
+    return out.getvalue()
+
+
+def _loads(data, what, step):
+    """Reads extras written by _dumps (or the earlier format); a pickle naming anything else is refused."""
+    try:
+        return _SafeUnpickler(io.BytesIO(data)).load()
+    except _Refused as e:
+        raise Error(f"ckpt: refusing the checkpoint of step {step}: its {what} names {e}, which a checkpoint may not "
+                    f"name (only plain values, tensors and arrays are restored)") from None
+    except Exception as e:  # noqa: BLE001 - a damaged pickle: one line, whatever broke
+        raise Error(f"ckpt: the checkpoint of step {step} has a damaged {what}: {type(e).__name__}: {e}") from None
+
+
+def _without_code(state):
+    """A state_dict() without its functions (OneCycleLR keeps its annealing method there): code is not state, and
+    the live object keeps its own through load_state_dict()."""
+    if not isinstance(state, dict):
+        return state
+    code = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
+    return type(state)((k, v) for k, v in state.items() if not isinstance(v, code))
 
 
 def _meta(t, kind):
@@ -86,6 +249,17 @@ def _pairs(value):
     return ",".join(f"{k}={('on' if v else 'off') if isinstance(v, bool) else int(v)}" for k, v in value.items())
 
 
+def _ddp_layout(model, settings):
+    """dp=<world size> for a DistributedDataParallel model (pure data parallelism: every rank holds the whole
+    state), so that last words know a complete copy when they see one; None for any other model."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None
+    world = settings.get("world_size")
+    if world is None:
+        world = torch.distributed.get_world_size(model.process_group)
+    return f"dp={int(world)}"
+
+
 def _has_state_dict(obj):
     return hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
 
@@ -100,6 +274,8 @@ class Checkpointer:
 
     def __init__(self, model, optimizer=None, extra=None, dir=None, interval=None, layout=None, coord=None,
                  **settings):
+        if layout is None and "layout" not in settings and not os.environ.get("CKPT_LAYOUT"):
+            layout = _ddp_layout(model, settings)
         if layout is not None:
             settings["layout"] = _pairs(layout)
         if coord is not None:
@@ -186,14 +362,15 @@ class Checkpointer:
         if self.extra is None:
             return None
         if _has_state_dict(self.extra):
-            return self.extra.state_dict()
-        return {key: (value.state_dict() if _has_state_dict(value) else value) for key, value in self.extra.items()}
+            return _without_code(self.extra.state_dict())
+        return {key: (_without_code(value.state_dict()) if _has_state_dict(value) else value)
+                for key, value in self.extra.items()}
 
     def _put_extras(self, step):
         if self.optimizer is not None:
-            self._native.put_blob(_OPTIM_META, pickle.dumps(self._optimizer_meta(), protocol=4))
+            self._native.put_blob(_OPTIM_META, _dumps(self._optimizer_meta()))
         extras = {"step": step, "rng": _rng_state(), "user": self._user_extra()}
-        self._native.put_blob(_EXTRA, pickle.dumps(extras, protocol=4))
+        self._native.put_blob(_EXTRA, _dumps(extras))
 
     # ---- the loop ---------------------------------------------------------------------------------------------
 
@@ -215,18 +392,20 @@ class Checkpointer:
                 raise Error(f"ckpt: the checkpoint of step {step} has no '{name}'")
             return regions[name]
 
+        # Everything is read and checked before anything is loaded: a refused checkpoint changes nothing.
+        meta = _loads(bytes(need(_OPTIM_META)[1]), "optimizer state", step) if self.optimizer is not None else None
+        extras = _loads(bytes(need(_EXTRA)[1]), "extras", step)
+        if not isinstance(extras, dict) or extras.get("step") != step:
+            raise Error(f"ckpt: the checkpoint of step {step} holds extras of step "
+                        f"{extras.get('step') if isinstance(extras, dict) else '?'}")
         target = self.model.state_dict(keep_vars=True)
         loaded = {name: _tensor_from(need(_MODEL + name)) for name in target}
         self.model.load_state_dict(loaded)
-        if self.optimizer is not None:
-            meta = pickle.loads(bytes(need(_OPTIM_META)[1]))
+        if meta is not None:
             state = {index: {key: (_tensor_from(need(value.name)) if isinstance(value, _Ref) else value)
                              for key, value in entry.items()}
                      for index, entry in meta["state"].items()}
             self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-        extras = pickle.loads(bytes(need(_EXTRA)[1]))
-        if extras["step"] != step:
-            raise Error(f"ckpt: the checkpoint of step {step} holds extras of step {extras['step']}")
         _set_rng_state(extras["rng"])
         user = extras["user"]
         if self.extra is not None and user is not None:
