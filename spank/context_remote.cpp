@@ -5,6 +5,9 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <csignal>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,6 +22,7 @@ extern "C" {
 
 #include "ckpt/parse.hpp"
 #include "ckpt/store.hpp"
+#include "ckpt/trusted_dir.hpp"
 #include "events.hpp"
 #include "plugin_state.hpp"
 
@@ -30,38 +34,21 @@ struct JobIds {
   uid_t uid = 0;
   gid_t gid = 0;
   std::uint32_t job_id = 0;
+  std::vector<gid_t> groups;  // the job's supplementary groups, as Slurm resolved them at submission
 };
 
-// Creates every missing component of `dir` with mode 0700. Returns an error message or "".
-std::string make_dirs(const std::string& dir) {
-  std::string path;
-  std::size_t pos = 1;
-  while (pos <= dir.size()) {
-    std::size_t next = dir.find('/', pos);
-    if (next == std::string::npos) next = dir.size();
-    path = dir.substr(0, next);
-    if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
-      return "cannot create " + path + ": " + std::strerror(errno);
-    }
-    pos = next + 1;
-  }
-  struct stat st {};
-  if (lstat(dir.c_str(), &st) != 0) return "cannot stat " + dir + ": " + std::strerror(errno);
-  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
-  if (st.st_uid != getuid()) return dir + " is owned by uid " + std::to_string(st.st_uid) + ", not by the job's user";
-  return {};
-}
+// The helper child may wait on a hung shared file system; the step is failed rather than held forever.
+constexpr int kHelperTimeoutS = 120;
 
-// Drops every privilege for good: supplementary groups, gid, uid. Returns false when it could not.
-bool become_user(uid_t uid, gid_t gid, const std::string& name) {
+// Drops every privilege for good: supplementary groups, gid, uid. Returns false when it could not. The groups come
+// from Slurm: initgroups() would query NSS in a child forked from a multithreaded slurmstepd.
+bool become_user(const JobIds& ids) {
   if (geteuid() != 0 && getuid() == 0 && seteuid(0) != 0) return false;  // privileges were only set aside
   if (geteuid() == 0) {
-    if (name.empty() || initgroups(name.c_str(), gid) != 0) {
-      if (setgroups(0, nullptr) != 0) return false;
-    }
-    if (setgid(gid) != 0 || setuid(uid) != 0) return false;
+    if (setgroups(ids.groups.size(), ids.groups.data()) != 0) return false;
+    if (setgid(ids.gid) != 0 || setuid(ids.uid) != 0) return false;
   }
-  return getuid() == uid && geteuid() == uid;
+  return getuid() == ids.uid && geteuid() == ids.uid;
 }
 
 void write_all(int fd, const std::string& text) {
@@ -74,16 +61,60 @@ void write_all(int fd, const std::string& text) {
   }
 }
 
+std::string join_prefixes(const std::vector<std::string>& prefixes) {
+  std::string out;
+  for (const auto& p : prefixes) out += (out.empty() ? "" : ":") + p;
+  return out;
+}
+
 struct ChildReport {
   std::string error;
   ckpt::store::ResumeChoice resume;
 };
 
+// The child's part: as the job's owner, open (and create) the dir safely, then pick the checkpoint to resume from.
+std::string owner_work(const JobIds& ids, const std::string& dir, const std::vector<std::string>& trusted) {
+  umask(077);
+  if (!become_user(ids)) return "E cannot become uid " + std::to_string(ids.uid) + "\n";
+  auto fd = ckpt::fs::open_trusted_dir(dir, ckpt::fs::TrustRules{ids.uid, trusted}, true);
+  if (!fd) return "E " + fd.error() + "\n";
+  close(*fd);
+  // The store opens its root under the same rules (ckpt/trusted_dir.hpp).
+  setenv("CKPT_TRUSTED_DIRS", join_prefixes(trusted).c_str(), 1);
+  std::string out;
+  try {
+    auto choice = ckpt::store::resolve_resume(dir, true);
+    for (const auto& line : choice.log) out += "L " + line + "\n";
+    if (choice.step) out += "S " + std::to_string(*choice.step) + "\nP " + choice.path + "\n";
+  } catch (...) {
+    out = "E cannot read checkpoints in " + dir + "\n";
+  }
+  return out;
+}
+
+// Reads the child's report until EOF or the deadline. False on timeout.
+bool read_report(int fd, std::string& text) {
+  const auto deadline = std::time(nullptr) + kHelperTimeoutS;
+  char buf[4096];
+  for (;;) {
+    int left_ms = static_cast<int>(deadline - std::time(nullptr)) * 1000;
+    if (left_ms <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    int r = poll(&p, 1, left_ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) return false;
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return true;
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
 // Runs the file-system work as the job's owner in a child and reads its report through a pipe.
-ChildReport run_as_owner(const JobIds& ids, const std::string& user, const std::string& dir) {
+ChildReport run_as_owner(const JobIds& ids, const std::string& dir, const std::vector<std::string>& trusted) {
   ChildReport report;
   int fds[2];
-  if (pipe(fds) != 0) {
+  if (pipe2(fds, O_CLOEXEC) != 0) {
     report.error = std::string("pipe: ") + std::strerror(errno);
     return report;
   }
@@ -96,36 +127,21 @@ ChildReport run_as_owner(const JobIds& ids, const std::string& user, const std::
   }
   if (pid == 0) {
     close(fds[0]);
-    std::string out;
-    umask(077);
-    if (!become_user(ids.uid, ids.gid, user)) {
-      out = "E cannot become uid " + std::to_string(ids.uid) + "\n";
-    } else if (std::string err = make_dirs(dir); !err.empty()) {
-      out = "E " + err + "\n";
-    } else {
-      try {
-        auto choice = ckpt::store::resolve_resume(dir, true);
-        for (const auto& line : choice.log) out += "L " + line + "\n";
-        if (choice.step) out += "S " + std::to_string(*choice.step) + "\nP " + choice.path + "\n";
-      } catch (...) {
-        out = "E cannot read checkpoints in " + dir + "\n";
-      }
-    }
-    write_all(fds[1], out);
+    write_all(fds[1], owner_work(ids, dir, trusted));
     _exit(0);
   }
   close(fds[1]);
   std::string text;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = read(fds[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    text.append(buf, static_cast<std::size_t>(n));
-  }
+  bool finished = read_report(fds[0], text);
   close(fds[0]);
+  if (!finished) kill(pid, SIGKILL);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!finished) {
+    report.error = "the checkpoint dir " + dir + " did not answer within " + std::to_string(kHelperTimeoutS) +
+                   " s (a hung file system?)";
+    return report;
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) report.error = "checkpoint dir helper failed";
 
@@ -140,12 +156,24 @@ ChildReport run_as_owner(const JobIds& ids, const std::string& user, const std::
     switch (line[0]) {
       case 'E': report.error = value; break;
       case 'L': report.resume.log.push_back(value); break;
-      case 'S': report.resume.step = std::stoull(value); break;
+      case 'S':
+        if (auto step = ckpt::parse_uint(value)) report.resume.step = *step;
+        break;
       case 'P': report.resume.path = value; break;
       default: break;
     }
   }
   return report;
+}
+
+// The job's supplementary groups as Slurm resolved them; empty when Slurm has none.
+std::vector<gid_t> job_groups(spank_t sp) {
+  gid_t* gids = nullptr;
+  int count = 0;
+  if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &gids, &count) != ESPANK_SUCCESS || gids == nullptr || count <= 0) {
+    return {};
+  }
+  return std::vector<gid_t>(gids, gids + count);
 }
 
 // Seconds since the epoch at which the job's time limit ends; 0 when unknown or unlimited.
@@ -174,12 +202,12 @@ void export_env(spank_t sp, const std::string& name, const std::string& value) {
 
 }  // namespace
 
+// A failure here is never returned to Slurm: slurmstepd would fail the launch and, for a batch step, slurmctld
+// would drain the node ("batch job complete failure") for what is the user's mistake. The failure is kept and
+// ends the job's tasks in task_init instead (spank/README.md).
 int remote_user_init(spank_t sp) {
   auto& state = plugin_state();
-  if (!state.first_error.empty()) {
-    log_error(state.first_error);
-    return -1;
-  }
+  if (!state.first_error.empty()) return fail_tasks(state.first_error);
   if (!ckpt::checkpointing_enabled(state.user, state.policy)) return 0;  // pays nothing
 
   JobIds ids;
@@ -187,9 +215,9 @@ int remote_user_init(spank_t sp) {
   if (spank_get_item(sp, S_JOB_UID, &ids.uid) != ESPANK_SUCCESS ||
       spank_get_item(sp, S_JOB_GID, &ids.gid) != ESPANK_SUCCESS ||
       spank_get_item(sp, S_JOB_ID, &ids.job_id) != ESPANK_SUCCESS) {
-    log_error("cannot read the job's ids");
-    return -1;
+    return fail_tasks("cannot read the job's ids");
   }
+  ids.groups = job_groups(sp);
   spank_get_item(sp, S_JOB_NNODES, &nnodes);
   spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts);
   spank_get_item(sp, S_JOB_STEPID, &step_id);
@@ -204,19 +232,15 @@ int remote_user_init(spank_t sp) {
   job.array_task_id = array_id != 0 ? std::to_string(array_task) : "";
   job.node_count = nnodes;
   auto settings = ckpt::resolve_settings(state.user, state.policy, job);
-  if (!settings) {
-    log_error(settings.error());
-    return -1;
-  }
+  if (!settings) return fail_tasks(settings.error());
 
-  ChildReport report = run_as_owner(ids, job.user, settings->dir);
-  if (!report.error.empty()) {
-    log_error(report.error);
-    return -1;
-  }
+  const auto trusted = ckpt::trusted_prefixes_of(settings->dir, state.policy);
+  ChildReport report = run_as_owner(ids, settings->dir, trusted);
+  if (!report.error.empty()) return fail_tasks(report.error);
 
   for (const auto& [name, value] : ckpt::settings_environment(*settings)) export_env(sp, name, value);
   export_env(sp, "CKPT_JOB_ID", job.job_id);
+  export_env(sp, "CKPT_TRUSTED_DIRS", join_prefixes(trusted));
   // Steps of a requeued batch job report a restart count of 0; the job's environment has the real one.
   if (auto count = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); count && *count > restarts) {
     restarts = static_cast<std::uint32_t>(*count);
@@ -236,6 +260,28 @@ int remote_user_init(spank_t sp) {
   }
   report_job_start(sp, *settings);
   return 0;
+}
+
+int fail_tasks(const std::string& line) {
+  auto& state = plugin_state();
+  if (state.task_error.empty()) {
+    state.task_error = line;
+    // The node's log keeps it at info level: an error here would reach the job's output only from some
+    // callbacks (not while options are read), and remote_task_init says it there exactly once.
+    slurm_info("ckpt: the job's tasks will not start: %s", line.c_str());
+  }
+  return 0;
+}
+
+int remote_task_init(spank_t sp) {
+  auto& state = plugin_state();
+  if (state.task_error.empty()) return 0;
+  // The task's stderr is the job's output: the user reads the reason there. Local task 0 says it for the node.
+  int task = 0;
+  if (spank_get_item(sp, S_TASK_ID, &task) != ESPANK_SUCCESS || task == 0) {
+    dprintf(STDERR_FILENO, "ckpt: %s\n", state.task_error.c_str());
+  }
+  return -1;  // slurmstepd ends this task with exit code 1; the node stays in service
 }
 
 }  // namespace ckpt::spank

@@ -43,6 +43,7 @@ int on_option(int val, const char* optarg, int remote) {
     }
     auto status = ckpt::set_job_option(state.user, specs[index].id, value);
     if (!status) {
+      if (remote) return fail_tasks(status.error());  // in slurmstepd, -1 would drain a batch job's node
       log_error(status.error());
       if (plugin_state().first_error.empty()) plugin_state().first_error = status.error();
       return -1;
@@ -80,9 +81,14 @@ int register_options(spank_t sp) {
 
 std::string job_getenv(spank_t sp, const char* name) {
   if (spank_remote(sp)) {
-    std::array<char, 4096> buf{};
-    if (spank_getenv(sp, name, buf.data(), static_cast<int>(buf.size())) != ESPANK_SUCCESS) return {};
-    return buf.data();
+    // Node lists of large jobs outgrow any fixed buffer: grow it until the value fits (up to 16 MiB).
+    for (std::size_t size = 4096; size <= (16u << 20); size *= 4) {
+      std::vector<char> buf(size, '\0');
+      spank_err_t rc = spank_getenv(sp, name, buf.data(), static_cast<int>(buf.size()));
+      if (rc == ESPANK_SUCCESS) return buf.data();
+      if (rc != ESPANK_NOSPACE) return {};
+    }
+    return {};
   }
   const char* value = std::getenv(name);
   return value ? value : "";

@@ -17,6 +17,7 @@ struct PluginState {
   ckpt::SitePolicy policy;       // from plugstack.conf, parsed in slurm_spank_init
   ckpt::JobOptions user;         // --ckpt-* values given for this job
   std::string first_error;       // the first option error, reported again if Slurm ignores the callback's rc
+  std::string task_error;        // slurmstepd: why this step's tasks must not run (see fail_tasks)
   // Options whose value srun inherited from sbatch's environment; an explicit srun value replaces them.
   std::array<bool, 7> inherited{};
 };
@@ -43,5 +44,13 @@ int local_post_opt(spank_t sp);
 // Remote (slurmstepd) context, privileges dropped: resolves settings, creates CKPT_DIR as the job's owner,
 // finds the checkpoint to resume from and exports CKPT_* to every task.
 int remote_user_init(spank_t sp);
+
+// Remote context: keeps `line` as the reason this step's tasks must fail and logs it once in the node's log. Returns 0: a failure
+// returned from user_init would make slurmctld drain the node for the user's mistake.
+int fail_tasks(const std::string& line);
+
+// Remote context, in each task as its user: when the step was failed, prints the reason to the job's output
+// (local task 0) and returns -1, which makes slurmstepd end the task with exit code 1.
+int remote_task_init(spank_t sp);
 
 }  // namespace ckpt::spank

@@ -70,7 +70,16 @@ CKPT_SPANK_EXPORT int slurm_spank_init_post_opt(spank_t sp, int /*ac*/, char** /
 }
 
 CKPT_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int /*ac*/, char** /*av*/) {
-  return guarded([&] { return spank_remote(sp) ? ckpt::spank::remote_user_init(sp) : 0; });
+  if (!spank_remote(sp)) return 0;
+  // Never -1 from here: slurmctld drains a batch job's node when user_init fails (spank/README.md).
+  if (guarded([&] { return ckpt::spank::remote_user_init(sp); }) != 0) {
+    guarded([&] { return ckpt::spank::fail_tasks("internal error while preparing the job"); });
+  }
+  return 0;
+}
+
+CKPT_SPANK_EXPORT int slurm_spank_task_init(spank_t sp, int /*ac*/, char** /*av*/) {
+  return guarded([&] { return spank_remote(sp) ? ckpt::spank::remote_task_init(sp) : 0; });
 }
 
 CKPT_SPANK_EXPORT int slurm_spank_task_exit(spank_t sp, int /*ac*/, char** /*av*/) {

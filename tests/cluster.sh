@@ -132,10 +132,22 @@ ensure_test_user() {
   id "$TEST_USER" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$TEST_USER"
 }
 
+# Runs a daemon with only stdin, stdout and stderr: an inherited fd (a test's flock on the cluster, a pipe of
+# ctest's) would otherwise stay open in the daemon for as long as it lives.
+daemon() {
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      [ "$fd" -gt 2 ] && eval "exec $fd>&-" 2>/dev/null
+    done
+    exec "$@"
+  )
+}
+
 start_munged() {
   pid_alive "$(pid_of "$D/munge/munged.pid")" && return 0
   rm -f "$D/munge/munge.socket" "$D/munge/munge.socket.lock"
-  munged --force --socket="$D/munge/munge.socket" --key-file="$D/etc/munge.key" \
+  daemon munged --force --socket="$D/munge/munge.socket" --key-file="$D/etc/munge.key" \
     --pid-file="$D/munge/munged.pid" --log-file="$D/log/munged.log" --seed-file="$D/munge/munged.seed"
   for _ in $(seq 50); do [ -S "$D/munge/munge.socket" ] && break; sleep 0.1; done
   munge -S "$D/munge/munge.socket" -n | unmunge -S "$D/munge/munge.socket" >/dev/null || die "munged does not work"
@@ -143,13 +155,13 @@ start_munged() {
 
 start_slurmctld() {
   pid_alive "$(pid_of "$D/run/slurmctld.pid")" && return 0
-  slurmctld -f "$SLURM_CONF" -i
+  daemon slurmctld -f "$SLURM_CONF" -i
 }
 
 start_slurmd() {
   local node=$1
   pid_alive "$(pid_of "$D/run/slurmd-$node.pid")" && return 0
-  slurmd -f "$SLURM_CONF" -N "$node"
+  daemon slurmd -f "$SLURM_CONF" -N "$node"
 }
 
 wait_for_nodes() {
