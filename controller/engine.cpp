@@ -330,17 +330,19 @@ void Engine::reject(const Event& e, std::uint32_t uid, const Verdict& why, bool 
 
 void Engine::check_reuse(JobRecord& r, const SlurmJob& s, double now) {
   runtime(r.job_id).reuse_checked = now;
-  if (s.submit_time <= 0) return;
-  if (r.submit_time <= 0) {
-    r.submit_time = s.submit_time;  // a record from before submit times were kept: adopt it
-    mark_dirty(r, now);
+  const auto identity = rec::job_identity(r.submit_time, r.restart_count, s.submit_time, s.restart_count);
+  if (identity != rec::JobIdentity::Reused) {
+    if (s.submit_time > 0 && r.submit_time != s.submit_time) {
+      r.submit_time = s.submit_time;  // first seen, or requeued (Slurm sets a new submit time)
+      mark_dirty(r, now);
+    }
     return;
   }
-  if (s.submit_time == r.submit_time) return;
   const std::uint32_t id = r.job_id;
   log_info("job " + std::to_string(id) + ": Slurm's job " + std::to_string(id) + " was submitted at " +
-           fmt_time(s.submit_time) + ", the record is of the one submitted at " + fmt_time(r.submit_time) +
-           ": the id was reused; starting a fresh record");
+           fmt_time(s.submit_time) + " (restart count " + std::to_string(s.restart_count) +
+           "), the record is of the one submitted at " + fmt_time(r.submit_time) + " (restart count " +
+           std::to_string(r.restart_count) + "): the id was reused; starting a fresh record");
   if (auto st = db_.drop_history(id); !st) log_error(st.error());
   pending_history_.erase(std::remove_if(pending_history_.begin(), pending_history_.end(),
                                         [id](const HistoryLine& h) { return h.job_id == id; }),
@@ -640,6 +642,7 @@ bool Engine::transition(JobRecord& r, JobState to, const std::string& why, doubl
 void Engine::new_run(JobRecord& r, std::uint32_t restart_count, double now) {
   note(r, "event", "Slurm runs the job again (restart count " + std::to_string(restart_count) + ")", now);
   r.restart_count = restart_count;
+  r.submit_time = 0;  // Slurm gave the requeued run a new submit time: adopted at the next look
   r.failures.clear();
   r.reporters.clear();
   r.steps.clear();

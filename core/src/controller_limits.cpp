@@ -221,6 +221,13 @@ ReadAccess read_access(std::optional<std::uint32_t> uid, const std::set<std::uin
   return a;
 }
 
+JobIdentity job_identity(double record_submit, std::uint32_t record_restarts, double slurm_submit,
+                         std::uint32_t slurm_restarts) {
+  if (slurm_restarts < record_restarts) return JobIdentity::Reused;
+  if (slurm_submit <= 0 || record_submit <= 0 || slurm_submit == record_submit) return JobIdentity::Same;
+  return slurm_restarts > record_restarts ? JobIdentity::Requeued : JobIdentity::Reused;
+}
+
 std::uint64_t saturating_increment(std::uint64_t a, std::uint64_t limit) { return a >= limit ? limit : a + 1; }
 
 }  // namespace ckpt::recovery

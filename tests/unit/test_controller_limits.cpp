@@ -153,6 +153,16 @@ TEST_CASE("controller config: the default port is no Slurm daemon's, history bou
   CHECK_FALSE(parse_controller_config("history_max_age = 10m\n"));
 }
 
+TEST_CASE("job identity: a requeue is the same job, a reused id is not", "[controller][record]") {
+  CHECK(job_identity(100, 0, 100, 0) == JobIdentity::Same);
+  CHECK(job_identity(0, 0, 100, 0) == JobIdentity::Same);          // first seen: adopt
+  CHECK(job_identity(100, 0, 160, 1) == JobIdentity::Requeued);   // requeue: new submit time, count + 1
+  CHECK(job_identity(100, 1, 160, 3) == JobIdentity::Requeued);
+  CHECK(job_identity(100, 0, 200, 0) == JobIdentity::Reused);
+  CHECK(job_identity(100, 7, 100, 0) == JobIdentity::Reused);     // restart counts never go down
+  CHECK(job_identity(100, 7, 0, 2) == JobIdentity::Reused);
+}
+
 TEST_CASE("job record: submit time and group survive a round trip", "[controller][record]") {
   JobRecord r;
   r.job_id = 9;

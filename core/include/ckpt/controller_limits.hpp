@@ -116,6 +116,18 @@ struct ReadAccess {
 };
 ReadAccess read_access(std::optional<std::uint32_t> uid, const std::set<std::uint32_t>& privileged);
 
+// ---- job ids Slurm reuses ---------------------------------------------------------------------------------------
+
+enum class JobIdentity {
+  Same,      // the record is of this job
+  Requeued,  // the same job, requeued: Slurm gave it a new submit time and a higher restart count; adopt both
+  Reused,    // another job under the same id (MaxJobId wrapped, or Slurm lost its state): start a fresh record
+};
+// Compares a record's submit time and restart count (0 submit time: not known yet) with Slurm's. A requeue sets a
+// new submit time and raises the restart count; a restart count never goes down for the same job.
+JobIdentity job_identity(double record_submit, std::uint32_t record_restarts, double slurm_submit,
+                         std::uint32_t slurm_restarts);
+
 // ---- numbers from events ------------------------------------------------------------------------------------------
 
 // Slurm's restart count never exceeds this in practice; an event claiming more is refused, so a counter made from

@@ -81,7 +81,7 @@ struct SlurmJob {
   std::uint32_t restart_count = 0;     // Slurm's restart_cnt
   std::uint32_t user_id = 0;
   std::uint32_t group_id = 0;
-  double submit_time = 0;              // with the job id, names the job: Slurm reuses ids after MaxJobId
+  double submit_time = 0;              // with the job id and restart count, names the job (see job_identity)
   int exit_code = 0;                   // of the batch script, when finished
   int exit_signal = 0;
   std::vector<std::string> nodes;      // expanded allocation
@@ -237,7 +237,7 @@ struct JobRecord {
   std::uint32_t uid = 0;                 // owner as Slurm reports it
   bool uid_known = false;
   std::uint32_t gid = 0;                 // the job's group as Slurm reports it
-  double submit_time = 0;                // Slurm's submit time: a different one under the same id is another job
+  double submit_time = 0;                // Slurm's submit time of the current run (see job_identity)
   std::string ckpt_dir;                  // as the plugin (root or SlurmUser) reported it; never from the user
   bool needs_checkpoint = false;
   std::uint32_t restart_count = 0;       // Slurm restart count of the run being tracked
