@@ -208,6 +208,7 @@ void export_env(spank_t sp, const std::string& name, const std::string& value) {
 int remote_user_init(spank_t sp) {
   auto& state = plugin_state();
   if (!state.first_error.empty()) return fail_tasks(state.first_error);
+  if (!state.task_error.empty()) return 0;  // an option already failed the step: nothing to prepare
   if (!ckpt::checkpointing_enabled(state.user, state.policy)) return 0;  // pays nothing
 
   JobIds ids;
@@ -241,6 +242,8 @@ int remote_user_init(spank_t sp) {
   for (const auto& [name, value] : ckpt::settings_environment(*settings)) export_env(sp, name, value);
   export_env(sp, "CKPT_JOB_ID", job.job_id);
   export_env(sp, "CKPT_TRUSTED_DIRS", join_prefixes(trusted));
+  // Who continues a job stopped at its time limit: the site's recovery controller, or the job itself.
+  export_env(sp, "CKPT_REQUEUE", state.policy.controller.empty() ? "self" : "controller");
   // Steps of a requeued batch job report a restart count of 0; the job's environment has the real one.
   if (auto count = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); count && *count > restarts) {
     restarts = static_cast<std::uint32_t>(*count);

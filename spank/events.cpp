@@ -59,7 +59,27 @@ std::string munge_socket() {
   return {};
 }
 
+// In user_init slurmstepd runs with its effective uid set to the job's user (its real uid stays root). munged
+// signs with the effective uid, and the controller trusts only what root or SlurmUser signed (the checkpoint dir
+// the plugin resolved), so the plugin's own events are signed with root's effective uid restored for the call.
+class SignAsPlugin {
+ public:
+  SignAsPlugin() : saved_(geteuid()) {
+    // When this fails the event is signed as the user, and the controller ignores its checkpoint dir.
+    if (getuid() == 0 && saved_ != 0 && seteuid(0) != 0) slurm_verbose("ckpt: events are signed as the job's user");
+  }
+  ~SignAsPlugin() {
+    if (geteuid() != saved_ && seteuid(saved_) != 0) slurm_error("ckpt: cannot set the effective uid back");
+  }
+  SignAsPlugin(const SignAsPlugin&) = delete;
+  SignAsPlugin& operator=(const SignAsPlugin&) = delete;
+
+ private:
+  uid_t saved_;
+};
+
 bool encode(const std::string& payload, std::string& credential) {
+  SignAsPlugin as_plugin;
   munge_ctx_t ctx = munge_ctx_create();
   if (ctx == nullptr) return false;
   const std::string socket = munge_socket();

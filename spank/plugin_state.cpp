@@ -43,7 +43,8 @@ int on_option(int val, const char* optarg, int remote) {
     }
     auto status = ckpt::set_job_option(state.user, specs[index].id, value);
     if (!status) {
-      if (remote) return fail_tasks(status.error());  // in slurmstepd, -1 would drain a batch job's node
+      // In slurmstepd Slurm only logs a failed option and runs the step without it: fail the tasks instead.
+      if (remote) return fail_tasks(status.error());
       log_error(status.error());
       if (plugin_state().first_error.empty()) plugin_state().first_error = status.error();
       return -1;
