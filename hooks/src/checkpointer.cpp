@@ -23,6 +23,7 @@
 
 #include "ckpt/hooks.hpp"
 #include "ckpt/interval.hpp"
+#include "continuation.hpp"
 #include "coordinator.hpp"
 #include "device.hpp"
 #include "last_words_runtime.hpp"
@@ -132,6 +133,7 @@ struct Checkpointer::Impl {
   std::optional<std::uint64_t> last_step;
   std::optional<std::pair<std::uint64_t, Decision>> cached;
   bool stopped = false;
+  std::optional<std::uint64_t> time_limit_stop;  // rank 0: the terminal step taken for the time limit
   bool notice_sent = false;
   bool closed = false;
   Status close_status;
@@ -372,6 +374,7 @@ struct Checkpointer::Impl {
       if (sig != 0 || time_up) {
         notice_sent = true;
         std::uint64_t at = step + lead();
+        if (sig == 0) time_limit_stop = at;  // continued in a new allocation once committed (continuation.hpp)
         std::string why = sig != 0 ? "signal " + std::to_string(sig) : "the job's time limit is within the grace time";
         log::info(rank, why + ": terminal checkpoint at step " + std::to_string(at) + ", then stop");
         if (Status s = coord->request(at, store::Kind::Terminal); !s) log::error(rank, s.error());
@@ -773,6 +776,10 @@ struct Checkpointer::Impl {
                   persist_s, rate);
     log::info(rank, line);
     collect_garbage(job.step);
+    if (job.kind == store::Kind::Terminal && time_limit_stop == job.step) {
+      continue_after_time_limit(TimeLimitStop{config.dir, config.job_id, config.restart_count, job.step,
+                                              config.resume_step, config.max_restarts, config.requeue});
+    }
   }
 
   // Retention after a commit; gc() re-reads the newest checkpoint to verify it, so it runs only when the plan

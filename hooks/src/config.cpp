@@ -34,6 +34,7 @@ const std::vector<KeySpec>& key_specs() {
       {{"resume_path", "CKPT_RESUME_PATH", "an absolute path to a step dir"}, {"CKPT_RESUME_PATH"}},
       {{"end_time", "CKPT_END_TIME", "unix seconds"}, {"CKPT_END_TIME", "SLURM_JOB_END_TIME"}},
       {{"kill_wait", "CKPT_KILL_WAIT", "a positive duration like 30s"}, {"CKPT_KILL_WAIT"}},
+      {{"requeue", "CKPT_REQUEUE", "controller, self or off"}, {"CKPT_REQUEUE"}},
       {{"rank", "RANK", "a whole number below world_size"}, {"RANK", "SLURM_PROCID"}},
       {{"world_size", "WORLD_SIZE", "a whole number >= 1"}, {"WORLD_SIZE", "SLURM_NTASKS"}},
       {{"local_rank", "LOCAL_RANK", "a whole number"}, {"LOCAL_RANK", "SLURM_LOCALID"}},
@@ -329,6 +330,12 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   if (c.max_interval_s != 0 && c.max_interval_s < c.min_interval_s) {
     return Error{"ckpt: CKPT_MAX_INTERVAL=" + std::to_string(c.max_interval_s) + "s is below CKPT_MIN_INTERVAL=" +
                  std::to_string(c.min_interval_s) + "s"};
+  }
+  if (auto s = lookup.get("requeue")) {
+    if (s->value != "controller" && s->value != "self" && s->value != "off") {
+      return bad(*s, "requeue", "not controller, self or off");
+    }
+    c.requeue = s->value;
   }
   if (auto e = read(lookup, "max_restarts", c.max_restarts, parse_uint)) return *e;
   if (auto e = read(lookup, "restart_count", c.restart_count, parse_uint)) return *e;

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# A training longer than its time limit runs as a chain of allocations: at the limit the ranks take a terminal
+# checkpoint, the job requeues itself (no controller on this cluster: CKPT_REQUEUE=self) and the next allocation
+# resumes from that checkpoint. The final weights must be bitwise identical to an uninterrupted run's. A job that
+# finishes is not requeued, and neither is one the user cancels.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/torch_lib.sh"
+have_torch || fail "needs python3-torch and a built slurm_ckpt"
+"$CLUSTER" up > /dev/null
+STEPS=1000
+ARGS="--steps $STEPS --step-sleep 0.03 --log-every 100"
+
+job_field() { scontrol show job "$1" 2>/dev/null | sed -n "s/.*[[:space:]]$2=\([^ ]*\).*/\1/p" | sed -n 1p; }
+wait_state() {  # JOB REGEX TIMEOUT
+  local state=""
+  for _ in $(seq $(($3 * 4))); do
+    state=$(job_field "$1" JobState)
+    [[ $state =~ $2 ]] && return 0
+    sleep 0.25
+  done
+  fail "job $1 is '$state' after $3 s, expected $2"
+}
+
+# The uninterrupted reference: the same training with room to finish. It ends COMPLETED and is never requeued.
+write_train_sbatch "$SCRATCH/ref.sh" "-N2 -n2 -t 5 -o $SCRATCH/ref.out --ckpt-dir=$SCRATCH/ref/ckpt --ckpt-interval=1h" \
+  train_ddp.py $ARGS --out "$SCRATCH/ref/final.bin"
+mkdir -p "$SCRATCH/ref"
+ref=$(sbatch --parsable "$SCRATCH/ref.sh")
+wait_state "$ref" 'COMPLETED|FAILED|CANCELLED|TIMEOUT' 240
+[ "$(job_field "$ref" JobState)" = COMPLETED ] || { cat "$SCRATCH/ref.out" >&2; fail "the reference run did not complete"; }
+[ -s "$SCRATCH/ref/final.bin" ] || fail "the reference run wrote no weights"
+sleep 3
+[ "$(job_field "$ref" JobState)" = COMPLETED ] && [ "$(job_field "$ref" Restarts)" = 0 ] ||
+  fail "a finished job was requeued: $(job_field "$ref" JobState), restarts $(job_field "$ref" Restarts)"
+assert_not_contains "$SCRATCH/ref.out" "time-limit stop"
+pass "a job that finishes its training ends COMPLETED and is not requeued"
+
+# The chain: a one-minute limit with 20 s of grace for the terminal checkpoint.
+write_train_sbatch "$SCRATCH/chain.sh" \
+  "-N2 -n2 -t 1 -o $SCRATCH/chain.out --ckpt-dir=$SCRATCH/chain/ckpt --ckpt-interval=1h --ckpt-grace=20s" \
+  train_ddp.py $ARGS --out "$SCRATCH/chain/final.bin"
+mkdir -p "$SCRATCH/chain"
+chain=$(sbatch --parsable "$SCRATCH/chain.sh")
+# Slurm holds a requeued job for its credential lifetime (about 2 minutes) before it runs again.
+wait_state "$chain" 'COMPLETED|FAILED|CANCELLED|TIMEOUT' 480
+[ "$(job_field "$chain" JobState)" = COMPLETED ] || { cat "$SCRATCH/chain.out" >&2; fail "the chain did not complete"; }
+runs=$(job_field "$chain" Restarts)
+[ "${runs:-0}" -ge 1 ] || { cat "$SCRATCH/chain.out" >&2; fail "the job finished in one allocation; nothing was tested"; }
+stops=$(sed -n 's/.*time-limit stop at step \([0-9]*\): the job requeues itself.*/\1/p' "$SCRATCH/chain.out")
+[ "$(echo "$stops" | grep -c .)" -eq "$runs" ] || { cat "$SCRATCH/chain.out" >&2; fail "expected $runs time-limit stops, saw '$stops'"; }
+for step in $stops; do
+  assert_contains "$SCRATCH/chain.out" "train_ddp: resumed from step $step"
+done
+assert_not_contains "$SCRATCH/chain.out" "TIME LIMIT"
+cmp "$SCRATCH/ref/final.bin" "$SCRATCH/chain/final.bin" || fail "the chained training's weights differ"
+pass "$((runs + 1)) allocations, stopped at steps $(echo $stops), each resumed there; weights bitwise identical"
+
+# A user's scancel: the ranks take their terminal checkpoint on SIGTERM, and the job stays cancelled.
+write_train_sbatch "$SCRATCH/cancel.sh" "-N2 -n2 -t 5 -o $SCRATCH/cancel.out --ckpt-dir=$SCRATCH/cancel/ckpt --ckpt-interval=1h" \
+  train_ddp.py $ARGS --out "$SCRATCH/cancel/final.bin"
+cancel=$(sbatch --parsable "$SCRATCH/cancel.sh")
+for _ in $(seq 240); do grep -q "train_ddp: step 200" "$SCRATCH/cancel.out" 2>/dev/null && break; sleep 0.25; done
+assert_contains "$SCRATCH/cancel.out" "train_ddp: step 200"
+scancel "$cancel"
+wait_state "$cancel" 'CANCELLED|COMPLETED|FAILED' 60
+sleep 5
+[ "$(job_field "$cancel" JobState)" = CANCELLED ] && [ "$(job_field "$cancel" Restarts)" = 0 ] ||
+  fail "a cancelled job came back: $(job_field "$cancel" JobState), restarts $(job_field "$cancel" Restarts)"
+assert_not_contains "$SCRATCH/cancel.out" "time-limit stop"
+pass "scancel ends the job for good"
+finish
