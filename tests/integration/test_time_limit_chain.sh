@@ -8,7 +8,7 @@ source "$(dirname "$0")/torch_lib.sh"
 have_torch || fail "needs python3-torch and a built slurm_ckpt"
 "$CLUSTER" up > /dev/null
 STEPS=1000
-ARGS="--steps $STEPS --step-sleep 0.03 --log-every 100"
+ARGS="--steps $STEPS --step-sleep 0.01 --log-every 100"
 
 job_field() { scontrol show job "$1" 2>/dev/null | sed -n "s/.*[[:space:]]$2=\([^ ]*\).*/\1/p" | sed -n 1p; }
 wait_state() {  # JOB REGEX TIMEOUT
@@ -42,7 +42,7 @@ write_train_sbatch "$SCRATCH/chain.sh" \
 mkdir -p "$SCRATCH/chain"
 chain=$(sbatch --parsable "$SCRATCH/chain.sh")
 # Slurm holds a requeued job for its credential lifetime (about 2 minutes) before it runs again.
-wait_state "$chain" 'COMPLETED|FAILED|CANCELLED|TIMEOUT' 480
+wait_state "$chain" 'COMPLETED|FAILED|CANCELLED|TIMEOUT' 600
 [ "$(job_field "$chain" JobState)" = COMPLETED ] || { cat "$SCRATCH/chain.out" >&2; fail "the chain did not complete"; }
 runs=$(job_field "$chain" Restarts)
 [ "${runs:-0}" -ge 1 ] || { cat "$SCRATCH/chain.out" >&2; fail "the job finished in one allocation; nothing was tested"; }
