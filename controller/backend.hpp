@@ -41,7 +41,13 @@ class SlurmBackend {
   virtual Status resume_node(const std::string& node) = 0;
   // SlurmUser's uid, when the backend can tell.
   virtual std::optional<std::uint32_t> slurm_user_uid() = 0;
+  // Slurm's ProctrackType ("proctrack/cgroup"), when the backend can tell.
+  virtual std::optional<std::string> proctrack_type() { return std::nullopt; }
 };
+
+// One line when Slurm's process tracking lets a requeued batch script's srun outlive it (proctrack/linuxproc
+// loses processes whose parent died: that srun then cancels the next run's step of the same id); "" otherwise.
+std::string proctrack_warning(const std::optional<std::string>& proctrack_type);
 
 // libslurm: reads SLURM_CONF like every Slurm client. Calls slurm_init once.
 std::unique_ptr<SlurmBackend> make_libslurm_backend();

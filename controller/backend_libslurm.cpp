@@ -181,6 +181,16 @@ class LibslurmBackend final : public SlurmBackend {
     return uid;
   }
 
+  std::optional<std::string> proctrack_type() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slurm_conf_t* conf = nullptr;
+    if (slurm_load_ctl_conf(0, &conf) != SLURM_SUCCESS || conf == nullptr) return std::nullopt;
+    std::optional<std::string> type;
+    if (conf->proctrack_type != nullptr) type = conf->proctrack_type;
+    slurm_free_ctl_conf(conf);
+    return type;
+  }
+
  private:
   Status update_node(const std::string& node, std::uint32_t state, const std::string& reason) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -201,6 +211,13 @@ class LibslurmBackend final : public SlurmBackend {
 };
 
 }  // namespace
+
+std::string proctrack_warning(const std::optional<std::string>& proctrack_type) {
+  if (!proctrack_type || *proctrack_type != "proctrack/linuxproc") return {};
+  return "Slurm's ProctrackType=proctrack/linuxproc loses processes whose parent died: an srun left by a requeued "
+         "batch script can cancel the next run's step and cost a second restart (the plugin makes each batch step "
+         "adopt such orphans so Slurm still ends them); proctrack/cgroup tracks every process";
+}
 
 std::unique_ptr<SlurmBackend> make_libslurm_backend() { return std::make_unique<LibslurmBackend>(); }
 

@@ -865,6 +865,13 @@ void Engine::give_up(JobRecord& r, const std::string& reason, const SlurmJob* sl
 void Engine::decide(JobRecord& r, Ending ending, const SlurmJob& s, const std::vector<std::string>& dead,
                     const std::vector<std::string>& mark_down, const CheckpointView& ckpts, double now,
                     bool slurm_requeued) {
+  if (ending == Ending::CleanExit) {
+    ending = rec::ending_of_clean_exit(ckpts.time_limit_stop, r.job_id, r.restart_count);
+    if (ending == Ending::TimeLimit) {
+      note(r, "decision", "the run stopped for its time limit after a terminal checkpoint at step " +
+                              std::to_string(ckpts.time_limit_stop->step) + ": continued in a new allocation", now);
+    }
+  }
   r.ending = ending;
   r.clock.decided = now;
   if (r.clock.failed == 0) r.clock.failed = now;
@@ -941,7 +948,12 @@ void Engine::decide(JobRecord& r, Ending ending, const SlurmJob& s, const std::v
   // anyway) ends the wait. Idempotent.
   // Only on evidence nobody but the node can give (refused twice, or Slurm's own state): a timeout is not.
   if (config_.down_dead_nodes && caps_.node_state) i.mark_down = mark_down;
-  if (config_.drain_bad_nodes && caps_.node_state) i.drain = fresh;
+  // Draining takes the same evidence: a node whose slurmd only timed out (a user can load it) stays in service.
+  if (config_.drain_bad_nodes && caps_.node_state) {
+    for (const auto& n : fresh) {
+      if (contains(mark_down, n)) i.drain.push_back(n);
+    }
+  }
   if (slurm_requeued) {
     i.requeue = false;
     i.expected_restart = s.restart_count;

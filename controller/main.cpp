@@ -106,6 +106,7 @@ int run_daemon(const rec::ControllerConfig& cfg) {
   if (!db) return fail(db.error(), 2);
   Metrics metrics;
   Alerts alerts(cfg.webhook_url, cfg.webhook_timeout_s);
+  if (auto warning = proctrack_warning(backend->proctrack_type()); !warning.empty()) log_warning(warning);
   Engine engine(cfg, *backend, **db, metrics, alerts);
   if (auto s = engine.start(now_s()); !s) return fail(s.error(), 2);
 
@@ -319,6 +320,11 @@ int main(int argc, char** argv) {
   if (!cfg) return fail(cfg.error(), 2);
   if (app.got_subcommand(check)) {
     std::printf("%s: ok\n", config_path.c_str());
+    if (cfg->backend != "rest") {
+      if (auto warning = proctrack_warning(make_libslurm_backend()->proctrack_type()); !warning.empty()) {
+        std::printf("warning: %s\n", warning.c_str());
+      }
+    }
     return 0;
   }
   try {

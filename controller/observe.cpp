@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/controller_limits.hpp"
 #include "ckpt/store.hpp"
 #include "http.hpp"
 #include "log.hpp"
@@ -158,6 +159,36 @@ void Alerts::deliver(const std::string& body) {
   }
 }
 
+namespace {
+
+constexpr const char* kTimeLimitStopFile = "time-limit-stop.json";  // written by the hooks' rank 0
+
+// The time-limit stop a run recorded; nullopt when there is none or it cannot be read (then the run's end counts
+// as clean, as it would without the record).
+std::optional<ckpt::recovery::TimeLimitStop> read_time_limit_stop(const std::string& dir) {
+  auto text = ckpt::store::read_control_file(dir, kTimeLimitStopFile);
+  if (!text || !*text) return std::nullopt;
+  auto j = nlohmann::json::parse(**text, nullptr, false);
+  if (!j.is_object() || !j["job_id"].is_string() || !j["restart_count"].is_number_unsigned() ||
+      !j["step"].is_number_unsigned()) {
+    return std::nullopt;
+  }
+  ckpt::recovery::TimeLimitStop stop;
+  stop.job_id = j["job_id"].get<std::string>();
+  const auto count = j["restart_count"].get<std::uint64_t>();
+  if (count > ckpt::recovery::kMaxRestartCount) return std::nullopt;
+  stop.restart_count = static_cast<std::uint32_t>(count);
+  stop.step = j["step"].get<std::uint64_t>();
+  return stop;
+}
+
+nlohmann::json stop_json(const std::optional<ckpt::recovery::TimeLimitStop>& stop) {
+  if (!stop) return nullptr;
+  return {{"job_id", stop->job_id}, {"restart_count", stop->restart_count}, {"step", stop->step}};
+}
+
+}  // namespace
+
 CheckpointView read_checkpoints(const std::string& dir) {
   CheckpointView view;
   if (dir.empty()) return view;
@@ -167,6 +198,7 @@ CheckpointView read_checkpoints(const std::string& dir) {
       view.error = entries.error();
       return view;
     }
+    view.time_limit_stop = read_time_limit_stop(dir);
     auto candidates = ckpt::store::resume_candidates(*entries);
     if (candidates.empty()) return view;
     view.newest_complete = candidates.front();
@@ -205,6 +237,7 @@ int checkpoint_reader_main(const std::string& dir) {
   CheckpointView v = read_checkpoints(dir);
   nlohmann::json j = {{"newest_complete", v.newest_complete ? nlohmann::json(*v.newest_complete) : nlohmann::json(nullptr)},
                       {"newest_wall_time", v.newest_wall_time},
+                      {"time_limit_stop", stop_json(v.time_limit_stop)},
                       {"error", v.error}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
@@ -308,6 +341,15 @@ CheckpointView read_checkpoints_as(const std::string& dir, std::uint32_t uid, st
   if (j["newest_complete"].is_number_unsigned()) view.newest_complete = j["newest_complete"].get<std::uint64_t>();
   if (j["newest_wall_time"].is_number()) view.newest_wall_time = j["newest_wall_time"].get<double>();
   if (j["error"].is_string()) view.error = j["error"].get<std::string>();
+  if (const auto& t = j["time_limit_stop"]; t.is_object() && t["job_id"].is_string() &&
+                                            t["restart_count"].is_number_unsigned() && t["step"].is_number_unsigned()) {
+    ckpt::recovery::TimeLimitStop stop;
+    stop.job_id = t["job_id"].get<std::string>();
+    stop.restart_count = static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(t["restart_count"].get<std::uint64_t>(), ckpt::recovery::kMaxRestartCount));
+    stop.step = t["step"].get<std::uint64_t>();
+    view.time_limit_stop = stop;
+  }
   return view;
 }
 

@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/recovery.hpp"
+
 namespace ckpt::controller {
 
 // Counters and the recovery-latency histogram, rendered in Prometheus' text format. Thread-safe.
@@ -71,6 +73,7 @@ struct CheckpointView {
   std::optional<std::uint64_t> newest_complete;
   double newest_wall_time = 0;  // when it was committed (manifest), 0 when unknown
   std::string error;            // set when the dir could not be read
+  std::optional<ckpt::recovery::TimeLimitStop> time_limit_stop;  // the last run's record, when there is one
 };
 // Reads in this process, with this process's permissions.
 CheckpointView read_checkpoints(const std::string& dir);

@@ -2,6 +2,7 @@
 // then export CKPT_* to every task. File-system work runs in a child that has fully become the job's owner,
 // so nothing is created or read with root's rights.
 #include <grp.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -21,6 +22,7 @@ extern "C" {
 }
 
 #include "ckpt/parse.hpp"
+#include "ckpt/recovery.hpp"
 #include "ckpt/store.hpp"
 #include "ckpt/trusted_dir.hpp"
 #include "events.hpp"
@@ -196,6 +198,22 @@ unsigned kill_wait_s() {
   return seconds;
 }
 
+// proctrack/linuxproc ends a step by walking slurmstepd's process tree, which loses a process whose parent died:
+// an srun left running by a requeued batch script then outlives the run and, when it gives up, cancels the next
+// run's step of the same id. Made a subreaper, the batch step's slurmstepd adopts such orphans, so the walk finds
+// them and they end with the step.
+void adopt_orphans_under_linuxproc() {
+  if (&slurm_conf == nullptr || slurm_conf.proctrack_type == nullptr || std::strcmp(slurm_conf.proctrack_type, "proctrack/linuxproc") != 0) {
+    return;
+  }
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0) {
+    slurm_info("ckpt: ProctrackType=proctrack/linuxproc: this batch step adopts the processes its script orphans, "
+               "so that Slurm ends them with it (proctrack/cgroup tracks them by itself)");
+  } else {
+    slurm_info("ckpt: cannot adopt orphaned processes under proctrack/linuxproc: %s", std::strerror(errno));
+  }
+}
+
 void export_env(spank_t sp, const std::string& name, const std::string& value) {
   if (spank_setenv(sp, name.c_str(), value.c_str(), 1) != ESPANK_SUCCESS) log_error("cannot export " + name);
 }
@@ -220,6 +238,9 @@ int remote_user_init(spank_t sp) {
   }
   ids.groups = job_groups(sp);
   spank_get_item(sp, S_JOB_NNODES, &nnodes);
+  if (spank_get_item(sp, S_JOB_STEPID, &step_id) == ESPANK_SUCCESS && step_id == ckpt::recovery::kBatchStep) {
+    adopt_orphans_under_linuxproc();
+  }
   spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts);
   spank_get_item(sp, S_JOB_STEPID, &step_id);
   if (spank_get_item(sp, S_JOB_ARRAY_ID, &array_id) == ESPANK_SUCCESS && array_id != 0) {

@@ -20,9 +20,6 @@
 
 extern "C" {
 #include <slurm/slurm.h>
-// slurmstepd's parsed slurm.conf. libslurm exports it but no public header declares it; weak, so that a
-// process without it (none that loads this plugin remotely) leaves it null and libmunge's default socket is used.
-extern slurm_conf_t slurm_conf __attribute__((weak));
 }
 
 #include "ckpt/parse.hpp"

@@ -6,7 +6,11 @@
 #include <string>
 
 extern "C" {
+#include <slurm/slurm.h>
 #include <slurm/spank.h>
+// slurmstepd's parsed slurm.conf. libslurm exports it but no public header declares it; weak, so that a
+// process without it leaves it null (check &slurm_conf before reading it).
+extern slurm_conf_t slurm_conf __attribute__((weak));
 }
 
 #include "ckpt/options.hpp"

@@ -102,7 +102,7 @@ SlurmctldDebug=info
 SlurmdDebug=info
 # proctrack/pgid, like cgroup on a real site, reaches an srun orphaned by its dying batch script: with
 # linuxproc that srun outlives a requeue and, KillWait+2 s later, cancels the next run's step of the same id.
-ProctrackType=proctrack/pgid
+ProctrackType=${CKPT_CLUSTER_PROCTRACK:-proctrack/pgid}
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU

@@ -161,6 +161,14 @@ bool restartable(Ending ending) {
   }
 }
 
+Ending ending_of_clean_exit(const std::optional<TimeLimitStop>& stop, std::uint32_t job_id,
+                            std::uint32_t restart_count) {
+  if (!stop || stop->job_id != std::to_string(job_id) || stop->restart_count != restart_count) {
+    return Ending::CleanExit;
+  }
+  return Ending::TimeLimit;
+}
+
 bool spends_budget(Ending ending) { return ending != Ending::Preemption; }
 
 // ---- budget -------------------------------------------------------------------------------------------------------

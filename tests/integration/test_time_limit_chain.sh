@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # A training longer than its time limit runs as a chain of allocations: at the limit the ranks take a terminal
-# checkpoint, the job requeues itself (no controller on this cluster: CKPT_REQUEUE=self) and the next allocation
-# resumes from that checkpoint. The final weights must be bitwise identical to an uninterrupted run's. A job that
-# finishes is not requeued, and neither is one the user cancels.
+# checkpoint and the next allocation resumes from it. Without a recovery controller the job requeues itself
+# (CKPT_REQUEUE=self; Slurm holds a requeued job about 2 minutes); with one, the controller requeues it at once and
+# records each stop. The final weights must be bitwise identical to an uninterrupted run's. A job that finishes is
+# not requeued, and neither is one the user cancels.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/torch_lib.sh"
+source "$(dirname "$0")/controller_lib.sh"
+trap controller_down EXIT
 have_torch || fail "needs python3-torch and a built slurm_ckpt"
 "$CLUSTER" up > /dev/null
 STEPS=1000
@@ -54,6 +57,29 @@ done
 assert_not_contains "$SCRATCH/chain.out" "TIME LIMIT"
 cmp "$SCRATCH/ref/final.bin" "$SCRATCH/chain/final.bin" || fail "the chained training's weights differ"
 pass "$((runs + 1)) allocations, stopped at steps $(echo $stops), each resumed there; weights bitwise identical"
+
+# The same chain under the recovery controller: it reads each run's record and requeues the job at once.
+PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 40 ))
+controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
+write_train_sbatch "$SCRATCH/ctl.sh" \
+  "-N2 -n2 -t 1 -o $SCRATCH/ctl.out --ckpt-dir=$SCRATCH/ctl/ckpt --ckpt-interval=1h --ckpt-grace=20s" \
+  train_ddp.py $ARGS --out "$SCRATCH/ctl/final.bin"
+mkdir -p "$SCRATCH/ctl"
+ctl=$(sbatch --parsable "$SCRATCH/ctl.sh")
+wait_state "$ctl" 'COMPLETED|FAILED|CANCELLED|TIMEOUT' 300
+for _ in $(seq 40); do [ -s "$SCRATCH/ctl/final.bin" ] && break; sleep 0.25; done
+[ "$(job_field "$ctl" JobState)" = COMPLETED ] && [ -s "$SCRATCH/ctl/final.bin" ] ||
+  { cat "$SCRATCH/ctl.out" "$SCRATCH/controller.log" >&2; fail "the controller's chain did not complete"; }
+ctl_runs=$(job_field "$ctl" Restarts)
+[ "${ctl_runs:-0}" -ge 1 ] || fail "the job finished in one allocation under the controller; nothing was tested"
+assert_contains "$SCRATCH/ctl.out" "the recovery controller continues the job in a new allocation"
+assert_not_contains "$SCRATCH/ctl.out" "the job requeues itself"
+"$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" history "$ctl" > "$SCRATCH/ctl.history"
+[ "$(grep -c "stopped for its time limit after a terminal checkpoint" "$SCRATCH/ctl.history")" -eq "$ctl_runs" ] ||
+  { cat "$SCRATCH/ctl.history" >&2; fail "the controller's history does not show each of the $ctl_runs time-limit stops"; }
+cmp "$SCRATCH/ref/final.bin" "$SCRATCH/ctl/final.bin" || fail "the controller's chain ended with other weights"
+pass "under the controller: $((ctl_runs + 1)) allocations, each stop in its history; weights bitwise identical"
+controller_down
 
 # A user's scancel: the ranks take their terminal checkpoint on SIGTERM, and the job stays cancelled.
 write_train_sbatch "$SCRATCH/cancel.sh" "-N2 -n2 -t 5 -o $SCRATCH/cancel.out --ckpt-dir=$SCRATCH/cancel/ckpt --ckpt-interval=1h" \

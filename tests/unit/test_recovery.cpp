@@ -146,6 +146,25 @@ TEST_CASE("restart budget: resets only on progress, stops after N without", "[re
   }
 }
 
+TEST_CASE("a clean exit after a time-limit stop of the same run is a time limit", "[recovery][classify]") {
+  TimeLimitStop stop{"42", 2, 566};
+  CHECK(ending_of_clean_exit(stop, 42, 2) == Ending::TimeLimit);
+  CHECK(restartable(ending_of_clean_exit(stop, 42, 2)));
+  CHECK(ending_of_clean_exit(std::nullopt, 42, 2) == Ending::CleanExit);
+  CHECK(ending_of_clean_exit(stop, 42, 3) == Ending::CleanExit);  // an earlier run's record: the job finished
+  CHECK(ending_of_clean_exit(stop, 43, 2) == Ending::CleanExit);  // another job's record in the same dir
+  // Progress resets the budget: a chain of stops that each advanced never runs out.
+  Budget budget{1, 0, 0, std::nullopt};
+  for (std::uint64_t step : {400, 869, 1000}) {
+    auto verdict = decide_restart(Ending::TimeLimit, budget, step, false);
+    REQUIRE(verdict.restart);
+    budget = verdict.after;
+  }
+  CHECK_FALSE(decide_restart(Ending::TimeLimit, decide_restart(Ending::TimeLimit, budget, 1000, false).after, 1000,
+                             false)
+                  .restart);
+}
+
 TEST_CASE("bad nodes are remembered with an expiry", "[recovery][nodes]") {
   auto nodes = add_bad_nodes({}, {"n3", "n1"}, "slurmd unreachable", 1000, 60);
   CHECK(active_bad_nodes(nodes, 1001) == std::vector<std::string>{"n1", "n3"});

@@ -129,6 +129,20 @@ struct EndingFacts {
 // clean exit.
 std::optional<Ending> classify(const EndingFacts& facts);
 
+// What a run's rank 0 recorded in <CKPT_DIR>/.control/time-limit-stop.json after the terminal checkpoint it took
+// for the job's time limit (the hooks' continuation.hpp).
+struct TimeLimitStop {
+  std::string job_id;
+  std::uint32_t restart_count = 0;
+  std::uint64_t step = 0;
+};
+
+// The ending of a run that Slurm saw end cleanly: TimeLimit when that very run (same job, same restart count)
+// stopped for its time limit after a terminal checkpoint, so the training goes on in a new allocation; else
+// CleanExit. The record lives in the user's dir and says only what happens to the user's own job.
+Ending ending_of_clean_exit(const std::optional<TimeLimitStop>& stop, std::uint32_t job_id,
+                            std::uint32_t restart_count);
+
 // Whether an ending is restarted at all, and whether a restart spends the no-progress budget.
 bool restartable(Ending ending);
 bool spends_budget(Ending ending);
