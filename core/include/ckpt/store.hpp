@@ -8,6 +8,7 @@
 //       rank-00003.rec                its ShardRecord (JSON), written atomically after the shard is durable
 //       MANIFEST.json                 written last, atomically: without it the checkpoint is incomplete
 //       FAILED                        marker: verification or a restore failed; never used again, never deleted
+//   <root>/.control/                  the library's own small files; epoch.json names the newest run (fencing)
 //
 // The decisions (parsing, completeness, which checkpoint to use, what to delete) are pure functions over in-memory
 // data; the functions that touch the file system are separate and marked as such.
@@ -130,7 +131,44 @@ std::vector<std::uint64_t> resume_candidates(const std::vector<Entry>& entries);
 std::vector<std::uint64_t> plan_gc(const std::vector<Entry>& entries, std::uint64_t keep,
                                    std::optional<std::uint64_t> newest_verified);
 
+// ---- fencing of stale runs (pure) ------------------------------------------------------------------------------
+//
+// A requeued job runs again against the same checkpoint dir while ranks of its earlier run may still be alive (a
+// frozen node that thaws). Each run has an epoch, the job's restart count. A run that starts raises the dir's
+// epoch record (.control/epoch.json: max of the record and its own, never lowered within a job), and every change
+// a run makes through the store carries its Fence: the store refuses it when the record names a newer run.
+
+// The run a store call acts for. A call without one (the CLI, tools) is never fenced.
+struct Fence {
+  std::string job_id;       // may be empty (no Slurm job)
+  std::uint64_t epoch = 0;  // the job's restart count
+};
+
+// The newest run that started in a checkpoint dir.
+struct EpochRecord {
+  std::string job_id;
+  std::uint64_t epoch = 0;
+  std::string run_id;  // informational, for log lines
+};
+std::string to_json(const EpochRecord& record);
+// Never throws; rejects anything but an object with a string job_id and a whole-number epoch.
+Result<EpochRecord> parse_epoch_record(std::string_view text);
+
+// The one-line refusal when `run` may no longer change the dir ("run 0 of job 42 is fenced: run 1 has started"),
+// or nullopt when it may: no record, or a record of the same job at `run`'s epoch or an older one. A record of
+// another job fences too: that job started in this dir after `run` did.
+std::optional<std::string> fence_refusal(const Fence& run, const std::optional<EpochRecord>& record);
+
+// What a run that starts does with the record: Write it (none yet, an older epoch of its job, another job's, or
+// unreadable), Keep it (its own epoch), or nothing, being Fenced (a newer epoch of its job has started).
+enum class EpochAction { Write, Keep, Fenced };
+EpochAction plan_epoch_raise(const Fence& run, const std::optional<EpochRecord>& record);
+
 // ---- file system -----------------------------------------------------------------------------------------------
+//
+// The functions that change the dir take an optional Fence (see above) and, when given one, refuse with
+// fence_refusal's line once a newer run has started; the check runs just before the irreversible step (the rename
+// that publishes a file, the rename that deletes a step dir).
 
 // Lists every step dir under root (other names are ignored). Does not read shard bytes.
 Result<std::vector<Entry>> scan(const std::string& root);
@@ -140,7 +178,8 @@ Result<std::vector<Entry>> scan(const std::string& root);
 Status verify(const std::string& root, std::uint64_t step, bool checksums = true);
 
 // Writes the FAILED marker for a step (atomic, idempotent; safe when several nodes do it at once).
-Status mark_failed(const std::string& root, std::uint64_t step, std::string_view reason);
+Status mark_failed(const std::string& root, std::uint64_t step, std::string_view reason,
+                   const std::optional<Fence>& fence = std::nullopt);
 
 struct ResumeChoice {
   std::optional<std::uint64_t> step;  // absent: nothing to resume from
@@ -148,8 +187,9 @@ struct ResumeChoice {
   std::vector<std::string> log;       // one line per checkpoint skipped and why, then the choice
 };
 // Newest complete checkpoint that verifies; each newer one that fails verification is marked FAILED (when
-// `mark` is true) and skipped. Never deletes anything.
-ResumeChoice resolve_resume(const std::string& root, bool mark = true);
+// `mark` is true, and `fence` is not fenced) and skipped. Never deletes anything.
+ResumeChoice resolve_resume(const std::string& root, bool mark = true,
+                            const std::optional<Fence>& fence = std::nullopt);
 
 // Phases of a save, reported to an optional observer; fault-injection tests kill the process at each.
 // ShardsDurable fires once per writer, after its shard and record are durable. ManifestHalfWritten (between
@@ -171,9 +211,10 @@ using PhaseObserver = std::function<void(SavePhase)>;
 class ShardWriter {
  public:
   // Creates <root>/<step> if needed (mode 0700) and opens this rank's shard for writing. Refuses a step that is
-  // committed or marked FAILED, and a step dir that is a symlink.
+  // committed or marked FAILED, and a step dir that is a symlink. With a fence, refuses a fenced run here and
+  // again in finish(), just before the shard and its record are renamed into place.
   static Result<ShardWriter> open(const std::string& root, std::uint64_t step, int rank,
-                                  PhaseObserver observer = nullptr);
+                                  PhaseObserver observer = nullptr, std::optional<Fence> fence = std::nullopt);
   ShardWriter(ShardWriter&&) noexcept;
   ShardWriter& operator=(ShardWriter&&) noexcept;
   ~ShardWriter();
@@ -196,15 +237,19 @@ class ShardWriter {
 
 // Commits a checkpoint whose shards are durable: reads the records present, checks decide_commit, writes
 // MANIFEST.json atomically (exclusive temp, fsync, rename, fsync dir), then replaces `latest` atomically.
-// Fails without writing a manifest when the checkpoint is not complete.
-Status commit(const std::string& root, const Manifest& manifest_without_shards, PhaseObserver observer = nullptr);
+// Fails without writing a manifest when the checkpoint is not complete, or when `fence` is fenced (checked before
+// each of the two renames; a record below the fence's epoch is raised again first).
+Status commit(const std::string& root, const Manifest& manifest_without_shards, PhaseObserver observer = nullptr,
+              const std::optional<Fence>& fence = std::nullopt);
 
 // Reads a shard's records back for a restore; the caller verifies first (see verify / resolve_resume).
 Result<std::vector<ShardRecord>> read_records(const std::string& root, std::uint64_t step);
 
 // Deletes what plan_gc selects. With dry_run, only returns it. Reads the newest complete checkpoints' bytes to
 // find the newest verified one; when none verifies it deletes nothing and says so. `keep` must be at least 1.
-Result<std::vector<std::uint64_t>> gc(const std::string& root, std::uint64_t keep, bool dry_run);
+// With a fence, a fenced run deletes nothing (checked before each step dir is removed).
+Result<std::vector<std::uint64_t>> gc(const std::string& root, std::uint64_t keep, bool dry_run,
+                                      const std::optional<Fence>& fence = std::nullopt);
 
 // ---- names, reading back, discarding a dead save ----------------------------------------------------------------
 
@@ -229,12 +274,24 @@ Result<std::vector<ShardRecord>> read_present_records(const std::string& root, s
 // Removes a step dir that has no manifest, e.g. a save that died before a restart. A save that writes a step
 // again must call this first (on one rank, before any ShardWriter::open), or records of the dead save could be
 // committed with the new ones. Refuses a committed, FAILED or corrupt step dir; a missing one is success.
-Status discard_incomplete(const std::string& root, std::uint64_t step);
+Status discard_incomplete(const std::string& root, std::uint64_t step,
+                          const std::optional<Fence>& fence = std::nullopt);
 
 // Small files of the library's own under <root>/.control that outlive a run (what CKPT_INTERVAL=auto measured).
 // `name` must be a safe name. The write is atomic (temp file, fsync, rename, fsync of the dir); the read returns
 // nullopt when the file does not exist and an error when it cannot be read or is over 1 MiB.
-Status write_control_file(const std::string& root, std::string_view name, std::string_view content);
+// A fenced run's write is refused (checked just before the rename).
+Status write_control_file(const std::string& root, std::string_view name, std::string_view content,
+                          const std::optional<Fence>& fence = std::nullopt);
 Result<std::optional<std::string>> read_control_file(const std::string& root, std::string_view name);
+
+// The control file that holds the dir's EpochRecord.
+inline constexpr std::string_view kEpochName = "epoch.json";
+// A run that starts: raises the dir's epoch record to `run` (plan_epoch_raise), creating the root and .control
+// when needed. Fails with fence_refusal's line when a newer run of the job has started. `run_id` is recorded for
+// log lines. Idempotent: every rank of a run may call it; only a change writes.
+Status raise_epoch(const std::string& root, const Fence& run, std::string_view run_id = {});
+// The dir's epoch record; nullopt when no run has recorded one.
+Result<std::optional<EpochRecord>> read_epoch(const std::string& root);
 
 }  // namespace ckpt::store

@@ -1,0 +1,425 @@
+// The store's writing side: ShardWriter (one rank's shard, O_DIRECT where the file system takes it) and commit.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <set>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "ckpt/store.hpp"
+#include "store_io.hpp"
+
+namespace ckpt::store {
+
+using namespace detail;
+
+namespace {
+
+// O_DIRECT shard writes: offsets, lengths and buffers aligned to 4 KiB satisfy every block size in use (512 B to
+// 4 KiB logical blocks); the bounce buffer is large enough that one write keeps the device's queue busy.
+constexpr std::size_t kDirectAlign = 4096;
+constexpr std::size_t kBounceBuffer = 16u << 20;
+// With O_DIRECT the device moves the bytes and the CPU waits: a region this large is hashed on a second thread
+// while it is written, so the checksum does not add to the persist time.
+constexpr std::size_t kParallelHash = 8u << 20;
+
+// Joins a thread at scope exit, also when an exception or an early return leaves the scope.
+struct Joiner {
+  std::thread thread;
+  Joiner() = default;
+  Joiner(const Joiner&) = delete;
+  Joiner& operator=(const Joiner&) = delete;
+  ~Joiner() { join(); }
+  void join() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
+
+bool valid_utf8_json(const nlohmann::json& value) {
+  try {
+    (void)value.dump();
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+// ---- writing ----------------------------------------------------------------------------------------------------
+
+struct ShardWriter::Impl {
+  Fd root;
+  Fd dir;
+  Fd file;
+  std::uint64_t step = 0;
+  std::string temp_name;
+  PhaseObserver observer;
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> hash{nullptr, XXH3_freeState};
+  // With O_DIRECT, bytes go through an aligned bounce buffer (or straight from an aligned source); `pending`
+  // bytes wait in it. The file holds whole blocks until finish() writes the padded tail and truncates.
+  bool direct = false;
+  std::unique_ptr<char, void (*)(void*)> bounce{nullptr, std::free};
+  std::size_t pending = 0;
+  ShardRecord record;
+  std::set<std::string> names;
+  std::set<std::string> covers;
+  std::optional<Fence> fence;  // the run this shard is written for; checked before each rename
+  bool half_reported = false;
+  bool finished = false;
+  bool broken = false;
+
+  // Switches the temp file to O_DIRECT where the file system takes it (fcntl fails with EINVAL where it does not,
+  // e.g. an older tmpfs); buffered writes stay otherwise. Set on the open fd, so the exclusive, no-follow create
+  // is unchanged.
+  void enable_direct() {
+    int flags = ::fcntl(file.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(file.get(), F_SETFL, flags | O_DIRECT) != 0) return;
+    void* p = nullptr;
+    if (::posix_memalign(&p, kDirectAlign, kBounceBuffer) != 0) {
+      (void)drop_direct();
+      return;
+    }
+    bounce.reset(static_cast<char*>(p));
+    direct = true;
+  }
+
+  // Back to buffered writes for the rest of the file.
+  bool drop_direct() {
+    int flags = ::fcntl(file.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(file.get(), F_SETFL, flags & ~O_DIRECT) != 0) return false;
+    direct = false;
+    return true;
+  }
+
+  // Writes whole blocks from an aligned buffer. Where the file system refuses a direct write after all (EINVAL) or
+  // a short write leaves the offset unaligned, the rest goes buffered: every byte is written either way.
+  Status write_aligned(const char* p, std::size_t n) {
+    while (n > 0) {
+      if (!direct) return write_all(file.get(), p, n, record.file);
+      std::size_t chunk = std::min<std::size_t>(n, std::size_t{1} << 30);  // a multiple of kDirectAlign
+      ssize_t k = ::write(file.get(), p, chunk);
+      if (k < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EINVAL && drop_direct()) continue;
+        return Status::failure("cannot write " + record.file + ": " + errno_text(errno));
+      }
+      p += k;
+      n -= static_cast<std::size_t>(k);
+      if (n > 0 && static_cast<std::size_t>(k) % kDirectAlign != 0 && !drop_direct()) {
+        return Status::failure("cannot write " + record.file + ": short direct write");
+      }
+    }
+    return Status::success();
+  }
+
+  // Writes the whole blocks waiting in the bounce buffer and keeps the partial last one (all of it once buffered).
+  Status flush_blocks() {
+    std::size_t whole = pending - pending % kDirectAlign;
+    if (Status s = write_aligned(bounce.get(), whole); !s) return s;
+    std::memmove(bounce.get(), bounce.get() + whole, pending - whole);
+    pending -= whole;
+    if (!direct && pending > 0) {
+      if (Status s = write_all(file.get(), bounce.get(), pending, record.file); !s) return s;
+      pending = 0;
+    }
+    return Status::success();
+  }
+
+  // Appends bytes to the file: buffered, or with O_DIRECT straight from an aligned source or through the bounce
+  // buffer.
+  Status put(const char* p, std::size_t n) {
+    while (n > 0) {
+      if (!direct) return write_all(file.get(), p, n, record.file);
+      if (pending == 0 && n >= kDirectAlign && reinterpret_cast<std::uintptr_t>(p) % kDirectAlign == 0) {
+        std::size_t whole = n - n % kDirectAlign;
+        if (Status s = write_aligned(p, whole); !s) return s;
+        p += whole;
+        n -= whole;
+        continue;
+      }
+      std::size_t take = std::min(n, kBounceBuffer - pending);
+      std::memcpy(bounce.get() + pending, p, take);
+      pending += take;
+      p += take;
+      n -= take;
+      if (pending == kBounceBuffer) {
+        if (Status s = flush_blocks(); !s) return s;
+      }
+    }
+    return Status::success();
+  }
+
+  // Writes the tail waiting in the bounce buffer, its last block padded with zeros, then cuts the file to its
+  // true size.
+  Status flush_tail() {
+    if (pending == 0) return Status::success();
+    std::size_t padded = (pending + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    std::memset(bounce.get() + pending, 0, padded - pending);
+    if (Status s = write_aligned(bounce.get(), padded); !s) return s;
+    pending = 0;
+    while (::ftruncate(file.get(), static_cast<off_t>(record.size)) != 0) {
+      if (errno == EINTR) continue;
+      return Status::failure("cannot truncate " + record.file + ": " + errno_text(errno));
+    }
+    return Status::success();
+  }
+
+  ~Impl() {
+    // An abandoned writer leaves no temp file behind; a killed one leaves a hidden one that gc removes.
+    if (file.valid() && !finished) ::unlinkat(dir.get(), temp_name.c_str(), 0);
+  }
+};
+
+Result<ShardWriter> ShardWriter::open(const std::string& root, std::uint64_t step, int rank, PhaseObserver observer,
+                                      std::optional<Fence> fence) {
+  try {
+    if (step > kMaxStep) return Error{"step " + std::to_string(step) + " is larger than " + std::to_string(kMaxStep)};
+    if (rank < 0) return Error{"rank " + std::to_string(rank) + " is negative"};
+    auto impl = std::make_unique<Impl>();
+    impl->step = step;
+    impl->observer = std::move(observer);
+    impl->fence = std::move(fence);
+    impl->record.rank = rank;
+    impl->record.file = shard_file_name(rank);
+
+    auto root_fd = open_root(root);
+    if (!root_fd) {
+      // The root itself may be created here (one level, like mkdir without -p).
+      if (::mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) {
+        return Error{"cannot create checkpoint dir '" + root + "': " + errno_text(errno)};
+      }
+      root_fd = open_root(root);
+      if (!root_fd) return Error{root_fd.error()};
+    }
+    impl->root = std::move(root_fd).value();
+    // Early, so that a stale run does not even create a step dir; finish() checks again before publishing.
+    if (Status s = check_fence_fd(impl->root.get(), impl->fence); !s) return Error{s.error()};
+    const std::string name = step_dir_name(step);
+    if (::mkdirat(impl->root.get(), name.c_str(), 0700) == 0) {
+      if (Status s = fsync_fd(impl->root.get(), "the checkpoint dir"); !s) return Error{s.error()};
+    } else if (errno != EEXIST) {
+      return Error{"cannot create step dir " + name + ": " + errno_text(errno)};
+    }
+    auto dir = open_step_dir(impl->root.get(), step);
+    if (!dir.ok()) return Error{dir.error.message + "; not writing there"};
+    impl->dir = std::move(*dir.value);
+    if (exists_at(impl->dir.get(), std::string(kManifestName))) {
+      return Error{"step " + std::to_string(step) + " is already committed; not writing over it"};
+    }
+    if (exists_at(impl->dir.get(), std::string(kFailedName))) {
+      return Error{"step " + std::to_string(step) + " is marked FAILED; not writing over it"};
+    }
+    for (int attempt = 0; attempt < 8 && !impl->file.valid(); ++attempt) {
+      impl->temp_name = temp_name_for(impl->record.file);
+      int fd = ::openat(impl->dir.get(), impl->temp_name.c_str(),
+                        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        impl->file.reset(fd);
+      } else if (errno != EEXIST) {
+        return Error{"cannot create " + impl->record.file + " in " + name + ": " + errno_text(errno)};
+      }
+    }
+    if (!impl->file.valid()) return Error{"cannot create " + impl->record.file + ": temp names exhausted"};
+    impl->enable_direct();
+    impl->hash.reset(XXH3_createState());
+    if (!impl->hash) return Error{"out of memory"};
+    XXH3_64bits_reset(impl->hash.get());
+    notify(impl->observer, SavePhase::ShardOpened);
+    ShardWriter writer;
+    writer.impl_ = impl.release();
+    return writer;
+  } catch (const std::exception& e) {
+    return Error{std::string("cannot open a shard writer: ") + e.what()};
+  }
+}
+
+ShardWriter::ShardWriter(ShardWriter&& other) noexcept : impl_(std::exchange(other.impl_, nullptr)) {}
+
+ShardWriter& ShardWriter::operator=(ShardWriter&& other) noexcept {
+  if (this != &other) {
+    delete impl_;
+    impl_ = std::exchange(other.impl_, nullptr);
+  }
+  return *this;
+}
+
+ShardWriter::~ShardWriter() { delete impl_; }
+
+Status ShardWriter::append(std::string_view name, const void* data, std::uint64_t length, nlohmann::json meta) {
+  try {
+    if (impl_ == nullptr) return Status::failure("shard writer is empty");
+    Impl& w = *impl_;
+    if (w.finished) return Status::failure("shard " + w.record.file + " is already finished");
+    if (w.broken) return Status::failure("shard " + w.record.file + ": an earlier write failed");
+    std::string key(name);
+    if (key.empty()) return Status::failure("state name is empty");
+    if (!valid_utf8_json(nlohmann::json(key))) return Status::failure("state name is not valid UTF-8");
+    if (!valid_utf8_json(meta)) return Status::failure("metadata of '" + key + "' is not valid UTF-8");
+    if (w.names.count(key) != 0) return Status::failure("state '" + key + "' appended twice");
+    if (length > 0 && data == nullptr) return Status::failure("state '" + key + "': no data");
+    if (length > std::numeric_limits<std::uint64_t>::max() - w.record.size) {
+      return Status::failure("state '" + key + "': shard too large");
+    }
+    if (length > std::numeric_limits<std::size_t>::max()) return Status::failure("state '" + key + "': too large");
+    const char* bytes = static_cast<const char*>(data);
+    auto total = static_cast<std::size_t>(length);
+    std::size_t first = w.half_reported ? total : total / 2;
+    Joiner hasher;
+    if (w.direct && total >= kParallelHash) {
+      try {
+        hasher.thread = std::thread([state = w.hash.get(), bytes, total] { XXH3_64bits_update(state, bytes, total); });
+      } catch (const std::system_error&) {
+        // no thread to spare: hashed below, after the writes
+      }
+    }
+    const bool hashing = hasher.thread.joinable();
+    Status s = w.put(bytes, first);
+    if (s && first < total) {
+      // Half of the first region reaches the file before the observer hears of it, bounce buffer or not.
+      if (w.direct) s = w.flush_blocks();
+      if (s) {
+        w.half_reported = true;
+        notify(w.observer, SavePhase::ShardHalfWritten);
+        s = w.put(bytes + first, total - first);
+      }
+    }
+    hasher.join();
+    if (!s) {
+      w.broken = true;
+      return s;
+    }
+    if (total > 0 && !hashing) XXH3_64bits_update(w.hash.get(), bytes, total);
+    w.names.insert(key);
+    w.record.states.push_back(StateRange{key, w.record.size, length, std::move(meta)});
+    w.record.size += length;
+    return Status::success();
+  } catch (const std::exception& e) {
+    if (impl_ != nullptr) impl_->broken = true;
+    return Status::failure(std::string("append failed: ") + e.what());
+  }
+}
+
+bool ShardWriter::direct() const { return impl_ != nullptr && impl_->direct; }
+
+void ShardWriter::add_covers(const std::vector<std::string>& keys) {
+  if (impl_ == nullptr) return;
+  for (const std::string& key : keys) {
+    if (impl_->covers.insert(key).second) impl_->record.covers.push_back(key);
+  }
+}
+
+Result<ShardRecord> ShardWriter::finish() {
+  try {
+    if (impl_ == nullptr) return Error{"shard writer is empty"};
+    Impl& w = *impl_;
+    if (w.finished) return Error{"shard " + w.record.file + " is already finished"};
+    if (w.broken) return Error{"shard " + w.record.file + ": an earlier write failed"};
+    w.broken = true;  // until this function succeeds
+    if (Status s = w.flush_tail(); !s) return Error{s.error()};
+    if (Status s = fsync_fd(w.file.get(), w.record.file); !s) return Error{s.error()};
+    w.file.reset();
+    if (exists_at(w.dir.get(), std::string(kManifestName))) {
+      ::unlinkat(w.dir.get(), w.temp_name.c_str(), 0);
+      return Error{"step " + std::to_string(w.step) + " was committed meanwhile; shard not written"};
+    }
+    // After the fsync, right before the rename: a fenced run's bytes stay in a hidden temp file, which is removed.
+    // (Renaming the shard of a newer run's step over would break that step's checksum, so the check comes before
+    // the shard's rename and not only before its record's.)
+    if (Status s = check_fence_fd(w.root.get(), w.fence); !s) {
+      ::unlinkat(w.dir.get(), w.temp_name.c_str(), 0);
+      return Error{s.error() + "; shard not written"};
+    }
+    if (::renameat(w.dir.get(), w.temp_name.c_str(), w.dir.get(), w.record.file.c_str()) != 0) {
+      int err = errno;
+      ::unlinkat(w.dir.get(), w.temp_name.c_str(), 0);
+      return Error{"cannot rename " + w.record.file + " into place: " + errno_text(err)};
+    }
+    // The shard's name must be durable before its record can claim it.
+    if (Status s = fsync_fd(w.dir.get(), "the step dir"); !s) return Error{s.error()};
+    w.record.checksum = XXH3_64bits_digest(w.hash.get());
+    const std::string rec_name = record_file_name(w.record.rank);
+    AtomicWriteHooks record_hooks;
+    record_hooks.before_rename = [&] { return check_fence_fd(w.root.get(), w.fence); };
+    if (Status s = write_file_atomic(w.dir.get(), rec_name, to_json(w.record), rec_name, record_hooks); !s) {
+      return Error{s.error()};
+    }
+    w.finished = true;
+    w.broken = false;
+    notify(w.observer, SavePhase::ShardsDurable);
+    return w.record;
+  } catch (const std::exception& e) {
+    return Error{std::string("finishing the shard failed: ") + e.what()};
+  }
+}
+
+Status commit(const std::string& root, const Manifest& manifest_without_shards, PhaseObserver observer,
+              const std::optional<Fence>& fence) {
+  const Manifest& m0 = manifest_without_shards;
+  const std::string at = "cannot commit step " + std::to_string(m0.step) + ": ";
+  try {
+    if (m0.step > kMaxStep) return Status::failure(at + "step larger than " + std::to_string(kMaxStep));
+    auto root_fd = open_root(root);
+    if (!root_fd) return Status::failure(at + root_fd.error());
+    auto dir = open_step_dir(root_fd->get(), m0.step);
+    if (!dir.ok()) return Status::failure(at + dir.error.message);
+    int fd = dir.value->get();
+    if (exists_at(fd, std::string(kManifestName))) return Status::failure(at + "it is already committed");
+    if (exists_at(fd, std::string(kFailedName))) return Status::failure(at + "it is marked FAILED");
+    if (Status s = check_fence_fd(root_fd->get(), fence); !s) return Status::failure(at + s.error());
+    auto entries = list_dir(fd);
+    if (!entries.ok()) return Status::failure(at + entries.error.message);
+    if (std::string link = first_symlink(*entries.value); !link.empty()) {
+      return Status::failure(at + "symlink planted: " + link);
+    }
+    auto records = present_records_fd(fd);
+    if (!records.ok()) return Status::failure(at + records.error.message);
+    CommitDecision decision = decide_commit(m0.kind, m0.layout, m0.world_size, *records.value);
+    if (!decision.complete) return Status::failure(at + "not complete: " + decision.reason);
+
+    Manifest m = m0;
+    m.shards = std::move(*records.value);
+    if (!(m.wall_time > 0) || !std::isfinite(m.wall_time)) m.wall_time = now_seconds();
+    std::string text = to_json(m);
+    // Never write a manifest that would not read back (e.g. rank coordinates outside the layout).
+    if (auto back = parse_manifest(text); !back) return Status::failure(at + back.error());
+
+    AtomicWriteHooks hooks;
+    hooks.half_written = [&] { notify(observer, SavePhase::ManifestHalfWritten); };
+    hooks.temp_written = [&] { notify(observer, SavePhase::ManifestTempWritten); };
+    hooks.renamed = [&] { notify(observer, SavePhase::ManifestRenamed); };
+    // The manifest is durable in its temp file; the last check before it becomes visible. A run that commits
+    // also writes its own epoch back when the record names an older one (store_control.cpp says when).
+    hooks.before_rename = [&] {
+      return fence ? reassert_epoch_fd(root_fd->get(), *fence) : Status::success();
+    };
+    if (Status s = write_file_atomic(fd, kManifestName, text, std::string(kManifestName), hooks); !s) {
+      return Status::failure(at + s.error());
+    }
+    AtomicWriteHooks latest_hooks;
+    latest_hooks.before_rename = [&] { return check_fence_fd(root_fd->get(), fence); };
+    if (Status s = write_file_atomic(root_fd->get(), kLatestName, step_dir_name(m.step) + "\n", "latest",
+                                     latest_hooks);
+        !s) {
+      return Status::failure("step " + std::to_string(m.step) + " is committed, but updating latest failed: " +
+                             s.error());
+    }
+    notify(observer, SavePhase::Committed);
+    return Status::success();
+  } catch (const std::exception& e) {
+    return Status::failure(at + e.what());
+  }
+}
+
+}  // namespace ckpt::store
