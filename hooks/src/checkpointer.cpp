@@ -356,7 +356,7 @@ struct Checkpointer::Impl {
     if (!entries) return;  // a new dir; ShardWriter creates it
     for (const store::Entry& e : *entries) {
       if (e.state != store::State::Incomplete || e.step <= step) continue;
-      if (Status s = store::discard_incomplete(config.dir, e.step); !s) {
+      if (Status s = store::discard_incomplete(config.dir, e.step, run_fence(config)); !s) {
         log::warn(rank, s.error());
       } else {
         log::info(rank, "discarded the incomplete checkpoint of step " + std::to_string(e.step));
@@ -452,7 +452,7 @@ struct Checkpointer::Impl {
     if (auto_saved && seconds_since(*auto_saved) < kEvery) return;
     auto_saved = Clock::now();
     enqueue(false, [this, text = auto_interval->measurements_json()] {
-      if (Status s = store::write_control_file(config.dir, kAutoMeasurements, text); !s) {
+      if (Status s = store::write_control_file(config.dir, kAutoMeasurements, text, run_fence(config)); !s) {
         log::warn(rank, "CKPT_INTERVAL=auto: cannot keep the measurements for a restart: " + s.error());
       }
     });
@@ -649,7 +649,7 @@ struct Checkpointer::Impl {
 
   // This rank's shard of `step`: the pieces in order, claiming `keys`.
   Status write_pieces(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::string>& keys) {
-    auto writer = store::ShardWriter::open(config.dir, step, rank, observer);
+    auto writer = store::ShardWriter::open(config.dir, step, rank, observer, run_fence(config));
     if (!writer) return Status::failure(writer.error());
     for (const Piece& p : pieces) {
       if (Status s = writer->append(p.name, p.data, p.size, p.meta); !s) return s;
@@ -758,7 +758,7 @@ struct Checkpointer::Impl {
       record_error(at + "not committed: " + all.error());
       return;
     }
-    if (Status s = store::commit(config.dir, manifest(job), observer); !s) {
+    if (Status s = store::commit(config.dir, manifest(job), observer, run_fence(config)); !s) {
       record_error(s.error());
       return;
     }
@@ -788,7 +788,7 @@ struct Checkpointer::Impl {
     auto entries = store::scan(config.dir);
     if (!entries) return;
     if (store::plan_gc(*entries, config.keep, committed).empty()) return;
-    auto deleted = store::gc(config.dir, config.keep, false);
+    auto deleted = store::gc(config.dir, config.keep, false, run_fence(config));
     if (!deleted) {
       log::warn(rank, "retention: " + deleted.error());
       return;
@@ -930,7 +930,7 @@ struct Checkpointer::Impl {
       if (!choice) {
         struct stat st {};
         if (::stat(config.dir.c_str(), &st) != 0 && errno == ENOENT) break;  // a first run: nothing to look at
-        store::ResumeChoice resolved = store::resolve_resume(config.dir, true);
+        store::ResumeChoice resolved = store::resolve_resume(config.dir, true, run_fence(config));
         for (const std::string& line : resolved.log) {
           if (rank == 0) {
             log::info(rank, line);
@@ -952,7 +952,7 @@ struct Checkpointer::Impl {
       }
       if (!definite) return Error{status.error()};
       log::warn(rank, status.error() + "; marking it FAILED and walking back");
-      (void)store::mark_failed(choice->first, choice->second, status.error());
+      (void)store::mark_failed(choice->first, choice->second, status.error(), run_fence(config));
       failed.push_back(choice->second);
       choice.reset();
       restored.clear();
@@ -1045,6 +1045,16 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
       log::debug(impl->rank, "no checkpoint dir (CKPT_DIR); checkpointing is off");
       return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
     }
+    if (config->rank == 0) {
+      // The newest run to start owns the dir: raising the epoch record fences every rank of an earlier run of this
+      // job (a node that froze and thaws) out of it. Here, before restore can mark a checkpoint FAILED. The other
+      // ranks do not write it (one write per run, not one per rank); until rank 0 has, they are not fenced either.
+      const store::Fence fence = run_fence(*config);
+      if (Status s = store::raise_epoch(config->dir, fence, config->run_id); !s) {
+        if (auto refusal = fenced(config->dir, fence)) return Error{"ckpt: " + *refusal};
+        log::warn(0, s.error() + "; this run cannot fence out earlier runs of the job");
+      }
+    }
     auto coord = make_coordinator(*config);
     if (!coord) return Error{coord.error()};
     impl->coord = std::move(coord).value();
@@ -1076,6 +1086,9 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
       // Committed before Slurm's SIGKILL: 90% of KillWait, from the detection.
       LastWords::Timing timing;
       timing.deadline = std::chrono::milliseconds(std::max<std::uint64_t>(config->kill_wait_s * 900, 1000));
+      // The mesh dir is per run (the run id carries the restart count): a stale rank of an earlier run publishes
+      // and reads addresses in its own run's dir, and a newer run's ranks refuse its handshake, since the per-run
+      // secret in their mesh dir is not the one it holds (heartbeat.hpp).
       auto lw = LastWords::start(
           *config, join(join(config->dir, ".control"), config->run_id + "-mesh"), impl->tracker,
           [p](std::uint64_t step, const std::vector<std::string>& keys) { return p->write_terminal(step, keys); },

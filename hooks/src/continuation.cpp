@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/store.hpp"
+#include "coordinator.hpp"
 #include "log.hpp"
 
 extern char** environ;
@@ -94,14 +95,22 @@ std::string requeue_job(const std::string& job_id) {
 }  // namespace
 
 void continue_after_time_limit(const TimeLimitStop& stop) {
+  // A stale run (a newer run of the job has started) must neither record a stop nor requeue the job: that would
+  // requeue the newer run. Its terminal commit is refused already; this covers a newer run starting since.
+  const store::Fence fence{stop.job_id, stop.restart_count};
+  if (auto refusal = fenced(stop.dir, fence)) {
+    log::warn(0, "time-limit stop at step " + std::to_string(stop.step) + ": not continued: " + *refusal);
+    return;
+  }
   const bool progress = !stop.resume_step || stop.step > *stop.resume_step;
   const std::uint64_t no_progress = stops_without_progress(stop, progress);
   nlohmann::json record = {{"job_id", stop.job_id},         {"restart_count", stop.restart_count},
                            {"step", stop.step},             {"progress", progress},
                            {"no_progress", no_progress},    {"requeue", stop.requeue},
                            {"time", static_cast<std::int64_t>(std::time(nullptr))}};
-  if (Status s = store::write_control_file(stop.dir, kTimeLimitStopFile, record.dump() + "\n"); !s) {
+  if (Status s = store::write_control_file(stop.dir, kTimeLimitStopFile, record.dump() + "\n", fence); !s) {
     log::error(0, "time-limit stop: " + s.error());
+    if (fenced(stop.dir, fence)) return;
   }
   const std::string at = "time-limit stop at step " + std::to_string(stop.step) + ": ";
   if (stop.requeue == "off") {

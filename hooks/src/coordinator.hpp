@@ -21,6 +21,18 @@
 
 namespace ckpt::hooks {
 
+// The run this process belongs to, as the store fences it: the job and its restart count. Every change the hooks
+// make to the checkpoint dir carries it (ckpt/store.hpp, "fencing of stale runs").
+inline store::Fence run_fence(const Config& config) { return store::Fence{config.job_id, config.restart_count}; }
+
+// The refusal line when a newer run than `fence`'s has started in `dir`; nullopt when none has, or when the
+// record cannot be read (the store's own checks refuse then).
+inline std::optional<std::string> fenced(const std::string& dir, const store::Fence& fence) {
+  auto record = store::read_epoch(dir);
+  if (!record) return std::nullopt;
+  return store::fence_refusal(fence, *record);
+}
+
 class Coordinator {
  public:
   virtual ~Coordinator() = default;
@@ -48,8 +60,11 @@ Result<std::unique_ptr<Coordinator>> make_coordinator(const Config& config);
 // Requests and failure reports as files under <root>/.control/<namespace>/, shared by File and Pmix. A request is
 // "ckpt-<step>" or "stop-<step>", created exclusively (write a temp file, fsync, link): readers never see half a
 // file and two ranks asking for the same step cannot clash. The namespace is the run id and the resume step, so a
-// restarted run never acts on an older run's files. Thread-safe: the training thread asks and checks, the persist
-// thread reports failures.
+// restarted run never acts on an older run's files. This is also what keeps a stale rank (an earlier run's, on a
+// node that froze and thawed) out of a newer run's coordination: the derived run id carries the restart count
+// (config.cpp, derive_run_id), so the stale rank reads and writes only its own run's namespace, which nothing of
+// the newer run looks at; these files are not fenced for that reason. The checkpoint dir itself is fenced by the
+// store (run_fence below). Thread-safe: the training thread asks and checks, the persist thread reports failures.
 class ControlDir {
  public:
   ControlDir(std::string root, std::string run_id, int rank);

@@ -5,6 +5,7 @@
 #include <map>
 #include <thread>
 
+#include "coordinator.hpp"
 #include "heartbeat.hpp"
 #include "log.hpp"
 #include "notice.hpp"
@@ -295,7 +296,9 @@ struct LastWords::Impl {
       log::warn(rank, "last words: the terminal checkpoint of step " + std::to_string(plan.step) + " is not committed");
       return finish();
     }
-    if (Status s = store::commit(config.dir, last_words_manifest(config, plan.step, store::Kind::Terminal)); !s) {
+    if (Status s = store::commit(config.dir, last_words_manifest(config, plan.step, store::Kind::Terminal),
+                                  nullptr, run_fence(config));
+        !s) {
       log::error(rank, "last words: not committed: " + s.error());
       return finish();
     }
