@@ -42,7 +42,7 @@ grep -rqF "this batch step adopts the processes its script orphans" "$CKPT_CLUST
 pass "with the plugin, the batch step's orphans end with it"
 
 # The controller says it too.
-printf 'listen = off\ndatabase = %s/ctl.db\n' "$SCRATCH" > "$SCRATCH/controller.conf"
+printf 'listen = 127.0.0.1:16899\ndatabase = %s/ctl.db\n' "$SCRATCH" > "$SCRATCH/controller.conf"
 "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" check-config > "$SCRATCH/check" 2>&1 ||
   { cat "$SCRATCH/check" >&2; fail "check-config failed"; }
 assert_contains "$SCRATCH/check" "warning: Slurm's ProctrackType=proctrack/linuxproc"

@@ -38,27 +38,8 @@ sleep 3
 assert_not_contains "$SCRATCH/ref.out" "time-limit stop"
 pass "a job that finishes its training ends COMPLETED and is not requeued"
 
-# The chain: a one-minute limit with 20 s of grace for the terminal checkpoint.
-write_train_sbatch "$SCRATCH/chain.sh" \
-  "-N2 -n2 -t 1 -o $SCRATCH/chain.out --ckpt-dir=$SCRATCH/chain/ckpt --ckpt-interval=1h --ckpt-grace=20s" \
-  train_ddp.py $ARGS --out "$SCRATCH/chain/final.bin"
-mkdir -p "$SCRATCH/chain"
-chain=$(sbatch --parsable "$SCRATCH/chain.sh")
-# Slurm holds a requeued job for its credential lifetime (about 2 minutes) before it runs again.
-wait_state "$chain" 'COMPLETED|FAILED|CANCELLED|TIMEOUT' 600
-[ "$(job_field "$chain" JobState)" = COMPLETED ] || { cat "$SCRATCH/chain.out" >&2; fail "the chain did not complete"; }
-runs=$(job_field "$chain" Restarts)
-[ "${runs:-0}" -ge 1 ] || { cat "$SCRATCH/chain.out" >&2; fail "the job finished in one allocation; nothing was tested"; }
-stops=$(sed -n 's/.*time-limit stop at step \([0-9]*\): the job requeues itself.*/\1/p' "$SCRATCH/chain.out")
-[ "$(echo "$stops" | grep -c .)" -eq "$runs" ] || { cat "$SCRATCH/chain.out" >&2; fail "expected $runs time-limit stops, saw '$stops'"; }
-for step in $stops; do
-  assert_contains "$SCRATCH/chain.out" "train_ddp: resumed from step $step"
-done
-assert_not_contains "$SCRATCH/chain.out" "TIME LIMIT"
-cmp "$SCRATCH/ref/final.bin" "$SCRATCH/chain/final.bin" || fail "the chained training's weights differ"
-pass "$((runs + 1)) allocations, stopped at steps $(echo $stops), each resumed there; weights bitwise identical"
-
-# The same chain under the recovery controller: it reads each run's record and requeues the job at once.
+# The chain under the recovery controller, a one-minute limit with 20 s of grace for the terminal checkpoint: the
+# controller reads each run's record and requeues the job at once.
 PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 40 ))
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 write_train_sbatch "$SCRATCH/ctl.sh" \
@@ -66,8 +47,10 @@ write_train_sbatch "$SCRATCH/ctl.sh" \
   train_ddp.py $ARGS --out "$SCRATCH/ctl/final.bin"
 mkdir -p "$SCRATCH/ctl"
 ctl=$(sbatch --parsable "$SCRATCH/ctl.sh")
-wait_state "$ctl" 'COMPLETED|FAILED|CANCELLED|TIMEOUT' 300
-for _ in $(seq 40); do [ -s "$SCRATCH/ctl/final.bin" ] && break; sleep 0.25; done
+# Between two runs the job is briefly COMPLETED (the run ended; the controller has not requeued it yet): wait for
+# the training's end, then for the job's.
+for _ in $(seq 1200); do [ -s "$SCRATCH/ctl/final.bin" ] && break; sleep 0.25; done
+wait_state "$ctl" 'COMPLETED|FAILED|CANCELLED|TIMEOUT' 60
 [ "$(job_field "$ctl" JobState)" = COMPLETED ] && [ -s "$SCRATCH/ctl/final.bin" ] ||
   { cat "$SCRATCH/ctl.out" "$SCRATCH/controller.log" >&2; fail "the controller's chain did not complete"; }
 ctl_runs=$(job_field "$ctl" Restarts)
@@ -79,9 +62,9 @@ assert_not_contains "$SCRATCH/ctl.out" "the job requeues itself"
   { cat "$SCRATCH/ctl.history" >&2; fail "the controller's history does not show each of the $ctl_runs time-limit stops"; }
 cmp "$SCRATCH/ref/final.bin" "$SCRATCH/ctl/final.bin" || fail "the controller's chain ended with other weights"
 pass "under the controller: $((ctl_runs + 1)) allocations, each stop in its history; weights bitwise identical"
-controller_down
 
-# A user's scancel: the ranks take their terminal checkpoint on SIGTERM, and the job stays cancelled.
+# A user's scancel, with the controller watching: the ranks take their terminal checkpoint on SIGTERM, and the job
+# stays cancelled.
 write_train_sbatch "$SCRATCH/cancel.sh" "-N2 -n2 -t 5 -o $SCRATCH/cancel.out --ckpt-dir=$SCRATCH/cancel/ckpt --ckpt-interval=1h" \
   train_ddp.py $ARGS --out "$SCRATCH/cancel/final.bin"
 cancel=$(sbatch --parsable "$SCRATCH/cancel.sh")
@@ -94,4 +77,25 @@ sleep 5
   fail "a cancelled job came back: $(job_field "$cancel" JobState), restarts $(job_field "$cancel" Restarts)"
 assert_not_contains "$SCRATCH/cancel.out" "time-limit stop"
 pass "scancel ends the job for good"
+controller_down
+
+# Without the controller the job requeues itself, and Slurm holds it for its credential lifetime (about 2
+# minutes) before each new run: a shorter chain (500 slower steps, two allocations or more) shows that path.
+write_train_sbatch "$SCRATCH/chain.sh" \
+  "-N2 -n2 -t 1 -o $SCRATCH/chain.out --ckpt-dir=$SCRATCH/chain/ckpt --ckpt-interval=1h --ckpt-grace=20s" \
+  train_ddp.py --steps 500 --step-sleep 0.05 --log-every 100 --out "$SCRATCH/chain/final.bin"
+mkdir -p "$SCRATCH/chain"
+chain=$(sbatch --parsable "$SCRATCH/chain.sh")
+wait_state "$chain" 'COMPLETED|FAILED|CANCELLED|TIMEOUT' 600
+[ "$(job_field "$chain" JobState)" = COMPLETED ] && [ -s "$SCRATCH/chain/final.bin" ] ||
+  { cat "$SCRATCH/chain.out" >&2; fail "the self-requeued chain did not complete"; }
+runs=$(job_field "$chain" Restarts)
+[ "${runs:-0}" -ge 1 ] || { cat "$SCRATCH/chain.out" >&2; fail "the job finished in one allocation; nothing was tested"; }
+stops=$(sed -n 's/.*time-limit stop at step \([0-9]*\): the job requeues itself.*/\1/p' "$SCRATCH/chain.out")
+[ "$(echo "$stops" | grep -c .)" -eq "$runs" ] || { cat "$SCRATCH/chain.out" >&2; fail "expected $runs time-limit stops, saw '$stops'"; }
+for step in $stops; do
+  assert_contains "$SCRATCH/chain.out" "train_ddp: resumed from step $step"
+done
+assert_contains "$SCRATCH/chain.out" "train_ddp: step 500 "
+pass "without a controller: $((runs + 1)) allocations, the job requeued itself at steps $(echo $stops) and resumed there"
 finish
