@@ -415,6 +415,7 @@ Verdict Engine::handle_event(const Event& e, std::uint32_t uid, double now) {
       if (!e.ckpt_dir.empty() && e.ckpt_dir != r.ckpt_dir) {
         if (trusted_uids_.count(uid) != 0) {
           r.ckpt_dir = e.ckpt_dir;
+          r.trusted_dirs = e.trusted_dirs;
         } else {
           log_limited(LogLevel::Warning, "ckpt-dir",
                       "job " + std::to_string(e.job_id) + ": ckpt_dir '" + e.ckpt_dir.substr(0, 256) + "' from uid " +
@@ -828,10 +829,11 @@ std::optional<CheckpointView> Engine::checkpoint_view(JobRecord& r, double now) 
   Runtime& rt = runtime(r.job_id);
   if (!rt.checkpoints_started) {
     const std::string dir = r.ckpt_dir;
+    const std::string trusted = r.trusted_dirs;
     const std::uint32_t uid = r.uid_known ? r.uid : 65534;  // nobody, while the owner is not known
     const std::uint32_t gid = r.uid_known ? r.gid : 65534;
-    rt.checkpoints = run_detached([dir, uid, gid] {
-      return read_checkpoints_as(dir, uid, gid, kCheckpointReadTimeout_s);
+    rt.checkpoints = run_detached([dir, trusted, uid, gid] {
+      return read_checkpoints_as(dir, trusted, uid, gid, kCheckpointReadTimeout_s);
     });
     rt.checkpoints_started = true;
   }

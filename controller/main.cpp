@@ -276,7 +276,9 @@ int cmd_history(const Client& c, const std::string& job, bool as_json) {
 
 int main(int argc, char** argv) {
   // The checkpoint reader, run with a job owner's permissions (see read_checkpoints_as): not a user command.
-  if (argc == 3 && std::string(argv[1]) == "--read-checkpoints") return checkpoint_reader_main(argv[2]);
+  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--read-checkpoints") {
+    return checkpoint_reader_main(argv[2], argc == 4 ? argv[3] : "");
+  }
   CLI::App app{"ckpt-controller: restarts failed Slurm jobs fast, off bad nodes, within a budget"};
   app.set_help_all_flag("--help-all");
   // -c and --url may also follow the subcommand: `ckpt-controller run -c FILE` as well as `-c FILE run`.

@@ -233,7 +233,9 @@ void set_checkpoint_reader(const std::string& exe) {
   g_reader_exe = exe;
 }
 
-int checkpoint_reader_main(const std::string& dir) {
+int checkpoint_reader_main(const std::string& dir, const std::string& trusted_dirs) {
+  // The store opens the dir under the rules the plugin created it with (ckpt/trusted_dir.hpp).
+  if (!trusted_dirs.empty()) ::setenv("CKPT_TRUSTED_DIRS", trusted_dirs.c_str(), 1);
   CheckpointView v = read_checkpoints(dir);
   nlohmann::json j = {{"newest_complete", v.newest_complete ? nlohmann::json(*v.newest_complete) : nlohmann::json(nullptr)},
                       {"newest_wall_time", v.newest_wall_time},
@@ -243,7 +245,8 @@ int checkpoint_reader_main(const std::string& dir) {
   return 0;
 }
 
-CheckpointView read_checkpoints_as(const std::string& dir, std::uint32_t uid, std::uint32_t gid, double timeout_s) {
+CheckpointView read_checkpoints_as(const std::string& dir, const std::string& trusted_dirs, std::uint32_t uid,
+                                   std::uint32_t gid, double timeout_s) {
   CheckpointView view;
   if (dir.empty()) return view;
   if (geteuid() != 0) return read_checkpoints(dir);  // unprivileged already: nothing to drop
@@ -277,7 +280,7 @@ CheckpointView read_checkpoints_as(const std::string& dir, std::uint32_t uid, st
   }
   const std::string flag = "--read-checkpoints";
   char* const argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>(flag.c_str()), const_cast<char*>(dir.c_str()),
-                        nullptr};
+                        const_cast<char*>(trusted_dirs.c_str()), nullptr};
   pid_t pid = fork();
   if (pid == 0) {
     dup2(out[1], STDOUT_FILENO);

@@ -82,10 +82,13 @@ CheckpointView read_checkpoints(const std::string& dir);
 // `uid`, `gid` and the owner's supplementary groups and execs the reader registered with
 // set_checkpoint_reader(), which prints the view as JSON; after `timeout_s` it is killed and the view says so.
 // Unprivileged, it reads in this thread. Call it from a thread that holds no lock the engine needs.
-CheckpointView read_checkpoints_as(const std::string& dir, std::uint32_t uid, std::uint32_t gid, double timeout_s);
-// The program run by read_checkpoints_as as `<exe> --read-checkpoints DIR` (ckpt-controller itself).
+// `trusted_dirs` (':'-separated, from the plugin) are the site's prefixes where the reader's checks of the dir's
+// components start (ckpt/trusted_dir.hpp), as they did when the plugin created it.
+CheckpointView read_checkpoints_as(const std::string& dir, const std::string& trusted_dirs, std::uint32_t uid,
+                                   std::uint32_t gid, double timeout_s);
+// The program run by read_checkpoints_as as `<exe> --read-checkpoints DIR [TRUSTED_DIRS]` (ckpt-controller itself).
 void set_checkpoint_reader(const std::string& exe);
 // The reader's side: prints read_checkpoints(dir) as one JSON line; returns the exit status.
-int checkpoint_reader_main(const std::string& dir);
+int checkpoint_reader_main(const std::string& dir, const std::string& trusted_dirs);
 
 }  // namespace ckpt::controller

@@ -197,6 +197,7 @@ std::string to_json(const Event& e) {
   }
   if (e.type == EventType::JobStart) {
     j["ckpt_dir"] = e.ckpt_dir;
+    if (!e.trusted_dirs.empty()) j["trusted_dirs"] = e.trusted_dirs;
     if (e.max_restarts) j["max_restarts"] = *e.max_restarts;
     j["needs_checkpoint"] = e.needs_checkpoint;
     j["in_allocation"] = e.in_allocation;
@@ -242,6 +243,10 @@ Result<Event> parse_event(std::string_view input) {
     if (!safe_text(e.ckpt_dir, 4096) || (!e.ckpt_dir.empty() && e.ckpt_dir[0] != '/')) {
       return Error{"event has a bad ckpt_dir"};
     }
+    e.trusted_dirs = text(j, "trusted_dirs");
+    if (!safe_text(e.trusted_dirs, 4096) || (!e.trusted_dirs.empty() && e.trusted_dirs[0] != '/')) {
+      return Error{"event has bad trusted_dirs"};
+    }
     if (j.contains("max_restarts") && !j["max_restarts"].is_null()) {
       e.max_restarts = number<std::uint64_t>(j, "max_restarts", 0);
       if (*e.max_restarts > kMaxRestartBudget) {
@@ -286,6 +291,7 @@ std::string to_json(const JobRecord& r) {
   j["gid"] = r.gid;
   j["submit_time"] = r.submit_time;
   j["ckpt_dir"] = r.ckpt_dir;
+  j["trusted_dirs"] = r.trusted_dirs;
   j["needs_checkpoint"] = r.needs_checkpoint;
   j["restart_count"] = r.restart_count;
   j["budget"] = {{"max_restarts", r.budget.max_restarts},
@@ -345,6 +351,7 @@ Result<JobRecord> parse_job_record(std::string_view input) {
     r.gid = number<std::uint32_t>(j, "gid", 0);
     r.submit_time = number<double>(j, "submit_time", 0.0);
     r.ckpt_dir = text(j, "ckpt_dir");
+    r.trusted_dirs = text(j, "trusted_dirs");
     r.needs_checkpoint = flag(j, "needs_checkpoint");
     r.restart_count = number<std::uint32_t>(j, "restart_count", 0);
     if (auto it = j.find("budget"); it != j.end() && it->is_object()) {

@@ -140,7 +140,8 @@ class Walk {
         continue;  // open what is there now, made by us or by a racer; the checks decide
       }
       if (err == ELOOP || err == ENOTDIR) return follow(name, here);
-      return "cannot open '" + here + "': " + std::strerror(err);
+      // The dir itself is named as the store always named it; a component above it by its own path.
+      return (pending_.empty() ? "cannot open checkpoint dir '" : "cannot open '") + here + "': " + std::strerror(err);
     }
     return "cannot open '" + here + "'";
   }

@@ -50,6 +50,7 @@ struct Event {
   int signal = 0;                      // TaskExit: the signal that killed it, 0 when it exited
   std::uint32_t uid = 0;               // the job's uid as the sender saw it (informational)
   std::string ckpt_dir;                // JobStart: CKPT_DIR
+  std::string trusted_dirs;            // JobStart: the site's allowed dirs that hold it, ':'-separated
   std::optional<std::uint64_t> max_restarts;  // JobStart: CKPT_MAX_RESTARTS
   bool needs_checkpoint = false;       // JobStart: CKPT_REQUIRE_CHECKPOINT=yes; never restart from scratch
   bool in_allocation = false;          // JobStart: the step runs under ckpt-run (CKPT_RUN set)
@@ -253,6 +254,7 @@ struct JobRecord {
   std::uint32_t gid = 0;                 // the job's group as Slurm reports it
   double submit_time = 0;                // Slurm's submit time of the current run (see job_identity)
   std::string ckpt_dir;                  // as the plugin (root or SlurmUser) reported it; never from the user
+  std::string trusted_dirs;              // with it: where the owner-side reader starts its checks (trusted_dir.hpp)
   bool needs_checkpoint = false;
   std::uint32_t restart_count = 0;       // Slurm restart count of the run being tracked
   Budget budget;
