@@ -63,12 +63,6 @@ void write_all(int fd, const std::string& text) {
   }
 }
 
-std::string join_prefixes(const std::vector<std::string>& prefixes) {
-  std::string out;
-  for (const auto& p : prefixes) out += (out.empty() ? "" : ":") + p;
-  return out;
-}
-
 struct ChildReport {
   std::string error;
   ckpt::store::ResumeChoice resume;
@@ -82,7 +76,7 @@ std::string owner_work(const JobIds& ids, const std::string& dir, const std::vec
   if (!fd) return "E " + fd.error() + "\n";
   close(*fd);
   // The store opens its root under the same rules (ckpt/trusted_dir.hpp).
-  setenv("CKPT_TRUSTED_DIRS", join_prefixes(trusted).c_str(), 1);
+  setenv("CKPT_TRUSTED_DIRS", ckpt::join_trusted_prefixes(trusted).c_str(), 1);
   std::string out;
   try {
     auto choice = ckpt::store::resolve_resume(dir, true);
@@ -262,7 +256,7 @@ int remote_user_init(spank_t sp) {
 
   for (const auto& [name, value] : ckpt::settings_environment(*settings)) export_env(sp, name, value);
   export_env(sp, "CKPT_JOB_ID", job.job_id);
-  export_env(sp, "CKPT_TRUSTED_DIRS", join_prefixes(trusted));
+  export_env(sp, "CKPT_TRUSTED_DIRS", ckpt::join_trusted_prefixes(trusted));
   // Who continues a job stopped at its time limit: the site's recovery controller, or the job itself.
   export_env(sp, "CKPT_REQUEUE", state.policy.controller.empty() ? "self" : "controller");
   // Steps of a requeued batch job report a restart count of 0; the job's environment has the real one.

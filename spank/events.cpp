@@ -228,9 +228,7 @@ void report_job_start(spank_t sp, const ckpt::Settings& settings) noexcept {
     e.type = rec::EventType::JobStart;
     if (!fill_ids(sp, e)) return;
     e.ckpt_dir = settings.dir;
-    for (const auto& prefix : ckpt::trusted_prefixes_of(settings.dir, state.policy)) {
-      e.trusted_dirs += (e.trusted_dirs.empty() ? "" : ":") + prefix;
-    }
+    e.trusted_dirs = ckpt::join_trusted_prefixes(ckpt::trusted_prefixes_of(settings.dir, state.policy));
     e.max_restarts = settings.max_restarts;
     e.needs_checkpoint = truthy(job_getenv(sp, "CKPT_REQUIRE_CHECKPOINT"));
     e.in_allocation = !job_getenv(sp, "CKPT_RUN").empty();

@@ -251,6 +251,12 @@ bool path_within(std::string_view path, std::string_view prefix) {
   return path.size() == prefix.size() || path[prefix.size()] == '/';
 }
 
+std::string join_trusted_prefixes(const std::vector<std::string>& prefixes) {
+  std::string out;
+  for (const auto& p : prefixes) out += (out.empty() ? "" : ":") + p;
+  return out;
+}
+
 std::vector<std::string> trusted_prefixes_of(const std::string& dir, const SitePolicy& policy) {
   std::vector<std::string> out;
   for (const auto& prefix : policy.allowed_dirs) {

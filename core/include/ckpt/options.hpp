@@ -75,6 +75,9 @@ struct SitePolicy {
 // the checkpoint dir must belong to root or the job's user (ckpt/trusted_dir.hpp). Empty: check from "/".
 std::vector<std::string> trusted_prefixes_of(const std::string& dir, const SitePolicy& policy);
 
+// The prefixes as CKPT_TRUSTED_DIRS carries them (and the job-start report): ':'-separated, "" when none.
+std::string join_trusted_prefixes(const std::vector<std::string>& prefixes);
+
 // Parses plugstack.conf arguments. Fails closed: an unknown key or a bad value is an error naming it.
 Result<SitePolicy> parse_site_policy(const std::vector<std::string>& args);
 
