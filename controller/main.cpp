@@ -1,5 +1,6 @@
 // ckpt-controller: the job-level recovery controller. `ckpt-controller run` is the daemon (foreground, logs to
 // stderr, SIGTERM stops it, sd_notify READY when systemd asks); the other subcommands are its clients.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -167,6 +168,25 @@ struct Client {
     return body;
   }
 
+  // The status page as this caller may see it (HTML), with the same credential as get().
+  ckpt::Result<std::string> page(const std::string& path) const {
+    HttpRequest req;
+    req.url = url + path;
+    req.timeout_s = 20;
+    auto cred = munge_encode_payload(read_credential_payload(path), munge_socket);
+    if (cred) req.headers.emplace_back(kCredentialHeader, *cred);
+    HttpResponse res = http_request(req);
+    if (!res.error.empty()) return ckpt::Error{"cannot reach the controller at " + url + ": " + res.error};
+    if (res.status != 200) {
+      json body = json::parse(res.body, nullptr, false);
+      std::string e = body.is_object() ? body.value("error", "") : "";
+      if (e.rfind("ckpt-controller: ", 0) == 0) e = e.substr(17);
+      return ckpt::Error{(e.empty() ? "HTTP " + std::to_string(res.status) : e) + (cred ? "" : " (" + cred.error() + ")")};
+    }
+    if (!cred) std::fprintf(stderr, "ckpt-controller: %s: the page shows what anyone may see (no jobs)\n", cred.error().c_str());
+    return res.body;
+  }
+
   ckpt::Result<std::string> admin(const std::string& op, const std::string& arg) const {
     auto cred = munge_encode_payload(json{{"op", op}, {"arg", arg}}.dump(), munge_socket);
     if (!cred) return ckpt::Error{cred.error()};
@@ -272,6 +292,32 @@ int cmd_history(const Client& c, const std::string& job, bool as_json) {
   return 0;
 }
 
+// Saves the status page (one job's with `job`) to `out` (mode 0600: it may show private jobs), or prints it.
+int cmd_page(const Client& c, const std::string& job, const std::string& out) {
+  auto html = c.page(job.empty() ? "/status" : "/status/" + job);
+  if (!html) return fail(html.error());
+  if (out.empty() || out == "-") {
+    std::fwrite(html->data(), 1, html->size(), stdout);
+    return 0;
+  }
+  int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return fail(out + ": " + std::strerror(errno));
+  std::size_t off = 0;
+  while (off < html->size()) {
+    ssize_t n = write(fd, html->data() + off, html->size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      close(fd);
+      return fail(out + ": " + std::strerror(err));
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  if (close(fd) != 0) return fail(out + ": " + std::strerror(errno));
+  std::printf("%s\n", out.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -300,6 +346,10 @@ int main(int argc, char** argv) {
   auto* history = app.add_subcommand("history", "what happened to one job");
   history->add_option("JOB", job, "job id")->required();
   history->add_flag("--json", as_json, "print JSON");
+  std::string page_out;
+  auto* page = app.add_subcommand("page", "save the status page (HTML, your jobs and their timelines) to a file");
+  page->add_option("JOB", job, "one job only");
+  page->add_option("-o,--output", page_out, "file to write (mode 0600; default: standard output)");
   auto* release = app.add_subcommand("release", "restart a job the controller gave up on (admins), budget reset");
   release->add_option("JOB", job, "job id")->required();
   auto* forget = app.add_subcommand("forget-node", "stop excluding a node (admins); resumes it if the controller drained it");
@@ -343,6 +393,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand(status)) return cmd_status(client, as_json);
     if (app.got_subcommand(jobs)) return cmd_jobs(client, as_json);
     if (app.got_subcommand(history)) return cmd_history(client, job, as_json);
+    if (app.got_subcommand(page)) return cmd_page(client, job, page_out);
     if (app.got_subcommand(release) || app.got_subcommand(forget)) {
       auto r = app.got_subcommand(release) ? client.admin("release", job) : client.admin("forget-node", node);
       if (!r) return fail(r.error());

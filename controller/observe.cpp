@@ -44,6 +44,20 @@ const std::map<std::string, std::string>& help() {
 
 }  // namespace
 
+Metrics::Metrics() {
+  using ckpt::recovery::Ending;
+  for (Ending e : {Ending::NodeFailure, Ending::TaskCrash, Ending::TimeLimit, Ending::Preemption, Ending::OutOfMemory,
+                   Ending::UserCancel, Ending::CleanExit, Ending::DoNotRestart}) {
+    const std::string ending = std::string("ending=\"") + ckpt::recovery::to_string(e) + "\"";
+    counters_["ckpt_controller_gave_up_total"][ending] = 0;
+    if (!ckpt::recovery::restartable(e)) continue;
+    for (const char* path : {"requeue", "relaunch"}) {
+      counters_["ckpt_controller_restarts_total"][ending + ",path=\"" + path + "\""] = 0;
+    }
+  }
+  for (const char* path : {"requeue", "relaunch"}) recovery_[path].buckets.assign(recovery_buckets().size(), 0);
+}
+
 void Metrics::add(const std::string& name, const std::string& labels, double value) {
   std::lock_guard<std::mutex> lock(mutex_);
   counters_[name][labels] += value;

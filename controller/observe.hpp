@@ -18,6 +18,10 @@ namespace ckpt::controller {
 // Counters and the recovery-latency histogram, rendered in Prometheus' text format. Thread-safe.
 class Metrics {
  public:
+  // Declares, at zero, the labelled series that dashboards and alerting rules use (restarts by ending and path,
+  // give-ups by ending, the recovery histogram by path): Prometheus' increase() and rate() do not count a
+  // series' first sample, so a counter that first appeared at 1 would hide the first give-up from an alert.
+  Metrics();
   void add(const std::string& name, const std::string& labels, double value = 1);
   // Recovery latency (failure report to the new run's first step), per path ("requeue" or "relaunch").
   void observe_recovery(const std::string& path, double seconds);

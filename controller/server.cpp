@@ -28,6 +28,7 @@
 #include "engine.hpp"
 #include "log.hpp"
 #include "munge_auth.hpp"
+#include "status_page.hpp"
 
 namespace ckpt::controller {
 
@@ -48,6 +49,7 @@ struct Response {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  std::string headers;  // extra header lines, each ending in \r\n
 };
 
 const char* reason_phrase(int status) {
@@ -75,12 +77,12 @@ const char* reason_phrase(int status) {
 std::string serialize(const Response& r) {
   std::string out = "HTTP/1.1 " + std::to_string(r.status) + " " + reason_phrase(r.status) + "\r\n";
   out += "Content-Type: " + r.content_type + "\r\nContent-Length: " + std::to_string(r.body.size()) +
-         "\r\nConnection: close\r\n\r\n";
+         "\r\nConnection: close\r\n" + r.headers + "\r\n";
   out += r.body;
   return out;
 }
 
-Response json_reply(int status, const json& body) { return Response{status, "application/json", body.dump() + "\n"}; }
+Response json_reply(int status, const json& body) { return Response{status, "application/json", body.dump() + "\n", {}}; }
 
 Response error_reply(int status, const std::string& message) {
   return json_reply(status, json{{"ok", false}, {"error", "ckpt-controller: " + message}});
@@ -137,6 +139,24 @@ std::optional<std::uint32_t> job_id_of(const std::string& text) {
   auto id = ckpt::parse_uint(text);
   if (!id || *id == 0 || *id > 0xffffffffULL) return std::nullopt;
   return static_cast<std::uint32_t>(*id);
+}
+
+// The status page (status_page.hpp), under the read endpoints' access rules: / and /status list the reader's
+// jobs (none without a credential), /status/<id> is one job's page (401 without a credential, as /v1/jobs/<id>).
+Response page_reply(Engine& engine, const std::string& path, const rec::ReadAccess& access) {
+  std::optional<std::uint32_t> job;
+  const std::string prefix = "/status/";
+  const std::string rest = path.rfind(prefix, 0) == 0 ? path.substr(prefix.size()) : "";
+  if (path.rfind(prefix, 0) == 0) {
+    job = job_id_of(rest);
+    if (!job) return error_reply(400, "bad job id '" + rest.substr(0, 32) + "'");
+    if (!access.uid) {
+      return error_reply(401, "reading job " + rest + " needs a MUNGE credential (" + kCredentialHeader + " header)");
+    }
+  }
+  auto html = render_status_page(engine, access, now_s(), job);
+  if (!html) return error_reply(404, "job " + rest + " is not tracked, or not yours");
+  return Response{200, "text/html; charset=utf-8", std::move(*html), kStatusPageHeaders};
 }
 
 // A fixed number of threads and a bounded queue. submit() refuses when the queue is full.
@@ -314,7 +334,7 @@ void Server::Impl::dispatch(Connection& c) {
   c.fd = -1;
   const bool event = c.head.target == "/v1/events";
   if (c.head.target == "/healthz") {  // cheap and lock-free: answered by the reading thread itself
-    write_and_close(fd, serialize(Response{200, "text/plain", "ok\n"}), 0.1);
+    write_and_close(fd, serialize(Response{200, "text/plain", "ok\n", {}}), 0.1);
     return;
   }
   auto head = std::make_shared<rec::HttpHead>(std::move(c.head));
@@ -359,7 +379,7 @@ std::optional<std::uint32_t> Server::Impl::reader_uid(const rec::HttpHead& head,
 Response Server::Impl::handle_read(const rec::HttpHead& head) {
   const std::string& path = head.target;
   if (path == "/metrics") {
-    return Response{200, "text/plain; version=0.0.4", engine.metrics_text(now_s())};
+    return Response{200, "text/plain; version=0.0.4", engine.metrics_text(now_s()), {}};
   }
   std::string error;
   auto uid = reader_uid(head, error);
@@ -368,6 +388,7 @@ Response Server::Impl::handle_read(const rec::HttpHead& head) {
     return error_reply(403, error);
   }
   const rec::ReadAccess access = engine.read_access(uid);
+  if (path == "/" || path == "/status" || path.rfind("/status/", 0) == 0) return page_reply(engine, path, access);
   if (path == "/v1/status") return json_reply(200, engine.status_json(now_s(), access));
   if (path == "/v1/jobs") return json_reply(200, engine.jobs_json(now_s(), access));
   const std::string prefix = "/v1/jobs/";

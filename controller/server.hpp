@@ -17,6 +17,7 @@
 //                                    header X-Ckpt-Credential: a MUNGE credential with payload "GET <path>";
 //                                    each user sees their own jobs, root, SlurmUser and admin_users all; without
 //                                    one, status has counts only, jobs is empty and a job's pages answer 401
+//   GET  / | /status | /status/<id>  the status page (status_page.hpp): HTML with the same access rules
 //   GET  /metrics | /healthz         open: counts by state and node names, no job ids or users
 #include <memory>
 #include <string>

@@ -15,6 +15,8 @@ packages=(
   python3-torch python3-numpy
   # test helpers
   procps psmisc curl
+  # operations checks: promtool (the alerting rules), headless Chromium (the status page)
+  prometheus chromium
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -26,7 +28,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
 apt-get install -y -q --no-install-recommends "${packages[@]}"
 # Debian enables the system services on install; the test cluster runs its own private daemons instead.
-for svc in slurmctld slurmd slurmrestd munge; do
+for svc in slurmctld slurmd slurmrestd munge prometheus; do
   if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
     systemctl disable --now "$svc" >/dev/null 2>&1 || true
   fi
