@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""bench/scale/report.py OUT: the table of bench/scale/run.sh's results, each figure fitted against N.
+
+Reads OUT/n<N>/{train,resume}/ (rank-R.txt lines of bench_scale_rank, the srun log, strace files of the traced
+ranks, the phase file run.sh wrote, the checkpoint dir's listing) and prints a Markdown table: one row per figure,
+one column per N, then the log-log slope between the smallest and the largest N that have the figure, the least
+squares slope over every N, and the value extrapolated to 16,384 ranks from the largest N along that slope.
+"""
+import math
+import os
+import re
+import statistics
+import sys
+
+TARGET = 16384
+
+
+def read_kv_line(text):
+    return {m.group(1): m.group(2).strip('"') for m in re.finditer(r'(\w+)=("[^"]*"|\S+)', text)}
+
+
+def number(value):
+    """A figure of a rank line; None when absent or negative (bench_scale_rank writes -1 for "not measured")."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if v >= 0 else None
+
+
+def load_phase(path):
+    phase = {"ranks": {}, "log": "", "meta": {}, "strace": {}, "listing": []}
+    if not os.path.isdir(path):
+        return None
+    for name in os.listdir(path):
+        m = re.fullmatch(r"rank-(\d+)\.txt", name)
+        if m:
+            with open(os.path.join(path, name)) as f:
+                phase["ranks"][int(m.group(1))] = read_kv_line(f.read())
+    if os.path.exists(os.path.join(path, "log")):
+        with open(os.path.join(path, "log"), errors="replace") as f:
+            phase["log"] = f.read()
+    if os.path.exists(os.path.join(path, "phase")):
+        with open(os.path.join(path, "phase")) as f:
+            for line in f:
+                key, _, value = line.strip().partition("=")
+                phase["meta"][key] = value
+    strace_dir = os.path.join(path, "strace")
+    if os.path.isdir(strace_dir):
+        for name in os.listdir(strace_dir):
+            m = re.fullmatch(r"rank-(\d+)", name)
+            if m:
+                with open(os.path.join(strace_dir, name), errors="replace") as f:
+                    phase["strace"][int(m.group(1))] = f.read().splitlines()
+    if os.path.exists(os.path.join(path, "ckpt-listing")):
+        with open(os.path.join(path, "ckpt-listing")) as f:
+            phase["listing"] = [line.split(" ", 2) for line in f.read().splitlines()]
+    return phase
+
+
+STRACE_LINE = re.compile(r"^\d+\s+(\d+\.\d+)\s+(\w+)\(")
+
+
+def fs_ops(lines, ckpt_dir, t_from, t_to):
+    """Syscalls of one traced rank that touch the checkpoint dir (by path or by the fd's path) in [t_from, t_to)."""
+    total, control = 0, 0
+    for line in lines:
+        if "resumed>" in line:
+            continue
+        m = STRACE_LINE.match(line)
+        if not m or ckpt_dir not in line:
+            continue
+        t = float(m.group(1))
+        if t_from <= t < t_to:
+            total += 1
+            if "/.control/" in line:
+                control += 1
+    return total, control
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def checkpoint_size(listing):
+    """Bytes and files of the newest complete checkpoint in a listing ('y size path' lines): the step dir `latest`
+    names, else the largest step dir."""
+    dirs = {}
+    for entry in listing:
+        if len(entry) != 3 or entry[0] != "f":
+            continue
+        parts = entry[2].split("/")
+        if len(parts) < 3 or parts[1].startswith("."):
+            continue
+        d = dirs.setdefault(parts[1], [0, 0])
+        d[0] += int(entry[1])
+        d[1] += 1
+    if not dirs:
+        return None, None
+    name = max(dirs, key=lambda k: (dirs[k][1], k))
+    return dirs[name][0], dirs[name][1]
+
+
+def analyse(n, train, resume):
+    row = {}
+    ranks = train["ranks"] if train else {}
+    ckpt_dir = (train or resume or {"meta": {}})["meta"].get("ckpt_dir", "")
+    if train:
+        row["train: ranks that trained to the last step"] = \
+            f"{sum(1 for r in ranks.values() if r.get('end_step') == r.get('target') and r.get('stopped') == '0')}/{n}"
+        row["train: ranks stopped by last words"] = sum(1 for r in ranks.values() if r.get("stopped") == "1")
+        row["train: ranks failed"] = sum(1 for r in ranks.values() if r.get("failed") == "1")
+        row["train: srun exit status"] = train["meta"].get("rc")
+        row["train: 1-min load average before / after"] = \
+            f"{train['meta'].get('loadavg_start', '-').split(' ')[0]} / {train['meta'].get('loadavg_end', '-').split(' ')[0]}"
+        dead = re.findall(r"last words: rank (\d+) is dead", train["log"])
+        row["train: false deaths (ranks declared dead / lines)"] = f"{len(set(dead))} / {len(dead)}"
+        row["train: step reached (median rank)"] = median(number(r.get("end_step")) for r in ranks.values())
+        row["train: terminal checkpoints written"] = len(re.findall(r"committed the terminal checkpoint", train["log"]))
+        row["train: error lines"] = len(re.findall(r"(?m)^.*(error|fail|cannot)", train["log"], re.I))
+        row["CPU per rank while training (% of a core)"] = median(number(r.get("cpu_pct")) for r in ranks.values())
+        row["TCP connections per rank (after open)"] = median(number(r.get("tcp_conns_open")) for r in ranks.values())
+        row["TCP segments sent per rank per s"] = median(number(r.get("segs_out_per_s")) for r in ranks.values())
+        row["heartbeats per rank per s, documented: (N-1)/100 ms"] = (n - 1) * 10.0
+        row["steps per s while training"] = median(number(r.get("steps_per_s")) for r in ranks.values())
+        row["open time, no checkpoint (s, median)"] = median(number(r.get("open_restore_s")) for r in ranks.values())
+        r0 = ranks.get(0, {})
+        row["periodic commit latency (s, rank 0 median)"] = number(r0.get("commit_median_s"))
+        row["periodic commits seen by rank 0"] = number(r0.get("commits"))
+        size, files = checkpoint_size(train["listing"])
+        row["checkpoint size (bytes, all shards)"] = size
+        row["files per checkpoint per rank"] = files / n if files else None
+        for rank_label, pick in (("rank 0", lambda k: k == 0), ("other ranks", lambda k: k != 0)):
+            start, per_ckpt, per_step = [], [], []
+            for k, lines in train["strace"].items():
+                if not pick(k) or k not in ranks:
+                    continue
+                r = ranks[k]
+                t_open, t_train, t_end = (number(r.get(x)) for x in ("t_open", "t_train", "t_end"))
+                start.append(fs_ops(lines, ckpt_dir, 0, t_train)[0])
+                # The polling of the control dir while training, per step; every other operation from the first
+                # step to the exit (the last checkpoint persists while the program closes), per checkpoint.
+                _, control = fs_ops(lines, ckpt_dir, t_train, t_end)
+                total, control_all = fs_ops(lines, ckpt_dir, t_train, math.inf)
+                steps = number(r.get("end_step")) - number(r.get("resume_step"))
+                ckpts = number(r.get("snapshots")) or 1
+                per_step.append(control / steps if steps else None)
+                per_ckpt.append((total - control_all) / ckpts)
+            row[f"FS ops at start, fresh ({rank_label})"] = median(start)
+            row[f"FS ops per checkpoint, data ({rank_label})"] = median(per_ckpt)
+            row[f"FS ops per step, control dir ({rank_label})"] = median(per_step)
+    if resume:
+        rr = resume["ranks"]
+        row["resume: ranks with results"] = f"{len(rr)}/{n}"
+        row["open+restore time (s, median)"] = median(number(r.get("open_restore_s")) for r in rr.values())
+        row["open+restore time (s, max)"] = max((number(r.get("open_restore_s")) for r in rr.values()), default=None)
+        size = row.get("checkpoint size (bytes, all shards)")
+        rchar = [number(r.get("rchar")) for r in rr.values()]
+        if size and rchar:
+            row["bytes read at resume per rank / checkpoint size"] = statistics.median(rchar) / size
+            row["bytes read at resume, all ranks / checkpoint size"] = sum(rchar) / size
+        starts = []
+        for k, lines in resume["strace"].items():
+            if k != 0 and k in rr:
+                starts.append(fs_ops(lines, ckpt_dir, 0, number(rr[k].get("t_train")))[0])
+        row["FS ops at start, resuming (other ranks)"] = median(starts)
+        if 0 in resume["strace"] and 0 in rr:
+            row["FS ops at start, resuming (rank 0)"] = fs_ops(resume["strace"][0], ckpt_dir, 0,
+                                                               number(rr[0].get("t_train")))[0]
+        victim, t_kill = resume["meta"].get("victim"), number(resume["meta"].get("t_kill"))
+        if not (victim and t_kill):
+            row["killed rank: survivors that logged its death"] = "no kill: the run ended before the marker step"
+        else:
+            seen = [float(t) for t in re.findall(
+                rf"last words: rank {victim} is dead \([^)]*\), detected at unix ([0-9.]+)", resume["log"])]
+            commits = [float(x) for x in re.findall(r"committed the terminal checkpoint of step \d+, ([0-9.]+) s after",
+                                                     resume["log"])]
+            # A rank declared dead before the kill is a false death. After it, survivors that wrote their part leave
+            # without a goodbye and their peers log them as dead too: the end of the job, not a failure.
+            others = re.findall(r"last words: rank (\d+) is dead \([^)]*\), detected at unix ([0-9.]+)", resume["log"])
+            row["killed rank: survivors that logged its death"] = f"{len(seen)}/{n - 1}"
+            row["resume: false deaths (declared before the kill)"] = len(
+                {r for r, t in others if r != victim and float(t) < t_kill})
+            if seen:
+                row["detection latency, first survivor (s)"] = min(seen) - t_kill
+                row["detection latency, median survivor (s)"] = statistics.median(seen) - t_kill
+                row["detection latency, last survivor (s)"] = max(seen) - t_kill
+            row["last-words commits"] = len(commits)
+            row["last-words commit latency (s after detection)"] = commits[0] if commits else None
+            row["resume: srun exit status"] = resume["meta"].get("rc")
+    return row
+
+
+def slope(points):
+    points = [(n, v) for n, v in points if isinstance(v, (int, float)) and v is not None and v > 0]
+    if len(points) < 2:
+        return None, None
+    (n0, v0), (n1, v1) = points[0], points[-1]
+    ends = math.log(v1 / v0) / math.log(n1 / n0)
+    xs = [math.log(n) for n, _ in points]
+    ys = [math.log(v) for _, v in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    lsq = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else None
+    return ends, lsq
+
+
+def fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, int) or float(v).is_integer() and abs(v) >= 1:
+        return f"{int(v)}"
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    if abs(v) >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+FITTED = ("CPU per rank", "TCP connections", "TCP segments", "heartbeats per rank", "open+restore time", "open time", "periodic commit latency",
+          "bytes read at resume", "FS ops", "detection latency", "last-words commit latency", "files per checkpoint")
+
+
+def main():
+    out = sys.argv[1]
+    sizes = sorted(int(d[1:]) for d in os.listdir(out) if re.fullmatch(r"n\d+", d))
+    rows, order = {}, []
+    for n in sizes:
+        row = analyse(n, load_phase(os.path.join(out, f"n{n}", "train")), load_phase(os.path.join(out, f"n{n}", "resume")))
+        for key, value in row.items():
+            if key not in rows:
+                rows[key] = {}
+                order.append(key)
+            rows[key][n] = value
+    if os.path.exists(os.path.join(out, "meta")):
+        with open(os.path.join(out, "meta")) as f:
+            for line in f:
+                print(f"    {line.rstrip()}")
+        print()
+    print("| figure | " + " | ".join(f"N={n}" for n in sizes) + " | slope (ends) | slope (lsq) | at 16,384 (extrapolated) |")
+    print("|---|" + "---:|" * len(sizes) + "---:|---:|---:|")
+    for key in order:
+        values = [rows[key].get(n) for n in sizes]
+        ends = lsq = extrapolated = None
+        if key.startswith(FITTED):
+            points = [(n, v) for n, v in zip(sizes, values) if isinstance(v, (int, float))]
+            ends, lsq = slope(points)
+            positive = [(n, v) for n, v in points if v and v > 0]
+            if ends is not None and positive:
+                n_last, v_last = positive[-1]
+                extrapolated = v_last * (TARGET / n_last) ** ends
+        print(f"| {key} | " + " | ".join(fmt(v) for v in values) +
+              f" | {fmt(ends) if ends is not None else '-'} | {fmt(lsq) if lsq is not None else '-'} | "
+              f"{fmt(extrapolated) if extrapolated is not None else '-'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# The in-job protocol's per-rank costs against the world size (issue 11), on the local 4-node cluster; a
+# benchmark, not a test. For each N it runs bench_scale_rank (4 KiB of host state per rank, layout dp=N, steps of
+# STEP_MS, a checkpoint every K steps) twice with the same checkpoint dir:
+#   train:  srun -N4 -n N -O --ckpt-last-words=on --ckpt-dir=DIR --ckpt-interval=Ksteps, STEPS steps from scratch;
+#   resume: the same command, which resumes from the newest checkpoint; once rank 0 is W+5 steps past the resume
+#           step, one rank (N/2, on the third node) is SIGKILLed and the survivors' last words are timed.
+# A few ranks of each run (0, 1 and N-1; TRACE) run under strace to count their file-system operations on the
+# checkpoint dir. bench/scale/report.py turns the results into the table and the fits against N.
+#
+#   bench/scale/run.sh [-n "16 64 128"] [-s STEPS] [-r RESUME_STEPS] [-k K] [-m STEP_MS] [-w on|off]
+#                      [-T TIMEOUT_S] [-o OUT]
+# Needs the cluster up (tests/cluster.sh up) and bench_scale_rank built in $CKPT_BUILD_DIR (default build/).
+# Each run holds the cluster lock ($CKPT_CLUSTER_LOCK, /tmp/ckpt-cluster.lock) while it runs.
+set -euo pipefail
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${CKPT_BUILD_DIR:-$SRC/build}
+PROG=$BUILD/bench/bench_scale_rank
+D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
+export SLURM_CONF=${SLURM_CONF:-$D/etc/slurm.conf}
+LOCK=${CKPT_CLUSTER_LOCK:-/tmp/ckpt-cluster.lock}
+
+SIZES="16 64 128"
+STEPS=100
+RESUME_STEPS=40
+K=20
+STEP_MS=50
+WARMUP=5
+LAST_WORDS=on
+TIMEOUT=240
+OUT=""
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while getopts "n:s:r:k:m:w:T:o:h" opt; do
+  case $opt in
+    n) SIZES=$OPTARG ;;
+    s) STEPS=$OPTARG ;;
+    r) RESUME_STEPS=$OPTARG ;;
+    k) K=$OPTARG ;;
+    m) STEP_MS=$OPTARG ;;
+    w) LAST_WORDS=$OPTARG ;;
+    T) TIMEOUT=$OPTARG ;;
+    o) OUT=$OPTARG ;;
+    *) usage ;;
+  esac
+done
+[ -x "$PROG" ] || { echo "bench/scale: $PROG is not built (cmake --build $BUILD --target bench_scale_rank)" >&2; exit 1; }
+"$SRC/tests/cluster.sh" status > /dev/null 2>&1 || { echo "bench/scale: the cluster is not up (tests/cluster.sh up)" >&2; exit 1; }
+OUT=${OUT:-/tmp/bench-scale.$(date -u +%Y%m%dT%H%M%S)}
+mkdir -p "$OUT"
+# The checkpoint dirs live under the cluster's allowed dir, the job user's own (root here), mode 0700.
+CKROOT=$(mktemp -d "$D/ckpt/bench-scale.XXXXXX")
+chmod 700 "$CKROOT"
+{
+  echo "command: $0 $*"
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "host: $(hostname) $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), $(uname -r)"
+  echo "settings: sizes=$SIZES steps=$STEPS resume_steps=$RESUME_STEPS interval=${K}steps step_ms=$STEP_MS warmup=$WARMUP last_words=$LAST_WORDS"
+  echo "ckpt_root: $CKROOT"
+} > "$OUT/meta"
+cat "$OUT/meta"
+
+job=""
+cleanup() { [ -n "$job" ] && scancel --name="$job" > /dev/null 2>&1 || true; }
+trap cleanup EXIT
+
+# run_phase N PHASE STEPS [KILL_AT_STEP]: one srun; waits for it (at most TIMEOUT s), kills a rank when asked.
+run_phase() {
+  local n=$1 phase=$2 steps=$3 kill_at=${4:-} dir=$OUT/n$1/$2 ckdir=$CKROOT/n$1 pid t0 t_kill="" victim="" rc load0
+  mkdir -p "$dir/pids" "$dir/strace"
+  job=bench-scale-$$-n$n-$phase
+  local extra=()
+  [ -n "$kill_at" ] && extra=(--marker-step "$kill_at")
+  load0=$(cut -d' ' -f1-3 /proc/loadavg)
+  t0=$(date +%s.%N)
+  BENCH_SCALE_TRACE="0,1,$((n - 1))" BENCH_SCALE_STRACE=$dir/strace \
+    srun -N4 -n"$n" -O -J "$job" --ckpt-last-words="$LAST_WORDS" --ckpt-dir="$ckdir" --ckpt-interval="${K}steps" \
+    "$SRC/bench/scale/wrap.sh" "$PROG" --out "$dir" --steps "$steps" --step-ms "$STEP_MS" --warmup "$WARMUP" \
+    "${extra[@]}" > "$dir/log" 2>&1 {lock}>&- &
+  pid=$!
+  local deadline=$(( $(date +%s) + TIMEOUT ))
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ -n "$kill_at" ] && [ -z "$t_kill" ] && [ -f "$dir/marker" ]; then
+      victim=$((n / 2))
+      if [ -f "$dir/pids/rank-$victim" ]; then
+        t_kill=$(date +%s.%N)
+        kill -KILL "$(cat "$dir/pids/rank-$victim")" 2>/dev/null || t_kill=""
+      fi
+    fi
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "bench/scale: N=$n $phase: still running after ${TIMEOUT}s; cancelling it" >&2
+      scancel --name="$job" > /dev/null 2>&1 || true
+      echo "timeout=$TIMEOUT" >> "$dir/phase"
+      deadline=$(( $(date +%s) + 60 ))
+    fi
+    sleep 0.05
+  done
+  rc=0
+  wait "$pid" || rc=$?
+  job=""
+  {
+    echo "n=$n"
+    echo "rc=$rc"
+    echo "t_start=$t0"
+    echo "t_done=$(date +%s.%N)"
+    echo "victim=$victim"
+    echo "t_kill=$t_kill"
+    echo "ckpt_dir=$ckdir"
+    echo "loadavg_start=$load0"
+    echo "loadavg_end=$(cut -d' ' -f1-3 /proc/loadavg)"
+  } >> "$dir/phase"
+  printf 'N=%-5s %-6s srun rc %-3s %5.1f s, %s rank results\n' "$n" "$phase" "$rc" \
+    "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')" "$(ls "$dir" | grep -c '^rank-.*\.txt$' || true)"
+}
+
+for n in $SIZES; do
+  exec {lock}> "$LOCK"
+  flock "$lock"
+  run_phase "$n" train "$STEPS"
+  # A copy of the checkpoint dir's listing (sizes, files per step) before the resume run adds to it.
+  (cd "$CKROOT/n$n" && find . -printf '%y %s %p\n' | sort -k3) > "$OUT/n$n/train/ckpt-listing" 2>/dev/null || true
+  kill_at=""
+  [ "$LAST_WORDS" = on ] && kill_at=$((STEPS + WARMUP + 5))
+  run_phase "$n" resume $((STEPS + RESUME_STEPS)) $kill_at
+  (cd "$CKROOT/n$n" && find . -printf '%y %s %p\n' | sort -k3) > "$OUT/n$n/resume/ckpt-listing" 2>/dev/null || true
+  flock -u "$lock"
+  exec {lock}>&-
+done
+python3 "$SRC/bench/scale/report.py" "$OUT" | tee "$OUT/report.md"
+echo "(results in $OUT; checkpoints in $CKROOT)"

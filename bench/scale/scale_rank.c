@@ -1,0 +1,259 @@
+/* bench_scale_rank: one rank of the scale benchmark (bench/scale/run.sh), a training job through the C ABI.
+ *
+ *   srun ... bench_scale_rank --out DIR [--steps S] [--step-ms MS] [--warmup W] [--marker-step M]
+ *
+ * Each rank registers 4 KiB of host state, declares the layout dp=<world size> (so that --ckpt-last-words=on
+ * arms the last words), restores, and trains until step S: a "step" sleeps MS milliseconds (the compute, which
+ * costs no CPU here, so that the CPU a rank uses is the library's), calls the guard, changes the state and calls
+ * ckpt_after_step. It measures itself, without a tracer:
+ *   - open+restore: wall time, and /proc/self/io rchar, read_bytes and syscr across ckpt_open + ckpt_restore;
+ *   - while training (from step resume+W to the last step): CPU (getrusage of the whole process, every thread
+ *     of the library included) over wall time, and the TCP connections it holds (socket fds in /proc/self/fd
+ *     that are established TCP) with the segments sent and received on them (TCP_INFO), hence messages per s;
+ *   - rank 0: the latency of each periodic commit (ckpt_stats.last_commit_s, sampled after every step).
+ * It writes DIR/pids/rank-R (pid) at start, DIR/marker when rank 0 reaches step M, and DIR/rank-R.txt, one line
+ * of key=value, when it stops. Exit status 0 when training ended normally or stopped after a terminal checkpoint.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+
+#define STATE_BYTES 4096
+#define MAX_COMMITS 256
+
+static double unix_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double cpu_seconds(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+         (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* /proc/self/io counters; zero when the file cannot be read. */
+typedef struct io_counters {
+  unsigned long long rchar, read_bytes, syscr;
+} io_counters;
+
+static io_counters read_io(void) {
+  io_counters c = {0, 0, 0};
+  FILE* f = fopen("/proc/self/io", "r");
+  if (f == NULL) return c;
+  char key[64];
+  unsigned long long value;
+  while (fscanf(f, "%63[^:]: %llu\n", key, &value) == 2) {
+    if (strcmp(key, "rchar") == 0) c.rchar = value;
+    if (strcmp(key, "read_bytes") == 0) c.read_bytes = value;
+    if (strcmp(key, "syscr") == 0) c.syscr = value;
+  }
+  fclose(f);
+  return c;
+}
+
+/* The sockets this process holds: every socket fd, the established TCP ones, and their segment counters. */
+typedef struct socket_census {
+  int sockets, tcp_established;
+  unsigned long long segs_out, segs_in;
+} socket_census;
+
+static socket_census count_sockets(void) {
+  socket_census c = {0, 0, 0, 0};
+  DIR* d = opendir("/proc/self/fd");
+  if (d == NULL) return c;
+  int own = dirfd(d);
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    int fd = atoi(e->d_name);
+    if (fd == own) continue;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    ++c.sockets;
+    int protocol = 0;
+    socklen_t len = sizeof protocol;
+    if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &len) != 0 || protocol != IPPROTO_TCP) continue;
+    struct tcp_info info;
+    memset(&info, 0, sizeof info);
+    len = sizeof info;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 || info.tcpi_state != 1 /* ESTABLISHED */) continue;
+    ++c.tcp_established;
+    c.segs_out += info.tcpi_segs_out;
+    c.segs_in += info.tcpi_segs_in;
+  }
+  closedir(d);
+  return c;
+}
+
+static int compare_doubles(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
+}
+
+static void write_file(const char* path, const char* text) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE* f = fopen(tmp, "w");
+  if (f == NULL) return;
+  fputs(text, f);
+  fclose(f);
+  rename(tmp, path);
+}
+
+static void usage(void) {
+  fprintf(stderr, "usage: bench_scale_rank --out DIR [--steps S] [--step-ms MS] [--warmup W] [--marker-step M]\n");
+  exit(2);
+}
+
+int main(int argc, char** argv) {
+  const char* out = NULL;
+  long steps = 60, step_ms = 50, warmup = 5, marker_step = -1;
+  for (int i = 1; i < argc; ++i) {
+    if (i + 1 >= argc) usage();
+    char* end = NULL;
+    const char* arg = argv[i];
+    const char* value = argv[++i];
+    if (strcmp(arg, "--out") == 0) {
+      out = value;
+      continue;
+    }
+    errno = 0;
+    long n = strtol(value, &end, 10);
+    if (errno != 0 || end == value || *end != '\0' || n < 0) usage();
+    if (strcmp(arg, "--steps") == 0) steps = n;
+    else if (strcmp(arg, "--step-ms") == 0) step_ms = n;
+    else if (strcmp(arg, "--warmup") == 0) warmup = n;
+    else if (strcmp(arg, "--marker-step") == 0) marker_step = n;
+    else usage();
+  }
+  if (out == NULL) usage();
+
+  const char* ntasks = getenv("SLURM_NTASKS");
+  int world = ntasks != NULL ? atoi(ntasks) : 1;
+  char layout[64];
+  snprintf(layout, sizeof layout, "layout=dp=%d", world > 0 ? world : 1);
+  const char* settings[] = {layout};
+
+  char path[4096], line[4096];
+  double t_open = unix_now();
+  io_counters io0 = read_io();
+  ckpt_checkpointer* cp = NULL;
+  if (ckpt_open(settings, 1, &cp) != 0) {
+    fprintf(stderr, "bench_scale_rank: %s\n", ckpt_last_error());
+    return 1;
+  }
+  int rank = ckpt_rank(cp);
+  snprintf(path, sizeof path, "%s/pids/rank-%d", out, rank);
+  snprintf(line, sizeof line, "%d\n", (int)getpid());
+  write_file(path, line);
+
+  static unsigned char state[STATE_BYTES];
+  for (int i = 0; i < STATE_BYTES; ++i) state[i] = (unsigned char)(rank + i);
+  uint64_t step = 0;
+  if (ckpt_register_host(cp, "state", state, sizeof state, 0, NULL) != 0 || ckpt_restore(cp, &step) != 0) {
+    fprintf(stderr, "bench_scale_rank: rank %d: %s\n", rank, ckpt_last_error());
+    ckpt_free(cp);
+    return 1;
+  }
+  double t_restored = unix_now();
+  io_counters io1 = read_io();
+  socket_census at_open = count_sockets(); /* the mesh is complete once ckpt_open returns */
+  uint64_t resume_step = step;
+
+  double commits[MAX_COMMITS];
+  int n_commits = 0;
+  uint64_t seen_committed = 0;
+  double t_warm = 0, cpu_warm = 0;
+  socket_census at_warm = {0, 0, 0, 0};
+  int stopped = 0, failed = 0;
+  char error[512] = "";
+  struct timespec nap = {step_ms / 1000, (step_ms % 1000) * 1000000L};
+  for (; step < (uint64_t)steps; ++step) {
+    if (step == resume_step + (uint64_t)warmup) {
+      t_warm = unix_now();
+      cpu_warm = cpu_seconds();
+      at_warm = count_sockets();
+    }
+    nanosleep(&nap, NULL); /* forward and backward */
+    if (ckpt_before_update(cp) != 0) {
+      snprintf(error, sizeof error, "%s", ckpt_last_error());
+      /* The last words started while this rank was between steps: a stop, not a failure. */
+      if (strncmp(error, "ckpt: training is stopped", 25) == 0) stopped = 1;
+      else failed = 1;
+      break;
+    }
+    for (int i = 0; i < STATE_BYTES; ++i) state[i] = (unsigned char)(state[i] * 31u + (unsigned)step);
+    if (ckpt_after_step(cp, step + 1, &stopped) != 0) {
+      snprintf(error, sizeof error, "%s", ckpt_last_error());
+      failed = 1;
+      break;
+    }
+    if (rank == 0) {
+      ckpt_stats st;
+      if (ckpt_stats_get(cp, &st) == 0 && st.committed > seen_committed) {
+        seen_committed = st.committed;
+        if (n_commits < MAX_COMMITS) commits[n_commits++] = st.last_commit_s;
+      }
+      if ((long)(step + 1) == marker_step) {
+        snprintf(path, sizeof path, "%s/marker", out);
+        snprintf(line, sizeof line, "%llu %.3f\n", (unsigned long long)(step + 1), unix_now());
+        write_file(path, line);
+      }
+    }
+    if (stopped) {
+      ++step;
+      break;
+    }
+  }
+  double t_end = unix_now(), cpu_end = cpu_seconds();
+  socket_census at_end = count_sockets();
+  double window = t_warm > 0 ? t_end - t_warm : 0;
+  double cpu_pct = window > 0 ? 100.0 * (cpu_end - cpu_warm) / window : -1;
+  double out_per_s = window > 0 ? (double)(at_end.segs_out - at_warm.segs_out) / window : -1;
+  double in_per_s = window > 0 ? (double)(at_end.segs_in - at_warm.segs_in) / window : -1;
+  if (at_end.segs_out < at_warm.segs_out) out_per_s = -1; /* a connection closed in between */
+
+  ckpt_stats st;
+  memset(&st, 0, sizeof st);
+  ckpt_stats_get(cp, &st);
+  double commit_median = -1, commit_max = -1;
+  if (n_commits > 0) {
+    qsort(commits, (size_t)n_commits, sizeof commits[0], compare_doubles);
+    commit_median = commits[n_commits / 2];
+    commit_max = commits[n_commits - 1];
+  }
+  snprintf(line, sizeof line,
+           "rank=%d world=%d pid=%d target=%ld resume_step=%llu end_step=%llu stopped=%d failed=%d open_restore_s=%.4f "
+           "rchar=%llu read_bytes=%llu syscr=%llu cpu_pct=%.3f window_s=%.3f steps_per_s=%.3f tcp_conns=%d "
+           "sockets=%d tcp_conns_open=%d tcp_conns_end=%d segs_out_per_s=%.2f segs_in_per_s=%.2f commits=%d commit_median_s=%.4f "
+           "commit_max_s=%.4f snapshots=%llu committed=%llu backpressure_waits=%llu t_open=%.3f t_train=%.3f "
+           "t_end=%.3f error=\"%s\"\n",
+           rank, world, (int)getpid(), steps, (unsigned long long)resume_step, (unsigned long long)step, stopped, failed,
+           t_restored - t_open, io1.rchar - io0.rchar, io1.read_bytes - io0.read_bytes, io1.syscr - io0.syscr,
+           cpu_pct, window, window > 0 ? (double)(step - resume_step - (uint64_t)warmup) / window : -1,
+           t_warm > 0 ? at_warm.tcp_established : -1, t_warm > 0 ? at_warm.sockets : -1,
+           at_open.tcp_established, at_end.tcp_established, out_per_s, in_per_s, n_commits,
+           commit_median, commit_max, (unsigned long long)st.snapshots, (unsigned long long)st.committed,
+           (unsigned long long)st.backpressure_waits, t_open, t_restored, t_end, error);
+  snprintf(path, sizeof path, "%s/rank-%d.txt", out, rank);
+  write_file(path, line); /* before close: after last words the library may end a lingering process */
+  int rc = ckpt_close(cp);
+  if (rc != 0) fprintf(stderr, "bench_scale_rank: rank %d: close: %s\n", rank, ckpt_last_error());
+  ckpt_free(cp);
+  return failed ? 1 : 0;
+}
