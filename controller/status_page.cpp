@@ -106,24 +106,31 @@ details { margin-top: 6px; } details table { font-size: 12px; }
   // ---- what a job's history says: state intervals, failures, checkpoints and lost work, recoveries ----------
   var TRANSITION = /^([a-z-]+) -> ([a-z-]+): /;
   var TASK_EXIT = /: rank \d+ (killed by signal|exited)/;
-  var DECIDED = /newest complete checkpoint: (?:step (\d+)|none); lost work ([0-9.]+) s/;
+  var DECIDED = /^([^;]+); newest complete checkpoint: (?:step (\d+)|none); lost work ([0-9.]+) s/;
+  var NOT_A_FAILURE = { "clean exit": 1, "user cancel": 1 };  // the run ended; nothing was lost
   var RECOVERY = /running again after ([0-9.]+) s \(([^)]*)\): decision ([0-9.]+) s, slurm ([0-9.]+) s, launch ([0-9.]+) s/;
 
   function model(lines, job, now) {
     var m = { states: [], failures: [], checkpoints: [], recoveries: [], start: lines[0].time, end: lines[0].time };
-    var state = "running", since = lines[0].time, run = lines[0].restart_count, failedAt = null;
+    var state = "running", since = lines[0].time, run = lines[0].restart_count, failedAt = null, episode = null;
     lines.forEach(function (l) {
       var x, t = l.time;
       m.end = Math.max(m.end, t);
       if (l.kind === "transition" && (x = TRANSITION.exec(l.text))) {
         m.states.push({ state: state, from: since, to: t, run: run });
         state = x[2]; since = t; run = l.restart_count;
-        if (state === "failing") { failedAt = t; m.failures.push({ time: t, text: l.text, first: true }); }
+        if (state === "failing") {
+          failedAt = t;
+          episode = { time: t, text: l.text, first: true };
+          m.failures.push(episode);
+        }
       } else if (l.kind === "event" && TASK_EXIT.test(l.text)) {
         m.failures.push({ time: t, text: l.text, first: false });
       } else if (l.kind === "decision" && (x = DECIDED.exec(l.text))) {
-        var failed = failedAt !== null ? failedAt : t;
-        m.checkpoints.push({ step: x[1] === undefined ? null : +x[1], lost: +x[2], failed: failed, text: l.text });
+        var failed = failedAt !== null ? failedAt : t, ended = NOT_A_FAILURE[x[1]] === 1;
+        if (ended && episode) episode.ended = true;
+        m.checkpoints.push({ step: x[2] === undefined ? null : +x[2], lost: +x[3], failed: failed,
+          ended: ended, text: l.text });
       } else if (l.kind === "recovery" && (x = RECOVERY.exec(l.text))) {
         var total = +x[1], a = +x[3], b = +x[4], from = t - total;
         m.recoveries.push({ path: x[2] || "requeue", total: total, run: l.restart_count, text: l.text, phases: [
@@ -174,7 +181,7 @@ details { margin-top: 6px; } details table { font-size: 12px; }
     g = add(svg, sv("g", { "class": "failures" }));
     m.checkpoints.forEach(function (c) {
       var from = c.failed - c.lost;
-      titled(add(g, sv("rect", { x: x(from), y: 58, width: wide(from, c.failed), height: 16, fill: "#ffcdd2",
+      if (!c.ended) titled(add(g, sv("rect", { x: x(from), y: 58, width: wide(from, c.failed), height: 16, fill: "#ffcdd2",
         "class": "lost-work" })), "lost work " + dur(c.lost) + (c.step === null ? " (no checkpoint)" : ""));
       if (c.step === null) return;
       var cx = x(from);
@@ -184,6 +191,7 @@ details { margin-top: 6px; } details table { font-size: 12px; }
     });
     m.failures.forEach(function (f) {
       var fx = x(f.time);
+      if (f.ended) return;  // the run ended (a clean exit, a cancel): no failure to mark
       if (!f.first) {
         titled(add(g, sv("line", { x1: fx, x2: fx, y1: 60, y2: 72, stroke: "#e57373", "stroke-width": 1 })), f.text);
         return;

@@ -3,7 +3,7 @@
 ARTIFACTS=$CKPT_BUILD_DIR/artifacts
 
 # free_port: an unused TCP port on 127.0.0.1.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+declare -F free_port > /dev/null || free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # page_render URL NAME: leaves the DOM in $SCRATCH/NAME.dom and the screenshot in $ARTIFACTS/NAME.png.
 page_render() {

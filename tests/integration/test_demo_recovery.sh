@@ -2,10 +2,13 @@
 # The whole story on the real cluster, as the README's main job shows it: a 3-node PyTorch training job
 # (slurm-examples/train_ddp.py) loses a node mid-run. The plugin reports the failure, the recovery controller
 # requeues the job off the dead node within seconds, the job resumes from the newest complete checkpoint, and its
-# final weights equal an uninterrupted run's bit for bit.
+# final weights equal an uninterrupted run's bit for bit. Headless Chromium then shows the controller's status
+# page with the job's recovery (screenshot: <build>/artifacts/status-page.png), and /metrics has every series the
+# Grafana dashboard and the alerting rules use.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/controller_lib.sh"
 source "$(dirname "$0")/torch_lib.sh"
+source "$(dirname "$0")/status_page_lib.sh"
 SRC=$CKPT_SOURCE_DIR
 DEMO=$SCRATCH
 PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 10 ))
@@ -61,6 +64,9 @@ done
 
 say "what the controller did"
 ctl history "$job" || true
+
+say "the status page in a browser, and the metrics the dashboard and the alerts use"
+check_status_page "$job" ctl
 
 say "result"
 ref=$(cut -d' ' -f1 "$DEMO/reference/final.bin.sha256")

@@ -3,9 +3,10 @@
 # checks it on a real job):
 #   - the page a browser gets (no MUNGE credential) loads with no console output, says it shows counts only,
 #     is never cached or framed, and a job's page answers 401;
-#   - the same page with a job's history in the engine's line formats (two requeues, the second after a node was
-#     excluded) and hostile text in it draws the timeline, lists both recoveries with their phases, and shows the
-#     hostile text as text: no element of it reaches the DOM, no script of it runs.
+#   - the same page with a job's history in the engine's line formats (two requeues, then a clean exit) and
+#     hostile text in it draws the timeline (a clean exit is no failure and loses no work), lists both
+#     recoveries with their phases, and shows the hostile text as text: no element of it reaches the DOM, no
+#     script of it runs.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/status_page_lib.sh"
 CTL=$CKPT_BUILD_DIR/controller/ckpt-controller
@@ -68,7 +69,9 @@ raw = [
     (53.01, 1, "transition", "failing -> requeueing: task crash: restart 2 (0 of 3 without progress; resumes from step 70)"),
     (60.00, 2, "transition", "pending -> running: run 2 started"),
     (60.10, 2, "recovery", "running again after 10.100 s (requeue): decision 3.000 s, slurm 7.000 s, launch 0.100 s"),
-    (90.00, 2, "transition", "running -> completed: ended cleanly"),
+    (88.00, 2, "transition", "running -> failing: failure reported"),
+    (88.40, 2, "decision", "clean exit; newest complete checkpoint: step 100; lost work 3.000 s"),
+    (88.40, 2, "transition", "failing -> completed: ended cleanly"),
 ]
 lines = [{"time": t0 + dt, "restart_count": r, "kind": k, "text": x} for dt, r, k, x in raw]
 job = {"job_id": 4242, "state": "completed", "restart_count": 2, "restarts": 2, "restarts_without_progress": 0,
@@ -93,6 +96,7 @@ dom_has status-page-sample 'recovery 2 (requeue): running again as run 2 after 1
 dom_has status-page-sample 'class="phase phase-slurm"'
 dom_has status-page-sample 'step 30'
 dom_has status-page-sample 'step 70'
+dom_has status-page-sample 'step 100'
 dom_has status-page-sample '&lt;/script&gt;&lt;img src=x onerror='
 dom_lacks status-page-sample '<img'
 dom_lacks status-page-sample '<b id="injected"'
@@ -101,7 +105,9 @@ failures=$(grep -o 'class="failure"' "$SCRATCH/status-page-sample.dom" | wc -l)
 checkpoints=$(grep -o 'class="checkpoint"' "$SCRATCH/status-page-sample.dom" | wc -l)
 runs=$(grep -o 'data-state="running"' "$SCRATCH/status-page-sample.dom" | wc -l)
 echo "sample job: $runs running spans, $failures failures, $checkpoints checkpoints, $recoveries recoveries drawn"
-[ "$recoveries" = 2 ] && [ "$failures" = 2 ] && [ "$checkpoints" = 2 ] && [ "$runs" = 3 ] \
-  || fail "expected 3 running spans, 2 failures, 2 checkpoints and 2 recoveries"
+lost=$(grep -o 'class="lost-work"' "$SCRATCH/status-page-sample.dom" | wc -l)
+echo "sample job: $lost lost-work spans (the clean exit at the end loses nothing and is no failure)"
+[ "$recoveries" = 2 ] && [ "$failures" = 2 ] && [ "$checkpoints" = 3 ] && [ "$runs" = 3 ] && [ "$lost" = 2 ] \
+  || fail "expected 3 running spans, 2 failures, 3 checkpoints, 2 lost-work spans and 2 recoveries"
 echo "hostile text shown as text: no <img>, no injected element"
 finish
