@@ -3,6 +3,9 @@
 // `exit_code` (0 success, 1 a negative answer such as "verify failed", 2 the question could not be asked).
 #include <CLI/CLI.hpp>
 
+// The tool's one-line description (its --help and the man page's NAME).
+inline constexpr const char* kCkptAbout = "ckpt: inspect and maintain slurm-ckpt checkpoint directories";
+
 // ls, verify, latest and gc over a checkpoint dir.
 void add_store_commands(CLI::App& app, int& exit_code);
 void add_interval_commands(CLI::App& app, int& exit_code);  // interval and simulate: the interval model.

@@ -7,7 +7,7 @@
 #include "commands.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckpt: inspect and maintain slurm-ckpt checkpoint directories"};
+  CLI::App app{kCkptAbout};
   app.require_subcommand(1);
   int exit_code = 0;
   add_store_commands(app, exit_code);

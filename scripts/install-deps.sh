@@ -17,6 +17,8 @@ packages=(
   procps psmisc curl
   # operations checks: promtool (the alerting rules), headless Chromium (the status page)
   prometheus chromium
+  # packages and man pages: cpack's DEB (dpkg-shlibdeps) and RPM (rpmbuild) output, lintian, groff and man
+  dpkg-dev rpm lintian groff man-db
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ckpt/parse.hpp"
+#include "ckpt/site_keys.hpp"
 
 namespace ckpt {
 
@@ -77,6 +78,26 @@ const std::array<OptionSpec, 7>& option_specs() {
   return specs;
 }
 
+const std::array<SiteKeySpec, 6>& site_key_specs() {
+  static const std::array<SiteKeySpec, 6> specs{{
+      {"min_interval", "DURATION",
+       "Shortest checkpoint interval a job may ask for, and the floor of auto; 0s: no floor", "5m"},
+      {"max_interval", "DURATION", "Longest checkpoint interval, and the ceiling of auto; 0s: none", "6h"},
+      {"allowed_dirs", "DIR[:DIR...]",
+       "Checkpoint dirs must lie below one of these absolute paths (default: anywhere the user may write)",
+       "/scratch:/lustre/ckpt"},
+      {"enabled_by_default", "yes|no",
+       "Give checkpointing to jobs that ask for none (no: a job that asks for nothing pays nothing)", "no"},
+      {"node_mtbf", "DURATION",
+       "Mean time between failures of one node; a job's MTBF for auto is this divided by its node count",
+       "50000h"},
+      {"controller", "URL|DIR",
+       "Where job events go: the recovery controller's http(s) URL, or a spool dir it reads (default: none)",
+       "http://127.0.0.1:6830"},
+  }};
+  return specs;
+}
+
 const OptionSpec& option_spec(OptionId id) {
   for (const auto& spec : option_specs()) {
     if (spec.id == id) return spec;
@@ -138,6 +159,9 @@ Result<SitePolicy> parse_site_policy(const std::vector<std::string>& args) {
       }
     }
     if (matched_option) continue;
+    bool site_key = false;
+    for (const auto& spec : site_key_specs()) site_key = site_key || key == spec.key;
+    if (!site_key) return Error{"plugstack.conf: unknown key '" + key + "'"};
 
     if (key == "min_interval" || key == "max_interval" || key == "node_mtbf") {
       auto d = parse_duration(value);
@@ -160,7 +184,7 @@ Result<SitePolicy> parse_site_policy(const std::vector<std::string>& args) {
       if (value.empty()) return bad("a spool directory or an http(s) URL");
       policy.controller = value;
     } else {
-      return Error{"plugstack.conf: unknown key '" + key + "'"};
+      return Error{"plugstack.conf: " + key + ": in site_key_specs() but not parsed"};  // a bug, caught by tests
     }
   }
   if (policy.max_interval_s != 0 && policy.max_interval_s < policy.min_interval_s) {

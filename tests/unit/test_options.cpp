@@ -4,6 +4,7 @@
 
 #include "ckpt/options.hpp"
 #include "ckpt/parse.hpp"
+#include "ckpt/site_keys.hpp"
 
 using namespace ckpt;
 
@@ -141,6 +142,15 @@ TEST_CASE("parse_site_policy", "[options][config]") {
     CHECK_FALSE(parse_site_policy({"min_interval=1h", "max_interval=5m"}).ok());
     CHECK_FALSE(parse_site_policy({"keep=2", "keep=3"}).ok());
     CHECK_FALSE(parse_site_policy({"node_mtbf=0"}).ok());
+  }
+}
+
+TEST_CASE("site_key_specs: every key parses, with its example", "[options][config]") {
+  for (const auto& spec : site_key_specs()) {
+    INFO(spec.key);
+    CHECK(parse_site_policy({std::string(spec.key) + "=" + spec.example}).ok());
+    // A key that is also an option would be parsed as the option, never as site policy.
+    for (const auto& option : option_specs()) CHECK(std::string(spec.key) != option.key);
   }
 }
 

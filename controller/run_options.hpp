@@ -1,0 +1,37 @@
+#pragma once
+// ckpt-run's own options, which come before the srun command line: one table for its usage text, its parser and
+// its man page (man/ generates ckpt-run(1) from it).
+#include <array>
+#include <string_view>
+
+namespace ckpt::controller {
+
+struct RunOptionSpec {
+  const char* name;   // "--min-nodes"
+  const char* arg;    // what the value looks like: "N"
+  const char* usage;  // what it does, for --help and the man page
+};
+
+inline constexpr std::array<RunOptionSpec, 4> kRunOptions{{
+    {"--controller", "URL",
+     "The recovery controller (default: $CKPT_CONTROLLER_URL, else the listen address of the controller's config "
+     "file, $CKPT_CONTROLLER_CONFIG or /etc/slurm-ckpt/controller.conf). Without a reachable controller the step "
+     "runs once and ckpt-run returns its status"},
+    {"--min-nodes", "N",
+     "Fewest nodes the relaunched step may run on: without spare nodes, -N shrinks down to N (default: never "
+     "shrink)"},
+    {"--max-relaunches", "N", "Relaunches within the allocation before handing the job over to a requeue (default 100)"},
+    {"--decision-wait", "DURATION",
+     "How long after the step ended to wait for the controller's decision before returning its status "
+     "(default 5s)"},
+}};
+
+// The table's entry for `name`; nullptr when ckpt-run has no such option.
+inline const RunOptionSpec* run_option(std::string_view name) {
+  for (const auto& spec : kRunOptions) {
+    if (name == spec.name) return &spec;
+  }
+  return nullptr;
+}
+
+}  // namespace ckpt::controller
