@@ -121,7 +121,9 @@ def analyse(n, train, resume):
         row["train: error lines"] = len(re.findall(r"(?m)^.*(error|fail|cannot)", train["log"], re.I))
         row["CPU per rank while training (% of a core)"] = median(number(r.get("cpu_pct")) for r in ranks.values())
         row["TCP connections per rank (after open)"] = median(number(r.get("tcp_conns_open")) for r in ranks.values())
-        row["TCP segments sent per rank per s"] = median(number(r.get("segs_out_per_s")) for r in ranks.values())
+        row["TCP data segments sent per rank per s (measured)"] = median(number(r.get("segs_out_per_s")) for r in ranks.values())
+        row["TCP data segments received per rank per s (measured)"] = median(
+            number(r.get("segs_in_per_s")) for r in ranks.values())
         row["heartbeats per rank per s, documented: (N-1)/100 ms"] = (n - 1) * 10.0
         row["steps per s while training"] = median(number(r.get("steps_per_s")) for r in ranks.values())
         row["open time, no checkpoint (s, median)"] = median(number(r.get("open_restore_s")) for r in ranks.values())
@@ -220,7 +222,7 @@ def fmt(v):
     return f"{v:.3g}"
 
 
-FITTED = ("CPU per rank", "TCP connections", "TCP segments", "heartbeats per rank", "open+restore time", "open time", "periodic commit latency",
+FITTED = ("CPU per rank", "TCP connections", "TCP data segments", "heartbeats per rank", "open+restore time", "open time", "periodic commit latency",
           "bytes read at resume", "FS ops", "detection latency", "last-words commit latency", "files per checkpoint")
 
 

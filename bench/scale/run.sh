@@ -53,6 +53,7 @@ chmod 700 "$CKROOT"
 {
   echo "command: $0 $*"
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "source: $(git -C "$SRC" rev-parse --short HEAD)$(git -C "$SRC" diff --quiet HEAD -- hooks core 2>/dev/null || echo ' + uncommitted changes under hooks/ or core/'), library $(readlink -f "$BUILD/hooks/libckpt.so") built $(date -u -r "$BUILD/hooks/libckpt.so" '+%H:%M UTC')"
   echo "host: $(hostname) $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), $(uname -r)"
   echo "settings: sizes=$SIZES steps=$STEPS resume_steps=$RESUME_STEPS interval=${K}steps step_ms=$STEP_MS warmup=$WARMUP last_words=$LAST_WORDS"
   echo "ckpt_root: $CKROOT"

@@ -9,7 +9,8 @@
  *   - open+restore: wall time, and /proc/self/io rchar, read_bytes and syscr across ckpt_open + ckpt_restore;
  *   - while training (from step resume+W to the last step): CPU (getrusage of the whole process, every thread
  *     of the library included) over wall time, and the TCP connections it holds (socket fds in /proc/self/fd
- *     that are established TCP) with the segments sent and received on them (TCP_INFO), hence messages per s;
+ *     that are established TCP) with the data segments sent and received on them (TCP_INFO), hence messages
+ *     per s;
  *   - rank 0: the latency of each periodic commit (ckpt_stats.last_commit_s, sampled after every step).
  * It writes DIR/pids/rank-R (pid) at start, DIR/marker when rank 0 reaches step M, and DIR/rank-R.txt, one line
  * of key=value, when it stops. Exit status 0 when training ended normally or stopped after a terminal checkpoint.
@@ -66,25 +67,29 @@ static io_counters read_io(void) {
   return c;
 }
 
-/* The sockets this process holds: every socket fd, the established TCP ones, and their segment counters. */
+/* The sockets this process holds: every socket fd, the established TCP ones, and per fd the socket's inode and
+ * the segments with data it sent and received (a 32-byte heartbeat frame is one segment unless frames queue up
+ * behind each other). */
+#define MAX_FDS 8192
 typedef struct socket_census {
   int sockets, tcp_established;
-  unsigned long long segs_out, segs_in;
+  unsigned long inode[MAX_FDS]; /* 0: no established TCP socket at this fd */
+  unsigned long long segs_out[MAX_FDS], segs_in[MAX_FDS];
 } socket_census;
 
-static socket_census count_sockets(void) {
-  socket_census c = {0, 0, 0, 0};
+static void count_sockets(socket_census* c) {
+  memset(c, 0, sizeof *c);
   DIR* d = opendir("/proc/self/fd");
-  if (d == NULL) return c;
+  if (d == NULL) return;
   int own = dirfd(d);
   struct dirent* e;
   while ((e = readdir(d)) != NULL) {
     if (e->d_name[0] == '.') continue;
     int fd = atoi(e->d_name);
-    if (fd == own) continue;
+    if (fd == own || fd < 0 || fd >= MAX_FDS) continue;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    ++c.sockets;
+    ++c->sockets;
     int protocol = 0;
     socklen_t len = sizeof protocol;
     if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &len) != 0 || protocol != IPPROTO_TCP) continue;
@@ -92,12 +97,30 @@ static socket_census count_sockets(void) {
     memset(&info, 0, sizeof info);
     len = sizeof info;
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 || info.tcpi_state != 1 /* ESTABLISHED */) continue;
-    ++c.tcp_established;
-    c.segs_out += info.tcpi_segs_out;
-    c.segs_in += info.tcpi_segs_in;
+    ++c->tcp_established;
+    c->inode[fd] = (unsigned long)st.st_ino;
+    c->segs_out[fd] = info.tcpi_data_segs_out; /* segments with payload: pure ACKs are not messages */
+    c->segs_in[fd] = info.tcpi_data_segs_in;
   }
   closedir(d);
-  return c;
+}
+
+/* Data segments per second over the connections established at both samples, scaled to every connection of the
+ * first: ranks finish at different times, and a peer that left takes its connection's counters with it. */
+static void segment_rates(const socket_census* a, const socket_census* b, double seconds, double* out, double* in) {
+  unsigned long long d_out = 0, d_in = 0;
+  int matched = 0;
+  for (int fd = 0; fd < MAX_FDS; ++fd) {
+    if (a->inode[fd] == 0 || a->inode[fd] != b->inode[fd] || b->segs_out[fd] < a->segs_out[fd]) continue;
+    d_out += b->segs_out[fd] - a->segs_out[fd];
+    d_in += b->segs_in[fd] - a->segs_in[fd];
+    ++matched;
+  }
+  *out = *in = -1;
+  if (matched == 0 || seconds <= 0) return;
+  double scale = (double)a->tcp_established / matched;
+  *out = (double)d_out / seconds * scale;
+  *in = (double)d_in / seconds * scale;
 }
 
 static int compare_doubles(const void* a, const void* b) {
@@ -172,14 +195,14 @@ int main(int argc, char** argv) {
   }
   double t_restored = unix_now();
   io_counters io1 = read_io();
-  socket_census at_open = count_sockets(); /* the mesh is complete once ckpt_open returns */
+  static socket_census at_open, at_warm, at_end;
+  count_sockets(&at_open); /* the mesh is complete once ckpt_open returns */
   uint64_t resume_step = step;
 
   double commits[MAX_COMMITS];
   int n_commits = 0;
   uint64_t seen_committed = 0;
   double t_warm = 0, cpu_warm = 0;
-  socket_census at_warm = {0, 0, 0, 0};
   int stopped = 0, failed = 0;
   char error[512] = "";
   struct timespec nap = {step_ms / 1000, (step_ms % 1000) * 1000000L};
@@ -187,7 +210,7 @@ int main(int argc, char** argv) {
     if (step == resume_step + (uint64_t)warmup) {
       t_warm = unix_now();
       cpu_warm = cpu_seconds();
-      at_warm = count_sockets();
+      count_sockets(&at_warm);
     }
     nanosleep(&nap, NULL); /* forward and backward */
     if (ckpt_before_update(cp) != 0) {
@@ -221,12 +244,11 @@ int main(int argc, char** argv) {
     }
   }
   double t_end = unix_now(), cpu_end = cpu_seconds();
-  socket_census at_end = count_sockets();
+  count_sockets(&at_end);
   double window = t_warm > 0 ? t_end - t_warm : 0;
   double cpu_pct = window > 0 ? 100.0 * (cpu_end - cpu_warm) / window : -1;
-  double out_per_s = window > 0 ? (double)(at_end.segs_out - at_warm.segs_out) / window : -1;
-  double in_per_s = window > 0 ? (double)(at_end.segs_in - at_warm.segs_in) / window : -1;
-  if (at_end.segs_out < at_warm.segs_out) out_per_s = -1; /* a connection closed in between */
+  double out_per_s = -1, in_per_s = -1;
+  if (window > 0) segment_rates(&at_warm, &at_end, window, &out_per_s, &in_per_s);
 
   ckpt_stats st;
   memset(&st, 0, sizeof st);
