@@ -237,27 +237,35 @@ def main():
                 rows[key] = {}
                 order.append(key)
             rows[key][n] = value
+    # A size is healthy when its training run went to the end without a false death. The fits use healthy sizes
+    # only: a run that collapsed measures its collapse, not the protocol's cost.
+    healthy = [n for n in sizes if rows.get("train: false deaths (ranks declared dead / lines)", {}).get(n) == "0 / 0"
+               and rows.get("train: ranks that trained to the last step", {}).get(n) == f"{n}/{n}"]
     if os.path.exists(os.path.join(out, "meta")):
         with open(os.path.join(out, "meta")) as f:
             for line in f:
                 print(f"    {line.rstrip()}")
         print()
-    print("| figure | " + " | ".join(f"N={n}" for n in sizes) + " | slope (ends) | slope (lsq) | at 16,384 (extrapolated) |")
+    print("| figure | " + " | ".join(f"N={n}" if n in healthy else f"N={n} (collapsed)" for n in sizes) +
+          " | slope, healthy N (ends) | slope, healthy N (lsq) | at 16,384 (extrapolated) |")
     print("|---|" + "---:|" * len(sizes) + "---:|---:|---:|")
     for key in order:
         values = [rows[key].get(n) for n in sizes]
         ends = lsq = extrapolated = None
         if key.startswith(FITTED):
-            points = [(n, v) for n, v in zip(sizes, values) if isinstance(v, (int, float))]
+            points = [(n, v) for n, v in zip(sizes, values) if n in healthy and isinstance(v, (int, float))]
             ends, lsq = slope(points)
             positive = [(n, v) for n, v in points if v and v > 0]
-            if ends is not None and positive:
+            if lsq is not None and positive:
                 n_last, v_last = positive[-1]
-                extrapolated = v_last * (TARGET / n_last) ** ends
+                extrapolated = v_last * (TARGET / n_last) ** lsq
         print(f"| {key} | " + " | ".join(fmt(v) for v in values) +
               f" | {fmt(ends) if ends is not None else '-'} | {fmt(lsq) if lsq is not None else '-'} | "
               f"{fmt(extrapolated) if extrapolated is not None else '-'} |")
-
+    print()
+    print(f"Healthy sizes (trained to the end, no false death): {', '.join(map(str, healthy)) or 'none'}. Slopes are "
+          "d log(figure) / d log(N) over them (ends: smallest to largest; lsq: least squares); the last column is "
+          "EXTRAPOLATED from the largest healthy N along the least-squares slope, not measured.")
 
 if __name__ == "__main__":
     main()

@@ -8,7 +8,7 @@
 # A few ranks of each run (0, 1 and N-1; TRACE) run under strace to count their file-system operations on the
 # checkpoint dir. bench/scale/report.py turns the results into the table and the fits against N.
 #
-#   bench/scale/run.sh [-n "16 64 128"] [-s STEPS] [-r RESUME_STEPS] [-k K] [-m STEP_MS] [-w on|off]
+#   bench/scale/run.sh [-n "16 32 64 96 128 256"] [-s STEPS] [-r RESUME_STEPS] [-k K] [-m STEP_MS] [-w on|off]
 #                      [-T TIMEOUT_S] [-o OUT]
 # Needs the cluster up (tests/cluster.sh up) and bench_scale_rank built in $CKPT_BUILD_DIR (default build/).
 # Each run holds the cluster lock ($CKPT_CLUSTER_LOCK, /tmp/ckpt-cluster.lock) while it runs.
@@ -20,7 +20,7 @@ D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
 export SLURM_CONF=${SLURM_CONF:-$D/etc/slurm.conf}
 LOCK=${CKPT_CLUSTER_LOCK:-/tmp/ckpt-cluster.lock}
 
-SIZES="16 64 128"
+SIZES="16 32 64 96 128 256"
 STEPS=100
 RESUME_STEPS=40
 K=20
