@@ -30,18 +30,18 @@ page_render() {
 dom_has() { grep -qF -- "$2" "$SCRATCH/$1.dom" || fail "the rendered page $1 lacks '$2' (DOM in $SCRATCH/$1.dom)"; }
 dom_lacks() { ! grep -qF -- "$2" "$SCRATCH/$1.dom" || fail "the rendered page $1 shows '$2' (DOM in $SCRATCH/$1.dom)"; }
 
-# check_status_page JOB CTL...: after a crash-and-recover run of JOB under a controller at $CONTROLLER_URL,
-# whose client command is CTL...: the anonymous page in the browser names no job; the page saved with root's
-# MUNGE credential shows JOB, its recovery and its phases; every metric the dashboard and the alerts use is there.
+# check_status_page JOB CONFIG: after a crash-and-recover run of root's JOB under the controller at
+# $CONTROLLER_URL whose config is CONFIG: the anonymous page in the browser names no job; the page saved with
+# root's MUNGE credential shows JOB, its recovery and its phases; the page $TEST_USER saves does not show JOB;
+# every metric the dashboard and the alerts use is in /metrics.
 check_status_page() {
-  local job=$1
-  shift
+  local job=$1 ctl=("$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$2")
   page_render "$CONTROLLER_URL/status" status-page-anonymous
   dom_has status-page-anonymous 'id="anonymous"'
   dom_lacks status-page-anonymous "data-job=\"$job\""
   echo "anonymous browser: counts only, job $job not shown"
 
-  "$@" page -o "$SCRATCH/status.html" > /dev/null || fail "ckpt-controller page failed"
+  "${ctl[@]}" page -o "$SCRATCH/status.html" > /dev/null || fail "ckpt-controller page failed"
   [ "$(stat -c %a "$SCRATCH/status.html")" = 600 ] || fail "the saved page is not mode 0600"
   page_render "file://$SCRATCH/status.html" status-page
   dom_has status-page "id=\"job-$job\""
@@ -53,6 +53,18 @@ check_status_page() {
   assert_contains "$SCRATCH/recoveries" "(requeue): running again as run 1 after"
   sed 's/<li class="recovery" data-seconds="[0-9.]*">/  page: /' "$SCRATCH/recoveries"
   echo "status page of job $job: $ARTIFACTS/status-page.png"
+
+  # Another user's saved page: their own view, without this job (the page follows the read endpoints' rules).
+  local other
+  other=$(mktemp -d /tmp/status-page-other.XXXXXX)
+  chown "$TEST_USER" "$other"
+  runuser -u "$TEST_USER" -- "${ctl[@]}" page -o "$other/status.html" > /dev/null \
+    || fail "ckpt-controller page as $TEST_USER failed"
+  grep -qF "\"viewer\":{\"all\":false,\"uid\":$(id -u "$TEST_USER")}" "$other/status.html" \
+    || fail "the page saved by $TEST_USER is not made for $TEST_USER"
+  ! grep -qE "\"job_id\":$job[,}]" "$other/status.html" || fail "$TEST_USER's page shows job $job of another user"
+  rm -rf "$other"
+  echo "page saved by $TEST_USER (uid $(id -u "$TEST_USER")): job $job not shown"
 
   curl -sf "$CONTROLLER_URL/metrics" > "$SCRATCH/metrics" || fail "no /metrics"
   python3 "$CKPT_SOURCE_DIR/tests/ops/check_dashboards.py" --metrics "$SCRATCH/metrics" \

@@ -66,7 +66,7 @@ say "what the controller did"
 ctl history "$job" || true
 
 say "the status page in a browser, and the metrics the dashboard and the alerts use"
-check_status_page "$job" ctl
+check_status_page "$job" "$DEMO/controller.conf"
 
 say "result"
 ref=$(cut -d' ' -f1 "$DEMO/reference/final.bin.sha256")
