@@ -3,9 +3,10 @@
  *   srun ... bench_scale_rank --out DIR [--steps S] [--step-ms MS] [--warmup W] [--marker-step M]
  *
  * Each rank registers 4 KiB of host state, declares the layout dp=<world size> (so that --ckpt-last-words=on
- * arms the last words), restores, and trains until step S: a "step" sleeps MS milliseconds (the compute, which
- * costs no CPU here, so that the CPU a rank uses is the library's), calls the guard, changes the state and calls
- * ckpt_after_step. It measures itself, without a tracer:
+ * arms the last words), restores, and trains until step S: a "step" sleeps until its end on a clock common to
+ * every rank, MS milliseconds after the previous one (the compute, which costs no CPU here, so that the CPU a
+ * rank uses is the library's; the common clock keeps the ranks in lockstep as gradient reductions would), calls
+ * the guard, changes the state and calls ckpt_after_step. It measures itself, without a tracer:
  *   - open+restore: wall time, and /proc/self/io rchar, read_bytes and syscr across ckpt_open + ckpt_restore;
  *   - while training (from step resume+W to the last step): CPU (getrusage of the whole process, every thread
  *     of the library included) over wall time, and the TCP connections it holds (socket fds in /proc/self/fd
@@ -138,6 +139,58 @@ static void write_file(const char* path, const char* text) {
   rename(tmp, path);
 }
 
+static void sleep_until(double unix_time) {
+  struct timespec ts;
+  ts.tv_sec = (time_t)unix_time;
+  ts.tv_nsec = (long)((unix_time - (double)ts.tv_sec) * 1e9);
+  while (clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+  }
+}
+
+/* The ranks of a data-parallel job stay within a step of each other (they reduce gradients every step), and the
+ * library counts on it; this job has no collective, so it keeps the same lockstep with a common clock instead:
+ * every rank says it is ready in DIR/ready/, rank 0 waits for all of them and writes DIR/start (a unix time just
+ * ahead), and step k of every rank ends at start + k * step_ms. These files are the benchmark's, outside the
+ * checkpoint dir, so no figure counts them. Returns the start time; gives up waiting after two minutes. */
+static double common_start(const char* out, int rank, int world) {
+  char path[4096], line[64];
+  snprintf(path, sizeof path, "%s/ready", out);
+  mkdir(path, 0700);
+  snprintf(path, sizeof path, "%s/ready/rank-%d", out, rank);
+  write_file(path, "1\n");
+  snprintf(path, sizeof path, "%s/start", out);
+  double give_up = unix_now() + 120;
+  struct timespec poll_every = {0, 20 * 1000000L};
+  if (rank == 0) {
+    char ready[4096];
+    snprintf(ready, sizeof ready, "%s/ready", out);
+    for (;;) {
+      int n = 0;
+      DIR* d = opendir(ready);
+      struct dirent* e;
+      while (d != NULL && (e = readdir(d)) != NULL) n += strncmp(e->d_name, "rank-", 5) == 0;
+      if (d != NULL) closedir(d);
+      if (n >= world || unix_now() > give_up) break;
+      nanosleep(&poll_every, NULL);
+    }
+    double start = unix_now() + 0.2;
+    snprintf(line, sizeof line, "%.6f\n", start);
+    write_file(path, line);
+    return start;
+  }
+  for (;;) {
+    FILE* f = fopen(path, "r");
+    double start = 0;
+    if (f != NULL) {
+      int got = fscanf(f, "%lf", &start);
+      fclose(f);
+      if (got == 1) return start;
+    }
+    if (unix_now() > give_up) return unix_now();
+    nanosleep(&poll_every, NULL);
+  }
+}
+
 static void usage(void) {
   fprintf(stderr, "usage: bench_scale_rank --out DIR [--steps S] [--step-ms MS] [--warmup W] [--marker-step M]\n");
   exit(2);
@@ -205,14 +258,14 @@ int main(int argc, char** argv) {
   double t_warm = 0, cpu_warm = 0;
   int stopped = 0, failed = 0;
   char error[512] = "";
-  struct timespec nap = {step_ms / 1000, (step_ms % 1000) * 1000000L};
+  double t_start = common_start(out, rank, world);
   for (; step < (uint64_t)steps; ++step) {
     if (step == resume_step + (uint64_t)warmup) {
       t_warm = unix_now();
       cpu_warm = cpu_seconds();
       count_sockets(&at_warm);
     }
-    nanosleep(&nap, NULL); /* forward and backward */
+    sleep_until(t_start + (double)(step - resume_step + 1) * (double)step_ms / 1000.0); /* forward, backward */
     if (ckpt_before_update(cp) != 0) {
       snprintf(error, sizeof error, "%s", ckpt_last_error());
       /* The last words started while this rank was between steps: a stop, not a failure. */
