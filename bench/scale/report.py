@@ -125,6 +125,12 @@ def analyse(n, train, resume):
         row["TCP data segments received per rank per s (measured)"] = median(
             number(r.get("segs_in_per_s")) for r in ranks.values())
         row["heartbeats per rank per s, documented: (N-1)/100 ms"] = (n - 1) * 10.0
+        per_message = []
+        for r in ranks.values():
+            cpu, sent, got = (number(r.get(k)) for k in ("cpu_pct", "segs_out_per_s", "segs_in_per_s"))
+            if cpu is not None and sent and got:
+                per_message.append(cpu / 100 / (sent + got) * 1e6)
+        row["CPU per message sent or received (us; all of the rank's CPU over its messages)"] = median(per_message)
         row["steps per s while training"] = median(number(r.get("steps_per_s")) for r in ranks.values())
         row["open time, no checkpoint (s, median)"] = median(number(r.get("open_restore_s")) for r in ranks.values())
         r0 = ranks.get(0, {})
@@ -222,7 +228,7 @@ def fmt(v):
     return f"{v:.3g}"
 
 
-FITTED = ("CPU per rank", "TCP connections", "TCP data segments", "heartbeats per rank", "open+restore time", "open time", "periodic commit latency",
+FITTED = ("CPU per rank", "CPU per message", "TCP connections", "TCP data segments", "heartbeats per rank", "open+restore time", "open time", "periodic commit latency",
           "bytes read at resume", "FS ops", "detection latency", "last-words commit latency", "files per checkpoint")
 
 

@@ -316,8 +316,8 @@ int main(int argc, char** argv) {
            "rank=%d world=%d pid=%d target=%ld resume_step=%llu end_step=%llu stopped=%d failed=%d open_restore_s=%.4f "
            "rchar=%llu read_bytes=%llu syscr=%llu cpu_pct=%.3f window_s=%.3f steps_per_s=%.3f tcp_conns=%d "
            "sockets=%d tcp_conns_open=%d tcp_conns_end=%d segs_out_per_s=%.2f segs_in_per_s=%.2f commits=%d commit_median_s=%.4f "
-           "commit_max_s=%.4f snapshots=%llu committed=%llu backpressure_waits=%llu t_open=%.3f t_train=%.3f "
-           "t_end=%.3f error=\"%s\"\n",
+           "commit_max_s=%.4f snapshots=%llu committed=%llu backpressure_waits=%llu t_open=%.6f t_train=%.6f "
+           "t_end=%.6f error=\"%s\"\n",
            rank, world, (int)getpid(), steps, (unsigned long long)resume_step, (unsigned long long)step, stopped, failed,
            t_restored - t_open, io1.rchar - io0.rchar, io1.read_bytes - io0.read_bytes, io1.syscr - io0.syscr,
            cpu_pct, window, window > 0 ? (double)(step - resume_step - (uint64_t)warmup) / window : -1,
