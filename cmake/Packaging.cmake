@@ -60,7 +60,6 @@ set(CPACK_PACKAGE_NAME slurm-ckpt)
 set(CPACK_PACKAGE_VENDOR "slurm-ckpt")
 set(CPACK_PACKAGE_CONTACT "${CKPT_PACKAGE_CONTACT}")
 set(CPACK_PACKAGE_VERSION "${PROJECT_VERSION}${CKPT_PACKAGE_VERSION_SUFFIX}")
-set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "checkpoint and fast recovery of training jobs on Slurm")
 set(CPACK_PACKAGING_INSTALL_PREFIX ${CMAKE_INSTALL_PREFIX})
 # Absolute destinations (/etc, /lib/systemd, the python dir) land in the package, not on this machine.
 set(CPACK_SET_DESTDIR ON)
@@ -183,16 +182,24 @@ set(CPACK_RPM_FILE_NAME RPM-DEFAULT)
 set(CPACK_RPM_PACKAGE_RELEASE 1)
 set(CPACK_RPM_PACKAGE_LICENSE "Unspecified")
 set(CPACK_RPM_PACKAGE_GROUP "System Environment/Base")
+foreach(ckpt_comp node controller python runtime dev)
+  # The summary is the first line of the component's description.
+  string(TOUPPER ${ckpt_comp} ckpt_COMP)
+  string(REGEX REPLACE "\n.*" "" CPACK_RPM_${ckpt_COMP}_PACKAGE_SUMMARY "${CPACK_COMPONENT_${ckpt_COMP}_DESCRIPTION}")
+endforeach()
 set(CPACK_RPM_NODE_PACKAGE_NAME slurm-ckpt)
 set(CPACK_RPM_CONTROLLER_PACKAGE_NAME slurm-ckpt-controller)
 set(CPACK_RPM_PYTHON_PACKAGE_NAME python3-slurm-ckpt)
 set(CPACK_RPM_RUNTIME_PACKAGE_NAME slurm-ckpt-libs)
 set(CPACK_RPM_DEV_PACKAGE_NAME slurm-ckpt-devel)
+set(CPACK_PACKAGE_RELOCATABLE OFF)  # absolute paths (/etc, /lib/systemd): not relocatable
+# No /usr/lib/.build-id links: two of these packages would own the same ones.
+set(CPACK_RPM_SPEC_MORE_DEFINE "%define _build_id_links none")
 set(CPACK_RPM_CONTROLLER_USER_FILELIST "%config(noreplace) /etc/slurm-ckpt/controller.conf")
 set(CPACK_RPM_CONTROLLER_POST_INSTALL_SCRIPT_FILE ${PROJECT_SOURCE_DIR}/packaging/rpm/controller-post.sh)
 # Directories other packages own (filesystem, systemd, python3) stay out of ours.
 set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
-    /etc /lib /lib/systemd /lib/systemd/system /usr/${CMAKE_INSTALL_LIBDIR} /usr/${CMAKE_INSTALL_LIBDIR}/pkgconfig
+    /etc /lib /lib/systemd /lib/systemd/system /usr/bin /usr/sbin /usr/${CMAKE_INSTALL_LIBDIR} /usr/${CMAKE_INSTALL_LIBDIR}/pkgconfig
     /usr/${CMAKE_INSTALL_LIBDIR}/cmake /usr/lib/python3 /usr/lib/python3/dist-packages /usr/share/man
     /usr/share/man/man1 /usr/share/man/man8 /usr/share/doc /usr/${CMAKE_INSTALL_LIBDIR}/slurm-wlm /usr/include)
 

@@ -69,13 +69,18 @@ write_configs() {
   [ -f "$D/etc/jwt.key" ] || { dd if=/dev/urandom of="$D/etc/jwt.key" bs=32 count=1 status=none; }
   chmod 600 "$D/etc/jwt.key"
 
-  # A copy of the plugin under test, replaced atomically so running steps keep the one they mapped.
-  [ -f "$PLUGIN" ] || die "plugin not built: $PLUGIN (build first, or set CKPT_SPANK_PLUGIN)"
-  install -m 755 "$PLUGIN" "$D/lib/.spank_ckpt.so.new"
-  mv -f "$D/lib/.spank_ckpt.so.new" "$D/lib/spank_ckpt.so"
+  # A copy of the plugin under test, replaced atomically so running steps keep the one they mapped; or, with
+  # CKPT_CLUSTER_PLUGSTACK_PLUGIN, the plugin as an installed site names it (spank_ckpt.so: Slurm's PluginDir).
+  local plugstack_plugin=${CKPT_CLUSTER_PLUGSTACK_PLUGIN:-}
+  if [ -z "$plugstack_plugin" ]; then
+    [ -f "$PLUGIN" ] || die "plugin not built: $PLUGIN (build first, or set CKPT_SPANK_PLUGIN)"
+    install -m 755 "$PLUGIN" "$D/lib/.spank_ckpt.so.new"
+    mv -f "$D/lib/.spank_ckpt.so.new" "$D/lib/spank_ckpt.so"
+    plugstack_plugin=$D/lib/spank_ckpt.so
+  fi
 
   cat > "$D/etc/plugstack.conf" <<CONF
-required $D/lib/spank_ckpt.so allowed_dirs=$D/ckpt dir=$D/ckpt/%u/%j min_interval=1s ${CKPT_CLUSTER_PLUGIN_ARGS:-}
+required $plugstack_plugin allowed_dirs=$D/ckpt dir=$D/ckpt/%u/%j min_interval=1s ${CKPT_CLUSTER_PLUGIN_ARGS:-}
 CONF
 
   local host
