@@ -772,10 +772,14 @@ void Engine::check_failing(JobRecord& r, double now) {
         }
         if (it != nodes_.end()) targets.push_back(ProbeTarget{node, it->second.address, it->second.port});
       }
-      const double timeout = config_.probe_timeout_s;
-      rt.probe = run_detached([targets, timeout] {
+      ProbePlan plan;
+      plan.tcp_timeout_s = config_.probe_timeout_s;
+      plan.ask = slurmd_ask_;
+      plan.rpc_timeout_s = config_.slurmd_rpc_timeout_s;
+      plan.hung_after_s = config_.hung_after_s;
+      rt.probe = run_detached([targets, plan] {
         std::string summary;
-        auto evidence = probe_twice(targets, timeout, 0.2, summary);
+        auto evidence = probe_silent_nodes(targets, plan, summary);
         return std::make_pair(std::move(evidence), std::move(summary));
       });
       rt.probe_started = true;
@@ -788,13 +792,17 @@ void Engine::check_failing(JobRecord& r, double now) {
     auto [evidence, summary] = rt.probe.get();
     rt.dead = evidence.failed;
     rt.mark_down = evidence.mark_down;
+    if (!config_.down_hung_nodes) {
+      // Site policy: a hung node is only left out of the job's next runs; Slurm's SlurmdTimeout decides its state.
+      std::erase_if(rt.mark_down, [&](const std::string& n) { return contains(evidence.hung, n); });
+    }
     rt.probe_done = true;
     std::vector<std::string> silent;
     for (const auto& n : r.nodes) {
       if (!contains(r.reporters, n)) silent.push_back(n);
     }
     note(r, "decision", "reports from " + list(r.reporters) + "; probed " + list(silent) + ": " + summary + "; dead " +
-                            list(rt.dead) + " (refused twice: " + list(rt.mark_down) + ")", now);
+                            list(rt.dead) + " (DOWN-worthy: " + list(rt.mark_down) + ")", now);
   }
   std::vector<std::string> dead = rt.dead;
   std::vector<std::string> mark_down = rt.mark_down;
@@ -1003,7 +1011,7 @@ void Engine::drive_intent(JobRecord& r, double now) {
       return;
     }
   }
-  if (r.intent->phase == Intent::Phase::Requeue) crash_point("intent");
+  if (r.intent->phase == Intent::Phase::MarkDown) crash_point("intent");
   bool failed = false;
   auto slurm = load_job(r, now, failed);
   if (failed || !slurm) return;
@@ -1017,6 +1025,29 @@ void Engine::drive_intent(JobRecord& r, double now) {
   }
   for (int guard = 0; guard < 8; ++guard) {
     switch (i.phase) {
+      case Intent::Phase::MarkDown:
+        for (const auto& n : i.mark_down) {
+          auto status = backend_.set_node_down(n, "ckpt-controller: slurmd not answering (job " + id + ")");
+          note(r, "action", status ? "marked " + n + " DOWN: its slurmd does not answer"
+                                   : "could not mark " + n + " DOWN: " + status.error(), now);
+        }
+        for (const auto& n : i.drain) {
+          auto status = backend_.drain_node(n, "ckpt-controller: excluded after a failure of job " + id);
+          note(r, "action", status ? "drained " + n : "could not drain " + n + ": " + status.error(), now);
+        }
+        if (!i.mark_down.empty() || !i.drain.empty()) {
+          refresh_nodes(now, true);
+          crash_point("marked-down");
+        }
+        i.phase = Intent::Phase::Requeue;
+        if (!i.mark_down.empty()) {
+          // Marking a node DOWN made Slurm requeue the job (when it allows a requeue): look before asking again.
+          bool again_failed = false;
+          if (auto again = load_job(r, now, again_failed); again) s = *again;
+        }
+        mark_dirty(r, now);
+        flush();
+        break;
       case Intent::Phase::Requeue:
         if (s.restart_count >= i.expected_restart) {
           note(r, "action", "Slurm's restart count is " + std::to_string(s.restart_count) + ": the requeue is done", now);
@@ -1046,24 +1077,6 @@ void Engine::drive_intent(JobRecord& r, double now) {
           }
           rt.next_check = now + 0.25;  // Slurm requeues it once it declares the node down
           return;
-        }
-        i.phase = Intent::Phase::MarkDown;
-        mark_dirty(r, now);
-        flush();
-        break;
-      case Intent::Phase::MarkDown:
-        for (const auto& n : i.mark_down) {
-          auto status = backend_.set_node_down(n, "ckpt-controller: slurmd not answering (job " + id + ")");
-          note(r, "action", status ? "marked " + n + " DOWN: its slurmd does not answer"
-                                   : "could not mark " + n + " DOWN: " + status.error(), now);
-        }
-        for (const auto& n : i.drain) {
-          auto status = backend_.drain_node(n, "ckpt-controller: excluded after a failure of job " + id);
-          note(r, "action", status ? "drained " + n : "could not drain " + n + ": " + status.error(), now);
-        }
-        if (!i.mark_down.empty() || !i.drain.empty()) {
-          refresh_nodes(now, true);
-          crash_point("marked-down");
         }
         i.phase = Intent::Phase::WaitCompleting;
         mark_dirty(r, now);

@@ -24,6 +24,7 @@
 #include "ckpt/recovery.hpp"
 #include "db.hpp"
 #include "observe.hpp"
+#include "probe.hpp"
 
 namespace ckpt::controller {
 
@@ -43,6 +44,8 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // How a silent node's slurmd is asked an RPC (probe.hpp); unset: TCP probes only. Call before start().
+  void set_slurmd_ask(SlurmdAsk ask) { slurmd_ask_ = std::move(ask); }
   // Loads the records of unfinished jobs and learns which uids are trusted. Call once, before run().
   Status start(double now);
   // Queues an event whose MUNGE credential carried `cred_uid`; waits up to `wait_s` for the verdict
@@ -113,6 +116,7 @@ class Engine {
   void alert(const nlohmann::json& body);
 
   ControllerConfig config_;
+  SlurmdAsk slurmd_ask_;
   SlurmBackend& backend_;
   Database& db_;
   Metrics& metrics_;

@@ -25,6 +25,7 @@
 #include "ckpt/recovery.hpp"
 #include "db.hpp"
 #include "engine.hpp"
+#include "probe.hpp"
 #include "http.hpp"
 #include "log.hpp"
 #include "munge_auth.hpp"
@@ -109,6 +110,12 @@ int run_daemon(const rec::ControllerConfig& cfg) {
   Alerts alerts(cfg.webhook_url, cfg.webhook_timeout_s);
   if (auto warning = proctrack_warning(backend->proctrack_type()); !warning.empty()) log_warning(warning);
   Engine engine(cfg, *backend, **db, metrics, alerts);
+  if (cfg.backend == "libslurm") {
+    // slurm.conf gives every node's slurmd address: a silent node is asked RPCs, not only probed by TCP.
+    engine.set_slurmd_ask([](const std::string& node, double timeout_s) {
+      return ask_slurmd("/proc/self/exe", node, timeout_s);
+    });
+  }
   if (auto s = engine.start(now_s()); !s) return fail(s.error(), 2);
 
   Server server(engine, cfg.munge_socket);
@@ -325,6 +332,8 @@ int main(int argc, char** argv) {
   if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--read-checkpoints") {
     return checkpoint_reader_main(argv[2], argc == 4 ? argv[3] : "");
   }
+  // One RPC to a node's slurmd (see ask_slurmd): the probe of a silent node, and an admin's check by hand.
+  if (argc == 3 && std::string(argv[1]) == "--ask-slurmd") return ask_slurmd_main(argv[2]);
   CLI::App app{"ckpt-controller: restarts failed Slurm jobs fast, off bad nodes, within a budget"};
   app.set_help_all_flag("--help-all");
   // -c and --url may also follow the subcommand: `ckpt-controller run -c FILE` as well as `-c FILE run`.

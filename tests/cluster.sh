@@ -120,7 +120,7 @@ PlugStackConfig=$D/etc/plugstack.conf
 TmpFS=$D/tmp/%n
 JobRequeue=1
 # Short enough that failure tests finish in seconds, long enough for a loaded 2-core machine.
-SlurmdTimeout=10
+SlurmdTimeout=${CKPT_CLUSTER_SLURMD_TIMEOUT:-10}
 KillWait=5
 MessageTimeout=10
 MinJobAge=600

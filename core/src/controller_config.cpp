@@ -123,6 +123,12 @@ Result<ControllerConfig> parse_controller_config(std::string_view text, std::str
       if (!duration(cfg.settle_s, 0)) return bad("a duration like 500ms");
     } else if (key == "probe_timeout") {
       if (!duration(cfg.probe_timeout_s, 0.01)) return bad("a duration like 1s");
+    } else if (key == "slurmd_rpc_timeout") {
+      if (!duration(cfg.slurmd_rpc_timeout_s, 0.1)) return bad("a duration like 1500ms");
+    } else if (key == "hung_after") {
+      if (!duration(cfg.hung_after_s, 0)) return bad("a duration like 4s (0s: no RPC check)");
+    } else if (key == "down_hung_nodes") {
+      if (!on_off(cfg.down_hung_nodes)) return bad("yes or no");
     } else if (key == "reconcile_interval") {
       if (!duration(cfg.reconcile_s, 0.1)) return bad("a duration like 2s");
     } else if (key == "completing_timeout") {

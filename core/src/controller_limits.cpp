@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "ckpt/parse.hpp"
 
@@ -184,8 +185,20 @@ const char* to_string(ProbeResult result) {
     case ProbeResult::Refused: return "refused";
     case ProbeResult::TimedOut: return "timed out";
     case ProbeResult::Unreachable: return "unreachable";
+    case ProbeResult::Hung: return "hung";
   }
   return "?";
+}
+
+int rpc_rounds(double timeout_s, double hung_after_s) {
+  if (timeout_s <= 0) return 2;
+  return std::clamp(static_cast<int>(std::ceil(hung_after_s / timeout_s - 1e-9)), 2, 100);
+}
+
+ProbeResult judge_rpc(const std::vector<bool>& answered, double silent_s, double hung_after_s) {
+  if (std::any_of(answered.begin(), answered.end(), [](bool a) { return a; })) return ProbeResult::Alive;
+  if (answered.size() < 2 || silent_s < hung_after_s) return ProbeResult::Alive;  // too little said: benefit of doubt
+  return ProbeResult::Hung;
 }
 
 NodeEvidence weigh_probes(const std::vector<std::pair<std::string, ProbeResult>>& first,
@@ -197,6 +210,12 @@ NodeEvidence weigh_probes(const std::vector<std::pair<std::string, ProbeResult>>
   };
   for (const auto& [node, result] : first) {
     if (result == ProbeResult::Alive) continue;
+    if (result == ProbeResult::Hung) {
+      add(out.failed, node);
+      add(out.mark_down, node);
+      add(out.hung, node);
+      continue;
+    }
     auto again = second.find(node);
     // A node that answered the second probe is alive after all.
     if (again != second.end() && again->second == ProbeResult::Alive) continue;

@@ -1086,6 +1086,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
       // Committed before Slurm's SIGKILL: 90% of KillWait, from the detection.
       LastWords::Timing timing;
       timing.deadline = std::chrono::milliseconds(std::max<std::uint64_t>(config->kill_wait_s * 900, 1000));
+      timing.exit_grace = std::chrono::milliseconds(config->exit_grace_s * 1000);
       // The mesh dir is per run (the run id carries the restart count): a stale rank of an earlier run publishes
       // and reads addresses in its own run's dir, and a newer run's ranks refuse its handshake, since the per-run
       // secret in their mesh dir is not the one it holds (heartbeat.hpp).

@@ -1,9 +1,14 @@
 #include "last_words_runtime.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <map>
 #include <thread>
+
+#include "ckpt/recovery.hpp"
 
 #include "coordinator.hpp"
 #include "heartbeat.hpp"
@@ -25,6 +30,23 @@ double unix_now() {
 }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Ends the process `grace` from now unless it has exited by then. Detached: it outlives the LastWords object,
+// which the program's close() destroys on its way out, and exiting normally first simply ends it.
+void end_process_after(std::chrono::milliseconds grace, int rank, std::string lost) {
+  std::thread([grace, rank, lost = std::move(lost)] {
+    std::this_thread::sleep_for(grace);
+    // Straight to stderr, not through the log sink: a sink may wait on a lock the stuck program holds.
+    char line[320];
+    int n = std::snprintf(line, sizeof line,
+                          "ckpt: rank %d: last words: done, and the program has not exited %.1f s after losing %s (its "
+                          "teardown waits on the lost peer): ending it with exit status %d\n",
+                          rank, std::chrono::duration<double>(grace).count(), lost.c_str(),
+                          ckpt::recovery::kExitPeerLost);
+    if (n > 0) (void)!::write(2, line, std::min<std::size_t>(static_cast<std::size_t>(n), sizeof line - 1));
+    ::_exit(ckpt::recovery::kExitPeerLost);
+  }).detach();
+}
 
 }  // namespace
 
@@ -317,11 +339,16 @@ struct LastWords::Impl {
   }
 
   void finish() {
+    std::string lost;
     {
       std::lock_guard<std::mutex> lock(mu);
       outcome.done = true;
+      for (std::size_t p = 0; p < dead.size(); ++p) {
+        if (dead[p]) lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(p);
+      }
     }
     cv.notify_all();
+    if (!lost.empty() && timing.exit_grace.count() > 0) end_process_after(timing.exit_grace, rank, lost);
   }
 
   ~Impl() {

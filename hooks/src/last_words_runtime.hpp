@@ -10,6 +10,8 @@
 //  4. Writes: the elected writers write their live state (consistent at the step when not mid-update) as a shard
 //     covering the keys they were elected for; the lowest writer commits through ckpt::store::commit, which
 //     commits only when decide_commit(Kind::Terminal) finds every state key covered exactly once.
+//  5. Leave: when a peer was lost, every survivor ends within Timing::exit_grace of the outcome, even when its
+//     program is stuck in a collective with the dead peer: the controller needs the survivors' exits to act.
 //
 // Armed when CKPT_LAST_WORDS is on, the job declared its layout and has more than one rank. Such a job uses the
 // file coordinator, not PMIx: Slurm's PMIx server SIGKILLs the whole step when a PMIx-connected rank dies.
@@ -86,6 +88,10 @@ class LastWords {
     std::chrono::milliseconds dead_after{1500};   // silence that declares a peer dead
     std::chrono::milliseconds deadline{4500};     // detection to commit, under KillWait (5 s in the test cluster)
     std::chrono::milliseconds connect_timeout{120000};
+    // After the last words for a lost peer are done (committed or not), the program has this long to exit on its
+    // own; then the library ends the process with kExitPeerLost. Its training thread may be blocked for good in a
+    // collective with the lost peer, and teardown (barrier, process-group destroy) waits on it too. 0: never.
+    std::chrono::milliseconds exit_grace{0};
   };
 
   // Joins the mesh (blocks until every rank joined); `rendezvous_dir` is shared by every rank of this run.

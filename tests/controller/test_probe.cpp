@@ -3,10 +3,17 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "probe.hpp"
@@ -74,4 +81,77 @@ TEST_CASE("probe: a timed-out node is not marked down", "[controller][probe]") {
   CHECK(evidence.mark_down.empty());
   for (int c : fillers) close(c);
   close(fd);
+}
+
+TEST_CASE("probe: a port that accepts but a slurmd that answers no RPC is hung", "[controller][probe]") {
+  // The kernel completes connections to a listening socket nobody serves: a frozen host looks alive to TCP.
+  int frozen_port = 0;
+  int frozen = listener(16, frozen_port);
+  int slow_port = 0;
+  int slow = listener(16, slow_port);
+  std::mutex mu;
+  std::map<std::string, int> asks;
+  ckpt::controller::ProbePlan plan;
+  plan.tcp_timeout_s = 0.5;
+  plan.rpc_timeout_s = 0.1;
+  plan.hung_after_s = 0.35;
+  plan.ask = [&](const std::string& node, double timeout_s) {
+    int n = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      n = ++asks[node];
+    }
+    if (node == "slow" && n == 3) return true;  // loaded: the third ask is answered
+    std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s));
+    return false;
+  };
+  std::vector<ProbeTarget> targets = {{"frozen", "127.0.0.1", frozen_port}, {"slow", "127.0.0.1", slow_port},
+                                      {"gone", "127.0.0.1", closed_port()}};
+  std::string summary;
+  auto evidence = ckpt::controller::probe_silent_nodes(targets, plan, summary);
+  CHECK(evidence.failed == std::vector<std::string>{"frozen", "gone"});
+  CHECK(evidence.mark_down == std::vector<std::string>{"frozen", "gone"});
+  CHECK(evidence.hung == std::vector<std::string>{"frozen"});
+  CHECK(asks["frozen"] >= 4);  // the whole window: 0.35 s of 0.1 s asks
+  CHECK(asks["slow"] == 3);
+  CHECK(asks.count("gone") == 0);  // refused: no RPC
+  INFO(summary);
+  CHECK(summary.find("frozen hung (port open, 0 of") != std::string::npos);
+  CHECK(summary.find("slow alive (port open, 1 of 3 RPCs answered") != std::string::npos);
+  CHECK(summary.find("gone refused then refused") != std::string::npos);
+  close(frozen);
+  close(slow);
+}
+
+TEST_CASE("probe: without an RPC check a port that accepts is alive", "[controller][probe]") {
+  int port = 0;
+  int fd = listener(16, port);
+  ckpt::controller::ProbePlan plan;
+  plan.tcp_timeout_s = 0.5;
+  std::string summary;
+  auto evidence = ckpt::controller::probe_silent_nodes({{"n1", "127.0.0.1", port}}, plan, summary);
+  CHECK(evidence.failed.empty());
+  CHECK(summary == "all alive");
+  close(fd);
+}
+
+TEST_CASE("ask_slurmd: a child that does not answer in time is killed; its exit status is the answer",
+          "[controller][probe]") {
+  // Stand-ins for `ckpt-controller --ask-slurmd NODE`: true answers, false does not, a sleeper hangs.
+  CHECK(ckpt::controller::ask_slurmd("/bin/true", "n1", 1.0));
+  CHECK_FALSE(ckpt::controller::ask_slurmd("/bin/false", "n1", 1.0));
+  CHECK_FALSE(ckpt::controller::ask_slurmd("/no/such/program", "n1", 0.3));
+  char path[] = "/tmp/ckpt-hung-slurmd-XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  const std::string script = "#!/bin/sh\nexec sleep 30\n";
+  REQUIRE(write(fd, script.data(), script.size()) == static_cast<ssize_t>(script.size()));
+  close(fd);
+  REQUIRE(chmod(path, 0700) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(ckpt::controller::ask_slurmd(path, "n1", 0.3));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(took >= 0.3);
+  CHECK(took < 2);
+  unlink(path);
 }

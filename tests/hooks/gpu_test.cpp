@@ -52,7 +52,7 @@ int last_words_on_hung_streams(const std::string& dir) {
   for (int r = 0; r < 2; ++r) {  // the mesh needs both ranks at once
     threads.emplace_back([&, r] {
       cps[r] = test::make(test::options({{"dir", dir}, {"rank", std::to_string(r)}, {"world_size", "2"},
-                                         {"layout", "dp=2,tp=1,pp=1"}, {"last_words", "on"},
+                                         {"layout", "dp=2,tp=1,pp=1"}, {"last_words", "on"}, {"exit_grace", "0s"},
                                          {"interval", "1000steps"}, {"run_id", "gpu-lw"}, {"signals", "on"}}));
     });
   }

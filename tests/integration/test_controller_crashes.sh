@@ -10,7 +10,7 @@ use_controller_in_plugstack
 write_config
 
 # Points in the order a recovery reaches them (see CKPT_CONTROLLER_CRASH_AT in controller/engine.cpp).
-POINTS=${CKPT_CRASH_POINTS:-"failing decided intent requeued marked-down updated pending"}
+POINTS=${CKPT_CRASH_POINTS:-"failing decided intent marked-down requeued updated pending"}
 for point in $POINTS; do
   wait_idle_nodes 4
   start_controller CKPT_CONTROLLER_CRASH_AT="$point"

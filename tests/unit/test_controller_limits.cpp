@@ -103,6 +103,12 @@ TEST_CASE("probe evidence: only a confirmed refusal or Slurm's state marks a nod
     CHECK(weigh_probes({{"n3", P::Refused}}, {{"n3", P::TimedOut}}, {}).mark_down.empty());
     CHECK(weigh_probes({{"n3", P::Refused}}, {}, {}).mark_down.empty());
   }
+  SECTION("hung: its window of unanswered RPCs is the confirmation") {
+    auto e = weigh_probes({{"n1", P::Alive}, {"n4", P::Hung}}, {}, {});
+    CHECK(e.failed == std::vector<std::string>{"n4"});
+    CHECK(e.mark_down == std::vector<std::string>{"n4"});
+    CHECK(e.hung == std::vector<std::string>{"n4"});
+  }
   SECTION("alive on the second probe") {
     auto e = weigh_probes({{"n3", P::Refused}}, {{"n3", P::Alive}}, {});
     CHECK(e.failed.empty());
@@ -172,4 +178,24 @@ TEST_CASE("job record: submit time and group survive a round trip", "[controller
   REQUIRE(back);
   CHECK(back->submit_time == 1764480000);
   CHECK(back->gid == 1001);
+}
+
+TEST_CASE("RPC check: a slow slurmd is not hung, a silent one is", "[controller][probe]") {
+  using P = ProbeResult;
+  using ckpt::recovery::judge_rpc;
+  using ckpt::recovery::rpc_rounds;
+  CHECK(rpc_rounds(1.5, 4) == 3);
+  CHECK(rpc_rounds(2, 4) == 2);
+  CHECK(rpc_rounds(5, 4) == 2);  // never a verdict on one unanswered ask
+  CHECK(rpc_rounds(0.1, 1000) == 100);
+  SECTION("every ask of the window unanswered") { CHECK(judge_rpc({false, false, false}, 4.5, 4) == P::Hung); }
+  SECTION("a slow slurmd answers one ask: alive") {
+    CHECK(judge_rpc({false, false, true}, 3.2, 4) == P::Alive);
+    CHECK(judge_rpc({true}, 0.01, 4) == P::Alive);
+  }
+  SECTION("too little asked, or too short a window: no verdict against the node") {
+    CHECK(judge_rpc({false}, 9, 4) == P::Alive);
+    CHECK(judge_rpc({false, false}, 3.9, 4) == P::Alive);
+    CHECK(judge_rpc({}, 0, 4) == P::Alive);
+  }
 }

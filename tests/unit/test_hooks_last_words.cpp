@@ -52,8 +52,9 @@ std::vector<Rank> make_ranks(const std::string& dir, int world, const std::strin
   for (int r : mine) {
     threads.emplace_back([&, r] {
       try {
+        // exit_grace 0s: these ranks are threads of the test process, which the library must not end.
         Options o = options({{"dir", dir}, {"rank", std::to_string(r)}, {"world_size", std::to_string(world)},
-                             {"layout", layout}, {"last_words", "on"}, {"interval", "1000steps"},
+                             {"layout", layout}, {"last_words", "on"}, {"exit_grace", "0s"}, {"interval", "1000steps"},
                              {"run_id", run_id}, {"copy_threads", "0"}});
         Rank& me = ranks[static_cast<std::size_t>(r)];
         me.cp = make(o);
@@ -403,7 +404,7 @@ TEST_CASE("last words: SIGTERM on a healthy job writes a terminal checkpoint of 
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       Options o = options({{"dir", dir.path()}, {"rank", std::to_string(r)}, {"world_size", "2"},
-                           {"layout", "dp=2,tp=1,pp=1"}, {"last_words", "on"}, {"interval", "1000steps"},
+                           {"layout", "dp=2,tp=1,pp=1"}, {"last_words", "on"}, {"exit_grace", "0s"}, {"interval", "1000steps"},
                            {"run_id", "lw4"}, {"copy_threads", "0"}, {"signals", "on"}});
       Rank& me = ranks[static_cast<std::size_t>(r)];
       me.cp = make(o);
@@ -480,7 +481,7 @@ std::vector<Rank> make_signal_ranks(const std::string& dir, const std::string& r
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       Options o = options({{"dir", dir}, {"rank", std::to_string(r)}, {"world_size", "2"},
-                           {"layout", layout}, {"last_words", "on"}, {"interval", "1000steps"},
+                           {"layout", layout}, {"last_words", "on"}, {"exit_grace", "0s"}, {"interval", "1000steps"},
                            {"run_id", run_id}, {"copy_threads", "0"}, {"signals", "on"}});
       Rank& me = ranks[static_cast<std::size_t>(r)];
       me.cp = make(o);

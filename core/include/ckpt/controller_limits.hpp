@@ -88,18 +88,29 @@ class NegativeCache {
 
 // ---- probes of silent nodes ---------------------------------------------------------------------------------------
 
-enum class ProbeResult { Alive, Refused, TimedOut, Unreachable };
+// Alive: slurmd accepted the connection (and, where asked, answered an RPC). Hung: its port accepted (the kernel
+// runs) but slurmd answered none of the RPCs of judge_rpc's window: a frozen host or a hung daemon.
+enum class ProbeResult { Alive, Refused, TimedOut, Unreachable, Hung };
 const char* to_string(ProbeResult result);
 
 struct NodeEvidence {
   std::vector<std::string> failed;     // the job's run treats these as lost (excluded from its next runs)
   std::vector<std::string> mark_down;  // evidence nobody but the node can give: may be marked DOWN in Slurm
+  std::vector<std::string> hung;       // those of mark_down whose evidence is RPC silence (site policy may differ)
 };
 
+// The RPC check of a node whose slurmd port accepted a connection. Each ask is a Slurm RPC on a new connection,
+// answered by slurmd itself (MUNGE-signed, so nobody else can answer for it), with `timeout_s`; the asks follow
+// one another. A slurmd that is merely slow (a loaded host, a busy daemon) answers one of them: it handles each RPC
+// in a thread of its own and this one touches no file system. Hung needs every ask of a window of at least
+// `hung_after_s` unanswered.
+int rpc_rounds(double timeout_s, double hung_after_s);  // asks that span the window: at least 2
+ProbeResult judge_rpc(const std::vector<bool>& answered, double silent_s, double hung_after_s);
+
 // Decides from two rounds of probes (the second only of nodes the first found not alive) and the nodes Slurm
-// itself has down. A refused connection confirmed by the second probe, or Slurm's own state, is evidence; a
-// timeout is not (a loaded or flooded slurmd times out too), so such a node is only left out of the job's next
-// run. Order of `failed`: as in `first`.
+// itself has down. A refused connection confirmed by the second probe, Hung (its window is its confirmation), or
+// Slurm's own state is evidence; a timeout is not (a loaded or flooded slurmd's backlog times out too), so such a
+// node is only left out of the job's next run. Order of `failed`: as in `first`.
 NodeEvidence weigh_probes(const std::vector<std::pair<std::string, ProbeResult>>& first,
                           const std::map<std::string, ProbeResult>& second,
                           const std::vector<std::string>& slurm_down);

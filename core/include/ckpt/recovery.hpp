@@ -18,6 +18,11 @@ namespace ckpt::recovery {
 // CKPT_EXIT_NO_RESTART by the examples; 79 is unused by shells (126-165), sysexits (64-78) and Python.
 inline constexpr int kExitNoRestart = 79;
 
+// A rank ends with this code when a peer of its run was lost (died or fell silent), its last words are done and
+// the program did not exit on its own within CKPT_EXIT_GRACE (its teardown waited on the lost peer). The plugin
+// reports it like any exit; the controller reads it as "a survivor", never as the failure's cause. 75: EX_TEMPFAIL.
+inline constexpr int kExitPeerLost = 75;
+
 // Slurm's step id of a batch script (SLURM_BATCH_SCRIPT).
 inline constexpr std::uint32_t kBatchStep = 0xfffffffbU;
 
@@ -215,11 +220,13 @@ struct StepInfo {
   std::vector<std::string> nodes;  // nodes that reported the step's start
 };
 
-// What a requeue must do, recorded before anything is sent to Slurm.
+// What a requeue must do, recorded before anything is sent to Slurm. Dead nodes are marked DOWN before the
+// requeue: Slurm then ends the old run without waiting on them (a requeue first makes slurmctld wait up to
+// MessageTimeout for a dead or hung node to confirm the kill), and requeues a job that allows it by itself.
 struct Intent {
-  enum class Phase { Requeue, MarkDown, WaitCompleting, Update, Done };
+  enum class Phase { MarkDown, Requeue, WaitCompleting, Update, Done };
   std::uint64_t id = 0;
-  Phase phase = Phase::Requeue;
+  Phase phase = Phase::MarkDown;
   bool requeue = true;                    // false when Slurm already requeued the job (only update it)
   std::uint32_t expected_restart = 0;     // Slurm's restart count once the requeue happened
   std::vector<std::string> exclude;       // ExcNodeList
@@ -298,6 +305,9 @@ struct ControllerConfig {
   bool down_dead_nodes = true;              // mark a node whose slurmd refuses connections DOWN at once
   double settle_s = 0.5;                    // how long to collect reports after the first failure
   double probe_timeout_s = 1.0;             // TCP probe of a silent node's slurmd
+  double slurmd_rpc_timeout_s = 1.0;        // one RPC to a silent node's slurmd whose port accepted
+  double hung_after_s = 3;                  // no RPC answered for this long: the node hangs (0: no RPC check)
+  bool down_hung_nodes = true;              // mark a hung node DOWN at once (no: only exclude it from the job)
   double reconcile_s = 2.0;                 // full comparison with Slurm
   double completing_timeout_s = 120;        // longest wait for a requeued job to leave COMPLETING
   std::string webhook_url;                  // alerts: JSON POST

@@ -77,6 +77,8 @@ struct Config {
   std::string resume_path;                 // CKPT_RESUME_PATH: that checkpoint's step dir
   std::optional<std::int64_t> end_time;    // unix seconds the job must be done by (CKPT_END_TIME, SLURM_JOB_END_TIME)
   std::uint64_t kill_wait_s = 5;           // Slurm's KillWait (CKPT_KILL_WAIT, from the plugin): last words commit
+  std::uint64_t exit_grace_s = 2;          // CKPT_EXIT_GRACE: after last words for a lost peer, the program has this
+                                           // long to exit before the library ends it (exit 75); 0: never
   std::string requeue = "self";            // CKPT_REQUEUE after a time-limit stop: controller, self or off
                                            // within 90% of it; 5 s when unknown
   int rank = 0;

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# A node that hangs, on a cluster whose SlurmdTimeout (120 s) is far longer than a recovery may take.
+# slurm-examples/train_dp_tp.py (DP2 x TP2 over gloo, bitwise resumable) runs as a requeueable batch job under the
+# recovery controller, with last words on and no periodic checkpoint (interval 1000 steps).
+#  1. Freeze: one node's slurmd, slurmstepd and rank are SIGSTOPped mid-run. Its kernel still accepts connections,
+#     so only silence tells. The survivors commit a terminal checkpoint and end (their teardown would wait on the
+#     frozen peer for ever: the library ends them after CKPT_EXIT_GRACE). The controller asks the silent node's
+#     slurmd RPCs, finds it hung, marks it DOWN, requeues the job without it and records a node failure. The job
+#     must run again within 20 s of the freeze and lose at most one step.
+#     Then the node thaws while the new run trains: its stale rank of the old run wakes up in a checkpoint dir a
+#     newer run owns. Nothing it does may change which checkpoint a restart would use, and the final weights must
+#     equal an uninterrupted run's bit for bit.
+#  2. Crash: the same with the node's processes killed (its slurmd refuses connections): same bounds.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/controller_lib.sh"
+source "$(dirname "$0")/torch_lib.sh"
+have_torch || fail "needs python3-torch and a built slurm_ckpt"
+[ -x "$CKPT_BUILD_DIR/controller/ckpt-controller" ] || fail "ckpt-controller is not built"
+STEPS=70
+BOUND_S=20
+tag=$RANDOM$RANDOM
+PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 40 ))
+job=""
+victim=""
+
+slurmd_timeout() { scontrol show config | sed -n 's/^SlurmdTimeout *= *\([0-9]*\) sec.*/\1/p'; }
+cleanup() {
+  [ -n "$job" ] && scancel "$job" 2>/dev/null || true
+  [ -n "$victim" ] && "$CLUSTER" revive-node "$victim" > /dev/null 2>&1 || true
+  controller_down  # writes slurm.conf back with the default SlurmdTimeout
+  scontrol reconfigure > /dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+CKPT_CLUSTER_SLURMD_TIMEOUT=120 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
+scontrol reconfigure
+for _ in $(seq 50); do [ "$(slurmd_timeout)" = 120 ] && break; sleep 0.2; done
+[ "$(slurmd_timeout)" = 120 ] || fail "SlurmdTimeout is $(slurmd_timeout), not 120"
+ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" "$@"; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+
+same_weights() {
+  cmp -s "$SCRATCH/straight/final.tp0" "$SCRATCH/$1/final.tp0" && cmp -s "$SCRATCH/straight/final.tp1" "$SCRATCH/$1/final.tp1"
+}
+
+# Slow is not hung: with every core of the host busy (8 spinning processes at nice 0 for the CPUs slurmd shares),
+# slurmd still answers the controller's RPC within its timeout.
+ask() { timeout 5 "$CKPT_BUILD_DIR/controller/ckpt-controller" --ask-slurmd "$1"; }
+ask n2 > "$SCRATCH/ask.out" || fail "n2's slurmd did not answer an RPC: $(cat "$SCRATCH/ask.out")"
+hogs=()
+for _ in 1 2 3 4 5 6 7 8; do (end=$((SECONDS + 4)); while [ $SECONDS -lt $end ]; do :; done) & hogs+=($!); done
+slowest=0
+for _ in 1 2 3; do
+  t0=$(now)
+  ask n2 > "$SCRATCH/ask.out" || { kill "${hogs[@]}" 2>/dev/null; fail "n2's slurmd did not answer under load: $(cat "$SCRATCH/ask.out")"; }
+  slowest=$(awk -v a="$t0" -v b="$(now)" -v s="$slowest" 'BEGIN { t = b - a; print (t > s ? t : s) }')
+done
+wait "${hogs[@]}" 2>/dev/null || true
+awk -v s="$slowest" 'BEGIN { exit !(s < 1.0) }' || fail "under load n2's slurmd took $slowest s to answer (the controller waits 1 s)"
+pass "slurmd of a loaded host answers the controller's RPC (slowest of 3: $(printf '%.3f' "$slowest") s, limit 1 s): $(cat "$SCRATCH/ask.out")"
+
+# The reference: the same training, uninterrupted.
+mkdir -p "$SCRATCH/straight"
+MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) \
+  srun -N4 -n4 -J "fz-straight-$tag" --ckpt-interval=1000steps --ckpt-last-words=on --ckpt-dir="$SCRATCH/straight/ckpt" \
+  "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_dp_tp.py" --steps $STEPS --out "$SCRATCH/straight/final" \
+  > "$SCRATCH/straight.log" 2>&1 || { cat "$SCRATCH/straight.log" >&2; fail "the uninterrupted run failed"; }
+pass "uninterrupted DP2xTP2 run on 4 nodes (SlurmdTimeout=120)"
+
+# one_failure NAME HOW: a 4-node job; node n4 fails by HOW (freeze-node or crash-node) at a random step.
+one_failure() {
+  local name=$1 how=$2 at s seen fail_t run1_t took term dir
+  dir=$SCRATCH/$name
+  mkdir -p "$dir"
+  write_train_sbatch "$SCRATCH/$name.sbatch" "-N3-4 -n4" train_dp_tp.py --steps $STEPS --out "$dir/final"
+  at=$((15 + RANDOM % 20))
+  job=$(sbatch --parsable -J "fz-$name-$tag" -o "$SCRATCH/$name.log" --ckpt-interval=1000steps --ckpt-last-words=on \
+    --ckpt-dir="$dir/ckpt" "$SCRATCH/$name.sbatch" --step-sleep 0.2)
+  for _ in $(seq 1200); do
+    s=$(logged_step "$SCRATCH/$name.log")
+    [ -n "$s" ] && [ "$s" -ge "$at" ] && break
+    sleep 0.05
+  done
+  [ "$(scontrol show hostnames "$(squeue -h -j "$job" -o %N)" | wc -l)" = 4 ] ||
+    fail "$name: the first run is not on 4 nodes: $(squeue -h -j "$job" -o %N)"
+  victim=n4
+  fail_t=$(now)
+  "$CLUSTER" "$how" n4 > /dev/null
+  seen=$(logged_step "$SCRATCH/$name.log")
+  for _ in $(seq 600); do grep -q "^run 1 " "$SCRATCH/$name.log" && break; sleep 0.05; done
+  run1_t=$(now)
+  grep -q "^run 1 " "$SCRATCH/$name.log" || { ctl history "$job" >&2; fail "$name: the job did not run again within 30 s"; }
+  took=$(since "$fail_t" "$run1_t")
+  term=$(sed -n 's/^run 1 on .*, resuming from step \([0-9]*\)$/\1/p' "$SCRATCH/$name.log")
+  echo "$name of n4 at step ~$seen: running again after $took s: $(grep '^run 1 ' "$SCRATCH/$name.log")"
+  ctl history "$job" | grep -E "decision|recovery|action" | sed 's/^/  /' | sed -n 1,14p
+  awk -v t="$took" -v b="$BOUND_S" 'BEGIN { exit !(t <= b) }' || fail "$name: running again took $took s (bound $BOUND_S s)"
+  [ -n "$term" ] || fail "$name: the new run has no checkpoint to resume from"
+  grep -q '"kind": *"terminal"' "$dir/ckpt/$(printf '%020d' "$term")/MANIFEST.json" 2>/dev/null ||
+    grep -q '"kind": *"terminal"' "$dir/ckpt/$(cat "$dir/ckpt/latest")/MANIFEST.json" ||
+    fail "$name: step $term is not the survivors' terminal checkpoint"
+  [ "$term" -ge $((seen - 1)) ] || fail "$name: resumed from step $term; the run was at step $seen (more than 1 step lost)"
+  grep "^run 1 " "$SCRATCH/$name.log" | grep -q "n4" && fail "$name: the new run went back to n4"
+  ctl history "$job" | grep -q "node failure" || { ctl history "$job" >&2; fail "$name: the ending is not a node failure"; }
+  ctl history "$job" | grep -q "excluding n4" || { ctl history "$job" >&2; fail "$name: n4 was not excluded"; }
+  sinfo -h -n n4 -o '%T' | grep -qi down || fail "$name: n4 is $(sinfo -h -n n4 -o '%T'), not down"
+  pass "$name: running again after $took s (<= $BOUND_S s, SlurmdTimeout 120 s) from the terminal checkpoint of step $term (run at step ~$seen); n4 excluded and down; recorded as a node failure"
+}
+
+# ---- 1. freeze ------------------------------------------------------------------------------------------------
+one_failure frozen freeze-node
+grep -q "ending it with exit status 75" "$SCRATCH/frozen.log" ||
+  { cat "$SCRATCH/frozen.log" >&2; fail "no survivor was ended after its last words (its teardown waited on n4)"; }
+ctl history "$job" | grep -q "n4 hung (port open, 0 of" || { ctl history "$job" >&2; fail "the controller did not find n4 hung"; }
+ask n4 > "$SCRATCH/ask.out" && fail "frozen n4's slurmd answered an RPC: $(cat "$SCRATCH/ask.out")"
+echo "frozen n4: its slurmd answers no RPC (ckpt-controller --ask-slurmd n4 waited 5 s)"
+pass "survivors ended within CKPT_EXIT_GRACE of their last words; the controller found n4's slurmd hung by RPC"
+
+# Thaw n4 while the new run trains: its stale rank of run 0 wakes up.
+resolution() { "$CKPT_BUILD_DIR/cli/ckpt" latest "$SCRATCH/frozen/ckpt" 2>&1 | head -1; }
+for _ in $(seq 600); do [ -n "$(logged_step "$SCRATCH/frozen.log")" ] && grep -q "resumed from step" "$SCRATCH/frozen.log" && break; sleep 0.05; done
+before=$(resolution)
+kill -CONT $(cat "$CKPT_CLUSTER_DIR/run/frozen-n4") 2>/dev/null || true
+rm -f "$CKPT_CLUSTER_DIR/run/frozen-n4"
+echo "thawed n4 while run 1 trains; a restart would use: $before"
+for _ in $(seq 900); do
+  state=$(scontrol show job "$job" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+  [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
+  [ "$(resolution)" = "$before" ] || fail "the checkpoint a restart would use changed while run 1 trained: '$before' -> '$(resolution)'"
+  sleep 0.2
+done
+[ "$state" = COMPLETED ] || { tail -30 "$SCRATCH/frozen.log" >&2; fail "the recovered job ended $state"; }
+after=$(resolution)
+[ "$after" = "$before" ] || fail "the checkpoint a restart would use changed: '$before' -> '$after'"
+job=""
+same_weights frozen || fail "final weights differ after the freeze and thaw"
+pass "n4 thawed during run 1: the checkpoint dir's resolution stayed '$before'; final weights bitwise identical"
+"$CLUSTER" revive-node n4 > /dev/null
+victim=""
+
+# ---- 2. crash -------------------------------------------------------------------------------------------------
+one_failure crashed crash-node
+for _ in $(seq 900); do
+  state=$(scontrol show job "$job" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+  [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
+  sleep 0.2
+done
+[ "$state" = COMPLETED ] || { tail -30 "$SCRATCH/crashed.log" >&2; fail "the recovered job ended $state"; }
+job=""
+same_weights crashed || fail "final weights differ after the crash"
+pass "crash of n4: final weights bitwise identical"
+finish
