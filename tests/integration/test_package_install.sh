@@ -100,6 +100,23 @@ dpkg-deb -f "$SCRATCH"/v1/python3-slurm-ckpt_*.deb Depends | grep -q "libckpt0 (
 dpkg-deb -f "$SCRATCH"/v2/python3-slurm-ckpt_*.deb Depends | grep -q "libckpt0 (= $version2)" || fail "the re-packed python3-slurm-ckpt does not depend on libckpt0 (= $version2)"
 dpkg-deb --ctrl-tarfile "$SCRATCH"/v1/slurm-ckpt-controller_*.deb | tar -xO ./conffiles | grep -qx "$CONF" || fail "$CONF is not a conffile"
 
+# The RPMs (rpmbuild): the same files as the .debs, the conffile %config(noreplace). They cannot be installed here.
+if command -v rpmbuild > /dev/null; then
+  (cd "$CKPT_BUILD_DIR" && cpack -G RPM -B "$SCRATCH/rpm") > "$SCRATCH/rpm.log" 2>&1 || { tail -20 "$SCRATCH/rpm.log" >&2; fail "cpack -G RPM failed"; }
+  for pair in slurm-ckpt:slurm-ckpt slurm-ckpt-controller:slurm-ckpt-controller python3-slurm-ckpt:python3-slurm-ckpt \
+              libckpt0:slurm-ckpt-libs libslurm-ckpt-dev:slurm-ckpt-devel; do
+    deb=$(ls "$SCRATCH"/v1/"${pair%%:*}"_*.deb) rpm=$(ls "$SCRATCH"/rpm/"${pair#*:}"-[0-9]*.rpm 2> /dev/null || true)
+    [ -n "$rpm" ] || fail "cpack -G RPM made no ${pair#*:} package: $(ls "$SCRATCH/rpm")"
+    files_deb=$(dpkg-deb -c "$deb" | awk '$1 !~ /^d/ { print $6 }' | sed 's|^\.||' | sort)
+    files_rpm=$(rpm -qp --qf '[%{FILEMODES:perms} %{FILENAMES}\n]' "$rpm" 2> /dev/null | awk '$1 !~ /^d/ { print $2 }' | sort)
+    [ "$files_deb" = "$files_rpm" ] || { diff <(echo "$files_deb") <(echo "$files_rpm") >&2 || true; fail "${pair#*:}.rpm and ${pair%%:*}.deb differ in files (above: < deb, > rpm)"; }
+  done
+  rpm -qp --configfiles "$SCRATCH"/rpm/slurm-ckpt-controller-[0-9]*.rpm 2> /dev/null | grep -qx "$CONF" || fail "$CONF is not %config in the RPM"
+  echo "rpm: $(ls "$SCRATCH"/rpm/*.rpm | wc -l) packages with the .debs' files"
+else
+  fail "needs rpmbuild (Debian's rpm package; scripts/install-deps.sh installs it)"
+fi
+
 # lintian: only the tags packaging/README.md explains.
 if command -v lintian > /dev/null; then
   lintian "$SCRATCH"/v1/*.deb > "$SCRATCH/lintian.txt" 2>&1 || true
@@ -116,7 +133,7 @@ apt_install() {  # apt_install LOG DEB...: as an admin would, never asking (an e
   local log=$1
   shift
   touch "$MARK"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=120 \
     -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@" > "$log" 2>&1 \
     || { tail -30 "$log" >&2; fail "apt-get install failed (log: $log)"; }
 }
@@ -315,11 +332,11 @@ step "apt-get remove slurm-ckpt-controller, then purge everything"
 stop_controller   # what prerm's systemd stop does
 find "$USER_CKPT" -type f -printf '%P %s\n' | sort > "$SCRATCH/user-files-before"
 [ -s "$SCRATCH/user-files-before" ] || fail "no user checkpoint files to watch"
-DEBIAN_FRONTEND=noninteractive apt-get remove -y -q slurm-ckpt-controller > "$SCRATCH/remove.log" 2>&1 || fail "apt-get remove failed"
+DEBIAN_FRONTEND=noninteractive apt-get remove -y -q -o DPkg::Lock::Timeout=120 slurm-ckpt-controller > "$SCRATCH/remove.log" 2>&1 || fail "apt-get remove failed"
 [ -f "$CONF" ] || fail "removing (not purging) slurm-ckpt-controller deleted its conffile"
 [ -s /var/lib/slurm-ckpt/controller.db ] || fail "removing (not purging) slurm-ckpt-controller deleted its database"
 [ ! -e /usr/sbin/ckpt-controller ] || fail "ckpt-controller is still installed after remove"
-DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "${PACKAGES[@]}" > "$SCRATCH/purge.log" 2>&1 || { tail "$SCRATCH/purge.log" >&2; fail "apt-get purge failed"; }
+DEBIAN_FRONTEND=noninteractive apt-get purge -y -q -o DPkg::Lock::Timeout=120 "${PACKAGES[@]}" > "$SCRATCH/purge.log" 2>&1 || { tail "$SCRATCH/purge.log" >&2; fail "apt-get purge failed"; }
 rm -f "$MARK"
 for pkg in "${PACKAGES[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$pkg" 2> /dev/null || echo "un")
