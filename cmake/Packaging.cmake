@@ -124,7 +124,10 @@ set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA ${PROJECT_SOURCE_DIR}/packaging/d
 
 # Slurm refuses a SPANK plugin built for another release (plugin_version), and the controller links libslurm:
 # both need the Slurm release they were built against, major.minor.
-file(STRINGS /usr/include/slurm/slurm_version.h ckpt_slurm_version REGEX "^#define SLURM_VERSION_NUMBER")
+set(ckpt_slurm_version "")
+if(EXISTS "${SLURM_INCLUDE_DIR}/slurm/slurm_version.h")  # SLURM_INCLUDE_DIR: found by spank/ and controller/
+  file(STRINGS "${SLURM_INCLUDE_DIR}/slurm/slurm_version.h" ckpt_slurm_version REGEX "^#define SLURM_VERSION_NUMBER")
+endif()
 if(ckpt_slurm_version MATCHES "0x([0-9a-fA-F][0-9a-fA-F])([0-9a-fA-F][0-9a-fA-F])")
   math(EXPR ckpt_slurm_major "0x${CMAKE_MATCH_1}")
   math(EXPR ckpt_slurm_minor "0x${CMAKE_MATCH_2}")
