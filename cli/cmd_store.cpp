@@ -255,7 +255,7 @@ void add_store_commands(CLI::App& app, int& exit_code) {
   CLI::App* verify_cmd =
       app.add_subcommand("verify", "Exit 0 only if the checkpoint is complete and every checksum matches");
   verify_cmd->add_option("dir", verify->dir, "Checkpoint dir (CKPT_DIR)")->required();
-  verify_cmd->add_option("--step", verify->step, "Step to verify (default: the one a restart would use)");
+  verify_cmd->add_option("--step", verify->step, "Step to verify (default: the one a restart would use)")->type_name("N");
   verify_cmd->add_flag("--sizes-only", verify->sizes_only, "Check sizes, not checksums");
   verify_cmd->callback([verify, &exit_code] { exit_code = run_verify(*verify); });
 
@@ -268,7 +268,7 @@ void add_store_commands(CLI::App& app, int& exit_code) {
   auto gc = std::make_shared<GcArgs>();
   CLI::App* gc_cmd = app.add_subcommand("gc", "Delete old and leftover checkpoints, keeping the newest N complete");
   gc_cmd->add_option("dir", gc->dir, "Checkpoint dir (CKPT_DIR)")->required();
-  gc_cmd->add_option("--keep", gc->keep, "Complete checkpoints to keep (at least 1)")->required();
+  gc_cmd->add_option("--keep", gc->keep, "Complete checkpoints to keep (at least 1)")->required()->type_name("N");
   gc_cmd->add_flag("--dry-run", gc->dry_run, "Print what would be deleted; delete nothing");
   gc_cmd->callback([gc, &exit_code] { exit_code = run_gc(*gc); });
 }
