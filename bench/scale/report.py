@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/scale/report.py OUT: the table of bench/scale/run.sh's results, each figure fitted against N.
 
-Reads OUT/n<N>/{train,resume}/ (rank-R.txt lines of bench_scale_rank, the srun log, strace files of the traced
+Reads OUT/n<N>/{train,resume,freeze}/ (rank-R.txt lines of bench_scale_rank, the srun log, strace files of the traced
 ranks, the phase file run.sh wrote, the checkpoint dir's listing) and prints a Markdown table: one row per figure,
 one column per N, then the log-log slope between the smallest and the largest N that have the figure, the least
 squares slope over every N, and the value extrapolated to 16,384 ranks from the largest N along that slope.
@@ -111,7 +111,32 @@ def checkpoint_size(listing):
     return dirs[name][0], dirs[name][1]
 
 
-def analyse(n, train, resume):
+def failure_rows(row, n, phase, what, name):
+    """The figures of a run in which run.sh killed or froze one rank: who saw it, how soon, the last words."""
+    victim, t_kill = phase["meta"].get("victim"), number(phase["meta"].get("t_kill"))
+    if not (victim and t_kill):
+        row[f"{what}: survivors that logged its death"] = "none: the run ended before the marker step"
+        return
+    seen = [float(t) for t in re.findall(
+        rf"last words: rank {victim} is dead \([^)]*\), detected at unix ([0-9.]+)", phase["log"])]
+    commits = [float(x) for x in re.findall(r"committed the terminal checkpoint of step \d+, ([0-9.]+) s after",
+                                             phase["log"])]
+    # A rank declared dead before the kill is a false death. After it, survivors that wrote their part leave
+    # without a goodbye and their peers log them as dead too: the end of the job, not a failure.
+    others = re.findall(r"last words: rank (\d+) is dead \([^)]*\), detected at unix ([0-9.]+)", phase["log"])
+    row[f"{what}: survivors that logged its death"] = f"{len(seen)}/{n - 1}"
+    row[f"{name}: false deaths (declared before the {'kill' if what.startswith('killed') else 'freeze'})"] = len(
+        {r for r, t in others if r != victim and float(t) < t_kill})
+    if seen:
+        row[f"detection latency of a {what}, first survivor (s)"] = min(seen) - t_kill
+        row[f"detection latency of a {what}, median survivor (s)"] = statistics.median(seen) - t_kill
+        row[f"detection latency of a {what}, last survivor (s)"] = max(seen) - t_kill
+    row[f"{what}: last-words commits"] = len(commits)
+    row[f"last-words commit latency after a {what} (s after detection)"] = commits[0] if commits else None
+    row[f"{name}: srun exit status"] = phase["meta"].get("rc")
+
+
+def analyse(n, train, resume, freeze):
     row = {}
     ranks = train["ranks"] if train else {}
     ckpt_dir = (train or resume or {"meta": {}})["meta"].get("ckpt_dir", "")
@@ -186,27 +211,9 @@ def analyse(n, train, resume):
         if 0 in resume["strace"] and 0 in rr:
             row["FS ops at start, resuming (rank 0)"] = fs_ops(resume["strace"][0], ckpt_dir, 0,
                                                                number(rr[0].get("t_train")))[0]
-        victim, t_kill = resume["meta"].get("victim"), number(resume["meta"].get("t_kill"))
-        if not (victim and t_kill):
-            row["killed rank: survivors that logged its death"] = "no kill: the run ended before the marker step"
-        else:
-            seen = [float(t) for t in re.findall(
-                rf"last words: rank {victim} is dead \([^)]*\), detected at unix ([0-9.]+)", resume["log"])]
-            commits = [float(x) for x in re.findall(r"committed the terminal checkpoint of step \d+, ([0-9.]+) s after",
-                                                     resume["log"])]
-            # A rank declared dead before the kill is a false death. After it, survivors that wrote their part leave
-            # without a goodbye and their peers log them as dead too: the end of the job, not a failure.
-            others = re.findall(r"last words: rank (\d+) is dead \([^)]*\), detected at unix ([0-9.]+)", resume["log"])
-            row["killed rank: survivors that logged its death"] = f"{len(seen)}/{n - 1}"
-            row["resume: false deaths (declared before the kill)"] = len(
-                {r for r, t in others if r != victim and float(t) < t_kill})
-            if seen:
-                row["detection latency, first survivor (s)"] = min(seen) - t_kill
-                row["detection latency, median survivor (s)"] = statistics.median(seen) - t_kill
-                row["detection latency, last survivor (s)"] = max(seen) - t_kill
-            row["last-words commits"] = len(commits)
-            row["last-words commit latency (s after detection)"] = commits[0] if commits else None
-            row["resume: srun exit status"] = resume["meta"].get("rc")
+        failure_rows(row, n, resume, "killed rank", "resume")
+    if freeze:
+        failure_rows(row, n, freeze, "frozen rank", "freeze")
     return row
 
 
@@ -238,8 +245,9 @@ def fmt(v):
     return f"{v:.3g}"
 
 
-FITTED = ("CPU per rank", "CPU per message", "TCP connections", "TCP data segments", "heartbeats per rank", "open+restore time", "open time", "periodic commit latency",
-          "bytes read at resume", "FS ops", "detection latency", "last-words commit latency", "files per checkpoint")
+FITTED = ("CPU per rank", "CPU per message", "TCP connections", "TCP data segments", "heartbeats per rank",
+          "open+restore time", "open time", "periodic commit latency", "bytes read at resume", "FS ops",
+          "detection latency", "last-words commit latency", "files per checkpoint")
 
 
 def main():
@@ -247,7 +255,7 @@ def main():
     sizes = sorted(int(d[1:]) for d in os.listdir(out) if re.fullmatch(r"n\d+", d))
     rows, order = {}, []
     for n in sizes:
-        row = analyse(n, load_phase(os.path.join(out, f"n{n}", "train")), load_phase(os.path.join(out, f"n{n}", "resume")))
+        row = analyse(n, *(load_phase(os.path.join(out, f"n{n}", phase)) for phase in ("train", "resume", "freeze")))
         for key, value in row.items():
             if key not in rows:
                 rows[key] = {}

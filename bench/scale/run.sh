@@ -3,13 +3,15 @@
 # benchmark, not a test. For each N it runs bench_scale_rank (4 KiB of host state per rank, layout dp=N, steps of
 # STEP_MS, a checkpoint every K steps) twice with the same checkpoint dir:
 #   train:  srun -N4 -n N -O --ckpt-last-words=on --ckpt-dir=DIR --ckpt-interval=Ksteps, STEPS steps from scratch;
-#   resume: the same command, which resumes from the newest checkpoint; once rank 0 is W+5 steps past the resume
-#           step, one rank (N/2, on the third node) is SIGKILLed and the survivors' last words are timed.
+#   resume: the same command, which resumes from the newest checkpoint; once rank 0 is 10 steps past the resume
+#           step, one rank (N/2, on the third node) is SIGKILLed and the survivors' last words are timed;
+#   freeze: the same again, but rank N/2 is SIGSTOPped: only silence tells (a frozen process; freezing a whole node
+#           of the shared cluster would stop other jobs), then SIGKILLed once the others are done or after 20 s.
 # A few ranks of each run (0, 1 and N-1; TRACE) run under strace to count their file-system operations on the
 # checkpoint dir. bench/scale/report.py turns the results into the table and the fits against N.
 #
 #   bench/scale/run.sh [-n "16 32 64 96 128 256"] [-s STEPS] [-r RESUME_STEPS] [-k K] [-m STEP_MS] [-w on|off]
-#                      [-T TIMEOUT_S] [-o OUT]
+#                      [-T TIMEOUT_S] [-o OUT] [-F]     (-F: no freeze run)
 # Needs the cluster up (tests/cluster.sh up) and bench_scale_rank built in $CKPT_BUILD_DIR (default build/).
 # Each run holds the cluster lock ($CKPT_CLUSTER_LOCK, /tmp/ckpt-cluster.lock) while it runs.
 set -euo pipefail
@@ -29,8 +31,9 @@ WARMUP=5
 LAST_WORDS=on
 TIMEOUT=240
 OUT=""
+FREEZE=1
 usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-while getopts "n:s:r:k:m:w:T:o:h" opt; do
+while getopts "n:s:r:k:m:w:T:o:Fh" opt; do
   case $opt in
     n) SIZES=$OPTARG ;;
     s) STEPS=$OPTARG ;;
@@ -40,6 +43,7 @@ while getopts "n:s:r:k:m:w:T:o:h" opt; do
     w) LAST_WORDS=$OPTARG ;;
     T) TIMEOUT=$OPTARG ;;
     o) OUT=$OPTARG ;;
+    F) FREEZE=0 ;;
     *) usage ;;
   esac
 done
@@ -64,9 +68,11 @@ job=""
 cleanup() { [ -n "$job" ] && scancel --name="$job" > /dev/null 2>&1 || true; }
 trap cleanup EXIT
 
-# run_phase N PHASE STEPS [KILL_AT_STEP]: one srun; waits for it (at most TIMEOUT s), kills a rank when asked.
+# run_phase N PHASE STEPS [KILL_AT_STEP [SIGNAL]]: one srun; waits for it (at most TIMEOUT s); once rank 0 reaches
+# KILL_AT_STEP, sends SIGNAL (KILL, or STOP: then KILL once every other rank is done, or 20 s later) to rank N/2.
 run_phase() {
-  local n=$1 phase=$2 steps=$3 kill_at=${4:-} dir=$OUT/n$1/$2 ckdir=$CKROOT/n$1 pid t0 t_kill="" victim="" rc load0
+  local n=$1 phase=$2 steps=$3 kill_at=${4:-} signal=${5:-KILL} dir=$OUT/n$1/$2 ckdir=$CKROOT/n$1 pid t0 t_kill=""
+  local victim="" rc load0 victim_pid="" done_ranks
   mkdir -p "$dir/pids" "$dir/strace"
   job=bench-scale-$$-n$n-$phase
   local extra=()
@@ -83,8 +89,17 @@ run_phase() {
     if [ -n "$kill_at" ] && [ -z "$t_kill" ] && [ -f "$dir/marker" ]; then
       victim=$((n / 2))
       if [ -f "$dir/pids/rank-$victim" ]; then
+        victim_pid=$(cat "$dir/pids/rank-$victim")
         t_kill=$(date +%s.%N)
-        kill -KILL "$(cat "$dir/pids/rank-$victim")" 2>/dev/null || t_kill=""
+        kill -"$signal" "$victim_pid" 2>/dev/null || t_kill=""
+      fi
+    fi
+    if [ "$signal" = STOP ] && [ -n "$t_kill" ] && [ -n "$victim_pid" ]; then
+      done_ranks=$(find "$dir" -maxdepth 1 -name 'rank-*.txt' | wc -l)
+      if [ "$done_ranks" -ge $((n - 1)) ] || \
+         [ "$(awk -v a="$(date +%s.%N)" -v b="$t_kill" 'BEGIN { print (a - b > 20) }')" = 1 ]; then
+        kill -KILL "$victim_pid" 2>/dev/null || true
+        victim_pid=""
       fi
     fi
     if [ "$(date +%s)" -ge "$deadline" ]; then
@@ -105,6 +120,7 @@ run_phase() {
     echo "t_done=$(date +%s.%N)"
     echo "victim=$victim"
     echo "t_kill=$t_kill"
+    echo "signal=$signal"
     echo "ckpt_dir=$ckdir"
     echo "loadavg_start=$load0"
     echo "loadavg_end=$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -123,6 +139,13 @@ for n in $SIZES; do
   [ "$LAST_WORDS" = on ] && kill_at=$((STEPS + WARMUP + 5))
   run_phase "$n" resume $((STEPS + RESUME_STEPS)) $kill_at
   (cd "$CKROOT/n$n" && find . -printf '%y %s %p\n' | sort -k3) > "$OUT/n$n/resume/ckpt-listing" 2>/dev/null || true
+  if [ -n "$kill_at" ] && [ "$FREEZE" = 1 ]; then
+    # From whatever the resume run left (its terminal checkpoint, else the newest periodic one).
+    resumed=$(sed -n 's/^0*\([0-9]\)/\1/p' "$CKROOT/n$n/latest" 2>/dev/null || true)
+    resumed=${resumed:-$STEPS}
+    # Silence takes 1.5 s (30 steps of 50 ms) to tell: the run goes on 4 s past the freeze at least.
+    run_phase "$n" freeze $((resumed + WARMUP + 5 + RESUME_STEPS + 4000 / STEP_MS)) $((resumed + WARMUP + 5)) STOP
+  fi
   flock -u "$lock"
   exec {lock}>&-
 done
