@@ -1,35 +1,23 @@
+// The heartbeat mesh at run time: the mesh thread's loop (a heartbeat to every peer each period, a peer that is
+// silent for dead_after or whose connection closes declared dead), the frames it receives and delivers to the
+// handler, and send() from any thread. Joining the mesh (the handshake) is in heartbeat_handshake.cpp.
 #include "heartbeat.hpp"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
-#include <cstddef>
-#include <cstdio>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <map>
-#include <optional>
 #include <mutex>
-#include <sstream>
-#include <system_error>
 #include <thread>
 
 #include "ckpt/store.hpp"
+#include "heartbeat_impl.hpp"
 #include "log.hpp"
 
 namespace ckpt::hooks::heartbeat {
@@ -37,7 +25,6 @@ namespace ckpt::hooks::heartbeat {
 namespace {
 
 using store::errno_text;
-using Clock = std::chrono::steady_clock;
 
 // A process forked from a rank (a data loader's workers) inherits the mesh's sockets. Were they left open there, a
 // rank that dies would look frozen (no EOF reaches its peers until the workers exit) instead of closed. So the
@@ -73,716 +60,140 @@ void unlist_mesh_sockets(const std::vector<int>* fds) {
   }
 }
 
-constexpr std::uint32_t kMagic = 0x636b7074;  // "ckpt", in the pad field of every frame
-
-std::string addr_name(int rank) { return "rank-" + std::to_string(rank) + ".addr"; }
-
-constexpr const char* kSecretName = "secret";
-constexpr std::size_t kSecretBytes = 32;
-// How long an accepted connection may take to complete its handshake, and how many may be in it at once: a
-// stranger that connects and says nothing holds one slot for this long, never the mesh.
-constexpr auto kHandshakeLimit = std::chrono::seconds(5);
-constexpr std::size_t kMaxPending = 64;
-
-// Closes a descriptor when it goes out of scope.
-struct Fd {
-  int fd = -1;
-  Fd() = default;
-  explicit Fd(int f) : fd(f) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-Status make_dirs(const std::string& path) {
-  std::string partial;
-  std::stringstream in(path);
-  std::string part;
-  while (std::getline(in, part, '/')) {
-    if (part.empty()) continue;
-    partial += "/" + part;
-    if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
-      return Status::failure("ckpt: cannot create " + partial + ": " + errno_text(errno));
-    }
-  }
-  return Status::success();
-}
-
-std::string mode_text(mode_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
-  return buf;
-}
-
-// The rendezvous dir, created 0700 where missing, opened without following a symlink; it must be this user's own
-// and closed to everyone else (it holds the job's secret).
-Result<int> open_private_dir(const std::string& path) {
-  if (Status s = make_dirs(path); !s) return Error{s.error()};
-  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return Error{"ckpt: heartbeat: cannot open " + path + ": " + errno_text(errno)};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
-    ::close(fd);
-    return Error{"ckpt: heartbeat: " + path + " is owned by uid " + std::to_string(st.st_uid) + " with mode " +
-                 mode_text(st.st_mode) + "; the mesh needs it to be uid " + std::to_string(::geteuid()) +
-                 "'s own with mode 0700"};
-  }
-  return fd;
-}
-
-bool read_exactly(int fd, void* data, std::size_t size) {
-  char* p = static_cast<char*>(data);
-  while (size > 0) {
-    ssize_t n = ::read(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-bool write_all_file(int fd, const void* data, std::size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-bool random_bytes(void* out, std::size_t size) {
-  char* p = static_cast<char*>(out);
-  while (size > 0) {
-    ssize_t n = ::getrandom(p, size, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-using Secret = std::array<std::uint8_t, kSecretBytes>;
-
-// The job's secret: the first rank to get here creates it (a temporary file created exclusively with mode 0600,
-// fsynced, then linked to its name, which fails when another rank won); every rank reads the one that won. The
-// file must be a regular file of this user's, closed to everyone else, of exactly 32 bytes.
-Result<Secret> job_secret(int dirfd, const std::string& dir, int rank) {
-  const std::string path = dir + "/" + kSecretName;
-  int fd = ::openat(dirfd, kSecretName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT) {
-    const std::string tmp = std::string(kSecretName) + "." + std::to_string(rank) + "." + std::to_string(::getpid()) + ".tmp";
-    (void)::unlinkat(dirfd, tmp.c_str(), 0);
-    Fd out(::openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (out.fd < 0) return Error{"ckpt: heartbeat: cannot create " + dir + "/" + tmp + ": " + errno_text(errno)};
-    Secret fresh{};
-    if (!random_bytes(fresh.data(), fresh.size())) return Error{"ckpt: heartbeat: getrandom: " + errno_text(errno)};
-    if (!write_all_file(out.fd, fresh.data(), fresh.size()) || ::fsync(out.fd) != 0) {
-      int err = errno;
-      (void)::unlinkat(dirfd, tmp.c_str(), 0);
-      return Error{"ckpt: heartbeat: cannot write " + dir + "/" + tmp + ": " + errno_text(err)};
-    }
-    if (::linkat(dirfd, tmp.c_str(), dirfd, kSecretName, 0) != 0 && errno != EEXIST) {
-      int err = errno;
-      (void)::unlinkat(dirfd, tmp.c_str(), 0);
-      return Error{"ckpt: heartbeat: cannot create " + path + ": " + errno_text(err)};
-    }
-    (void)::unlinkat(dirfd, tmp.c_str(), 0);
-    (void)::fsync(dirfd);
-    fd = ::openat(dirfd, kSecretName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  }
-  if (fd < 0) return Error{"ckpt: heartbeat: cannot open " + path + ": " + errno_text(errno)};
-  Fd in(fd);
-  struct stat st {};
-  if (::fstat(in.fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
-      st.st_size != static_cast<off_t>(kSecretBytes)) {
-    return Error{"ckpt: heartbeat: " + path + " is not a private 32-byte file of uid " + std::to_string(::geteuid()) +
-                 " (uid " + std::to_string(st.st_uid) + ", mode " + mode_text(st.st_mode) + ", " +
-                 std::to_string(st.st_size) + " bytes)"};
-  }
-  Secret secret{};
-  if (!read_exactly(in.fd, secret.data(), secret.size())) return Error{"ckpt: heartbeat: cannot read " + path};
-  return secret;
-}
-
-bool is_loopback(const sockaddr_in& a) { return (ntohl(a.sin_addr.s_addr) >> 24) == 127; }
-
-std::string numeric(const sockaddr_in& a) {
-  char buf[INET_ADDRSTRLEN] = {};
-  (void)::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf);
-  return buf;
-}
-
-// The address this host's peers reach it at: the first non-loopback IPv4 address of the host name; where the name
-// resolves to loopback only (Debian's "127.0.1.1 <host>" line), the address of the default route's interface (a
-// UDP connect sends nothing); without a route, loopback.
-std::string host_address() {
-  char host[256] = {};
-  (void)::gethostname(host, sizeof host - 1);
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host, nullptr, &hints, &res) == 0) {
-    for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-      const auto& a = *reinterpret_cast<const sockaddr_in*>(ai->ai_addr);
-      if (!is_loopback(a)) {
-        std::string out = numeric(a);
-        ::freeaddrinfo(res);
-        return out;
-      }
-    }
-    ::freeaddrinfo(res);
-  }
-  Fd probe(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  sockaddr_in far{};
-  far.sin_family = AF_INET;
-  far.sin_port = htons(9);
-  (void)::inet_pton(AF_INET, "192.0.2.1", &far.sin_addr);  // TEST-NET-1: routed like any remote host
-  sockaddr_in local{};
-  socklen_t len = sizeof local;
-  if (probe.fd >= 0 && ::connect(probe.fd, reinterpret_cast<sockaddr*>(&far), sizeof far) == 0 &&
-      ::getsockname(probe.fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 && local.sin_addr.s_addr != 0) {
-    return numeric(local);
-  }
-  return "127.0.0.1";
-}
-
-// HMAC-SHA256(secret, label || hello[0..64) || reply[0..64) || address).
-std::array<std::uint8_t, 32> handshake_mac(const Secret& secret, std::string_view label, const Handshake& hello,
-                                           const Handshake& reply, std::string_view address) {
-  std::string msg(label);
-  msg.append(reinterpret_cast<const char*>(&hello), offsetof(Handshake, mac));
-  msg.append(reinterpret_cast<const char*>(&reply), offsetof(Handshake, mac));
-  msg.append(address);
-  std::array<std::uint8_t, 32> out{};
-  unsigned int len = 0;
-  (void)::HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-               reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out.data(), &len);
-  return out;
-}
-
-constexpr std::string_view kAcceptLabel = "slurm-ckpt mesh accept v1";
-constexpr std::string_view kDialLabel = "slurm-ckpt mesh dial v1";
-
-bool mac_matches(const std::array<std::uint8_t, 32>& expected, const std::uint8_t* got) {
-  return CRYPTO_memcmp(expected.data(), got, expected.size()) == 0;
-}
-
-// Refused connections, logged at most once per peer address per 10 s with a count of what was left out.
-class RefusalLog {
- public:
-  explicit RefusalLog(int rank) : rank_(rank) {}
-  void refused(const std::string& peer, const std::string& why) {
-    const auto now = Clock::now();
-    std::string key = peer.substr(0, peer.rfind(':'));
-    if (seen_.size() >= 64 && !seen_.count(key)) key = "other";
-    Entry& e = seen_[key];
-    if (e.logged && now - e.last < std::chrono::seconds(10)) {
-      ++e.left_out;
-      return;
-    }
-    std::string line = "heartbeat: refused a connection from " + peer + ": " + why;
-    if (e.left_out > 0) line += " (and " + std::to_string(e.left_out) + " more from there since the last line)";
-    log::warn(rank_, line);
-    e = Entry{true, now, 0};
-  }
-
- private:
-  struct Entry {
-    bool logged = false;
-    Clock::time_point last;
-    std::uint64_t left_out = 0;
-  };
-  int rank_;
-  std::map<std::string, Entry> seen_;
-};
-
-std::string peer_text(const sockaddr_in& a) { return numeric(a) + ":" + std::to_string(ntohs(a.sin_port)); }
-
-// Writes the whole buffer or fails; blocking sockets only (the setup phase).
-bool write_all(int fd, const void* data, std::size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-// Reads exactly one handshake message with a deadline; blocking socket with SO_RCVTIMEO set.
-bool read_handshake(int fd, Handshake& msg) {
-  char* p = reinterpret_cast<char*>(&msg);
-  std::size_t got = 0;
-  while (got < sizeof msg) {
-    ssize_t n = ::recv(fd, p + got, sizeof msg - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    got += static_cast<std::size_t>(n);
-  }
-  return msg.head.pad == kMagic;
-}
-
-void set_timeout(int fd, std::chrono::milliseconds timeout) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
-  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
-int dial(const std::string& host, const std::string& port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) return -1;
-  int fd = -1;
-  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) continue;
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
-    ::close(fd);
-    fd = -1;
-  }
-  ::freeaddrinfo(res);
-  return fd;
-}
-
 }  // namespace
 
-struct Mesh::Impl {
-  Settings settings;
-  Handler handler;
-  std::vector<int> fds;                 // per rank; -1 for itself and for dead peers (guarded by mu)
-  std::vector<bool> alive;              // guarded by mu
-  std::vector<std::uint64_t> hellos;    // written before the thread starts, read-only after
-  std::vector<Clock::time_point> seen;  // mesh thread only
-  std::vector<std::string> inbox;       // mesh thread only: partial frames per peer
-  Secret secret{};                      // the job's, read at start
-  mutable std::mutex mu;
-  std::atomic<bool> stopping{false};
-  std::atomic<bool> quiet{false};  // this rank said goodbye: peers closing on it are no news
-  std::thread thread;
-
-  ~Impl() {
-    stopping = true;
-    if (thread.joinable()) thread.join();
-    unlist_mesh_sockets(&fds);
-    for (int fd : fds) {
-      if (fd >= 0) ::close(fd);
-    }
+Mesh::Impl::~Impl() {
+  stopping = true;
+  if (thread.joinable()) thread.join();
+  unlist_mesh_sockets(&fds);
+  for (int fd : fds) {
+    if (fd >= 0) ::close(fd);
   }
+}
 
-  Frame frame(std::uint32_t type) const {
-    Frame f;
-    f.type = type;
-    f.from = settings.rank;
-    f.pad = kMagic;
-    return f;
+Frame Mesh::Impl::frame(std::uint32_t type) const {
+  Frame f;
+  f.type = type;
+  f.from = settings.rank;
+  f.pad = kMagic;
+  return f;
+}
+
+// Marks a peer dead (once) and tells the handler; any thread.
+void Mesh::Impl::kill(int peer, const std::string& why, Event::Kind kind) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!alive[static_cast<std::size_t>(peer)]) return;
+    alive[static_cast<std::size_t>(peer)] = false;
+    int& fd = fds[static_cast<std::size_t>(peer)];
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);  // closed by the mesh thread or the destructor, never reused here
   }
+  if (quiet) return;
+  Event e;
+  e.kind = kind;
+  e.peer = peer;
+  e.why = why;
+  handler(e);
+}
 
-  // Marks a peer dead (once) and tells the handler; any thread.
-  void kill(int peer, const std::string& why, Event::Kind kind = Event::Kind::PeerDead) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!alive[static_cast<std::size_t>(peer)]) return;
-      alive[static_cast<std::size_t>(peer)] = false;
-      int& fd = fds[static_cast<std::size_t>(peer)];
-      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);  // closed by the mesh thread or the destructor, never reused here
-    }
-    if (quiet) return;
-    Event e;
-    e.kind = kind;
-    e.peer = peer;
-    e.why = why;
-    handler(e);
+bool Mesh::Impl::send(int peer, Frame f) {
+  f.from = settings.rank;
+  f.pad = kMagic;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (peer < 0 || peer >= settings.world_size || !alive[static_cast<std::size_t>(peer)]) return false;
+    int fd = fds[static_cast<std::size_t>(peer)];
+    if (fd < 0) return false;
+    ssize_t n = ::send(fd, &f, sizeof f, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == static_cast<ssize_t>(sizeof f)) return true;
+    // A partial frame would break the stream; a full send buffer means the peer stopped reading long ago.
+    why = n < 0 ? (errno == EAGAIN ? "its receive buffer is full" : errno_text(errno)) : "a partial send";
   }
+  kill(peer, why);
+  return false;
+}
 
-  bool send(int peer, Frame f) {
-    f.from = settings.rank;
-    f.pad = kMagic;
-    std::string why;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (peer < 0 || peer >= settings.world_size || !alive[static_cast<std::size_t>(peer)]) return false;
-      int fd = fds[static_cast<std::size_t>(peer)];
-      if (fd < 0) return false;
-      ssize_t n = ::send(fd, &f, sizeof f, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n == static_cast<ssize_t>(sizeof f)) return true;
-      // A partial frame would break the stream; a full send buffer means the peer stopped reading long ago.
-      why = n < 0 ? (errno == EAGAIN ? "its receive buffer is full" : errno_text(errno)) : "a partial send";
-    }
-    kill(peer, why);
-    return false;
-  }
-
-  void loop() {
-    const int world = settings.world_size;
-    auto next_beat = Clock::now();
-    std::vector<pollfd> pfds;
-    std::vector<int> who;
-    while (!stopping) {
-      auto now = Clock::now();
-      if (now >= next_beat) {
-        for (int p = 0; p < world; ++p) {
-          if (p != settings.rank) send(p, frame(kHeartbeat));
-        }
-        next_beat = now + settings.period;
-      }
+void Mesh::Impl::loop() {
+  const int world = settings.world_size;
+  auto next_beat = Clock::now();
+  std::vector<pollfd> pfds;
+  std::vector<int> who;
+  while (!stopping) {
+    auto now = Clock::now();
+    if (now >= next_beat) {
       for (int p = 0; p < world; ++p) {
-        bool live = false;
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          live = p != settings.rank && alive[static_cast<std::size_t>(p)];
-        }
-        if (live && now - seen[static_cast<std::size_t>(p)] > settings.dead_after) {
-          char why[64];
-          std::snprintf(why, sizeof why, "no heartbeat for %.2f s",
-                        std::chrono::duration<double>(now - seen[static_cast<std::size_t>(p)]).count());
-          kill(p, why);
-        }
+        if (p != settings.rank) send(p, frame(kHeartbeat));
       }
-      pfds.clear();
-      who.clear();
+      next_beat = now + settings.period;
+    }
+    for (int p = 0; p < world; ++p) {
+      bool live = false;
       {
         std::lock_guard<std::mutex> lock(mu);
-        for (int p = 0; p < world; ++p) {
-          if (p == settings.rank || !alive[static_cast<std::size_t>(p)]) continue;
-          pfds.push_back({fds[static_cast<std::size_t>(p)], POLLIN, 0});
-          who.push_back(p);
-        }
+        live = p != settings.rank && alive[static_cast<std::size_t>(p)];
       }
-      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - Clock::now()).count();
-      int ready = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::clamp<long long>(wait, 0, 100)));
-      if (ready <= 0) continue;
-      for (std::size_t i = 0; i < pfds.size(); ++i) {
-        if (pfds[i].revents == 0) continue;
-        receive(who[i], pfds[i].fd);
+      if (live && now - seen[static_cast<std::size_t>(p)] > settings.dead_after) {
+        char why[64];
+        std::snprintf(why, sizeof why, "no heartbeat for %.2f s",
+                      std::chrono::duration<double>(now - seen[static_cast<std::size_t>(p)]).count());
+        kill(p, why);
       }
     }
+    pfds.clear();
+    who.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (int p = 0; p < world; ++p) {
+        if (p == settings.rank || !alive[static_cast<std::size_t>(p)]) continue;
+        pfds.push_back({fds[static_cast<std::size_t>(p)], POLLIN, 0});
+        who.push_back(p);
+      }
+    }
+    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - Clock::now()).count();
+    int ready = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::clamp<long long>(wait, 0, 100)));
+    if (ready <= 0) continue;
+    for (std::size_t i = 0; i < pfds.size(); ++i) {
+      if (pfds[i].revents == 0) continue;
+      receive(who[i], pfds[i].fd);
+    }
   }
+}
 
-  void receive(int peer, int fd) {
-    char buf[4096];
-    for (;;) {
-      ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      if (n <= 0) {
-        kill(peer, n == 0 ? "EOF" : errno_text(errno));
+void Mesh::Impl::receive(int peer, int fd) {
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) {
+      kill(peer, n == 0 ? "EOF" : errno_text(errno));
+      return;
+    }
+    seen[static_cast<std::size_t>(peer)] = Clock::now();
+    std::string& in = inbox[static_cast<std::size_t>(peer)];
+    in.append(buf, static_cast<std::size_t>(n));
+    std::size_t used = 0;
+    while (in.size() - used >= sizeof(Frame)) {
+      Event e;
+      std::memcpy(&e.frame, in.data() + used, sizeof(Frame));
+      used += sizeof(Frame);
+      if (e.frame.pad != kMagic || e.frame.from != peer) {
+        kill(peer, "a malformed frame");
         return;
       }
-      seen[static_cast<std::size_t>(peer)] = Clock::now();
-      std::string& in = inbox[static_cast<std::size_t>(peer)];
-      in.append(buf, static_cast<std::size_t>(n));
-      std::size_t used = 0;
-      while (in.size() - used >= sizeof(Frame)) {
-        Event e;
-        std::memcpy(&e.frame, in.data() + used, sizeof(Frame));
-        used += sizeof(Frame);
-        if (e.frame.pad != kMagic || e.frame.from != peer) {
-          kill(peer, "a malformed frame");
-          return;
-        }
-        if (e.frame.type == kHeartbeat) continue;
-        if (e.frame.type == kBye) {
-          kill(peer, "left", Event::Kind::PeerLeft);
-          return;
-        }
-        e.kind = Event::Kind::Frame;
-        e.peer = peer;
-        handler(e);
+      if (e.frame.type == kHeartbeat) continue;
+      if (e.frame.type == kBye) {
+        kill(peer, "left", Event::Kind::PeerLeft);
+        return;
       }
-      in.erase(0, used);
+      e.kind = Event::Kind::Frame;
+      e.peer = peer;
+      handler(e);
     }
+    in.erase(0, used);
   }
-
-  Handshake handshake(std::uint32_t type) const {
-    Handshake h;
-    h.head = frame(type);
-    h.head.a = settings.hello;
-    return h;
-  }
-
-  // Publishes "<address> <port>" as rank-<me>.addr (a temporary file renamed over it).
-  Status publish(int dirfd, const std::string& text) {
-    const std::string name = addr_name(settings.rank);
-    const std::string tmp = name + ".tmp";
-    {
-      (void)::unlinkat(dirfd, tmp.c_str(), 0);
-      Fd out(::openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-      const std::string line = text + "\n";
-      if (out.fd < 0 || !write_all_file(out.fd, line.data(), line.size())) {
-        return Status::failure("ckpt: heartbeat: cannot write " + settings.rendezvous_dir + "/" + tmp + ": " +
-                               errno_text(errno));
-      }
-    }
-    if (::renameat(dirfd, tmp.c_str(), dirfd, name.c_str()) != 0) {
-      return Status::failure("ckpt: heartbeat: cannot publish " + settings.rendezvous_dir + "/" + name + ": " +
-                             errno_text(errno));
-    }
-    return Status::success();
-  }
-
-  // "<address> <port>" of a peer, or nothing while it has not published.
-  static std::optional<std::pair<std::string, std::string>> read_address(int dirfd, int peer) {
-    Fd in(::openat(dirfd, addr_name(peer).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    if (in.fd < 0) return std::nullopt;
-    char buf[128] = {};
-    ssize_t n = ::read(in.fd, buf, sizeof buf - 1);
-    if (n <= 0) return std::nullopt;
-    std::stringstream text(std::string(buf, static_cast<std::size_t>(n)));
-    std::string host, port;
-    if (!(text >> host >> port)) return std::nullopt;
-    return std::pair{host, port};
-  }
-
-  // The dialer's side of the handshake on a connected socket; the peer's hello value, or why it failed.
-  Result<std::uint64_t> dial_handshake(int fd, int peer, const std::string& address) {
-    Handshake hello = handshake(kHello);
-    if (!random_bytes(hello.nonce, sizeof hello.nonce)) return Error{"getrandom: " + errno_text(errno)};
-    Handshake reply;
-    if (!write_all(fd, &hello, sizeof hello) || !read_handshake(fd, reply)) return Error{"no handshake"};
-    if (reply.head.type != kHello || reply.head.from != peer) {
-      return Error{"it answered as rank " + std::to_string(reply.head.from) + ", not " + std::to_string(peer)};
-    }
-    if (!mac_matches(handshake_mac(secret, kAcceptLabel, hello, reply, address), reply.mac)) {
-      return Error{"it does not know the job's secret"};
-    }
-    Handshake proof;
-    proof.head = frame(kProof);
-    auto mac = handshake_mac(secret, kDialLabel, hello, reply, address);
-    std::memcpy(proof.mac, mac.data(), mac.size());
-    if (!write_all(fd, &proof, sizeof proof)) return Error{"the connection closed during the handshake"};
-    return reply.head.a;
-  }
-
-  // Connects to every higher rank: its listener exists before its address file, and the backlog completes the
-  // connect before it accepts, so dialling first and accepting after cannot deadlock. A connection whose other
-  // end fails the handshake (a stale address now used by another process) is dropped and the address read again.
-  Status dial_higher(int dirfd, Clock::time_point deadline, RefusalLog& refusals) {
-    auto left = [&] {
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      return std::max(ms, std::chrono::milliseconds(1));
-    };
-    for (int p = settings.rank + 1; p < settings.world_size; ++p) {
-      std::string last_refusal;
-      for (;;) {
-        if (Clock::now() >= deadline) {
-          return Status::failure("ckpt: heartbeat: rank " + std::to_string(p) + " did not join the mesh in time" +
-                                 (last_refusal.empty() ? "" : " (last try: " + last_refusal + ")"));
-        }
-        auto addr = read_address(dirfd, p);
-        int fd = addr ? dial(addr->first, addr->second) : -1;
-        if (fd < 0) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          continue;
-        }
-        set_timeout(fd, left());
-        const std::string address = addr->first + " " + addr->second;
-        auto back = dial_handshake(fd, p, address);
-        if (back) {
-          hellos[static_cast<std::size_t>(p)] = *back;
-          fds[static_cast<std::size_t>(p)] = fd;
-          break;
-        }
-        ::close(fd);
-        last_refusal = address + ": " + back.error();
-        refusals.refused(addr->first + ":" + addr->second, "dialled as rank " + std::to_string(p) + ": " + back.error());
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-    return Status::success();
-  }
-
-  // One accepted connection in its handshake.
-  struct Pending {
-    int fd = -1;
-    std::string peer;
-    Clock::time_point until;
-    std::string in;
-    bool replied = false;
-    Handshake hello;
-    Handshake reply;
-  };
-
-  // Moves a pending connection's handshake on with what arrived. Returns false when it is over (the connection
-  // joined as a rank, or was refused and closed).
-  bool advance(Pending& c, const std::string& address, RefusalLog& refusals, int& accepted) {
-    auto refuse = [&](const std::string& why) {
-      refusals.refused(c.peer, why);
-      ::close(c.fd);
-      return false;
-    };
-    if (!c.replied) {
-      if (c.in.size() < sizeof(Handshake)) return true;
-      if (c.in.size() > sizeof(Handshake)) return refuse("it sent more than a hello before the reply");
-      std::memcpy(&c.hello, c.in.data(), sizeof(Handshake));
-      c.in.clear();
-      const Frame& h = c.hello.head;
-      if (h.pad != kMagic || h.type != kHello) return refuse("not a mesh hello");
-      if (h.from < 0 || h.from >= settings.rank) return refuse("it claims rank " + std::to_string(h.from) + ", which does not dial this rank");
-      if (fds[static_cast<std::size_t>(h.from)] >= 0) return refuse("it claims rank " + std::to_string(h.from) + ", which joined already");
-      c.reply = handshake(kHello);
-      if (!random_bytes(c.reply.nonce, sizeof c.reply.nonce)) return refuse("getrandom: " + errno_text(errno));
-      auto mac = handshake_mac(secret, kAcceptLabel, c.hello, c.reply, address);
-      std::memcpy(c.reply.mac, mac.data(), mac.size());
-      // 96 bytes into the empty send buffer of a new connection: never partial.
-      if (::send(c.fd, &c.reply, sizeof c.reply, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof c.reply)) {
-        return refuse("cannot answer its hello: " + errno_text(errno));
-      }
-      c.replied = true;
-      return true;
-    }
-    if (c.in.size() < sizeof(Handshake)) return true;
-    Handshake proof;
-    std::memcpy(&proof, c.in.data(), sizeof proof);
-    const int from = c.hello.head.from;
-    if (proof.head.pad != kMagic || proof.head.type != kProof || proof.head.from != from ||
-        !mac_matches(handshake_mac(secret, kDialLabel, c.hello, c.reply, address), proof.mac)) {
-      return refuse("it claims rank " + std::to_string(from) + " without knowing the job's secret");
-    }
-    if (fds[static_cast<std::size_t>(from)] >= 0) return refuse("it claims rank " + std::to_string(from) + ", which joined already");
-    hellos[static_cast<std::size_t>(from)] = c.hello.head.a;
-    fds[static_cast<std::size_t>(from)] = c.fd;
-    // The dialer may have started its heartbeats right after its proof: they are the link's first frames.
-    inbox[static_cast<std::size_t>(from)] = c.in.substr(sizeof(Handshake));
-    ++accepted;
-    return false;
-  }
-
-  // Accepts every lower rank. Connections are handled side by side, each within kHandshakeLimit, so a stranger
-  // that connects and stalls delays nobody.
-  Status accept_lower(int listener, const std::string& address, Clock::time_point deadline, RefusalLog& refusals) {
-    std::vector<Pending> pending;
-    auto drop_all = [&] {
-      for (Pending& c : pending) ::close(c.fd);
-      pending.clear();
-    };
-    int accepted = 0;
-    std::vector<pollfd> pfds;
-    while (accepted < settings.rank) {
-      auto now = Clock::now();
-      if (now >= deadline) {
-        drop_all();
-        return Status::failure("ckpt: heartbeat: lower ranks did not join the mesh in time");
-      }
-      auto wake = deadline;
-      for (const Pending& c : pending) wake = std::min(wake, c.until);
-      pfds.assign(1, pollfd{listener, POLLIN, 0});
-      for (const Pending& c : pending) pfds.push_back({c.fd, POLLIN, 0});
-      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count();
-      int ready = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::clamp<long long>(wait, 1, 1000)));
-      if (ready < 0 && errno != EINTR) {
-        drop_all();
-        return Status::failure("ckpt: heartbeat: poll: " + errno_text(errno));
-      }
-      now = Clock::now();
-      std::vector<Pending> next;
-      for (std::size_t i = 0; i < pending.size(); ++i) {
-        Pending& c = pending[i];
-        bool open = true;
-        if (ready > 0 && pfds[i + 1].revents != 0) {
-          char buf[256];
-          ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
-          if (n > 0) {
-            c.in.append(buf, static_cast<std::size_t>(n));
-            open = advance(c, address, refusals, accepted);
-          } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            refusals.refused(c.peer, "it closed the connection during the handshake");
-            ::close(c.fd);
-            open = false;
-          }
-        }
-        if (open && now >= c.until) {
-          refusals.refused(c.peer, "no handshake within " + std::to_string(kHandshakeLimit.count()) + " s");
-          ::close(c.fd);
-          open = false;
-        }
-        if (open) next.push_back(std::move(c));
-      }
-      pending = std::move(next);
-      if (ready > 0 && (pfds[0].revents & POLLIN) != 0) {
-        for (;;) {
-          sockaddr_in from{};
-          socklen_t len = sizeof from;
-          int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-          if (fd < 0) break;
-          if (pending.size() >= kMaxPending) {
-            refusals.refused(peer_text(from), "too many connections in their handshake");
-            ::close(fd);
-            continue;
-          }
-          Pending c;
-          c.fd = fd;
-          c.peer = peer_text(from);
-          c.until = Clock::now() + kHandshakeLimit;
-          pending.push_back(std::move(c));
-        }
-      }
-    }
-    drop_all();
-    return Status::success();
-  }
-
-  Status connect_all() {
-    const int world = settings.world_size;
-    const int me = settings.rank;
-    fds.assign(static_cast<std::size_t>(world), -1);
-    alive.assign(static_cast<std::size_t>(world), true);
-    hellos.assign(static_cast<std::size_t>(world), 0);
-    hellos[static_cast<std::size_t>(me)] = settings.hello;
-    inbox.assign(static_cast<std::size_t>(world), std::string());
-    const auto deadline = Clock::now() + settings.connect_timeout;
-
-    auto dir = open_private_dir(settings.rendezvous_dir);
-    if (!dir) return Status::failure(dir.error());
-    Fd dirfd(*dir);
-    auto key = job_secret(dirfd.fd, settings.rendezvous_dir, me);
-    if (!key) return Status::failure(key.error());
-    secret = *key;
-
-    const std::string host = settings.address.empty() ? host_address() : settings.address;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = 0;
-    if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-      return Status::failure("ckpt: heartbeat: '" + host + "' is not an IPv4 address");
-    }
-    Fd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (listener.fd < 0) return Status::failure("ckpt: heartbeat: socket: " + errno_text(errno));
-    socklen_t len = sizeof addr;
-    if (::bind(listener.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(listener.fd, SOMAXCONN) != 0 ||
-        ::getsockname(listener.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      return Status::failure("ckpt: heartbeat: cannot listen on " + host + ": " + errno_text(errno));
-    }
-    const std::string address = host + " " + std::to_string(ntohs(addr.sin_port));
-    if (Status s = publish(dirfd.fd, address); !s) return s;
-    RefusalLog refusals(me);
-    if (Status s = dial_higher(dirfd.fd, deadline, refusals); !s) return s;
-    if (Status s = accept_lower(listener.fd, address, deadline, refusals); !s) return s;
-    int one = 1;
-    for (int fd : fds) {
-      if (fd < 0) continue;
-      (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-    }
-    alive[static_cast<std::size_t>(me)] = true;
-    seen.assign(static_cast<std::size_t>(world), Clock::now());
-    return Status::success();
-  }
-};
+}
 
 Mesh::Mesh(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 

@@ -1,0 +1,239 @@
+#pragma once
+// The two-phase checkpoint engine's state (Checkpointer::Impl), shared by the checkpointer*.cpp files, one per job.
+//
+// Threads: the training thread calls the API (checkpointer.cpp: create, register_region/set_regions/put_blob,
+// restore, then per step before_update and after_step, close), takes snapshots (checkpointer_snapshot.cpp) and,
+// on rank 0 with CKPT_INTERVAL=auto, measures the interval (checkpointer_auto.cpp); the copy pool copies host
+// regions into staging during a snapshot; one persist thread ("worker", checkpointer_worker.cpp) grows staging in
+// the background, writes shards through ckpt::store, publishes them to the coordinator and, on the writer, commits.
+// Staging belongs to the worker whenever it has a task queued or running; the training thread touches staging only
+// after wait_idle(), which is what back-pressure is. The last-words thread copies device state out and writes a
+// terminal shard while training is frozen (checkpointer_rescue.cpp); restore runs before the first step
+// (checkpointer_restore.cpp).
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ckpt/hooks.hpp"
+#include "ckpt/interval.hpp"
+#include "coordinator.hpp"
+#include "device.hpp"
+#include "last_words_runtime.hpp"
+#include "nccl_watch.hpp"
+#include "staging.hpp"
+
+namespace ckpt::hooks {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+inline std::string mib(std::uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+// A small named value saved with every checkpoint (extras).
+struct Blob {
+  std::string name;
+  std::vector<std::byte> bytes;
+  nlohmann::json meta;
+};
+
+// One named byte range of a shard, pointing into staging or into a blob the job owns.
+struct Piece {
+  std::string name;
+  const std::byte* data = nullptr;
+  std::size_t size = 0;
+  nlohmann::json meta;
+};
+
+// What the persist thread writes for one checkpoint.
+struct PersistJob {
+  std::uint64_t step = 0;
+  store::Kind kind = store::Kind::Periodic;
+  std::vector<Piece> pieces;
+  std::vector<Blob> blobs;      // pieces point into these; the vector is not resized after
+  bool host_copy = false;       // the copy pool is filling host staging
+  bool device_copy = false;     // the device backend is filling pinned staging
+  std::string error;            // the snapshot failed: publish the failure, write nothing
+  std::uint64_t bytes = 0;
+};
+
+struct PinnedBuffer {
+  void* data = nullptr;
+  std::size_t size = 0;
+};
+
+// The auto interval within the site's bounds (checkpointer_auto.cpp).
+interval::AutoInterval::Config auto_interval_config(const Config& config);
+
+struct Checkpointer::Impl {
+  Config config;
+  store::PhaseObserver observer;
+  bool enabled = false;
+  int rank = 0;
+  std::unique_ptr<Coordinator> coord;
+  std::unique_ptr<CopyPool> pool;
+  std::unique_ptr<DeviceBackend> device;  // created at the first device region
+  UpdateTracker tracker;                  // step and mid-update, for the last words
+  std::unique_ptr<LastWords> last_words;  // armed: see last_words_runtime.hpp
+  std::unique_ptr<NcclWatch> nccl;        // communicators handed to watch_nccl; reset before last_words
+  bool handlers = false;
+  std::uint64_t notices_seen = 0;  // notice::count() at start: only later signals are for this checkpointer
+
+  // ---- training thread ----
+  std::vector<RegionSpec> regions;
+  std::vector<nlohmann::json> region_meta;  // parsed meta_json, parallel to regions
+  std::vector<Blob> blobs;
+  bool started = false;
+  bool snapshot_active = false;       // host copies running; before_update has not passed yet
+  bool device_guard_pending = false;  // device copies queued; the compute streams do not wait yet
+  std::optional<std::uint64_t> last_step;
+  std::optional<std::pair<std::uint64_t, Decision>> cached;
+  bool stopped = false;
+  std::optional<std::uint64_t> time_limit_stop;  // rank 0: the terminal step taken for the time limit
+  bool notice_sent = false;
+  bool closed = false;
+  Status close_status;
+  std::vector<RestoredRegion> restored;
+  Clock::time_point last_checkpoint_time = Clock::now();
+  std::optional<std::uint64_t> time_request;  // the step rank 0 asked for by the clock, until it passes
+  double interval_s = 0;
+  Clock::time_point backpressure_logged;  // when the last back-pressure line went out
+  // CKPT_INTERVAL=auto, on rank 0 only (it alone decides timed checkpoints): δ is the stall plus the interference,
+  // the extra step time while a persist runs over the median step time without one.
+  std::optional<interval::AutoInterval> auto_interval;
+  std::optional<Clock::time_point> auto_saved;  // when the measurements were last kept in .control
+  std::deque<double> quiet_steps;             // recent step times with no persist in flight
+  Clock::time_point step_end = Clock::now();  // when the last after_step returned
+  double guard_s = 0;                         // before_update stalls since then: not step time
+  double interference_s = 0;                  // of the checkpoint being measured
+  std::uint64_t persists_seen = 0;            // persisted + failed when that checkpoint started
+  std::uint64_t persisted_seen = 0;           // persisted then
+  bool measuring = false;
+
+  // ---- staging: the worker's while it has tasks, the training thread's after wait_idle() ----
+  HostBuffer host;
+  PinnedBuffer pinned;
+
+  // ---- last words: the device regions copied to host memory when they start (the last-words thread's) ----
+  std::vector<void*> device_streams;  // the compute streams of the device regions, marked after every update
+  PinnedBuffer rescued;
+  bool rescued_in_staging = false;  // `rescued` is the snapshot's pinned staging, not an allocation of its own
+  bool staging_lent = false;        // guarded by mu: the last words hold the pinned staging; nothing may grow it
+  std::vector<std::size_t> rescued_at;  // per region: its offset in `rescued` (device regions only)
+
+  // ---- the worker ----
+  struct Task {
+    bool persist = false;
+    std::function<void()> run;
+  };
+  std::thread worker;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Task> tasks;       // guarded by mu
+  bool busy = false;            // guarded by mu
+  int persists_pending = 0;     // guarded by mu: persist tasks queued or running
+  bool stopping = false;        // guarded by mu
+  Stats stats;                  // guarded by mu
+  std::pair<std::size_t, std::size_t> staging_asked;  // guarded by mu: host and pinned staging bytes wanted
+  Status first_error;           // guarded by mu
+
+  ~Impl();
+
+  Stats stats_copy() const;
+
+  // ---- the worker and staging (checkpointer_worker.cpp) ----------------------------------------------------------
+
+  void worker_loop();
+  void enqueue(bool persist, std::function<void()> run);
+  // Blocks until the worker has nothing to do; returns whether a persist was what it waited for.
+  bool wait_idle();
+  void record_error(const std::string& message);
+  void free_pinned();
+  void update_staging_stats();
+  // Worker or training thread (the latter only after wait_idle): host staging of at least `bytes`.
+  Status grow_host(std::size_t bytes);
+  Status grow_pinned(std::size_t bytes);
+  // Raises the staging sizes wanted; true when they grew (a grow task must be queued).
+  bool ask_staging(std::size_t host_bytes, std::size_t pinned_bytes);
+  // Training thread: asks the worker for the staging the current regions need.
+  void plan_growth();
+  // The state keys this rank's record covers (store::state_keys_of_rank).
+  std::vector<std::string> covers() const;
+  store::Manifest manifest(const PersistJob& job) const;
+  // This rank's shard of `step`: the pieces in order, claiming `keys`.
+  Status write_pieces(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::string>& keys);
+  Status write_shard(const PersistJob& job);
+  // Worker: the shard, its publication and, on the writer, the commit and retention.
+  void persist(const PersistJob& job);
+  void collect_garbage(std::uint64_t committed);
+
+  // ---- the API's side: regions, scheduling, close (checkpointer.cpp) ---------------------------------------------
+
+  Result<nlohmann::json> check_region(const RegionSpec& r);
+  std::uint64_t lead() const { return config.world_size == 1 ? 0 : config.agree_lead; }
+  // Training thread: the coordinator namespace, leftovers of dead saves, the interval clock.
+  void start(std::uint64_t step);
+  Decision decide(std::uint64_t step);
+  // With wait_for_peers false, the writer does not wait for ranks that may be gone.
+  Status close(bool wait_for_peers);
+
+  // ---- CKPT_INTERVAL=auto, rank 0, training thread (checkpointer_auto.cpp) ---------------------------------------
+
+  bool persist_busy() const;
+  // Uses the auto interval's current choice, logs it and shows it in the stats.
+  void publish_auto_interval();
+  // CKPT_INTERVAL=auto keeps what it measured in <CKPT_DIR>/.control, so a restarted job picks its interval from
+  // the costs the job already measured instead of starting again from the initial interval.
+  static constexpr const char* kAutoMeasurements = "auto-interval.json";
+  void resume_auto_measurements();
+  void save_auto_measurements();
+  // Once per step: the step's time into the baseline or the interference; recomputes the interval when due.
+  void observe_step();
+
+  // ---- the snapshot, training thread (checkpointer_snapshot.cpp) -------------------------------------------------
+
+  // The guard: waits for the host copies, queues the device guard. Returns the seconds it blocked.
+  double guard();
+  void report_backpressure(std::uint64_t step, double waited);
+  void snapshot(std::uint64_t step, store::Kind kind);
+  // Points `job` at staging and starts the copies of the regions into it (host: the copy pool; device: the backend).
+  void start_copies(PersistJob& job, const StagingPlan& plan);
+
+  // ---- last words (checkpointer_rescue.cpp) ----------------------------------------------------------------------
+
+  void free_rescued();
+  // Training thread, in create(): arms the last words (last_words_runtime.hpp) with this rank's writes.
+  Result<std::unique_ptr<LastWords>> start_last_words();
+  // The last-words thread: the device regions into host memory, by `deadline`.
+  Status rescue_device_state(Clock::time_point deadline);
+  // The last-words thread: this rank's live state, consistent at `step`, as a terminal shard covering `keys`.
+  Status write_terminal(std::uint64_t step, const std::vector<std::string>& keys);
+
+  // ---- restore, training thread (checkpointer_restore.cpp) -------------------------------------------------------
+
+  // Reads this rank's shard of `step` under `root` into host staging; a definite error means the checkpoint is bad.
+  Status load_shard(const std::string& root, std::uint64_t step, bool& definite);
+  // The shard of a terminal checkpoint that covers every state key of this rank (a rank of the same layout).
+  Status terminal_source(const store::Manifest& m, const store::ShardRecord*& record) const;
+  // The first candidate: the plugin's choice when it gave one, and it verifies.
+  std::optional<std::pair<std::string, std::uint64_t>> plugin_choice();
+  Result<std::uint64_t> restore(bool copy_into_regions);
+};
+
+}  // namespace ckpt::hooks

@@ -1,0 +1,156 @@
+// The snapshot, on the training thread: staging made ready, the host regions handed to the copy pool and the
+// device regions to the device backend, the guard that waits for them before the next update, and the persist
+// queued for the worker. Back-pressure (waiting for the previous persist) is measured and reported here.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "checkpointer_impl.hpp"
+#include "log.hpp"
+
+namespace ckpt::hooks {
+
+namespace {
+
+constexpr std::size_t kCopyChunk = 16u << 20;  // big enough to amortize scheduling, small enough to share
+
+std::string secs(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f s", s);
+  return buf;
+}
+
+}  // namespace
+
+// The guard: waits for the host copies, queues the device guard. Returns the seconds it blocked.
+double Checkpointer::Impl::guard() {
+  auto t0 = Clock::now();
+  if (snapshot_active) {
+    pool->help_and_wait();  // the training thread copies what no copy thread has taken yet
+    snapshot_active = false;
+  }
+  if (device_guard_pending) {
+    device_guard_pending = false;
+    if (Status s = device->guard(); !s) record_error(s.error());
+  }
+  return seconds_since(t0);
+}
+
+// One line for the first wait, then at most one a minute with the totals: an interval that is too short
+// makes every checkpoint wait, and the log must stay readable.
+void Checkpointer::Impl::report_backpressure(std::uint64_t step, double waited) {
+  std::uint64_t waits = 0;
+  double total = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    waits = stats.backpressure_waits;
+    total = stats.backpressure_s;
+  }
+  if (waits > 1 && seconds_since(backpressure_logged) < 60) return;
+  backpressure_logged = Clock::now();
+  std::string line = "back-pressure: the checkpoint of step " + std::to_string(step) + " waited " + secs(waited) +
+                     " for the previous persist; the interval is shorter than a persist takes";
+  if (waits > 1) line += " (" + std::to_string(waits) + " waits, " + secs(total) + " in all)";
+  log::warn(rank, line);
+}
+
+void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind) {
+  auto t0 = Clock::now();
+  guard();  // a snapshot nobody guarded (no before_update since) must finish before staging is reused
+  auto t_wait = Clock::now();
+  bool waited_for_persist = wait_idle();
+  double waited = seconds_since(t_wait);
+
+  auto job = std::make_shared<PersistJob>();
+  job->step = step;
+  job->kind = kind;
+  StagingPlan plan = plan_staging(regions);
+  Status ready = Status::success();
+  if (host.size() < plan.host_bytes) {
+    log::info(rank, "allocating " + mib(plan.host_bytes) + " of staging inside the snapshot of step " +
+                        std::to_string(step) + " (register state earlier to allocate it in the background)");
+    ready = grow_host(plan.host_bytes);
+  }
+  if (ready && pinned.size < plan.device_bytes) ready = grow_pinned(plan.device_bytes);
+  (void)ask_staging(plan.host_bytes, plan.device_bytes);  // allocated above: no grow task
+
+  if (!ready) {
+    job->error = "no staging memory: " + ready.error();
+  } else {
+    start_copies(*job, plan);
+  }
+  last_checkpoint_time = t0;
+  if (auto_interval) {
+    measuring = true;
+    interference_s = 0;
+    step_end = Clock::now();  // the snapshot's stall is δ's stall part, not step time
+  }
+  double stall = seconds_since(t0);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ++stats.snapshots;
+    stats.last_snapshot_step = step;
+    persists_seen = stats.persisted + stats.failed;
+    persisted_seen = stats.persisted;
+    stats.last_stall_s = stall;
+    stats.total_stall_s += stall;
+    if (waited_for_persist) {
+      ++stats.backpressure_waits;
+      stats.backpressure_s += waited;
+      stats.last_backpressure_s = waited;
+    }
+  }
+  if (waited_for_persist) report_backpressure(step, waited);
+  if (!job->error.empty()) log::error(rank, "the snapshot of step " + std::to_string(step) + " failed: " + job->error);
+  enqueue(true, [this, job] { persist(*job); });
+}
+
+void Checkpointer::Impl::start_copies(PersistJob& job, const StagingPlan& plan) {
+  std::vector<CopyChunk> async;
+  std::vector<DeviceCopy> device_copies;
+  bool device_sync = false;
+  std::vector<Piece> pieces(regions.size());
+  for (const Slot& s : plan.host) {
+    const RegionSpec& r = regions[s.region];
+    std::byte* dst = host.data() + s.offset;
+    if (r.size == 0) {
+      // nothing to copy
+    } else if (r.sync) {
+      std::memcpy(dst, r.data, r.size);  // small state that changes outside updates: copied now
+    } else {
+      async.push_back({dst, static_cast<const std::byte*>(r.data), r.size});
+    }
+    pieces[s.region] = {r.name, dst, r.size, region_meta[s.region]};
+  }
+  for (const Slot& s : plan.device) {
+    const RegionSpec& r = regions[s.region];
+    std::byte* dst = static_cast<std::byte*>(pinned.data) + s.offset;
+    device_copies.push_back({dst, r.data, r.size, r.stream});
+    device_sync = device_sync || r.sync;
+    pieces[s.region] = {r.name, dst, r.size, region_meta[s.region]};
+  }
+  job.pieces = std::move(pieces);
+  job.blobs = blobs;
+  for (const Blob& b : job.blobs) job.pieces.push_back({b.name, b.bytes.data(), b.bytes.size(), b.meta});
+  for (const Piece& p : job.pieces) job.bytes += p.size;
+  if (!device_copies.empty()) {
+    if (Status s = device->snapshot(device_copies); !s) {
+      job.error = s.error();
+    } else {
+      job.device_copy = true;
+      device_guard_pending = true;
+      // Device state that changes outside updates: the compute streams wait for the copy right away.
+      if (device_sync) guard();
+    }
+  }
+  if (job.error.empty() && !async.empty()) {
+    pool->start(split_copies(async, kCopyChunk));
+    job.host_copy = true;
+    snapshot_active = true;
+  }
+}
+
+}  // namespace ckpt::hooks

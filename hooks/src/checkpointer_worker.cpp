@@ -1,0 +1,265 @@
+// The persist queue: the worker thread's loop and queue, the staging it grows in the background, and the persist
+// of one checkpoint (shard, publication, and on the writer the commit and retention). Runs on the worker thread,
+// except enqueue, wait_idle, ask_staging and plan_growth (training thread) and record_error (any thread).
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+
+#include "checkpointer_impl.hpp"
+#include "continuation.hpp"
+#include "log.hpp"
+
+namespace ckpt::hooks {
+
+namespace {
+
+// The persist thread runs at the lowest priority. Buffered writes cost a lot of system CPU (page-cache
+// allocation runs at first-touch speed on some VMs: ~2.6 s per GiB here); training must win a contended core.
+constexpr int kPersistNice = 19;
+
+}  // namespace
+
+Checkpointer::Impl::~Impl() {
+  free_pinned();
+  free_rescued();
+}
+
+Stats Checkpointer::Impl::stats_copy() const {
+  std::lock_guard<std::mutex> lock(mu);
+  return stats;
+}
+
+// ---- worker ----------------------------------------------------------------------------------------------
+
+void Checkpointer::Impl::worker_loop() {
+  // Linux nice values are per thread; a failure only costs some interference.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kPersistNice);
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return stopping || !tasks.empty(); });
+      if (tasks.empty()) return;
+      task = std::move(tasks.front());
+      tasks.pop_front();
+      busy = true;
+    }
+    task.run();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      busy = false;
+      if (task.persist) --persists_pending;
+    }
+    cv.notify_all();
+  }
+}
+
+void Checkpointer::Impl::enqueue(bool persist, std::function<void()> run) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    tasks.push_back({persist, std::move(run)});
+    if (persist) ++persists_pending;
+  }
+  cv.notify_all();
+}
+
+// Blocks until the worker has nothing to do; returns whether a persist was what it waited for.
+bool Checkpointer::Impl::wait_idle() {
+  std::unique_lock<std::mutex> lock(mu);
+  bool persist = persists_pending > 0;
+  cv.wait(lock, [&] { return tasks.empty() && !busy; });
+  return persist;
+}
+
+void Checkpointer::Impl::record_error(const std::string& message) {
+  log::error(rank, message);
+  std::lock_guard<std::mutex> lock(mu);
+  ++stats.failed;
+  if (first_error) first_error = Status::failure(log::prefixed(message));
+}
+
+// ---- staging ---------------------------------------------------------------------------------------------
+
+void Checkpointer::Impl::free_pinned() {
+  if (pinned.data != nullptr && device) device->free_pinned(pinned.data);
+  pinned = {};
+}
+
+void Checkpointer::Impl::update_staging_stats() {
+  std::lock_guard<std::mutex> lock(mu);
+  stats.staging_bytes = host.size() + pinned.size;
+}
+
+// Worker or training thread (the latter only after wait_idle): host staging of at least `bytes`.
+Status Checkpointer::Impl::grow_host(std::size_t bytes) {
+  if (host.size() >= bytes) return Status::success();
+  host = HostBuffer();  // release first: staging must never be twice the state
+  auto buffer = HostBuffer::allocate(bytes);
+  if (!buffer) return Status::failure(buffer.error());
+  host = std::move(buffer).value();
+  update_staging_stats();
+  return Status::success();
+}
+
+Status Checkpointer::Impl::grow_pinned(std::size_t bytes) {
+  if (pinned.size >= bytes) return Status::success();
+  free_pinned();
+  auto p = device->alloc_pinned(bytes);
+  if (!p) return Status::failure(p.error());
+  pinned = {*p, bytes};
+  update_staging_stats();
+  return Status::success();
+}
+
+// Raises the staging sizes wanted; true when they grew (a grow task must be queued).
+bool Checkpointer::Impl::ask_staging(std::size_t host_bytes, std::size_t pinned_bytes) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (host_bytes <= staging_asked.first && pinned_bytes <= staging_asked.second) return false;
+  staging_asked = {std::max(staging_asked.first, host_bytes), std::max(staging_asked.second, pinned_bytes)};
+  return true;
+}
+
+// Training thread: asks the worker for staging the current regions need, so no snapshot has to fault it in.
+// A task grows to the latest size asked when it runs, so a burst of registrations maps staging once.
+void Checkpointer::Impl::plan_growth() {
+  StagingPlan plan = plan_staging(regions);
+  if (ask_staging(plan.host_bytes, plan.device_bytes)) {
+    enqueue(false, [this] {
+      std::pair<std::size_t, std::size_t> target;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        target = staging_asked;
+        if (staging_lent) target.second = 0;  // the last words are copying into it
+      }
+      if (Status s = grow_host(target.first); !s) log::error(rank, s.error() + " (retried at the next snapshot)");
+      if (target.second > 0) {
+        if (Status s = grow_pinned(target.second); !s) {
+          log::error(rank, s.error() + " (retried at the next snapshot)");
+        }
+      }
+    });
+  }
+  std::uint64_t state = 0;
+  device_streams.clear();
+  for (const RegionSpec& r : regions) {
+    state += r.size;
+    if (r.memory == Memory::Device &&
+        std::find(device_streams.begin(), device_streams.end(), r.stream) == device_streams.end()) {
+      device_streams.push_back(r.stream);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  stats.state_bytes = state;
+}
+
+// ---- the persist (worker) -----------------------------------------------------------------------------------
+
+// The state keys this rank's record covers (store::state_keys_of_rank): every key is covered exactly once per
+// checkpoint, so a terminal one passes decide_commit. Replicas hold copies of the model and optimizer slices;
+// the replica dp 0 claims them. A ZeRO-1 optimizer shard lives on one rank only and is always claimed.
+// (Last words write their own covers: the keys each survivor was elected for.)
+std::vector<std::string> Checkpointer::Impl::covers() const {
+  std::vector<std::string> keys = store::state_keys_of_rank(config.layout, config.coord);
+  if (config.coord.dp == 0) return keys;
+  keys.erase(std::remove_if(keys.begin(), keys.end(),
+                            [](const std::string& k) { return k.find("/dp") == std::string::npos; }),
+             keys.end());
+  return keys;
+}
+
+store::Manifest Checkpointer::Impl::manifest(const PersistJob& job) const {
+  return last_words_manifest(config, job.step, job.kind);
+}
+
+// This rank's shard of `step`: the pieces in order, claiming `keys`.
+Status Checkpointer::Impl::write_pieces(std::uint64_t step, const std::vector<Piece>& pieces,
+                                        const std::vector<std::string>& keys) {
+  auto writer = store::ShardWriter::open(config.dir, step, rank, observer, run_fence(config));
+  if (!writer) return Status::failure(writer.error());
+  for (const Piece& p : pieces) {
+    if (Status s = writer->append(p.name, p.data, p.size, p.meta); !s) return s;
+  }
+  writer->add_covers(keys);
+  auto record = writer->finish();
+  if (!record) return Status::failure(record.error());
+  return Status::success();
+}
+
+Status Checkpointer::Impl::write_shard(const PersistJob& job) {
+  if (!job.error.empty()) return Status::failure(job.error);
+  return write_pieces(job.step, job.pieces, covers());
+}
+
+void Checkpointer::Impl::persist(const PersistJob& job) {
+  const std::string at = "step " + std::to_string(job.step) + ": ";
+  auto t0 = Clock::now();
+  if (job.host_copy) pool->wait();
+  double copy_s = job.host_copy ? pool->last_batch_seconds() : 0;
+  Status outcome = Status::success();
+  if (job.device_copy) outcome = device->wait();
+  auto t_write = Clock::now();
+  if (outcome) outcome = write_shard(job);
+  double persist_s = seconds_since(t_write);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.last_copy_s = copy_s;
+    if (outcome) {
+      ++stats.persisted;
+      stats.last_persist_s = persist_s;
+      stats.last_persist_bytes = job.bytes;
+    }
+  }
+  if (!outcome) record_error(at + "persist failed: " + outcome.error());
+  // Every rank publishes every checkpoint, failed or not: collective coordinators count on it.
+  Status published = coord->publish(job.step, outcome);
+  if (!published) record_error(at + published.error());
+  if (rank != 0 || !outcome || !published) return;
+
+  auto timeout = std::chrono::milliseconds(config.commit_timeout_s * 1000);
+  if (Status all = coord->wait_all(job.step, timeout); !all) {
+    record_error(at + "not committed: " + all.error());
+    return;
+  }
+  if (Status s = store::commit(config.dir, manifest(job), observer, run_fence(config)); !s) {
+    record_error(s.error());
+    return;
+  }
+  double commit_s = seconds_since(t0);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ++stats.committed;
+    stats.last_committed_step = job.step;
+    stats.last_commit_s = commit_s;
+  }
+  double rate = persist_s > 0 ? static_cast<double>(job.bytes) / persist_s / 1e9 : 0;
+  char line[256];
+  std::snprintf(line, sizeof line, "committed %s checkpoint of step %llu: %s per rank, persist %.3f s (%.2f GB/s)",
+                store::to_string(job.kind), static_cast<unsigned long long>(job.step), mib(job.bytes).c_str(),
+                persist_s, rate);
+  log::info(rank, line);
+  collect_garbage(job.step);
+  if (job.kind == store::Kind::Terminal && time_limit_stop == job.step) {
+    continue_after_time_limit(TimeLimitStop{config.dir, config.job_id, config.restart_count, job.step,
+                                            config.resume_step, config.max_restarts, config.requeue});
+  }
+}
+
+// Retention after a commit; gc() re-reads the newest checkpoint to verify it, so it runs only when the plan
+// (with the step just committed as the newest verified one) deletes something.
+void Checkpointer::Impl::collect_garbage(std::uint64_t committed) {
+  auto entries = store::scan(config.dir);
+  if (!entries) return;
+  if (store::plan_gc(*entries, config.keep, committed).empty()) return;
+  auto deleted = store::gc(config.dir, config.keep, false, run_fence(config));
+  if (!deleted) {
+    log::warn(rank, "retention: " + deleted.error());
+    return;
+  }
+  for (std::uint64_t step : *deleted) log::debug(rank, "retention deleted step " + std::to_string(step));
+}
+
+}  // namespace ckpt::hooks
