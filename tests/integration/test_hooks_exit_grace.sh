@@ -6,7 +6,7 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/torch_lib.sh"
 "$PY" -c 'import slurm_ckpt' || { echo "test_hooks_exit_grace: needs the built slurm_ckpt module" >&2; exit 1; }
-trap 'kill -CONT $(jobs -p) 2>/dev/null; kill -KILL $(jobs -p) 2>/dev/null || true' EXIT
+trap 'kill -CONT $(jobs -p) 2>/dev/null || true; kill -KILL $(jobs -p) 2>/dev/null || true' EXIT
 hooks=$CKPT_SOURCE_DIR/tests/hooks
 
 # run NAME GRACE: both ranks; rank 1 frozen after 10 steps; rank 0's exit status and seconds from freeze to exit.
