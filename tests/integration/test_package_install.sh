@@ -253,7 +253,11 @@ for _ in $(seq 100); do
 done
 grep -q -- '-> completed' "$SCRATCH/history-before" || { cat "$SCRATCH/history-before" >&2; fail "the controller did not record job $job as completed"; }
 grep -qi requeue "$SCRATCH/history-before" || { cat "$SCRATCH/history-before" >&2; fail "the history of job $job shows no requeue"; }
-pass "job $job recovered from the crash of its node and completed, on installed paths only"
+# The same training without a crash ends with the same weights, bit for bit.
+(cd "$APP" && env -u PYTHONPATH sbatch -W -o "$APP/ref.out" --ckpt-dir="$USER_CKPT/reference" "$APP/train.sbatch" \
+  --out "$APP/reference.bin") > /dev/null || fail "the reference run failed: $(tail -5 "$APP/ref.out")"
+cmp -s "$APP/final.bin" "$APP/reference.bin" || fail "the recovered job's final weights differ from the reference run's"
+pass "job $job recovered from the crash of its node and ended bit for bit as the reference run, on installed paths only"
 
 # ---- upgrade while the controller holds a running job ---------------------------------------------------------
 step "upgrade to $version2 while the controller tracks a running job"
