@@ -146,8 +146,8 @@ def analyse(n, train, resume, freeze):
         row["train: ranks stopped by last words"] = sum(1 for r in ranks.values() if r.get("stopped") == "1")
         row["train: ranks failed"] = sum(1 for r in ranks.values() if r.get("failed") == "1")
         row["train: srun exit status"] = train["meta"].get("rc")
-        row["train: 1-min load average before / after"] = \
-            f"{train['meta'].get('loadavg_start', '-').split(' ')[0]} / {train['meta'].get('loadavg_end', '-').split(' ')[0]}"
+        before, after = (train["meta"].get(k, "-").split(" ")[0] for k in ("loadavg_start", "loadavg_end"))
+        row["train: 1-min load average before / after"] = f"{before} / {after}"
         dead = re.findall(r"last words: rank (\d+) is dead", train["log"])
         row["train: false deaths (ranks declared dead / lines)"] = f"{len(set(dead))} / {len(dead)}"
         row["train: step reached (median rank)"] = median(number(r.get("end_step")) for r in ranks.values())
@@ -155,7 +155,8 @@ def analyse(n, train, resume, freeze):
         row["train: error lines"] = len(re.findall(r"(?m)^.*(error|fail|cannot)", train["log"], re.I))
         row["CPU per rank while training (% of a core)"] = median(number(r.get("cpu_pct")) for r in ranks.values())
         row["TCP connections per rank (after open)"] = median(number(r.get("tcp_conns_open")) for r in ranks.values())
-        row["TCP data segments sent per rank per s (measured)"] = median(number(r.get("segs_out_per_s")) for r in ranks.values())
+        row["TCP data segments sent per rank per s (measured)"] = median(
+            number(r.get("segs_out_per_s")) for r in ranks.values())
         row["TCP data segments received per rank per s (measured)"] = median(
             number(r.get("segs_in_per_s")) for r in ranks.values())
         if "last_words=off" not in open_meta(os.path.dirname(os.path.dirname(train["path"]))):

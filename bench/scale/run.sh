@@ -47,8 +47,9 @@ while getopts "n:s:r:k:m:w:T:o:Fh" opt; do
     *) usage ;;
   esac
 done
-[ -x "$PROG" ] || { echo "bench/scale: $PROG is not built (cmake --build $BUILD --target bench_scale_rank)" >&2; exit 1; }
-"$SRC/tests/cluster.sh" status > /dev/null 2>&1 || { echo "bench/scale: the cluster is not up (tests/cluster.sh up)" >&2; exit 1; }
+die() { echo "bench/scale: $*" >&2; exit 1; }
+[ -x "$PROG" ] || die "$PROG is not built (cmake --build $BUILD --target bench_scale_rank)"
+"$SRC/tests/cluster.sh" status > /dev/null 2>&1 || die "the cluster is not up (tests/cluster.sh up)"
 OUT=${OUT:-/tmp/bench-scale.$(date -u +%Y%m%dT%H%M%S)}
 mkdir -p "$OUT"
 # The checkpoint dirs live under the cluster's allowed dir, the job user's own (root here), mode 0700.
@@ -57,9 +58,14 @@ chmod 700 "$CKROOT"
 {
   echo "command: $0 $*"
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo "source: $(git -C "$SRC" rev-parse --short HEAD)$(git -C "$SRC" diff --quiet HEAD -- hooks core 2>/dev/null || echo ' + uncommitted changes under hooks/ or core/'), library $(readlink -f "$BUILD/hooks/libckpt.so") built $(date -u -r "$BUILD/hooks/libckpt.so" '+%H:%M UTC')"
-  echo "host: $(hostname) $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), $(uname -r)"
-  echo "settings: sizes=$SIZES steps=$STEPS resume_steps=$RESUME_STEPS interval=${K}steps step_ms=$STEP_MS warmup=$WARMUP last_words=$LAST_WORDS"
+  changes=$(git -C "$SRC" diff --quiet HEAD -- hooks core 2> /dev/null ||
+    echo " + uncommitted changes under hooks/ or core/")
+  echo "source: $(git -C "$SRC" rev-parse --short HEAD)$changes," \
+    "library $(readlink -f "$BUILD/hooks/libckpt.so") built $(date -u -r "$BUILD/hooks/libckpt.so" '+%H:%M UTC')"
+  echo "host: $(hostname) $(nproc) CPUs," \
+    "$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), $(uname -r)"
+  echo "settings: sizes=$SIZES steps=$STEPS resume_steps=$RESUME_STEPS interval=${K}steps step_ms=$STEP_MS" \
+    "warmup=$WARMUP last_words=$LAST_WORDS"
   echo "ckpt_root: $CKROOT"
 } > "$OUT/meta"
 cat "$OUT/meta"

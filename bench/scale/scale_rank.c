@@ -13,8 +13,9 @@
  *     that are established TCP) with the data segments sent and received on them (TCP_INFO), hence messages
  *     per s;
  *   - rank 0: the latency of each periodic commit (ckpt_stats.last_commit_s, sampled after every step).
- * It writes DIR/pids/rank-R (pid) at start, DIR/marker when rank 0 reaches step M, and DIR/rank-R.txt, one line
- * of key=value, when it stops. Exit status 0 when training ended normally or stopped after a terminal checkpoint.
+ * It writes DIR/pids/rank-R (pid) at start, DIR/ready/rank-R and (rank 0) DIR/start for the common clock,
+ * DIR/marker when rank 0 reaches step M, and DIR/rank-R.txt, one line of key=value, when it stops. Exit status 0
+ * when training ended normally or stopped after a terminal checkpoint.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -313,12 +314,13 @@ int main(int argc, char** argv) {
     commit_max = commits[n_commits - 1];
   }
   snprintf(line, sizeof line,
-           "rank=%d world=%d pid=%d target=%ld resume_step=%llu end_step=%llu stopped=%d failed=%d open_restore_s=%.4f "
-           "rchar=%llu read_bytes=%llu syscr=%llu cpu_pct=%.3f window_s=%.3f steps_per_s=%.3f tcp_conns=%d "
-           "sockets=%d tcp_conns_open=%d tcp_conns_end=%d segs_out_per_s=%.2f segs_in_per_s=%.2f commits=%d commit_median_s=%.4f "
-           "commit_max_s=%.4f snapshots=%llu committed=%llu backpressure_waits=%llu t_open=%.6f t_train=%.6f "
-           "t_end=%.6f error=\"%s\"\n",
-           rank, world, (int)getpid(), steps, (unsigned long long)resume_step, (unsigned long long)step, stopped, failed,
+           "rank=%d world=%d pid=%d target=%ld resume_step=%llu end_step=%llu stopped=%d failed=%d "
+           "open_restore_s=%.4f rchar=%llu read_bytes=%llu syscr=%llu cpu_pct=%.3f window_s=%.3f steps_per_s=%.3f "
+           "tcp_conns=%d sockets=%d tcp_conns_open=%d tcp_conns_end=%d segs_out_per_s=%.2f segs_in_per_s=%.2f "
+           "commits=%d commit_median_s=%.4f commit_max_s=%.4f snapshots=%llu committed=%llu backpressure_waits=%llu "
+           "t_open=%.6f t_train=%.6f t_end=%.6f error=\"%s\"\n",
+           rank, world, (int)getpid(), steps, (unsigned long long)resume_step, (unsigned long long)step, stopped,
+           failed,
            t_restored - t_open, io1.rchar - io0.rchar, io1.read_bytes - io0.read_bytes, io1.syscr - io0.syscr,
            cpu_pct, window, window > 0 ? (double)(step - resume_step - (uint64_t)warmup) / window : -1,
            t_warm > 0 ? at_warm.tcp_established : -1, t_warm > 0 ? at_warm.sockets : -1,
