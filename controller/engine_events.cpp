@@ -1,0 +1,271 @@
+// Events from the plugin and ckpt-run, and admin requests, applied to job records (engine_internal.hpp).
+#include "engine_internal.hpp"
+
+#include "ckpt/parse.hpp"
+#include "log.hpp"
+
+namespace ckpt::controller {
+
+using namespace engine_detail;
+
+void Engine::check_reuse(JobRecord& r, const SlurmJob& s, double now) {
+  runtime(r.job_id).reuse_checked = now;
+  const auto identity = rec::job_identity(r.submit_time, r.restart_count, s.submit_time, s.restart_count);
+  if (identity != rec::JobIdentity::Reused) {
+    if (s.submit_time > 0 && r.submit_time != s.submit_time) {
+      r.submit_time = s.submit_time;  // first seen, or requeued (Slurm sets a new submit time)
+      mark_dirty(r, now);
+    }
+    return;
+  }
+  const std::uint32_t id = r.job_id;
+  log_info("job " + std::to_string(id) + ": Slurm's job " + std::to_string(id) + " was submitted at " +
+           fmt_time(s.submit_time) + " (restart count " + std::to_string(s.restart_count) +
+           "), the record is of the one submitted at " + fmt_time(r.submit_time) + " (restart count " +
+           std::to_string(r.restart_count) + "): the id was reused; starting a fresh record");
+  if (auto st = db_.drop_history(id); !st) log_error(st.error());
+  pending_history_.erase(std::remove_if(pending_history_.begin(), pending_history_.end(),
+                                        [id](const HistoryLine& h) { return h.job_id == id; }),
+                         pending_history_.end());
+  rejected_.erase(id);
+  const double old_submit = r.submit_time;
+  JobRecord fresh;
+  fresh.job_id = id;
+  fresh.state = JobState::Running;
+  fresh.budget.max_restarts = config_.max_restarts;
+  fresh.uid = s.user_id;
+  fresh.uid_known = true;
+  fresh.gid = s.group_id;
+  fresh.submit_time = s.submit_time;
+  fresh.restart_count = s.restart_count;
+  fresh.created = now;
+  r = fresh;
+  Runtime& rt = runtime(id);
+  rt = Runtime{};
+  rt.reuse_checked = now;
+  note(r, "transition", "tracking job " + std::to_string(id) + " (submitted at " + fmt_time(s.submit_time) +
+                            "; the id's record of the job submitted at " + fmt_time(old_submit) + " was dropped)", now);
+  mark_dirty(r, now);
+}
+
+Verdict Engine::handle_event(const Event& e, std::uint32_t uid, double now) {
+  JobRecord* existing = find(e.job_id);
+  if (existing == nullptr) {
+    if (auto stored = db_.load_job(e.job_id); stored && *stored) {
+      jobs_[e.job_id] = **stored;
+      existing = &jobs_[e.job_id];
+    }
+  }
+  // A finished record, or one without a submit time, may be of an older job with the same id: ask Slurm (at
+  // most every 5 s per job) before the owner or anything else of the record is believed.
+  if (existing != nullptr && (rec::is_terminal(existing->state) || existing->submit_time <= 0) &&
+      now - runtime(e.job_id).reuse_checked > 5 && !unknown_jobs_.known_unknown(e.job_id, now)) {
+    runtime(e.job_id).reuse_checked = now;
+    if (auto slurm = backend_.load_job(e.job_id); slurm && *slurm) {
+      check_reuse(*existing, **slurm, now);
+      existing->uid = (*slurm)->user_id;
+      existing->uid_known = true;
+      existing->gid = (*slurm)->group_id;
+    } else if (slurm) {
+      unknown_jobs_.remember(e.job_id, now);
+    }
+  }
+  Verdict auth = authorize(e, uid, existing, now);
+  const std::string what = std::string(rec::to_string(e.type)) + " from " + e.node +
+                           (e.step_id == rec::kBatchStep ? " (batch step)" : " (step " + std::to_string(e.step_id) + ")");
+  if (!auth.ok()) {
+    const bool exists = existing != nullptr ||
+                        (auth.http_status == 403 && auth.message.find("unknown to Slurm") == std::string::npos);
+    reject(e, uid, auth, exists, now);
+    return auth;
+  }
+  metrics_.add("ckpt_controller_events_total", "type=\"" + std::string(rec::to_string(e.type)) + "\",result=\"accepted\"");
+
+  JobRecord& r = get_or_create(e.job_id, now);
+  if (e.restart_count < r.restart_count) {
+    note(r, "event", "stale " + what + " of run " + std::to_string(e.restart_count) + " ignored", now);
+    return Verdict{202, "stale"};
+  }
+  if (e.restart_count > r.restart_count) new_run(r, e.restart_count, now);
+
+  switch (e.type) {
+    case EventType::JobStart: on_job_start(r, e, uid, what, now); break;
+    case EventType::TaskExit: on_task_exit(r, e, what, now); break;
+    case EventType::JobEnd:
+      note(r, "event", what, now);
+      r.end_reported = true;
+      runtime(r.job_id).next_check = 0;
+      break;
+    case EventType::Handover:
+      note(r, "event", what + ": ckpt-run hands over to a requeue" + (e.detail.empty() ? "" : " (" + e.detail + ")"), now);
+      r.handover = true;
+      if (r.state == JobState::Relaunching) {
+        // The failure that led to the relaunch decision is the same one: keep its clock.
+        Runtime& rt = runtime(r.job_id);
+        rt.probe_started = false;
+        rt.probe_done = false;
+        transition(r, JobState::Failing, "ckpt-run cannot relaunch inside the allocation", now);
+      } else if (r.state == JobState::Running) {
+        start_failing(r, now);
+      }
+      runtime(r.job_id).next_check = 0;
+      break;
+  }
+  mark_dirty(r, now);
+  return Verdict{202, "accepted"};
+}
+
+// A step of the job started (the plugin's job-start report): the checkpoint dir, the budget, the steps, and the
+// end of a recovery or of a relaunch.
+void Engine::on_job_start(JobRecord& r, const Event& e, std::uint32_t uid, const std::string& what, double now) {
+  // The checkpoint dir is read by the controller: only the plugin running as root (or SlurmUser) in
+  // slurmstepd may name it. A user could name any path in an event signed as themselves.
+  if (!e.ckpt_dir.empty() && e.ckpt_dir != r.ckpt_dir) {
+    if (trusted_uids_.count(uid) != 0) {
+      r.ckpt_dir = e.ckpt_dir;
+      r.trusted_dirs = e.trusted_dirs;
+    } else {
+      log_limited(LogLevel::Warning, "ckpt-dir",
+                  "job " + std::to_string(e.job_id) + ": ckpt_dir '" + e.ckpt_dir.substr(0, 256) + "' from uid " +
+                      std::to_string(uid) + " ignored: only the plugin (root or SlurmUser) names a job's checkpoint dir");
+      note(r, "event", "ckpt_dir from uid " + std::to_string(uid) + " ignored (not signed by root or SlurmUser)", now);
+    }
+  }
+  if (e.max_restarts) r.budget.max_restarts = *e.max_restarts;
+  if (e.needs_checkpoint) r.needs_checkpoint = true;
+  auto& step = r.steps[e.step_id];
+  step.in_allocation = step.in_allocation || e.in_allocation;
+  if (!contains(step.nodes, e.node)) step.nodes.push_back(e.node);
+  note(r, "event", what + (e.in_allocation ? " under ckpt-run" : ""), now);
+  if (r.clock.failed > 0 && r.clock.slurm_done == 0 && r.clock.path == "requeue") r.clock.slurm_done = now;
+  const bool relaunched = r.state == JobState::Relaunching && e.step_id != rec::kBatchStep && r.relaunch_step &&
+                          e.step_id > *r.relaunch_step;
+  if (relaunched) {
+    r.relaunch_step.reset();
+    r.failures.clear();
+    r.reporters.clear();
+    runtime(r.job_id) = Runtime{};
+    transition(r, JobState::Running, "ckpt-run relaunched the step as step " + std::to_string(e.step_id), now);
+  } else if (r.state == JobState::Failing && e.step_id != rec::kBatchStep && !r.failures.empty() &&
+             e.step_id > r.failures.front().step_id && !r.handover) {
+    // The batch script started a new step on its own: it handled the failure.
+    r.failures.clear();
+    r.reporters.clear();
+    runtime(r.job_id) = Runtime{};
+    transition(r, JobState::Running, "the job started step " + std::to_string(e.step_id) + " after the failure", now);
+  }
+  if (e.step_id != rec::kBatchStep && r.state == JobState::Running) note_running_again(r, now);
+}
+
+// The first step of a recovered run started: the recovery's latency and its phases.
+void Engine::note_running_again(JobRecord& r, double now) {
+  if (r.clock.failed == 0 || r.clock.launched != 0) return;
+  r.clock.launched = now;
+  if (r.clock.slurm_done == 0) r.clock.slurm_done = now;
+  const double latency = now - r.clock.failed;
+  metrics_.observe_recovery(r.clock.path.empty() ? "requeue" : r.clock.path, latency);
+  note(r, "recovery",
+       "running again after " + fmt_time(latency) + " s (" + r.clock.path + "): decision " +
+           fmt_time(r.clock.decided - r.clock.failed) + " s, slurm " +
+           fmt_time(r.clock.slurm_done - r.clock.decided) + " s, launch " +
+           fmt_time(r.clock.launched - r.clock.slurm_done) + " s",
+       now);
+}
+
+// A rank failed (the plugin's task-exit report): the job starts failing.
+void Engine::on_task_exit(JobRecord& r, const Event& e, const std::string& what, double now) {
+  rec::TaskFailure f;
+  f.step_id = e.step_id;
+  f.node = e.node;
+  f.rank = e.rank;
+  f.exit_code = e.exit_code;
+  f.signal = e.signal;
+  f.time = now;
+  if (r.failures.size() < 4096) r.failures.push_back(f);
+  if (!contains(r.reporters, e.node)) r.reporters.push_back(e.node);
+  note(r, "event",
+       what + ": rank " + std::to_string(e.rank) +
+           (e.signal ? " killed by signal " + std::to_string(e.signal) : " exited " + std::to_string(e.exit_code)),
+       now);
+  if (r.state == JobState::Running || r.state == JobState::Pending ||
+      (r.state == JobState::Relaunching && r.relaunch_step && e.step_id > *r.relaunch_step)) {
+    if (r.state == JobState::Pending) transition(r, JobState::Running, "a rank of run " +
+                                                 std::to_string(r.restart_count) + " reported", now);
+    start_failing(r, now);
+  }
+}
+
+Verdict Engine::handle_admin(const std::string& op, const std::string& arg, std::uint32_t uid, double now) {
+  if (admin_uids_.count(uid) == 0 && trusted_uids_.count(uid) == 0) {
+    return Verdict{403, "uid " + std::to_string(uid) + " may not " + op + " (admin_users)"};
+  }
+  if (op == "release") {
+    auto id = ckpt::parse_uint(arg);
+    if (!id || *id == 0 || *id > 0xffffffffULL) return Verdict{400, "release: bad job id '" + arg + "'"};
+    JobRecord* r = find(static_cast<std::uint32_t>(*id));
+    if (r == nullptr) {
+      auto stored = db_.load_job(static_cast<std::uint32_t>(*id));
+      if (stored && *stored) {
+        jobs_[(*stored)->job_id] = **stored;
+        r = &jobs_[(*stored)->job_id];
+      }
+    }
+    if (r == nullptr) return Verdict{404, "job " + arg + " is not tracked"};
+    if (r->state != JobState::GaveUp) {
+      return Verdict{409, "job " + arg + " is " + rec::to_string(r->state) + "; only a job the controller gave up on "
+                          "can be released"};
+    }
+    auto slurm = backend_.load_job(r->job_id);
+    if (!slurm) return Verdict{503, slurm.error()};
+    if (!*slurm) return Verdict{404, "job " + arg + " is unknown to Slurm"};
+    const SlurmJob& s = **slurm;
+    if (s.state == SlurmState::Running) return Verdict{409, "job " + arg + " is running"};
+    Intent i;
+    auto next = db_.next_id();
+    i.id = next ? *next : 0;
+    i.created = now;
+    i.reason = "released by uid " + std::to_string(uid);
+    i.exclude = rec::active_bad_nodes(r->bad_nodes, now);
+    if (s.state == SlurmState::Pending) {
+      i.requeue = false;  // already queued (held): only release and expedite it
+      i.expected_restart = s.restart_count;
+    } else {
+      if (!caps_.requeue) return Verdict{409, std::string("the ") + backend_.name() + " backend cannot requeue a job"};
+      i.requeue = true;
+      i.expected_restart = r->restart_count + 1;
+    }
+    r->budget.without_progress = 0;
+    r->intent = i;
+    r->clock = rec::RecoveryClock{};
+    r->clock.failed = now;
+    r->clock.decided = now;
+    r->clock.path = "requeue";
+    transition(*r, JobState::Requeueing, i.reason + ": budget reset", now);
+    flush();
+    drive_intent(*r, now);
+    return Verdict{200, "job " + arg + " released"};
+  }
+  if (op == "forget-node") {
+    std::vector<std::string> jobs;
+    for (auto& [id, r] : jobs_) {
+      if (rec::forget_bad_node(r.bad_nodes, arg)) {
+        jobs.push_back(std::to_string(id));
+        note(r, "action", "node " + arg + " forgotten by uid " + std::to_string(uid), now);
+        mark_dirty(r, now);
+      }
+    }
+    std::string extra;
+    refresh_nodes(now, true);
+    auto node = nodes_.find(arg);
+    if (node != nodes_.end() && node->second.reason.rfind("ckpt-controller:", 0) == 0 && caps_.node_state &&
+        (node->second.drained || node->second.down)) {
+      auto s = backend_.resume_node(arg);
+      extra = s ? "; resumed in Slurm" : "; could not resume it: " + s.error();
+    }
+    log_info("node " + arg + " forgotten (jobs " + list(jobs) + ")" + extra);
+    return Verdict{200, "node " + arg + " forgotten by " + std::to_string(jobs.size()) + " jobs" + extra};
+  }
+  return Verdict{400, "unknown request '" + op + "'"};
+}
+
+}  // namespace ckpt::controller

@@ -1,0 +1,96 @@
+#pragma once
+// What the engine's source files share and nothing else sees: the per-job runtime state that is never persisted,
+// the request queue's entries, and small helpers. engine.cpp runs cycles and requests, engine_events.cpp applies
+// events and admin requests, engine_recovery.cpp decides and carries out recoveries, engine_views.cpp answers
+// reads. All of it runs on the engine's thread under its lock, except the detached probes and checkpoint reads.
+#include <pwd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "engine.hpp"
+
+namespace ckpt::controller {
+
+namespace rec = ckpt::recovery;
+using nlohmann::json;
+using rec::EventType;
+using rec::Intent;
+using rec::SlurmState;
+
+struct Engine::Request {
+  enum class Kind { Event, Admin } kind = Kind::Event;
+  Event event;
+  std::string op, arg;
+  std::uint32_t uid = 0;
+  std::promise<Verdict> promise;
+};
+
+// What the engine keeps about a job between cycles but never persists: it is rebuilt after a restart.
+struct Engine::Runtime {
+  double next_check = 0;
+  std::future<std::pair<rec::NodeEvidence, std::string>> probe;
+  bool probe_started = false;
+  bool probe_done = false;
+  std::vector<std::string> dead;       // probes failed: left out of the job's next run
+  std::vector<std::string> mark_down;  // refused twice or hung: may be marked DOWN
+  std::future<CheckpointView> checkpoints;  // read with the owner's permissions, off the engine's lock
+  bool checkpoints_started = false;
+  double reuse_checked = 0;      // when Slurm was last asked whether this id still names the same job
+  double watch_until = 0;        // poll Slurm every cycle until then (a requeued job about to run)
+  int expedite_retries = 0;
+  double terminal_since = 0;     // when it reached a terminal state (for eviction from memory)
+};
+
+namespace engine_detail {
+
+inline constexpr double kCheckpointReadTimeout_s = 10;
+inline constexpr std::size_t kRejectedPerJob = 20;
+inline constexpr std::size_t kRejectedJobs = 1024;
+
+inline std::string fmt_time(double t) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", t);
+  return buf;
+}
+
+inline std::string list(const std::vector<std::string>& v) { return v.empty() ? "(none)" : rec::join_nodes(v); }
+
+inline std::optional<std::uint32_t> uid_of(const std::string& user) {
+  passwd pw{};
+  passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return std::nullopt;
+  return found->pw_uid;
+}
+
+// Like std::async, but the future's destructor does not wait: a record reset while a probe or a checkpoint read
+// is still running must not hold the engine's lock until it ends.
+template <class F>
+auto run_detached(F f) -> std::future<decltype(f())> {
+  auto promise = std::make_shared<std::promise<decltype(f())>>();
+  auto future = promise->get_future();
+  std::thread([promise, f = std::move(f)]() mutable {
+    try {
+      promise->set_value(f());
+    } catch (...) {
+      promise->set_exception(std::current_exception());
+    }
+  }).detach();
+  return future;
+}
+
+inline bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+}  // namespace engine_detail
+
+}  // namespace ckpt::controller
