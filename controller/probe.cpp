@@ -107,28 +107,10 @@ std::vector<std::pair<std::string, ProbeResult>> probe_nodes(const std::vector<P
 
 ckpt::recovery::NodeEvidence probe_twice(const std::vector<ProbeTarget>& targets, double timeout_s, double pause_s,
                                          std::string& summary) {
-  const auto first = probe_nodes(targets, timeout_s);
-  std::vector<ProbeTarget> again;
-  for (const auto& [node, result] : first) {
-    if (result == ProbeResult::Alive) continue;
-    for (const auto& t : targets) {
-      if (t.node == node) again.push_back(t);
-    }
-  }
-  std::map<std::string, ProbeResult> second;
-  if (!again.empty()) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(pause_s));
-    for (auto& [node, result] : probe_nodes(again, timeout_s)) second[node] = result;
-  }
-  summary.clear();
-  for (const auto& [node, result] : first) {
-    if (result == ProbeResult::Alive) continue;
-    auto it = second.find(node);
-    summary += (summary.empty() ? "" : ", ") + node + " " + ckpt::recovery::to_string(result);
-    if (it != second.end()) summary += std::string(" then ") + ckpt::recovery::to_string(it->second);
-  }
-  if (summary.empty()) summary = "all alive";
-  return ckpt::recovery::weigh_probes(first, second, {});
+  ProbePlan plan;
+  plan.tcp_timeout_s = timeout_s;
+  plan.pause_s = pause_s;  // no ask: TCP only
+  return probe_silent_nodes(targets, plan, summary);
 }
 
 namespace {

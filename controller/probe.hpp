@@ -27,6 +27,7 @@ std::vector<std::pair<std::string, ckpt::recovery::ProbeResult>> probe_nodes(con
 
 // Two rounds, as ckpt::recovery::weigh_probes wants them: the nodes the first round did not find alive are probed
 // again after `pause_s` (a refusal must be seen twice to count). `summary` says what each probe found.
+// probe_silent_nodes without an RPC check.
 ckpt::recovery::NodeEvidence probe_twice(const std::vector<ProbeTarget>& targets, double timeout_s, double pause_s,
                                          std::string& summary);
 
