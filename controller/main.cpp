@@ -154,15 +154,22 @@ struct Client {
   std::string url;
   std::string munge_socket;
 
+  // A GET of `path` with a MUNGE credential naming it (left in `cred`, or why there is none), so the controller
+  // knows whose jobs to show.
+  HttpResponse read(const std::string& path, double timeout_s, ckpt::Result<std::string>& cred) const {
+    HttpRequest req;
+    req.url = url + path;
+    req.timeout_s = timeout_s;
+    cred = munge_encode_payload(read_credential_payload(path), munge_socket);
+    if (cred) req.headers.emplace_back(kCredentialHeader, *cred);
+    return http_request(req);
+  }
+
   // Reads carry a MUNGE credential naming the path, so the controller knows whose jobs to show. Without one
   // (no munged here) the controller shows only what anyone may see; say so once.
   ckpt::Result<json> get(const std::string& path) const {
-    HttpRequest req;
-    req.url = url + path;
-    req.timeout_s = 10;
-    auto cred = munge_encode_payload(read_credential_payload(path), munge_socket);
-    if (cred) req.headers.emplace_back(kCredentialHeader, *cred);
-    HttpResponse res = http_request(req);
+    ckpt::Result<std::string> cred = ckpt::Error{""};
+    HttpResponse res = read(path, 10, cred);
     if (!res.error.empty()) return ckpt::Error{"cannot reach the controller at " + url + ": " + res.error};
     json body = json::parse(res.body, nullptr, false);
     if (body.is_discarded()) return ckpt::Error{"the controller at " + url + " answered HTTP " + std::to_string(res.status)};
@@ -177,12 +184,8 @@ struct Client {
 
   // The status page as this caller may see it (HTML), with the same credential as get().
   ckpt::Result<std::string> page(const std::string& path) const {
-    HttpRequest req;
-    req.url = url + path;
-    req.timeout_s = 20;
-    auto cred = munge_encode_payload(read_credential_payload(path), munge_socket);
-    if (cred) req.headers.emplace_back(kCredentialHeader, *cred);
-    HttpResponse res = http_request(req);
+    ckpt::Result<std::string> cred = ckpt::Error{""};
+    HttpResponse res = read(path, 20, cred);
     if (!res.error.empty()) return ckpt::Error{"cannot reach the controller at " + url + ": " + res.error};
     if (res.status != 200) {
       json body = json::parse(res.body, nullptr, false);
