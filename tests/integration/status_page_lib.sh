@@ -5,6 +5,26 @@ ARTIFACTS=$CKPT_BUILD_DIR/artifacts
 # free_port: an unused TCP port on 127.0.0.1.
 declare -F free_port > /dev/null || free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+# offline_controller_up: a ckpt-controller on a free port with its config, database and log in $SCRATCH and no
+# Slurm behind it (the rest backend aimed at a closed port), answering /healthz; sets CTL_PID and CONTROLLER_URL.
+offline_controller_up() {
+  local port; port=$(free_port)
+  CONTROLLER_URL=http://127.0.0.1:$port
+  cat > "$SCRATCH/controller.conf" <<CONF
+listen = 127.0.0.1:$port
+database = $SCRATCH/controller.db
+backend = rest
+rest_url = http://127.0.0.1:9
+munge_socket = $SCRATCH/no-munged.socket
+CONF
+  SLURM_JWT=not-a-real-token setsid "$CKPT_BUILD_DIR/controller/ckpt-controller" run -c "$SCRATCH/controller.conf" \
+    > "$SCRATCH/controller.log" 2>&1 &
+  CTL_PID=$!
+  for _ in $(seq 100); do curl -sf "$CONTROLLER_URL/healthz" > /dev/null && return 0; sleep 0.1; done
+  cat "$SCRATCH/controller.log" >&2
+  fail "the controller did not start"
+}
+
 # page_render URL NAME: leaves the DOM in $SCRATCH/NAME.dom and the screenshot in $ARTIFACTS/NAME.png.
 page_render() {
   local url=$1 name=$2 log=$SCRATCH/$2.chromium.log

@@ -21,18 +21,10 @@ grep -E 'SUCCESS' "$SCRATCH/check.out"
   || { cat "$SCRATCH/test.out" >&2; fail "promtool test rules failed"; }
 echo "promtool test rules: $(grep -c 'eval_time' "$SRC/tests/ops/prometheus-alerts.test.yml") evaluations passed"
 
-PORT=$(free_port)
-cat > "$SCRATCH/controller.conf" <<CONF
-listen = 127.0.0.1:$PORT
-database = $SCRATCH/controller.db
-backend = rest
-rest_url = http://127.0.0.1:9
-munge_socket = $SCRATCH/no-munged.socket
-CONF
-SLURM_JWT=not-a-real-token setsid "$CTL" run -c "$SCRATCH/controller.conf" > "$SCRATCH/controller.log" 2>&1 &
-CTL_PID=$!
-trap 'kill "$CTL_PID" 2>/dev/null || true' EXIT
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/metrics" > "$SCRATCH/metrics" && break; sleep 0.1; done
+CTL_PID=""
+trap '[ -n "$CTL_PID" ] && kill "$CTL_PID" 2>/dev/null || true' EXIT
+offline_controller_up
+for _ in $(seq 100); do curl -sf "$CONTROLLER_URL/metrics" > "$SCRATCH/metrics" && break; sleep 0.1; done
 [ -s "$SCRATCH/metrics" ] || { cat "$SCRATCH/controller.log" >&2; fail "no /metrics from the controller"; }
 "${CHECK[@]}" --metrics "$SCRATCH/metrics" || fail "the dashboard or the rules do not match /metrics (above)"
 

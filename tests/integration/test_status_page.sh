@@ -11,22 +11,9 @@ source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/status_page_lib.sh"
 CTL=$CKPT_BUILD_DIR/controller/ckpt-controller
 [ -x "$CTL" ] || fail "ckpt-controller is not built"
-PORT=$(free_port)
-CONTROLLER_URL=http://127.0.0.1:$PORT
 CTL_PID=""
 trap '[ -n "$CTL_PID" ] && kill "$CTL_PID" 2>/dev/null || true' EXIT
-
-cat > "$SCRATCH/controller.conf" <<CONF
-listen = 127.0.0.1:$PORT
-database = $SCRATCH/controller.db
-backend = rest
-rest_url = http://127.0.0.1:9
-munge_socket = $SCRATCH/no-munged.socket
-CONF
-SLURM_JWT=not-a-real-token setsid "$CTL" run -c "$SCRATCH/controller.conf" > "$SCRATCH/controller.log" 2>&1 &
-CTL_PID=$!
-for _ in $(seq 100); do curl -sf "$CONTROLLER_URL/healthz" > /dev/null && break; sleep 0.1; done
-curl -sf "$CONTROLLER_URL/healthz" > /dev/null || { cat "$SCRATCH/controller.log" >&2; fail "the controller did not start"; }
+offline_controller_up
 
 # What a browser gets.
 curl -s -D "$SCRATCH/headers" -o "$SCRATCH/anonymous.html" "$CONTROLLER_URL/status"
