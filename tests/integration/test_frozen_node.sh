@@ -70,18 +70,14 @@ pass "uninterrupted DP2xTP2 run on 4 nodes (SlurmdTimeout=120)"
 
 # one_failure NAME HOW: a 4-node job; node n4 fails by HOW (freeze-node or crash-node) at a random step.
 one_failure() {
-  local name=$1 how=$2 at s seen fail_t run1_t took term dir
+  local name=$1 how=$2 at seen fail_t run1_t took term dir
   dir=$SCRATCH/$name
   mkdir -p "$dir"
   write_train_sbatch "$SCRATCH/$name.sbatch" "-N3-4 -n4" train_dp_tp.py --steps $STEPS --out "$dir/final"
   at=$((15 + RANDOM % 20))
   job=$(sbatch --parsable -J "fz-$name-$tag" -o "$SCRATCH/$name.log" --ckpt-interval=1000steps --ckpt-last-words=on \
     --ckpt-dir="$dir/ckpt" "$SCRATCH/$name.sbatch" --step-sleep 0.2)
-  for _ in $(seq 1200); do
-    s=$(logged_step "$SCRATCH/$name.log")
-    [ -n "$s" ] && [ "$s" -ge "$at" ] && break
-    sleep 0.05
-  done
+  wait_logged_step "$SCRATCH/$name.log" "$at" || true  # the node check below says what went wrong
   [ "$(scontrol show hostnames "$(squeue -h -j "$job" -o %N)" | wc -l)" = 4 ] ||
     fail "$name: the first run is not on 4 nodes: $(squeue -h -j "$job" -o %N)"
   victim=n4

@@ -80,11 +80,7 @@ write_train_sbatch "$SCRATCH/one.sbatch" "-N3-4 -n4" train_dp_tp.py --steps $STE
 at=$((15 + RANDOM % 20))
 job=$(sbatch --parsable -J "lw-one-$tag" -o "$SCRATCH/one.log" --ckpt-interval=1000steps --ckpt-last-words=on \
   --ckpt-dir="$SCRATCH/one/ckpt" "$SCRATCH/one.sbatch" --step-sleep 0.2)
-for _ in $(seq 1200); do
-  s=$(logged_step "$SCRATCH/one.log")
-  [ -n "$s" ] && [ "$s" -ge "$at" ] && break
-  sleep 0.05
-done
+wait_logged_step "$SCRATCH/one.log" "$at" || true  # the node check below says what went wrong
 [ "$(scontrol show hostnames "$(squeue -h -j "$job" -o %N)" | wc -l)" = 4 ] ||
   fail "the first run is not on 4 nodes: $(squeue -h -j "$job" -o %N)"
 crash_t=$(now)
