@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -41,6 +42,9 @@ struct JobIds {
 
 // The helper child may wait on a hung shared file system; the step is failed rather than held forever.
 constexpr int kHelperTimeoutS = 120;
+// The choice of a checkpoint stops looking after this long, so that a slow file system leaves it to the job's rank 0
+// instead of failing the step.
+constexpr int kResolveDeadlineS = kHelperTimeoutS / 2;
 
 // Drops every privilege for good: supplementary groups, gid, uid. Returns false when it could not. The groups come
 // from Slurm: initgroups() would query NSS in a child forked from a multithreaded slurmstepd.
@@ -79,8 +83,14 @@ std::string owner_work(const JobIds& ids, const std::string& dir, const std::vec
   setenv("CKPT_TRUSTED_DIRS", ckpt::join_trusted_prefixes(trusted).c_str(), 1);
   std::string out;
   try {
-    auto choice = ckpt::store::resolve_resume(dir, true);
+    // Manifests and records only: each rank checks the bytes it loads, so the checkpoint is read once, not once per
+    // node and again per rank. The deadline bounds a slow file system; a hung one is the parent's timeout.
+    ckpt::store::ResolveOptions options;
+    options.checksums = false;
+    options.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kResolveDeadlineS);
+    auto choice = ckpt::store::resolve_resume(dir, options);
     for (const auto& line : choice.log) out += "L " + line + "\n";
+    if (choice.timed_out) out += "L no choice within " + std::to_string(kResolveDeadlineS) + " s: rank 0 chooses\n";
     if (choice.step) out += "S " + std::to_string(*choice.step) + "\nP " + choice.path + "\n";
   } catch (...) {
     out = "E cannot read checkpoints in " + dir + "\n";

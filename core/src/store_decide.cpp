@@ -159,3 +159,59 @@ std::vector<std::uint64_t> plan_gc(const std::vector<Entry>& entries, std::uint6
 }
 
 }  // namespace ckpt::store
+
+namespace ckpt::store {
+
+RestoreSource restore_source(const Manifest& m, int world_size, int rank, const Layout& layout,
+                             const RankCoord& coord) {
+  RestoreSource out;
+  auto refuse = [&](std::string why, bool definite) {
+    out.error = std::move(why);
+    out.definite = definite;
+    return out;
+  };
+  int source = rank;
+  if (m.world_size != world_size) {
+    // Pure data parallelism: every shard holds a full replica, so a job relaunched on fewer or more nodes can go
+    // on from any of them.
+    const Layout& l = m.layout;
+    if (l.tp != 1 || l.pp != 1 || l.zero1 || m.world_size < 1) {
+      return refuse("written by " + std::to_string(m.world_size) + " ranks (tp " + std::to_string(l.tp) + ", pp " +
+                        std::to_string(l.pp) + (l.zero1 ? ", ZeRO-1" : "") + "); this run has " +
+                        std::to_string(world_size),
+                    false);
+    }
+    source = rank % m.world_size;
+    out.replica = true;
+  }
+  for (const ShardRecord& r : m.shards) {
+    if (r.rank == source) out.rank = source;
+  }
+  if (out.rank >= 0) return out;
+  if (m.kind != Kind::Terminal || m.world_size != world_size) {
+    return refuse("no shard for rank " + std::to_string(source), true);
+  }
+  // Last words: only survivors wrote, each state key once; this rank loads the shard that covers its keys.
+  const Layout& l = m.layout;
+  if (l.dp != layout.dp || l.tp != layout.tp || l.pp != layout.pp || l.zero1 != layout.zero1) {
+    return refuse("a terminal checkpoint of another layout (dp " + std::to_string(l.dp) + ", tp " +
+                      std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + ")",
+                  true);
+  }
+  std::vector<std::string> keys = state_keys_of_rank(layout, coord);
+  const ShardRecord* record = nullptr;
+  for (const ShardRecord& r : m.shards) {
+    if (std::find(r.covers.begin(), r.covers.end(), keys.front()) != r.covers.end()) record = &r;
+  }
+  if (record == nullptr) return refuse("no shard covers " + keys.front(), true);
+  for (const std::string& key : keys) {
+    if (std::find(record->covers.begin(), record->covers.end(), key) == record->covers.end()) {
+      // A plan never splits a rank's keys among ranks other than itself (ZeRO-1 shards have no other copy).
+      return refuse(key + " lies in another shard than " + keys.front() + ": not a last-words plan", true);
+    }
+  }
+  out.rank = record->rank;
+  return out;
+}
+
+}  // namespace ckpt::store

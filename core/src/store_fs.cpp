@@ -23,7 +23,8 @@ namespace {
 
 constexpr std::size_t kReadBuffer = 4u << 20;  // streaming checksum buffer
 
-// The FAILED marker's reason; empty when there is no marker.
+}  // namespace
+
 std::optional<std::string> failed_reason(int step_fd) {
   auto st = stat_at(step_fd, std::string(kFailedName));
   if (!st.ok()) return std::nullopt;
@@ -45,6 +46,8 @@ IoResult<Manifest> load_manifest(int step_fd, std::uint64_t step) {
   }
   return {std::move(parsed).value(), {}};
 }
+
+namespace {
 
 // What scan learns of one step dir, without reading shard bytes.
 Entry inspect_step(int root_fd, const std::string& name, std::uint64_t step) {
@@ -105,8 +108,7 @@ Entry inspect_step(int root_fd, const std::string& name, std::uint64_t step) {
   return entry;
 }
 
-// A verification failure and whether it is about the checkpoint itself (definite) or about this process's
-// circumstances (permissions, descriptors, memory), which must not get a checkpoint marked FAILED.
+}  // namespace
 
 bool is_circumstantial(int err) {
   switch (err) {
@@ -117,8 +119,6 @@ bool is_circumstantial(int err) {
       return false;
   }
 }
-
-}  // namespace
 
 VerifyOutcome verify_fd(int root_fd, std::uint64_t step, bool checksums) {
   const std::string at = "step " + std::to_string(step) + ": ";
@@ -325,13 +325,23 @@ Status mark_failed(const std::string& root, std::uint64_t step, std::string_view
 }
 
 ResumeChoice resolve_resume(const std::string& root, bool mark, const std::optional<Fence>& fence) {
+  ResolveOptions options;
+  options.mark = mark;
+  options.fence = fence;
+  return resolve_resume(root, options);
+}
+
+ResumeChoice resolve_resume(const std::string& root, const ResolveOptions& options) {
   ResumeChoice choice;
+  const bool mark = options.mark;
+  const std::optional<Fence>& fence = options.fence;
   try {
     auto root_fd = open_root(root);
     if (!root_fd) {
       choice.log.push_back(root_fd.error());
       return choice;
     }
+    if (!options.checksums) return resolve_records(root_fd->get(), root, options);
     auto entries = scan(root);
     if (!entries) {
       choice.log.push_back(entries.error());
@@ -340,6 +350,12 @@ ResumeChoice resolve_resume(const std::string& root, bool mark, const std::optio
     // Newest first: everything newer than the choice gets a line saying why it was passed over.
     std::vector<Entry> newest_first(entries->rbegin(), entries->rend());
     for (const Entry& e : newest_first) {
+      if (std::find(options.skip.begin(), options.skip.end(), e.step) != options.skip.end()) continue;
+      if (options.deadline && std::chrono::steady_clock::now() >= *options.deadline) {
+        choice.timed_out = true;
+        choice.log.push_back("gave up before step " + std::to_string(e.step) + ": the time allowed has passed");
+        return choice;
+      }
       if (e.state != State::Complete) {
         choice.log.push_back("step " + std::to_string(e.step) + ": skipped, " + to_string(e.state) + ": " + e.detail);
         continue;

@@ -121,6 +121,16 @@ struct VerifyOutcome {
   bool definite = false;
 };
 VerifyOutcome verify_fd(int root_fd, std::uint64_t step, bool checksums);
+// Errors of this process's circumstances (permissions, descriptors, memory, a stale handle), not the checkpoint's.
+bool is_circumstantial(int err);
+// The FAILED marker's reason; nullopt when there is no marker.
+std::optional<std::string> failed_reason(int step_fd);
+// The manifest of a step dir, checked against its step; err ENOENT when there is none.
+IoResult<Manifest> load_manifest(int step_fd, std::uint64_t step);
+// check_records on an opened root (store_resume.cpp).
+VerifyOutcome check_records_fd(int root_fd, std::uint64_t step, Manifest* out);
+// resolve_resume with checksums off (store_resume.cpp).
+ResumeChoice resolve_records(int root_fd, const std::string& root, const ResolveOptions& options);
 // The records of the shards written so far in a step dir, sorted by rank.
 IoResult<std::vector<ShardRecord>> present_records_fd(int step_fd);
 

@@ -30,6 +30,7 @@
 #include "device.hpp"
 #include "last_words_runtime.hpp"
 #include "nccl_watch.hpp"
+#include "restore_agreement.hpp"
 #include "staging.hpp"
 
 namespace ckpt::hooks {
@@ -227,12 +228,11 @@ struct Checkpointer::Impl {
 
   // ---- restore, training thread (checkpointer_restore.cpp) -------------------------------------------------------
 
-  // Reads this rank's shard of `step` under `root` into host staging; a definite error means the checkpoint is bad.
-  Status load_shard(const std::string& root, std::uint64_t step, bool& definite);
-  // The shard of a terminal checkpoint that covers every state key of this rank (a rank of the same layout).
-  Status terminal_source(const store::Manifest& m, const store::ShardRecord*& record) const;
-  // The first candidate: the plugin's choice when it gave one, and it verifies.
-  std::optional<std::pair<std::string, std::uint64_t>> plugin_choice();
+  // Leader (or the only rank): the candidate after `failed`, the plugin's choice first when it has not been tried.
+  RestorePlan choose(const std::vector<std::uint64_t>& failed, bool& plugin_tried);
+  // Reads this rank's shard of the candidate into host staging, checked as it is read; a definite error means
+  // the checkpoint is bad.
+  Status load(const RestorePlan& plan, bool& definite);
   Result<std::uint64_t> restore(bool copy_into_regions);
 };
 

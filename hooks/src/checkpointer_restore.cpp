@@ -1,10 +1,9 @@
-// The restore, on the training thread before the first step: the plugin's choice or the newest checkpoint that
-// verifies, this rank's shard read into host staging and checked again, then copied into the regions; a checkpoint
-// that fails to load is marked FAILED and the next older one is tried.
-#include <fcntl.h>
+// The restore, on the training thread before the first step. Rank 0 (or the only rank) picks the candidate: the
+// plugin's choice, else the newest checkpoint whose manifest lists a complete set of shards; nothing but manifests is
+// read for that. Every rank reads the one shard it restores into host staging, checking its checksum as it reads,
+// then copies it into the regions. A candidate any rank cannot load is marked FAILED once, by rank 0, and every
+// rank walks back to the same older one (restore_agreement.hpp).
 #include <sys/stat.h>
-#include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,78 +14,89 @@
 
 namespace ckpt::hooks {
 
-namespace {
-
-using store::errno_text;
-using store::join;
-
-}  // namespace
-
-// Reads this rank's shard of `step` under `root` into host staging; a definite error means the checkpoint is bad.
-Status Checkpointer::Impl::load_shard(const std::string& root, std::uint64_t step, bool& definite) {
-  definite = false;
-  const std::string at = "ckpt: step " + std::to_string(step) + ": ";
-  auto m = store::read_manifest(root, step);
-  if (!m) return Status::failure(at + m.error());
-  int source = rank;
-  if (m->world_size != config.world_size) {
-    // Pure data parallelism: every shard holds a full replica, so a job relaunched on fewer or more nodes can
-    // go on from any of them (per-rank extras such as RNG states come from the replica it loads).
-    const store::Layout& l = m->layout;
-    if (l.tp != 1 || l.pp != 1 || l.zero1 || m->world_size < 1) {
-      return Status::failure(at + "written by " + std::to_string(m->world_size) + " ranks (tp " +
-                             std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + (l.zero1 ? ", ZeRO-1" : "") +
-                             "); this run has " + std::to_string(config.world_size));
+RestorePlan Checkpointer::Impl::choose(const std::vector<std::uint64_t>& failed, bool& plugin_tried) {
+  RestorePlan plan;
+  plan.root = config.dir;
+  auto passed_over = [&](std::uint64_t step) { return std::find(failed.begin(), failed.end(), step) != failed.end(); };
+  if (!plugin_tried) {
+    plugin_tried = true;
+    std::string root = config.dir;
+    std::optional<std::uint64_t> step = config.resume_step;
+    if (!config.resume_path.empty()) {
+      auto slash = config.resume_path.find_last_of('/');
+      auto parsed = store::parse_step_dir_name(config.resume_path.substr(slash + 1));
+      if (!parsed) {
+        log::warn(rank, "CKPT_RESUME_PATH=" + config.resume_path + " is not a step dir; ignored");
+      } else {
+        root = slash == 0 ? "/" : config.resume_path.substr(0, slash);
+        step = parsed;
+      }
     }
-    source = rank % m->world_size;
-    if (rank == 0) {
+    if (step && !passed_over(*step)) {
+      auto manifest = store::check_records(root, *step);
+      if (manifest) return {step, root, manifest->kind, manifest->world_size};
+      log::warn(rank, "the checkpoint the job was given (step " + std::to_string(*step) + ") does not verify: " +
+                          manifest.error() + "; looking for another");
+    }
+  }
+  struct stat st {};
+  if (::stat(config.dir.c_str(), &st) != 0 && errno == ENOENT) return plan;  // a first run: nothing to look at
+  store::ResolveOptions options;
+  options.fence = run_fence(config);
+  options.checksums = false;  // each rank checks the bytes it loads
+  options.skip = failed;
+  store::ResumeChoice resolved = store::resolve_resume(config.dir, options);
+  for (const std::string& line : resolved.log) log::info(rank, line);
+  if (!resolved.step || !resolved.manifest) return plan;
+  return {resolved.step, config.dir, resolved.manifest->kind, resolved.manifest->world_size};
+}
+
+Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
+  definite = false;
+  const std::uint64_t step = *plan.step;
+  const std::string at = "ckpt: step " + std::to_string(step) + ": ";
+  store::ShardRecord record;
+  if (plan.kind == store::Kind::Periodic && plan.world_size == config.world_size) {
+    // Its own shard: the record names it, so the manifest's record of every other rank is not read.
+    auto own = store::read_record(plan.root, step, rank, &definite);
+    if (!own) return Status::failure("ckpt: " + own.error());
+    record = std::move(own).value();
+  } else {
+    auto m = store::read_manifest(plan.root, step);
+    if (!m) return Status::failure("ckpt: " + m.error());
+    store::RestoreSource source = store::restore_source(*m, config.world_size, rank, config.layout, config.coord);
+    if (source.rank < 0) {
+      definite = source.definite;
+      return Status::failure(at + source.error);
+    }
+    if (source.replica && rank == 0) {
       log::warn(rank, "step " + std::to_string(step) + " was written by " + std::to_string(m->world_size) +
                           " data-parallel ranks; this run has " + std::to_string(config.world_size) +
                           ": rank r loads the replica of rank r % " + std::to_string(m->world_size));
     }
-  }
-  const store::ShardRecord* record = nullptr;
-  for (const store::ShardRecord& r : m->shards) {
-    if (r.rank == source) record = &r;
-  }
-  if (record == nullptr && m->kind == store::Kind::Terminal && m->world_size == config.world_size) {
-    // Last words: only survivors wrote, each state key once; this rank loads the shard that covers its keys.
-    if (Status s = terminal_source(*m, record); !s) {
-      definite = true;
-      return Status::failure(at + s.error());
+    if (m->kind == store::Kind::Terminal && source.rank != rank && !source.replica) {
+      log::info(rank, "terminal checkpoint of step " + std::to_string(step) + ": loading the shard of rank " +
+                          std::to_string(source.rank) + " (it covers " +
+                          store::state_keys_of_rank(config.layout, config.coord).front() + ")");
+    }
+    for (store::ShardRecord& r : m->shards) {
+      if (r.rank == source.rank) record = std::move(r);
     }
   }
-  if (record == nullptr) {
-    definite = true;
-    return Status::failure(at + "no shard for rank " + std::to_string(source));
-  }
-  if (Status s = grow_host(static_cast<std::size_t>(record->size)); !s) return s;
+  if (Status s = grow_host(static_cast<std::size_t>(record.size)); !s) return s;
   (void)ask_staging(host.size(), 0);
-  const std::string path = join(join(root, store::step_dir_name(step)), record->file);
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return Status::failure(at + "cannot open " + path + ": " + errno_text(errno));
-  std::uint64_t done = 0;
-  while (done < record->size) {
-    std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(record->size - done, 1u << 30));
-    ssize_t n = ::pread(fd, host.data() + done, want, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = errno;
-      ::close(fd);
-      definite = n == 0;
-      return Status::failure(at + "cannot read " + path + ": " + (n == 0 ? "file too short" : errno_text(err)));
-    }
-    done += static_cast<std::uint64_t>(n);
+  store::ShardRead read = store::read_shard(plan.root, step, record, host.data());
+  if (!read.status) {
+    definite = read.definite;
+    return Status::failure("ckpt: " + read.status.error());
   }
-  ::close(fd);
-  // Verified before, but what is loaded is what counts: the same checksum over the bytes in memory.
-  if (XXH3_64bits(host.data(), static_cast<std::size_t>(record->size)) != record->checksum) {
-    definite = true;
-    return Status::failure(at + record->file + ": checksum mismatch after loading");
+  if (read.retries > 0) {
+    log::info(rank, "step " + std::to_string(step) + ": " + record.file + " read after " +
+                        std::to_string(read.retries) + " transient errors");
   }
   restored.clear();
-  for (const store::StateRange& s : record->states) {
-    if (s.offset > record->size || s.length > record->size - s.offset) {
+  for (const store::StateRange& s : record.states) {
+    if (s.offset > record.size || s.length > record.size - s.offset) {
       definite = true;
       return Status::failure(at + "region '" + s.name + "' lies outside its shard");
     }
@@ -95,93 +105,62 @@ Status Checkpointer::Impl::load_shard(const std::string& root, std::uint64_t ste
   return Status::success();
 }
 
-// The shard of a terminal checkpoint that covers every state key of this rank (a rank of the same layout).
-Status Checkpointer::Impl::terminal_source(const store::Manifest& m, const store::ShardRecord*& record) const {
-  const store::Layout& l = m.layout;
-  if (l.dp != config.layout.dp || l.tp != config.layout.tp || l.pp != config.layout.pp || l.zero1 != config.layout.zero1) {
-    return Status::failure("a terminal checkpoint of another layout (dp " + std::to_string(l.dp) + ", tp " +
-                           std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + ")");
-  }
-  std::vector<std::string> keys = store::state_keys_of_rank(config.layout, config.coord);
-  record = nullptr;
-  for (const store::ShardRecord& r : m.shards) {
-    if (std::find(r.covers.begin(), r.covers.end(), keys.front()) != r.covers.end()) record = &r;
-  }
-  if (record == nullptr) return Status::failure("no shard covers " + keys.front());
-  for (const std::string& key : keys) {
-    if (std::find(record->covers.begin(), record->covers.end(), key) == record->covers.end()) {
-      // A plan never splits a rank's keys among ranks other than itself (ZeRO-1 shards have no other copy).
-      return Status::failure(key + " lies in another shard than " + keys.front() + ": not a last-words plan");
-    }
-  }
-  if (record->rank != rank) {
-    log::info(rank, "terminal checkpoint of step " + std::to_string(m.step) + ": loading the shard of rank " +
-                        std::to_string(record->rank) + " (it covers " + keys.front() + ")");
-  }
-  return Status::success();
-}
-
-// The first candidate: the plugin's choice when it gave one, and it verifies.
-std::optional<std::pair<std::string, std::uint64_t>> Checkpointer::Impl::plugin_choice() {
-  std::string root = config.dir;
-  std::optional<std::uint64_t> step = config.resume_step;
-  if (!config.resume_path.empty()) {
-    auto slash = config.resume_path.find_last_of('/');
-    auto parsed = store::parse_step_dir_name(config.resume_path.substr(slash + 1));
-    if (!parsed) {
-      log::warn(rank, "CKPT_RESUME_PATH=" + config.resume_path + " is not a step dir; ignored");
-    } else {
-      root = slash == 0 ? "/" : config.resume_path.substr(0, slash);
-      step = parsed;
-    }
-  }
-  if (!step) return std::nullopt;
-  if (Status s = store::verify(root, *step); !s) {
-    log::warn(rank, "the checkpoint the job was given (step " + std::to_string(*step) + ") does not verify: " +
-                        s.error() + "; looking for another");
-    return std::nullopt;
-  }
-  return std::make_pair(root, *step);
-}
-
 Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
   if (started) return Error{"ckpt: restore() must come before the first after_step()"};
   wait_idle();
-  std::optional<std::pair<std::string, std::uint64_t>> choice = plugin_choice();
+  std::unique_ptr<RestoreAgreement> agreement;
+  if (config.world_size > 1) {
+    agreement = std::make_unique<RestoreAgreement>(config.dir, config.run_id, rank, config.world_size,
+                                                   std::chrono::seconds(config.commit_timeout_s));
+  }
+  const bool leader = !agreement || rank == 0;
   std::vector<std::uint64_t> failed;
+  bool plugin_tried = false;
   bool loaded = false;
-  while (!loaded) {
-    if (!choice) {
-      struct stat st {};
-      if (::stat(config.dir.c_str(), &st) != 0 && errno == ENOENT) break;  // a first run: nothing to look at
-      store::ResumeChoice resolved = store::resolve_resume(config.dir, true, run_fence(config));
-      for (const std::string& line : resolved.log) {
-        if (rank == 0) {
-          log::info(rank, line);
-        } else {
-          log::debug(rank, line);
-        }
+  RestorePlan plan;
+  for (int round = 0;; ++round) {
+    if (leader) {
+      plan = choose(failed, plugin_tried);
+      if (agreement) {
+        if (Status s = agreement->propose(round, plan); !s) return Error{s.error()};
       }
-      if (!resolved.step) break;
-      if (std::find(failed.begin(), failed.end(), *resolved.step) != failed.end()) {
-        return Error{"ckpt: step " + std::to_string(*resolved.step) + " failed to load and could not be marked FAILED"};
-      }
-      choice = std::make_pair(config.dir, *resolved.step);
+    } else {
+      auto proposed = agreement->proposal(round);
+      if (!proposed) return Error{proposed.error()};
+      plan = std::move(proposed).value();
     }
+    if (!plan.step) break;
     bool definite = false;
-    Status status = load_shard(choice->first, choice->second, definite);
-    if (status) {
+    Status status = load(plan, definite);
+    RoundOutcome outcome = solo_outcome(status, definite, rank);
+    if (agreement) {
+      auto agreed = agreement->agree(round, status, definite);
+      if (!agreed) return Error{agreed.error()};
+      outcome = std::move(agreed).value();
+    }
+    if (outcome.verdict == RestoreVerdict::Ok) {
       loaded = true;
       break;
     }
-    if (!definite) return Error{status.error()};
-    log::warn(rank, status.error() + "; marking it FAILED and walking back");
-    (void)store::mark_failed(choice->first, choice->second, status.error(), run_fence(config));
-    failed.push_back(choice->second);
-    choice.reset();
     restored.clear();
+    const std::string about = "step " + std::to_string(*plan.step) + ": ";
+    if (outcome.verdict == RestoreVerdict::Stop) {
+      if (!status) return Error{status.error()};
+      return Error{"ckpt: " + about + "restore stopped: " + outcome.reason};
+    }
+    if (!status) {
+      std::string_view own = status.error();
+      if (own.rfind("ckpt: ", 0) == 0) own.remove_prefix(6);  // the log line has its own prefix
+      log::warn(rank, std::string(own) + "; every rank walks back");
+    }
+    if (leader) {
+      Status marked = store::mark_failed(plan.root, *plan.step, outcome.reason, run_fence(config));
+      log::warn(rank, outcome.reason + (marked ? "; marked FAILED" : "; not marked FAILED: " + marked.error()) +
+                          ", every rank walks back");
+    }
+    failed.push_back(*plan.step);
   }
-  const std::uint64_t step = loaded ? choice->second : 0;
+  const std::uint64_t step = loaded ? *plan.step : 0;
   if (copy_into_regions && loaded) {
     for (const RegionSpec& r : regions) {
       auto it = std::find_if(restored.begin(), restored.end(), [&](const RestoredRegion& x) { return x.name == r.name; });
@@ -200,7 +179,7 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
       }
     }
   }
-  if (loaded) log::info(rank, "restored step " + std::to_string(step) + " from " + choice->first);
+  if (loaded) log::info(rank, "restored step " + std::to_string(step) + " from " + plan.root);
   start(step);
   return step;
 }

@@ -2,8 +2,11 @@
 // honoring the plugin's choice, and refusing a checkpoint that does not fit.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "hooks_test_util.hpp"
@@ -114,12 +117,23 @@ TEST_CASE("restore loads the newest complete checkpoint bitwise", "[hooks][resto
     REQUIRE(p.step.ok());
     CHECK(*p.step == 2);
   }
-  SECTION("a plugin's choice that does not verify falls back to the newest that does") {
-    flip_byte(dir.path() + "/" + store::step_dir_name(1) + "/" + store::shard_file_name(0), 10);
+  SECTION("a plugin's choice whose manifest is gone falls back to the newest complete one") {
+    REQUIRE(::unlink((dir.path() + "/" + store::step_dir_name(1) + "/MANIFEST.json").c_str()) == 0);
     auto r = restore_from(test::options({{"dir", dir.path()}, {"resume_step", "1"}}));
     REQUIRE(r.step.ok());
     CHECK(*r.step == 3);
     CHECK(log.has("does not verify"));
+  }
+  SECTION("a plugin's choice whose shard does not load is marked FAILED; the newest that loads comes next") {
+    flip_byte(dir.path() + "/" + store::step_dir_name(1) + "/" + store::shard_file_name(0), 10);
+    auto r = restore_from(test::options({{"dir", dir.path()}, {"resume_step", "1"}}));
+    REQUIRE(r.step.ok());
+    CHECK(*r.step == 3);
+    CHECK(log.has("checksum mismatch"));
+    CHECK(log.has("marked FAILED"));
+    auto entries = store::scan(dir.path());
+    REQUIRE(entries.ok());
+    CHECK(entries->front().state == store::State::Failed);
   }
   SECTION("a checkpoint that does not fit the registered state is refused") {
     auto r = restore_from(test::options({{"dir", dir.path()}}), 1000);
@@ -131,14 +145,20 @@ TEST_CASE("restore loads the newest complete checkpoint bitwise", "[hooks][resto
     CHECK(cp->restore().error() == "ckpt: step 3 has no region 'c'");
   }
   SECTION("a data-parallel checkpoint restores into another world size, replica by replica") {
-    auto o = test::options({{"dir", dir.path()}, {"rank", "1"}, {"world_size", "2"}, {"coordinator", "file"}});
-    auto r = restore_from(o);
-    REQUIRE(r.step.ok());
-    CHECK(*r.step == 3);
-    CHECK((r.a == state_at(1 << 20, 3)));
-    auto r0 = restore_from(test::options({{"dir", dir.path()}, {"rank", "0"}, {"world_size", "2"}, {"coordinator", "file"}}));
-    REQUIRE(r0.step.ok());
-    CHECK((r0.a == state_at(1 << 20, 3)));
+    std::vector<Restored> r(2);
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < 2; ++rank) {
+      ranks.emplace_back([&, rank] {
+        r[static_cast<std::size_t>(rank)] = restore_from(test::options(
+            {{"dir", dir.path()}, {"rank", std::to_string(rank)}, {"world_size", "2"}, {"coordinator", "file"}}));
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (const Restored& x : r) {
+      REQUIRE(x.step.ok());
+      CHECK(*x.step == 3);
+      CHECK((x.a == state_at(1 << 20, 3)));
+    }
     CHECK(log.has("step 3 was written by 1 data-parallel ranks; this run has 2: rank r loads the replica of rank r % 1"));
   }
 }
@@ -163,8 +183,18 @@ TEST_CASE("a checkpoint of another world size and another layout is refused", "[
   auto r = cp->restore(false);
   REQUIRE_FALSE(r.ok());
   CHECK(r.error() == "ckpt: step 4: written by 2 ranks (tp 2, pp 1); this run has 1");
-  auto dp = test::make(test::options({{"dir", dir.path()}, {"rank", "0"}, {"world_size", "2"}, {"coordinator", "file"}}));
-  CHECK(*dp->restore(false) == 4);  // the same world size: no question of replicas
+  // The same world size: no question of replicas.
+  std::vector<Result<std::uint64_t>> steps(2, Error{"not run"});
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      auto dp = test::make(test::options(
+          {{"dir", dir.path()}, {"rank", std::to_string(rank)}, {"world_size", "2"}, {"coordinator", "file"}}));
+      steps[static_cast<std::size_t>(rank)] = dp->restore(false);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (const auto& step : steps) CHECK(*step == 4);
 }
 
 TEST_CASE("a start discards incomplete saves newer than the resume step", "[hooks][restore]") {
@@ -185,4 +215,128 @@ TEST_CASE("a start discards incomplete saves newer than the resume step", "[hook
   REQUIRE(entries.ok());
   for (const store::Entry& e : *entries) CHECK(e.step != 5);
   CHECK(log.has("discarded the incomplete checkpoint of step 5"));
+}
+
+namespace {
+
+// Bytes this thread has read through read(2) and pread(2) so far (every rank of these tests is a thread).
+std::uint64_t thread_rchar() {
+  std::ifstream in("/proc/thread-self/io");
+  std::string key;
+  std::uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return 0;
+}
+
+constexpr std::size_t kShardBytes = 4u << 20;
+
+// A committed checkpoint of `world` ranks at `step`: rank r's region "a" holds state_at(kShardBytes, step + r).
+void write_job_checkpoint(const std::string& dir, std::uint64_t step, int world) {
+  store::Manifest m;
+  m.step = step;
+  m.world_size = world;
+  m.layout = store::Layout{world, 1, 1, false};
+  for (int rank = 0; rank < world; ++rank) {
+    m.ranks.push_back(m.layout.coord_of(rank));
+    auto w = store::ShardWriter::open(dir, step, rank);
+    REQUIRE(w.ok());
+    auto bytes = state_at(kShardBytes, step + static_cast<std::uint64_t>(rank));
+    REQUIRE(w->append("a", bytes.data(), bytes.size()).ok());
+    w->add_covers(store::state_keys_of_rank(m.layout, m.ranks.back()));
+    REQUIRE(w->finish().ok());
+  }
+  REQUIRE(store::commit(dir, m).ok());
+}
+
+struct RankRestore {
+  Result<std::uint64_t> step = Error{"not run"};
+  std::vector<unsigned char> a;
+  std::uint64_t read_bytes = 0;
+};
+
+// Every rank of a `world`-rank job restores at once, each on its own thread, as separate processes would.
+std::vector<RankRestore> restore_job(const std::string& dir, int world, const std::string& run_id) {
+  std::vector<RankRestore> out(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      RankRestore& me = out[static_cast<std::size_t>(rank)];
+      me.a.assign(kShardBytes, 0);
+      auto cp = test::make(test::options({{"dir", dir}, {"rank", std::to_string(rank)},
+                                          {"world_size", std::to_string(world)}, {"coordinator", "file"},
+                                          {"run_id", run_id}, {"copy_threads", "0"}}));
+      if (!cp->register_region({"a", me.a.data(), me.a.size()})) return;
+      std::uint64_t before = thread_rchar();
+      me.step = cp->restore();
+      me.read_bytes = thread_rchar() - before;
+      (void)cp->close();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("every rank reads its own shard once at restore, checked as it is read", "[hooks][restore]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  write_job_checkpoint(dir.path(), 2, 4);
+  write_job_checkpoint(dir.path(), 3, 4);
+  std::vector<RankRestore> ranks = restore_job(dir.path(), 4, "io");
+  for (int rank = 0; rank < 4; ++rank) {
+    const RankRestore& r = ranks[static_cast<std::size_t>(rank)];
+    CAPTURE(rank);
+    REQUIRE(r.step.ok());
+    CHECK(*r.step == 3);
+    CHECK((r.a == state_at(kShardBytes, 3 + static_cast<std::uint64_t>(rank))));
+    // Its shard, once, and a few small files (its record; rank 0 the manifest; the agreement's files).
+    CHECK(r.read_bytes >= kShardBytes);
+    CHECK(r.read_bytes < kShardBytes + (64u << 10));
+  }
+}
+
+TEST_CASE("a shard that does not load walks every rank back to the same step, marked FAILED once",
+          "[hooks][restore]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  write_job_checkpoint(dir.path(), 2, 4);
+  write_job_checkpoint(dir.path(), 3, 4);
+  const std::string step3 = dir.path() + "/" + store::step_dir_name(3) + "/";
+  SECTION("a corrupt shard is found by the rank that loads it") {
+    flip_byte(step3 + store::shard_file_name(2), 12345);
+    std::vector<RankRestore> ranks = restore_job(dir.path(), 4, "corrupt");
+    for (int rank = 0; rank < 4; ++rank) {
+      const RankRestore& r = ranks[static_cast<std::size_t>(rank)];
+      CAPTURE(rank);
+      REQUIRE(r.step.ok());
+      CHECK(*r.step == 2);
+      CHECK((r.a == state_at(kShardBytes, 2 + static_cast<std::uint64_t>(rank))));
+    }
+    CHECK(log.has("rank 2: step 3: shard rank-00002.shard (rank 2): checksum mismatch"));
+    std::ifstream failed(step3 + "FAILED");
+    std::string reason;
+    std::getline(failed, reason);
+    CHECK(reason.rfind("rank 2: step 3: shard rank-00002.shard (rank 2): checksum mismatch", 0) == 0);
+  }
+  SECTION("a missing shard, as the plugin's choice: the plugin checks manifests only") {
+    REQUIRE(::unlink((step3 + store::shard_file_name(1)).c_str()) == 0);
+    auto plugin = store::resolve_resume(dir.path(), store::ResolveOptions{true, std::nullopt, false, {}, {}});
+    REQUIRE(plugin.step == 3u);
+    std::vector<RankRestore> ranks = restore_job(dir.path(), 4, "missing");
+    for (const RankRestore& r : ranks) {
+      REQUIRE(r.step.ok());
+      CHECK(*r.step == 2);
+    }
+    CHECK(log.has("rank 1: step 3: shard rank-00001.shard (rank 1): missing"));
+    CHECK(store::scan(dir.path())->back().state == store::State::Failed);
+  }
+  SECTION("a launch that reuses a run id is refused, not sent to an old plan") {
+    REQUIRE(restore_job(dir.path(), 4, "again")[0].step.ok());
+    std::vector<RankRestore> ranks = restore_job(dir.path(), 4, "again");
+    CHECK_FALSE(ranks[0].step.ok());
+    CHECK_THAT(ranks[0].step.error(), Catch::Contains("give each launch its own CKPT_RUN_ID"));
+  }
 }

@@ -12,6 +12,7 @@
 //
 // The decisions (parsing, completeness, which checkpoint to use, what to delete) are pure functions over in-memory
 // data; the functions that touch the file system are separate and marked as such.
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -185,11 +186,25 @@ struct ResumeChoice {
   std::optional<std::uint64_t> step;  // absent: nothing to resume from
   std::string path;                   // the step dir
   std::vector<std::string> log;       // one line per checkpoint skipped and why, then the choice
+  std::optional<Manifest> manifest;   // the chosen checkpoint's manifest (records-only resolve)
+  bool timed_out = false;             // the deadline passed before a choice was made
 };
 // Newest complete checkpoint that verifies; each newer one that fails verification is marked FAILED (when
 // `mark` is true, and `fence` is not fenced) and skipped. Never deletes anything.
 ResumeChoice resolve_resume(const std::string& root, bool mark = true,
                             const std::optional<Fence>& fence = std::nullopt);
+
+struct ResolveOptions {
+  bool mark = true;
+  std::optional<Fence> fence;
+  // False: check_records only. Nothing but manifests is read and no shard is opened; each rank then checks the
+  // bytes it loads (read_shard). True: verify, every byte of every shard.
+  bool checksums = true;
+  std::vector<std::uint64_t> skip;  // steps passed over unread (a restore already found them bad)
+  // Checked between step dirs: once passed, the resolve stops with no choice and timed_out set.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+};
+ResumeChoice resolve_resume(const std::string& root, const ResolveOptions& options);
 
 // Phases of a save, reported to an optional observer; fault-injection tests kill the process at each.
 // ShardsDurable fires once per writer, after its shard and record are durable. ManifestHalfWritten (between
@@ -241,6 +256,54 @@ class ShardWriter {
 // each of the two renames; a record below the fence's epoch is raised again first).
 Status commit(const std::string& root, const Manifest& manifest_without_shards, PhaseObserver observer = nullptr,
               const std::optional<Fence>& fence = std::nullopt);
+
+// ---- resuming: the cheap check at job start, each rank's own read ---------------------------------------------
+//
+// At job start the plugin (on every node) and the leading rank check manifests only: check_records. Each rank
+// then reads exactly the shard it restores with read_shard, which checks its size and checksum while reading, so
+// every byte of a checkpoint is read once per resume.
+
+// The step is not FAILED, its manifest parses, names the step and lists a complete set of shards (decide_commit).
+// Reads the FAILED marker and the manifest only. `definite` (when given) is set when the checkpoint itself is at
+// fault, not this process's access to it.
+Result<Manifest> check_records(const std::string& root, std::uint64_t step, bool* definite = nullptr);
+
+// Which rank's shard a rank restores from a committed checkpoint (pure).
+struct RestoreSource {
+  int rank = -1;          // the writer of the shard to load; -1 when none fits (error says why)
+  std::string error;
+  bool definite = false;  // the checkpoint is at fault (walk back past it), not the shape of this run
+  bool replica = false;   // another world size: a data-parallel replica is loaded
+};
+// Its own shard in a checkpoint of the same world size; the replica of rank % world_size of a pure data-parallel
+// checkpoint of another size; in a terminal checkpoint without its shard, the one shard covering all its state
+// keys (`layout` and `coord` are this run's, and must be the checkpoint's layout).
+RestoreSource restore_source(const Manifest& manifest, int world_size, int rank, const Layout& layout,
+                             const RankCoord& coord);
+
+// One rank's record of a committed step (rank-<r>.rec): what a rank that loads its own shard needs, without
+// reading the manifest's record of every rank.
+// `definite` (when given) is set when the record itself is missing or wrong.
+Result<ShardRecord> read_record(const std::string& root, std::uint64_t step, int rank, bool* definite = nullptr);
+
+struct ShardRead {
+  Status status;
+  bool definite = false;        // the shard is at fault (missing, short, checksum), not this process's access
+  std::uint64_t bytes = 0;      // shard bytes read
+  int retries = 0;              // transient errors retried
+};
+struct ShardReadOptions {
+  // A transient error (EACCES, ESTALE, ETIMEDOUT, EIO, EAGAIN, ...) on open or read is retried this many times,
+  // after a pause that starts at `backoff` and doubles; the read goes on where it stopped.
+  int retries = 3;
+  std::chrono::milliseconds backoff{100};
+  // Fault injection for tests: called before each open ("open") and read ("read"); a nonzero errno fails it.
+  std::function<int(std::string_view op)> inject;
+};
+// Reads `record`'s shard of `step` into `dest` (record.size bytes) and checks its size and XXH3 checksum over the
+// bytes as they arrive.
+ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRecord& record, void* dest,
+                     const ShardReadOptions& options = {});
 
 // Reads a shard's records back for a restore; the caller verifies first (see verify / resolve_resume).
 Result<std::vector<ShardRecord>> read_records(const std::string& root, std::uint64_t step);

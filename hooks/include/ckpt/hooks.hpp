@@ -201,7 +201,8 @@ class Checkpointer {
   Status put_blob(std::string_view name, const void* data, std::size_t size, std::string_view meta_json = "{}");
 
   // Loads the newest complete checkpoint that verifies (CKPT_RESUME_STEP/PATH first), walking back and marking
-  // FAILED the ones that do not. With `copy_into_regions`, fills every registered region from the region of the
+  // FAILED the ones that do not; every rank of a job restores the same step, so all ranks call it together (each
+  // reads and checks only its own shard). With `copy_into_regions`, fills every registered region from the region of the
   // same name (a missing one or a size mismatch is an error). Returns the step to resume from, 0 when none.
   // Must come before the first after_step.
   Result<std::uint64_t> restore(bool copy_into_regions = true);

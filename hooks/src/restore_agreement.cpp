@@ -1,0 +1,276 @@
+// The restore agreement over the control dir (restore_agreement.hpp).
+#include "restore_agreement.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ckpt::hooks {
+
+namespace {
+
+using store::errno_text;
+using store::join;
+using Clock = std::chrono::steady_clock;
+
+std::string numbered(const char* what, int round) { return std::string(what) + "-" + std::to_string(round); }
+
+std::string done_name(int round, int rank) { return numbered("done", round) + "-" + std::to_string(rank); }
+
+// "walk-back REASON", "stop REASON" or "ok".
+std::string verdict_text(const RoundOutcome& o) {
+  switch (o.verdict) {
+    case RestoreVerdict::Ok: return "ok\n";
+    case RestoreVerdict::WalkBack: return "walk-back " + o.reason + "\n";
+    case RestoreVerdict::Stop: return "stop " + o.reason + "\n";
+  }
+  return "stop unknown verdict\n";
+}
+
+std::optional<RoundOutcome> parse_verdict(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  auto split = [&](std::string_view word) -> std::optional<std::string> {
+    if (text.rfind(std::string(word) + " ", 0) != 0) return std::nullopt;
+    return text.substr(word.size() + 1);
+  };
+  if (text == "ok") return RoundOutcome{};
+  if (auto r = split("walk-back")) return RoundOutcome{RestoreVerdict::WalkBack, *r};
+  if (auto r = split("stop")) return RoundOutcome{RestoreVerdict::Stop, *r};
+  return std::nullopt;
+}
+
+std::string first_line(std::string text) {
+  if (auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
+  return text;
+}
+
+// "rank 3: step 300: ...": the failure as a verdict and the FAILED marker give it.
+std::string rank_says(int rank, const std::string& error) {
+  std::string_view e = error;
+  if (e.rfind("ckpt: ", 0) == 0) e.remove_prefix(6);
+  return "rank " + std::to_string(rank) + ": " + first_line(std::string(e));
+}
+
+}  // namespace
+
+std::string to_json(const RestorePlan& plan) {
+  nlohmann::json j;
+  j["step"] = plan.step ? nlohmann::json(*plan.step) : nlohmann::json(nullptr);
+  j["root"] = plan.root;
+  j["kind"] = store::to_string(plan.kind);
+  j["world_size"] = plan.world_size;
+  return j.dump();
+}
+
+Result<RestorePlan> parse_restore_plan(std::string_view text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Error{"not a JSON object"};
+  RestorePlan plan;
+  auto step = j.find("step");
+  auto root = j.find("root");
+  auto kind = j.find("kind");
+  auto world = j.find("world_size");
+  if (step == j.end() || root == j.end() || kind == j.end() || world == j.end() || !root->is_string() ||
+      !kind->is_string() || !world->is_number_integer()) {
+    return Error{"missing or mistyped fields"};
+  }
+  if (step->is_number_unsigned()) {
+    plan.step = step->get<std::uint64_t>();
+  } else if (!step->is_null()) {
+    return Error{"step is not a whole number"};
+  }
+  plan.root = root->get<std::string>();
+  std::string k = kind->get<std::string>();
+  if (k != "periodic" && k != "terminal") return Error{"unknown kind '" + k + "'"};
+  plan.kind = k == "terminal" ? store::Kind::Terminal : store::Kind::Periodic;
+  plan.world_size = world->get<int>();
+  return plan;
+}
+
+RoundOutcome solo_outcome(const Status& loaded, bool definite, int rank) {
+  if (loaded) return {};
+  return {definite ? RestoreVerdict::WalkBack : RestoreVerdict::Stop, rank_says(rank, loaded.error())};
+}
+
+RestoreAgreement::RestoreAgreement(std::string root, std::string run_id, int rank, int world_size,
+                                   std::chrono::milliseconds timeout)
+    : root_(std::move(root)),
+      dir_(join(join(root_, ".control"), run_id + "-restore")),
+      rank_(rank),
+      world_(world_size),
+      timeout_(timeout) {}
+
+RestoreAgreement::~RestoreAgreement() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status RestoreAgreement::open_dir(bool create) {
+  if (fd_ >= 0) return Status::success();
+  if (create) {
+    for (const std::string& d : {root_, join(root_, ".control"), dir_}) {
+      if (::mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) {
+        return Status::failure("ckpt: cannot create " + d + ": " + errno_text(errno));
+      }
+    }
+  }
+  fd_ = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd_ < 0) return Status::failure("ckpt: cannot open " + dir_ + ": " + errno_text(errno));
+  return Status::success();
+}
+
+Status RestoreAgreement::create_exclusive(const std::string& name, const std::string& content, bool* existed) {
+  if (existed != nullptr) *existed = false;
+  if (Status s = open_dir(true); !s) return s;
+  static std::atomic<unsigned> counter{0};
+  const std::string temp = ".tmp-" + std::to_string(rank_) + "-" + std::to_string(::getpid()) + "-" +
+                           std::to_string(counter.fetch_add(1));
+  int fd = ::openat(fd_, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::failure("ckpt: cannot create " + join(dir_, temp) + ": " + errno_text(errno));
+  bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()) && ::fsync(fd) == 0;
+  int err = errno;
+  ::close(fd);
+  // link() publishes the file whole, and fails on a name that exists: the first creator wins.
+  if (ok && ::linkat(fd_, temp.c_str(), fd_, name.c_str(), 0) != 0) {
+    if (errno == EEXIST) {
+      if (existed != nullptr) *existed = true;
+    } else {
+      ok = false;
+      err = errno;
+    }
+  }
+  ::unlinkat(fd_, temp.c_str(), 0);
+  if (!ok) return Status::failure("ckpt: cannot create " + join(dir_, name) + ": " + errno_text(err));
+  ::fsync(fd_);
+  return Status::success();
+}
+
+std::optional<std::string> RestoreAgreement::read(const std::string& name) {
+  if (!open_dir(false)) return std::nullopt;
+  int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string text;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || text.size() > (64u << 10)) break;
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
+bool RestoreAgreement::exists(const std::string& name) {
+  if (!open_dir(false)) return false;
+  struct stat st {};
+  return ::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+}
+
+template <class Ready>
+bool RestoreAgreement::wait(Ready ready, Clock::time_point deadline) {
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    if (ready()) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+}
+
+Status RestoreAgreement::propose(int round, const RestorePlan& plan) {
+  bool existed = false;
+  if (Status s = create_exclusive(numbered("plan", round), to_json(plan) + "\n", &existed); !s) return s;
+  if (existed) {
+    return Status::failure("ckpt: " + join(dir_, numbered("plan", round)) +
+                           " exists: a launch with the same run id restored from this dir before; give each launch "
+                           "its own CKPT_RUN_ID");
+  }
+  return Status::success();
+}
+
+Result<RestorePlan> RestoreAgreement::proposal(int round) {
+  const std::string name = numbered("plan", round);
+  std::optional<std::string> text;
+  if (!wait([&] { return (text = read(name)).has_value() && !text->empty(); }, Clock::now() + timeout_)) {
+    return Error{"ckpt: rank 0 proposed no checkpoint to restore within " +
+                 std::to_string(timeout_.count() / 1000) + " s (" + join(dir_, name) + ")"};
+  }
+  auto plan = parse_restore_plan(*text);
+  if (!plan) return Error{"ckpt: " + join(dir_, name) + ": " + plan.error()};
+  return plan;
+}
+
+Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bool definite) {
+  if (!loaded) {
+    // One marker per kind of failure, whoever comes first: a walk back must not depend on how many ranks failed.
+    const char* marker = definite ? "bad" : "stop";
+    if (Status s = create_exclusive(numbered(marker, round), rank_says(rank_, loaded.error()) + "\n", nullptr); !s) {
+      return Error{s.error()};
+    }
+  }
+  const std::string verdict_name = numbered("verdict", round);
+  if (rank_ != 0) {
+    bool existed = false;
+    if (Status s = create_exclusive(done_name(round, rank_), "\n", &existed); !s) return Error{s.error()};
+    if (existed) {
+      return Error{"ckpt: " + join(dir_, done_name(round, rank_)) +
+                   " exists: a launch with the same run id restored from this dir before; give each launch its own "
+                   "CKPT_RUN_ID"};
+    }
+    std::optional<std::string> text;
+    auto deadline = Clock::now() + timeout_ + std::chrono::seconds(30);
+    if (!wait([&] { return (text = read(verdict_name)).has_value() && !text->empty(); }, deadline)) {
+      return Error{"ckpt: rank 0 gave no verdict on the restore within " +
+                   std::to_string(timeout_.count() / 1000 + 30) + " s (" + join(dir_, verdict_name) + ")"};
+    }
+    auto verdict = parse_verdict(*text);
+    if (!verdict) return Error{"ckpt: " + join(dir_, verdict_name) + ": not a verdict"};
+    return *verdict;
+  }
+
+  // The leader: every other rank's report, then one verdict for all.
+  std::vector<bool> seen(static_cast<std::size_t>(world_), false);
+  seen[0] = true;
+  int missing = world_ - 1;
+  bool all = wait(
+      [&] {
+        for (int r = 1; r < world_; ++r) {
+          if (!seen[static_cast<std::size_t>(r)] && exists(done_name(round, r))) {
+            seen[static_cast<std::size_t>(r)] = true;
+            --missing;
+          }
+        }
+        return missing == 0;
+      },
+      Clock::now() + timeout_);
+  RoundOutcome outcome;
+  if (auto bad = read(numbered("bad", round))) {
+    outcome = {RestoreVerdict::WalkBack, first_line(*bad)};
+  } else if (auto stop = read(numbered("stop", round))) {
+    outcome = {RestoreVerdict::Stop, first_line(*stop)};
+  } else if (!all) {
+    std::string which;
+    for (int r = 1, shown = 0; r < world_ && shown < 8; ++r) {
+      if (!seen[static_cast<std::size_t>(r)]) which += (shown++ ? ", " : "") + std::to_string(r);
+    }
+    outcome = {RestoreVerdict::Stop, std::to_string(missing) + " of " + std::to_string(world_) +
+                                         " ranks did not report their restore within " +
+                                         std::to_string(timeout_.count() / 1000) + " s (ranks " + which + ")"};
+  }
+  if (Status s = create_exclusive(verdict_name, verdict_text(outcome), nullptr); !s) return Error{s.error()};
+  // The reports are read: nothing else needs them, and a large job should not leave one file per rank behind.
+  for (int r = 1; r < world_; ++r) {
+    if (seen[static_cast<std::size_t>(r)]) ::unlinkat(fd_, done_name(round, r).c_str(), 0);
+  }
+  return outcome;
+}
+
+}  // namespace ckpt::hooks

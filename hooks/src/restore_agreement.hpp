@@ -1,0 +1,76 @@
+#pragma once
+// How the ranks of a job restore the same checkpoint, and pass over one that any rank cannot load together.
+//
+// Rounds, one candidate each, in the control dir (<root>/.control/<run_id>-restore/). The leader (rank 0) proposes
+// the candidate (plan-<round>); every rank loads its shard of it, checked while read, and reports: a rank whose
+// load failed first creates bad-<round> (the checkpoint is at fault) or stop-<round> (only its access to it is:
+// permissions, a stale handle, after retries), exclusively, so that any number of failures costs one file; then
+// every rank but the leader creates done-<round>-<rank>. The leader waits for those, decides for all (verdict-
+// <round>): ok, walk back (it marks the candidate FAILED, once, and proposes an older one) or stop (every rank
+// fails its restore with the reason). A rank other than the leader creates one file and reads two per round; the
+// leader checks one name per rank, as a commit does.
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "ckpt/hooks.hpp"
+
+namespace ckpt::hooks {
+
+// A candidate: the step and where it lives, and what the leader read in its manifest, so that a rank loading its
+// own shard of a periodic checkpoint of the same world size reads its record alone.
+struct RestorePlan {
+  std::optional<std::uint64_t> step;  // absent: nothing to restore
+  std::string root;
+  store::Kind kind = store::Kind::Periodic;
+  int world_size = 0;
+};
+std::string to_json(const RestorePlan& plan);
+Result<RestorePlan> parse_restore_plan(std::string_view text);
+
+enum class RestoreVerdict { Ok, WalkBack, Stop };
+struct RoundOutcome {
+  RestoreVerdict verdict = RestoreVerdict::Ok;
+  std::string reason;  // the failure that decided it: "rank 3: step 300: ... checksum mismatch ..."
+};
+
+// The verdict of one rank alone (a job of one rank): ok, walk back past a bad checkpoint, or stop.
+RoundOutcome solo_outcome(const Status& loaded, bool definite, int rank);
+
+class RestoreAgreement {
+ public:
+  // Waits for other ranks give up after `timeout` (the leader's; the others allow it 30 s more to answer).
+  RestoreAgreement(std::string root, std::string run_id, int rank, int world_size, std::chrono::milliseconds timeout);
+  ~RestoreAgreement();
+  RestoreAgreement(const RestoreAgreement&) = delete;
+  RestoreAgreement& operator=(const RestoreAgreement&) = delete;
+
+  // Leader: publishes the candidate of `round`. Fails when the round was proposed before: another launch with
+  // the same run id restored here.
+  Status propose(int round, const RestorePlan& plan);
+  // Other ranks: the leader's candidate of `round`, once it is there.
+  Result<RestorePlan> proposal(int round);
+  // Every rank, after loading: reports its outcome and returns the verdict for all ranks.
+  Result<RoundOutcome> agree(int round, const Status& loaded, bool definite);
+  std::string path() const { return dir_; }
+
+ private:
+  Status open_dir(bool create);
+  // Creates `name` exclusively and complete (temp file, link); `existed` says the name was there already.
+  Status create_exclusive(const std::string& name, const std::string& content, bool* existed);
+  std::optional<std::string> read(const std::string& name);
+  bool exists(const std::string& name);
+  // Polls `ready` with growing pauses until it holds or `deadline` passes.
+  template <class Ready>
+  bool wait(Ready ready, std::chrono::steady_clock::time_point deadline);
+
+  const std::string root_;
+  const std::string dir_;
+  const int rank_;
+  const int world_;
+  const std::chrono::milliseconds timeout_;
+  int fd_ = -1;
+};
+
+}  // namespace ckpt::hooks

@@ -1,0 +1,285 @@
+// The resume side of the store: the cheap check of manifests (check_records, resolve with checksums off), which
+// rank's shard a rank restores, and each rank's own read, checked while it reads, with transient errors retried.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ckpt/store.hpp"
+#include "store_test_util.hpp"
+
+using namespace ckpt::store;
+namespace fs = std::filesystem;
+
+namespace {
+
+using test::TempDir;
+using test::spit;
+
+constexpr std::size_t kBytes = 1u << 20;
+
+std::vector<char> bytes_for(std::uint64_t step, int rank) {
+  std::vector<char> out(kBytes);
+  for (std::size_t i = 0; i < kBytes; ++i) out[i] = static_cast<char>((step * 31 + rank * 7u + i * 13) % 251);
+  return out;
+}
+
+// A complete periodic checkpoint of `world` data-parallel ranks, kBytes each.
+void save(const std::string& root, std::uint64_t step, int world = 4) {
+  Manifest m;
+  m.step = step;
+  m.world_size = world;
+  m.layout.dp = world;
+  for (int r = 0; r < world; ++r) {
+    m.ranks.push_back(m.layout.coord_of(r));
+    auto w = ShardWriter::open(root, step, r);
+    REQUIRE(w.ok());
+    auto data = bytes_for(step, r);
+    REQUIRE(w->append("model", data.data(), data.size()).ok());
+    w->add_covers(state_keys_of_rank(m.layout, m.ranks.back()));
+    REQUIRE(w->finish().ok());
+  }
+  REQUIRE(commit(root, m).ok());
+}
+
+std::string shard_path(const TempDir& t, std::uint64_t step, int rank) {
+  return t / (step_dir_name(step) + "/" + shard_file_name(rank));
+}
+
+void flip_byte(const std::string& path, long offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  f.seekg(offset);
+  char c = 0;
+  f.read(&c, 1);
+  f.seekp(offset);
+  c = static_cast<char>(c ^ 0x01);
+  f.write(&c, 1);
+}
+
+// Bytes this thread has read through read(2) and pread(2) so far.
+std::uint64_t thread_rchar() {
+  std::ifstream in("/proc/thread-self/io");
+  std::string key;
+  std::uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return 0;
+}
+
+ResolveOptions records_only() {
+  ResolveOptions o;
+  o.checksums = false;
+  return o;
+}
+
+ShardRecord record_of(const std::string& root, std::uint64_t step, int rank) {
+  auto r = read_record(root, step, rank);
+  REQUIRE(r.ok());
+  return *r;
+}
+
+}  // namespace
+
+TEST_CASE("check_records reads the manifest only and tells a bad checkpoint from an unfinished one",
+          "[store][resume]") {
+  TempDir t;
+  save(t.path(), 100);
+  save(t.path(), 200);
+  flip_byte(shard_path(t, 200, 1), 5000);  // no shard is read: this is for the ranks to find
+  bool definite = true;
+  std::uint64_t before = thread_rchar();
+  auto m = check_records(t.path(), 200, &definite);
+  REQUIRE(m.ok());
+  CHECK(thread_rchar() - before < kBytes);
+  CHECK(m->world_size == 4);
+  CHECK(m->shards.size() == 4);
+
+  SECTION("no manifest: an unfinished save, not marked") {
+    fs::remove(t / (step_dir_name(200) + "/MANIFEST.json"));
+    CHECK_THAT(check_records(t.path(), 200, &definite).error(), Catch::Contains("no manifest"));
+    CHECK_FALSE(definite);
+  }
+  SECTION("a manifest of an incomplete checkpoint is bad") {
+    auto text = test::slurp(t / (step_dir_name(200) + "/MANIFEST.json"));
+    auto parsed = parse_manifest(text);
+    REQUIRE(parsed.ok());
+    parsed->shards.pop_back();
+    spit(t / (step_dir_name(200) + "/MANIFEST.json"), to_json(*parsed));
+    CHECK_THAT(check_records(t.path(), 200, &definite).error(), Catch::Contains("incomplete checkpoint"));
+    CHECK(definite);
+  }
+  SECTION("a FAILED one is passed over, not marked again") {
+    REQUIRE(mark_failed(t.path(), 200, "test").ok());
+    CHECK_THAT(check_records(t.path(), 200, &definite).error(), Catch::Contains("marked FAILED: test"));
+    CHECK_FALSE(definite);
+  }
+}
+
+TEST_CASE("resolve with checksums off: newest complete by its manifest, no shard byte read", "[store][resume]") {
+  TempDir t;
+  save(t.path(), 100);
+  save(t.path(), 200);
+  save(t.path(), 300);
+  flip_byte(shard_path(t, 300, 2), 1000);
+  std::uint64_t before = thread_rchar();
+  ResumeChoice choice = resolve_resume(t.path(), records_only());
+  CHECK(thread_rchar() - before < kBytes);
+  REQUIRE(choice.step == 300u);
+  REQUIRE(choice.manifest);
+  CHECK(choice.manifest->step == 300u);
+  CHECK(choice.log.back() == "resume from step 300 (" + t / step_dir_name(300) + ")");
+
+  SECTION("skipped steps, a garbage manifest (marked FAILED) and an unfinished save (not marked)") {
+    spit(t / (step_dir_name(200) + "/MANIFEST.json"), "{");
+    fs::create_directory(t / step_dir_name(400));
+    ResolveOptions o = records_only();
+    o.skip = {300};
+    choice = resolve_resume(t.path(), o);
+    CHECK(choice.step == 100u);
+    REQUIRE(choice.log.size() == 3);
+    CHECK(choice.log[0] == "step 400: skipped, incomplete: no manifest");
+    CHECK_THAT(choice.log[1], Catch::StartsWith("step 200: manifest: not valid JSON") &&
+                                  Catch::EndsWith("marked FAILED"));
+    CHECK(fs::exists(t / (step_dir_name(200) + "/FAILED")));
+    CHECK_FALSE(fs::exists(t / (step_dir_name(400) + "/FAILED")));
+  }
+  SECTION("a deadline that has passed gives no choice and says so") {
+    ResolveOptions o = records_only();
+    o.deadline = std::chrono::steady_clock::now();
+    choice = resolve_resume(t.path(), o);
+    CHECK_FALSE(choice.step);
+    CHECK(choice.timed_out);
+    CHECK_THAT(choice.log.back(), Catch::StartsWith("gave up before step 300"));
+  }
+  SECTION("with checksums the whole checkpoint is read, as `ckpt verify` does") {
+    before = thread_rchar();
+    choice = resolve_resume(t.path(), false);
+    CHECK(choice.step == 200u);
+    CHECK(thread_rchar() - before >= 6 * kBytes);  // step 300 up to its bad shard, then all of step 200
+  }
+}
+
+TEST_CASE("read_shard reads each byte once and checks it as it reads", "[store][resume]") {
+  TempDir t;
+  save(t.path(), 100);
+  ShardRecord record = record_of(t.path(), 100, 3);
+  std::vector<char> into(record.size);
+  ShardReadOptions fast;
+  fast.backoff = std::chrono::milliseconds(1);
+
+  SECTION("a good shard: its bytes, and no more read than it holds") {
+    std::uint64_t before = thread_rchar();
+    ShardRead read = read_shard(t.path(), 100, record, into.data(), fast);
+    std::uint64_t read_bytes = thread_rchar() - before;
+    REQUIRE(read.status.ok());
+    CHECK(read.bytes == record.size);
+    CHECK(read_bytes >= record.size);
+    CHECK(read_bytes < record.size + 1024);  // and the read of /proc/thread-self/io itself
+    CHECK(into == bytes_for(100, 3));
+  }
+  SECTION("a flipped bit is a definite failure naming the shard") {
+    flip_byte(shard_path(t, 100, 3), 777);
+    ShardRead read = read_shard(t.path(), 100, record, into.data(), fast);
+    CHECK(read.definite);
+    CHECK_THAT(read.status.error(), Catch::StartsWith("step 100: shard rank-00003.shard (rank 3): checksum mismatch"));
+  }
+  SECTION("a missing or short shard is definite") {
+    fs::resize_file(shard_path(t, 100, 3), 10);
+    ShardRead read = read_shard(t.path(), 100, record, into.data(), fast);
+    CHECK(read.definite);
+    CHECK_THAT(read.status.error(), Catch::EndsWith("10 bytes, manifest says 1048576"));
+    fs::remove(shard_path(t, 100, 3));
+    read = read_shard(t.path(), 100, record, into.data(), fast);
+    CHECK(read.definite);
+    CHECK(read.status.error() == "step 100: shard rank-00003.shard (rank 3): missing");
+  }
+  SECTION("a transient error is retried, and the read goes on where it stopped") {
+    int reads = 0;
+    fast.inject = [&](std::string_view op) {
+      if (op == "read" && ++reads <= 2) return ESTALE;
+      return 0;
+    };
+    std::uint64_t before = thread_rchar();
+    ShardRead read = read_shard(t.path(), 100, record, into.data(), fast);
+    REQUIRE(read.status.ok());
+    CHECK(read.retries == 2);
+    CHECK(thread_rchar() - before < record.size + 1024);
+    CHECK(into == bytes_for(100, 3));
+  }
+  SECTION("an error that stays: permissions stop the restore without blaming the checkpoint, EIO blames it") {
+    int opens = 0;
+    fast.inject = [&](std::string_view op) { return op == "open" ? (++opens, EACCES) : 0; };
+    ShardRead read = read_shard(t.path(), 100, record, into.data(), fast);
+    CHECK_FALSE(read.status.ok());
+    CHECK_FALSE(read.definite);
+    CHECK(opens == 4);
+    CHECK_THAT(read.status.error(), Catch::EndsWith("cannot open: Permission denied (tried 4 times)"));
+    fast.inject = [](std::string_view op) { return op == "read" ? EIO : 0; };
+    read = read_shard(t.path(), 100, record, into.data(), fast);
+    CHECK(read.definite);
+    CHECK_THAT(read.status.error(), Catch::Contains("read failed: Input/output error"));
+  }
+}
+
+TEST_CASE("read_record: one rank's record, checked against its name", "[store][resume]") {
+  TempDir t;
+  save(t.path(), 100);
+  auto manifest = read_manifest(t.path(), 100);
+  REQUIRE(manifest.ok());
+  ShardRecord own = record_of(t.path(), 100, 2);
+  CHECK(own.checksum == manifest->shards[2].checksum);
+  CHECK(own.size == manifest->shards[2].size);
+  spit(t / (step_dir_name(100) + "/" + record_file_name(1)), to_json(own));
+  bool definite = false;
+  CHECK_THAT(read_record(t.path(), 100, 1, &definite).error(), Catch::Contains("names rank 2"));
+  CHECK(definite);
+}
+
+TEST_CASE("restore_source: which shard a rank loads", "[store][resume]") {
+  Manifest m;
+  m.step = 7;
+  m.world_size = 4;
+  m.layout = Layout{2, 2, 1, false};
+  for (int r = 0; r < 4; ++r) m.ranks.push_back(m.layout.coord_of(r));
+  for (int r = 0; r < 4; ++r) {
+    m.shards.push_back({r, shard_file_name(r), 8, 0, {}, state_keys_of_rank(m.layout, m.ranks[r])});
+  }
+  SECTION("its own, in a checkpoint of the same size") {
+    CHECK(restore_source(m, 4, 3, m.layout, m.ranks[3]).rank == 3);
+  }
+  SECTION("a terminal checkpoint without its shard: the survivor that covers its keys") {
+    m.kind = Kind::Terminal;
+    m.shards.erase(m.shards.begin() + 3);  // dp1/tp1 died; dp0/tp1 (rank 1) covers tp1
+    m.shards[1].covers = {"model/pp0/tp1", "optim/pp0/tp1"};
+    RestoreSource s = restore_source(m, 4, 3, m.layout, m.ranks[3]);
+    CHECK(s.rank == 1);
+    CHECK_FALSE(s.replica);
+    RestoreSource other = restore_source(m, 4, 3, Layout{4, 1, 1, false}, {3, 3, 0, 0});
+    CHECK(other.rank == -1);
+    CHECK(other.definite);
+    CHECK_THAT(other.error, Catch::StartsWith("a terminal checkpoint of another layout"));
+  }
+  SECTION("another world size: a replica of pure data parallelism, refused otherwise") {
+    RestoreSource tp = restore_source(m, 2, 1, Layout{2, 1, 1, false}, {1, 1, 0, 0});
+    CHECK(tp.rank == -1);
+    CHECK_FALSE(tp.definite);
+    CHECK(tp.error == "written by 4 ranks (tp 2, pp 1); this run has 2");
+    m.layout = Layout{4, 1, 1, false};
+    RestoreSource dp = restore_source(m, 6, 5, Layout{6, 1, 1, false}, {5, 5, 0, 0});
+    CHECK(dp.rank == 1);
+    CHECK(dp.replica);
+  }
+  SECTION("a periodic checkpoint without the rank's shard is bad") {
+    m.shards.pop_back();
+    RestoreSource s = restore_source(m, 4, 3, m.layout, m.ranks[3]);
+    CHECK(s.error == "no shard for rank 3");
+    CHECK(s.definite);
+  }
+}
