@@ -118,6 +118,34 @@ std::string format_coord(int dp, int tp, int pp) {
   return "dp" + std::to_string(dp) + "/tp" + std::to_string(tp) + "/pp" + std::to_string(pp);
 }
 
+std::vector<std::string> writer_keys(const Layout& layout, const std::vector<int>& replica_of_stage,
+                                     const RankCoord& coord) {
+  std::vector<std::string> keys;
+  if (coord.pp < 0 || static_cast<std::size_t>(coord.pp) >= replica_of_stage.size()) return keys;
+  const bool elected = replica_of_stage[static_cast<std::size_t>(coord.pp)] == coord.dp;
+  for (const std::string& key : store::state_keys_of_rank(layout, coord)) {
+    if (elected) {
+      keys.push_back(key);
+      continue;
+    }
+    // Not the elected replica: a key no other rank holds (a ZeRO-1 optimizer shard) is still this rank's to write.
+    int holders = 0;
+    for (int p = 0; p < layout.pp && holders < 2; ++p) {
+      for (int t = 0; t < layout.tp && holders < 2; ++t) {
+        for (int d = 0; d < layout.dp && holders < 2; ++d) {
+          RankCoord c;
+          c.dp = d;
+          c.tp = t;
+          c.pp = p;
+          for (const std::string& k : store::state_keys_of_rank(layout, c)) holders += k == key ? 1 : 0;
+        }
+      }
+    }
+    if (holders == 1) keys.push_back(key);
+  }
+  return keys;
+}
+
 std::vector<store::ShardRecord> planned_records(const Plan& plan) {
   std::vector<store::ShardRecord> records;
   for (const auto& [rank, keys] : plan.writers) {

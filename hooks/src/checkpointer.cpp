@@ -115,7 +115,16 @@ Status Checkpointer::Impl::close(bool wait_for_peers) {
         (void)last_words->wait_done(std::chrono::milliseconds(10000));
       }
     } else {
-      last_words->leave();
+      // The last checkpoint's completion travels over the network: it stays up until this rank's part is done.
+      guard();
+      wait_idle();
+      coord->drain(std::chrono::milliseconds(config.commit_timeout_s * 1000));
+      if (last_words->triggered()) {
+        wait_for_peers = false;
+        (void)last_words->wait_done(std::chrono::milliseconds(10000));
+      } else {
+        last_words->leave();
+      }
     }
     last_words.reset();
   }
@@ -205,6 +214,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
         return Error{lw.error()};
       }
       impl->last_words = std::move(lw).value();
+      impl->coord->attach(*impl->last_words);
     } else if (config->last_words && !config->layout_declared && config->world_size > 1 && config->rank == 0) {
       // Without a layout the survivors cannot tell whether they hold a complete copy, so nothing is armed.
       log::warn(0, "last words are on but the job declared no layout, so they are off: declare it with "

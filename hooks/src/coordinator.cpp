@@ -240,8 +240,8 @@ Result<std::unique_ptr<Coordinator>> make_coordinator(const Config& config) {
       kind = CoordinatorKind::Single;
     } else if (last_words_armed(config)) {
       // Last words: survivors must outlive a dead peer, and Slurm's PMIx server SIGKILLs the whole step when a
-      // PMIx-connected rank dies. The file coordinator keeps no PMIx connection, so nothing ties them together.
-      kind = CoordinatorKind::File;
+      // PMIx-connected rank dies. The tree keeps no PMIx connection, and its traffic is flat in the world size.
+      return make_tree_coordinator(config);
     } else if (pmix_rank != nullptr && config.rank_source == "slurm" && have_pmix()) {
       kind = CoordinatorKind::Pmix;
     } else {

@@ -6,10 +6,10 @@
 // for step s + lead reaches every rank before it passes s + lead. After a rank's shard is durable its persist thread
 // publishes the outcome; the writer (rank 0) waits for every rank, then commits through ckpt::store.
 //
-// Implementations: SingleCoordinator (one process), FileCoordinator (files on the shared checkpoint dir) and
-// PmixCoordinator (PMIx Put/Commit/Fence under srun --mpi=pmix). Slurm's PMIx server kills the whole step when a
-// PMIx-connected rank dies, so a design that keeps survivors alive (last words) needs another implementation
-// behind this interface, e.g. a TCP heartbeat mesh.
+// Implementations: SingleCoordinator (one process), FileCoordinator (files on the shared checkpoint dir),
+// PmixCoordinator (PMIx Put/Commit/Fence under srun --mpi=pmix) and TreeCoordinator (the last words' heartbeat
+// network, coordinator_tree.cpp). Slurm's PMIx server kills the whole step when a PMIx-connected rank dies, so a
+// job with last words armed uses the tree.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -20,6 +20,8 @@
 #include "ckpt/hooks.hpp"
 
 namespace ckpt::hooks {
+
+class LastWords;
 
 // The run this process belongs to, as the store fences it: the job and its restart count. Every change the hooks
 // make to the checkpoint dir carries it (ckpt/store.hpp, "fencing of stale runs").
@@ -51,6 +53,11 @@ class Coordinator {
   virtual Status wait_all(std::uint64_t step, std::chrono::milliseconds timeout) = 0;
   // Any thread: training is gone; a wait_all in progress or to come gives up at once where it can.
   virtual void cancel() {}
+  // Training thread, once the last words' heartbeat network is up: a coordinator that can use it does.
+  virtual void attach(LastWords& /*last_words*/) {}
+  // Training thread, at close, after the last persist and before this rank leaves: what others wait for from this
+  // rank is sent (at most `timeout`).
+  virtual void drain(std::chrono::milliseconds /*timeout*/) {}
 };
 
 // The coordinator the settings ask for. Auto: single for one process, pmix when PMIx launched this process
@@ -115,6 +122,8 @@ class ControlDirCoordinator : public Coordinator {
 }  // namespace ckpt::hooks
 
 namespace ckpt::hooks {
+// The coordinator over the last words' heartbeat network (coordinator_tree.cpp): the choice when they are armed.
+std::unique_ptr<Coordinator> make_tree_coordinator(const Config& config);
 // The PMIx coordinator (coordinator_pmix.cpp); an error when the library was built without PMIx.
 Result<std::unique_ptr<Coordinator>> make_pmix_coordinator(const Config& config);
 // True when the library was built with PMIx.

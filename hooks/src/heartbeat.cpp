@@ -1,9 +1,12 @@
-// The heartbeat mesh at run time: the mesh thread's loop (a heartbeat to every peer each period, a peer that is
-// silent for dead_after or whose connection closes declared dead), the frames it receives and delivers to the
-// handler, and send() from any thread. Joining the mesh (the handshake) is in heartbeat_handshake.cpp.
+// The heartbeat network at run time: the mesh thread's loop (a heartbeat on every link each period, frames in and
+// out, silence judged over the time this thread ran), deaths and orderly leaves flooded over every link, the start
+// barrier, and send() from any thread. Making links (the handshake, the dialer) is in heartbeat_handshake.cpp.
 #include "heartbeat.hpp"
 
 #include <poll.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -28,46 +31,76 @@ using store::errno_text;
 
 // A process forked from a rank (a data loader's workers) inherits the mesh's sockets. Were they left open there, a
 // rank that dies would look frozen (no EOF reaches its peers until the workers exit) instead of closed. So the
-// sockets of every running mesh are listed here, and a fork handler closes them in the child, where the mesh
-// does not run. The child reads the list without locks: it is a copy of memory, and only close() is called.
+// sockets of every running mesh are listed in slots, and a fork handler closes them in the child, where the mesh
+// does not run. The child reads the slots without locks: they are a copy of memory, and only close() is called.
 constexpr int kMaxMeshes = 16;
-std::atomic<const std::vector<int>*> mesh_sockets[kMaxMeshes];
+std::atomic<SocketSlots*> mesh_sockets[kMaxMeshes];
 
 void close_mesh_sockets_in_child() {
-  for (auto& slot : mesh_sockets) {
-    const std::vector<int>* fds = slot.load(std::memory_order_relaxed);
-    if (fds == nullptr) continue;
-    for (int fd : *fds) {
+  for (auto& mesh : mesh_sockets) {
+    SocketSlots* slots = mesh.load(std::memory_order_relaxed);
+    if (slots == nullptr) continue;
+    for (auto& slot : *slots) {
+      int fd = slot.load(std::memory_order_relaxed);
       if (fd >= 0) ::close(fd);
     }
   }
 }
 
-void list_mesh_sockets(const std::vector<int>* fds) {
+void register_mesh(SocketSlots* slots) {
   static std::once_flag handler;
   std::call_once(handler, [] { (void)::pthread_atfork(nullptr, nullptr, close_mesh_sockets_in_child); });
-  for (auto& slot : mesh_sockets) {
-    const std::vector<int>* empty = nullptr;
-    if (slot.compare_exchange_strong(empty, fds)) return;
+  for (auto& slot : *slots) slot.store(-1);
+  for (auto& mesh : mesh_sockets) {
+    SocketSlots* empty = nullptr;
+    if (mesh.compare_exchange_strong(empty, slots)) return;
   }
   // More meshes than slots in one process (not a real job): their sockets stay open in forked children.
 }
 
-void unlist_mesh_sockets(const std::vector<int>* fds) {
-  for (auto& slot : mesh_sockets) {
-    const std::vector<int>* mine = fds;
-    if (slot.compare_exchange_strong(mine, nullptr)) return;
+void unregister_mesh(SocketSlots* slots) {
+  for (auto& mesh : mesh_sockets) {
+    SocketSlots* mine = slots;
+    if (mesh.compare_exchange_strong(mine, nullptr)) return;
   }
+}
+
+// A link whose peer stopped reading: more than this waiting in its outbox and it is taken for dead.
+constexpr std::size_t kMaxOutbox = std::size_t{16} << 20;
+
+std::string seconds_text(Clock::duration d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f s", std::chrono::duration<double>(d).count());
+  return buf;
 }
 
 }  // namespace
 
 Mesh::Impl::~Impl() {
   stopping = true;
+  cv.notify_all();
   if (thread.joinable()) thread.join();
-  unlist_mesh_sockets(&fds);
-  for (int fd : fds) {
-    if (fd >= 0) ::close(fd);
+  if (dialer.joinable()) dialer.join();
+  unregister_mesh(&sockets);
+  for (auto& [peer, link] : links) {
+    if (link.fd >= 0) ::close(link.fd);
+  }
+  for (Pending& c : pending) ::close(c.fd);
+  if (listener >= 0) ::close(listener);
+  if (dirfd >= 0) ::close(dirfd);
+}
+
+void Mesh::Impl::list_socket(int fd) {
+  for (auto& slot : sockets) {
+    int empty = -1;
+    if (slot.compare_exchange_strong(empty, fd)) return;
+  }
+}
+
+void Mesh::Impl::unlist_socket(int fd) {
+  for (auto& slot : sockets) {
+    int mine = fd;
+    if (slot.compare_exchange_strong(mine, -1)) return;
   }
 }
 
@@ -79,119 +112,319 @@ Frame Mesh::Impl::frame(std::uint32_t type) const {
   return f;
 }
 
-// Marks a peer dead (once) and tells the handler; any thread.
-void Mesh::Impl::kill(int peer, const std::string& why, Event::Kind kind) {
+void Mesh::Impl::refresh_view_locked() {
+  const std::optional<int> old_up = view.up;
+  view = overlay::links_of(shape, settings.rank, gone);
+  if (view.up != old_up) cv.notify_all();  // the dialer links to the new one
+}
+
+void Mesh::Impl::mark_gone(int peer, const std::string& why, bool died_now, int told_by) {
+  if (peer < 0 || peer >= settings.world_size) return;
+  if (peer == settings.rank) {
+    // The others count this rank out (they judged it silent): it takes no part any more, and says so once.
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      first = !died[static_cast<std::size_t>(peer)];
+      died[static_cast<std::size_t>(peer)] = 1;
+    }
+    if (!first || quiet) return;
+    Event e;
+    e.kind = Event::Kind::PeerDead;
+    e.peer = peer;
+    e.why = why;
+    handler(e);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!alive[static_cast<std::size_t>(peer)]) return;
-    alive[static_cast<std::size_t>(peer)] = false;
-    int& fd = fds[static_cast<std::size_t>(peer)];
-    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);  // closed by the mesh thread or the destructor, never reused here
+    if (gone[static_cast<std::size_t>(peer)]) return;
+    gone[static_cast<std::size_t>(peer)] = 1;
+    died[static_cast<std::size_t>(peer)] = died_now ? 1 : 0;
+    auto it = links.find(peer);
+    if (it != links.end() && it->second.fd >= 0) ::shutdown(it->second.fd, SHUT_RDWR);  // closed by the mesh thread
+    refresh_view_locked();
+    if (!quiet) {
+      Frame news = frame(kGone);
+      news.subject = peer;
+      news.flags = died_now ? kGoneDied : kGoneLeft;
+      for (auto& [other, link] : links) {
+        if (other != told_by && other != peer) send_locked(other, news);
+      }
+    }
   }
+  cv.notify_all();
   if (quiet) return;
   Event e;
-  e.kind = kind;
+  e.kind = died_now ? Event::Kind::PeerDead : Event::Kind::PeerLeft;
   e.peer = peer;
   e.why = why;
   handler(e);
 }
 
-bool Mesh::Impl::send(int peer, Frame f) {
+bool Mesh::Impl::send_locked(int peer, const Frame& frame_in) {
+  auto it = links.find(peer);
+  if (it == links.end() || it->second.fd < 0 || gone[static_cast<std::size_t>(peer)]) return false;
+  Link& link = it->second;
+  Frame f = frame_in;
   f.from = settings.rank;
   f.pad = kMagic;
-  std::string why;
+  const char* data = reinterpret_cast<const char*>(&f);
+  if (!link.outbox.empty()) {
+    link.outbox.append(data, sizeof f);
+  } else {
+    ssize_t n = ::send(link.fd, data, sizeof f, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) n = 0;
+    if (n < 0) return false;  // the mesh thread sees the error on its next read
+    if (static_cast<std::size_t>(n) < sizeof f) link.outbox.append(data + n, sizeof f - static_cast<std::size_t>(n));
+  }
+  if (link.outbox.size() > kMaxOutbox) {
+    link.broken = "it has not read " + std::to_string(link.outbox.size()) + " bytes sent to it";
+    ::shutdown(link.fd, SHUT_RDWR);
+  }
+  return true;
+}
+
+bool Mesh::Impl::send(int peer, Frame f) {
+  std::lock_guard<std::mutex> lock(mu);
+  return send_locked(peer, f);
+}
+
+void Mesh::Impl::flood(Frame f, int except) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& [peer, link] : links) {
+    if (peer != except) send_locked(peer, f);
+  }
+}
+
+void Mesh::Impl::adopt(int peer, int fd, std::string first_bytes) {
+  if (quiet) {
+    // A link that completes after this rank said goodbye gets the goodbye too: closing it bare reads as a death.
+    const Frame bye = frame(kBye);
+    (void)::send(fd, &bye, sizeof bye, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ::close(fd);
+    return;
+  }
+  int one = 1;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (peer < 0 || peer >= settings.world_size || !alive[static_cast<std::size_t>(peer)]) return false;
-    int fd = fds[static_cast<std::size_t>(peer)];
-    if (fd < 0) return false;
-    ssize_t n = ::send(fd, &f, sizeof f, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n == static_cast<ssize_t>(sizeof f)) return true;
-    // A partial frame would break the stream; a full send buffer means the peer stopped reading long ago.
-    why = n < 0 ? (errno == EAGAIN ? "its receive buffer is full" : errno_text(errno)) : "a partial send";
+    if (gone[static_cast<std::size_t>(peer)] || links.count(peer) != 0 || stopping) {
+      ::close(fd);
+      return;
+    }
+    Link& link = links[peer];
+    link.fd = fd;
+    link.inbox = std::move(first_bytes);
+    link.seen = Clock::now();
+    list_socket(fd);
+    // What this rank knows is gone, so that a neighbour made by a failure shares the view.
+    for (int r = 0; r < settings.world_size; ++r) {
+      if (!gone[static_cast<std::size_t>(r)]) continue;
+      Frame news = frame(kGone);
+      news.subject = r;
+      news.flags = died[static_cast<std::size_t>(r)] ? kGoneDied : kGoneLeft;
+      send_locked(peer, news);
+    }
+    advance_barrier_locked();
   }
-  kill(peer, why);
-  return false;
+  cv.notify_all();
+  if (quiet) return;
+  Event e;
+  e.kind = Event::Kind::LinkUp;
+  e.peer = peer;
+  handler(e);
+}
+
+void Mesh::Impl::advance_barrier_locked() {
+  if (go || joined_sent) return;
+  if (!view.is_root && !(view.up && links.count(*view.up) != 0)) return;
+  std::uint64_t total = 1;
+  for (int d : view.down) {
+    auto it = joined.find(d);
+    if (it == joined.end()) return;
+    total += it->second;
+  }
+  if (!view.is_root) {
+    Frame f = frame(kJoined);
+    f.a = total;
+    joined_sent = send_locked(*view.up, f);
+    return;
+  }
+  if (total < static_cast<std::uint64_t>(settings.world_size)) return;
+  go = true;
+  for (auto& [peer, link] : links) send_locked(peer, frame(kGo));
+  cv.notify_all();
+}
+
+void Mesh::Impl::deliver(int peer, const Frame& f) {
+  switch (f.type) {
+    case kHeartbeat:
+      return;
+    case kBye:
+      mark_gone(peer, "left", false, peer);
+      return;
+    case kGone: {
+      if (f.subject < 0 || f.subject >= settings.world_size) return;
+      const bool died_there = f.flags == kGoneDied;
+      std::string why = f.subject == settings.rank
+                            ? "rank " + std::to_string(peer) + " says the job counts this rank as dead"
+                            : (died_there ? "rank " + std::to_string(peer) + " says it died" : "left");
+      mark_gone(f.subject, why, died_there, peer);
+      return;
+    }
+    case kJoined: {
+      std::lock_guard<std::mutex> lock(mu);
+      joined[peer] = f.a;
+      advance_barrier_locked();
+      return;
+    }
+    case kGo: {
+      std::lock_guard<std::mutex> lock(mu);
+      if (go) return;
+      go = true;
+      for (auto& [other, link] : links) {
+        if (other != peer) send_locked(other, frame(kGo));
+      }
+      cv.notify_all();
+      return;
+    }
+    default:
+      break;
+  }
+  if (quiet) return;
+  Event e;
+  e.kind = Event::Kind::Frame;
+  e.peer = peer;
+  e.frame = f;
+  handler(e);
+}
+
+void Mesh::Impl::receive(int peer, Link& link) {
+  char buf[8192];
+  for (;;) {
+    // Frames first, then more bytes: a link can be adopted with frames already in (a goodbye right after the
+    // handshake), and those must be read before its close.
+    std::size_t used = 0;
+    while (link.inbox.size() - used >= sizeof(Frame)) {
+      Frame f;
+      std::memcpy(&f, link.inbox.data() + used, sizeof f);
+      used += sizeof f;
+      if (f.pad != kMagic || f.from != peer) {
+        mark_gone(peer, "a malformed frame", true, -1);
+        return;
+      }
+      deliver(peer, f);
+    }
+    link.inbox.erase(0, used);
+    ssize_t n = ::recv(link.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) {
+      std::string why;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        why = link.broken;
+      }
+      if (why.empty()) why = n == 0 ? "EOF" : errno_text(errno);
+      mark_gone(peer, why, true, -1);
+      return;
+    }
+    link.seen = Clock::now();
+    link.inbox.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+void Mesh::Impl::flush_outboxes() {
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& [peer, link] : links) {
+    if (link.outbox.empty() || link.fd < 0) continue;
+    ssize_t n = ::send(link.fd, link.outbox.data(), link.outbox.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) link.outbox.erase(0, static_cast<std::size_t>(n));
+  }
 }
 
 void Mesh::Impl::loop() {
-  const int world = settings.world_size;
   auto next_beat = Clock::now();
+  auto last_turn = Clock::now();
   std::vector<pollfd> pfds;
-  std::vector<int> who;
+  std::vector<int> who;  // the peer of each link's pollfd
   while (!stopping) {
     auto now = Clock::now();
-    if (now >= next_beat) {
-      for (int p = 0; p < world; ++p) {
-        if (p != settings.rank) send(p, frame(kHeartbeat));
-      }
-      next_beat = now + settings.period;
+    // A turn that comes much later than this loop asked for means this thread did not run (an overloaded host):
+    // that time is this rank's stall, not its peers' silence.
+    const auto lag = now - last_turn;
+    last_turn = now;
+    if (lag > 3 * settings.period) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& [peer, link] : links) link.seen += lag;
     }
-    for (int p = 0; p < world; ++p) {
-      bool live = false;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        live = p != settings.rank && alive[static_cast<std::size_t>(p)];
-      }
-      if (live && now - seen[static_cast<std::size_t>(p)] > settings.dead_after) {
-        char why[64];
-        std::snprintf(why, sizeof why, "no heartbeat for %.2f s",
-                      std::chrono::duration<double>(now - seen[static_cast<std::size_t>(p)]).count());
-        kill(p, why);
-      }
+    if (now >= next_beat) {
+      std::lock_guard<std::mutex> lock(mu);
+      const Frame beat = frame(kHeartbeat);
+      for (auto& [peer, link] : links) send_locked(peer, beat);
+      next_beat = now + settings.period;
     }
     pfds.clear();
     who.clear();
+    pfds.push_back({listener, POLLIN, 0});
+    for (const Pending& c : pending) pfds.push_back({c.fd, POLLIN, 0});
     {
       std::lock_guard<std::mutex> lock(mu);
-      for (int p = 0; p < world; ++p) {
-        if (p == settings.rank || !alive[static_cast<std::size_t>(p)]) continue;
-        pfds.push_back({fds[static_cast<std::size_t>(p)], POLLIN, 0});
-        who.push_back(p);
+      for (auto it = links.begin(); it != links.end();) {
+        if (gone[static_cast<std::size_t>(it->first)]) {
+          unlist_socket(it->second.fd);
+          ::close(it->second.fd);
+          it = links.erase(it);
+          continue;
+        }
+        short events = POLLIN;
+        if (!it->second.outbox.empty()) events |= POLLOUT;
+        pfds.push_back({it->second.fd, events, 0});
+        who.push_back(it->first);
+        ++it;
       }
     }
     auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - Clock::now()).count();
     int ready = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::clamp<long long>(wait, 0, 100)));
-    if (ready <= 0) continue;
-    for (std::size_t i = 0; i < pfds.size(); ++i) {
-      if (pfds[i].revents == 0) continue;
-      receive(who[i], pfds[i].fd);
-    }
-  }
-}
-
-void Mesh::Impl::receive(int peer, int fd) {
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n <= 0) {
-      kill(peer, n == 0 ? "EOF" : errno_text(errno));
-      return;
-    }
-    seen[static_cast<std::size_t>(peer)] = Clock::now();
-    std::string& in = inbox[static_cast<std::size_t>(peer)];
-    in.append(buf, static_cast<std::size_t>(n));
-    std::size_t used = 0;
-    while (in.size() - used >= sizeof(Frame)) {
-      Event e;
-      std::memcpy(&e.frame, in.data() + used, sizeof(Frame));
-      used += sizeof(Frame);
-      if (e.frame.pad != kMagic || e.frame.from != peer) {
-        kill(peer, "a malformed frame");
-        return;
+    if (ready > 0) {
+      const std::size_t first_link = 1 + pending.size();
+      std::vector<char> readable(pending.size());
+      for (std::size_t i = 0; i < pending.size(); ++i) readable[i] = pfds[1 + i].revents != 0;
+      service_pending(readable);
+      if ((pfds[0].revents & POLLIN) != 0) accept_new();
+      bool flush = false;
+      for (std::size_t i = first_link; i < pfds.size(); ++i) {
+        if (pfds[i].revents == 0) continue;
+        const int peer = who[i - first_link];
+        if ((pfds[i].revents & POLLOUT) != 0) flush = true;
+        if ((pfds[i].revents & ~POLLOUT) == 0) continue;
+        Link* link = nullptr;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          auto it = links.find(peer);
+          if (it != links.end()) link = &it->second;  // erased only by this thread
+        }
+        if (link != nullptr) receive(peer, *link);
       }
-      if (e.frame.type == kHeartbeat) continue;
-      if (e.frame.type == kBye) {
-        kill(peer, "left", Event::Kind::PeerLeft);
-        return;
-      }
-      e.kind = Event::Kind::Frame;
-      e.peer = peer;
-      handler(e);
+      if (flush) flush_outboxes();
+    } else {
+      std::vector<char> none(pending.size(), 0);
+      service_pending(none);  // handshakes past their limit
     }
-    in.erase(0, used);
+    // Silence, judged after this turn's reads.
+    now = Clock::now();
+    std::vector<std::pair<int, Clock::duration>> silent;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& [peer, link] : links) {
+        if (!gone[static_cast<std::size_t>(peer)] && now - link.seen > settings.dead_after) {
+          silent.emplace_back(peer, now - link.seen);
+        }
+      }
+    }
+    for (const auto& [peer, quiet_for] : silent) mark_gone(peer, "no heartbeat for " + seconds_text(quiet_for), true, -1);
   }
 }
 
@@ -200,39 +433,82 @@ Mesh::Mesh(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Mesh::~Mesh() = default;
 
 Result<std::unique_ptr<Mesh>> Mesh::start(const Settings& settings, Handler handler) {
-  if (settings.world_size < 1 || settings.rank < 0 || settings.rank >= settings.world_size) {
+  if (settings.world_size < 1 || settings.rank < 0 || settings.rank >= settings.world_size || settings.group_size < 1) {
     return Error{"ckpt: heartbeat: bad rank " + std::to_string(settings.rank) + " of " +
                  std::to_string(settings.world_size)};
   }
   auto impl = std::make_unique<Impl>();
   impl->settings = settings;
   impl->handler = std::move(handler);
-  if (Status s = impl->connect_all(); !s) return Error{s.error()};
-  list_mesh_sockets(&impl->fds);
+  impl->shape = overlay::Shape{settings.world_size, settings.group_size};
+  impl->gone.assign(static_cast<std::size_t>(settings.world_size), 0);
+  impl->died.assign(static_cast<std::size_t>(settings.world_size), 0);
+  impl->view = overlay::links_of(impl->shape, settings.rank, impl->gone);
+  register_mesh(&impl->sockets);
+  if (Status s = impl->prepare(); !s) return Error{s.error()};
+  const auto deadline = Clock::now() + settings.connect_timeout;
   Impl* p = impl.get();
   impl->thread = std::thread([p] { p->loop(); });
+  impl->dialer = std::thread([p] { p->dial_loop(); });
+  {
+    std::unique_lock<std::mutex> lock(impl->mu);
+    impl->advance_barrier_locked();  // a lone rank is the whole job
+    if (!impl->cv.wait_until(lock, deadline, [p] { return p->go; })) {
+      std::string missing;
+      if (impl->view.up && impl->links.count(*impl->view.up) == 0) {
+        missing = "no link to rank " + std::to_string(*impl->view.up) +
+                  (impl->dial_error.empty() ? "" : " (last try: " + impl->dial_error + ")");
+      } else {
+        for (int d : impl->view.down) {
+          if (impl->joined.count(d) == 0) missing += (missing.empty() ? "waiting for rank " : ", ") + std::to_string(d);
+        }
+        if (missing.empty()) missing = "the root has not said every rank joined";
+      }
+      return Error{"ckpt: heartbeat: not every rank joined the mesh within " +
+                   std::to_string(settings.connect_timeout.count() / 1000) + " s: " + missing};
+    }
+  }
   return std::unique_ptr<Mesh>(new Mesh(std::move(impl)));
 }
 
 bool Mesh::send(int peer, Frame frame) { return impl_->send(peer, frame); }
 
-void Mesh::broadcast(Frame frame) {
-  for (int p = 0; p < impl_->settings.world_size; ++p) {
-    if (p != impl_->settings.rank) impl_->send(p, frame);
-  }
+bool Mesh::send_up(Frame frame) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!impl_->view.up) return false;
+  return impl_->send_locked(*impl_->view.up, frame);
 }
+
+void Mesh::flood(Frame frame, int except) { impl_->flood(frame, except); }
 
 void Mesh::say_bye() {
-  impl_->quiet = true;  // peers answer a goodbye by closing: that must not read as their death
-  Frame bye = impl_->frame(kBye);
-  broadcast(bye);
+  impl_->quiet = true;  // neighbours answer a goodbye by closing: that must not read as their death
+  impl_->unpublish();
+  impl_->flood(impl_->frame(kBye), -1);
 }
 
-const std::vector<std::uint64_t>& Mesh::hellos() const { return impl_->hellos; }
-
-std::vector<bool> Mesh::alive() const {
+overlay::Links Mesh::links() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->alive;
+  return impl_->view;
+}
+
+overlay::Gone Mesh::gone() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->gone;
+}
+
+std::vector<int> Mesh::died() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<int> out;
+  for (int r = 0; r < impl_->settings.world_size; ++r) {
+    if (impl_->gone[static_cast<std::size_t>(r)] && impl_->died[static_cast<std::size_t>(r)]) out.push_back(r);
+  }
+  return out;
+}
+
+std::size_t Mesh::link_count() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->links.size();
 }
 
 }  // namespace ckpt::hooks::heartbeat

@@ -1,20 +1,26 @@
 #pragma once
-// The heartbeat mesh: every rank of a job keeps one TCP connection to every other rank, sends a heartbeat every
-// `period` and declares a peer dead on a connection reset or EOF (a killed process: the kernel closes its sockets)
-// or when nothing came from it for `dead_after` (a frozen or powered-off node: only silence tells). Small fixed
-// frames carry the last-words protocol too. Independent of Slurm and PMIx: the only rendezvous is one address file
-// per rank in a directory every rank shares (the control dir on CKPT_DIR), read once at startup.
+// The heartbeat network of a job's ranks: failure detection and the links its agreements travel on, with a
+// constant number of links per rank at any world size (ckpt/overlay.hpp gives the shape: members of a group of 8
+// link to their leader, leaders form a tree). Every link carries a heartbeat each `period`; a peer is declared
+// dead on a connection reset or EOF (a killed process: the kernel closes its sockets, so its leader sees it at
+// once) or after `dead_after` of silence (a frozen node: only silence tells). Silence is counted only over time
+// this rank's own mesh thread ran: a starved rank (an overloaded host) does not take its own stall for its peers'
+// deaths. A death is flooded over every link, so every survivor learns it within O(log N) hops, and the ranks
+// whose links it cut dial their new neighbours (the next rank of the group, or the nearest live ancestor group).
+// Independent of Slurm and PMIx: the rendezvous is one address file per rank in a directory every rank shares
+// (the control dir on CKPT_DIR); a rank reads only the files of the ranks it dials, a constant number.
 //
 // Only ranks of the job join. The rendezvous dir must be the job user's own, mode 0700; it holds `secret`, 32
 // random bytes created once per run (exclusively, mode 0600) by whichever rank comes first and read by every rank.
 // A link starts with a handshake that proves knowledge of it both ways:
 //   dialer   -> acceptor  Handshake{kHello, dialer's rank and hello, nonce_d}
 //   acceptor -> dialer    Handshake{kHello, acceptor's rank and hello, nonce_a, mac = HMAC-SHA256(secret,
-//                           "slurm-ckpt mesh accept v1" || hello[0..64) || reply[0..64) || "<addr> <port>")}
-//   dialer   -> acceptor  Handshake{kProof, mac = HMAC-SHA256(secret, "slurm-ckpt mesh dial v1" || the same)}
+//                           "slurm-ckpt mesh accept v2" || hello[0..72) || reply[0..72) || "<addr> <port>")}
+//   dialer   -> acceptor  Handshake{kProof, mac = HMAC-SHA256(secret, "slurm-ckpt mesh dial v2" || the same)}
 // where "<addr> <port>" is the acceptor's published address (the dialer uses what it dialed). A connection that
 // fails it is closed and logged (at most one line per peer address per 10 s); it never becomes a peer, so it can
-// neither claim a rank nor die. The listener binds the one address it publishes and closes once every peer joined.
+// neither claim a rank nor die. The listener binds the one address it publishes; it stays open for the links a
+// failure makes necessary.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -22,55 +28,75 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/overlay.hpp"
 #include "ckpt/result.hpp"
 
 namespace ckpt::hooks::heartbeat {
 
-// One frame on the wire (32 bytes, little endian on every machine the project runs on).
+// One frame on the wire (40 bytes, little endian on every machine the project runs on).
 struct Frame {
   std::uint32_t type = 0;   // see FrameType
-  std::int32_t from = -1;   // the sender's rank
+  std::int32_t from = -1;   // the sender's rank (the link's other end)
   std::uint32_t flags = 0;
-  std::uint32_t pad = 0;
+  std::uint32_t pad = 0;    // kMagic
   std::uint64_t a = 0;
   std::uint64_t b = 0;
+  std::int32_t subject = -1;  // the rank the frame is about (a report's, a death's), when not the sender
+  std::uint32_t spare = 0;
 };
-static_assert(sizeof(Frame) == 32);
+static_assert(sizeof(Frame) == 40);
 
 enum FrameType : std::uint32_t {
-  kHello = 1,      // first frame on a connection: a = the sender's packed coordinate
+  // The network's own.
+  kHello = 1,      // first frame on a connection: a = the sender's hello value (its packed coordinate)
   kHeartbeat = 2,
-  kReport = 3,     // last words: a = step, flags = kReport* bits
-  kWrote = 4,      // last words: a = step, flags = 1 when the shard is durable
-  kBye = 5,        // an orderly close: the peer is gone, and that is no failure
+  kBye = 5,        // an orderly close: the sender leaves, and that is no failure
   kProof = 6,      // handshake: the dialer's answer to the acceptor's nonce
+  kGone = 7,       // subject is gone: flags = kGoneDied or kGoneLeft; flooded
+  kJoined = 8,     // start: a = ranks joined in the sender's subtree, sent up
+  kGo = 9,         // start: every rank joined; flooded from the root
+  // Last words (last_words_runtime.cpp); the network delivers them to the handler.
+  kReport = 3,     // subject's report, sent up: a = step, b = packed coordinate, flags = kReport* bits
+  kWrote = 4,      // subject's terminal shard, sent up: a = step, flags = 1 when durable
+  kAlarm = 10,     // last words started somewhere: flooded; subject = the rank that started them
+  kDecision = 11,  // the root's decision, flooded: subject = root, a = step, b = pipeline stages, flags = 1: write
+  kStage = 12,     // one stage of the decision, flooded: subject = stage, a = its writing dp index, b = step
+  kOutcome = 13,   // the root's end of the last words, flooded: a = step, flags = 1: committed
+  // Periodic coordination (coordinator_tree.cpp); delivered to the handler too.
+  kRequest = 20,      // a checkpoint at step a, flooded: flags = 1: terminal
+  kShardsDone = 21,   // sent up: b ranks of the sender's subtree have a durable shard of step a
+  kShardFailed = 22,  // sent up: subject could not persist step a
 };
 
-// The three handshake messages (96 bytes each); `head` is a Frame with the magic in `pad`.
+inline constexpr std::uint32_t kGoneDied = 1;
+inline constexpr std::uint32_t kGoneLeft = 2;
+
+// The three handshake messages (104 bytes each); `head` is a Frame with the magic in `pad`.
 struct Handshake {
   Frame head;
   std::uint8_t nonce[32] = {};
   std::uint8_t mac[32] = {};
 };
-static_assert(sizeof(Handshake) == 96);
+static_assert(sizeof(Handshake) == 104);
 
 struct Settings {
   int rank = 0;
   int world_size = 1;
+  int group_size = overlay::kGroupSize;
   std::string rendezvous_dir;        // shared by every rank, the user's own (0700); holds "secret", "rank-<r>.addr"
   std::string address;               // IPv4 address to listen on and publish; empty: this host's (see below)
   std::uint64_t hello = 0;           // sent in this rank's hello frame (the packed coordinate)
   std::chrono::milliseconds period{100};
   std::chrono::milliseconds dead_after{1500};
-  std::chrono::milliseconds connect_timeout{120000};  // how long start() waits for every peer's address and link
+  std::chrono::milliseconds connect_timeout{120000};  // how long start() waits for every rank to join
 };
 
-// What the mesh thread reports. Called on the mesh thread: handlers must be quick and must not call back into
-// the mesh except send()/broadcast().
+// What the mesh reports. Called on the mesh's threads: handlers must be quick and may call send(), send_up() and
+// flood(), nothing else of the mesh that blocks.
 struct Event {
-  enum class Kind { PeerDead, PeerLeft, Frame } kind = Kind::Frame;
-  int peer = -1;
-  std::string why;  // PeerDead: "connection reset", "EOF", "no heartbeat for 1.52 s"
+  enum class Kind { PeerDead, PeerLeft, Frame, LinkUp } kind = Kind::Frame;
+  int peer = -1;    // PeerDead/PeerLeft: the rank gone; Frame: the link it came on; LinkUp: the new neighbour
+  std::string why;  // PeerDead: "connection reset", "EOF", "no heartbeat for 1.52 s", "rank 12 says it died"
   Frame frame;      // Frame: what came in
 };
 using Handler = std::function<void(const Event&)>;
@@ -79,25 +105,30 @@ class Mesh {
  public:
   // Reads (or creates) the job's secret, listens on an ephemeral port of `address` (empty: the first
   // non-loopback address the host name resolves to, else the address of the default route's interface, else
-  // 127.0.0.1), publishes "<address> <port>" in rendezvous_dir, connects to every peer (the lower rank dials the
-  // higher one) and runs the handshake; fails when that does not complete within connect_timeout, or when the
-  // rendezvous dir or the secret is not the user's own and private. Then a thread sends heartbeats and delivers
-  // events until the mesh is destroyed.
+  // 127.0.0.1), publishes "<address> <port>" in rendezvous_dir, dials its up neighbour, accepts its down ones, and
+  // returns once every rank of the job joined (counted up the tree, announced down it); fails when that does not
+  // happen within connect_timeout, or when the rendezvous dir or the secret is not the user's own and private.
   static Result<std::unique_ptr<Mesh>> start(const Settings& settings, Handler handler);
   ~Mesh();
   Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;
 
-  // Any thread. Frames to a dead peer are dropped; false when the peer is dead.
+  // Any thread. Frames to a rank with no link, or a gone one, are dropped: false.
   bool send(int peer, Frame frame);
-  void broadcast(Frame frame);
-  // Tells every live peer this rank leaves in order (they will not count it as a failure); no event is
+  // To the current up neighbour; false for the root or while the link to a new one is being made.
+  bool send_up(Frame frame);
+  // To every linked neighbour but `except`.
+  void flood(Frame frame, int except = -1);
+  // Tells every neighbour this rank leaves in order (they will not count it as a failure); no event is
   // delivered after it.
   void say_bye();
-  // The hello value every rank sent (index = rank).
-  const std::vector<std::uint64_t>& hellos() const;
-  // Whether each rank is alive as far as this rank knows (its own entry is true).
-  std::vector<bool> alive() const;
+  // This rank's view: its links as the shape gives them now, and who is gone.
+  overlay::Links links() const;
+  overlay::Gone gone() const;
+  // The ranks that died (not left in order), ascending.
+  std::vector<int> died() const;
+  // How many ranks this rank has a link with now.
+  std::size_t link_count() const;
 
  private:
   struct Impl;

@@ -1,6 +1,7 @@
-// Joining the heartbeat mesh, on the thread that calls Mesh::start: the private rendezvous dir and the job's
-// secret in it, this rank's published address, and the HMAC-SHA256 handshake each link starts with (dial the higher
-// ranks, accept the lower ones; heartbeat.hpp states the protocol). Connections that fail it are refused and logged.
+// Making the heartbeat network's links: the private rendezvous dir and the job's secret in it, this rank's published
+// address, and the HMAC-SHA256 handshake each link starts with (heartbeat.hpp states the protocol), on the dialer's
+// side (the dialer thread, which links a rank to its up neighbour) and the acceptor's (the mesh thread).
+// Connections that fail it are refused and logged.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -226,8 +227,8 @@ std::array<std::uint8_t, 32> handshake_mac(const Secret& secret, std::string_vie
   return out;
 }
 
-constexpr std::string_view kAcceptLabel = "slurm-ckpt mesh accept v1";
-constexpr std::string_view kDialLabel = "slurm-ckpt mesh dial v1";
+constexpr std::string_view kAcceptLabel = "slurm-ckpt mesh accept v2";
+constexpr std::string_view kDialLabel = "slurm-ckpt mesh dial v2";
 
 bool mac_matches(const std::array<std::uint8_t, 32>& expected, const std::uint8_t* got) {
   return CRYPTO_memcmp(expected.data(), got, expected.size()) == 0;
@@ -263,6 +264,8 @@ class RefusalLog {
   int rank_;
   std::map<std::string, Entry> seen_;
 };
+
+void RefusalLogDelete::operator()(RefusalLog* log) const { delete log; }
 
 namespace {
 
@@ -329,14 +332,40 @@ Handshake Mesh::Impl::handshake(std::uint32_t type) const {
   return h;
 }
 
-// Publishes "<address> <port>" as rank-<me>.addr (a temporary file renamed over it).
-Status Mesh::Impl::publish(int dirfd, const std::string& text) {
+// The rendezvous dir, the secret, the listener, and "<address> <port>" published as rank-<me>.addr (a temporary
+// file renamed over it).
+Status Mesh::Impl::prepare() {
+  auto dir = open_private_dir(settings.rendezvous_dir);
+  if (!dir) return Status::failure(dir.error());
+  dirfd = *dir;
+  auto key = job_secret(dirfd, settings.rendezvous_dir, settings.rank);
+  if (!key) return Status::failure(key.error());
+  secret = *key;
+  refusals.reset(new RefusalLog(settings.rank));
+
+  const std::string host = settings.address.empty() ? host_address() : settings.address;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return Status::failure("ckpt: heartbeat: '" + host + "' is not an IPv4 address");
+  }
+  listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (listener < 0) return Status::failure("ckpt: heartbeat: socket: " + errno_text(errno));
+  list_socket(listener);
+  socklen_t len = sizeof addr;
+  if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(listener, SOMAXCONN) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return Status::failure("ckpt: heartbeat: cannot listen on " + host + ": " + errno_text(errno));
+  }
+  address = host + " " + std::to_string(ntohs(addr.sin_port));
+
   const std::string name = addr_name(settings.rank);
   const std::string tmp = name + ".tmp";
   {
     (void)::unlinkat(dirfd, tmp.c_str(), 0);
     Fd out(::openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    const std::string line = text + "\n";
+    const std::string line = address + "\n";
     if (out.fd < 0 || !write_all_file(out.fd, line.data(), line.size())) {
       return Status::failure("ckpt: heartbeat: cannot write " + settings.rendezvous_dir + "/" + tmp + ": " +
                              errno_text(errno));
@@ -349,8 +378,7 @@ Status Mesh::Impl::publish(int dirfd, const std::string& text) {
   return Status::success();
 }
 
-// "<address> <port>" of a peer, or nothing while it has not published.
-std::optional<std::pair<std::string, std::string>> Mesh::Impl::read_address(int dirfd, int peer) {
+std::optional<std::pair<std::string, std::string>> Mesh::Impl::read_address(int peer) const {
   Fd in(::openat(dirfd, addr_name(peer).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (in.fd < 0) return std::nullopt;
   char buf[128] = {};
@@ -362,8 +390,7 @@ std::optional<std::pair<std::string, std::string>> Mesh::Impl::read_address(int 
   return std::pair{host, port};
 }
 
-// The dialer's side of the handshake on a connected socket; the peer's hello value, or why it failed.
-Result<std::uint64_t> Mesh::Impl::dial_handshake(int fd, int peer, const std::string& address) {
+Result<std::uint64_t> Mesh::Impl::dial_handshake(int fd, int peer, const std::string& dialed) {
   Handshake hello = handshake(kHello);
   if (!random_bytes(hello.nonce, sizeof hello.nonce)) return Error{"getrandom: " + errno_text(errno)};
   Handshake reply;
@@ -371,62 +398,111 @@ Result<std::uint64_t> Mesh::Impl::dial_handshake(int fd, int peer, const std::st
   if (reply.head.type != kHello || reply.head.from != peer) {
     return Error{"it answered as rank " + std::to_string(reply.head.from) + ", not " + std::to_string(peer)};
   }
-  if (!mac_matches(handshake_mac(secret, kAcceptLabel, hello, reply, address), reply.mac)) {
+  if (!mac_matches(handshake_mac(secret, kAcceptLabel, hello, reply, dialed), reply.mac)) {
     return Error{"it does not know the job's secret"};
   }
   Handshake proof;
   proof.head = frame(kProof);
-  auto mac = handshake_mac(secret, kDialLabel, hello, reply, address);
+  auto mac = handshake_mac(secret, kDialLabel, hello, reply, dialed);
   std::memcpy(proof.mac, mac.data(), mac.size());
   if (!write_all(fd, &proof, sizeof proof)) return Error{"the connection closed during the handshake"};
   return reply.head.a;
 }
 
-// Connects to every higher rank: its listener exists before its address file, and the backlog completes the
-// connect before it accepts, so dialling first and accepting after cannot deadlock. A connection whose other
-// end fails the handshake (a stale address now used by another process) is dropped and the address read again.
-Status Mesh::Impl::dial_higher(int dirfd, Clock::time_point deadline, RefusalLog& refusals) {
-  auto left = [&] {
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    return std::max(ms, std::chrono::milliseconds(1));
-  };
-  for (int p = settings.rank + 1; p < settings.world_size; ++p) {
-    std::string last_refusal;
-    for (;;) {
-      if (Clock::now() >= deadline) {
-        return Status::failure("ckpt: heartbeat: rank " + std::to_string(p) + " did not join the mesh in time" +
-                               (last_refusal.empty() ? "" : " (last try: " + last_refusal + ")"));
-      }
-      auto addr = read_address(dirfd, p);
-      int fd = addr ? dial(addr->first, addr->second) : -1;
-      if (fd < 0) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        continue;
-      }
-      set_timeout(fd, left());
-      const std::string address = addr->first + " " + addr->second;
-      auto back = dial_handshake(fd, p, address);
-      if (back) {
-        hellos[static_cast<std::size_t>(p)] = *back;
-        fds[static_cast<std::size_t>(p)] = fd;
-        break;
-      }
-      ::close(fd);
-      last_refusal = address + ": " + back.error();
-      refusals.refused(addr->first + ":" + addr->second, "dialled as rank " + std::to_string(p) + ": " + back.error());
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+Result<int> Mesh::Impl::dial_once(int peer, std::chrono::milliseconds limit) {
+  auto addr = read_address(peer);
+  if (!addr) return Error{"it has published no address yet"};
+  const std::string dialed = addr->first + " " + addr->second;
+  int fd = dial(addr->first, addr->second);
+  if (fd < 0) return Error{dialed + ": " + errno_text(errno)};
+  set_timeout(fd, limit);
+  auto back = dial_handshake(fd, peer, dialed);
+  if (!back) {
+    ::close(fd);
+    return Error{dialed + ": " + back.error()};
   }
-  return Status::success();
+  return fd;
 }
 
-// Moves a pending connection's handshake on with what arrived. Returns false when it is over (the connection
-// joined as a rank, or was refused and closed).
-bool Mesh::Impl::advance(Pending& c, const std::string& address, RefusalLog& refusals, int& accepted) {
+// Keeps this rank linked to the up neighbour of its current view. Before every rank joined, a peer that has not
+// published yet is waited for (start's own deadline bounds it). After, a failed dial is news about the peer: with
+// its address file gone it left in order (say_bye removes the file first); otherwise it is dead (a refused connect:
+// its process is gone; no answer to the handshake within dead_after: it is frozen).
+void Mesh::Impl::dial_loop() {
+  int target = -1;
+  auto pause = std::chrono::milliseconds(20);
+  while (!stopping) {
+    bool started = false;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, std::chrono::milliseconds(100), [&] {
+        return stopping.load() || (!quiet && view.up && links.count(*view.up) == 0 &&
+                                   !gone[static_cast<std::size_t>(*view.up)]);
+      });
+      if (stopping) return;
+      if (quiet || !view.up || links.count(*view.up) != 0) continue;
+      if (*view.up != target) {
+        target = *view.up;
+        pause = std::chrono::milliseconds(20);
+      }
+      started = go;
+    }
+    const auto limit = std::max(settings.dead_after, std::chrono::milliseconds(1000));
+    auto fd = dial_once(target, limit);
+    if (fd) {
+      adopt(target, *fd, std::string());
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      dial_error = "rank " + std::to_string(target) + " at " + fd.error();
+    }
+    if (started) {
+      if (!read_address(target)) {
+        mark_gone(target, "left", false, -1);
+      } else {
+        mark_gone(target, "cannot reach it: " + fd.error(), true, -1);
+      }
+      continue;
+    }
+    // Back off while a peer has not started yet: a constant number of file lookups per second.
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 3 / 2, std::chrono::milliseconds(250));
+  }
+}
+
+void Mesh::Impl::unpublish() { (void)::unlinkat(dirfd, addr_name(settings.rank).c_str(), 0); }
+
+void Mesh::Impl::accept_new() {
+  for (;;) {
+    sockaddr_in from{};
+    socklen_t len = sizeof from;
+    int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    if (pending.size() >= kMaxPending) {
+      refusals->refused(peer_text(from), "too many connections in their handshake");
+      ::close(fd);
+      continue;
+    }
+    Pending c;
+    c.fd = fd;
+    c.peer = peer_text(from);
+    c.until = Clock::now() + kHandshakeLimit;
+    pending.push_back(std::move(c));
+  }
+}
+
+bool Mesh::Impl::advance(Pending& c) {
   auto refuse = [&](const std::string& why) {
-    refusals.refused(c.peer, why);
+    refusals->refused(c.peer, why);
     ::close(c.fd);
     return false;
+  };
+  auto known = [&](int rank) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (gone[static_cast<std::size_t>(rank)]) return std::string(", which is gone");
+    if (links.count(rank) != 0) return std::string(", which is linked already");
+    return std::string();
   };
   if (!c.replied) {
     if (c.in.size() < sizeof(Handshake)) return true;
@@ -435,13 +511,15 @@ bool Mesh::Impl::advance(Pending& c, const std::string& address, RefusalLog& ref
     c.in.clear();
     const Frame& h = c.hello.head;
     if (h.pad != kMagic || h.type != kHello) return refuse("not a mesh hello");
-    if (h.from < 0 || h.from >= settings.rank) return refuse("it claims rank " + std::to_string(h.from) + ", which does not dial this rank");
-    if (fds[static_cast<std::size_t>(h.from)] >= 0) return refuse("it claims rank " + std::to_string(h.from) + ", which joined already");
+    if (h.from < 0 || h.from >= settings.world_size || h.from == settings.rank) {
+      return refuse("it claims rank " + std::to_string(h.from) + ", not another rank of this job");
+    }
+    if (std::string why = known(h.from); !why.empty()) return refuse("it claims rank " + std::to_string(h.from) + why);
     c.reply = handshake(kHello);
     if (!random_bytes(c.reply.nonce, sizeof c.reply.nonce)) return refuse("getrandom: " + errno_text(errno));
     auto mac = handshake_mac(secret, kAcceptLabel, c.hello, c.reply, address);
     std::memcpy(c.reply.mac, mac.data(), mac.size());
-    // 96 bytes into the empty send buffer of a new connection: never partial.
+    // 104 bytes into the empty send buffer of a new connection: never partial.
     if (::send(c.fd, &c.reply, sizeof c.reply, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof c.reply)) {
       return refuse("cannot answer its hello: " + errno_text(errno));
     }
@@ -456,136 +534,38 @@ bool Mesh::Impl::advance(Pending& c, const std::string& address, RefusalLog& ref
       !mac_matches(handshake_mac(secret, kDialLabel, c.hello, c.reply, address), proof.mac)) {
     return refuse("it claims rank " + std::to_string(from) + " without knowing the job's secret");
   }
-  if (fds[static_cast<std::size_t>(from)] >= 0) return refuse("it claims rank " + std::to_string(from) + ", which joined already");
-  hellos[static_cast<std::size_t>(from)] = c.hello.head.a;
-  fds[static_cast<std::size_t>(from)] = c.fd;
-  // The dialer may have started its heartbeats right after its proof: they are the link's first frames.
-  inbox[static_cast<std::size_t>(from)] = c.in.substr(sizeof(Handshake));
-  ++accepted;
+  if (std::string why = known(from); !why.empty()) return refuse("it claims rank " + std::to_string(from) + why);
+  // The dialer may have sent frames right after its proof: they are the link's first.
+  adopt(from, c.fd, c.in.substr(sizeof(Handshake)));
   return false;
 }
 
-// Accepts every lower rank. Connections are handled side by side, each within kHandshakeLimit, so a stranger
-// that connects and stalls delays nobody.
-Status Mesh::Impl::accept_lower(int listener, const std::string& address, Clock::time_point deadline,
-                                RefusalLog& refusals) {
-  std::vector<Pending> pending;
-  auto drop_all = [&] {
-    for (Pending& c : pending) ::close(c.fd);
-    pending.clear();
-  };
-  int accepted = 0;
-  std::vector<pollfd> pfds;
-  while (accepted < settings.rank) {
-    auto now = Clock::now();
-    if (now >= deadline) {
-      drop_all();
-      return Status::failure("ckpt: heartbeat: lower ranks did not join the mesh in time");
-    }
-    auto wake = deadline;
-    for (const Pending& c : pending) wake = std::min(wake, c.until);
-    pfds.assign(1, pollfd{listener, POLLIN, 0});
-    for (const Pending& c : pending) pfds.push_back({c.fd, POLLIN, 0});
-    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count();
-    int ready = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::clamp<long long>(wait, 1, 1000)));
-    if (ready < 0 && errno != EINTR) {
-      drop_all();
-      return Status::failure("ckpt: heartbeat: poll: " + errno_text(errno));
-    }
-    now = Clock::now();
-    std::vector<Pending> next;
-    for (std::size_t i = 0; i < pending.size(); ++i) {
-      Pending& c = pending[i];
-      bool open = true;
-      if (ready > 0 && pfds[i + 1].revents != 0) {
-        char buf[256];
-        ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
-        if (n > 0) {
-          c.in.append(buf, static_cast<std::size_t>(n));
-          open = advance(c, address, refusals, accepted);
-        } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          refusals.refused(c.peer, "it closed the connection during the handshake");
-          ::close(c.fd);
-          open = false;
-        }
-      }
-      if (open && now >= c.until) {
-        refusals.refused(c.peer, "no handshake within " + std::to_string(kHandshakeLimit.count()) + " s");
+void Mesh::Impl::service_pending(const std::vector<char>& readable) {
+  const auto now = Clock::now();
+  std::vector<Pending> next;
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    Pending& c = pending[i];
+    bool open = true;
+    if (i < readable.size() && readable[i]) {
+      char buf[256];
+      ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n > 0) {
+        c.in.append(buf, static_cast<std::size_t>(n));
+        open = advance(c);
+      } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        refusals->refused(c.peer, "it closed the connection during the handshake");
         ::close(c.fd);
         open = false;
       }
-      if (open) next.push_back(std::move(c));
     }
-    pending = std::move(next);
-    if (ready > 0 && (pfds[0].revents & POLLIN) != 0) {
-      for (;;) {
-        sockaddr_in from{};
-        socklen_t len = sizeof from;
-        int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;
-        if (pending.size() >= kMaxPending) {
-          refusals.refused(peer_text(from), "too many connections in their handshake");
-          ::close(fd);
-          continue;
-        }
-        Pending c;
-        c.fd = fd;
-        c.peer = peer_text(from);
-        c.until = Clock::now() + kHandshakeLimit;
-        pending.push_back(std::move(c));
-      }
+    if (open && now >= c.until) {
+      refusals->refused(c.peer, "no handshake within " + std::to_string(kHandshakeLimit.count()) + " s");
+      ::close(c.fd);
+      open = false;
     }
+    if (open) next.push_back(std::move(c));
   }
-  drop_all();
-  return Status::success();
-}
-
-Status Mesh::Impl::connect_all() {
-  const int world = settings.world_size;
-  const int me = settings.rank;
-  fds.assign(static_cast<std::size_t>(world), -1);
-  alive.assign(static_cast<std::size_t>(world), true);
-  hellos.assign(static_cast<std::size_t>(world), 0);
-  hellos[static_cast<std::size_t>(me)] = settings.hello;
-  inbox.assign(static_cast<std::size_t>(world), std::string());
-  const auto deadline = Clock::now() + settings.connect_timeout;
-
-  auto dir = open_private_dir(settings.rendezvous_dir);
-  if (!dir) return Status::failure(dir.error());
-  Fd dirfd(*dir);
-  auto key = job_secret(dirfd.fd, settings.rendezvous_dir, me);
-  if (!key) return Status::failure(key.error());
-  secret = *key;
-
-  const std::string host = settings.address.empty() ? host_address() : settings.address;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = 0;
-  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    return Status::failure("ckpt: heartbeat: '" + host + "' is not an IPv4 address");
-  }
-  Fd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (listener.fd < 0) return Status::failure("ckpt: heartbeat: socket: " + errno_text(errno));
-  socklen_t len = sizeof addr;
-  if (::bind(listener.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::listen(listener.fd, SOMAXCONN) != 0 ||
-      ::getsockname(listener.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return Status::failure("ckpt: heartbeat: cannot listen on " + host + ": " + errno_text(errno));
-  }
-  const std::string address = host + " " + std::to_string(ntohs(addr.sin_port));
-  if (Status s = publish(dirfd.fd, address); !s) return s;
-  RefusalLog refusals(me);
-  if (Status s = dial_higher(dirfd.fd, deadline, refusals); !s) return s;
-  if (Status s = accept_lower(listener.fd, address, deadline, refusals); !s) return s;
-  int one = 1;
-  for (int fd : fds) {
-    if (fd < 0) continue;
-    (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  }
-  alive[static_cast<std::size_t>(me)] = true;
-  seen.assign(static_cast<std::size_t>(world), Clock::now());
-  return Status::success();
+  pending = std::move(next);
 }
 
 }  // namespace ckpt::hooks::heartbeat

@@ -1,13 +1,19 @@
 #pragma once
-// The heartbeat mesh's state (Mesh::Impl), shared by its two files: heartbeat_handshake.cpp joins the mesh (the
-// rendezvous dir, the job's secret, the HMAC handshake, on the thread that calls Mesh::start) and heartbeat.cpp runs
-// it (heartbeats, frames in and out, deaths). After start, the mesh thread alone reads the sockets and owns `seen`
-// and `inbox`; send() and kill() come from any thread and take `mu` for `fds` and `alive`.
+// The heartbeat network's state (Mesh::Impl), shared by its two files: heartbeat_handshake.cpp makes links (the
+// rendezvous dir, the job's secret, the HMAC handshake on both sides) and heartbeat.cpp runs them (heartbeats,
+// frames in and out, deaths and their flooding, the start barrier).
+//
+// Threads: the mesh thread reads every socket, accepts and admits connections, sends heartbeats and judges
+// silence; the dialer thread makes the one outgoing link a rank needs (to its up neighbour, again after a
+// failure); any thread may send. `mu` guards the links, the view and the barrier; handlers run without it.
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -27,44 +33,87 @@ using Secret = std::array<std::uint8_t, kSecretBytes>;
 
 // Refused connections, logged at most once per peer address per 10 s (heartbeat_handshake.cpp).
 class RefusalLog;
+struct RefusalLogDelete {
+  void operator()(RefusalLog* log) const;  // heartbeat_handshake.cpp, where the class is complete
+};
+
+// The sockets of a running mesh, for the fork handler that closes them in a child (heartbeat.cpp).
+inline constexpr std::size_t kSocketSlots = 64;
+using SocketSlots = std::array<std::atomic<int>, kSocketSlots>;
+
+struct Link {
+  int fd = -1;
+  std::string inbox;              // mesh thread only: a partial frame
+  std::string outbox;             // guarded by mu: what the socket's send buffer could not take yet
+  Clock::time_point seen;         // mesh thread only: when something last came in
+  std::string broken;             // guarded by mu: why this rank gave up on the link, for the death line
+};
 
 struct Mesh::Impl {
   Settings settings;
   Handler handler;
-  std::vector<int> fds;                 // per rank; -1 for itself and for dead peers (guarded by mu)
-  std::vector<bool> alive;              // guarded by mu
-  std::vector<std::uint64_t> hellos;    // written before the thread starts, read-only after
-  std::vector<Clock::time_point> seen;  // mesh thread only
-  std::vector<std::string> inbox;       // mesh thread only: partial frames per peer
-  Secret secret{};                      // the job's, read at start
+  overlay::Shape shape;
+  Secret secret{};           // the job's, read at start
+  std::string address;       // "<host> <port>" as published
+  int listener = -1;
+  int dirfd = -1;            // the rendezvous dir, kept open for the dials a failure needs
+
   mutable std::mutex mu;
+  std::condition_variable cv;            // the barrier and the dialer wait on it
+  std::map<int, Link> links;             // guarded by mu
+  overlay::Gone gone;                    // guarded by mu
+  std::vector<char> died;                // guarded by mu: gone by a failure, not an orderly leave
+  overlay::Links view;                   // guarded by mu
+  std::map<int, std::uint64_t> joined;   // guarded by mu: start barrier, ranks joined below each down link
+  bool joined_sent = false;              // guarded by mu
+  bool go = false;                       // guarded by mu: every rank joined
+  std::string dial_error;                // guarded by mu: the dialer's last failure, for start's error line
   std::atomic<bool> stopping{false};
-  std::atomic<bool> quiet{false};  // this rank said goodbye: peers closing on it are no news
+  std::atomic<bool> quiet{false};        // this rank said goodbye: peers closing on it are no news
+  std::unique_ptr<RefusalLog, RefusalLogDelete> refusals;  // mesh thread only
+  SocketSlots sockets{};
   std::thread thread;
+  std::thread dialer;
 
   ~Impl();
 
-  // ---- running the mesh (heartbeat.cpp) -----------------------------------------------------------------------
+  // ---- running the links (heartbeat.cpp) ----------------------------------------------------------------------
 
   Frame frame(std::uint32_t type) const;
-  // Marks a peer dead (once) and tells the handler; any thread.
-  void kill(int peer, const std::string& why, Event::Kind kind = Event::Kind::PeerDead);
+  // Marks a rank gone (once), floods the news, recomputes the view and tells the handler; any thread.
+  void mark_gone(int peer, const std::string& why, bool died_here, int told_by);
+  // Queues a frame to a linked peer under `mu` held; false when there is no link.
+  bool send_locked(int peer, const Frame& f);
   bool send(int peer, Frame f);
-  // The mesh thread: heartbeats out, silence checks, frames in.
+  void flood(Frame f, int except);
+  // Adds a link made by the handshake (either side); tells the peer what this rank knows is gone.
+  void adopt(int peer, int fd, std::string first_bytes);
+  // The view after a change of the gone set; wakes the dialer when the up neighbour changed. mu held.
+  void refresh_view_locked();
+  // Start barrier: sends kJoined up (or kGo down, at the root) once every down link joined. mu held.
+  void advance_barrier_locked();
   void loop();
-  void receive(int peer, int fd);
+  void receive(int peer, Link& link);
+  void deliver(int peer, const Frame& f);
+  void flush_outboxes();
+  void list_socket(int fd);
+  void unlist_socket(int fd);
 
-  // ---- joining the mesh, on the thread that calls start() (heartbeat_handshake.cpp) ---------------------------
+  // ---- making links (heartbeat_handshake.cpp) -----------------------------------------------------------------
 
   Handshake handshake(std::uint32_t type) const;
-  // Publishes "<address> <port>" as rank-<me>.addr (a temporary file renamed over it).
-  Status publish(int dirfd, const std::string& text);
+  // The rendezvous dir, the secret, the listener and this rank's published address.
+  Status prepare();
+  // Removes this rank's address file: a rank that dials it after learns that it left, not died.
+  void unpublish();
   // "<address> <port>" of a peer, or nothing while it has not published.
-  static std::optional<std::pair<std::string, std::string>> read_address(int dirfd, int peer);
+  std::optional<std::pair<std::string, std::string>> read_address(int peer) const;
   // The dialer's side of the handshake on a connected socket; the peer's hello value, or why it failed.
   Result<std::uint64_t> dial_handshake(int fd, int peer, const std::string& address);
-  // Connects to every higher rank.
-  Status dial_higher(int dirfd, Clock::time_point deadline, RefusalLog& refusals);
+  // The dialer thread: keeps a link to the up neighbour of the current view.
+  void dial_loop();
+  // One attempt to link with `peer`; the socket, or why not.
+  Result<int> dial_once(int peer, std::chrono::milliseconds limit);
 
   // One accepted connection in its handshake.
   struct Pending {
@@ -76,13 +125,14 @@ struct Mesh::Impl {
     Handshake hello;
     Handshake reply;
   };
+  std::vector<Pending> pending;  // mesh thread only
 
-  // Moves a pending connection's handshake on with what arrived; false when it is over.
-  bool advance(Pending& c, const std::string& address, RefusalLog& refusals, int& accepted);
-  // Accepts every lower rank, each connection within kHandshakeLimit.
-  Status accept_lower(int listener, const std::string& address, Clock::time_point deadline, RefusalLog& refusals);
-  // The rendezvous dir, the secret, the listener, every link; fds and hellos filled in.
-  Status connect_all();
+  // Accepts what waits on the listener (at most a few dozen handshakes at once).
+  void accept_new();
+  // Moves a pending connection's handshake on with what arrived; false when it is over (adopted or refused).
+  bool advance(Pending& c);
+  // Reads from pending connections and drops those past their limit.
+  void service_pending(const std::vector<char>& readable);
 };
 
 }  // namespace ckpt::hooks::heartbeat

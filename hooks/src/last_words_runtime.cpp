@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdio>
 #include <map>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "ckpt/recovery.hpp"
@@ -106,6 +108,10 @@ bool UpdateTracker::frozen() const {
 }
 
 // ---- LastWords --------------------------------------------------------------------------------------------------
+//
+// Threads: the mesh's threads deliver events (on_event): reports and shard outcomes are stored and passed up,
+// decisions and outcomes stored and flooded on. The last-words thread (run) walks the phases; its waits are on `cv`.
+// Locks: `mu` may be held while calling the mesh (the mesh never calls back holding its own lock).
 
 struct LastWords::Impl {
   Config config;
@@ -114,6 +120,7 @@ struct LastWords::Impl {
   WriteShard write;
   Prepare prepare;
   std::unique_ptr<heartbeat::Mesh> mesh;
+  std::atomic<heartbeat::Mesh*> published{nullptr};  // `mesh`, once start() returned it
   std::uint64_t notices_seen = 0;
   int rank = 0;
 
@@ -121,81 +128,244 @@ struct LastWords::Impl {
   mutable std::condition_variable cv;
   bool stopping = false;                      // guarded by mu
   bool triggered = false;                     // guarded by mu
+  bool alarm_sent = false;                    // guarded by mu: this rank flooded the alarm (once)
   std::string trigger_why;                    // guarded by mu
   Clock::time_point trigger_time;             // guarded by mu
-  std::map<int, heartbeat::Frame> reports;    // guarded by mu: rank -> its report
-  std::map<int, bool> wrote;                  // guarded by mu: writer rank -> durable
-  std::vector<bool> dead;                     // guarded by mu: died (not left in order)
+  std::map<int, heartbeat::Frame> reports;    // guarded by mu: rank -> its report (this rank's subtree, all at root)
+  std::map<int, bool> wrote;                  // guarded by mu: writer rank -> its terminal shard is durable
+  std::set<int> accounted;                    // guarded by mu: ranks that reported or are gone
+  std::set<int> gone;                         // guarded by mu
+  std::vector<int> died;                      // guarded by mu: ranks lost (not left in order)
+  // The decision, as the root sent it (or made it, at the root).
+  bool decided = false;                       // guarded by mu: the header came
+  bool decision_write = false;
+  std::uint64_t decision_step = 0;
+  int decision_root = -1;
+  std::vector<int> stages;                    // guarded by mu: per stage, the dp index that writes; -1 unknown
+  bool ended = false;                         // guarded by mu: the root's outcome came
+  bool ended_committed = false;
   LastWordsOutcome outcome;                   // guarded by mu
+  std::function<void(const heartbeat::Frame&, int)> coordination;  // guarded by mu
   std::thread thread;
 
-  void fire(const std::string& why) {
+  std::atomic<bool> abandoned{false};                 // the mesh never started
+  heartbeat::Mesh* net() { return published.load(); }
+  // An event may arrive between the mesh's barrier and start() handing the mesh over: it waits for that.
+  // Bounded: when start fails, the mesh's destructor joins the thread that waits here.
+  bool wait_published() {
+    for (int i = 0; published.load() == nullptr; ++i) {
+      if (abandoned || i > 2000) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+  }
+
+  bool decision_complete_locked() const {
+    return decided && std::none_of(stages.begin(), stages.end(), [](int d) { return d < -1; });
+  }
+
+  // Starts the last words here; `alarm`: tell every rank (a signal, a trigger, an alarm passed on).
+  void fire(const std::string& why, bool alarm, int from = -1) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (triggered) return;
-      triggered = true;
-      trigger_why = why;
-      trigger_time = Clock::now();
-      outcome.triggered = true;
-      outcome.detect_unix = unix_now();
+      if (!triggered) {
+        triggered = true;
+        trigger_why = why;
+        trigger_time = Clock::now();
+        outcome.triggered = true;
+        outcome.detect_unix = unix_now();
+      }
+      if (alarm && !alarm_sent) {
+        alarm_sent = true;
+        heartbeat::Frame f;
+        f.type = heartbeat::kAlarm;
+        f.subject = from < 0 ? rank : from;
+        net()->flood(f, from);
+      }
     }
     cv.notify_all();
   }
 
-  // Mesh thread.
-  void on_event(const heartbeat::Event& e) {
-    using Kind = heartbeat::Event::Kind;
-    if (e.kind == Kind::PeerLeft) {
-      cv.notify_all();
-      return;
-    }
-    if (e.kind == Kind::PeerDead) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        dead[static_cast<std::size_t>(e.peer)] = true;
-      }
-      char line[160];
-      std::snprintf(line, sizeof line, "last words: rank %d is dead (%s), detected at unix %.3f", e.peer,
-                    e.why.c_str(), unix_now());
-      log::warn(rank, line);
-      fire("rank " + std::to_string(e.peer) + " died");
-      cv.notify_all();
-      return;
-    }
-    if (e.frame.type == heartbeat::kReport) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        reports[e.peer] = e.frame;
-      }
-      fire("rank " + std::to_string(e.peer) + " started its last words");
-      cv.notify_all();
-    } else if (e.frame.type == heartbeat::kWrote) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        wrote[e.peer] = e.frame.flags == 1;
-      }
-      cv.notify_all();
+  void send_decision_locked(int only) {
+    heartbeat::Frame head;
+    head.type = heartbeat::kDecision;
+    head.subject = decision_root;
+    head.a = decision_step;
+    head.b = stages.size();
+    head.flags = decision_write ? 1 : 0;
+    auto out = [&](const heartbeat::Frame& f) { only >= 0 ? (void)net()->send(only, f) : net()->flood(f); };
+    out(head);
+    for (std::size_t p = 0; p < stages.size(); ++p) {
+      heartbeat::Frame st;
+      st.type = heartbeat::kStage;
+      st.subject = static_cast<std::int32_t>(p);
+      st.a = static_cast<std::uint64_t>(static_cast<std::int64_t>(stages[p]));
+      st.b = decision_step;
+      out(st);
     }
   }
 
-  void run() {
-    Clock::time_point t0;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      while (!stopping && !triggered) {
-        cv.wait_for(lock, std::chrono::milliseconds(50));
-        if (config.signals && notice::count() > notices_seen && !triggered) {
-          lock.unlock();
-          fire("signal " + std::to_string(notice::last_signal()));
-          lock.lock();
-        }
+  void send_outcome_locked(int only) {
+    heartbeat::Frame f;
+    f.type = heartbeat::kOutcome;
+    f.a = decision_step;
+    f.flags = ended_committed ? 1 : 0;
+    only >= 0 ? (void)net()->send(only, f) : net()->flood(f);
+  }
+
+  void account_locked(int r) {
+    if (r >= 0 && r < config.world_size) accounted.insert(r);
+  }
+
+  // Mesh threads.
+  void on_event(const heartbeat::Event& e) {
+    using Kind = heartbeat::Event::Kind;
+    // Before start() returns the mesh, links come up (nothing to tell them yet) and peers may die (noted without
+    // the mesh); frames come only after every rank joined, so waiting for the mesh then is short.
+    if (e.kind == Kind::LinkUp && net() == nullptr) return;
+    if (e.kind == Kind::Frame && !wait_published()) return;
+    switch (e.kind) {
+      case Kind::PeerLeft: {
+        std::lock_guard<std::mutex> lock(mu);
+        gone.insert(e.peer);
+        account_locked(e.peer);
+        cv.notify_all();
+        return;
       }
-      if (!triggered) return;
-      t0 = trigger_time;
-      log::info(rank, "last words: " + trigger_why);
+      case Kind::PeerDead: {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (e.peer != rank) {
+            gone.insert(e.peer);
+            died.push_back(e.peer);
+            account_locked(e.peer);
+          }
+        }
+        char line[200];
+        if (e.peer == rank) {
+          std::snprintf(line, sizeof line, "last words: the other ranks count this rank as dead (%s)", e.why.c_str());
+        } else {
+          std::snprintf(line, sizeof line, "last words: rank %d is dead (%s), detected at unix %.3f", e.peer,
+                        e.why.c_str(), unix_now());
+        }
+        log::warn(rank, line);
+        fire(e.peer == rank ? "this rank is counted as dead" : "rank " + std::to_string(e.peer) + " died", false);
+        cv.notify_all();
+        return;
+      }
+      case Kind::LinkUp: {
+        // A neighbour made by a failure: it learns what this rank knows, and reports go up again.
+        std::lock_guard<std::mutex> lock(mu);
+        if (!triggered) return;
+        heartbeat::Frame alarm;
+        alarm.type = heartbeat::kAlarm;
+        alarm.subject = rank;
+        net()->send(e.peer, alarm);
+        if (decided) send_decision_locked(e.peer);
+        if (ended) send_outcome_locked(e.peer);
+        if (net()->links().up == e.peer) {
+          for (const auto& [r, f] : reports) net()->send(e.peer, f);
+          for (const auto& [r, ok] : wrote) {
+            heartbeat::Frame w;
+            w.type = heartbeat::kWrote;
+            w.subject = r;
+            w.a = decision_step;
+            w.flags = ok ? 1 : 0;
+            net()->send(e.peer, w);
+          }
+        }
+        return;
+      }
+      case Kind::Frame:
+        break;
     }
-    const int world = config.world_size;
-    // 1. Freeze and report.
+    const heartbeat::Frame& f = e.frame;
+    switch (f.type) {
+      case heartbeat::kAlarm:
+        fire("rank " + std::to_string(f.subject) + " started its last words", true, e.peer);
+        return;
+      case heartbeat::kReport: {
+        if (f.subject < 0 || f.subject >= config.world_size) return;
+        std::lock_guard<std::mutex> lock(mu);
+        if (!reports.emplace(f.subject, f).second) return;
+        account_locked(f.subject);
+        net()->send_up(f);
+        cv.notify_all();
+        break;
+      }
+      case heartbeat::kWrote: {
+        if (f.subject < 0 || f.subject >= config.world_size) return;
+        std::lock_guard<std::mutex> lock(mu);
+        if (!wrote.emplace(f.subject, f.flags == 1).second) return;
+        net()->send_up(f);
+        cv.notify_all();
+        break;
+      }
+      case heartbeat::kDecision: {
+        std::lock_guard<std::mutex> lock(mu);
+        if (decided || f.b != stages.size()) return;
+        decided = true;
+        decision_write = f.flags == 1;
+        decision_step = f.a;
+        decision_root = f.subject;
+        net()->flood(f, e.peer);
+        cv.notify_all();
+        break;
+      }
+      case heartbeat::kStage: {
+        std::lock_guard<std::mutex> lock(mu);
+        if (f.subject < 0 || static_cast<std::size_t>(f.subject) >= stages.size()) return;
+        int& d = stages[static_cast<std::size_t>(f.subject)];
+        if (d >= -1) return;
+        d = static_cast<int>(static_cast<std::int64_t>(f.a));
+        net()->flood(f, e.peer);
+        cv.notify_all();
+        break;
+      }
+      case heartbeat::kRequest:
+      case heartbeat::kShardsDone:
+      case heartbeat::kShardFailed: {
+        std::function<void(const heartbeat::Frame&, int)> to;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          to = coordination;
+        }
+        if (to) to(f, e.peer);
+        return;
+      }
+      case heartbeat::kOutcome: {
+        std::lock_guard<std::mutex> lock(mu);
+        if (ended) return;
+        ended = true;
+        ended_committed = f.flags == 1;
+        net()->flood(f, e.peer);
+        cv.notify_all();
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  // Waits for the trigger: a peer's death, an alarm, a notice signal or trigger(). False when stopping first.
+  bool wait_for_trigger(Clock::time_point& t0) {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stopping && !triggered) {
+      cv.wait_for(lock, std::chrono::milliseconds(50));
+      if (config.signals && notice::count() > notices_seen && !triggered) {
+        lock.unlock();
+        fire("signal " + std::to_string(notice::last_signal()), true);
+        lock.lock();
+      }
+    }
+    if (!triggered) return false;
+    t0 = trigger_time;
+    log::info(rank, "last words: " + trigger_why);
+    return true;
+  }
+
+  // Phase 1: training frozen, the device state readied, this rank's report sent up.
+  void report(Clock::time_point t0) {
     UpdateTracker::Progress me = tracker->freeze();
     bool ready = true;
     if (prepare && !me.mid_update) {
@@ -205,136 +375,209 @@ struct LastWords::Impl {
         ready = false;
       }
     }
-    heartbeat::Frame report;
-    report.type = heartbeat::kReport;
-    report.a = me.step;
-    report.flags = (me.mid_update ? kMidUpdate : 0) | (ready ? 0 : kCannotWrite);
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      report.from = rank;
-      reports[rank] = report;
-    }
-    mesh->broadcast(report);
-    // 2. Gather: every peer reported or is gone. A frozen peer is declared dead after dead_after; a live one may
-    // take half the deadline to copy its device state before it reports.
+    heartbeat::Frame f;
+    f.type = heartbeat::kReport;
+    f.subject = rank;
+    f.a = me.step;
+    f.b = pack_coord(config.coord);
+    f.flags = (me.mid_update ? kMidUpdate : 0) | (ready ? 0 : kCannotWrite);
+    f.from = rank;
+    std::lock_guard<std::mutex> lock(mu);
+    reports.emplace(rank, f);
+    account_locked(rank);
+    net()->send_up(f);
+    cv.notify_all();
+  }
+
+  // Phase 2 at the root: every rank reported or is gone (or the gather time is up); plans once and floods the
+  // decision. Elsewhere: waits for the decision. False when no decision came.
+  bool decide(Clock::time_point t0) {
+    // A frozen peer is declared dead after dead_after; a live one may take half the deadline to copy its device
+    // state before it reports.
     const auto gather_until =
         t0 + std::max<std::chrono::milliseconds>(timing.dead_after + std::chrono::milliseconds(500),
                                                  timing.deadline / 2 + std::chrono::milliseconds(300));
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait_until(lock, gather_until, [&] {
-        if (stopping) return true;
-        std::vector<bool> alive = mesh->alive();
-        for (int p = 0; p < world; ++p) {
-          if (!reports.count(p) && alive[static_cast<std::size_t>(p)]) return false;
-        }
-        return true;
-      });
+    const auto deadline = t0 + timing.deadline;
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      if (stopping) return false;
+      if (decision_complete_locked()) return true;
+      const bool root = net()->links().is_root;
+      const auto now = Clock::now();
+      if (root && (accounted.size() >= static_cast<std::size_t>(config.world_size) || now >= gather_until)) break;
+      if (now >= deadline) {
+        log::warn(rank, "last words: no decision reached this rank in time; not writing");
+        return false;
+      }
+      cv.wait_until(lock, std::min(root ? gather_until : deadline, now + std::chrono::milliseconds(50)));
     }
+    // This rank is the root: it decides, once.
     std::vector<last_words::RankReport> rankreports;
     std::vector<std::string> unable;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      for (int p = 0; p < world; ++p) {
-        last_words::RankReport r;
-        r.coord = p == rank ? config.coord : unpack_coord(p, mesh->hellos()[static_cast<std::size_t>(p)]);
-        auto it = reports.find(p);
-        if (it != reports.end()) {
-          r.alive = (it->second.flags & kCannotWrite) == 0;
-          if (!r.alive) unable.push_back("rank " + std::to_string(p) + " cannot write its state (counted as lost)");
-          r.mid_update = (it->second.flags & kMidUpdate) != 0;
-          r.step = it->second.a;
-        }
-        rankreports.push_back(r);
-      }
+    for (const auto& [p, f] : reports) {
+      last_words::RankReport r;
+      r.coord = p == rank ? config.coord : unpack_coord(p, f.b);
+      r.alive = (f.flags & kCannotWrite) == 0 && gone.count(p) == 0;
+      if ((f.flags & kCannotWrite) != 0) unable.push_back("rank " + std::to_string(p) + " cannot write its state (counted as lost)");
+      r.mid_update = (f.flags & kMidUpdate) != 0;
+      r.step = f.a;
+      rankreports.push_back(r);
     }
-    // 3. Decide.
-    last_words::Plan plan = last_words::plan(config.layout, rankreports);
-    int lowest_alive = -1;
-    for (int p = 0; p < world && lowest_alive < 0; ++p) {
-      if (rankreports[static_cast<std::size_t>(p)].alive) lowest_alive = p;
-    }
-    const bool speaker = lowest_alive == rank;
+    lock.unlock();
+    last_words::Plan plan = last_words::plan(config.layout, fill_missing(rankreports));
     log::info(rank, plan.summary);  // "last words: writing ..." or "last words: not writing ..."
     for (const std::string& why : unable) log::info(rank, "last words: " + why);
-    for (const std::string& why : plan.reasons) {
-      if (speaker) {
-        log::info(rank, "last words: " + why);
-      } else {
-        log::debug(rank, "last words: " + why);
-      }
+    for (const std::string& why : plan.reasons) log::info(rank, "last words: " + why);
+    bool write_it = plan.write;
+    if (write_it && store::read_manifest(config.dir, plan.step)) {
+      log::info(rank, "last words: step " + std::to_string(plan.step) + " is committed already; nothing to write");
+      write_it = false;
     }
+    lock.lock();
+    decided = true;
+    decision_write = write_it;
+    decision_step = plan.step;
+    decision_root = rank;
+    stages = plan.replica_of_stage;
+    stages.resize(static_cast<std::size_t>(std::max(config.layout.pp, 1)), -1);
+    send_decision_locked(-1);
+    cv.notify_all();
+    return true;
+  }
+
+  // The plan needs a report per rank: the missing ones are dead, at their coordinate in the layout.
+  std::vector<last_words::RankReport> fill_missing(std::vector<last_words::RankReport> got) const {
+    std::vector<char> have(static_cast<std::size_t>(config.world_size), 0);
+    for (const auto& r : got) {
+      if (r.coord.rank >= 0 && r.coord.rank < config.world_size) have[static_cast<std::size_t>(r.coord.rank)] = 1;
+    }
+    for (int p = 0; p < config.world_size; ++p) {
+      if (have[static_cast<std::size_t>(p)]) continue;
+      last_words::RankReport r;
+      r.coord = config.layout.coord_of(p);
+      got.push_back(r);
+    }
+    return got;
+  }
+
+  // Phase 3: this rank's part of the decision, written and announced up.
+  void write_part() {
+    std::vector<int> replica;
+    std::uint64_t step = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
-      outcome.step = plan.step;
-      outcome.summary = plan.summary;
+      if (!decision_write) return;
+      replica = stages;
+      step = decision_step;
+      outcome.step = step;
     }
-    if (!plan.write) return finish();
-    if (store::read_manifest(config.dir, plan.step)) {
-      if (speaker) {
-        log::info(rank, "last words: step " + std::to_string(plan.step) + " is committed already; nothing to write");
-      }
-      return finish();
-    }
-    // 4. Write.
+    const std::vector<std::string> keys = last_words::writer_keys(config.layout, replica, config.coord);
+    if (keys.empty()) return;
+    Status s = write(step, keys);
+    if (!s) log::error(rank, "last words: the terminal shard of step " + std::to_string(step) + " failed: " + s.error());
+    heartbeat::Frame done;
+    done.type = heartbeat::kWrote;
+    done.subject = rank;
+    done.a = step;
+    done.flags = s ? 1 : 0;
+    std::lock_guard<std::mutex> lock(mu);
+    wrote.emplace(rank, static_cast<bool>(s));
+    outcome.wrote = static_cast<bool>(s);
+    net()->send_up(done);
+    cv.notify_all();
+  }
+
+  // Phase 4 at the root: once every writer's shard is durable, commits; then floods the outcome. Elsewhere: waits
+  // for the outcome, passing shard outcomes up meanwhile.
+  void commit_or_wait(Clock::time_point t0) {
     const auto deadline = t0 + timing.deadline;
-    auto mine = plan.writers.find(rank);
-    if (mine != plan.writers.end()) {
-      Status s = write(plan.step, mine->second);
-      if (!s) log::error(rank, "last words: the terminal shard of step " + std::to_string(plan.step) + " failed: " + s.error());
-      heartbeat::Frame done;
-      done.type = heartbeat::kWrote;
-      done.a = plan.step;
-      done.flags = s ? 1 : 0;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        wrote[rank] = static_cast<bool>(s);
-        outcome.wrote = static_cast<bool>(s);
-      }
-      mesh->broadcast(done);
+    std::unique_lock<std::mutex> lock(mu);
+    if (!net()->links().is_root) {
+      cv.wait_until(lock, deadline + std::chrono::milliseconds(500), [&] { return stopping || ended; });
+      return;
     }
-    // 5. Commit: the lowest writer, once every writer's shard is durable.
-    if (plan.writers.empty() || plan.writers.begin()->first != rank) return finish();
-    bool all = false;
-    {
-      std::unique_lock<std::mutex> lock(mu);
+    const std::uint64_t step = decision_step;
+    bool committed = false;
+    if (decision_write) {
+      // The writers, from the decision: every rank whose part is not empty.
+      std::vector<int> writers;
+      for (int p = 0; p < config.world_size; ++p) {
+        auto it = reports.find(p);
+        store::RankCoord c = it == reports.end() ? config.layout.coord_of(p)
+                                                 : (p == rank ? config.coord : unpack_coord(p, it->second.b));
+        bool elected = c.pp >= 0 && static_cast<std::size_t>(c.pp) < stages.size() &&
+                       stages[static_cast<std::size_t>(c.pp)] == c.dp;
+        if (elected || (config.layout.zero1 && it != reports.end())) writers.push_back(p);
+      }
+      auto missing = [&]() -> std::optional<int> {
+        for (int w : writers) {
+          if (!wrote.count(w)) return w;
+        }
+        return std::nullopt;
+      };
       cv.wait_until(lock, deadline, [&] {
         if (stopping) return true;
-        for (const auto& [w, keys] : plan.writers) {
-          if (!wrote.count(w)) return false;
+        for (int w : writers) {
+          if (!wrote.count(w) && gone.count(w)) return true;  // a writer died: no use waiting
         }
-        return true;
+        return !missing();
       });
-      all = true;
-      for (const auto& [w, keys] : plan.writers) {
+      bool all = true;
+      for (int w : writers) {
         auto it = wrote.find(w);
         if (it == wrote.end() || !it->second) {
           all = false;
-          log::warn(rank, "last words: rank " + std::to_string(w) + (it == wrote.end() ? " did not finish its shard in time" : " failed its shard"));
+          log::warn(rank, "last words: rank " + std::to_string(w) +
+                              (it != wrote.end() ? " failed its shard"
+                                                 : gone.count(w) ? " died before its shard was durable"
+                                                                 : " did not finish its shard in time"));
         }
       }
+      lock.unlock();
+      if (!all) {
+        log::warn(rank, "last words: the terminal checkpoint of step " + std::to_string(step) + " is not committed");
+      } else if (Status s = store::commit(config.dir, last_words_manifest(config, step, store::Kind::Terminal),
+                                          nullptr, run_fence(config));
+                 !s) {
+        log::error(rank, "last words: not committed: " + s.error());
+      } else {
+        committed = true;
+        double took = seconds_since(t0);
+        char line[200];
+        std::snprintf(line, sizeof line,
+                      "last words: committed the terminal checkpoint of step %llu, %.3f s after the failure was "
+                      "detected",
+                      static_cast<unsigned long long>(step), took);
+        log::info(rank, line);
+        lock.lock();
+        outcome.committed = true;
+        outcome.commit_s = took;
+        lock.unlock();
+      }
+      lock.lock();
     }
-    if (!all) {
-      log::warn(rank, "last words: the terminal checkpoint of step " + std::to_string(plan.step) + " is not committed");
-      return finish();
-    }
-    if (Status s = store::commit(config.dir, last_words_manifest(config, plan.step, store::Kind::Terminal),
-                                  nullptr, run_fence(config));
-        !s) {
-      log::error(rank, "last words: not committed: " + s.error());
-      return finish();
-    }
-    double took = seconds_since(t0);
-    char line[200];
-    std::snprintf(line, sizeof line,
-                  "last words: committed the terminal checkpoint of step %llu, %.3f s after the failure was detected",
-                  static_cast<unsigned long long>(plan.step), took);
-    log::info(rank, line);
+    ended = true;
+    ended_committed = committed;
+    send_outcome_locked(-1);
+  }
+
+  void run() {
+    Clock::time_point t0;
+    if (!wait_for_trigger(t0)) return;
+    report(t0);
+    if (!decide(t0)) return finish();
     {
       std::lock_guard<std::mutex> lock(mu);
-      outcome.committed = true;
-      outcome.commit_s = took;
+      outcome.step = decision_step;
+      if (decision_root != rank) {
+        outcome.summary = std::string("last words: ") + (decision_write ? "writing" : "not writing") +
+                          " a terminal checkpoint at step " + std::to_string(decision_step) + " (rank " +
+                          std::to_string(decision_root) + " decided)";
+        log::debug(rank, outcome.summary);
+      }
     }
+    write_part();
+    commit_or_wait(t0);
     finish();
   }
 
@@ -343,9 +586,7 @@ struct LastWords::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       outcome.done = true;
-      for (std::size_t p = 0; p < dead.size(); ++p) {
-        if (dead[p]) lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(p);
-      }
+      for (int p : died) lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(p);
     }
     cv.notify_all();
     if (!lost.empty() && timing.exit_grace.count() > 0) end_process_after(timing.exit_grace, rank, lost);
@@ -358,7 +599,7 @@ struct LastWords::Impl {
     }
     cv.notify_all();
     if (thread.joinable()) thread.join();
-    mesh.reset();  // its thread calls on_event: stopped before the state it uses goes
+    mesh.reset();  // its threads call on_event: stopped before the state it uses goes
   }
 };
 
@@ -382,7 +623,7 @@ Result<std::unique_ptr<LastWords>> LastWords::start(const Config& config, const 
   impl->prepare = std::move(prepare);
   impl->rank = config.rank;
   impl->notices_seen = notice::count();
-  impl->dead.assign(static_cast<std::size_t>(config.world_size), false);
+  impl->stages.assign(static_cast<std::size_t>(std::max(config.layout.pp, 1)), -2);
   heartbeat::Settings s;
   s.rank = config.rank;
   s.world_size = config.world_size;
@@ -393,11 +634,15 @@ Result<std::unique_ptr<LastWords>> LastWords::start(const Config& config, const 
   s.connect_timeout = timing.connect_timeout;
   Impl* p = impl.get();
   auto mesh = heartbeat::Mesh::start(s, [p](const heartbeat::Event& e) { p->on_event(e); });
-  if (!mesh) return Error{mesh.error()};
+  if (!mesh) {
+    impl->abandoned = true;
+    return Error{mesh.error()};
+  }
   impl->mesh = std::move(mesh).value();
+  impl->published = impl->mesh.get();
   impl->thread = std::thread([p] { p->run(); });
   if (config.rank == 0) {
-    log::info(0, "last words armed: heartbeat mesh of " + std::to_string(config.world_size) + " ranks (" +
+    log::info(0, "last words armed: heartbeat network of " + std::to_string(config.world_size) + " ranks (" +
                      std::to_string(timing.period.count()) + " ms heartbeats, dead after " +
                      std::to_string(timing.dead_after.count()) + " ms, commit within " +
                      std::to_string(timing.deadline.count()) + " ms)");
@@ -405,7 +650,7 @@ Result<std::unique_ptr<LastWords>> LastWords::start(const Config& config, const 
   return std::unique_ptr<LastWords>(new LastWords(std::move(impl)));
 }
 
-void LastWords::trigger(const std::string& why) { impl_->fire(why); }
+void LastWords::trigger(const std::string& why) { impl_->fire(why, true); }
 
 bool LastWords::triggered() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -428,5 +673,12 @@ LastWordsOutcome LastWords::outcome() const {
 }
 
 void LastWords::leave() { impl_->mesh->say_bye(); }
+
+heartbeat::Mesh& LastWords::network() { return *impl_->mesh; }
+
+void LastWords::set_coordination(std::function<void(const heartbeat::Frame&, int from)> handler) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->coordination = std::move(handler);
+}
 
 }  // namespace ckpt::hooks

@@ -29,6 +29,11 @@
 
 namespace ckpt::hooks {
 
+namespace heartbeat {
+class Mesh;
+struct Frame;
+}  // namespace heartbeat
+
 // Whether last words run for this configuration.
 bool last_words_armed(const Config& config);
 
@@ -114,6 +119,11 @@ class LastWords {
   LastWordsOutcome outcome() const;
   // An orderly end of training: peers will not take this rank's departure for a failure.
   void leave();
+  // The heartbeat network, for the coordinator that shares it (coordinator_tree.cpp).
+  heartbeat::Mesh& network();
+  // Frames of the periodic coordination (kRequest, kShardsDone, kShardFailed) go to `handler`, on the network's
+  // threads, with the rank of the link they came on.
+  void set_coordination(std::function<void(const heartbeat::Frame&, int from)> handler);
 
  private:
   struct Impl;

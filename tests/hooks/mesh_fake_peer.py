@@ -13,10 +13,12 @@ import time
 
 MAGIC = 0x636B7074
 HELLO, HEARTBEAT, REPORT, PROOF = 1, 2, 3, 6
+FRAME = 40                # heartbeat.hpp: struct Frame
+HANDSHAKE = FRAME + 64    # a frame, a nonce and a MAC
 
 
 def frame(kind, sender, a=0, flags=0):
-    return struct.pack("<IiIIQQ", kind, sender, flags, MAGIC, a, 0)
+    return struct.pack("<IiIIQQiI", kind, sender, flags, MAGIC, a, 0, sender, 0)
 
 
 def outcome(sock):
@@ -59,15 +61,15 @@ def main():
     s.settimeout(5.0)
     reply = b""
     try:
-        while len(reply) < 96:
-            chunk = s.recv(96 - len(reply))
+        while len(reply) < HANDSHAKE:
+            chunk = s.recv(HANDSHAKE - len(reply))
             if not chunk:
                 break
             reply += chunk
     except OSError:
         pass
-    if len(reply) == 96:
-        mac = hmac.new(os.urandom(32), b"slurm-ckpt mesh dial v1" + hello[:64] + reply[:64] +
+    if len(reply) == HANDSHAKE:
+        mac = hmac.new(os.urandom(32), b"slurm-ckpt mesh dial v2" + hello[:FRAME + 32] + reply[:FRAME + 32] +
                        f"{address} {port}".encode(), hashlib.sha256).digest()
         try:
             s.sendall(frame(PROOF, 0) + bytes(32) + mac + frame(REPORT, 0, a=5))

@@ -261,7 +261,10 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
     }
     for (auto& t : threads) t.join();
     for (auto& m : meshes) REQUIRE(m);
-    CHECK(meshes[0]->hellos() == std::vector<std::uint64_t>{100, 101, 102});
+    // One group: rank 0 leads it and is the root; the others link to it only.
+    CHECK(meshes[0]->link_count() == 2);
+    CHECK(meshes[1]->link_count() == 1);
+    CHECK(meshes[0]->links().is_root);
     std::this_thread::sleep_for(300ms);  // heartbeats flow; nobody is dead
     CHECK(dead(1).empty());
     CHECK(dead(2).empty());
@@ -272,7 +275,82 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
     REQUIRE(wait_for([&] { return !dead(1).empty(); }, 2s));
     CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
     CHECK(dead(2).empty());
-    CHECK(meshes[0]->alive() == std::vector<bool>{true, false, false});
+    CHECK(meshes[0]->died() == std::vector<int>{1});
+    CHECK(meshes[0]->gone() == overlay::Gone{0, 1, 1});
+  }
+
+  SECTION("20 ranks in 3 groups: a killed leader is seen by every rank, and the group re-forms around the next") {
+    constexpr int kWorld = 20;
+    std::vector<std::unique_ptr<heartbeat::Mesh>> meshes(kWorld);
+    std::vector<std::mutex> locks(kWorld);
+    std::vector<std::vector<std::pair<int, std::string>>> deaths(kWorld);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        heartbeat::Settings s = settings(r, kWorld, 20s);
+        auto m = heartbeat::Mesh::start(s, [&, r](const heartbeat::Event& e) {
+          if (e.kind != heartbeat::Event::Kind::PeerDead) return;
+          std::lock_guard<std::mutex> lock(locks[static_cast<std::size_t>(r)]);
+          deaths[static_cast<std::size_t>(r)].emplace_back(e.peer, e.why);
+        });
+        if (m) meshes[static_cast<std::size_t>(r)] = std::move(m).value();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& m : meshes) REQUIRE(m);
+    // Links per rank stay within a group's size plus the tree's three, whatever the world.
+    for (int r = 0; r < kWorld; ++r) {
+      CAPTURE(r);
+      CHECK(meshes[static_cast<std::size_t>(r)]->link_count() <= static_cast<std::size_t>(overlay::kGroupSize + 2));
+    }
+    CHECK(meshes[8]->links().up == 0);   // group 1's leader hangs below group 0's
+    CHECK(meshes[9]->links().up == 8);
+    CHECK(meshes[16]->links().up == 0);  // group 2's too
+    auto saw = [&](int r, int peer) {
+      std::lock_guard<std::mutex> lock(locks[static_cast<std::size_t>(r)]);
+      for (const auto& [p, why] : deaths[static_cast<std::size_t>(r)]) {
+        if (p == peer) return true;
+      }
+      return false;
+    };
+    meshes[8].reset();  // group 1's leader dies without a word
+    auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(wait_for([&] {
+      for (int r = 0; r < kWorld; ++r) {
+        if (r != 8 && !saw(r, 8)) return false;
+      }
+      return true;
+    }, 3s));
+    CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+    // Rank 9 now leads group 1: its members and the root link to it.
+    REQUIRE(wait_for([&] { return meshes[0]->links().down == std::vector<int>{1, 2, 3, 4, 5, 6, 7, 9, 16}; }, 3s));
+    REQUIRE(wait_for([&] { return meshes[10]->links().up == 9 && meshes[9]->links().up == 0; }, 3s));
+    REQUIRE(wait_for([&] { return meshes[9]->link_count() == 7; }, 5s));  // 6 members and the root
+    // The new leader is watched like the old one: its death too reaches every rank.
+    meshes[9].reset();
+    REQUIRE(wait_for([&] {
+      for (int r = 0; r < kWorld; ++r) {
+        if (r != 8 && r != 9 && !saw(r, 9)) return false;
+      }
+      return true;
+    }, 5s));
+    for (int r = 0; r < kWorld; ++r) {
+      if (r == 8 || r == 9) continue;
+      CAPTURE(r);
+      CHECK(meshes[static_cast<std::size_t>(r)]->died() == std::vector<int>{8, 9});
+    }
+    // Nobody else was taken for dead.
+    std::this_thread::sleep_for(300ms);
+    for (int r = 0; r < kWorld; ++r) {
+      std::lock_guard<std::mutex> lock(locks[static_cast<std::size_t>(r)]);
+      for (const auto& [p, why] : deaths[static_cast<std::size_t>(r)]) {
+        CAPTURE(r, p, why);
+        CHECK((p == 8 || p == 9));
+      }
+    }
+    for (auto& m : meshes) {
+      if (m) m->say_bye();
+    }
   }
 
   SECTION("a rank's forked children do not keep its connections open") {

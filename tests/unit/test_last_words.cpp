@@ -441,6 +441,12 @@ std::size_t check_every_failure_set(const Layout& l, bool steps_and_updates) {
     for (const auto& [rank, keys] : got.writers) {
       REQUIRE(state[static_cast<std::size_t>(rank)] == (want.step == 100 ? RankState::At100 : RankState::At101));
     }
+    // What each rank learns from the stages alone (the root sends only those) is exactly its part of the plan.
+    for (int r = 0; r < l.world_size(); ++r) {
+      auto it = got.writers.find(r);
+      const std::vector<std::string> mine = it == got.writers.end() ? std::vector<std::string>{} : it->second;
+      REQUIRE(last_words::writer_keys(l, got.replica_of_stage, l.coord_of(r)) == mine);
+    }
   }
   return writes;
 }

@@ -41,6 +41,12 @@ struct Plan {
 // lowest dp index whose group qualifies; every required state key is written exactly once.
 Plan plan(const store::Layout& layout, const std::vector<RankReport>& reports);
 
+// The state keys rank `coord` writes under a plan whose stages went to `replica_of_stage` (Plan::replica_of_stage
+// of a plan that writes): exactly plan.writers[coord.rank]. The root of a job decides once and sends only the
+// step and the stages; each rank learns its own part from this.
+std::vector<std::string> writer_keys(const store::Layout& layout, const std::vector<int>& replica_of_stage,
+                                     const store::RankCoord& coord);
+
 // The shard records the plan's writers would produce (rank, shard file name, covers), for decide_commit.
 std::vector<store::ShardRecord> planned_records(const Plan& plan);
 

@@ -1,0 +1,237 @@
+// The coordinator of a job whose last words are armed: checkpoint requests and shard completion travel over the
+// heartbeat network (heartbeat.hpp) instead of files on the shared checkpoint dir. A request is flooded to every
+// rank (each forwards it once); completion is counted up the tree: a rank sends its up neighbour one kDone per
+// checkpoint, with the number of ranks below it (itself included) whose shards are durable, once its own shard and
+// every down link's count are in. The root, rank 0 while the job is healthy, knows every shard is durable when
+// its count reaches the world size. Per rank and checkpoint: one message up, no file operation. A failed shard is
+// passed up on its own (kShardFailed), its reason in the control dir, as the file coordinator keeps it.
+// Until the network is attached (the checkpointer creates it after the coordinator), requests go through the
+// control dir.
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "coordinator.hpp"
+#include "heartbeat.hpp"
+#include "last_words_runtime.hpp"
+
+namespace ckpt::hooks {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class TreeCoordinator final : public ControlDirCoordinator {
+ public:
+  explicit TreeCoordinator(const Config& config)
+      : ControlDirCoordinator(config),
+        config_(config),
+        tree_(overlay::links_of(overlay::Shape{config.world_size}, config.rank,
+                                overlay::Gone(static_cast<std::size_t>(config.world_size), 0))) {}
+
+  const char* name() const override { return "tree"; }
+
+  void attach(LastWords& last_words) override {
+    last_words.set_coordination([this](const heartbeat::Frame& f, int from) { on_frame(f, from); });
+    std::lock_guard<std::mutex> lock(mu_);
+    words_ = &last_words;
+  }
+
+  Status begin(std::uint64_t resume_step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    requests_.clear();
+    return ControlDirCoordinator::begin(resume_step);
+  }
+
+  Status request(std::uint64_t step, store::Kind kind) override {
+    LastWords* words = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      words = words_;
+      if (words != nullptr && !note_request_locked(step, kind)) return Status::success();
+    }
+    if (words == nullptr) return control_.request(step, kind);
+    heartbeat::Frame f;
+    f.type = heartbeat::kRequest;
+    f.a = step;
+    f.flags = kind == store::Kind::Terminal ? 1 : 0;
+    words->network().flood(f);
+    return Status::success();
+  }
+
+  std::optional<store::Kind> requested(std::uint64_t step) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (words_ != nullptr) {
+        auto it = requests_.find(step);
+        if (it == requests_.end()) return std::nullopt;
+        return it->second;
+      }
+    }
+    return control_.requested(step);
+  }
+
+  Status publish(std::uint64_t step, const Status& outcome) override {
+    if (!outcome) {
+      if (Status s = control_.report_failure(step, outcome.error()); !s) return s;
+      heartbeat::Frame f;
+      f.type = heartbeat::kShardFailed;
+      f.subject = config_.rank;
+      f.a = step;
+      std::lock_guard<std::mutex> lock(mu_);
+      failed_[step] = config_.rank;
+      if (words_ != nullptr) words_->network().send_up(f);
+      cv_.notify_all();
+      return Status::success();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    counts_[step].own = true;
+    count_up_locked(step);
+    return Status::success();
+  }
+
+  Status wait_all(std::uint64_t step, std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (words_ == nullptr) return Status::failure("ckpt: step " + std::to_string(step) + ": no heartbeat network");
+    const int world = config_.world_size;
+    // Polled in slices as well: a peer's death starts the last words, and this checkpoint will not complete.
+    const auto deadline = Clock::now() + timeout;
+    bool done = false;
+    for (;;) {
+      done = cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
+        return cancelled_.load() || failed_.count(step) != 0 || counts_[step].total >= static_cast<std::uint64_t>(world);
+      });
+      if (done || Clock::now() >= deadline) break;
+      if (words_->triggered()) {
+        return Status::failure("ckpt: step " + std::to_string(step) + ": the last words started before every rank "
+                               "persisted");
+      }
+    }
+    const std::uint64_t total = counts_[step].total;
+    counts_.erase(counts_.begin(), counts_.upper_bound(step));
+    if (auto it = failed_.find(step); it != failed_.end()) {
+      const int r = it->second;
+      lock.unlock();
+      auto why = control_.failure(step, r);
+      return Status::failure("ckpt: rank " + std::to_string(r) + " could not persist step " + std::to_string(step) +
+                             (why ? ": " + *why : ""));
+    }
+    if (cancelled_.load()) {
+      return Status::failure("ckpt: step " + std::to_string(step) + ": training ended before every rank persisted");
+    }
+    if (!done) {
+      return Status::failure("ckpt: step " + std::to_string(step) + ": " + std::to_string(world - static_cast<int>(total)) +
+                             " of " + std::to_string(world) + " ranks did not report a durable shard within " +
+                             std::to_string(timeout.count() / 1000) + "s");
+    }
+    return Status::success();
+  }
+
+  void cancel() override {
+    cancelled_.store(true);
+    cv_.notify_all();
+  }
+
+  // Before this rank leaves the network: its count of every checkpoint it persisted has gone up (a slower rank
+  // below it may still be persisting; the root waits for that count).
+  void drain(std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (words_ == nullptr) return;
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline && !cancelled_.load() && !words_->triggered()) {
+      bool pending = false;
+      for (const auto& [step, c] : counts_) pending = pending || (c.own && !c.sent);
+      if (!pending) return;
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+    }
+  }
+
+ private:
+  struct Count {
+    bool own = false;                      // this rank's shard is durable
+    std::map<int, std::uint64_t> below;    // per down link: its subtree's count
+    bool sent = false;
+    std::uint64_t total = 0;               // at the root: the job's count
+  };
+
+  // False when the request was known already (it is not passed on again).
+  bool note_request_locked(std::uint64_t step, store::Kind kind) {
+    auto [it, fresh] = requests_.emplace(step, kind);
+    if (fresh) return true;
+    if (kind == store::Kind::Terminal && it->second != store::Kind::Terminal) {
+      it->second = kind;  // a terminal request wins over a periodic one for the same step
+      return true;
+    }
+    return false;
+  }
+
+  // Sends this rank's count for `step` up once its own shard and every down link's count are in.
+  void count_up_locked(std::uint64_t step) {
+    Count& c = counts_[step];
+    if (!c.own || c.sent || words_ == nullptr) return;
+    // The tree of the whole job, not this rank's current view: ranks leave in order once their count went up, and
+    // a view without them would wait for their successors, who counted through them. After a death no periodic
+    // checkpoint completes anyway: the last words take over.
+    const overlay::Links& links = tree_;
+    for (int d : links.down) {
+      if (c.below.count(d) == 0) return;
+    }
+    // Every count that came counts, also from a link that has left since (it sent its count, then said goodbye).
+    std::uint64_t total = 1;
+    for (const auto& [from, n] : c.below) total += n;
+    c.sent = true;
+    if (links.is_root) {
+      c.total = total;
+      cv_.notify_all();
+      return;
+    }
+    heartbeat::Frame f;
+    f.type = heartbeat::kShardsDone;
+    f.a = step;
+    f.b = total;
+    words_->network().send(*links.up, f);
+  }
+
+  // The network's threads.
+  void on_frame(const heartbeat::Frame& f, int from) {
+    std::lock_guard<std::mutex> lock(mu_);
+    switch (f.type) {
+      case heartbeat::kRequest: {
+        const store::Kind kind = f.flags == 1 ? store::Kind::Terminal : store::Kind::Periodic;
+        if (note_request_locked(f.a, kind) && words_ != nullptr) words_->network().flood(f, from);
+        break;
+      }
+      case heartbeat::kShardsDone:
+        counts_[f.a].below[from] = f.b;
+        count_up_locked(f.a);
+        cv_.notify_all();
+        break;
+      case heartbeat::kShardFailed:
+        failed_.emplace(f.a, f.subject);
+        if (words_ != nullptr) words_->network().send_up(f);
+        cv_.notify_all();
+        break;
+      default:
+        break;
+    }
+  }
+
+  const Config config_;
+  const overlay::Links tree_;  // this rank's links in the job with nobody gone
+  std::mutex mu_;
+  std::condition_variable cv_;
+  LastWords* words_ = nullptr;                          // guarded by mu_
+  std::map<std::uint64_t, store::Kind> requests_;       // guarded by mu_
+  std::map<std::uint64_t, Count> counts_;               // guarded by mu_
+  std::map<std::uint64_t, int> failed_;                 // guarded by mu_: step -> a rank whose shard failed
+  std::atomic<bool> cancelled_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<Coordinator> make_tree_coordinator(const Config& config) {
+  return std::make_unique<TreeCoordinator>(config);
+}
+
+}  // namespace ckpt::hooks
