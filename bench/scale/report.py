@@ -112,21 +112,32 @@ def checkpoint_size(listing):
 
 
 def failure_rows(row, n, phase, what, name):
-    """The figures of a run in which run.sh killed or froze one rank: who saw it, how soon, the last words."""
+    """The figures of a run in which run.sh killed or froze a rank (or every rank of a node: victim "a-b"): who saw
+    it, how soon, the last words, and whether every rank restored its state bitwise."""
     victim, t_kill = phase["meta"].get("victim"), number(phase["meta"].get("t_kill"))
+    ranks = phase["ranks"]
+    row[f"{name}: ranks restored bitwise (state checked against a replay)"] = (
+        f"{sum(1 for r in ranks.values() if r.get('state_ok') == '1')}/{len(ranks)}")
     if not (victim and t_kill):
         row[f"{what}: survivors that logged its death"] = "none: the run ended before the marker step"
         return
-    seen = [float(t) for t in re.findall(
-        rf"last words: rank {victim} is dead \([^)]*\), detected at unix ([0-9.]+)", phase["log"])]
+    first, _, last = victim.partition("-")
+    victims = set(range(int(first), int(last or first) + 1))
+    deaths = [(int(s), int(r), float(t)) for s, r, t in re.findall(
+        r"ckpt: rank (\d+): last words: rank (\d+) is dead \([^)]*\), detected at unix ([0-9.]+)", phase["log"])]
+    # Per survivor, when it first learnt of a victim's death.
+    first_seen = {}
+    for s, r, t in deaths:
+        if r in victims and s not in victims:
+            first_seen[s] = min(t, first_seen.get(s, t))
+    seen = list(first_seen.values())
     commits = [float(x) for x in re.findall(r"committed the terminal checkpoint of step \d+, ([0-9.]+) s after",
                                              phase["log"])]
     # A rank declared dead before the kill is a false death. After it, survivors that wrote their part leave
     # without a goodbye and their peers log them as dead too: the end of the job, not a failure.
-    others = re.findall(r"last words: rank (\d+) is dead \([^)]*\), detected at unix ([0-9.]+)", phase["log"])
-    row[f"{what}: survivors that logged its death"] = f"{len(seen)}/{n - 1}"
+    row[f"{what}: survivors that logged its death"] = f"{len(seen)}/{n - len(victims)}"
     row[f"{name}: false deaths (declared before the {'kill' if what.startswith('killed') else 'freeze'})"] = len(
-        {r for r, t in others if r != victim and float(t) < t_kill})
+        {r for _, r, t in deaths if r not in victims and t < t_kill})
     if seen:
         row[f"detection latency of a {what}, first survivor (s)"] = min(seen) - t_kill
         row[f"detection latency of a {what}, median survivor (s)"] = statistics.median(seen) - t_kill
@@ -155,12 +166,18 @@ def analyse(n, train, resume, freeze):
         row["train: error lines"] = len(re.findall(r"(?m)^.*(error|fail|cannot)", train["log"], re.I))
         row["CPU per rank while training (% of a core)"] = median(number(r.get("cpu_pct")) for r in ranks.values())
         row["TCP connections per rank (after open)"] = median(number(r.get("tcp_conns_open")) for r in ranks.values())
+        conns = [number(r.get("tcp_conns_open")) for r in ranks.values() if number(r.get("tcp_conns_open")) is not None]
+        # A group leader carries its members and its tree links: the busiest rank, not only the median one.
+        row["TCP connections per rank (after open, busiest rank)"] = max(conns) if conns else None
         row["TCP data segments sent per rank per s (measured)"] = median(
             number(r.get("segs_out_per_s")) for r in ranks.values())
         row["TCP data segments received per rank per s (measured)"] = median(
             number(r.get("segs_in_per_s")) for r in ranks.values())
-        if "last_words=off" not in open_meta(os.path.dirname(os.path.dirname(train["path"]))):
-            row["heartbeats per rank per s, documented: (N-1)/100 ms"] = (n - 1) * 10.0
+        sent = [number(r.get("segs_out_per_s")) for r in ranks.values() if number(r.get("segs_out_per_s")) is not None]
+        row["TCP data segments sent per rank per s (busiest rank)"] = max(sent) if sent else None
+        if "last_words=off" not in open_meta(os.path.dirname(os.path.dirname(train["path"]))) and conns:
+            # One heartbeat per link per 100 ms (heartbeat.hpp).
+            row["heartbeats per rank per s, documented: links x 10/s (busiest rank)"] = max(conns) * 10.0
         per_message = []
         for r in ranks.values():
             cpu, sent, got = (number(r.get(k)) for k in ("cpu_pct", "segs_out_per_s", "segs_in_per_s"))
@@ -251,8 +268,8 @@ FITTED = ("CPU per rank", "CPU per message", "TCP connections", "TCP data segmen
           "detection latency", "last-words commit latency", "files per checkpoint")
 
 
-def main():
-    out = sys.argv[1]
+def table(out):
+    """Every figure per size, the healthy sizes, and per fitted figure (ends slope, lsq slope, value at TARGET)."""
     sizes = sorted(int(d[1:]) for d in os.listdir(out) if re.fullmatch(r"n\d+", d))
     rows, order = {}, []
     for n in sizes:
@@ -266,6 +283,25 @@ def main():
     # only: a run that collapsed measures its collapse, not the protocol's cost.
     healthy = [n for n in sizes if rows.get("train: false deaths (ranks declared dead / lines)", {}).get(n) == "0 / 0"
                and rows.get("train: ranks that trained to the last step", {}).get(n) == f"{n}/{n}"]
+    fits = {}
+    for key in order:
+        if not key.startswith(FITTED):
+            continue
+        points = [(n, v) for n, v in ((n, rows[key].get(n)) for n in sizes)
+                  if n in healthy and isinstance(v, (int, float))]
+        ends, lsq = slope(points)
+        positive = [(n, v) for n, v in points if v and v > 0]
+        extrapolated = None
+        if lsq is not None and positive:
+            n_last, v_last = positive[-1]
+            extrapolated = v_last * (TARGET / n_last) ** lsq
+        fits[key] = (ends, lsq, extrapolated)
+    return sizes, healthy, rows, order, fits
+
+
+def main():
+    out = sys.argv[1]
+    sizes, healthy, rows, order, fits = table(out)
     if os.path.exists(os.path.join(out, "meta")):
         with open(os.path.join(out, "meta")) as f:
             for line in f:
@@ -276,14 +312,7 @@ def main():
     print("|---|" + "---:|" * len(sizes) + "---:|---:|---:|")
     for key in order:
         values = [rows[key].get(n) for n in sizes]
-        ends = lsq = extrapolated = None
-        if key.startswith(FITTED):
-            points = [(n, v) for n, v in zip(sizes, values) if n in healthy and isinstance(v, (int, float))]
-            ends, lsq = slope(points)
-            positive = [(n, v) for n, v in points if v and v > 0]
-            if lsq is not None and positive:
-                n_last, v_last = positive[-1]
-                extrapolated = v_last * (TARGET / n_last) ** lsq
+        ends, lsq, extrapolated = fits.get(key, (None, None, None))
         print(f"| {key} | " + " | ".join(fmt(v) for v in values) +
               f" | {fmt(ends) if ends is not None else '-'} | {fmt(lsq) if lsq is not None else '-'} | "
               f"{fmt(extrapolated) if extrapolated is not None else '-'} |")

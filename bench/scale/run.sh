@@ -7,11 +7,13 @@
 #           step, one rank (N/2, on the third node) is SIGKILLed and the survivors' last words are timed;
 #   freeze: the same again, but rank N/2 is SIGSTOPped: only silence tells (a frozen process; freezing a whole node
 #           of the shared cluster would stop other jobs), then SIGKILLed once the others are done or after 20 s.
+# With -V node, every rank of the third node (N/2 to 3N/4-1) is killed or stopped at once instead of rank N/2: a
+# crashed or frozen node as the job sees it. Every run checks each rank's restored state bitwise against a replay.
 # A few ranks of each run (0, 1 and N-1; TRACE) run under strace to count their file-system operations on the
 # checkpoint dir. bench/scale/report.py turns the results into the table and the fits against N.
 #
 #   bench/scale/run.sh [-n "16 32 64 96 128 256"] [-s STEPS] [-r RESUME_STEPS] [-k K] [-m STEP_MS] [-w on|off]
-#                      [-T TIMEOUT_S] [-o OUT] [-F]     (-F: no freeze run)
+#                      [-T TIMEOUT_S] [-o OUT] [-V rank|node] [-F]     (-F: no freeze run)
 # Needs the cluster up (tests/cluster.sh up) and bench_scale_rank built in $CKPT_BUILD_DIR (default build/).
 # Each run holds the cluster lock ($CKPT_CLUSTER_LOCK, /tmp/ckpt-cluster.lock) while it runs.
 set -euo pipefail
@@ -32,8 +34,9 @@ LAST_WORDS=on
 TIMEOUT=240
 OUT=""
 FREEZE=1
+VICTIM=rank
 usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-while getopts "n:s:r:k:m:w:T:o:Fh" opt; do
+while getopts "n:s:r:k:m:w:T:o:V:Fh" opt; do
   case $opt in
     n) SIZES=$OPTARG ;;
     s) STEPS=$OPTARG ;;
@@ -44,6 +47,7 @@ while getopts "n:s:r:k:m:w:T:o:Fh" opt; do
     T) TIMEOUT=$OPTARG ;;
     o) OUT=$OPTARG ;;
     F) FREEZE=0 ;;
+    V) VICTIM=$OPTARG ;;
     *) usage ;;
   esac
 done
@@ -65,7 +69,7 @@ chmod 700 "$CKROOT"
   echo "host: $(hostname) $(nproc) CPUs," \
     "$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), $(uname -r)"
   echo "settings: sizes=$SIZES steps=$STEPS resume_steps=$RESUME_STEPS interval=${K}steps step_ms=$STEP_MS" \
-    "warmup=$WARMUP last_words=$LAST_WORDS"
+    "warmup=$WARMUP last_words=$LAST_WORDS victim=$VICTIM"
   echo "ckpt_root: $CKROOT"
 } > "$OUT/meta"
 cat "$OUT/meta"
@@ -93,18 +97,28 @@ run_phase() {
   local deadline=$(( $(date +%s) + TIMEOUT ))
   while kill -0 "$pid" 2>/dev/null; do
     if [ -n "$kill_at" ] && [ -z "$t_kill" ] && [ -f "$dir/marker" ]; then
+      # rank: rank N/2. node: every rank of the third node (ranks N/2 to 3N/4-1 under srun's block distribution),
+      # all at once: a crashed or frozen node as its peers see it.
       victim=$((n / 2))
-      if [ -f "$dir/pids/rank-$victim" ]; then
-        victim_pid=$(cat "$dir/pids/rank-$victim")
+      last=$victim
+      [ "$VICTIM" = node ] && last=$((3 * n / 4 - 1))
+      victim_pid=""
+      for r in $(seq "$victim" "$last"); do
+        [ -f "$dir/pids/rank-$r" ] && victim_pid="$victim_pid $(cat "$dir/pids/rank-$r")"
+      done
+      if [ -n "$victim_pid" ]; then
         t_kill=$(date +%s.%N)
-        kill -"$signal" "$victim_pid" 2>/dev/null || t_kill=""
+        # shellcheck disable=SC2086
+        kill -"$signal" $victim_pid 2>/dev/null || t_kill=""
       fi
+      [ "$VICTIM" = node ] && victim="$victim-$last"
     fi
     if [ "$signal" = STOP ] && [ -n "$t_kill" ] && [ -n "$victim_pid" ]; then
       done_ranks=$(find "$dir" -maxdepth 1 -name 'rank-*.txt' | wc -l)
-      if [ "$done_ranks" -ge $((n - 1)) ] || \
+      if [ "$done_ranks" -ge $((n - $(wc -w <<< "$victim_pid"))) ] || \
          [ "$(awk -v a="$(date +%s.%N)" -v b="$t_kill" 'BEGIN { print (a - b > 20) }')" = 1 ]; then
-        kill -KILL "$victim_pid" 2>/dev/null || true
+        # shellcheck disable=SC2086
+        kill -KILL $victim_pid 2>/dev/null || true
         victim_pid=""
       fi
     fi

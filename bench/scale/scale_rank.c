@@ -239,8 +239,9 @@ int main(int argc, char** argv) {
   snprintf(line, sizeof line, "%d\n", (int)getpid());
   write_file(path, line);
 
-  static unsigned char state[STATE_BYTES];
-  for (int i = 0; i < STATE_BYTES; ++i) state[i] = (unsigned char)(rank + i);
+  /* Data parallel: every replica holds the same state, so a rank restored from another's shard can be checked. */
+  static unsigned char state[STATE_BYTES], expected[STATE_BYTES];
+  for (int i = 0; i < STATE_BYTES; ++i) state[i] = (unsigned char)i;
   uint64_t step = 0;
   if (ckpt_register_host(cp, "state", state, sizeof state, 0, NULL) != 0 || ckpt_restore(cp, &step) != 0) {
     fprintf(stderr, "bench_scale_rank: rank %d: %s\n", rank, ckpt_last_error());
@@ -248,6 +249,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   double t_restored = unix_now();
+  /* Bitwise: the restored state is what training from the start to that step computes (the update below). */
+  for (int i = 0; i < STATE_BYTES; ++i) expected[i] = (unsigned char)i;
+  for (uint64_t k = 0; k < step; ++k) {
+    for (int i = 0; i < STATE_BYTES; ++i) expected[i] = (unsigned char)(expected[i] * 31u + (unsigned)k);
+  }
+  int state_ok = memcmp(state, expected, sizeof state) == 0;
   io_counters io1 = read_io();
   static socket_census at_open, at_warm, at_end;
   count_sockets(&at_open); /* the mesh is complete once ckpt_open returns */
@@ -318,7 +325,7 @@ int main(int argc, char** argv) {
            "open_restore_s=%.4f rchar=%llu read_bytes=%llu syscr=%llu cpu_pct=%.3f window_s=%.3f steps_per_s=%.3f "
            "tcp_conns=%d sockets=%d tcp_conns_open=%d tcp_conns_end=%d segs_out_per_s=%.2f segs_in_per_s=%.2f "
            "commits=%d commit_median_s=%.4f commit_max_s=%.4f snapshots=%llu committed=%llu backpressure_waits=%llu "
-           "t_open=%.6f t_train=%.6f t_end=%.6f error=\"%s\"\n",
+           "t_open=%.6f t_train=%.6f t_end=%.6f state_ok=%d error=\"%s\"\n",
            rank, world, (int)getpid(), steps, (unsigned long long)resume_step, (unsigned long long)step, stopped,
            failed,
            t_restored - t_open, io1.rchar - io0.rchar, io1.read_bytes - io0.read_bytes, io1.syscr - io0.syscr,
@@ -326,7 +333,7 @@ int main(int argc, char** argv) {
            t_warm > 0 ? at_warm.tcp_established : -1, t_warm > 0 ? at_warm.sockets : -1,
            at_open.tcp_established, at_end.tcp_established, out_per_s, in_per_s, n_commits,
            commit_median, commit_max, (unsigned long long)st.snapshots, (unsigned long long)st.committed,
-           (unsigned long long)st.backpressure_waits, t_open, t_restored, t_end, error);
+           (unsigned long long)st.backpressure_waits, t_open, t_restored, t_end, state_ok, error);
   snprintf(path, sizeof path, "%s/rank-%d.txt", out, rank);
   write_file(path, line); /* before close: after last words the library may end a lingering process */
   int rc = ckpt_close(cp);

@@ -46,10 +46,17 @@ void Checkpointer::Impl::start(std::uint64_t step) {
   started = true;
   if (Status s = coord->begin(step); !s) log::error(rank, s.error());
   last_checkpoint_time = Clock::now();
-  if (rank != 0) return;
-  // A save that died before a restart left step dirs without a manifest; their records must never be committed
-  // with a new save of the same step (the writer would see them as published). Ranks run in lockstep, so no
-  // other rank writes a shard before rank 0 has started training.
+  // After a restore, rank 0 has done this before any rank learnt the step (restore()); without one, ranks run in
+  // lockstep, so no other rank writes a shard before rank 0 has started training.
+  if (rank != 0 || discarded_above) return;
+  discard_incomplete_above(step);
+}
+
+// A save that died before a restart left step dirs without a manifest; their records must never be committed with
+// a new save of the same step (the writer would see them as published), and no rank of this run may be writing
+// into one while it goes. Rank 0 only.
+void Checkpointer::Impl::discard_incomplete_above(std::uint64_t step) {
+  discarded_above = true;
   auto entries = store::scan(config.dir);
   if (!entries) return;  // a new dir; ShardWriter creates it
   for (const store::Entry& e : *entries) {

@@ -190,6 +190,8 @@ struct Checkpointer::Impl {
   std::uint64_t lead() const { return config.world_size == 1 ? 0 : config.agree_lead; }
   // Training thread: the coordinator namespace, leftovers of dead saves, the interval clock.
   void start(std::uint64_t step);
+  void discard_incomplete_above(std::uint64_t step);
+  bool discarded_above = false;  // training thread: rank 0 discarded dead saves above the step it resumes from
   Decision decide(std::uint64_t step);
   // With wait_for_peers false, the writer does not wait for ranks that may be gone.
   Status close(bool wait_for_peers);

@@ -121,6 +121,8 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
   for (int round = 0;; ++round) {
     if (leader) {
       plan = choose(failed, plugin_tried);
+      // Before any rank learns the step: the others write nothing until then (each round, as the step may walk back).
+      if (rank == 0) discard_incomplete_above(plan.step.value_or(0));
       if (agreement) {
         if (Status s = agreement->propose(round, plan); !s) return Error{s.error()};
       }
