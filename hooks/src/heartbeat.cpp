@@ -65,6 +65,23 @@ void unregister_mesh(SocketSlots* slots) {
   }
 }
 
+// A peer on this host that is silent but runnable is slow (starved of CPU), not dead: it gets this many times
+// dead_after before it is declared dead anyway.
+constexpr int kSlowFactor = 10;
+
+// The scheduler state of a process on this host ('R', 'S', 'D', 'T' stopped, ...), or 0 when it is gone.
+char process_state(int pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return 0;
+  char buf[512] = {};
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* close = static_cast<const char*>(std::memchr(buf, ')', n));  // after the command name
+  return close != nullptr && close + 2 < buf + n ? close[2] : 0;
+}
+
 // A link whose peer stopped reading: more than this waiting in its outbox and it is taken for dead.
 constexpr std::size_t kMaxOutbox = std::size_t{16} << 20;
 
@@ -197,7 +214,7 @@ void Mesh::Impl::flood(Frame f, int except) {
   }
 }
 
-void Mesh::Impl::adopt(int peer, int fd, std::string first_bytes) {
+void Mesh::Impl::adopt(int peer, int fd, std::string first_bytes, const PeerId& who) {
   if (quiet) {
     // A link that completes after this rank said goodbye gets the goodbye too: closing it bare reads as a death.
     const Frame bye = frame(kBye);
@@ -218,6 +235,7 @@ void Mesh::Impl::adopt(int peer, int fd, std::string first_bytes) {
     link.fd = fd;
     link.inbox = std::move(first_bytes);
     link.seen = Clock::now();
+    if (who.host != 0 && who.host == host_tag && who.pid > 0) link.local_pid = who.pid;
     list_socket(fd);
     // What this rank knows is gone, so that a neighbour made by a failure shares the view.
     for (int r = 0; r < settings.world_size; ++r) {
@@ -415,16 +433,47 @@ void Mesh::Impl::loop() {
     }
     // Silence, judged after this turn's reads.
     now = Clock::now();
-    std::vector<std::pair<int, Clock::duration>> silent;
+    struct Silent {
+      int peer;
+      Clock::duration quiet_for;
+      int local_pid;
+    };
+    std::vector<Silent> silent;
     {
       std::lock_guard<std::mutex> lock(mu);
       for (auto& [peer, link] : links) {
         if (!gone[static_cast<std::size_t>(peer)] && now - link.seen > settings.dead_after) {
-          silent.emplace_back(peer, now - link.seen);
+          silent.push_back({peer, now - link.seen, link.local_pid});
         }
       }
     }
-    for (const auto& [peer, quiet_for] : silent) mark_gone(peer, "no heartbeat for " + seconds_text(quiet_for), true, -1);
+    for (const Silent& s : silent) {
+      std::string why = "no heartbeat for " + seconds_text(s.quiet_for);
+      if (s.local_pid > 0) {
+        // On this host the peer's process tells: stopped or gone is dead; runnable is slow, up to a limit.
+        const char state = process_state(s.local_pid);
+        if ((state == 'R' || state == 'S' || state == 'D' || state == 'I') &&
+            s.quiet_for < kSlowFactor * settings.dead_after) {
+          Link* link = nullptr;
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            auto it = links.find(s.peer);
+            if (it != links.end()) link = &it->second;
+          }
+          if (link != nullptr && !link->slow_logged) {
+            link->slow_logged = true;
+            log::info(settings.rank, "heartbeat: rank " + std::to_string(s.peer) + " is silent for " +
+                                         seconds_text(s.quiet_for) + " but its process runs on this host: slow, not "
+                                         "dead (dead after " +
+                                         seconds_text(kSlowFactor * settings.dead_after) + ")");
+          }
+          continue;
+        }
+        why += state == 0 ? " (its process is gone)" : state == 'T' || state == 't' ? " (its process is stopped)"
+                                                                                    : " (and more while it runs)";
+      }
+      mark_gone(s.peer, why, true, -1);
+    }
   }
 }
 

@@ -329,8 +329,32 @@ Handshake Mesh::Impl::handshake(std::uint32_t type) const {
   Handshake h;
   h.head = frame(type);
   h.head.a = settings.hello;
+  h.head.b = static_cast<std::uint64_t>(::getpid());
+  h.head.spare = host_tag;
   return h;
 }
+
+namespace {
+
+// This kernel's boot id and this pid namespace, hashed (FNV-1a): two ranks with the same tag see each other's
+// processes in /proc.
+std::uint32_t this_host_tag() {
+  std::string id;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f) != nullptr) id = buf;
+    std::fclose(f);
+  }
+  char ns[64] = {};
+  ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  if (n > 0) id.append(ns, static_cast<std::size_t>(n));
+  if (id.empty()) return 0;
+  std::uint32_t h = 2166136261u;
+  for (unsigned char c : id) h = (h ^ c) * 16777619u;
+  return h == 0 ? 1 : h;
+}
+
+}  // namespace
 
 // The rendezvous dir, the secret, the listener, and "<address> <port>" published as rank-<me>.addr (a temporary
 // file renamed over it).
@@ -342,6 +366,7 @@ Status Mesh::Impl::prepare() {
   if (!key) return Status::failure(key.error());
   secret = *key;
   refusals.reset(new RefusalLog(settings.rank));
+  host_tag = this_host_tag();
 
   const std::string host = settings.address.empty() ? host_address() : settings.address;
   sockaddr_in addr{};
@@ -390,7 +415,7 @@ std::optional<std::pair<std::string, std::string>> Mesh::Impl::read_address(int 
   return std::pair{host, port};
 }
 
-Result<std::uint64_t> Mesh::Impl::dial_handshake(int fd, int peer, const std::string& dialed) {
+Result<PeerId> Mesh::Impl::dial_handshake(int fd, int peer, const std::string& dialed) {
   Handshake hello = handshake(kHello);
   if (!random_bytes(hello.nonce, sizeof hello.nonce)) return Error{"getrandom: " + errno_text(errno)};
   Handshake reply;
@@ -406,10 +431,10 @@ Result<std::uint64_t> Mesh::Impl::dial_handshake(int fd, int peer, const std::st
   auto mac = handshake_mac(secret, kDialLabel, hello, reply, dialed);
   std::memcpy(proof.mac, mac.data(), mac.size());
   if (!write_all(fd, &proof, sizeof proof)) return Error{"the connection closed during the handshake"};
-  return reply.head.a;
+  return PeerId{reply.head.a, static_cast<int>(reply.head.b), reply.head.spare};
 }
 
-Result<int> Mesh::Impl::dial_once(int peer, std::chrono::milliseconds limit) {
+Result<std::pair<int, PeerId>> Mesh::Impl::dial_once(int peer, std::chrono::milliseconds limit) {
   auto addr = read_address(peer);
   if (!addr) return Error{"it has published no address yet"};
   const std::string dialed = addr->first + " " + addr->second;
@@ -421,7 +446,7 @@ Result<int> Mesh::Impl::dial_once(int peer, std::chrono::milliseconds limit) {
     ::close(fd);
     return Error{dialed + ": " + back.error()};
   }
-  return fd;
+  return std::pair{fd, *back};
 }
 
 // Keeps this rank linked to the up neighbour of its current view. Before every rank joined, a peer that has not
@@ -450,7 +475,7 @@ void Mesh::Impl::dial_loop() {
     const auto limit = std::max(settings.dead_after, std::chrono::milliseconds(1000));
     auto fd = dial_once(target, limit);
     if (fd) {
-      adopt(target, *fd, std::string());
+      adopt(target, fd->first, std::string(), fd->second);
       continue;
     }
     {
@@ -536,7 +561,8 @@ bool Mesh::Impl::advance(Pending& c) {
   }
   if (std::string why = known(from); !why.empty()) return refuse("it claims rank " + std::to_string(from) + why);
   // The dialer may have sent frames right after its proof: they are the link's first.
-  adopt(from, c.fd, c.in.substr(sizeof(Handshake)));
+  adopt(from, c.fd, c.in.substr(sizeof(Handshake)),
+        PeerId{c.hello.head.a, static_cast<int>(c.hello.head.b), c.hello.head.spare});
   return false;
 }
 

@@ -47,6 +47,16 @@ struct Link {
   std::string outbox;             // guarded by mu: what the socket's send buffer could not take yet
   Clock::time_point seen;         // mesh thread only: when something last came in
   std::string broken;             // guarded by mu: why this rank gave up on the link, for the death line
+  // The peer's process when it runs on this host (same kernel and pid namespace); 0 otherwise.
+  int local_pid = 0;
+  bool slow_logged = false;       // mesh thread only: "silent but running" was said once
+};
+
+// Who a rank is, as its handshake tells: its hello value, its pid and the host it runs on.
+struct PeerId {
+  std::uint64_t hello = 0;
+  int pid = 0;
+  std::uint32_t host = 0;
 };
 
 struct Mesh::Impl {
@@ -87,7 +97,7 @@ struct Mesh::Impl {
   bool send(int peer, Frame f);
   void flood(Frame f, int except);
   // Adds a link made by the handshake (either side); tells the peer what this rank knows is gone.
-  void adopt(int peer, int fd, std::string first_bytes);
+  void adopt(int peer, int fd, std::string first_bytes, const PeerId& who);
   // The view after a change of the gone set; wakes the dialer when the up neighbour changed. mu held.
   void refresh_view_locked();
   // Start barrier: sends kJoined up (or kGo down, at the root) once every down link joined. mu held.
@@ -109,11 +119,13 @@ struct Mesh::Impl {
   // "<address> <port>" of a peer, or nothing while it has not published.
   std::optional<std::pair<std::string, std::string>> read_address(int peer) const;
   // The dialer's side of the handshake on a connected socket; the peer's hello value, or why it failed.
-  Result<std::uint64_t> dial_handshake(int fd, int peer, const std::string& address);
+  Result<PeerId> dial_handshake(int fd, int peer, const std::string& address);
+  // This host and pid namespace, as a 32-bit tag (heartbeat_handshake.cpp).
+  std::uint32_t host_tag = 0;
   // The dialer thread: keeps a link to the up neighbour of the current view.
   void dial_loop();
   // One attempt to link with `peer`; the socket, or why not.
-  Result<int> dial_once(int peer, std::chrono::milliseconds limit);
+  Result<std::pair<int, PeerId>> dial_once(int peer, std::chrono::milliseconds limit);
 
   // One accepted connection in its handshake.
   struct Pending {

@@ -2,19 +2,21 @@
 // Last words at run time: when a rank or node dies (or Slurm sends SIGTERM), the survivors agree within a few
 // seconds on a terminal checkpoint and write it, or write nothing when they cannot hold a complete copy.
 //
-//  1. Detection: the heartbeat mesh (heartbeat.hpp) declares a peer dead on a reset/EOF or 1.5 s of silence; a
-//     notice signal or a peer's report triggers too.
+//  1. Detection: the heartbeat network (heartbeat.hpp) declares a peer dead on a reset/EOF, a refused dial or
+//     1.5 s of silence, and floods the news; a notice signal or a peer's alarm (flooded too) triggers as well.
 //  2. Freeze: the training thread may not start another update (UpdateTracker); each rank's report is its step and
 //     whether it was caught between before_update and after_step (its state is then inconsistent).
-//  3. Agreement: reports go to every survivor over the mesh; each runs ckpt::last_words::plan on what it heard.
+//  3. Agreement: reports travel up the network's tree; its root runs ckpt::last_words::plan once and floods the
+//     decision (the step and each stage's writing replica); each rank derives its part (last_words::writer_keys).
 //  4. Writes: the elected writers write their live state (consistent at the step when not mid-update) as a shard
-//     covering the keys they were elected for; the lowest writer commits through ckpt::store::commit, which
-//     commits only when decide_commit(Kind::Terminal) finds every state key covered exactly once.
+//     covering the keys they were elected for and report it up; the root commits through ckpt::store::commit,
+//     which commits only when decide_commit(Kind::Terminal) finds every state key covered exactly once.
 //  5. Leave: when a peer was lost, every survivor ends within Timing::exit_grace of the outcome, even when its
 //     program is stuck in a collective with the dead peer: the controller needs the survivors' exits to act.
 //
 // Armed when CKPT_LAST_WORDS is on, the job declared its layout and has more than one rank. Such a job uses the
-// file coordinator, not PMIx: Slurm's PMIx server SIGKILLs the whole step when a PMIx-connected rank dies.
+// tree coordinator over the same network, not PMIx: Slurm's PMIx server SIGKILLs the whole step when a
+// PMIx-connected rank dies.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
