@@ -133,6 +133,7 @@ Status Checkpointer::Impl::close(bool wait_for_peers) {
         last_words->leave();
       }
     }
+    coord->detach();  // the persist thread may still publish; the network goes now
     last_words.reset();
   }
   if (!wait_for_peers) coord->cancel();

@@ -55,6 +55,8 @@ class Coordinator {
   virtual void cancel() {}
   // Training thread, once the last words' heartbeat network is up: a coordinator that can use it does.
   virtual void attach(LastWords& /*last_words*/) {}
+  // Training thread, before the last words go (close): nothing may reach their network after this.
+  virtual void detach() {}
   // Training thread, at close, after the last persist and before this rank leaves: what others wait for from this
   // rank is sent (at most `timeout`).
   virtual void drain(std::chrono::milliseconds /*timeout*/) {}

@@ -38,6 +38,12 @@ class TreeCoordinator final : public ControlDirCoordinator {
     words_ = &last_words;
   }
 
+  void detach() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    words_ = nullptr;
+    cv_.notify_all();
+  }
+
   Status begin(std::uint64_t resume_step) override {
     std::lock_guard<std::mutex> lock(mu_);
     requests_.clear();
@@ -103,7 +109,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
         return cancelled_.load() || failed_.count(step) != 0 || counts_[step].total >= static_cast<std::uint64_t>(world);
       });
       if (done || Clock::now() >= deadline) break;
-      if (words_->triggered()) {
+      if (words_ == nullptr || words_->triggered()) {
         return Status::failure("ckpt: step " + std::to_string(step) + ": the last words started before every rank "
                                "persisted");
       }
@@ -139,7 +145,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
     std::unique_lock<std::mutex> lock(mu_);
     if (words_ == nullptr) return;
     const auto deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline && !cancelled_.load() && !words_->triggered()) {
+    while (Clock::now() < deadline && !cancelled_.load() && words_ != nullptr && !words_->triggered()) {
       bool pending = false;
       for (const auto& [step, c] : counts_) pending = pending || (c.own && !c.sent);
       if (!pending) return;
