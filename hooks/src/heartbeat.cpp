@@ -452,7 +452,8 @@ void Mesh::Impl::loop() {
       if (s.local_pid > 0) {
         // On this host the peer's process tells: stopped or gone is dead; runnable is slow, up to a limit.
         const char state = process_state(s.local_pid);
-        if ((state == 'R' || state == 'S' || state == 'D' || state == 'I') &&
+        // 't' is a tracing stop (a debugger or strace between two syscalls): slow too. 'T' is SIGSTOP: frozen.
+        if ((state == 'R' || state == 'S' || state == 'D' || state == 'I' || state == 't') &&
             s.quiet_for < kSlowFactor * settings.dead_after) {
           Link* link = nullptr;
           {
@@ -469,8 +470,8 @@ void Mesh::Impl::loop() {
           }
           continue;
         }
-        why += state == 0 ? " (its process is gone)" : state == 'T' || state == 't' ? " (its process is stopped)"
-                                                                                    : " (and more while it runs)";
+        why += state == 0 ? " (its process is gone)" : state == 'T' ? " (its process is stopped)"
+                                                                    : " (and more while it runs)";
       }
       mark_gone(s.peer, why, true, -1);
     }
