@@ -65,10 +65,6 @@ void unregister_mesh(SocketSlots* slots) {
   }
 }
 
-// A peer on this host that is silent but runnable is slow (starved of CPU), not dead: it gets this many times
-// dead_after before it is declared dead anyway.
-constexpr int kSlowFactor = 10;
-
 // The scheduler state of a process on this host ('R', 'S', 'D', 'T' stopped, ...), or 0 when it is gone.
 char process_state(int pid) {
   char path[64];
@@ -130,9 +126,10 @@ Frame Mesh::Impl::frame(std::uint32_t type) const {
 }
 
 void Mesh::Impl::refresh_view_locked() {
-  const std::optional<int> old_up = view.up;
   view = overlay::links_of(shape, settings.rank, gone);
-  if (view.up != old_up) cv.notify_all();  // the dialer links to the new one
+  view_since = Clock::now();
+  ++view_version;
+  cv.notify_all();  // the dialer links to a new up neighbour, or probes new down ones
 }
 
 void Mesh::Impl::mark_gone(int peer, const std::string& why, bool died_now, int told_by) {
@@ -494,6 +491,7 @@ Result<std::unique_ptr<Mesh>> Mesh::start(const Settings& settings, Handler hand
   impl->gone.assign(static_cast<std::size_t>(settings.world_size), 0);
   impl->died.assign(static_cast<std::size_t>(settings.world_size), 0);
   impl->view = overlay::links_of(impl->shape, settings.rank, impl->gone);
+  impl->view_since = Clock::now();
   register_mesh(&impl->sockets);
   if (Status s = impl->prepare(); !s) return Error{s.error()};
   const auto deadline = Clock::now() + settings.connect_timeout;

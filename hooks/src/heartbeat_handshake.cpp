@@ -24,6 +24,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -316,10 +317,14 @@ int dial(const std::string& host, const std::string& port) {
     fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) continue;
     if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
+    const int err = errno;
     ::close(fd);
+    errno = err;
     fd = -1;
   }
+  const int err = errno;
   ::freeaddrinfo(res);
+  errno = err;
   return fd;
 }
 
@@ -439,7 +444,11 @@ Result<std::pair<int, PeerId>> Mesh::Impl::dial_once(int peer, std::chrono::mill
   if (!addr) return Error{"it has published no address yet"};
   const std::string dialed = addr->first + " " + addr->second;
   int fd = dial(addr->first, addr->second);
-  if (fd < 0) return Error{dialed + ": " + errno_text(errno)};
+  if (fd < 0) {
+    last_dial_refused = errno == ECONNREFUSED;
+    return Error{dialed + ": " + errno_text(errno)};
+  }
+  last_dial_refused = false;
   set_timeout(fd, limit);
   auto back = dial_handshake(fd, peer, dialed);
   if (!back) {
@@ -449,25 +458,46 @@ Result<std::pair<int, PeerId>> Mesh::Impl::dial_once(int peer, std::chrono::mill
   return std::pair{fd, *back};
 }
 
-// Keeps this rank linked to the up neighbour of its current view. Before every rank joined, a peer that has not
-// published yet is waited for (start's own deadline bounds it). After, a failed dial is news about the peer: with
-// its address file gone it left in order (say_bye removes the file first); otherwise it is dead (a refused connect:
-// its process is gone; no answer to the handshake within dead_after: it is frozen).
+// Keeps this rank linked to the up neighbour of its current view, and probes the down neighbours that have not
+// linked in within kProbeAfter of a change (a group whose leader died, with nobody left to dial: a dead node).
+// Before every rank joined, a peer that has not published yet is waited for (start's own deadline bounds it).
+// After, a failed dial is news about the peer only when it is certain: no address file (it left in order; say_bye
+// removes the file first) or a refused connect (no listener: its process is gone). A dial that times out may be a
+// starved peer: the up neighbour is declared dead only after kSlowFactor silence limits of that, a down one never
+// (its silence on other links tells).
 void Mesh::Impl::dial_loop() {
+  constexpr auto kProbeAfter = std::chrono::milliseconds(300);
   int target = -1;
+  Clock::time_point since;
+  std::set<int> given_up;  // probes that timed out since the last change of the view
+  std::uint64_t seen_version = 0;
   auto pause = std::chrono::milliseconds(20);
   while (!stopping) {
     bool started = false;
+    bool probe = false;
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait_for(lock, std::chrono::milliseconds(100), [&] {
-        return stopping.load() || (!quiet && view.up && links.count(*view.up) == 0 &&
-                                   !gone[static_cast<std::size_t>(*view.up)]);
-      });
+      auto wanted = [&]() -> int {
+        if (quiet) return -1;
+        if (view.up && links.count(*view.up) == 0 && !gone[static_cast<std::size_t>(*view.up)]) return *view.up;
+        if (!go || Clock::now() - view_since < kProbeAfter) return -1;
+        for (int d : view.down) {
+          if (links.count(d) == 0 && given_up.count(d) == 0) return d;
+        }
+        return -1;
+      };
+      cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return stopping.load() || wanted() >= 0; });
       if (stopping) return;
-      if (quiet || !view.up || links.count(*view.up) != 0) continue;
-      if (*view.up != target) {
-        target = *view.up;
+      if (view_version != seen_version) {
+        seen_version = view_version;
+        given_up.clear();
+      }
+      const int next = wanted();
+      if (next < 0) continue;
+      probe = !(view.up && *view.up == next);
+      if (next != target) {
+        target = next;
+        since = Clock::now();
         pause = std::chrono::milliseconds(20);
       }
       started = go;
@@ -485,10 +515,20 @@ void Mesh::Impl::dial_loop() {
     if (started) {
       if (!read_address(target)) {
         mark_gone(target, "left", false, -1);
-      } else {
-        mark_gone(target, "cannot reach it: " + fd.error(), true, -1);
+        continue;
       }
-      continue;
+      if (last_dial_refused) {
+        mark_gone(target, "its connection is refused: " + fd.error(), true, -1);
+        continue;
+      }
+      if (probe) {
+        given_up.insert(target);
+        continue;
+      }
+      if (Clock::now() - since > kSlowFactor * settings.dead_after) {
+        mark_gone(target, "cannot reach it: " + fd.error(), true, -1);
+        continue;
+      }
     }
     // Back off while a peer has not started yet: a constant number of file lookups per second.
     std::this_thread::sleep_for(pause);
@@ -519,7 +559,9 @@ void Mesh::Impl::accept_new() {
 
 bool Mesh::Impl::advance(Pending& c) {
   auto refuse = [&](const std::string& why) {
-    refusals->refused(c.peer, why);
+    // Two ranks that dial each other at once (a repair: the new leader dials up while its parent probes it) race
+    // to one link: the loser is closed without a line.
+    if (why.find("linked already") == std::string::npos) refusals->refused(c.peer, why);
     ::close(c.fd);
     return false;
   };

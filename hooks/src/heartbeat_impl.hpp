@@ -29,6 +29,8 @@ using Clock = std::chrono::steady_clock;
 
 inline constexpr std::uint32_t kMagic = 0x636b7074;  // "ckpt", in the pad field of every frame
 inline constexpr std::size_t kSecretBytes = 32;
+// A peer that is slow rather than dead (starved of CPU, or a dial that times out) gets this many silence limits.
+inline constexpr int kSlowFactor = 10;
 using Secret = std::array<std::uint8_t, kSecretBytes>;
 
 // Refused connections, logged at most once per peer address per 10 s (heartbeat_handshake.cpp).
@@ -74,6 +76,9 @@ struct Mesh::Impl {
   overlay::Gone gone;                    // guarded by mu
   std::vector<char> died;                // guarded by mu: gone by a failure, not an orderly leave
   overlay::Links view;                   // guarded by mu
+  Clock::time_point view_since;          // guarded by mu: when the view last changed
+  std::uint64_t view_version = 0;        // guarded by mu
+  bool last_dial_refused = false;        // dialer thread only: the last dial found no listener
   std::map<int, std::uint64_t> joined;   // guarded by mu: start barrier, ranks joined below each down link
   bool joined_sent = false;              // guarded by mu
   bool go = false;                       // guarded by mu: every rank joined
