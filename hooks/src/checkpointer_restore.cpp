@@ -112,6 +112,7 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
   if (config.world_size > 1) {
     agreement = std::make_unique<RestoreAgreement>(config.dir, config.run_id, rank, config.world_size,
                                                    std::chrono::seconds(config.commit_timeout_s));
+    if (auto tally = coord->restore_tally()) agreement->use_tally(std::move(*tally));
   }
   const bool leader = !agreement || rank == 0;
   std::vector<std::uint64_t> failed;

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "ckpt/hooks.hpp"
+#include "restore_agreement.hpp"
 
 namespace ckpt::hooks {
 
@@ -57,6 +58,8 @@ class Coordinator {
   virtual void attach(LastWords& /*last_words*/) {}
   // Training thread, before the last words go (close): nothing may reach their network after this.
   virtual void detach() {}
+  // A way to count restore rounds over a network, where this coordinator has one (restore_agreement.hpp).
+  virtual std::optional<RestoreTally> restore_tally() { return std::nullopt; }
   // Training thread, at close, after the last persist and before this rank leaves: what others wait for from this
   // rank is sent (at most `timeout`).
   virtual void drain(std::chrono::milliseconds /*timeout*/) {}

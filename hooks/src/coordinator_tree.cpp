@@ -44,6 +44,20 @@ class TreeCoordinator final : public ControlDirCoordinator {
     cv_.notify_all();
   }
 
+  // Restore rounds are counted like checkpoints, under keys above every step.
+  std::optional<RestoreTally> restore_tally() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (words_ == nullptr) return std::nullopt;
+    }
+    RestoreTally tally;
+    tally.report = [this](int round) { (void)publish(restore_key(round), Status::success()); };
+    tally.wait_all = [this](int round, std::chrono::milliseconds timeout) {
+      return static_cast<bool>(wait_all(restore_key(round), timeout));
+    };
+    return tally;
+  }
+
   Status begin(std::uint64_t resume_step) override {
     std::lock_guard<std::mutex> lock(mu_);
     requests_.clear();
@@ -115,7 +129,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
       }
     }
     const std::uint64_t total = counts_[step].total;
-    counts_.erase(counts_.begin(), counts_.upper_bound(step));
+    counts_.erase(step);
     if (auto it = failed_.find(step); it != failed_.end()) {
       const int r = it->second;
       lock.unlock();
@@ -161,6 +175,10 @@ class TreeCoordinator final : public ControlDirCoordinator {
     std::uint64_t total = 0;               // at the root: the job's count
   };
 
+  static std::uint64_t restore_key(int round) {
+    return (std::uint64_t{1} << 62) + static_cast<std::uint64_t>(round);
+  }
+
   // False when the request was known already (it is not passed on again).
   bool note_request_locked(std::uint64_t step, store::Kind kind) {
     auto [it, fresh] = requests_.emplace(step, kind);
@@ -187,6 +205,10 @@ class TreeCoordinator final : public ControlDirCoordinator {
     std::uint64_t total = 1;
     for (const auto& [from, n] : c.below) total += n;
     c.sent = true;
+    // Older checkpoints this rank has passed on are of no more use (one that failed never completes).
+    for (auto it = counts_.begin(); it != counts_.end() && it->first < step;) {
+      it = it->second.sent ? counts_.erase(it) : std::next(it);
+    }
     if (links.is_root) {
       c.total = total;
       cv_.notify_all();

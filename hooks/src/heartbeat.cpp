@@ -449,9 +449,10 @@ void Mesh::Impl::loop() {
       if (s.local_pid > 0) {
         // On this host the peer's process tells: stopped or gone is dead; runnable is slow, up to a limit.
         const char state = process_state(s.local_pid);
-        // 't' is a tracing stop (a debugger or strace between two syscalls): slow too. 'T' is SIGSTOP: frozen.
-        if ((state == 'R' || state == 'S' || state == 'D' || state == 'I' || state == 't') &&
-            s.quiet_for < kSlowFactor * settings.dead_after) {
+        // Stopped (SIGSTOP: 'T'), a zombie or gone is dead. Anything else (running, sleeping, in the disk, a
+        // tracing stop between two syscalls of strace or a debugger) is slow.
+        const bool ended = state == 0 || state == 'T' || state == 'Z' || state == 'X' || state == 'x';
+        if (!ended && s.quiet_for < kSlowFactor * settings.dead_after) {
           Link* link = nullptr;
           {
             std::lock_guard<std::mutex> lock(mu);
@@ -467,8 +468,9 @@ void Mesh::Impl::loop() {
           }
           continue;
         }
-        why += state == 0 ? " (its process is gone)" : state == 'T' ? " (its process is stopped)"
-                                                                    : " (and more while it runs)";
+        why += state == 0     ? std::string(" (its process is gone)")
+               : state == 'T' ? std::string(" (its process is stopped)")
+                              : std::string(" (its process is in state ") + state + ")";
       }
       mark_gone(s.peer, why, true, -1);
     }

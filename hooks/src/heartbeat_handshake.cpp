@@ -471,6 +471,7 @@ void Mesh::Impl::dial_loop() {
   Clock::time_point since;
   std::set<int> given_up;  // probes that timed out since the last change of the view
   std::uint64_t seen_version = 0;
+  bool hurry = false;  // a probe found a dead rank: its group's next one is probed at once, not after kProbeAfter
   auto pause = std::chrono::milliseconds(20);
   while (!stopping) {
     bool started = false;
@@ -480,7 +481,7 @@ void Mesh::Impl::dial_loop() {
       auto wanted = [&]() -> int {
         if (quiet) return -1;
         if (view.up && links.count(*view.up) == 0 && !gone[static_cast<std::size_t>(*view.up)]) return *view.up;
-        if (!go || Clock::now() - view_since < kProbeAfter) return -1;
+        if (!go || (!hurry && Clock::now() - view_since < kProbeAfter)) return -1;
         for (int d : view.down) {
           if (links.count(d) == 0 && given_up.count(d) == 0) return d;
         }
@@ -504,6 +505,7 @@ void Mesh::Impl::dial_loop() {
     }
     const auto limit = std::max(settings.dead_after, std::chrono::milliseconds(1000));
     auto fd = dial_once(target, limit);
+    hurry = false;
     if (fd) {
       adopt(target, fd->first, std::string(), fd->second);
       continue;
@@ -519,6 +521,7 @@ void Mesh::Impl::dial_loop() {
       }
       if (last_dial_refused) {
         mark_gone(target, "its connection is refused: " + fd.error(), true, -1);
+        hurry = probe;
         continue;
       }
       if (probe) {

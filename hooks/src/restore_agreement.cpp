@@ -217,9 +217,14 @@ Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bo
     }
   }
   const std::string verdict_name = numbered("verdict", round);
+  if (tally_) tally_->report(round);
   if (rank_ != 0) {
     bool existed = false;
-    if (Status s = create_exclusive(done_name(round, rank_), "\n", &existed); !s) return Error{s.error()};
+    if (tally_) {
+      // Counted over the network: no file of this rank's.
+    } else if (Status s = create_exclusive(done_name(round, rank_), "\n", &existed); !s) {
+      return Error{s.error()};
+    }
     if (existed) {
       return Error{"ckpt: " + join(dir_, done_name(round, rank_)) +
                    " exists: a launch with the same run id restored from this dir before; give each launch its own "
@@ -240,7 +245,7 @@ Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bo
   std::vector<bool> seen(static_cast<std::size_t>(world_), false);
   seen[0] = true;
   int missing = world_ - 1;
-  bool all = wait(
+  bool all = tally_ ? tally_->wait_all(round, timeout_) : wait(
       [&] {
         for (int r = 1; r < world_; ++r) {
           if (!seen[static_cast<std::size_t>(r)] && exists(done_name(round, r))) {
@@ -256,6 +261,9 @@ Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bo
     outcome = {RestoreVerdict::WalkBack, first_line(*bad)};
   } else if (auto stop = read(numbered("stop", round))) {
     outcome = {RestoreVerdict::Stop, first_line(*stop)};
+  } else if (!all && tally_) {
+    outcome = {RestoreVerdict::Stop, "not every rank reported its restore within " +
+                                         std::to_string(timeout_.count() / 1000) + " s"};
   } else if (!all) {
     std::string which;
     for (int r = 1, shown = 0; r < world_ && shown < 8; ++r) {
@@ -267,7 +275,7 @@ Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bo
   }
   if (Status s = create_exclusive(verdict_name, verdict_text(outcome), nullptr); !s) return Error{s.error()};
   // The reports are read: nothing else needs them, and a large job should not leave one file per rank behind.
-  for (int r = 1; r < world_; ++r) {
+  for (int r = 1; r < world_ && !tally_; ++r) {
     if (seen[static_cast<std::size_t>(r)]) ::unlinkat(fd_, done_name(round, r).c_str(), 0);
   }
   return outcome;

@@ -11,6 +11,7 @@
 // leader checks one name per rank, as a commit does.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -28,6 +29,14 @@ struct RestorePlan {
 };
 std::string to_json(const RestorePlan& plan);
 Result<RestorePlan> parse_restore_plan(std::string_view text);
+
+// Counts the ranks' reports of a round over a network (the tree coordinator's) instead of one file per rank, so
+// that the leader reads no file per rank either. report: every rank, once per round; wait_all: the leader, true
+// once every rank of the job reported.
+struct RestoreTally {
+  std::function<void(int round)> report;
+  std::function<bool(int round, std::chrono::milliseconds timeout)> wait_all;
+};
 
 enum class RestoreVerdict { Ok, WalkBack, Stop };
 struct RoundOutcome {
@@ -54,6 +63,8 @@ class RestoreAgreement {
   // Every rank, after loading: reports its outcome and returns the verdict for all ranks.
   Result<RoundOutcome> agree(int round, const Status& loaded, bool definite);
   std::string path() const { return dir_; }
+  // Reports go through `tally` from now on (every rank must make the same choice).
+  void use_tally(RestoreTally tally) { tally_ = std::move(tally); }
 
  private:
   Status open_dir(bool create);
@@ -71,6 +82,7 @@ class RestoreAgreement {
   const int world_;
   const std::chrono::milliseconds timeout_;
   int fd_ = -1;
+  std::optional<RestoreTally> tally_;
 };
 
 }  // namespace ckpt::hooks
