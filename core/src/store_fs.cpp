@@ -303,6 +303,30 @@ Result<std::vector<Entry>> scan(const std::string& root) {
   }
 }
 
+Result<std::vector<std::uint64_t>> dead_saves_above(const std::string& root, std::uint64_t step) {
+  try {
+    auto root_fd = open_root(root);
+    if (!root_fd) return Error{root_fd.error()};
+    auto entries = list_dir(root_fd->get());
+    if (!entries.ok()) return Error{"cannot read checkpoint dir '" + root + "': " + errno_text(entries.error.err)};
+    std::vector<std::uint64_t> out;
+    for (const DirEntry& e : *entries.value) {
+      auto s = parse_step_dir_name(e.name);
+      if (!s || *s <= step || !S_ISDIR(e.st.st_mode)) continue;
+      auto dir = open_step_dir(root_fd->get(), *s);
+      if (!dir.ok()) continue;
+      if (!exists_at(dir.value->get(), std::string(kManifestName)) &&
+          !exists_at(dir.value->get(), std::string(kFailedName))) {
+        out.push_back(*s);
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  } catch (const std::exception& e) {
+    return Error{std::string("cannot scan '") + root + "': " + e.what()};
+  }
+}
+
 Status verify(const std::string& root, std::uint64_t step, bool checksums) {
   try {
     auto root_fd = open_root(root);

@@ -57,14 +57,13 @@ void Checkpointer::Impl::start(std::uint64_t step) {
 // into one while it goes. Rank 0 only.
 void Checkpointer::Impl::discard_incomplete_above(std::uint64_t step) {
   discarded_above = true;
-  auto entries = store::scan(config.dir);
-  if (!entries) return;  // a new dir; ShardWriter creates it
-  for (const store::Entry& e : *entries) {
-    if (e.state != store::State::Incomplete || e.step <= step) continue;
-    if (Status s = store::discard_incomplete(config.dir, e.step, run_fence(config)); !s) {
+  auto dead = store::dead_saves_above(config.dir, step);
+  if (!dead) return;  // a new dir; ShardWriter creates it
+  for (std::uint64_t s_step : *dead) {
+    if (Status s = store::discard_incomplete(config.dir, s_step, run_fence(config)); !s) {
       log::warn(rank, s.error());
     } else {
-      log::info(rank, "discarded the incomplete checkpoint of step " + std::to_string(e.step));
+      log::info(rank, "discarded the incomplete checkpoint of step " + std::to_string(s_step));
     }
   }
 }

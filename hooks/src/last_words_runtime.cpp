@@ -398,6 +398,29 @@ struct LastWords::Impl {
         t0 + std::max<std::chrono::milliseconds>(timing.dead_after + std::chrono::milliseconds(500),
                                                  timing.deadline / 2 + std::chrono::milliseconds(300));
     const auto deadline = t0 + timing.deadline;
+    // Ranks that are alive report within milliseconds. Once they have had kSettle, a plan that already writes is
+    // taken: waiting longer only serves ranks nobody has heard of (a dead node's, whose deaths take a chain of
+    // probes, or frozen ones, whose silence takes dead_after), which at best adds the step one of them is ahead.
+    constexpr auto kSettle = std::chrono::milliseconds(500);
+    std::vector<std::string> unable;
+    auto current_reports = [&] {
+      std::vector<last_words::RankReport> out;
+      unable.clear();
+      for (const auto& [p, f] : reports) {
+        last_words::RankReport r;
+        r.coord = p == rank ? config.coord : unpack_coord(p, f.b);
+        r.alive = (f.flags & kCannotWrite) == 0 && gone.count(p) == 0;
+        if ((f.flags & kCannotWrite) != 0) {
+          unable.push_back("rank " + std::to_string(p) + " cannot write its state (counted as lost)");
+        }
+        r.mid_update = (f.flags & kMidUpdate) != 0;
+        r.step = f.a;
+        out.push_back(r);
+      }
+      return fill_missing(std::move(out));
+    };
+    std::optional<last_words::Plan> early;
+    auto next_try = t0 + kSettle;
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
       if (stopping) return false;
@@ -405,26 +428,25 @@ struct LastWords::Impl {
       const bool root = net()->links().is_root;
       const auto now = Clock::now();
       if (root && (accounted.size() >= static_cast<std::size_t>(config.world_size) || now >= gather_until)) break;
+      if (root && now >= next_try) {
+        next_try = now + std::chrono::milliseconds(100);
+        last_words::Plan trial = last_words::plan(config.layout, current_reports());
+        if (trial.write) {
+          early = std::move(trial);
+          break;
+        }
+      }
       if (now >= deadline) {
         log::warn(rank, "last words: no decision reached this rank in time; not writing");
         return false;
       }
-      cv.wait_until(lock, std::min(root ? gather_until : deadline, now + std::chrono::milliseconds(50)));
+      cv.wait_until(lock, std::min({root ? gather_until : deadline, root ? next_try : deadline,
+                                    now + std::chrono::milliseconds(50)}));
     }
     // This rank is the root: it decides, once.
-    std::vector<last_words::RankReport> rankreports;
-    std::vector<std::string> unable;
-    for (const auto& [p, f] : reports) {
-      last_words::RankReport r;
-      r.coord = p == rank ? config.coord : unpack_coord(p, f.b);
-      r.alive = (f.flags & kCannotWrite) == 0 && gone.count(p) == 0;
-      if ((f.flags & kCannotWrite) != 0) unable.push_back("rank " + std::to_string(p) + " cannot write its state (counted as lost)");
-      r.mid_update = (f.flags & kMidUpdate) != 0;
-      r.step = f.a;
-      rankreports.push_back(r);
-    }
+    std::vector<last_words::RankReport> rankreports = early ? std::vector<last_words::RankReport>{} : current_reports();
     lock.unlock();
-    last_words::Plan plan = last_words::plan(config.layout, fill_missing(rankreports));
+    last_words::Plan plan = early ? std::move(*early) : last_words::plan(config.layout, rankreports);
     log::info(rank, plan.summary);  // "last words: writing ..." or "last words: not writing ..."
     for (const std::string& why : unable) log::info(rank, "last words: " + why);
     for (const std::string& why : plan.reasons) log::info(rank, "last words: " + why);

@@ -497,6 +497,21 @@ TEST_CASE("discard_incomplete clears a dead save's leftovers, and only those", "
   CHECK(fs::exists(dir_of(t, 300)));
 }
 
+TEST_CASE("dead_saves_above finds saves that died, and no committed or FAILED step", "[store][fs]") {
+  TempDir t;
+  save(t.path(), 100, 2);
+  write_shard(t.path(), 200, 0);  // a save that died: no manifest
+  save(t.path(), 300, 2);
+  write_shard(t.path(), 400, 1);
+  write_shard(t.path(), 500, 0);
+  REQUIRE(mark_failed(t.path(), 500, "test").ok());
+  auto dead = dead_saves_above(t.path(), 100);
+  REQUIRE(dead.ok());
+  CHECK(*dead == std::vector<std::uint64_t>{200, 400});
+  CHECK(*dead_saves_above(t.path(), 300) == std::vector<std::uint64_t>{400});
+  CHECK_FALSE(dead_saves_above(t / "nope", 0).ok());
+}
+
 TEST_CASE("scan and resolve on a missing or odd root", "[store][fs]") {
   TempDir t;
   auto missing = scan(t / "nope");

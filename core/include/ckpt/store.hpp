@@ -174,6 +174,10 @@ EpochAction plan_epoch_raise(const Fence& run, const std::optional<EpochRecord>&
 // Lists every step dir under root (other names are ignored). Does not read shard bytes.
 Result<std::vector<Entry>> scan(const std::string& root);
 
+// The step dirs above `step` with neither a manifest nor a FAILED mark: saves that died. Two name lookups per step
+// dir and nothing per rank, so a restart of a large job does not stat every shard to find them.
+Result<std::vector<std::uint64_t>> dead_saves_above(const std::string& root, std::uint64_t step);
+
 // Verifies one checkpoint: manifest parses and is complete, every shard exists with its size and checksum.
 // The error names the shard that is wrong. `checksums=false` checks sizes only.
 Status verify(const std::string& root, std::uint64_t step, bool checksums = true);
