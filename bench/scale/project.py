@@ -38,12 +38,15 @@ def main():
     ap.add_argument("--cost", default="0.2s")
     ap.add_argument("--relaunch", default="13.5s")
     args = ap.parse_args()
-    _, healthy, _, _, fits = report.table(args.out)
+    _, healthy, rows, _, fits = report.table(args.out)
 
     def at_target(prefix):
+        # Along the slope, but never below the largest value measured: a falling slope over noisy points must
+        # not promise a detection faster than the silence limit.
         for key, (_, _, value) in fits.items():
             if key.startswith(prefix) and value is not None:
-                return key, value
+                measured = [v for n, v in rows[key].items() if n in healthy and isinstance(v, (int, float))]
+                return key, max([value] + measured)
         sys.exit(f"bench/scale/project.py: no healthy measurement of '{prefix}' in {args.out}")
 
     parts = [at_target("detection latency of a frozen rank, last survivor"),
@@ -51,7 +54,8 @@ def main():
              ("relaunch (argument)", seconds(args.relaunch)),
              at_target("open+restore time (s, max)")]
     restart = sum(v for _, v in parts)
-    print(f"Measured at N = {', '.join(map(str, healthy))}; each figure at {report.TARGET:,} ranks along its slope:")
+    print(f"Measured at N = {', '.join(map(str, healthy))}; each figure at {report.TARGET:,} ranks along its slope "
+          "(at least the largest measured):")
     for key, value in parts:
         print(f"  {value:8.3f} s  {key}")
     print(f"  {restart:8.3f} s  restart, in all")

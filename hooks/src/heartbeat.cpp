@@ -428,52 +428,57 @@ void Mesh::Impl::loop() {
       std::vector<char> none(pending.size(), 0);
       service_pending(none);  // handshakes past their limit
     }
-    // Silence, judged after this turn's reads.
-    now = Clock::now();
-    struct Silent {
-      int peer;
-      Clock::duration quiet_for;
-      int local_pid;
-    };
-    std::vector<Silent> silent;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      for (auto& [peer, link] : links) {
-        if (!gone[static_cast<std::size_t>(peer)] && now - link.seen > settings.dead_after) {
-          silent.push_back({peer, now - link.seen, link.local_pid});
-        }
+    judge_silence();
+  }
+}
+
+// Silence, judged after a turn's reads: a peer silent for dead_after is dead, unless its process runs on this
+// host (slow, not dead, up to kSlowFactor limits).
+void Mesh::Impl::judge_silence() {
+  const auto now = Clock::now();
+  struct Silent {
+    int peer;
+    Clock::duration quiet_for;
+    int local_pid;
+  };
+  std::vector<Silent> silent;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [peer, link] : links) {
+      if (!gone[static_cast<std::size_t>(peer)] && now - link.seen > settings.dead_after) {
+        silent.push_back({peer, now - link.seen, link.local_pid});
       }
     }
-    for (const Silent& s : silent) {
-      std::string why = "no heartbeat for " + seconds_text(s.quiet_for);
-      if (s.local_pid > 0) {
-        // On this host the peer's process tells: stopped or gone is dead; runnable is slow, up to a limit.
-        const char state = process_state(s.local_pid);
-        // Stopped (SIGSTOP: 'T'), a zombie or gone is dead. Anything else (running, sleeping, in the disk, a
-        // tracing stop between two syscalls of strace or a debugger) is slow.
-        const bool ended = state == 0 || state == 'T' || state == 'Z' || state == 'X' || state == 'x';
-        if (!ended && s.quiet_for < kSlowFactor * settings.dead_after) {
-          Link* link = nullptr;
-          {
-            std::lock_guard<std::mutex> lock(mu);
-            auto it = links.find(s.peer);
-            if (it != links.end()) link = &it->second;
-          }
-          if (link != nullptr && !link->slow_logged) {
-            link->slow_logged = true;
-            log::info(settings.rank, "heartbeat: rank " + std::to_string(s.peer) + " is silent for " +
-                                         seconds_text(s.quiet_for) + " but its process runs on this host: slow, not "
-                                         "dead (dead after " +
-                                         seconds_text(kSlowFactor * settings.dead_after) + ")");
-          }
-          continue;
+  }
+  for (const Silent& s : silent) {
+    std::string why = "no heartbeat for " + seconds_text(s.quiet_for);
+    if (s.local_pid > 0) {
+      // On this host the peer's process tells: stopped or gone is dead; runnable is slow, up to a limit.
+      const char state = process_state(s.local_pid);
+      // Stopped (SIGSTOP: 'T'), a zombie or gone is dead. Anything else (running, sleeping, in the disk, a
+      // tracing stop between two syscalls of strace or a debugger) is slow.
+      const bool ended = state == 0 || state == 'T' || state == 'Z' || state == 'X' || state == 'x';
+      if (!ended && s.quiet_for < kSlowFactor * settings.dead_after) {
+        Link* link = nullptr;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          auto it = links.find(s.peer);
+          if (it != links.end()) link = &it->second;
         }
-        why += state == 0     ? std::string(" (its process is gone)")
-               : state == 'T' ? std::string(" (its process is stopped)")
-                              : std::string(" (its process is in state ") + state + ")";
+        if (link != nullptr && !link->slow_logged) {
+          link->slow_logged = true;
+          log::info(settings.rank, "heartbeat: rank " + std::to_string(s.peer) + " is silent for " +
+                                       seconds_text(s.quiet_for) + " but its process runs on this host: slow, not "
+                                       "dead (dead after " +
+                                       seconds_text(kSlowFactor * settings.dead_after) + ")");
+        }
+        continue;
       }
-      mark_gone(s.peer, why, true, -1);
+      why += state == 0     ? std::string(" (its process is gone)")
+             : state == 'T' ? std::string(" (its process is stopped)")
+                            : std::string(" (its process is in state ") + state + ")";
     }
+    mark_gone(s.peer, why, true, -1);
   }
 }
 

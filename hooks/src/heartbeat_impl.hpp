@@ -108,6 +108,7 @@ struct Mesh::Impl {
   // Start barrier: sends kJoined up (or kGo down, at the root) once every down link joined. mu held.
   void advance_barrier_locked();
   void loop();
+  void judge_silence();
   void receive(int peer, Link& link);
   void deliver(int peer, const Frame& f);
   void flush_outboxes();
