@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hooks_test_util.hpp"
+#include "store_test_util.hpp"
 
 using namespace ckpt;
 using namespace ckpt::hooks;
@@ -64,16 +65,6 @@ Restored restore_from(const Options& o, std::size_t a_size = 1 << 20) {
   return r;
 }
 
-void flip_byte(const std::string& path, long offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  REQUIRE(f.good());
-  f.seekg(offset);
-  char c = 0;
-  f.read(&c, 1);
-  f.seekp(offset);
-  c = static_cast<char>(c ^ 0x5a);
-  f.write(&c, 1);
-}
 
 }  // namespace
 
@@ -96,7 +87,7 @@ TEST_CASE("restore loads the newest complete checkpoint bitwise", "[hooks][resto
     CHECK(r.extra == "step 3");
   }
   SECTION("a corrupt newest checkpoint is marked FAILED and skipped") {
-    flip_byte(dir.path() + "/" + store::step_dir_name(3) + "/" + store::shard_file_name(0), 4321);
+    store::test::flip_byte(dir.path() + "/" + store::step_dir_name(3) + "/" + store::shard_file_name(0), 4321);
     auto r = restore_from(test::options({{"dir", dir.path()}}));
     REQUIRE(r.step.ok());
     CHECK(*r.step == 2);
@@ -125,7 +116,7 @@ TEST_CASE("restore loads the newest complete checkpoint bitwise", "[hooks][resto
     CHECK(log.has("does not verify"));
   }
   SECTION("a plugin's choice whose shard does not load is marked FAILED; the newest that loads comes next") {
-    flip_byte(dir.path() + "/" + store::step_dir_name(1) + "/" + store::shard_file_name(0), 10);
+    store::test::flip_byte(dir.path() + "/" + store::step_dir_name(1) + "/" + store::shard_file_name(0), 10);
     auto r = restore_from(test::options({{"dir", dir.path()}, {"resume_step", "1"}}));
     REQUIRE(r.step.ok());
     CHECK(*r.step == 3);
@@ -219,17 +210,6 @@ TEST_CASE("a start discards incomplete saves newer than the resume step", "[hook
 
 namespace {
 
-// Bytes this thread has read through read(2) and pread(2) so far (every rank of these tests is a thread).
-std::uint64_t thread_rchar() {
-  std::ifstream in("/proc/thread-self/io");
-  std::string key;
-  std::uint64_t value = 0;
-  while (in >> key >> value) {
-    if (key == "rchar:") return value;
-  }
-  return 0;
-}
-
 constexpr std::size_t kShardBytes = 4u << 20;
 
 // A committed checkpoint of `world` ranks at `step`: rank r's region "a" holds state_at(kShardBytes, step + r).
@@ -268,9 +248,9 @@ std::vector<RankRestore> restore_job(const std::string& dir, int world, const st
                                           {"world_size", std::to_string(world)}, {"coordinator", "file"},
                                           {"run_id", run_id}, {"copy_threads", "0"}}));
       if (!cp->register_region({"a", me.a.data(), me.a.size()})) return;
-      std::uint64_t before = thread_rchar();
+      std::uint64_t before = store::test::thread_rchar();
       me.step = cp->restore();
-      me.read_bytes = thread_rchar() - before;
+      me.read_bytes = store::test::thread_rchar() - before;
       (void)cp->close();
     });
   }
@@ -306,7 +286,7 @@ TEST_CASE("a shard that does not load walks every rank back to the same step, ma
   write_job_checkpoint(dir.path(), 3, 4);
   const std::string step3 = dir.path() + "/" + store::step_dir_name(3) + "/";
   SECTION("a corrupt shard is found by the rank that loads it") {
-    flip_byte(step3 + store::shard_file_name(2), 12345);
+    store::test::flip_byte(step3 + store::shard_file_name(2), 12345);
     std::vector<RankRestore> ranks = restore_job(dir.path(), 4, "corrupt");
     for (int rank = 0; rank < 4; ++rank) {
       const RankRestore& r = ranks[static_cast<std::size_t>(rank)];

@@ -19,6 +19,8 @@ namespace fs = std::filesystem;
 namespace {
 
 using test::TempDir;
+using test::flip_byte;
+using test::thread_rchar;
 using test::spit;
 
 constexpr std::size_t kBytes = 1u << 20;
@@ -51,27 +53,7 @@ std::string shard_path(const TempDir& t, std::uint64_t step, int rank) {
   return t / (step_dir_name(step) + "/" + shard_file_name(rank));
 }
 
-void flip_byte(const std::string& path, long offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  REQUIRE(f.good());
-  f.seekg(offset);
-  char c = 0;
-  f.read(&c, 1);
-  f.seekp(offset);
-  c = static_cast<char>(c ^ 0x01);
-  f.write(&c, 1);
-}
 
-// Bytes this thread has read through read(2) and pread(2) so far.
-std::uint64_t thread_rchar() {
-  std::ifstream in("/proc/thread-self/io");
-  std::string key;
-  std::uint64_t value = 0;
-  while (in >> key >> value) {
-    if (key == "rchar:") return value;
-  }
-  return 0;
-}
 
 ResolveOptions records_only() {
   ResolveOptions o;
