@@ -24,6 +24,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 extern "C" {
@@ -34,6 +35,7 @@ extern "C" {
 
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
+#include "ckpt/srun_cmdline.hpp"
 #include "http.hpp"
 #include "log.hpp"
 #include "munge_auth.hpp"
@@ -52,25 +54,7 @@ int usage(const std::string& why) {
   return 2;
 }
 
-// srun's options that take a value (long without '=', and short), so that the command can be told apart.
-bool long_takes_value(const std::string& name) {
-  static const std::set<std::string> names = {
-      "account", "acctg-freq", "bb", "bbf", "bcast", "bcast-exclude", "begin", "cpus-per-task", "comment",
-      "cpu-freq", "dependency", "deadline", "delay-boot", "chdir", "export", "error", "epilog", "gres",
-      "gres-flags", "input", "jobid", "job-name", "licenses", "clusters", "distribution", "mail-type", "mail-user",
-      "mcs-label", "mpi", "ntasks", "ntasks-per-node", "nodes", "output", "het-group", "partition", "power",
-      "priority", "prolog", "profile", "relative", "qos", "core-spec", "signal", "slurmd-debug", "switches",
-      "task-epilog", "task-prolog", "thread-spec", "threads", "time", "time-min", "wait", "wckey",
-      "cluster-constraint", "constraint", "mem", "mincpus", "reservation", "tmp", "nodelist", "exclude",
-      "mem-per-cpu", "sockets-per-node", "cores-per-socket", "threads-per-core", "ntasks-per-core",
-      "ntasks-per-socket", "cpus-per-gpu", "gpus", "gpu-bind", "gpu-freq", "gpus-per-node", "gpus-per-socket",
-      "gpus-per-task", "mem-per-gpu", "network", "uid", "gid", "nodefile", "cpu-bind", "mem-bind", "hint",
-      "accel-bind", "ntasks-per-gpu", "ntasks-per-tres", "x11", "container", "open-mode", "extra-node-info",
-      "ckpt-interval", "ckpt-dir", "ckpt-keep", "ckpt-last-words", "ckpt-mtbf", "ckpt-max-restarts", "ckpt-grace"};
-  return names.count(name) != 0;
-}
-bool short_takes_value(char c) { return std::strchr("AbcdDeiJLMmnNopqrSTtWCwxGBF", c) != nullptr; }
-
+// The user's srun line as each launch rebuilds it: -N and -x apart, since a relaunch sets them anew.
 struct SrunLine {
   std::string srun;                    // the program, usually "srun"
   std::vector<std::string> options;    // without -N/--nodes and -x/--exclude
@@ -80,60 +64,21 @@ struct SrunLine {
 };
 
 ckpt::Result<SrunLine> parse_srun(const std::vector<std::string>& args) {
-  if (args.empty()) return ckpt::Error{"no srun command line"};
+  auto parsed = ckpt::parse_srun_command_line(args);
+  if (!parsed) return ckpt::Error{parsed.error()};
   SrunLine line;
-  line.srun = args[0];
-  std::size_t i = 1;
-  for (; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a.size() < 2 || a[0] != '-') break;  // the command
-    std::string name, value;
-    bool has_value = false;
-    bool is_long = a.rfind("--", 0) == 0;
-    if (is_long) {
-      auto eq = a.find('=');
-      name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-      if (eq != std::string::npos) {
-        value = a.substr(eq + 1);
-        has_value = true;
-      } else if (long_takes_value(name)) {
-        if (i + 1 >= args.size()) return ckpt::Error{"srun option " + a + " needs a value"};
-        value = args[++i];
-        has_value = true;
-      }
+  line.srun = parsed->srun;
+  line.command = parsed->command;
+  for (const auto& option : parsed->options) {
+    const std::string name = option.long_name();
+    if (name == "nodes") {
+      line.nodes = option.value.value_or("");
+    } else if (name == "exclude") {
+      line.exclude = option.value.value_or("");
     } else {
-      name = a.substr(1, 1);
-      if (short_takes_value(a[1])) {
-        if (a.size() > 2) {
-          value = a.substr(2);
-        } else {
-          if (i + 1 >= args.size()) return ckpt::Error{"srun option " + a + " needs a value"};
-          value = args[++i];
-        }
-        has_value = true;
-      }
-    }
-    if (name == "N" || name == "nodes") {
-      line.nodes = value;
-      continue;
-    }
-    if (name == "x" || name == "exclude") {
-      line.exclude = value;
-      continue;
-    }
-    if (is_long) {
-      line.options.push_back("--" + name + (has_value ? "=" + value : ""));
-    } else {
-      line.options.push_back("-" + name);
-      if (has_value) line.options.push_back(value);
+      for (auto& word : option.words()) line.options.push_back(std::move(word));
     }
   }
-  for (; i < args.size(); ++i) line.command.push_back(args[i]);
-  if (line.command.empty()) return ckpt::Error{"no command after the srun options"};
   return line;
 }
 
@@ -240,19 +185,35 @@ void hand_over(const Settings& s, std::uint32_t job, const std::string& why) {
   if (!res.ok()) log_error("the controller did not take the hand-over: " + (res.error.empty() ? res.body : res.error));
 }
 
-}  // namespace
+// Sets one of ckpt-run's own options from its value (nullopt when the option was last on the line). Returns an
+// exit status when the value is bad.
+std::optional<int> set_run_option(const std::string& a, const std::optional<std::string>& v, Settings& s) {
+  if (a == "--controller") {
+    if (!v) return usage("--controller needs a URL");
+    s.url = *v;
+  } else if (a == "--min-nodes") {
+    auto n = v ? ckpt::parse_uint(*v) : ckpt::Result<std::uint64_t>(ckpt::Error{""});
+    if (!n || *n == 0) return usage("--min-nodes: invalid value '" + v.value_or("") + "' (expected N >= 1)");
+    s.min_nodes = *n;
+  } else if (a == "--max-relaunches") {
+    auto n = v ? ckpt::parse_uint(*v) : ckpt::Result<std::uint64_t>(ckpt::Error{""});
+    if (!n) return usage("--max-relaunches: invalid value '" + v.value_or("") + "' (expected a number)");
+    s.max_relaunches = *n;
+  } else if (a == "--decision-wait") {
+    auto d = v ? rec::parse_duration_ms(*v) : ckpt::Result<double>(ckpt::Error{""});
+    if (!d) return usage("--decision-wait: invalid value '" + v.value_or("") + "' (expected a duration like 5s)");
+    s.decision_wait_s = *d;
+  } else {
+    return usage(a + ": in kRunOptions but not parsed");  // a bug, caught by the man page test
+  }
+  return std::nullopt;
+}
 
-int main(int argc, char** argv) {
-  set_log_program("ckpt-run");
-  Settings s;
-  std::vector<std::string> rest;
-  int i = 1;
+// Reads ckpt-run's own options, which end at "--" or at the first word that is not one (the srun line). Leaves
+// `i` at the srun line; returns an exit status when ckpt-run is done (--help, a bad option).
+std::optional<int> parse_run_options(int argc, char** argv, int& i, Settings& s) {
   for (; i < argc; ++i) {
     std::string a = argv[i];
-    auto value = [&]() -> std::optional<std::string> {
-      if (i + 1 >= argc) return std::nullopt;
-      return std::string(argv[++i]);
-    };
     if (a == "--") {
       ++i;
       break;
@@ -264,176 +225,218 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (run_option(a) == nullptr) return usage("unknown option " + a);
-    if (a == "--controller") {
-      auto v = value();
-      if (!v) return usage("--controller needs a URL");
-      s.url = *v;
-    } else if (a == "--min-nodes") {
-      auto v = value();
-      auto n = v ? ckpt::parse_uint(*v) : ckpt::Result<std::uint64_t>(ckpt::Error{""});
-      if (!n || *n == 0) return usage("--min-nodes: invalid value '" + v.value_or("") + "' (expected N >= 1)");
-      s.min_nodes = *n;
-    } else if (a == "--max-relaunches") {
-      auto v = value();
-      auto n = v ? ckpt::parse_uint(*v) : ckpt::Result<std::uint64_t>(ckpt::Error{""});
-      if (!n) return usage("--max-relaunches: invalid value '" + v.value_or("") + "' (expected a number)");
-      s.max_relaunches = *n;
-    } else if (a == "--decision-wait") {
-      auto v = value();
-      auto d = v ? rec::parse_duration_ms(*v) : ckpt::Result<double>(ckpt::Error{""});
-      if (!d) return usage("--decision-wait: invalid value '" + v.value_or("") + "' (expected a duration like 5s)");
-      s.decision_wait_s = *d;
-    } else {
-      return usage(a + ": in kRunOptions but not parsed");  // a bug, caught by the man page test
-    }
+    std::optional<std::string> value;
+    if (i + 1 < argc) value = argv[++i];
+    if (auto done = set_run_option(a, value, s)) return done;
   }
-  for (; i < argc; ++i) rest.emplace_back(argv[i]);
-  auto line = parse_srun(rest);
+  return std::nullopt;
+}
+
+// What the relaunch loop works from: the job, its allocation, the user's srun line and the nodes left out.
+struct Run {
+  Settings s;
+  std::uint32_t job_id = 0;
+  std::string job;
+  std::vector<std::string> alloc;
+  SrunLine line;
+  std::set<std::string> user_excluded;  // the user's own -x
+  std::set<std::string> excluded;       // the user's -x and the bad nodes found so far
+  std::optional<std::uint64_t> nodes_wanted;
+  std::set<std::uint32_t> handled_steps;  // failed steps whose relaunch decision was carried out
+  unsigned attempt = 0;
+};
+
+// Fills `run` from the srun line and the allocation's environment; returns an exit status when it cannot.
+std::optional<int> prepare(Run& run, const std::vector<std::string>& srun_args) {
+  auto line = parse_srun(srun_args);
   if (!line) return usage(line.error());
+  run.line = *line;
   const char* job_env = std::getenv("SLURM_JOB_ID");
   auto job_id = ckpt::parse_uint(job_env ? job_env : "");
   if (!job_id || *job_id == 0 || *job_id > 0xffffffffULL) {
     return usage("not inside a Slurm allocation (SLURM_JOB_ID is not set)");
   }
-  const std::string job = std::to_string(*job_id);
-  if (s.url.empty()) {
+  run.job_id = static_cast<std::uint32_t>(*job_id);
+  run.job = std::to_string(*job_id);
+  if (run.s.url.empty()) {
     const char* env = std::getenv("CKPT_CONTROLLER_URL");
-    s.url = env ? env : controller_url_from_config();
+    run.s.url = env ? env : controller_url_from_config();
   }
-  while (!s.url.empty() && s.url.back() == '/') s.url.pop_back();
+  while (!run.s.url.empty() && run.s.url.back() == '/') run.s.url.pop_back();
   const char* nodelist = std::getenv("SLURM_JOB_NODELIST");
   auto alloc = rec::expand_hostlist(nodelist ? nodelist : "");
   if (!alloc || alloc->empty()) return usage("cannot read the allocation's nodes (SLURM_JOB_NODELIST)");
-  slurm_init(nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  run.alloc = *alloc;
+  if (run.line.exclude) {
+    auto user = rec::expand_hostlist(*run.line.exclude);
+    if (!user) return usage("srun --exclude: " + user.error());
+    run.user_excluded.insert(user->begin(), user->end());
+  }
+  run.excluded = run.user_excluded;
+  if (run.line.nodes) {
+    auto n = ckpt::parse_uint(run.line.nodes->substr(0, run.line.nodes->find('-')));
+    if (n) run.nodes_wanted = *n;
+  }
+  return std::nullopt;
+}
 
-  // Forward SIGTERM/SIGINT to srun (scancel, the end of the allocation): no relaunch after that.
-  static volatile sig_atomic_t stopping = 0;
-  static volatile pid_t child_group = 0;
+// SIGTERM/SIGINT (scancel, the end of the allocation) go on to srun's process group: no relaunch after that.
+volatile sig_atomic_t g_stopping = 0;
+volatile pid_t g_child_group = 0;
+
+void forward_stop_signals() {
   struct sigaction sa {};
   sa.sa_handler = [](int sig) {
-    stopping = 1;
-    if (child_group > 0) kill(-child_group, sig);
+    g_stopping = 1;
+    if (g_child_group > 0) kill(-g_child_group, sig);
   };
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+}
 
-  std::set<std::string> user_excluded;
-  if (line->exclude) {
-    auto user = rec::expand_hostlist(*line->exclude);
-    if (!user) return usage("srun --exclude: " + user.error());
-    user_excluded.insert(user->begin(), user->end());
+struct Launch {
+  std::vector<std::string> argv;
+  std::vector<std::string> excluded;  // what --exclude names
+};
+
+// The srun command of this attempt. On a relaunch without enough healthy nodes (and no shrinking allowed) it
+// hands the job over to a requeue and returns nullopt.
+std::optional<Launch> next_launch(const Run& run) {
+  Launch launch;
+  launch.argv = {run.line.srun};
+  std::vector<std::string> healthy;
+  for (const auto& n : run.alloc) {
+    if (run.excluded.count(n) == 0) healthy.push_back(n);
   }
-  std::set<std::string> excluded = user_excluded;
-  std::optional<std::uint64_t> nodes_wanted;
-  if (line->nodes) {
-    auto n = ckpt::parse_uint(line->nodes->substr(0, line->nodes->find('-')));
-    if (n) nodes_wanted = *n;
-  }
-  std::set<std::uint32_t> handled_steps;
-  unsigned attempt = 0;
-  for (;;) {
-    std::vector<std::string> argv_now = {line->srun};
-    std::vector<std::string> healthy;
-    for (const auto& n : *alloc) {
-      if (excluded.count(n) == 0) healthy.push_back(n);
-    }
-    std::string nodes_arg = line->nodes.value_or("");
-    if (attempt > 0) {
-      argv_now.push_back("--overlap");  // the failed step may still hold CPUs on the healthy nodes
-      const std::uint64_t needed = nodes_wanted.value_or(alloc->size());
-      if (healthy.size() < needed) {
-        if (s.min_nodes && healthy.size() >= *s.min_nodes) {
-          nodes_arg = std::to_string(healthy.size());
-          log_info("shrinking to " + nodes_arg + " nodes (--min-nodes " + std::to_string(*s.min_nodes) + ")");
-        } else {
-          std::string why = std::to_string(healthy.size()) + " healthy nodes left in the allocation, " +
-                            std::to_string(needed) + " needed";
-          log_info("cannot relaunch inside the allocation: " + why + "; handing over to a requeue");
-          if (!s.url.empty()) hand_over(s, static_cast<std::uint32_t>(*job_id), why);
-          return 1;
-        }
+  std::string nodes_arg = run.line.nodes.value_or("");
+  if (run.attempt > 0) {
+    launch.argv.push_back("--overlap");  // the failed step may still hold CPUs on the healthy nodes
+    const std::uint64_t needed = run.nodes_wanted.value_or(run.alloc.size());
+    if (healthy.size() < needed) {
+      if (run.s.min_nodes && healthy.size() >= *run.s.min_nodes) {
+        nodes_arg = std::to_string(healthy.size());
+        log_info("shrinking to " + nodes_arg + " nodes (--min-nodes " + std::to_string(*run.s.min_nodes) + ")");
+      } else {
+        std::string why = std::to_string(healthy.size()) + " healthy nodes left in the allocation, " +
+                          std::to_string(needed) + " needed";
+        log_info("cannot relaunch inside the allocation: " + why + "; handing over to a requeue");
+        if (!run.s.url.empty()) hand_over(run.s, run.job_id, why);
+        return std::nullopt;
       }
     }
-    if (!nodes_arg.empty()) argv_now.push_back("--nodes=" + nodes_arg);
-    std::vector<std::string> excl;  // the user's own -x, and the bad nodes of this allocation
-    for (const auto& n : excluded) {
-      if (user_excluded.count(n) != 0 || std::find(alloc->begin(), alloc->end(), n) != alloc->end()) excl.push_back(n);
+  }
+  if (!nodes_arg.empty()) launch.argv.push_back("--nodes=" + nodes_arg);
+  for (const auto& n : run.excluded) {  // the user's own -x, and the bad nodes of this allocation
+    if (run.user_excluded.count(n) != 0 || std::find(run.alloc.begin(), run.alloc.end(), n) != run.alloc.end()) {
+      launch.excluded.push_back(n);
     }
-    if (!excl.empty()) argv_now.push_back("--exclude=" + rec::join_nodes(excl));
-    argv_now.insert(argv_now.end(), line->options.begin(), line->options.end());
-    argv_now.insert(argv_now.end(), line->command.begin(), line->command.end());
+  }
+  if (!launch.excluded.empty()) launch.argv.push_back("--exclude=" + rec::join_nodes(launch.excluded));
+  launch.argv.insert(launch.argv.end(), run.line.options.begin(), run.line.options.end());
+  launch.argv.insert(launch.argv.end(), run.line.command.begin(), run.line.command.end());
+  return launch;
+}
 
+struct Decision {
+  json view;    // the controller's view of the job, state "relaunching"
+  double seen;  // when ckpt-run saw it
+};
+
+// True for a relaunch decision about a failed step not handled yet; marks the step handled.
+bool take_relaunch(const json& view, std::set<std::uint32_t>& handled_steps) {
+  if (view.value("state", "") != "relaunching" || !view.contains("relaunch_step")) return false;
+  return handled_steps.insert(view["relaunch_step"].get<std::uint32_t>()).second;
+}
+
+// Watches the step and polls the controller until its ending is settled: an exit status for ckpt-run, or the
+// controller's relaunch decision, with what is left of the failed step then killed.
+std::variant<int, Decision> wait_for_decision(Run& run, pid_t pid) {
+  int status = 0;
+  bool exited = false;
+  double exited_at = 0;
+  for (;;) {
+    if (!exited && waitpid(pid, &status, WNOHANG) == pid) {
+      exited = true;
+      exited_at = now_s();
+      g_child_group = 0;
+      if (exit_status(status) == 0 || g_stopping || run.s.url.empty()) return exit_status(status);
+    }
+    std::optional<json> view;
+    if (!run.s.url.empty()) view = job_view(run.s, run.job);
+    if (view && take_relaunch(*view, run.handled_steps)) {
+      Decision decision{*view, now_s()};
+      if (!exited) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        g_child_group = 0;
+      }
+      return decision;
+    }
+    if (view && view->value("state", "") == "gave-up") {
+      log_error("the controller gave up on the job: " + view->value("reason", ""));
+      if (exited) return exit_status(status);
+      kill(-pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return 1;
+    }
+    if (exited && now_s() - exited_at > run.s.decision_wait_s) {
+      // No relaunch decision: a plain failure. The job's end hands it to the controller's requeue policy.
+      return exit_status(status);
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(run.s.poll_s));
+  }
+}
+
+// Carries out a relaunch decision: the failed step is cancelled and its bad nodes left out from now on. Returns
+// an exit status when no relaunch follows (stopping, or the relaunches are used up).
+std::optional<int> apply_decision(Run& run, Decision& decision) {
+  const std::uint32_t step = decision.view["relaunch_step"].get<std::uint32_t>();
+  slurm_kill_job_step(run.job_id, step, SIGKILL);
+  for (const auto& n : decision.view["exclude"]) run.excluded.insert(n.get<std::string>());
+  const double decided = decision.view["clock"].value("decided", 0.0);
+  std::fprintf(stderr, "ckpt-run: step %u failed; controller decided at %.3f, seen at %.3f; excluding %s\n", step,
+               decided, decision.seen, rec::join_nodes({run.excluded.begin(), run.excluded.end()}).c_str());
+  if (g_stopping) return 1;
+  if (++run.attempt > run.s.max_relaunches) {
+    log_error("relaunched " + std::to_string(run.s.max_relaunches) + " times; handing over to a requeue");
+    hand_over(run.s, run.job_id, "ckpt-run --max-relaunches reached");
+    return 1;
+  }
+  return std::nullopt;
+}
+
+// Runs the step, and again without the bad nodes after each relaunch decision, until ckpt-run has a status.
+int relaunch_loop(Run& run) {
+  for (;;) {
+    auto launch = next_launch(run);
+    if (!launch) return 1;
     const double started = now_s();
-    pid_t pid = spawn(argv_now, attempt);
+    pid_t pid = spawn(launch->argv, run.attempt);
     if (pid < 0) {
       log_error(std::string("cannot fork: ") + std::strerror(errno));
       return 1;
     }
-    child_group = pid;
-    if (attempt > 0) {
-      std::fprintf(stderr, "ckpt-run: relaunch %u: srun started at %.3f without %s\n", attempt, started,
-                   excl.empty() ? "(none)" : rec::join_nodes(excl).c_str());
+    g_child_group = pid;
+    if (run.attempt > 0) {
+      std::fprintf(stderr, "ckpt-run: relaunch %u: srun started at %.3f without %s\n", run.attempt, started,
+                   launch->excluded.empty() ? "(none)" : rec::join_nodes(launch->excluded).c_str());
     }
-    int status = 0;
-    bool exited = false;
-    std::optional<double> exited_at;
-    std::optional<json> decision;
-    for (;;) {
-      if (!exited) {
-        pid_t w = waitpid(pid, &status, WNOHANG);
-        if (w == pid) {
-          exited = true;
-          exited_at = now_s();
-          child_group = 0;
-          if (exit_status(status) == 0 || stopping) return exit_status(status);
-          if (s.url.empty()) return exit_status(status);
-        }
-      }
-      if (!s.url.empty()) {
-        auto view = job_view(s, job);
-        if (view) {
-          const std::string state = view->value("state", "");
-          if (state == "relaunching" && view->contains("relaunch_step")) {
-            auto step = (*view)["relaunch_step"].get<std::uint32_t>();
-            if (handled_steps.count(step) == 0) {
-              handled_steps.insert(step);
-              decision = view;
-              break;
-            }
-          }
-          if (state == "gave-up") {
-            log_error("the controller gave up on the job: " + view->value("reason", ""));
-            if (!exited) kill(-pid, SIGKILL);
-            if (!exited) waitpid(pid, &status, 0);
-            return exited ? exit_status(status) : 1;
-          }
-        }
-      }
-      if (exited && exited_at && now_s() - *exited_at > s.decision_wait_s) {
-        // No relaunch decision: a plain failure. The job's end hands it to the controller's requeue policy.
-        return exit_status(status);
-      }
-      std::this_thread::sleep_for(std::chrono::duration<double>(s.poll_s));
-    }
-    // A relaunch: stop what is left of the failed step, then start again without the bad nodes.
-    const double seen = now_s();
-    if (!exited) {
-      kill(-pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      child_group = 0;
-    }
-    const std::uint32_t step = (*decision)["relaunch_step"].get<std::uint32_t>();
-    slurm_kill_job_step(static_cast<std::uint32_t>(*job_id), step, SIGKILL);
-    for (const auto& n : (*decision)["exclude"]) excluded.insert(n.get<std::string>());
-    const double decided = (*decision)["clock"].value("decided", 0.0);
-    std::fprintf(stderr, "ckpt-run: step %u failed; controller decided at %.3f, seen at %.3f; excluding %s\n", step,
-                 decided, seen, rec::join_nodes({excluded.begin(), excluded.end()}).c_str());
-    if (stopping) return 1;
-    if (++attempt > s.max_relaunches) {
-      log_error("relaunched " + std::to_string(s.max_relaunches) + " times; handing over to a requeue");
-      hand_over(s, static_cast<std::uint32_t>(*job_id), "ckpt-run --max-relaunches reached");
-      return 1;
-    }
+    auto ending = wait_for_decision(run, pid);
+    if (const int* status = std::get_if<int>(&ending)) return *status;
+    if (auto done = apply_decision(run, std::get<Decision>(ending))) return *done;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  set_log_program("ckpt-run");
+  Run run;
+  int i = 1;
+  if (auto done = parse_run_options(argc, argv, i, run.s)) return *done;
+  if (auto done = prepare(run, std::vector<std::string>(argv + i, argv + argc))) return *done;
+  slurm_init(nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  forward_stop_signals();
+  return relaunch_loop(run);
 }

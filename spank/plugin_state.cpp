@@ -68,7 +68,8 @@ int register_options(spank_t sp) {
     int index = 0;
     for (const auto& spec : ckpt::option_specs()) {
       table.push_back(spank_option{const_cast<char*>(spec.name), const_cast<char*>(spec.arginfo),
-                                   const_cast<char*>(spec.usage), 1, index++, on_option});
+                                   const_cast<char*>(spec.usage), ckpt::kOptionHasArg, index++,
+                                   on_option});
     }
   }
   for (auto& option : table) {

@@ -38,6 +38,8 @@ struct OptionSpec {
 
 // The single option table; the plugin registers exactly these.
 const std::array<OptionSpec, 7>& option_specs();
+// SPANK's has_arg for every option of the table: 1, a value is required (srun then reads "--ckpt-dir /x" too).
+inline constexpr int kOptionHasArg = 1;
 const OptionSpec& option_spec(OptionId id);
 
 // Option values as given by a user (or as site defaults); unset fields were not given.
