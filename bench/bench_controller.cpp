@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 
+#include "../tests/support/fake_backend.hpp"
 #include "backend.hpp"
 #include "ckpt/recovery.hpp"
 #include "db.hpp"
@@ -48,41 +49,7 @@ long rss_kib() {
 }
 
 // Slurm as an in-memory table: what slurm_load_jobs would return for a busy cluster.
-class TableBackend final : public SlurmBackend {
- public:
-  std::map<std::uint32_t, SlurmJob> jobs;
-  std::size_t requeues = 0, updates = 0;
-  const char* name() const override { return "table"; }
-  Capabilities capabilities() const override { return {}; }
-  ckpt::Result<std::vector<SlurmJob>> load_jobs() override {
-    std::vector<SlurmJob> out;
-    out.reserve(jobs.size());
-    for (const auto& [id, j] : jobs) out.push_back(j);
-    return out;
-  }
-  ckpt::Result<std::optional<SlurmJob>> load_job(std::uint32_t id) override {
-    auto it = jobs.find(id);
-    if (it == jobs.end()) return std::optional<SlurmJob>{};
-    return std::optional<SlurmJob>(it->second);
-  }
-  ckpt::Result<std::vector<SlurmNode>> load_nodes() override { return std::vector<SlurmNode>{}; }
-  ckpt::Status requeue(std::uint32_t id) override {
-    ++requeues;
-    auto& j = jobs[id];
-    ++j.restart_count;
-    j.state = rec::SlurmState::Pending;
-    return ckpt::Status::success();
-  }
-  ckpt::Status expedite(std::uint32_t, const std::vector<std::string>&, bool) override {
-    ++updates;
-    return ckpt::Status::success();
-  }
-  ckpt::Status hold(std::uint32_t) override { return ckpt::Status::success(); }
-  ckpt::Status set_node_down(const std::string&, const std::string&) override { return ckpt::Status::success(); }
-  ckpt::Status drain_node(const std::string&, const std::string&) override { return ckpt::Status::success(); }
-  ckpt::Status resume_node(const std::string&) override { return ckpt::Status::success(); }
-  std::optional<std::uint32_t> slurm_user_uid() override { return 0; }
-};
+using TableBackend = ckpt::controller::testing::FakeBackend;
 
 }  // namespace
 

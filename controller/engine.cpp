@@ -340,7 +340,7 @@ void Engine::start_failing(JobRecord& r, double now) {
   Runtime& rt = runtime(r.job_id);
   rt.probe_started = false;
   rt.probe_done = false;
-  rt.dead.clear();
+  rt.evidence = rec::NodeEvidence{};
   rt.next_check = now + config_.settle_s;  // let reports from live nodes arrive before probing the silent ones
   transition(r, JobState::Failing, "failure reported", now);
 }

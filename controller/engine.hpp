@@ -22,6 +22,7 @@
 #include "backend.hpp"
 #include "ckpt/controller_limits.hpp"
 #include "ckpt/recovery.hpp"
+#include "ckpt/recovery_plan.hpp"
 #include "db.hpp"
 #include "observe.hpp"
 #include "probe.hpp"
@@ -83,8 +84,7 @@ class Engine {
   Verdict enqueue(std::shared_ptr<Request> request, double wait_s);
   Verdict handle(const Request& request, double now);
   Verdict handle_event(const Event& event, std::uint32_t uid, double now);
-  void on_job_start(JobRecord& r, const Event& e, std::uint32_t uid, const std::string& what, double now);
-  void on_task_exit(JobRecord& r, const Event& e, const std::string& what, double now);
+  void carry_out(JobRecord& r, const Event& e, std::uint32_t uid, const ckpt::recovery::EventEffects& fx, double now);
   void note_running_again(JobRecord& r, double now);
   Verdict handle_admin(const std::string& op, const std::string& arg, std::uint32_t uid, double now);
   Verdict authorize(const Event& event, std::uint32_t uid, JobRecord* record, double now);
@@ -104,23 +104,24 @@ class Engine {
   void start_probes(JobRecord& r, double now);
   void check_failing(JobRecord& r, double now);
   void record_ending(JobRecord& r, Ending ending, const SlurmJob& s, const CheckpointView& ckpts, double now);
-  std::vector<std::string> exclude_nodes(JobRecord& r, const std::vector<std::string>& dead, double now);
-  void start_requeue(JobRecord& r, Ending ending, const SlurmJob& s, const ckpt::recovery::RestartVerdict& verdict,
-                     const std::vector<std::string>& fresh, const std::vector<std::string>& mark_down,
-                     bool slurm_requeued, double now);
+  void exclude_nodes(JobRecord& r, const std::vector<std::string>& dead, double now);
+  void relaunch(JobRecord& r, const ckpt::recovery::RecoveryPlan& plan, double now);
+  void start_requeue(JobRecord& r, const ckpt::recovery::RecoveryPlan& plan, double now);
   void decide(JobRecord& r, Ending ending, const SlurmJob& slurm, const std::vector<std::string>& dead,
               const std::vector<std::string>& mark_down, const CheckpointView& ckpts, double now, bool slurm_requeued);
   void give_up(JobRecord& r, const std::string& reason, const SlurmJob* slurm, double now);
   void housekeeping(double now);
   void drive_intent(JobRecord& r, double now);
-  // drive_intent's phases, in order (rec::Intent::Phase).
-  bool intent_mark_down(JobRecord& r, SlurmJob& s, double now);
+  // Carries out one step of an intent (rec::next_intent_step); true when the next step may follow at once.
+  bool take_step(JobRecord& r, const ckpt::recovery::IntentStep& step, SlurmJob& s, double now);
+  bool intent_mark_down(JobRecord& r, const ckpt::recovery::IntentStep& step, SlurmJob& s, double now);
+  bool intent_requeued(JobRecord& r, const ckpt::recovery::IntentStep& step, const SlurmJob& s, double now);
   bool intent_requeue(JobRecord& r, SlurmJob& s, double now);
-  bool intent_wait_completing(JobRecord& r, SlurmJob& s, double now);
-  bool intent_update(JobRecord& r, SlurmJob& s, double now);
-  bool intent_done(JobRecord& r, SlurmJob& s, double now);
+  bool intent_expedite(JobRecord& r, const ckpt::recovery::IntentStep& step, double now);
+  bool intent_done(JobRecord& r, const ckpt::recovery::IntentStep& step, const SlurmJob& s, double now);
   void check_pending(JobRecord& r, const SlurmJob* known, double now);
   void check_running(JobRecord& r, const SlurmJob& slurm, double now);
+  void on_slurm_requeue(JobRecord& r, const SlurmJob& slurm, double now);
   void check_ended_job(JobRecord& r, const SlurmJob& slurm, double now);
   void reconcile(double now);
   void refresh_nodes(double now, bool force);

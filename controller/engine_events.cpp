@@ -2,6 +2,7 @@
 #include "engine_internal.hpp"
 
 #include "ckpt/parse.hpp"
+#include "ckpt/recovery_plan.hpp"
 #include "log.hpp"
 
 namespace ckpt::controller {
@@ -71,8 +72,6 @@ Verdict Engine::handle_event(const Event& e, std::uint32_t uid, double now) {
     }
   }
   Verdict auth = authorize(e, uid, existing, now);
-  const std::string what = std::string(rec::to_string(e.type)) + " from " + e.node +
-                           (e.step_id == rec::kBatchStep ? " (batch step)" : " (step " + std::to_string(e.step_id) + ")");
   if (!auth.ok()) {
     const bool exists = existing != nullptr ||
                         (auth.http_status == 403 && auth.message.find("unknown to Slurm") == std::string::npos);
@@ -82,86 +81,41 @@ Verdict Engine::handle_event(const Event& e, std::uint32_t uid, double now) {
   metrics_.add("ckpt_controller_events_total", "type=\"" + std::string(rec::to_string(e.type)) + "\",result=\"accepted\"");
 
   JobRecord& r = get_or_create(e.job_id, now);
-  if (e.restart_count < r.restart_count) {
-    note(r, "event", "stale " + what + " of run " + std::to_string(e.restart_count) + " ignored", now);
-    return Verdict{202, "stale"};
+  switch (rec::run_of_event(r, e)) {
+    case rec::EventRun::Stale:
+      note(r, "event", "stale " + rec::describe(e) + " of run " + std::to_string(e.restart_count) + " ignored", now);
+      return Verdict{202, "stale"};
+    case rec::EventRun::Newer: new_run(r, e.restart_count, now); break;
+    case rec::EventRun::Current: break;
   }
-  if (e.restart_count > r.restart_count) new_run(r, e.restart_count, now);
-
-  switch (e.type) {
-    case EventType::JobStart: on_job_start(r, e, uid, what, now); break;
-    case EventType::TaskExit: on_task_exit(r, e, what, now); break;
-    case EventType::JobEnd:
-      note(r, "event", what, now);
-      r.end_reported = true;
-      runtime(r.job_id).next_check = 0;
-      break;
-    case EventType::Handover:
-      note(r, "event", what + ": ckpt-run hands over to a requeue" + (e.detail.empty() ? "" : " (" + e.detail + ")"), now);
-      r.handover = true;
-      if (r.state == JobState::Relaunching) {
-        // The failure that led to the relaunch decision is the same one: keep its clock.
-        Runtime& rt = runtime(r.job_id);
-        rt.probe_started = false;
-        rt.probe_done = false;
-        transition(r, JobState::Failing, "ckpt-run cannot relaunch inside the allocation", now);
-      } else if (r.state == JobState::Running) {
-        start_failing(r, now);
-      }
-      runtime(r.job_id).next_check = 0;
-      break;
-  }
+  carry_out(r, e, uid, rec::apply_event(r, e, trusted_uids_.count(uid) != 0, now), now);
   mark_dirty(r, now);
   return Verdict{202, "accepted"};
 }
 
-// A step of the job started (the plugin's job-start report): the checkpoint dir, the budget, the steps, and the
-// end of a recovery or of a relaunch.
-void Engine::on_job_start(JobRecord& r, const Event& e, std::uint32_t uid, const std::string& what, double now) {
-  // The checkpoint dir is read by the controller: only the plugin running as root (or SlurmUser) in
-  // slurmstepd may name it. A user could name any path in an event signed as themselves.
-  if (!e.ckpt_dir.empty() && e.ckpt_dir != r.ckpt_dir) {
-    if (trusted_uids_.count(uid) != 0) {
-      r.ckpt_dir = e.ckpt_dir;
-      r.trusted_dirs = e.trusted_dirs;
-    } else {
-      log_limited(LogLevel::Warning, "ckpt-dir",
-                  "job " + std::to_string(e.job_id) + ": ckpt_dir '" + e.ckpt_dir.substr(0, 256) + "' from uid " +
-                      std::to_string(uid) + " ignored: only the plugin (root or SlurmUser) names a job's checkpoint dir");
-      note(r, "event", "ckpt_dir from uid " + std::to_string(uid) + " ignored (not signed by root or SlurmUser)", now);
-    }
+// Carries out what an event decided (rec::apply_event), in the order rec::EventEffects lists.
+void Engine::carry_out(JobRecord& r, const Event& e, std::uint32_t uid, const rec::EventEffects& fx, double now) {
+  if (fx.dir_refused) {
+    log_limited(LogLevel::Warning, "ckpt-dir",
+                "job " + std::to_string(e.job_id) + ": ckpt_dir '" + e.ckpt_dir.substr(0, 256) + "' from uid " +
+                    std::to_string(uid) + " ignored: only the plugin (root or SlurmUser) names a job's checkpoint dir");
+    note(r, "event", "ckpt_dir from uid " + std::to_string(uid) + " ignored (not signed by root or SlurmUser)", now);
   }
-  if (e.max_restarts) r.budget.max_restarts = *e.max_restarts;
-  if (e.needs_checkpoint) r.needs_checkpoint = true;
-  auto& step = r.steps[e.step_id];
-  step.in_allocation = step.in_allocation || e.in_allocation;
-  if (!contains(step.nodes, e.node)) step.nodes.push_back(e.node);
-  note(r, "event", what + (e.in_allocation ? " under ckpt-run" : ""), now);
-  if (r.clock.failed > 0 && r.clock.slurm_done == 0 && r.clock.path == "requeue") r.clock.slurm_done = now;
-  const bool relaunched = r.state == JobState::Relaunching && e.step_id != rec::kBatchStep && r.relaunch_step &&
-                          e.step_id > *r.relaunch_step;
-  if (relaunched) {
-    r.relaunch_step.reset();
-    r.failures.clear();
-    r.reporters.clear();
-    runtime(r.job_id) = Runtime{};
-    transition(r, JobState::Running, "ckpt-run relaunched the step as step " + std::to_string(e.step_id), now);
-  } else if (r.state == JobState::Failing && e.step_id != rec::kBatchStep && !r.failures.empty() &&
-             e.step_id > r.failures.front().step_id && !r.handover) {
-    // The batch script started a new step on its own: it handled the failure.
-    r.failures.clear();
-    r.reporters.clear();
-    runtime(r.job_id) = Runtime{};
-    transition(r, JobState::Running, "the job started step " + std::to_string(e.step_id) + " after the failure", now);
+  note(r, "event", fx.note, now);
+  if (fx.reset_runtime) runtime(r.job_id) = Runtime{};
+  if (fx.reset_probes) {
+    Runtime& rt = runtime(r.job_id);
+    rt.probe_started = false;
+    rt.probe_done = false;
   }
-  if (e.step_id != rec::kBatchStep && r.state == JobState::Running) note_running_again(r, now);
+  if (fx.to) transition(r, *fx.to, fx.why, now);
+  if (fx.start_failing) start_failing(r, now);
+  if (fx.running_again) note_running_again(r, now);
+  if (fx.check_now) runtime(r.job_id).next_check = 0;
 }
 
 // The first step of a recovered run started: the recovery's latency and its phases.
 void Engine::note_running_again(JobRecord& r, double now) {
-  if (r.clock.failed == 0 || r.clock.launched != 0) return;
-  r.clock.launched = now;
-  if (r.clock.slurm_done == 0) r.clock.slurm_done = now;
   const double latency = now - r.clock.failed;
   metrics_.observe_recovery(r.clock.path.empty() ? "requeue" : r.clock.path, latency);
   note(r, "recovery",
@@ -170,29 +124,6 @@ void Engine::note_running_again(JobRecord& r, double now) {
            fmt_time(r.clock.slurm_done - r.clock.decided) + " s, launch " +
            fmt_time(r.clock.launched - r.clock.slurm_done) + " s",
        now);
-}
-
-// A rank failed (the plugin's task-exit report): the job starts failing.
-void Engine::on_task_exit(JobRecord& r, const Event& e, const std::string& what, double now) {
-  rec::TaskFailure f;
-  f.step_id = e.step_id;
-  f.node = e.node;
-  f.rank = e.rank;
-  f.exit_code = e.exit_code;
-  f.signal = e.signal;
-  f.time = now;
-  if (r.failures.size() < 4096) r.failures.push_back(f);
-  if (!contains(r.reporters, e.node)) r.reporters.push_back(e.node);
-  note(r, "event",
-       what + ": rank " + std::to_string(e.rank) +
-           (e.signal ? " killed by signal " + std::to_string(e.signal) : " exited " + std::to_string(e.exit_code)),
-       now);
-  if (r.state == JobState::Running || r.state == JobState::Pending ||
-      (r.state == JobState::Relaunching && r.relaunch_step && e.step_id > *r.relaunch_step)) {
-    if (r.state == JobState::Pending) transition(r, JobState::Running, "a rank of run " +
-                                                 std::to_string(r.restart_count) + " reported", now);
-    start_failing(r, now);
-  }
 }
 
 Verdict Engine::handle_admin(const std::string& op, const std::string& arg, std::uint32_t uid, double now) {
@@ -219,22 +150,17 @@ Verdict Engine::handle_admin(const std::string& op, const std::string& arg, std:
     if (!slurm) return Verdict{503, slurm.error()};
     if (!*slurm) return Verdict{404, "job " + arg + " is unknown to Slurm"};
     const SlurmJob& s = **slurm;
-    if (s.state == SlurmState::Running) return Verdict{409, "job " + arg + " is running"};
-    Intent i;
+    const auto plan = rec::plan_release(*r, s, caps_.requeue, uid, now);
+    switch (plan.refusal) {
+      case rec::ReleasePlan::Refusal::Running: return Verdict{409, "job " + arg + " is running"};
+      case rec::ReleasePlan::Refusal::CannotRequeue:
+        return Verdict{409, std::string("the ") + backend_.name() + " backend cannot requeue a job"};
+      case rec::ReleasePlan::Refusal::None: break;
+    }
+    Intent i = plan.intent;
     auto next = db_.next_id();
     i.id = next ? *next : 0;
-    i.created = now;
-    i.reason = "released by uid " + std::to_string(uid);
-    i.exclude = rec::active_bad_nodes(r->bad_nodes, now);
-    if (s.state == SlurmState::Pending) {
-      i.requeue = false;  // already queued (held): only release and expedite it
-      i.expected_restart = s.restart_count;
-    } else {
-      if (!caps_.requeue) return Verdict{409, std::string("the ") + backend_.name() + " backend cannot requeue a job"};
-      i.requeue = true;
-      i.expected_restart = r->restart_count + 1;
-    }
-    r->budget.without_progress = 0;
+    r->budget = plan.budget;
     r->intent = i;
     r->clock = rec::RecoveryClock{};
     r->clock.failed = now;

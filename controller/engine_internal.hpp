@@ -1,8 +1,9 @@
 #pragma once
 // What the engine's source files share and nothing else sees: the per-job runtime state that is never persisted,
 // the request queue's entries, and small helpers. engine.cpp runs cycles and requests, engine_events.cpp applies
-// events and admin requests, engine_recovery.cpp decides and carries out recoveries, engine_views.cpp answers
-// reads. All of it runs on the engine's thread under its lock, except the detached probes and checkpoint reads.
+// events and admin requests, engine_recovery.cpp carries out recoveries, engine_views.cpp answers reads. What to do
+// is decided in ckpt/recovery_plan.hpp; these files perform it. All of it runs on the engine's thread under its
+// lock, except the detached probes and checkpoint reads.
 #include <pwd.h>
 
 #include <algorithm>
@@ -39,8 +40,7 @@ struct Engine::Runtime {
   std::future<std::pair<rec::NodeEvidence, std::string>> probe;
   bool probe_started = false;
   bool probe_done = false;
-  std::vector<std::string> dead;       // probes failed: left out of the job's next run
-  std::vector<std::string> mark_down;  // refused twice or hung: may be marked DOWN
+  rec::NodeEvidence evidence;          // what the probes of the failure's silent nodes found
   std::future<CheckpointView> checkpoints;  // read with the owner's permissions, off the engine's lock
   bool checkpoints_started = false;
   double reuse_checked = 0;      // when Slurm was last asked whether this id still names the same job
@@ -61,7 +61,7 @@ inline std::string fmt_time(double t) {
   return buf;
 }
 
-inline std::string list(const std::vector<std::string>& v) { return v.empty() ? "(none)" : rec::join_nodes(v); }
+inline std::string list(const std::vector<std::string>& v) { return rec::nodes_or_none(v); }
 
 inline std::optional<std::uint32_t> uid_of(const std::string& user) {
   passwd pw{};

@@ -1,0 +1,183 @@
+#pragma once
+// What the recovery controller does next, decided from facts: an event applied to a job's record, what a look at
+// Slurm means for a record, the plan of a recovery once its ending is known (give up, relaunch inside the
+// allocation, or requeue), an admin's release, and the next step of a requeue intent given what Slurm reports.
+// Pure: the engine in controller/ carries out what these return (history lines, transitions, Slurm calls, crash
+// points, saves) and decides nothing itself.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/controller_limits.hpp"
+#include "ckpt/recovery.hpp"
+
+namespace ckpt::recovery {
+
+// Nodes as history and logs name them: join_nodes(), or "(none)".
+std::string nodes_or_none(const std::vector<std::string>& nodes);
+
+// ---- events -------------------------------------------------------------------------------------------------------
+
+// "task_exit from n2 (step 3)", "job_start from n1 (batch step)": how history names an event.
+std::string describe(const Event& event);
+
+enum class EventRun { Stale, Current, Newer };
+// Whether an event is of an older run than the record tracks (ignored), of that run, or of a newer one (the record
+// starts that run before the event is applied).
+EventRun run_of_event(const JobRecord& record, const Event& event);
+
+// What applying an event leaves to the engine, in this order: the refused dir, the event's history line, the resets,
+// the transition, a new failure, the end of a recovery, a look at the job in this cycle.
+struct EventEffects {
+  bool dir_refused = false;        // a ckpt_dir from a sender that is not root or SlurmUser was ignored
+  std::string note;                // the event's history line
+  bool reset_runtime = false;      // the failure is over: forget its probes and checks
+  bool reset_probes = false;       // the same failure goes on: probe again before deciding
+  std::optional<JobState> to;      // the transition to make
+  std::string why;                 // its reason
+  bool start_failing = false;      // a new failure: a new recovery clock, then settle, probe and decide
+  bool running_again = false;      // the first step of a recovered run started (the clock says when)
+  bool check_now = false;          // look at the job in this cycle
+};
+
+// Applies an event of the record's current run: a JobStart's settings and step (and the end of a relaunch, or of a
+// failure the batch script handled), a TaskExit's failure, a JobEnd's request to ask Slurm, a Handover's request to
+// requeue. `trusted`: the sender is root or SlurmUser, the only ones that may name the checkpoint dir.
+EventEffects apply_event(JobRecord& record, const Event& event, bool trusted, double now);
+
+// ---- what a look at Slurm means -----------------------------------------------------------------------------------
+
+enum class SlurmNews {
+  Nothing,
+  NewRun,           // Slurm runs the job again, or ran it and it ended (then look again: the new run ended)
+  RequeuedBySlurm,  // Slurm requeued the job on its own (a node failure after SlurmdTimeout, a preemption)
+  RunEnded,         // the run the record follows ended
+  Cancelled,        // a requeued job's user cancelled it while it was pending
+  ExpediteAgain,    // a requeue that completed after the update pushed the start out again (Slurm's BeginTime)
+};
+// What Slurm's word on a job means for its record: Running, Relaunching and Failing (only a newer run there: the
+// failure's own checks decide the rest), Pending (`expedite_retries`: StartTime=now sent again so far), and the ended
+// states, where only a person's requeue that Slurm runs brings the record back.
+SlurmNews news_of(const JobRecord& record, const SlurmJob& slurm, double now, int expedite_retries);
+
+// ---- a recovery's plan --------------------------------------------------------------------------------------------
+
+// The ending of a failure the controller is looking into: what classify() says; on a hand-over from ckpt-run,
+// which classify() cannot see, a node failure while the job has nodes excluded, else a task crash.
+std::optional<Ending> ending_of_failure(const JobRecord& record, const EndingFacts& facts, double now);
+// The ending of a run Slurm requeued on its own: a node failure when any of its nodes is down, else a preemption.
+Ending ending_of_slurm_requeue(const std::vector<std::string>& nodes_down);
+
+// The nodes a failure leaves out of the job's next runs (`dead`), and those with evidence enough to mark them DOWN:
+// what the probes of its silent nodes found, and the nodes Slurm has down. A hung node (RPC silence) is marked DOWN
+// only where the site allows it (`down_hung_nodes`); otherwise Slurm's SlurmdTimeout decides its state.
+struct LostNodes {
+  std::vector<std::string> dead;
+  std::vector<std::string> mark_down;
+};
+LostNodes lost_nodes(const NodeEvidence& probes, bool down_hung_nodes, const std::vector<std::string>& slurm_down);
+
+// Adds `dead` to a job's bad nodes for `ttl_s`; returns those that were not excluded already.
+std::vector<std::string> exclude_dead_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& dead,
+                                            std::uint32_t job_id, double now, double ttl_s);
+
+// The work lost by a failure at `failed`: since the newest complete checkpoint, else since the run started.
+double lost_work_s(double newest_checkpoint_time, double run_start, double failed);
+
+// What the backend can do and what the site allows, besides the record.
+struct RecoveryPolicy {
+  bool can_requeue = true;          // the backend can requeue a job
+  bool can_set_node_state = true;   // the backend can mark nodes DOWN and drain them
+  bool down_dead_nodes = true;      // controller.conf down_dead_nodes
+  bool drain_bad_nodes = false;     // controller.conf drain_bad_nodes
+  double bad_node_ttl_s = 3600;
+  std::string backend = "libslurm"; // named in reasons
+};
+
+struct RecoveryFacts {
+  Ending ending = Ending::TaskCrash;   // as classified
+  SlurmJob slurm;                      // what Slurm said then
+  std::vector<std::string> dead;       // the job's nodes to leave out of its next runs
+  std::vector<std::string> mark_down;  // of those, the ones with evidence enough to mark them DOWN
+  std::optional<std::uint64_t> newest_complete;
+  std::optional<TimeLimitStop> time_limit_stop;
+  bool slurm_requeued = false;         // Slurm requeued the job on its own
+  double now = 0;
+};
+
+struct RecoveryPlan {
+  enum class Action { Cancel, Complete, GiveUp, Relaunch, Requeue };
+  Action action = Action::GiveUp;
+  Ending ending = Ending::TaskCrash;   // a clean exit becomes a time limit when that run stopped for it
+  bool time_limit_stop = false;        // ... which is why
+  std::string reason;                  // of the transition, or why the controller gives up
+  bool counts_lost_work = false;       // the failure's lost work is counted (a restartable ending)
+  Budget budget;                       // Relaunch, Requeue: the record's budget from now on
+  std::uint32_t relaunch_step = 0;     // Relaunch: the step ckpt-run replaces
+  Intent intent;                       // Requeue: what to carry out (the engine gives it an id and a time)
+  bool waits_for_slurm = false;        // Requeue: the backend cannot requeue; Slurm's own requeue is awaited
+};
+
+// Decides a recovery: never for a user's cancel or a clean exit; for the rest, the restart budget (a hand-over after
+// a relaunch decision spent it already); then a relaunch inside the allocation when the failed step runs under
+// ckpt-run, the batch host lives and only nodes failed; else a requeue, when the job and the backend allow one.
+RecoveryPlan plan_recovery(const JobRecord& record, const RecoveryFacts& facts, const RecoveryPolicy& policy);
+
+// When the controller gives up on a job Slurm requeued on its own, the job is held: it must not run again until an
+// admin releases it.
+bool hold_when_giving_up(const SlurmJob& slurm);
+
+// An admin's release of a job the controller gave up on, while Slurm has it as `slurm`: a requeue with the
+// no-progress budget reset (only a release and StartTime=now when Slurm holds it pending already), or a refusal.
+struct ReleasePlan {
+  enum class Refusal { None, Running, CannotRequeue };
+  Refusal refusal = Refusal::None;
+  Intent intent;  // the engine gives it an id
+  Budget budget;  // the record's budget from now on
+};
+ReleasePlan plan_release(const JobRecord& record, const SlurmJob& slurm, bool can_requeue, std::uint32_t by_uid,
+                         double now);
+
+// ---- a requeue intent, step by step -------------------------------------------------------------------------------
+
+struct IntentFacts {
+  SlurmJob slurm;                    // Slurm's latest word on the job
+  std::uint32_t record_restart = 0;  // the run the record tracks
+  double now = 0;
+  double completing_timeout_s = 120;
+  bool first_look = true;            // the cycle's first look at Slurm: a cancellation is acted on then
+};
+
+struct IntentStep {
+  enum class Kind {
+    Cancel,    // the user cancelled the job while it was being requeued: drop the intent
+    MarkDown,  // mark the intent's nodes DOWN, drain its drained ones; look at Slurm again when any was marked DOWN
+    Requeued,  // Slurm's restart count shows the requeue done (ours before a crash, or Slurm's own)
+    Requeue,   // ask Slurm to requeue the job
+    Expedite,  // StartTime=now and ExcNodeList; release the job when it is held
+    Advance,   // go on to `next` at once
+    Wait,      // look again at `at`
+    GiveUp,    // `reason`
+    Finish,    // carried out: the record follows Slurm's new run, or waits for it
+  };
+  Kind kind = Kind::Wait;
+  Intent::Phase next = Intent::Phase::Done;  // the phase once the action is done
+  double at = 0;                             // Wait: when
+  double not_before = 0;                     // Requeued: the intent's earliest StartTime=now from now on
+  bool look_again = false;                   // MarkDown: Slurm may have requeued the job by itself
+  bool release = false;                      // Expedite: the job is held
+  bool new_run = false;                      // Finish: Slurm runs the job again already
+  std::string reason;                        // Cancel, GiveUp, Finish
+};
+
+// The next action of a requeue intent in its phase, given what Slurm reports now.
+IntentStep next_intent_step(const Intent& intent, const IntentFacts& facts);
+// After Slurm refused the requeue, from a fresh look (none when Slurm could not be asked or forgot the job):
+// whether the requeue happened anyway (its restart count says so); else the controller gives up.
+bool requeue_happened_anyway(const Intent& intent, const std::optional<SlurmJob>& again);
+// After Slurm refused the update: Advance to Done once the completing timeout is past (the job then starts after
+// Slurm's own delay), else Wait.
+IntentStep after_refused_update(const Intent& intent, double now, double completing_timeout_s);
+
+}  // namespace ckpt::recovery

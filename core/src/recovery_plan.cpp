@@ -1,0 +1,422 @@
+// What the recovery controller does next: events applied to records, recovery plans, a requeue intent's steps.
+#include "ckpt/recovery_plan.hpp"
+
+#include <algorithm>
+
+namespace ckpt::recovery {
+
+namespace {
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+bool running_or_finished(const SlurmJob& s) { return s.state == SlurmState::Running || is_finished(s.state); }
+
+}  // namespace
+
+std::string nodes_or_none(const std::vector<std::string>& nodes) {
+  return nodes.empty() ? "(none)" : join_nodes(nodes);
+}
+
+// ---- events -------------------------------------------------------------------------------------------------------
+
+std::string describe(const Event& e) {
+  return std::string(to_string(e.type)) + " from " + e.node +
+         (e.step_id == kBatchStep ? " (batch step)" : " (step " + std::to_string(e.step_id) + ")");
+}
+
+EventRun run_of_event(const JobRecord& r, const Event& e) {
+  if (e.restart_count < r.restart_count) return EventRun::Stale;
+  return e.restart_count > r.restart_count ? EventRun::Newer : EventRun::Current;
+}
+
+namespace {
+
+// A step started: the settings it carries, and whether it ends a relaunch or a failure the batch script handled.
+void apply_job_start(JobRecord& r, const Event& e, bool trusted, double now, EventEffects& fx) {
+  // The controller reads the checkpoint dir: a user could name any path in an event signed as themselves.
+  if (!e.ckpt_dir.empty() && e.ckpt_dir != r.ckpt_dir) {
+    if (trusted) {
+      r.ckpt_dir = e.ckpt_dir;
+      r.trusted_dirs = e.trusted_dirs;
+    } else {
+      fx.dir_refused = true;
+    }
+  }
+  if (e.max_restarts) r.budget.max_restarts = *e.max_restarts;
+  if (e.needs_checkpoint) r.needs_checkpoint = true;
+  auto& step = r.steps[e.step_id];
+  step.in_allocation = step.in_allocation || e.in_allocation;
+  if (!contains(step.nodes, e.node)) step.nodes.push_back(e.node);
+  fx.note = describe(e) + (e.in_allocation ? " under ckpt-run" : "");
+  if (r.clock.failed > 0 && r.clock.slurm_done == 0 && r.clock.path == "requeue") r.clock.slurm_done = now;
+  const bool step_started = e.step_id != kBatchStep;
+  if (r.state == JobState::Relaunching && step_started && r.relaunch_step && e.step_id > *r.relaunch_step) {
+    r.relaunch_step.reset();
+    r.failures.clear();
+    r.reporters.clear();
+    fx.reset_runtime = true;
+    fx.to = JobState::Running;
+    fx.why = "ckpt-run relaunched the step as step " + std::to_string(e.step_id);
+  } else if (r.state == JobState::Failing && step_started && !r.failures.empty() &&
+             e.step_id > r.failures.front().step_id && !r.handover) {
+    // The batch script started a new step on its own: it handled the failure.
+    r.failures.clear();
+    r.reporters.clear();
+    fx.reset_runtime = true;
+    fx.to = JobState::Running;
+    fx.why = "the job started step " + std::to_string(e.step_id) + " after the failure";
+  }
+  // The first step of a recovered run: the recovery's latency is known.
+  if (step_started && fx.to.value_or(r.state) == JobState::Running && r.clock.failed != 0 && r.clock.launched == 0) {
+    r.clock.launched = now;
+    if (r.clock.slurm_done == 0) r.clock.slurm_done = now;
+    fx.running_again = true;
+  }
+}
+
+void apply_task_exit(JobRecord& r, const Event& e, double now, EventEffects& fx) {
+  TaskFailure f;
+  f.step_id = e.step_id;
+  f.node = e.node;
+  f.rank = e.rank;
+  f.exit_code = e.exit_code;
+  f.signal = e.signal;
+  f.time = now;
+  if (r.failures.size() < 4096) r.failures.push_back(f);
+  if (!contains(r.reporters, e.node)) r.reporters.push_back(e.node);
+  fx.note = describe(e) + ": rank " + std::to_string(e.rank) +
+            (e.signal ? " killed by signal " + std::to_string(e.signal) : " exited " + std::to_string(e.exit_code));
+  // A relaunching job fails again only in a step after the one ckpt-run replaces.
+  if (r.state == JobState::Running || r.state == JobState::Pending ||
+      (r.state == JobState::Relaunching && r.relaunch_step && e.step_id > *r.relaunch_step)) {
+    if (r.state == JobState::Pending) {
+      fx.to = JobState::Running;
+      fx.why = "a rank of run " + std::to_string(r.restart_count) + " reported";
+    }
+    fx.start_failing = true;
+  }
+}
+
+void apply_handover(JobRecord& r, const Event& e, EventEffects& fx) {
+  fx.note = describe(e) + ": ckpt-run hands over to a requeue" + (e.detail.empty() ? "" : " (" + e.detail + ")");
+  r.handover = true;
+  if (r.state == JobState::Relaunching) {
+    // The failure that led to the relaunch decision is the same one: its clock goes on.
+    fx.reset_probes = true;
+    fx.to = JobState::Failing;
+    fx.why = "ckpt-run cannot relaunch inside the allocation";
+  } else if (r.state == JobState::Running) {
+    fx.start_failing = true;
+  }
+  fx.check_now = true;
+}
+
+}  // namespace
+
+EventEffects apply_event(JobRecord& r, const Event& e, bool trusted, double now) {
+  EventEffects fx;
+  switch (e.type) {
+    case EventType::JobStart: apply_job_start(r, e, trusted, now, fx); break;
+    case EventType::TaskExit: apply_task_exit(r, e, now, fx); break;
+    case EventType::JobEnd:
+      fx.note = describe(e);
+      r.end_reported = true;
+      fx.check_now = true;
+      break;
+    case EventType::Handover: apply_handover(r, e, fx); break;
+  }
+  return fx;
+}
+
+// ---- what a look at Slurm means -----------------------------------------------------------------------------------
+
+SlurmNews news_of(const JobRecord& r, const SlurmJob& s, double now, int expedite_retries) {
+  const bool newer = s.restart_count > r.restart_count;
+  switch (r.state) {
+    case JobState::Running:
+    case JobState::Relaunching:
+    case JobState::Failing:
+      if (newer) return s.state == SlurmState::Pending ? SlurmNews::RequeuedBySlurm : SlurmNews::NewRun;
+      if (is_finished(s.state) && r.state != JobState::Failing) return SlurmNews::RunEnded;
+      return SlurmNews::Nothing;
+    case JobState::Pending:
+      if (s.state == SlurmState::Cancelled) return SlurmNews::Cancelled;
+      if (newer && running_or_finished(s)) return SlurmNews::NewRun;
+      // StartTime=now again: a requeue that completed after the update moved the start 121 s out.
+      if (s.state == SlurmState::Pending && !s.completing && !s.held && s.begin_time > now + 5 &&
+          expedite_retries < 3) {
+        return SlurmNews::ExpediteAgain;
+      }
+      return SlurmNews::Nothing;
+    case JobState::Completed:
+    case JobState::Cancelled:
+    case JobState::GaveUp: return newer && s.state == SlurmState::Running ? SlurmNews::NewRun : SlurmNews::Nothing;
+    default: return SlurmNews::Nothing;
+  }
+}
+
+// ---- a recovery's plan --------------------------------------------------------------------------------------------
+
+std::optional<Ending> ending_of_failure(const JobRecord& r, const EndingFacts& facts, double now) {
+  auto ending = classify(facts);
+  if (!ending && r.handover) {
+    ending = active_bad_nodes(r.bad_nodes, now).empty() ? Ending::TaskCrash : Ending::NodeFailure;
+  }
+  return ending;
+}
+
+Ending ending_of_slurm_requeue(const std::vector<std::string>& nodes_down) {
+  return nodes_down.empty() ? Ending::Preemption : Ending::NodeFailure;
+}
+
+LostNodes lost_nodes(const NodeEvidence& probes, bool down_hung_nodes, const std::vector<std::string>& slurm_down) {
+  LostNodes lost{probes.failed, probes.mark_down};
+  if (!down_hung_nodes) {
+    std::erase_if(lost.mark_down, [&](const std::string& n) { return contains(probes.hung, n); });
+  }
+  for (const auto& n : slurm_down) {
+    if (!contains(lost.dead, n)) lost.dead.push_back(n);
+    if (!contains(lost.mark_down, n)) lost.mark_down.push_back(n);
+  }
+  return lost;
+}
+
+std::vector<std::string> exclude_dead_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& dead,
+                                            std::uint32_t job_id, double now, double ttl_s) {
+  std::vector<std::string> fresh;
+  const auto active_before = active_bad_nodes(bad_nodes, now);
+  for (const auto& n : dead) {
+    if (!contains(active_before, n)) fresh.push_back(n);
+  }
+  bad_nodes = add_bad_nodes(bad_nodes, dead, "slurmd did not answer after a failure of job " + std::to_string(job_id),
+                            now, ttl_s);
+  return fresh;
+}
+
+double lost_work_s(double newest_checkpoint_time, double run_start, double failed) {
+  const double since = newest_checkpoint_time > 0 ? newest_checkpoint_time : run_start;
+  return since > 0 && failed > since ? failed - since : 0;
+}
+
+namespace {
+
+// The requeue part of a plan: the intent, or a give-up when the job or the backend cannot be requeued.
+void plan_requeue(const JobRecord& r, const RecoveryFacts& f, const RecoveryPolicy& p,
+                  const std::vector<std::string>& fresh, const std::vector<std::string>& excluded, RecoveryPlan& plan) {
+  const SlurmJob& s = f.slurm;
+  const std::string ending = to_string(plan.ending);
+  Intent& i = plan.intent;
+  i.reason = plan.reason;
+  i.created = f.now;
+  i.exclude = excluded;
+  // A requeued job stays COMPLETING until every node of its old run answers; a dead node never does, and slurmctld
+  // would wait SlurmdTimeout to declare it down. Only on evidence nobody but the node can give (refused twice, or
+  // Slurm's own state): a timeout is not.
+  if (p.down_dead_nodes && p.can_set_node_state) i.mark_down = f.mark_down;
+  // Draining takes the same evidence: a node whose slurmd only timed out (a user can load it) stays in service.
+  if (p.drain_bad_nodes && p.can_set_node_state) {
+    for (const auto& n : fresh) {
+      if (contains(f.mark_down, n)) i.drain.push_back(n);
+    }
+  }
+  plan.action = RecoveryPlan::Action::Requeue;
+  if (f.slurm_requeued) {
+    i.requeue = false;
+    i.expected_restart = s.restart_count;
+    return;
+  }
+  i.expected_restart = r.restart_count + 1;
+  if (!s.requeue_allowed) {
+    plan.action = RecoveryPlan::Action::GiveUp;
+    plan.reason = ending + ", but the job does not allow a requeue (--no-requeue)";
+  } else if (!p.can_requeue) {
+    if (plan.ending == Ending::NodeFailure && !is_finished(s.state)) {
+      i.requeue = false;  // Slurm requeues a job that loses a node; this backend then expedites it
+      plan.waits_for_slurm = true;
+    } else {
+      plan.action = RecoveryPlan::Action::GiveUp;
+      plan.reason = ending + ": the " + p.backend +
+                    " backend cannot requeue a job (slurmrestd openapi/v0.0.38 has no requeue operation)";
+    }
+  }
+}
+
+}  // namespace
+
+RecoveryPlan plan_recovery(const JobRecord& r, const RecoveryFacts& f, const RecoveryPolicy& p) {
+  RecoveryPlan plan;
+  plan.ending = f.ending;
+  if (plan.ending == Ending::CleanExit) {
+    plan.ending = ending_of_clean_exit(f.time_limit_stop, r.job_id, r.restart_count);
+    plan.time_limit_stop = plan.ending == Ending::TimeLimit;
+  }
+  const Ending ending = plan.ending;
+  if (ending == Ending::UserCancel || ending == Ending::CleanExit) {
+    plan.action = ending == Ending::UserCancel ? RecoveryPlan::Action::Cancel : RecoveryPlan::Action::Complete;
+    plan.reason = ending == Ending::UserCancel ? "cancelled by its user: never requeued" : "ended cleanly";
+    return plan;
+  }
+  plan.counts_lost_work = restartable(ending);
+  auto verdict = decide_restart(ending, r.budget, f.newest_complete, r.needs_checkpoint);
+  if (r.handover && r.relaunch_step && restartable(ending) && (!r.needs_checkpoint || f.newest_complete)) {
+    // ckpt-run could not relaunch after a decision that already spent the budget for this failure.
+    verdict.restart = true;
+    verdict.after = r.budget;
+    verdict.reason = std::string(to_string(ending)) + ": ckpt-run handed over; requeue (restart " +
+                     std::to_string(r.budget.restarts) + " already counted)";
+  }
+  plan.reason = verdict.reason;
+  plan.budget = verdict.after;
+  if (!verdict.restart) {
+    plan.action = RecoveryPlan::Action::GiveUp;
+    return plan;
+  }
+  // The dead nodes are excluded whatever happens next: the job may be restarted by hand.
+  auto bad_nodes = r.bad_nodes;
+  const auto fresh = exclude_dead_nodes(bad_nodes, f.dead, r.job_id, f.now, p.bad_node_ttl_s);
+  const auto excluded = active_bad_nodes(bad_nodes, f.now);
+
+  const std::uint32_t failed_step = r.failures.empty() ? kBatchStep : r.failures.front().step_id;
+  auto step = r.steps.find(failed_step);
+  const bool in_allocation = step != r.steps.end() && step->second.in_allocation &&
+                             f.slurm.state == SlurmState::Running && !r.handover && !f.slurm_requeued &&
+                             ending == Ending::NodeFailure && !contains(f.dead, r.batch_host);
+  if (in_allocation) {
+    plan.action = RecoveryPlan::Action::Relaunch;
+    plan.relaunch_step = failed_step;
+    plan.reason +=
+        "; ckpt-run relaunches step " + std::to_string(failed_step) + " without " + nodes_or_none(excluded);
+    return plan;
+  }
+  plan_requeue(r, f, p, fresh, excluded, plan);
+  return plan;
+}
+
+bool hold_when_giving_up(const SlurmJob& s) { return s.state == SlurmState::Pending && !s.held; }
+
+ReleasePlan plan_release(const JobRecord& r, const SlurmJob& s, bool can_requeue, std::uint32_t by_uid, double now) {
+  ReleasePlan plan;
+  if (s.state == SlurmState::Running) {
+    plan.refusal = ReleasePlan::Refusal::Running;
+    return plan;
+  }
+  Intent& i = plan.intent;
+  i.created = now;
+  i.reason = "released by uid " + std::to_string(by_uid);
+  i.exclude = active_bad_nodes(r.bad_nodes, now);
+  if (s.state == SlurmState::Pending) {
+    i.requeue = false;  // already queued (held): only release and expedite it
+    i.expected_restart = s.restart_count;
+  } else if (!can_requeue) {
+    plan.refusal = ReleasePlan::Refusal::CannotRequeue;
+    return plan;
+  } else {
+    i.expected_restart = r.restart_count + 1;
+  }
+  plan.budget = r.budget;
+  plan.budget.without_progress = 0;
+  return plan;
+}
+
+// ---- a requeue intent, step by step -------------------------------------------------------------------------------
+
+namespace {
+
+IntentStep advance(Intent::Phase next) {
+  IntentStep step;
+  step.kind = IntentStep::Kind::Advance;
+  step.next = next;
+  return step;
+}
+
+IntentStep wait_until(double at) {
+  IntentStep step;
+  step.kind = IntentStep::Kind::Wait;
+  step.at = at;
+  return step;
+}
+
+IntentStep give_up(std::string reason) {
+  IntentStep step;
+  step.kind = IntentStep::Kind::GiveUp;
+  step.reason = std::move(reason);
+  return step;
+}
+
+// Requeues the job, unless Slurm did (its restart count says so), or waits for Slurm's own requeue.
+IntentStep requeue_step(const Intent& i, const IntentFacts& f) {
+  IntentStep step;
+  step.next = Intent::Phase::WaitCompleting;
+  if (f.slurm.restart_count >= i.expected_restart) {
+    step.kind = IntentStep::Kind::Requeued;
+    step.not_before = i.not_before == 0 ? credential_safe_start(f.now) : i.not_before;
+    return step;
+  }
+  if (i.requeue) {
+    step.kind = IntentStep::Kind::Requeue;
+    return step;
+  }
+  if (f.now - i.created > f.completing_timeout_s + 60) {
+    return give_up("Slurm did not requeue the job after its node failed");
+  }
+  return wait_until(f.now + 0.25);  // Slurm requeues it once it declares the node down
+}
+
+// Waits until Slurm has ended the old run and the old credential is past.
+IntentStep wait_completing_step(const Intent& i, const IntentFacts& f) {
+  const SlurmJob& s = f.slurm;
+  if (s.restart_count >= i.expected_restart && running_or_finished(s)) return advance(Intent::Phase::Done);
+  if ((s.completing || s.state != SlurmState::Pending || f.now < i.not_before) &&
+      f.now - i.created < f.completing_timeout_s) {
+    // StartTime=now sent while the job is still completing would be overwritten when the requeue completes
+    // (BeginTime = now + 121 s); sent in the second the old credential was revoked, the new run is killed.
+    return wait_until(std::max(f.now + 0.05, std::min(i.not_before, f.now + 1)));
+  }
+  return advance(Intent::Phase::Update);
+}
+
+}  // namespace
+
+IntentStep next_intent_step(const Intent& i, const IntentFacts& f) {
+  const SlurmJob& s = f.slurm;
+  IntentStep step;
+  if (f.first_look && s.state == SlurmState::Cancelled) {
+    step.kind = IntentStep::Kind::Cancel;
+    step.reason = "cancelled by its user while being requeued";
+    return step;
+  }
+  switch (i.phase) {
+    case Intent::Phase::MarkDown:
+      step.kind = IntentStep::Kind::MarkDown;
+      step.next = Intent::Phase::Requeue;
+      // Marking a node DOWN makes Slurm requeue the job (when it allows a requeue): look before asking again.
+      step.look_again = !i.mark_down.empty();
+      return step;
+    case Intent::Phase::Requeue: return requeue_step(i, f);
+    case Intent::Phase::WaitCompleting: return wait_completing_step(i, f);
+    case Intent::Phase::Update:
+      if (s.state != SlurmState::Pending) return advance(Intent::Phase::Done);  // started already (or ended)
+      step.kind = IntentStep::Kind::Expedite;
+      step.next = Intent::Phase::Done;
+      step.release = s.held;
+      return step;
+    case Intent::Phase::Done: break;
+  }
+  step.kind = IntentStep::Kind::Finish;
+  step.new_run = s.restart_count > f.record_restart && running_or_finished(s);
+  step.reason = "requeued; waiting for Slurm to start run " + std::to_string(f.record_restart + 1);
+  return step;
+}
+
+bool requeue_happened_anyway(const Intent& i, const std::optional<SlurmJob>& again) {
+  return again && again->restart_count >= i.expected_restart;
+}
+
+IntentStep after_refused_update(const Intent& i, double now, double completing_timeout_s) {
+  if (now - i.created > completing_timeout_s) return advance(Intent::Phase::Done);
+  return wait_until(now + 0.5);
+}
+
+}  // namespace ckpt::recovery

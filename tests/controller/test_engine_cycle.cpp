@@ -1,0 +1,240 @@
+// The engine's decision cycle against Slurm as an in-memory table (fake_backend.hpp) and a real SQLite store:
+// requeue, relaunch inside the allocation, hand-over, give-up, and a controller that dies in the middle of a requeue.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "db.hpp"
+#include "engine.hpp"
+#include "fake_backend.hpp"
+#include "log.hpp"
+#include "observe.hpp"
+
+namespace rec = ckpt::recovery;
+using ckpt::controller::Database;
+using ckpt::controller::Engine;
+using ckpt::controller::testing::FakeBackend;
+
+namespace {
+
+constexpr std::uint32_t kJob = 100;
+
+// One engine over a fresh database, with a clock of its own: each cycle is 0.1 s of it, and a few real
+// milliseconds for the probes and checkpoint reads that run on threads of their own.
+struct Harness {
+  std::filesystem::path dir;
+  FakeBackend slurm;
+  std::unique_ptr<Database> db;
+  ckpt::controller::Metrics metrics;
+  ckpt::controller::Alerts alerts{"", 1};
+  rec::ControllerConfig config;
+  std::unique_ptr<Engine> engine;
+  double now = 1000;
+
+  Harness() {
+    ckpt::controller::set_log_level("error");
+    std::string templ = (std::filesystem::temp_directory_path() / "engine_cycle.XXXXXX").string();
+    REQUIRE(mkdtemp(templ.data()) != nullptr);
+    dir = templ;
+    config.database = (dir / "controller.db").string();
+    config.settle_s = 0;
+    config.probe_timeout_s = 0.2;
+    config.hung_after_s = 0;
+    for (const char* n : {"n1", "n2", "n3"}) slurm.nodes.push_back(rec::SlurmNode{n, "127.0.0.1", 1, false, false, ""});
+    rec::SlurmJob j;
+    j.job_id = kJob;
+    j.state = rec::SlurmState::Running;
+    j.user_id = 1000;
+    j.group_id = 1000;
+    j.submit_time = 500;
+    j.nodes = {"n1", "n2", "n3"};
+    j.batch_host = "n1";
+    slurm.jobs[kJob] = j;
+    start();
+  }
+  ~Harness() {
+    engine.reset();
+    db.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  Harness(const Harness&) = delete;
+  Harness& operator=(const Harness&) = delete;
+
+  void start() {
+    auto opened = Database::open(config.database);
+    REQUIRE(opened);
+    db = std::move(opened).value();
+    engine = std::make_unique<Engine>(config, slurm, *db, metrics, alerts);
+    REQUIRE(engine->start(now));
+  }
+  // The controller dies: nothing of it is left but its database.
+  void crash_and_restart() {
+    engine.reset();
+    db.reset();
+    start();
+  }
+
+  void send(rec::EventType type, std::uint32_t step, const std::string& node, bool in_allocation = false) {
+    rec::Event e;
+    e.type = type;
+    e.job_id = kJob;
+    e.step_id = step;
+    e.node = node;
+    e.in_allocation = in_allocation;
+    e.exit_code = type == rec::EventType::TaskExit ? 1 : 0;
+    e.restart_count = slurm.jobs[kJob].restart_count;
+    send(e);
+  }
+  // Queued as from root (the plugin): handled together at the next cycle.
+  void send(const rec::Event& e) { engine->submit(e, 0, 0); }
+  void cycle() {
+    now += 0.1;
+    engine->cycle(now);
+  }
+  void set_state(rec::SlurmState state) { slurm.jobs[kJob].state = state; }
+  // A rank failed on every node, each node's plugin reported it, and the batch script ended with an error.
+  void every_rank_failed(std::uint32_t step = 0) {
+    for (const char* n : {"n1", "n2", "n3"}) send(rec::EventType::TaskExit, step, n);
+    set_state(rec::SlurmState::Failed);
+  }
+
+  bool cycle_until(const std::function<bool()>& done) {
+    for (int i = 0; i < 3000; ++i) {
+      cycle();
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  }
+  nlohmann::json job() {
+    auto j = engine->job_json(kJob, now, rec::ReadAccess{std::nullopt, true});
+    REQUIRE(j);
+    return *j;
+  }
+  std::string state() { return job()["state"].get<std::string>(); }
+  bool in(const char* s) { return state() == s; }
+  // The job's run started: the batch step and step 0 on every node.
+  void run_started(bool in_allocation = false) {
+    send(rec::EventType::JobStart, rec::kBatchStep, "n1");
+    for (const char* n : {"n1", "n2", "n3"}) send(rec::EventType::JobStart, 0, n, in_allocation);
+    cycle();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("engine cycle: a crashed task is requeued once and runs again", "[controller][engine]") {
+  Harness h;
+  h.run_started();
+  CHECK(h.in("running"));
+  h.every_rank_failed();
+  REQUIRE(h.cycle_until([&] { return h.in("pending"); }));
+  CHECK(h.slurm.requeues == 1);
+  CHECK(h.slurm.updates == 1);
+  CHECK(h.job()["ending"] == "task crash");
+  CHECK(h.job()["budget"]["restarts"] == 1);
+  CHECK_FALSE(h.job().contains("intent"));
+
+  h.set_state(rec::SlurmState::Running);
+  REQUIRE(h.cycle_until([&] { return h.in("running"); }));
+  CHECK(h.job()["restart_count"] == 1);
+  CHECK(h.slurm.requeues == 1);
+}
+
+TEST_CASE("engine cycle: a node lost under ckpt-run is relaunched inside the allocation", "[controller][engine]") {
+  Harness h;
+  h.run_started(true);
+  h.slurm.nodes[2].down = true;  // n3 is lost; the ranks on n1 and n2 report its loss
+  h.send(rec::EventType::TaskExit, 0, "n1");
+  h.send(rec::EventType::TaskExit, 0, "n2");
+  REQUIRE(h.cycle_until([&] { return h.in("relaunching"); }));
+  CHECK(h.job()["relaunch_step"] == 0);
+  CHECK(h.job()["ending"] == "node failure");
+  CHECK(h.job()["exclude"] == nlohmann::json::array({"n3"}));
+  CHECK(h.slurm.requeues == 0);
+
+  // ckpt-run starts the replacement step on the nodes left.
+  h.send(rec::EventType::JobStart, 1, "n1", true);
+  h.cycle();
+  CHECK(h.in("running"));
+  CHECK(h.job()["clock"]["path"] == "relaunch");
+  CHECK(h.job()["clock"]["launched"].get<double>() > 0);
+}
+
+TEST_CASE("engine cycle: a hand-over from ckpt-run is requeued without spending the budget again",
+          "[controller][engine]") {
+  Harness h;
+  h.run_started(true);
+  h.slurm.nodes[2].down = true;
+  h.send(rec::EventType::TaskExit, 0, "n1");
+  h.send(rec::EventType::TaskExit, 0, "n2");
+  REQUIRE(h.cycle_until([&] { return h.in("relaunching"); }));
+  REQUIRE(h.job()["budget"]["restarts"] == 1);
+
+  h.send(rec::EventType::Handover, 0, "n1");
+  REQUIRE(h.cycle_until([&] { return h.in("pending"); }));
+  CHECK(h.slurm.requeues == 1);
+  CHECK(h.slurm.downed == std::vector<std::string>{"n3"});
+  CHECK(h.slurm.last_exclude == std::vector<std::string>{"n3"});
+  CHECK(h.job()["budget"]["restarts"] == 1);
+  CHECK(h.job()["reason"].get<std::string>().find("ckpt-run handed over") != std::string::npos);
+}
+
+TEST_CASE("engine cycle: a spent budget gives up and holds nothing that is not pending", "[controller][engine]") {
+  Harness h;
+  rec::Event start;
+  start.type = rec::EventType::JobStart;
+  start.job_id = kJob;
+  start.node = "n1";
+  start.max_restarts = 0;
+  h.send(start);
+  h.every_rank_failed(rec::kBatchStep);
+  REQUIRE(h.cycle_until([&] { return h.in("gave-up"); }));
+  CHECK(h.slurm.requeues == 0);
+  CHECK(h.slurm.holds == 0);
+  CHECK(h.job()["reason"].get<std::string>().find("restarts without progress") != std::string::npos);
+
+  // An admin releases it: requeued with a fresh budget.
+  h.engine->admin("release", std::to_string(kJob), 0, 0);
+  REQUIRE(h.cycle_until([&] { return h.in("pending"); }));
+  CHECK(h.slurm.requeues == 1);
+  CHECK(h.job()["budget"]["without_progress"] == 0);
+}
+
+TEST_CASE("engine cycle: Slurm refuses the requeue: the engine gives up", "[controller][engine]") {
+  Harness h;
+  h.run_started();
+  h.slurm.refuse_requeue = true;
+  h.every_rank_failed();
+  REQUIRE(h.cycle_until([&] { return h.in("gave-up"); }));
+  CHECK(h.slurm.requeues == 1);
+  CHECK(h.job()["reason"].get<std::string>().rfind("Slurm refused the requeue", 0) == 0);
+}
+
+TEST_CASE("engine cycle: a controller that dies after Slurm requeued never requeues twice", "[controller][engine]") {
+  Harness h;
+  h.run_started();
+  h.slurm.crash_after_requeue = true;
+  h.every_rank_failed();
+  REQUIRE(h.cycle_until([&] { return h.slurm.requeues == 1; }));
+  CHECK(h.in("requeueing"));
+
+  h.crash_and_restart();
+  CHECK(h.in("requeueing"));
+  CHECK(h.job()["intent"]["phase"] == "requeue");
+  REQUIRE(h.cycle_until([&] { return h.in("pending"); }));
+  CHECK(h.slurm.requeues == 1);
+  CHECK(h.slurm.updates == 1);
+  h.set_state(rec::SlurmState::Running);
+  REQUIRE(h.cycle_until([&] { return h.in("running"); }));
+  CHECK(h.job()["restart_count"] == 1);
+}

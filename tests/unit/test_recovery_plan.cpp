@@ -1,0 +1,608 @@
+// What the recovery controller does next: events applied to records, recovery plans, a requeue intent's steps.
+#include <catch2/catch.hpp>
+
+#include "ckpt/recovery_plan.hpp"
+
+using namespace ckpt::recovery;
+
+namespace {
+
+Event event(EventType type, std::uint32_t step, const std::string& node = "n1") {
+  Event e;
+  e.type = type;
+  e.job_id = 7;
+  e.step_id = step;
+  e.node = node;
+  return e;
+}
+
+JobRecord record(JobState state) {
+  JobRecord r;
+  r.job_id = 7;
+  r.state = state;
+  r.nodes = {"n1", "n2", "n3"};
+  r.batch_host = "n1";
+  return r;
+}
+
+TaskFailure failure_in(std::uint32_t step, const std::string& node) {
+  TaskFailure f;
+  f.step_id = step;
+  f.node = node;
+  f.exit_code = 1;
+  return f;
+}
+
+SlurmJob slurm(SlurmState state, std::uint32_t restart_count = 0) {
+  SlurmJob s;
+  s.job_id = 7;
+  s.state = state;
+  s.restart_count = restart_count;
+  return s;
+}
+
+RecoveryFacts facts(Ending ending, SlurmState state, std::vector<std::string> dead = {}) {
+  RecoveryFacts f;
+  f.ending = ending;
+  f.slurm = slurm(state);
+  f.dead = dead;
+  f.mark_down = dead;
+  f.newest_complete = 100;
+  f.now = 1000;
+  return f;
+}
+
+// A job whose step 1 runs under ckpt-run and failed on n2.
+JobRecord under_ckpt_run() {
+  JobRecord r = record(JobState::Failing);
+  r.steps[1] = StepInfo{true, {"n1", "n2", "n3"}};
+  r.failures = {failure_in(1, "n1")};
+  return r;
+}
+
+IntentFacts look(SlurmState state, std::uint32_t restart_count, double now) {
+  IntentFacts f;
+  f.slurm = slurm(state, restart_count);
+  f.now = now;
+  f.completing_timeout_s = 120;
+  return f;
+}
+
+}  // namespace
+
+// ---- events -------------------------------------------------------------------------------------------------------
+
+TEST_CASE("events: stale, current and newer runs", "[recovery][events]") {
+  JobRecord r = record(JobState::Running);
+  r.restart_count = 2;
+  Event e = event(EventType::TaskExit, 0);
+  e.restart_count = 1;
+  CHECK(run_of_event(r, e) == EventRun::Stale);
+  e.restart_count = 2;
+  CHECK(run_of_event(r, e) == EventRun::Current);
+  e.restart_count = 3;
+  CHECK(run_of_event(r, e) == EventRun::Newer);
+  CHECK(describe(event(EventType::JobStart, kBatchStep, "n4")) == "job_start from n4 (batch step)");
+  CHECK(describe(event(EventType::TaskExit, 3, "n2")) == "task_exit from n2 (step 3)");
+}
+
+TEST_CASE("events: only root or SlurmUser names the checkpoint dir", "[recovery][events][security]") {
+  JobRecord r = record(JobState::Running);
+  Event e = event(EventType::JobStart, kBatchStep);
+  e.ckpt_dir = "/scratch/u/7";
+  e.trusted_dirs = "/scratch";
+  auto fx = apply_event(r, e, false, 10);
+  CHECK(fx.dir_refused);
+  CHECK(r.ckpt_dir.empty());
+  fx = apply_event(r, e, true, 10);
+  CHECK_FALSE(fx.dir_refused);
+  CHECK(r.ckpt_dir == "/scratch/u/7");
+  CHECK(r.trusted_dirs == "/scratch");
+}
+
+TEST_CASE("events: a JobStart brings the job's settings and its step", "[recovery][events]") {
+  JobRecord r = record(JobState::Running);
+  Event e = event(EventType::JobStart, 1, "n2");
+  e.max_restarts = 9;
+  e.needs_checkpoint = true;
+  e.in_allocation = true;
+  auto fx = apply_event(r, e, true, 10);
+  CHECK(r.budget.max_restarts == 9);
+  CHECK(r.needs_checkpoint);
+  CHECK(r.steps[1].in_allocation);
+  CHECK(r.steps[1].nodes == std::vector<std::string>{"n2"});
+  CHECK(fx.note == "job_start from n2 (step 1) under ckpt-run");
+  CHECK_FALSE(fx.to);
+  CHECK_FALSE(fx.running_again);  // no recovery under way
+  apply_event(r, event(EventType::JobStart, 1, "n2"), true, 11);
+  CHECK(r.steps[1].nodes.size() == 1);
+}
+
+TEST_CASE("events: the relaunched step ends a relaunch; the failed one does not", "[recovery][events]") {
+  JobRecord r = under_ckpt_run();
+  r.state = JobState::Relaunching;
+  r.relaunch_step = 1;
+  r.reporters = {"n1"};
+  r.clock.failed = 100;
+  r.clock.decided = 101;
+  r.clock.path = "relaunch";
+  auto fx = apply_event(r, event(EventType::JobStart, 1), true, 102);
+  CHECK_FALSE(fx.to);
+  CHECK(r.relaunch_step == 1u);
+
+  fx = apply_event(r, event(EventType::JobStart, 2), true, 105);
+  REQUIRE(fx.to == JobState::Running);
+  CHECK(fx.why == "ckpt-run relaunched the step as step 2");
+  CHECK(fx.reset_runtime);
+  CHECK_FALSE(r.relaunch_step);
+  CHECK(r.failures.empty());
+  CHECK(r.reporters.empty());
+  CHECK(fx.running_again);
+  CHECK(r.clock.launched == 105);
+  CHECK(r.clock.slurm_done == 105);
+  // Once: the next step of the same run is no new recovery.
+  r.state = JobState::Running;
+  CHECK_FALSE(apply_event(r, event(EventType::JobStart, 3), true, 106).running_again);
+}
+
+TEST_CASE("events: a new step after a failure ends it unless ckpt-run handed over", "[recovery][events]") {
+  JobRecord r = under_ckpt_run();
+  auto fx = apply_event(r, event(EventType::JobStart, 2), true, 10);
+  REQUIRE(fx.to == JobState::Running);
+  CHECK(fx.why == "the job started step 2 after the failure");
+  CHECK(r.failures.empty());
+
+  r = under_ckpt_run();
+  r.handover = true;
+  CHECK_FALSE(apply_event(r, event(EventType::JobStart, 2), true, 10).to);
+  r.handover = false;
+  CHECK_FALSE(apply_event(r, event(EventType::JobStart, kBatchStep), true, 10).to);
+}
+
+TEST_CASE("events: a requeued run's first step times the recovery", "[recovery][events]") {
+  JobRecord r = record(JobState::Running);
+  r.clock.failed = 100;
+  r.clock.decided = 101;
+  r.clock.path = "requeue";
+  auto fx = apply_event(r, event(EventType::JobStart, kBatchStep), true, 110);
+  CHECK(r.clock.slurm_done == 110);
+  CHECK_FALSE(fx.running_again);  // the batch step is not the training
+  fx = apply_event(r, event(EventType::JobStart, 0), true, 112);
+  CHECK(fx.running_again);
+  CHECK(r.clock.slurm_done == 110);
+  CHECK(r.clock.launched == 112);
+}
+
+TEST_CASE("events: a TaskExit starts a failure where one is not under way", "[recovery][events]") {
+  JobRecord r = record(JobState::Running);
+  Event e = event(EventType::TaskExit, 0, "n2");
+  e.rank = 5;
+  e.signal = 9;
+  auto fx = apply_event(r, e, false, 10);
+  CHECK(fx.start_failing);
+  CHECK_FALSE(fx.to);
+  CHECK(fx.note == "task_exit from n2 (step 0): rank 5 killed by signal 9");
+  REQUIRE(r.failures.size() == 1);
+  CHECK(r.failures[0].time == 10);
+  CHECK(r.reporters == std::vector<std::string>{"n2"});
+
+  r = record(JobState::Pending);
+  r.restart_count = 1;
+  fx = apply_event(r, e, false, 10);
+  CHECK(fx.to == JobState::Running);
+  CHECK(fx.why == "a rank of run 1 reported");
+  CHECK(fx.start_failing);
+
+  r = record(JobState::Failing);
+  fx = apply_event(r, e, false, 10);
+  CHECK_FALSE(fx.start_failing);
+  CHECK(r.failures.size() == 1);
+
+  r = record(JobState::Relaunching);
+  r.relaunch_step = 1;
+  CHECK_FALSE(apply_event(r, event(EventType::TaskExit, 1), false, 10).start_failing);  // the step being replaced
+  CHECK(apply_event(r, event(EventType::TaskExit, 2), false, 10).start_failing);        // its replacement failed
+}
+
+TEST_CASE("events: JobEnd asks Slurm now; Handover turns to a requeue", "[recovery][events]") {
+  JobRecord r = record(JobState::Running);
+  auto fx = apply_event(r, event(EventType::JobEnd, kBatchStep), false, 10);
+  CHECK(r.end_reported);
+  CHECK(fx.check_now);
+
+  r = record(JobState::Relaunching);
+  r.relaunch_step = 1;
+  Event h = event(EventType::Handover, 1);
+  h.detail = "no nodes left";
+  fx = apply_event(r, h, false, 10);
+  CHECK(r.handover);
+  CHECK(fx.to == JobState::Failing);
+  CHECK(fx.reset_probes);
+  CHECK_FALSE(fx.start_failing);  // the same failure: its clock goes on
+  CHECK(fx.check_now);
+  CHECK(fx.note == "handover from n1 (step 1): ckpt-run hands over to a requeue (no nodes left)");
+
+  r = record(JobState::Running);
+  fx = apply_event(r, h, false, 10);
+  CHECK(fx.start_failing);
+  CHECK_FALSE(fx.to);
+  r = record(JobState::Failing);
+  fx = apply_event(r, h, false, 10);
+  CHECK_FALSE(fx.start_failing);
+  CHECK_FALSE(fx.to);
+}
+
+// ---- what a look at Slurm means -----------------------------------------------------------------------------------
+
+TEST_CASE("news: a running record follows Slurm's requeues and endings", "[recovery][news]") {
+  for (JobState st : {JobState::Running, JobState::Relaunching}) {
+    JobRecord r = record(st);
+    CHECK(news_of(r, slurm(SlurmState::Running), 10, 0) == SlurmNews::Nothing);
+    CHECK(news_of(r, slurm(SlurmState::NodeFail), 10, 0) == SlurmNews::RunEnded);
+    CHECK(news_of(r, slurm(SlurmState::Pending, 1), 10, 0) == SlurmNews::RequeuedBySlurm);
+    CHECK(news_of(r, slurm(SlurmState::Running, 1), 10, 0) == SlurmNews::NewRun);
+    CHECK(news_of(r, slurm(SlurmState::Failed, 1), 10, 0) == SlurmNews::NewRun);
+  }
+  // A failing record's own checks decide its run's end; only a newer run is news.
+  JobRecord r = record(JobState::Failing);
+  CHECK(news_of(r, slurm(SlurmState::Failed), 10, 0) == SlurmNews::Nothing);
+  CHECK(news_of(r, slurm(SlurmState::Pending, 1), 10, 0) == SlurmNews::RequeuedBySlurm);
+  CHECK(news_of(r, slurm(SlurmState::Running, 1), 10, 0) == SlurmNews::NewRun);
+}
+
+TEST_CASE("news: a pending record", "[recovery][news]") {
+  JobRecord r = record(JobState::Pending);
+  CHECK(news_of(r, slurm(SlurmState::Cancelled, 1), 10, 0) == SlurmNews::Cancelled);
+  CHECK(news_of(r, slurm(SlurmState::Running, 1), 10, 0) == SlurmNews::NewRun);
+  CHECK(news_of(r, slurm(SlurmState::Completed, 1), 10, 0) == SlurmNews::NewRun);
+  CHECK(news_of(r, slurm(SlurmState::Pending, 1), 10, 0) == SlurmNews::Nothing);
+  // The BeginTime trap: StartTime=now again, three times at most, once the job is neither completing nor held.
+  SlurmJob s = slurm(SlurmState::Pending, 1);
+  s.begin_time = 131;
+  CHECK(news_of(r, s, 10, 0) == SlurmNews::ExpediteAgain);
+  CHECK(news_of(r, s, 10, 3) == SlurmNews::Nothing);
+  CHECK(news_of(r, s, 127, 0) == SlurmNews::Nothing);
+  s.completing = true;
+  CHECK(news_of(r, s, 10, 0) == SlurmNews::Nothing);
+  s.completing = false;
+  s.held = true;
+  CHECK(news_of(r, s, 10, 0) == SlurmNews::Nothing);
+}
+
+TEST_CASE("news: an ended record comes back only when Slurm runs it again", "[recovery][news]") {
+  for (JobState st : {JobState::Completed, JobState::Cancelled, JobState::GaveUp}) {
+    JobRecord r = record(st);
+    CHECK(news_of(r, slurm(SlurmState::Running, 1), 10, 0) == SlurmNews::NewRun);
+    CHECK(news_of(r, slurm(SlurmState::Pending, 1), 10, 0) == SlurmNews::Nothing);
+    CHECK(news_of(r, slurm(SlurmState::Running, 0), 10, 0) == SlurmNews::Nothing);
+  }
+  CHECK(news_of(record(JobState::Gone), slurm(SlurmState::Running, 1), 10, 0) == SlurmNews::Nothing);
+}
+
+// ---- a recovery's plan --------------------------------------------------------------------------------------------
+
+TEST_CASE("plan: endings classify() cannot see", "[recovery][plan]") {
+  JobRecord r = record(JobState::Failing);
+  EndingFacts ef;
+  ef.slurm = slurm(SlurmState::Running);
+  ef.failures = {failure_in(0, "n1")};
+  CHECK_FALSE(ending_of_failure(r, ef, 10));
+  r.handover = true;
+  CHECK(ending_of_failure(r, ef, 10) == Ending::TaskCrash);
+  r.bad_nodes = add_bad_nodes({}, {"n2"}, "dead", 5, 100);
+  CHECK(ending_of_failure(r, ef, 10) == Ending::NodeFailure);
+  CHECK(ending_of_failure(r, ef, 200) == Ending::TaskCrash);  // the exclusion expired
+  ef.slurm = slurm(SlurmState::Cancelled);
+  CHECK(ending_of_failure(r, ef, 10) == Ending::UserCancel);
+
+  CHECK(ending_of_slurm_requeue({}) == Ending::Preemption);
+  CHECK(ending_of_slurm_requeue({"n2"}) == Ending::NodeFailure);
+}
+
+TEST_CASE("plan: the nodes a failure lost, from probes and Slurm", "[recovery][plan]") {
+  NodeEvidence probes;
+  probes.failed = {"n2", "n3", "n4"};
+  probes.mark_down = {"n2", "n3"};  // n4 only timed out
+  probes.hung = {"n3"};
+  auto lost = lost_nodes(probes, true, {"n5", "n2"});
+  CHECK(lost.dead == std::vector<std::string>{"n2", "n3", "n4", "n5"});
+  CHECK(lost.mark_down == std::vector<std::string>{"n2", "n3", "n5"});
+  // A site that leaves hung nodes to SlurmdTimeout: n3 is excluded, not marked DOWN.
+  lost = lost_nodes(probes, false, {});
+  CHECK(lost.dead == std::vector<std::string>{"n2", "n3", "n4"});
+  CHECK(lost.mark_down == std::vector<std::string>{"n2"});
+}
+
+TEST_CASE("plan: dead nodes excluded once, lost work", "[recovery][plan]") {
+  std::vector<BadNode> bad;
+  CHECK(exclude_dead_nodes(bad, {"n2", "n3"}, 7, 10, 100) == std::vector<std::string>{"n2", "n3"});
+  CHECK(exclude_dead_nodes(bad, {"n3", "n4"}, 7, 20, 100) == std::vector<std::string>{"n4"});
+  CHECK(active_bad_nodes(bad, 20) == std::vector<std::string>{"n2", "n3", "n4"});
+  CHECK(bad[0].reason == "slurmd did not answer after a failure of job 7");
+
+  CHECK(lost_work_s(90, 50, 100) == 10);   // since the newest checkpoint
+  CHECK(lost_work_s(0, 50, 100) == 50);    // none: since the run started
+  CHECK(lost_work_s(0, 0, 100) == 0);      // unknown
+  CHECK(lost_work_s(120, 50, 100) == 0);   // a clock ahead of the failure
+}
+
+TEST_CASE("plan: a cancel and a clean exit are never restarted; a time-limit stop is", "[recovery][plan]") {
+  JobRecord r = record(JobState::Failing);
+  auto plan = plan_recovery(r, facts(Ending::UserCancel, SlurmState::Cancelled), {});
+  CHECK(plan.action == RecoveryPlan::Action::Cancel);
+  CHECK(plan.reason == "cancelled by its user: never requeued");
+  plan = plan_recovery(r, facts(Ending::CleanExit, SlurmState::Completed), {});
+  CHECK(plan.action == RecoveryPlan::Action::Complete);
+  CHECK_FALSE(plan.counts_lost_work);
+
+  RecoveryFacts f = facts(Ending::CleanExit, SlurmState::Completed);
+  f.time_limit_stop = TimeLimitStop{"7", 0, 566};
+  plan = plan_recovery(r, f, {});
+  CHECK(plan.ending == Ending::TimeLimit);
+  CHECK(plan.time_limit_stop);
+  CHECK(plan.action == RecoveryPlan::Action::Requeue);
+  f.time_limit_stop = TimeLimitStop{"7", 1, 566};  // another run's record
+  CHECK(plan_recovery(r, f, {}).action == RecoveryPlan::Action::Complete);
+}
+
+TEST_CASE("plan: relaunch inside the allocation only for a node failure under ckpt-run", "[recovery][plan]") {
+  JobRecord r = under_ckpt_run();
+  auto plan = plan_recovery(r, facts(Ending::NodeFailure, SlurmState::Running, {"n2"}), {});
+  REQUIRE(plan.action == RecoveryPlan::Action::Relaunch);
+  CHECK(plan.relaunch_step == 1);
+  CHECK(plan.budget.restarts == 1);
+  CHECK(plan.counts_lost_work);
+  CHECK(plan.reason == "node failure: restart 1 (1 of 3 without progress; resumes from step 100); ckpt-run "
+                       "relaunches step 1 without n2");
+
+  // A dead batch host, a crash, an ended allocation, a hand-over, Slurm's own requeue: a requeue.
+  CHECK(plan_recovery(r, facts(Ending::NodeFailure, SlurmState::Running, {"n1"}), {}).action ==
+        RecoveryPlan::Action::Requeue);
+  CHECK(plan_recovery(r, facts(Ending::TaskCrash, SlurmState::Running), {}).action == RecoveryPlan::Action::Requeue);
+  CHECK(plan_recovery(r, facts(Ending::NodeFailure, SlurmState::NodeFail, {"n2"}), {}).action ==
+        RecoveryPlan::Action::Requeue);
+  RecoveryFacts f = facts(Ending::NodeFailure, SlurmState::Running, {"n2"});
+  f.slurm_requeued = true;
+  CHECK(plan_recovery(r, f, {}).action == RecoveryPlan::Action::Requeue);
+  r.handover = true;
+  CHECK(plan_recovery(r, facts(Ending::NodeFailure, SlurmState::Running, {"n2"}), {}).action ==
+        RecoveryPlan::Action::Requeue);
+  r = under_ckpt_run();
+  r.steps[1].in_allocation = false;
+  CHECK(plan_recovery(r, facts(Ending::NodeFailure, SlurmState::Running, {"n2"}), {}).action ==
+        RecoveryPlan::Action::Requeue);
+}
+
+TEST_CASE("plan: a hand-over after a relaunch decision does not spend the budget again", "[recovery][plan]") {
+  JobRecord r = under_ckpt_run();
+  r.handover = true;
+  r.relaunch_step = 1;
+  r.budget.max_restarts = 1;
+  r.budget.restarts = 1;
+  r.budget.without_progress = 1;
+  r.budget.progress_step = 100;
+  auto plan = plan_recovery(r, facts(Ending::NodeFailure, SlurmState::Running, {"n2"}), {});
+  REQUIRE(plan.action == RecoveryPlan::Action::Requeue);
+  CHECK(plan.budget.restarts == 1);
+  CHECK(plan.budget.without_progress == 1);
+  CHECK(plan.reason == "node failure: ckpt-run handed over; requeue (restart 1 already counted)");
+  // Without the relaunch decision the budget is spent: give up.
+  r.relaunch_step.reset();
+  plan = plan_recovery(r, facts(Ending::NodeFailure, SlurmState::Running, {"n2"}), {});
+  CHECK(plan.action == RecoveryPlan::Action::GiveUp);
+  // A job that needs a checkpoint and has none is not requeued, hand-over or not.
+  r.relaunch_step = 1;
+  r.needs_checkpoint = true;
+  RecoveryFacts f = facts(Ending::NodeFailure, SlurmState::Running, {"n2"});
+  f.newest_complete.reset();
+  CHECK(plan_recovery(r, f, {}).action == RecoveryPlan::Action::GiveUp);
+}
+
+TEST_CASE("plan: give up on a spent budget and what cannot be requeued", "[recovery][plan]") {
+  JobRecord r = record(JobState::Failing);
+  r.budget.max_restarts = 0;
+  auto plan = plan_recovery(r, facts(Ending::TaskCrash, SlurmState::Failed), {});
+  CHECK(plan.action == RecoveryPlan::Action::GiveUp);
+  CHECK(plan.reason.find("restarts without progress") != std::string::npos);
+  CHECK(plan_recovery(r, facts(Ending::OutOfMemory, SlurmState::OutOfMemory), {}).action ==
+        RecoveryPlan::Action::GiveUp);
+
+  r.budget.max_restarts = 3;
+  RecoveryFacts f = facts(Ending::TaskCrash, SlurmState::Failed);
+  f.slurm.requeue_allowed = false;
+  plan = plan_recovery(r, f, {});
+  CHECK(plan.action == RecoveryPlan::Action::GiveUp);
+  CHECK(plan.reason == "task crash, but the job does not allow a requeue (--no-requeue)");
+
+  RecoveryPolicy rest;
+  rest.can_requeue = false;
+  rest.backend = "rest";
+  plan = plan_recovery(r, facts(Ending::TaskCrash, SlurmState::Failed), rest);
+  CHECK(plan.action == RecoveryPlan::Action::GiveUp);
+  CHECK(plan.reason.rfind("task crash: the rest backend cannot requeue a job", 0) == 0);
+  // A node failure while Slurm still has the job: Slurm requeues it; the backend then expedites it.
+  plan = plan_recovery(r, facts(Ending::NodeFailure, SlurmState::Running, {"n2"}), rest);
+  CHECK(plan.action == RecoveryPlan::Action::Requeue);
+  CHECK(plan.waits_for_slurm);
+  CHECK_FALSE(plan.intent.requeue);
+}
+
+TEST_CASE("plan: the requeue intent", "[recovery][plan]") {
+  JobRecord r = record(JobState::Failing);
+  r.restart_count = 2;
+  r.bad_nodes = add_bad_nodes({}, {"n9"}, "old", 900, 3600);
+  RecoveryFacts f = facts(Ending::NodeFailure, SlurmState::NodeFail, {"n2", "n3", "n9"});
+  f.mark_down = {"n2", "n9"};  // n3 only timed out
+  RecoveryPolicy p;
+  p.drain_bad_nodes = true;
+  auto plan = plan_recovery(r, f, p);
+  REQUIRE(plan.action == RecoveryPlan::Action::Requeue);
+  const Intent& i = plan.intent;
+  CHECK(i.phase == Intent::Phase::MarkDown);
+  CHECK(i.requeue);
+  CHECK(i.expected_restart == 3);
+  CHECK(i.exclude == std::vector<std::string>{"n2", "n3", "n9"});
+  CHECK(i.mark_down == std::vector<std::string>{"n2", "n9"});
+  CHECK(i.drain == std::vector<std::string>{"n2"});  // n9 was excluded before; n3 has no evidence
+  CHECK(i.reason == plan.reason);
+  CHECK(i.created == 1000);
+  CHECK(plan.budget.restarts == 1);
+
+  p.down_dead_nodes = false;
+  CHECK(plan_recovery(r, f, p).intent.mark_down.empty());
+  p.down_dead_nodes = true;
+  p.can_set_node_state = false;
+  plan = plan_recovery(r, f, p);
+  CHECK(plan.intent.mark_down.empty());
+  CHECK(plan.intent.drain.empty());
+
+  f.slurm_requeued = true;
+  f.slurm.restart_count = 3;
+  plan = plan_recovery(r, f, {});
+  CHECK_FALSE(plan.intent.requeue);
+  CHECK(plan.intent.expected_restart == 3);
+}
+
+TEST_CASE("plan: a job given up on that Slurm requeued is held", "[recovery][plan]") {
+  CHECK(hold_when_giving_up(slurm(SlurmState::Pending, 1)));
+  SlurmJob held = slurm(SlurmState::Pending, 1);
+  held.held = true;
+  CHECK_FALSE(hold_when_giving_up(held));
+  CHECK_FALSE(hold_when_giving_up(slurm(SlurmState::Failed)));
+}
+
+TEST_CASE("plan: an admin's release", "[recovery][plan]") {
+  JobRecord r = record(JobState::GaveUp);
+  r.restart_count = 1;
+  r.budget.restarts = 4;
+  r.budget.without_progress = 3;
+  r.bad_nodes = add_bad_nodes({}, {"n2"}, "dead", 900, 3600);
+  auto plan = plan_release(r, slurm(SlurmState::Failed, 1), true, 0, 1000);
+  CHECK(plan.refusal == ReleasePlan::Refusal::None);
+  CHECK(plan.intent.requeue);
+  CHECK(plan.intent.expected_restart == 2);
+  CHECK(plan.intent.exclude == std::vector<std::string>{"n2"});
+  CHECK(plan.intent.reason == "released by uid 0");
+  CHECK(plan.budget.without_progress == 0);
+  CHECK(plan.budget.restarts == 4);
+  // Held pending by Slurm already (requeued on its own, then held): release and expedite only.
+  plan = plan_release(r, slurm(SlurmState::Pending, 2), false, 0, 1000);
+  CHECK(plan.refusal == ReleasePlan::Refusal::None);
+  CHECK_FALSE(plan.intent.requeue);
+  CHECK(plan.intent.expected_restart == 2);
+  CHECK(plan_release(r, slurm(SlurmState::Running, 1), true, 0, 1000).refusal == ReleasePlan::Refusal::Running);
+  CHECK(plan_release(r, slurm(SlurmState::Failed, 1), false, 0, 1000).refusal ==
+        ReleasePlan::Refusal::CannotRequeue);
+}
+
+// ---- a requeue intent, step by step -------------------------------------------------------------------------------
+
+TEST_CASE("intent: a cancel at the cycle's first look drops it", "[recovery][intent]") {
+  Intent i;
+  i.phase = Intent::Phase::WaitCompleting;
+  IntentFacts f = look(SlurmState::Cancelled, 0, 10);
+  auto step = next_intent_step(i, f);
+  CHECK(step.kind == IntentStep::Kind::Cancel);
+  CHECK(step.reason == "cancelled by its user while being requeued");
+  f.first_look = false;
+  CHECK(next_intent_step(i, f).kind != IntentStep::Kind::Cancel);
+}
+
+TEST_CASE("intent: mark down, then requeue unless Slurm did", "[recovery][intent]") {
+  Intent i;
+  i.created = 10;
+  i.expected_restart = 1;
+  auto step = next_intent_step(i, look(SlurmState::Running, 0, 10));
+  CHECK(step.kind == IntentStep::Kind::MarkDown);
+  CHECK(step.next == Intent::Phase::Requeue);
+  CHECK_FALSE(step.look_again);
+  i.mark_down = {"n2"};
+  CHECK(next_intent_step(i, look(SlurmState::Running, 0, 10)).look_again);
+
+  i.phase = Intent::Phase::Requeue;
+  step = next_intent_step(i, look(SlurmState::Running, 0, 10.5));
+  CHECK(step.kind == IntentStep::Kind::Requeue);
+  CHECK(step.next == Intent::Phase::WaitCompleting);
+  step = next_intent_step(i, look(SlurmState::Pending, 1, 10.5));
+  CHECK(step.kind == IntentStep::Kind::Requeued);
+  CHECK(step.not_before == credential_safe_start(10.5));
+  i.not_before = 13;  // ours, before the controller stopped
+  CHECK(next_intent_step(i, look(SlurmState::Pending, 1, 20)).not_before == 13);
+
+  i.requeue = false;  // waiting for Slurm's own requeue
+  i.not_before = 0;
+  step = next_intent_step(i, look(SlurmState::Running, 0, 100));
+  CHECK(step.kind == IntentStep::Kind::Wait);
+  CHECK(step.at == Approx(100.25));
+  step = next_intent_step(i, look(SlurmState::Running, 0, 10 + 120 + 61));
+  CHECK(step.kind == IntentStep::Kind::GiveUp);
+  CHECK(step.reason == "Slurm did not requeue the job after its node failed");
+}
+
+TEST_CASE("intent: wait for the old run to end and its credential to pass", "[recovery][intent]") {
+  Intent i;
+  i.phase = Intent::Phase::WaitCompleting;
+  i.created = 100;
+  i.expected_restart = 1;
+  i.not_before = 102;
+  IntentFacts f = look(SlurmState::Pending, 1, 100.5);
+  f.slurm.completing = true;
+  auto step = next_intent_step(i, f);
+  CHECK(step.kind == IntentStep::Kind::Wait);
+  CHECK(step.at == Approx(101.5));
+  f.slurm.completing = false;
+  f.now = 101.8;
+  CHECK(next_intent_step(i, f).at == Approx(102));  // the credential's second
+  f.now = 102.1;
+  step = next_intent_step(i, f);
+  CHECK(step.kind == IntentStep::Kind::Advance);
+  CHECK(step.next == Intent::Phase::Update);
+  // Still completing past the timeout: update anyway.
+  f.slurm.completing = true;
+  f.now = 100 + 121;
+  CHECK(next_intent_step(i, f).next == Intent::Phase::Update);
+  // Slurm runs it again already.
+  step = next_intent_step(i, look(SlurmState::Running, 1, 100.5));
+  CHECK(step.kind == IntentStep::Kind::Advance);
+  CHECK(step.next == Intent::Phase::Done);
+}
+
+TEST_CASE("intent: expedite a pending job, then finish", "[recovery][intent]") {
+  Intent i;
+  i.phase = Intent::Phase::Update;
+  i.created = 100;
+  IntentFacts f = look(SlurmState::Pending, 1, 103);
+  f.slurm.held = true;
+  auto step = next_intent_step(i, f);
+  CHECK(step.kind == IntentStep::Kind::Expedite);
+  CHECK(step.release);
+  CHECK(step.next == Intent::Phase::Done);
+  step = next_intent_step(i, look(SlurmState::Running, 1, 103));
+  CHECK(step.kind == IntentStep::Kind::Advance);
+  CHECK(step.next == Intent::Phase::Done);
+
+  step = after_refused_update(i, 110, 120);
+  CHECK(step.kind == IntentStep::Kind::Wait);
+  CHECK(step.at == Approx(110.5));
+  step = after_refused_update(i, 221, 120);
+  CHECK(step.kind == IntentStep::Kind::Advance);
+  CHECK(step.next == Intent::Phase::Done);
+
+  i.phase = Intent::Phase::Done;
+  f = look(SlurmState::Pending, 1, 104);
+  f.record_restart = 0;
+  step = next_intent_step(i, f);
+  CHECK(step.kind == IntentStep::Kind::Finish);
+  CHECK_FALSE(step.new_run);
+  CHECK(step.reason == "requeued; waiting for Slurm to start run 1");
+  f = look(SlurmState::Running, 1, 104);
+  CHECK(next_intent_step(i, f).new_run);
+}
+
+TEST_CASE("intent: a refused requeue that happened anyway goes on", "[recovery][intent]") {
+  Intent i;
+  i.expected_restart = 2;
+  CHECK_FALSE(requeue_happened_anyway(i, std::nullopt));
+  CHECK_FALSE(requeue_happened_anyway(i, slurm(SlurmState::Running, 1)));
+  CHECK(requeue_happened_anyway(i, slurm(SlurmState::Pending, 2)));
+}
