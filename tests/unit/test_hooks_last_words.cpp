@@ -53,7 +53,7 @@ std::vector<Result<std::uint64_t>> restore_all(std::vector<Rank>& ranks) {
 // Creates the checkpointers of `mine` (all ranks when empty) at once, with the given layout; the mesh needs every
 // rank of the world, so the others must be created at the same time (in a child process).
 std::vector<Rank> make_ranks(const std::string& dir, int world, const std::string& layout, const std::string& run_id,
-                             std::vector<int> mine = {}) {
+                             std::vector<int> mine = {}, const std::string& interval = "1000steps") {
   if (mine.empty()) {
     for (int r = 0; r < world; ++r) mine.push_back(r);
   }
@@ -65,7 +65,7 @@ std::vector<Rank> make_ranks(const std::string& dir, int world, const std::strin
       try {
         // exit_grace 0s: these ranks are threads of the test process, which the library must not end.
         Options o = options({{"dir", dir}, {"rank", std::to_string(r)}, {"world_size", std::to_string(world)},
-                             {"layout", layout}, {"last_words", "on"}, {"exit_grace", "0s"}, {"interval", "1000steps"},
+                             {"layout", layout}, {"last_words", "on"}, {"exit_grace", "0s"}, {"interval", interval},
                              {"run_id", run_id}, {"copy_threads", "0"}});
         Rank& me = ranks[static_cast<std::size_t>(r)];
         me.cp = make(o);
@@ -418,6 +418,33 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
     frozen.join();
     ::kill(rank1, SIGKILL);
     ::waitpid(rank1, nullptr, 0);
+  }
+}
+
+TEST_CASE("last words armed: periodic checkpoints and restores are counted over the heartbeat network",
+          "[hooks][last_words]") {
+  TempDir dir;
+  // 12 ranks: two groups, so the counts of group 1 reach the root through its leader.
+  constexpr int kWorld = 12;
+  {
+    std::vector<Rank> ranks = make_ranks(dir.path(), kWorld, "dp=12", "tree1", {}, "2steps");
+    for (const auto& got : restore_all(ranks)) REQUIRE(got.value() == 0);
+    REQUIRE(train(ranks, 0, 6));
+    for (Rank& r : ranks) CHECK(r.cp->close());
+    CHECK(ranks[0].cp->stats().committed == 3);
+  }
+  CHECK(committed_steps(dir.path()).back() == 6);
+  // Every rank's shard was counted, none through a file of its own in the control dir.
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path() + "/.control")) {
+    CAPTURE(e.path().string());
+    CHECK(e.path().filename().string().rfind("done-", 0) != 0);
+  }
+  // A new run restores every rank from step 6, its rounds counted the same way.
+  std::vector<Rank> again = make_ranks(dir.path(), kWorld, "dp=12", "tree2", {}, "2steps");
+  for (const auto& got : restore_all(again)) CHECK(got.value() == 6);
+  for (Rank& r : again) {
+    CHECK(r.state.front() == value_of(r.cp->config().coord, 6));
+    CHECK(r.cp->close());
   }
 }
 
