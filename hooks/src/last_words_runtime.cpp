@@ -227,11 +227,9 @@ struct LastWords::Impl {
 
   // Mesh threads: a last-words or coordination frame from the link to `from`.
   void on_frame(const heartbeat::Frame& f, int from) {
-    heartbeat::Event e;  // the link it came on, for passing floods on
-    e.peer = from;
     switch (f.type) {
       case heartbeat::kAlarm:
-        fire("rank " + std::to_string(f.subject) + " started its last words", true, e.peer);
+        fire("rank " + std::to_string(f.subject) + " started its last words", true, from);
         return;
       case heartbeat::kReport: {
         if (f.subject < 0 || f.subject >= config.world_size) return;
@@ -257,7 +255,7 @@ struct LastWords::Impl {
         decision_write = f.flags == 1;
         decision_step = f.a;
         decision_root = f.subject;
-        net()->flood(f, e.peer);
+        net()->flood(f, from);
         cv.notify_all();
         break;
       }
@@ -267,7 +265,7 @@ struct LastWords::Impl {
         int& d = stages[static_cast<std::size_t>(f.subject)];
         if (d >= -1) return;
         d = static_cast<int>(static_cast<std::int64_t>(f.a));
-        net()->flood(f, e.peer);
+        net()->flood(f, from);
         cv.notify_all();
         break;
       }
@@ -279,7 +277,7 @@ struct LastWords::Impl {
           std::lock_guard<std::mutex> lock(mu);
           to = coordination;
         }
-        if (to) to(f, e.peer);
+        if (to) to(f, from);
         return;
       }
       case heartbeat::kOutcome: {
@@ -287,7 +285,7 @@ struct LastWords::Impl {
         if (ended) return;
         ended = true;
         ended_committed = f.flags == 1;
-        net()->flood(f, e.peer);
+        net()->flood(f, from);
         cv.notify_all();
         break;
       }
