@@ -82,7 +82,8 @@ def fs_ops(lines, ckpt_dir, t_from, t_to):
         t = float(m.group(1))
         if t_from <= t < t_to:
             total += 1
-            if "/.control/" in line:
+            # The control dir's request polling; records gathered up the tree are checkpoint work.
+            if "/.control/" in line and "/.control/gathered-" not in line:
                 control += 1
     return total, control
 
@@ -218,9 +219,13 @@ def analyse(n, train, resume, freeze):
         row["open+restore time (s, max)"] = max((number(r.get("open_restore_s")) for r in rr.values()), default=None)
         size = row.get("checkpoint size (bytes, all shards)")
         rchar = [number(r.get("rchar")) for r in rr.values()]
+        restore = [number(r.get("rchar_restore")) for r in rr.values() if r.get("rchar_restore") is not None]
         if size and rchar:
-            row["bytes read at resume per rank / checkpoint size"] = statistics.median(rchar) / size
-            row["bytes read at resume, all ranks / checkpoint size"] = sum(rchar) / size
+            row["bytes read across open+restore per rank / checkpoint size"] = statistics.median(rchar) / size
+        if size and restore:
+            # Ranks killed in this run never report: the sum over those that did, scaled to the job.
+            row["bytes read by restore, all ranks / checkpoint size"] = sum(restore) * n / len(restore) / size
+            row["bytes read by restore per rank / its share of the checkpoint"] = statistics.median(restore) * n / size
         starts = []
         for k, lines in resume["strace"].items():
             if k != 0 and k in rr:
@@ -264,7 +269,7 @@ def fmt(v):
 
 
 FITTED = ("CPU per rank", "CPU per message", "TCP connections", "TCP data segments", "heartbeats per rank",
-          "open+restore time", "open time", "periodic commit latency", "bytes read at resume", "FS ops",
+          "open+restore time", "open time", "periodic commit latency", "bytes read", "FS ops",
           "detection latency", "last-words commit latency", "files per checkpoint")
 
 

@@ -8,6 +8,7 @@
  * rank uses is the library's; the common clock keeps the ranks in lockstep as gradient reductions would), calls
  * the guard, changes the state and calls ckpt_after_step. It measures itself, without a tracer:
  *   - open+restore: wall time, and /proc/self/io rchar, read_bytes and syscr across ckpt_open + ckpt_restore;
+ *     rchar across ckpt_restore alone (the checkpoint's bytes; open reads shared libraries' config files);
  *   - while training (from step resume+W to the last step): CPU (getrusage of the whole process, every thread
  *     of the library included) over wall time, and the TCP connections it holds (socket fds in /proc/self/fd
  *     that are established TCP) with the data segments sent and received on them (TCP_INFO), hence messages
@@ -243,7 +244,9 @@ int main(int argc, char** argv) {
   static unsigned char state[STATE_BYTES], expected[STATE_BYTES];
   for (int i = 0; i < STATE_BYTES; ++i) state[i] = (unsigned char)i;
   uint64_t step = 0;
-  if (ckpt_register_host(cp, "state", state, sizeof state, 0, NULL) != 0 || ckpt_restore(cp, &step) != 0) {
+  io_counters io_before_restore = {0, 0, 0};
+  if (ckpt_register_host(cp, "state", state, sizeof state, 0, NULL) != 0 ||
+      (io_before_restore = read_io(), ckpt_restore(cp, &step)) != 0) {
     fprintf(stderr, "bench_scale_rank: rank %d: %s\n", rank, ckpt_last_error());
     ckpt_free(cp);
     return 1;
@@ -254,8 +257,8 @@ int main(int argc, char** argv) {
   for (uint64_t k = 0; k < step; ++k) {
     for (int i = 0; i < STATE_BYTES; ++i) expected[i] = (unsigned char)(expected[i] * 31u + (unsigned)k);
   }
-  int state_ok = memcmp(state, expected, sizeof state) == 0;
   io_counters io1 = read_io();
+  int state_ok = memcmp(state, expected, sizeof state) == 0;
   static socket_census at_open, at_warm, at_end;
   count_sockets(&at_open); /* the mesh is complete once ckpt_open returns */
   uint64_t resume_step = step;
@@ -322,13 +325,13 @@ int main(int argc, char** argv) {
   }
   snprintf(line, sizeof line,
            "rank=%d world=%d pid=%d target=%ld resume_step=%llu end_step=%llu stopped=%d failed=%d "
-           "open_restore_s=%.4f rchar=%llu read_bytes=%llu syscr=%llu cpu_pct=%.3f window_s=%.3f steps_per_s=%.3f "
+           "open_restore_s=%.4f rchar=%llu rchar_restore=%llu read_bytes=%llu syscr=%llu cpu_pct=%.3f window_s=%.3f steps_per_s=%.3f "
            "tcp_conns=%d sockets=%d tcp_conns_open=%d tcp_conns_end=%d segs_out_per_s=%.2f segs_in_per_s=%.2f "
            "commits=%d commit_median_s=%.4f commit_max_s=%.4f snapshots=%llu committed=%llu backpressure_waits=%llu "
            "t_open=%.6f t_train=%.6f t_end=%.6f state_ok=%d error=\"%s\"\n",
            rank, world, (int)getpid(), steps, (unsigned long long)resume_step, (unsigned long long)step, stopped,
            failed,
-           t_restored - t_open, io1.rchar - io0.rchar, io1.read_bytes - io0.read_bytes, io1.syscr - io0.syscr,
+           t_restored - t_open, io1.rchar - io0.rchar, io1.rchar - io_before_restore.rchar, io1.read_bytes - io0.read_bytes, io1.syscr - io0.syscr,
            cpu_pct, window, window > 0 ? (double)(step - resume_step - (uint64_t)warmup) / window : -1,
            t_warm > 0 ? at_warm.tcp_established : -1, t_warm > 0 ? at_warm.sockets : -1,
            at_open.tcp_established, at_end.tcp_established, out_per_s, in_per_s, n_commits,

@@ -364,20 +364,64 @@ Result<ShardRecord> ShardWriter::finish() {
   }
 }
 
+namespace {
+
+// Writes the manifest of `m` (shards included) atomically into the step dir `fd`, then `latest`.
+Status write_manifest_and_latest(int root_fd, int fd, Manifest m, const PhaseObserver& observer,
+                                 const std::optional<Fence>& fence, const std::string& at) {
+  if (!(m.wall_time > 0) || !std::isfinite(m.wall_time)) m.wall_time = now_seconds();
+  std::string text = to_json(m);
+  // Never write a manifest that would not read back (e.g. rank coordinates outside the layout).
+  if (auto back = parse_manifest(text); !back) return Status::failure(at + back.error());
+
+  AtomicWriteHooks hooks;
+  hooks.half_written = [&] { notify(observer, SavePhase::ManifestHalfWritten); };
+  hooks.temp_written = [&] { notify(observer, SavePhase::ManifestTempWritten); };
+  hooks.renamed = [&] { notify(observer, SavePhase::ManifestRenamed); };
+  // The manifest is durable in its temp file; the last check before it becomes visible. A run that commits
+  // also writes its own epoch back when the record names an older one (store_control.cpp says when).
+  hooks.before_rename = [&] { return fence ? reassert_epoch_fd(root_fd, *fence) : Status::success(); };
+  if (Status s = write_file_atomic(fd, kManifestName, text, std::string(kManifestName), hooks); !s) {
+    return Status::failure(at + s.error());
+  }
+  AtomicWriteHooks latest_hooks;
+  latest_hooks.before_rename = [&] { return check_fence_fd(root_fd, fence); };
+  if (Status s = write_file_atomic(root_fd, kLatestName, step_dir_name(m.step) + "\n", "latest", latest_hooks); !s) {
+    return Status::failure("step " + std::to_string(m.step) + " is committed, but updating latest failed: " +
+                           s.error());
+  }
+  notify(observer, SavePhase::Committed);
+  return Status::success();
+}
+
+// The checks both commits make before anything else: the step dir, neither committed nor FAILED, not fenced.
+struct CommitTarget {
+  Fd root, dir;
+};
+Result<CommitTarget> open_commit_target(const std::string& root, std::uint64_t step,
+                                        const std::optional<Fence>& fence) {
+  if (step > kMaxStep) return Error{"step larger than " + std::to_string(kMaxStep)};
+  auto root_fd = open_root(root);
+  if (!root_fd) return Error{root_fd.error()};
+  auto dir = open_step_dir(root_fd->get(), step);
+  if (!dir.ok()) return Error{dir.error.message};
+  int fd = dir.value->get();
+  if (exists_at(fd, std::string(kManifestName))) return Error{"it is already committed"};
+  if (exists_at(fd, std::string(kFailedName))) return Error{"it is marked FAILED"};
+  if (Status s = check_fence_fd(root_fd->get(), fence); !s) return Error{s.error()};
+  return CommitTarget{std::move(root_fd.value()), std::move(*dir.value)};
+}
+
+}  // namespace
+
 Status commit(const std::string& root, const Manifest& manifest_without_shards, PhaseObserver observer,
               const std::optional<Fence>& fence) {
   const Manifest& m0 = manifest_without_shards;
   const std::string at = "cannot commit step " + std::to_string(m0.step) + ": ";
   try {
-    if (m0.step > kMaxStep) return Status::failure(at + "step larger than " + std::to_string(kMaxStep));
-    auto root_fd = open_root(root);
-    if (!root_fd) return Status::failure(at + root_fd.error());
-    auto dir = open_step_dir(root_fd->get(), m0.step);
-    if (!dir.ok()) return Status::failure(at + dir.error.message);
-    int fd = dir.value->get();
-    if (exists_at(fd, std::string(kManifestName))) return Status::failure(at + "it is already committed");
-    if (exists_at(fd, std::string(kFailedName))) return Status::failure(at + "it is marked FAILED");
-    if (Status s = check_fence_fd(root_fd->get(), fence); !s) return Status::failure(at + s.error());
+    auto target = open_commit_target(root, m0.step, fence);
+    if (!target) return Status::failure(at + target.error());
+    int fd = target->dir.get();
     auto entries = list_dir(fd);
     if (!entries.ok()) return Status::failure(at + entries.error.message);
     if (std::string link = first_symlink(*entries.value); !link.empty()) {
@@ -387,36 +431,27 @@ Status commit(const std::string& root, const Manifest& manifest_without_shards, 
     if (!records.ok()) return Status::failure(at + records.error.message);
     CommitDecision decision = decide_commit(m0.kind, m0.layout, m0.world_size, *records.value);
     if (!decision.complete) return Status::failure(at + "not complete: " + decision.reason);
-
     Manifest m = m0;
     m.shards = std::move(*records.value);
-    if (!(m.wall_time > 0) || !std::isfinite(m.wall_time)) m.wall_time = now_seconds();
-    std::string text = to_json(m);
-    // Never write a manifest that would not read back (e.g. rank coordinates outside the layout).
-    if (auto back = parse_manifest(text); !back) return Status::failure(at + back.error());
+    return write_manifest_and_latest(target->root.get(), fd, std::move(m), observer, fence, at);
+  } catch (const std::exception& e) {
+    return Status::failure(at + e.what());
+  }
+}
 
-    AtomicWriteHooks hooks;
-    hooks.half_written = [&] { notify(observer, SavePhase::ManifestHalfWritten); };
-    hooks.temp_written = [&] { notify(observer, SavePhase::ManifestTempWritten); };
-    hooks.renamed = [&] { notify(observer, SavePhase::ManifestRenamed); };
-    // The manifest is durable in its temp file; the last check before it becomes visible. A run that commits
-    // also writes its own epoch back when the record names an older one (store_control.cpp says when).
-    hooks.before_rename = [&] {
-      return fence ? reassert_epoch_fd(root_fd->get(), *fence) : Status::success();
-    };
-    if (Status s = write_file_atomic(fd, kManifestName, text, std::string(kManifestName), hooks); !s) {
-      return Status::failure(at + s.error());
-    }
-    AtomicWriteHooks latest_hooks;
-    latest_hooks.before_rename = [&] { return check_fence_fd(root_fd->get(), fence); };
-    if (Status s = write_file_atomic(root_fd->get(), kLatestName, step_dir_name(m.step) + "\n", "latest",
-                                     latest_hooks);
-        !s) {
-      return Status::failure("step " + std::to_string(m.step) + " is committed, but updating latest failed: " +
-                             s.error());
-    }
-    notify(observer, SavePhase::Committed);
-    return Status::success();
+Status commit_gathered(const std::string& root, const Manifest& manifest, PhaseObserver observer,
+                       const std::optional<Fence>& fence) {
+  const std::string at = "cannot commit step " + std::to_string(manifest.step) + ": ";
+  try {
+    auto target = open_commit_target(root, manifest.step, fence);
+    if (!target) return Status::failure(at + target.error());
+    Manifest m = manifest;
+    std::sort(m.shards.begin(), m.shards.end(), [](const ShardRecord& a, const ShardRecord& b) {
+      return a.rank < b.rank;
+    });
+    CommitDecision decision = decide_commit(m.kind, m.layout, m.world_size, m.shards);
+    if (!decision.complete) return Status::failure(at + "not complete: " + decision.reason);
+    return write_manifest_and_latest(target->root.get(), target->dir.get(), std::move(m), observer, fence, at);
   } catch (const std::exception& e) {
     return Status::failure(at + e.what());
   }

@@ -178,8 +178,10 @@ struct Checkpointer::Impl {
   std::vector<std::string> covers() const;
   store::Manifest manifest(const PersistJob& job) const;
   // This rank's shard of `step`: the pieces in order, claiming `keys`.
-  Status write_pieces(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::string>& keys);
-  Status write_shard(const PersistJob& job);
+  // `written` (when given) receives the shard's record.
+  Status write_pieces(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::string>& keys,
+                      store::ShardRecord* written = nullptr);
+  Status write_shard(const PersistJob& job, store::ShardRecord* written);
   // Worker: the shard, its publication and, on the writer, the commit and retention.
   void persist(const PersistJob& job);
   void collect_garbage(std::uint64_t committed);

@@ -177,7 +177,7 @@ store::Manifest Checkpointer::Impl::manifest(const PersistJob& job) const {
 
 // This rank's shard of `step`: the pieces in order, claiming `keys`.
 Status Checkpointer::Impl::write_pieces(std::uint64_t step, const std::vector<Piece>& pieces,
-                                        const std::vector<std::string>& keys) {
+                                        const std::vector<std::string>& keys, store::ShardRecord* written) {
   auto writer = store::ShardWriter::open(config.dir, step, rank, observer, run_fence(config));
   if (!writer) return Status::failure(writer.error());
   for (const Piece& p : pieces) {
@@ -186,12 +186,13 @@ Status Checkpointer::Impl::write_pieces(std::uint64_t step, const std::vector<Pi
   writer->add_covers(keys);
   auto record = writer->finish();
   if (!record) return Status::failure(record.error());
+  if (written != nullptr) *written = std::move(*record);
   return Status::success();
 }
 
-Status Checkpointer::Impl::write_shard(const PersistJob& job) {
+Status Checkpointer::Impl::write_shard(const PersistJob& job, store::ShardRecord* written) {
   if (!job.error.empty()) return Status::failure(job.error);
-  return write_pieces(job.step, job.pieces, covers());
+  return write_pieces(job.step, job.pieces, covers(), written);
 }
 
 void Checkpointer::Impl::persist(const PersistJob& job) {
@@ -202,7 +203,8 @@ void Checkpointer::Impl::persist(const PersistJob& job) {
   Status outcome = Status::success();
   if (job.device_copy) outcome = device->wait();
   auto t_write = Clock::now();
-  if (outcome) outcome = write_shard(job);
+  store::ShardRecord record;
+  if (outcome) outcome = write_shard(job, &record);
   double persist_s = seconds_since(t_write);
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -215,6 +217,7 @@ void Checkpointer::Impl::persist(const PersistJob& job) {
   }
   if (!outcome) record_error(at + "persist failed: " + outcome.error());
   // Every rank publishes every checkpoint, failed or not: collective coordinators count on it.
+  if (outcome) coord->note_record(job.step, record);
   Status published = coord->publish(job.step, outcome);
   if (!published) record_error(at + published.error());
   if (rank != 0 || !outcome || !published) return;
@@ -224,8 +227,17 @@ void Checkpointer::Impl::persist(const PersistJob& job) {
     record_error(at + "not committed: " + all.error());
     return;
   }
-  if (Status s = store::commit(config.dir, manifest(job), observer, run_fence(config)); !s) {
-    record_error(s.error());
+  // Records gathered up the tree: the commit reads no record file. Otherwise it reads every rank's.
+  Status committed = Status::success();
+  if (auto records = coord->gathered(job.step)) {
+    store::Manifest m = manifest(job);
+    m.shards = std::move(*records);
+    committed = store::commit_gathered(config.dir, m, observer, run_fence(config));
+  } else {
+    committed = store::commit(config.dir, manifest(job), observer, run_fence(config));
+  }
+  if (!committed) {
+    record_error(committed.error());
     return;
   }
   double commit_s = seconds_since(t0);
@@ -248,9 +260,20 @@ void Checkpointer::Impl::persist(const PersistJob& job) {
   }
 }
 
-// Retention after a commit; gc() re-reads the newest checkpoint to verify it, so it runs only when the plan
-// (with the step just committed as the newest verified one) deletes something.
+// Retention after a commit. Shared out where the coordinator can (store::retire: a rename here, each rank removes
+// its own files); otherwise gc() re-reads the newest checkpoint to verify it, so it runs only when the plan (with
+// the step just committed as the newest verified one) deletes something.
 void Checkpointer::Impl::collect_garbage(std::uint64_t committed) {
+  if (coord->shares_retention()) {
+    auto retired = store::retire(config.dir, config.keep, committed, run_fence(config));
+    if (!retired) {
+      log::warn(rank, "retention: " + retired.error());
+      return;
+    }
+    for (std::uint64_t step : *retired) log::debug(rank, "retention retired step " + std::to_string(step));
+    if (!retired->empty()) coord->retired(*retired);
+    return;
+  }
   auto entries = store::scan(config.dir);
   if (!entries) return;
   if (store::plan_gc(*entries, config.keep, committed).empty()) return;

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ckpt/hooks.hpp"
 #include "restore_agreement.hpp"
@@ -48,10 +49,20 @@ class Coordinator {
   virtual Status request(std::uint64_t step, store::Kind kind) = 0;
   // Training thread, every step: the request for exactly this step, if any rank made one (terminal wins).
   virtual std::optional<store::Kind> requested(std::uint64_t step) = 0;
+  // Persist thread, every rank, just before a successful publish: the record of this rank's durable shard.
+  virtual void note_record(std::uint64_t /*step*/, const store::ShardRecord& /*record*/) {}
   // Persist thread, every rank, for every checkpoint in order: this rank's shard is durable (ok) or failed.
   virtual Status publish(std::uint64_t step, const Status& outcome) = 0;
   // Persist thread, writer only: waits until every rank published `step`; fails on timeout or a failed rank.
   virtual Status wait_all(std::uint64_t step, std::chrono::milliseconds timeout) = 0;
+  // Persist thread, writer only, after wait_all succeeded: every rank's record of `step`, where this coordinator
+  // gathered them on the way (the writer then commits without reading N record files); nullopt otherwise.
+  virtual std::optional<std::vector<store::ShardRecord>> gathered(std::uint64_t /*step*/) { return std::nullopt; }
+  // True when every rank removes its own files of a step dir the writer retires (retired()); false when the
+  // writer removes whole step dirs itself (store::gc).
+  virtual bool shares_retention() const { return false; }
+  // Persist thread, writer only: the steps store::retire renamed away; every rank removes its own files of them.
+  virtual void retired(const std::vector<std::uint64_t>& /*steps*/) {}
   // Any thread: training is gone; a wait_all in progress or to come gives up at once where it can.
   virtual void cancel() {}
   // Training thread, once the last words' heartbeat network is up: a coordinator that can use it does.

@@ -1,20 +1,34 @@
 // The coordinator of a job whose last words are armed: checkpoint requests and shard completion travel over the
 // heartbeat network (heartbeat.hpp) instead of files on the shared checkpoint dir. A request is flooded to every
-// rank (each forwards it once); completion is counted up the tree: a rank sends its up neighbour one kDone per
-// checkpoint, with the number of ranks below it (itself included) whose shards are durable, once its own shard and
-// every down link's count are in. The root, rank 0 while the job is healthy, knows every shard is durable when
-// its count reaches the world size. Per rank and checkpoint: one message up, no file operation. A failed shard is
-// passed up on its own (kShardFailed), its reason in the control dir, as the file coordinator keeps it.
-// Until the network is attached (the checkpointer creates it after the coordinator), requests go through the
-// control dir.
+// rank (each forwards it once); completion is counted up the tree: a rank sends its up neighbour one kShardsDone
+// per checkpoint, with the number of ranks below it (itself included) whose shards are durable, once its own shard
+// and every down link's count are in. The root, rank 0 while the job is healthy, knows every shard is durable when
+// its count reaches the world size. A failed shard is passed up on its own (kShardFailed), its reason in the
+// control dir, as the file coordinator keeps it. Until the network is attached (the checkpointer creates it after
+// the coordinator), requests go through the control dir.
+//
+// Records go up with the counts, so that the root commits without reading one file per rank: a rank with down
+// links reads its members' records and its child ranks' gathered files, and writes its own gathered file
+// (store::write_gathered) before it sends its count. Retention is shared out the same way: the writer retires
+// step dirs (store::retire) and floods kRetired; each rank removes its own two files. Per rank and checkpoint: one
+// message up, a constant number of file operations.
+//
+// Threads: the training thread requests and asks; the persist thread notes its record, publishes, waits (writer)
+// and retires; the network's threads deliver frames (on_frame) and must not block, so every file operation of
+// this coordinator runs on its own worker thread.
 #include <atomic>
 #include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <set>
+#include <thread>
 
 #include "coordinator.hpp"
 #include "heartbeat.hpp"
 #include "last_words_runtime.hpp"
+#include "log.hpp"
 
 namespace ckpt::hooks {
 
@@ -29,6 +43,16 @@ class TreeCoordinator final : public ControlDirCoordinator {
         config_(config),
         tree_(overlay::links_of(overlay::Shape{config.world_size}, config.rank,
                                 overlay::Gone(static_cast<std::size_t>(config.world_size), 0))) {}
+
+  ~TreeCoordinator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      tasks_.clear();
+    }
+    work_cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
 
   const char* name() const override { return "tree"; }
 
@@ -92,6 +116,11 @@ class TreeCoordinator final : public ControlDirCoordinator {
     return control_.requested(step);
   }
 
+  void note_record(std::uint64_t step, const store::ShardRecord& record) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    counts_[step].record = record;
+  }
+
   Status publish(std::uint64_t step, const Status& outcome) override {
     if (!outcome) {
       if (Status s = control_.report_failure(step, outcome.error()); !s) return s;
@@ -148,6 +177,34 @@ class TreeCoordinator final : public ControlDirCoordinator {
     return Status::success();
   }
 
+  std::optional<std::vector<store::ShardRecord>> gathered(std::uint64_t step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = gathered_.find(step);
+    if (it == gathered_.end()) return std::nullopt;
+    std::vector<store::ShardRecord> records = std::move(it->second);
+    gathered_.erase(gathered_.begin(), std::next(it));
+    return records;
+  }
+
+  bool shares_retention() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return words_ != nullptr;
+  }
+
+  void retired(const std::vector<std::uint64_t>& steps) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::uint64_t step : steps) {
+      if (!retired_seen_.insert(step).second) continue;
+      remove_own_later_locked(step);
+      if (words_ != nullptr) {
+        heartbeat::Frame f;
+        f.type = heartbeat::kRetired;
+        f.a = step;
+        words_->network().flood(f);
+      }
+    }
+  }
+
   void cancel() override {
     cancelled_.store(true);
     cv_.notify_all();
@@ -169,10 +226,19 @@ class TreeCoordinator final : public ControlDirCoordinator {
 
  private:
   struct Count {
-    bool own = false;                      // this rank's shard is durable
-    std::map<int, std::uint64_t> below;    // per down link: its subtree's count
+    bool own = false;                          // this rank's shard is durable
+    std::optional<store::ShardRecord> record;  // its record (note_record)
+    std::map<int, std::uint64_t> below;        // per down link: its subtree's count
+    std::set<int> ready;                       // down links whose subtree's records can be read
+    bool gathering = false;                    // the worker is gathering records; the count goes up after
     bool sent = false;
-    std::uint64_t total = 0;               // at the root: the job's count
+    std::uint64_t total = 0;                   // at the root: the job's count
+  };
+
+  // One subtree below this rank: its top rank and how many ranks it counts.
+  struct Below {
+    int rank = 0;
+    std::uint64_t count = 0;
   };
 
   static std::uint64_t restore_key(int round) {
@@ -201,24 +267,123 @@ class TreeCoordinator final : public ControlDirCoordinator {
     for (int d : links.down) {
       if (c.below.count(d) == 0) return;
     }
+    if (c.gathering) return;
     // Every count that came counts, also from a link that has left since (it sent its count, then said goodbye).
     std::uint64_t total = 1;
     for (const auto& [from, n] : c.below) total += n;
+    bool records_ready = c.record.has_value();
+    for (const auto& [from, n] : c.below) records_ready = records_ready && c.ready.count(from) != 0;
+    if (!records_ready) {
+      finish_count_locked(step, total, std::nullopt);
+      return;
+    }
+    if (links.down.empty()) {  // a member: its record is its .rec, nothing to gather
+      finish_count_locked(step, total, std::vector<store::ShardRecord>{*c.record});
+      return;
+    }
+    c.gathering = true;
+    std::vector<Below> below;
+    for (const auto& [from, n] : c.below) below.push_back({from, n});
+    store::ShardRecord own = *c.record;
+    schedule_locked([this, step, total, own = std::move(own), below = std::move(below)] {
+      gather(step, total, own, below);
+    });
+  }
+
+  // The worker: this rank's record, its members' and its child ranks' gathered ones, written for its parent.
+  void gather(std::uint64_t step, std::uint64_t total, const store::ShardRecord& own, const std::vector<Below>& below) {
+    std::optional<std::vector<store::ShardRecord>> records(std::vector<store::ShardRecord>{own});
+    std::string why;
+    for (const Below& b : below) {
+      if (b.count == 1) {
+        auto r = store::read_record(config_.dir, step, b.rank);
+        if (!r) {
+          why = r.error();
+          records.reset();
+          break;
+        }
+        records->push_back(std::move(*r));
+      } else {
+        auto rs = store::read_gathered(config_.dir, step, b.rank);
+        if (!rs) {
+          why = rs.error();
+          records.reset();
+          break;
+        }
+        records->insert(records->end(), std::make_move_iterator(rs->begin()), std::make_move_iterator(rs->end()));
+      }
+    }
+    if (records && records->size() != total) {
+      why = std::to_string(records->size()) + " records for " + std::to_string(total) + " ranks";
+      records.reset();
+    }
+    if (records && !tree_.is_root) {
+      if (Status s = store::write_gathered(config_.dir, step, config_.rank, *records); !s) {
+        why = s.error();
+        records.reset();
+      }
+    }
+    if (!records) {
+      log::debug(config_.rank, "step " + std::to_string(step) + ": records not gathered (the writer reads them): " +
+                                   why);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    finish_count_locked(step, total, std::move(records));
+  }
+
+  // The count of `step` goes up (or, at the root, is the job's), with the records when they were gathered.
+  void finish_count_locked(std::uint64_t step, std::uint64_t total,
+                           std::optional<std::vector<store::ShardRecord>> records) {
+    Count& c = counts_[step];
+    c.gathering = false;
     c.sent = true;
     // Older checkpoints this rank has passed on are of no more use (one that failed never completes).
     for (auto it = counts_.begin(); it != counts_.end() && it->first < step;) {
       it = it->second.sent ? counts_.erase(it) : std::next(it);
     }
-    if (links.is_root) {
+    if (tree_.is_root) {
       c.total = total;
+      if (records) gathered_[step] = std::move(*records);
       cv_.notify_all();
       return;
     }
+    cv_.notify_all();  // drain() waits for the count to go up
+    if (words_ == nullptr) return;
     heartbeat::Frame f;
     f.type = heartbeat::kShardsDone;
     f.a = step;
     f.b = total;
-    words_->network().send(*links.up, f);
+    f.flags = records ? heartbeat::kRecordsReady : 0;
+    words_->network().send(*tree_.up, f);
+  }
+
+  // This rank's files of a retired step, removed on the worker.
+  void remove_own_later_locked(std::uint64_t step) {
+    // Steps only grow: the oldest ones seen cannot come again.
+    while (retired_seen_.size() > 64) retired_seen_.erase(retired_seen_.begin());
+    schedule_locked([this, step] {
+      if (Status s = store::remove_retired_own(config_.dir, step, config_.rank); !s) log::warn(config_.rank, s.error());
+    });
+  }
+
+  void schedule_locked(std::function<void()> task) {
+    if (stopping_) return;
+    tasks_.push_back(std::move(task));
+    if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+    work_cv_.notify_one();
+  }
+
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      work_cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      if (stopping_) return;
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
   }
 
   // The network's threads.
@@ -232,6 +397,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
       }
       case heartbeat::kShardsDone:
         counts_[f.a].below[from] = f.b;
+        if ((f.flags & heartbeat::kRecordsReady) != 0) counts_[f.a].ready.insert(from);
         count_up_locked(f.a);
         cv_.notify_all();
         break;
@@ -240,6 +406,11 @@ class TreeCoordinator final : public ControlDirCoordinator {
         if (words_ != nullptr) words_->network().send_up(f);
         cv_.notify_all();
         break;
+      case heartbeat::kRetired:
+        if (!retired_seen_.insert(f.a).second) break;
+        if (words_ != nullptr) words_->network().flood(f, from);
+        remove_own_later_locked(f.a);
+        break;
       default:
         break;
     }
@@ -247,8 +418,14 @@ class TreeCoordinator final : public ControlDirCoordinator {
 
   const Config config_;
   const overlay::Links tree_;  // this rank's links in the job with nobody gone
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable work_cv_;                     // the worker's
+  std::deque<std::function<void()>> tasks_;             // guarded by mu_
+  bool stopping_ = false;                               // guarded by mu_
+  std::thread worker_;                                  // started with the first task
+  std::map<std::uint64_t, std::vector<store::ShardRecord>> gathered_;  // guarded by mu_: at the root
+  std::set<std::uint64_t> retired_seen_;                // guarded by mu_
   LastWords* words_ = nullptr;                          // guarded by mu_
   std::map<std::uint64_t, store::Kind> requests_;       // guarded by mu_
   std::map<std::uint64_t, Count> counts_;               // guarded by mu_

@@ -64,10 +64,13 @@ enum FrameType : std::uint32_t {
   kOutcome = 13,   // the root's end of the last words, flooded: a = step, flags = 1: committed
   // Periodic coordination (coordinator_tree.cpp); delivered to the handler too.
   kRequest = 20,      // a checkpoint at step a, flooded: flags = 1: terminal
-  kShardsDone = 21,   // sent up: b ranks of the sender's subtree have a durable shard of step a
+  kShardsDone = 21,   // sent up: b ranks of the sender's subtree have a durable shard of step a; flags =
+                      // kRecordsReady when their records can be read (b = 1: its .rec, else its gathered file)
   kShardFailed = 22,  // sent up: subject could not persist step a
+  kRetired = 23,      // the writer retired step a (store::retire), flooded: each rank removes its own files of it
 };
 
+inline constexpr std::uint32_t kRecordsReady = 1;
 inline constexpr std::uint32_t kGoneDied = 1;
 inline constexpr std::uint32_t kGoneLeft = 2;
 

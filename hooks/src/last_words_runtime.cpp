@@ -271,7 +271,8 @@ struct LastWords::Impl {
       }
       case heartbeat::kRequest:
       case heartbeat::kShardsDone:
-      case heartbeat::kShardFailed: {
+      case heartbeat::kShardFailed:
+      case heartbeat::kRetired: {
         std::function<void(const heartbeat::Frame&, int)> to;
         {
           std::lock_guard<std::mutex> lock(mu);

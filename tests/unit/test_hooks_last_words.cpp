@@ -429,21 +429,32 @@ TEST_CASE("last words armed: periodic checkpoints and restores are counted over 
   {
     std::vector<Rank> ranks = make_ranks(dir.path(), kWorld, "dp=12", "tree1", {}, "2steps");
     for (const auto& got : restore_all(ranks)) REQUIRE(got.value() == 0);
-    REQUIRE(train(ranks, 0, 6));
+    REQUIRE(train(ranks, 0, 8));
+    // The commit of step 8 retires step 2 (keep 3): the writer renames it away and every rank removes its own
+    // two files, so it stands empty until the next commit removes it.
+    const std::string retired = dir.path() + "/.gc-" + ckpt::store::step_dir_name(2);
+    CHECK(wait_for([&] { return std::filesystem::exists(retired) && std::filesystem::is_empty(retired); }, 10s));
+    REQUIRE(train(ranks, 8, 10));
     for (Rank& r : ranks) CHECK(r.cp->close());
-    CHECK(ranks[0].cp->stats().committed == 3);
+    CHECK(ranks[0].cp->stats().committed == 5);
   }
-  CHECK(committed_steps(dir.path()).back() == 6);
+  CHECK(committed_steps(dir.path()).back() == 10);
+  // The records came up the tree: the leader of group 1 (rank 8) gathered its group's for the last checkpoint.
+  auto gathered = ckpt::store::read_gathered(dir.path(), 10, 8);
+  REQUIRE(gathered.ok());
+  CHECK(gathered->size() == 4);
+  // Only the newest `keep` remain.
+  CHECK(committed_steps(dir.path()) == std::vector<std::uint64_t>{6, 8, 10});
   // Every rank's shard was counted, none through a file of its own in the control dir.
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path() + "/.control")) {
     CAPTURE(e.path().string());
     CHECK(e.path().filename().string().rfind("done-", 0) != 0);
   }
-  // A new run restores every rank from step 6, its rounds counted the same way.
+  // A new run restores every rank from step 10, its rounds counted the same way.
   std::vector<Rank> again = make_ranks(dir.path(), kWorld, "dp=12", "tree2", {}, "2steps");
-  for (const auto& got : restore_all(again)) CHECK(got.value() == 6);
+  for (const auto& got : restore_all(again)) CHECK(got.value() == 10);
   for (Rank& r : again) {
-    CHECK(r.state.front() == value_of(r.cp->config().coord, 6));
+    CHECK(r.state.front() == value_of(r.cp->config().coord, 10));
     CHECK(r.cp->close());
   }
 }

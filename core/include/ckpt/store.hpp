@@ -261,6 +261,31 @@ class ShardWriter {
 Status commit(const std::string& root, const Manifest& manifest_without_shards, PhaseObserver observer = nullptr,
               const std::optional<Fence>& fence = std::nullopt);
 
+// Commits with records its caller gathered (every one durable before it was passed on): checks decide_commit over
+// `manifest.shards` and writes the manifest and `latest` as commit does, without listing the step dir or reading
+// a record file. The committing rank of a large job reads a constant number of files this way.
+Status commit_gathered(const std::string& root, const Manifest& manifest, PhaseObserver observer = nullptr,
+                       const std::optional<Fence>& fence = std::nullopt);
+
+// ---- a job whose ranks agree over a tree ------------------------------------------------------------------------
+//
+// Records travel up the tree through one file per gathering rank (.control/gathered-<rank>, replaced at each
+// checkpoint, the step inside): a rank reads its direct members' records and its child ranks' gathered files, so
+// no rank reads more than a constant number of files per checkpoint. Retention is shared out: the committing rank
+// renames each step dir it drops to .gc-<step dir> (one rename; the checkpoint is gone from the index at once),
+// every rank removes its own two files from it, and the next round removes the empty dir (or what is left).
+
+Status write_gathered(const std::string& root, std::uint64_t step, int rank, const std::vector<ShardRecord>& records);
+// The records `rank` gathered for `step`; an error when its file holds another step's.
+Result<std::vector<ShardRecord>> read_gathered(const std::string& root, std::uint64_t step, int rank);
+// Retention after `committed` was committed: plan_gc over the step dirs as their MANIFEST and FAILED names say
+// (nothing is parsed; the newest verified is `committed`), each dropped step dir renamed to .gc-<step dir>, and
+// the dirs an earlier round retired removed. Returns the steps retired now. A fenced run retires nothing.
+Result<std::vector<std::uint64_t>> retire(const std::string& root, std::uint64_t keep, std::uint64_t committed,
+                                          const std::optional<Fence>& fence = std::nullopt);
+// Removes `rank`'s shard and record from retired `step` (missing ones are no error).
+Status remove_retired_own(const std::string& root, std::uint64_t step, int rank);
+
 // ---- resuming: the cheap check at job start, each rank's own read ---------------------------------------------
 //
 // At job start the plugin (on every node) and the leading rank check manifests only: check_records. Each rank
