@@ -219,13 +219,15 @@ def analyse(n, train, resume, freeze):
         row["open+restore time (s, max)"] = max((number(r.get("open_restore_s")) for r in rr.values()), default=None)
         size = row.get("checkpoint size (bytes, all shards)")
         rchar = [number(r.get("rchar")) for r in rr.values()]
-        restore = [number(r.get("rchar_restore")) for r in rr.values() if r.get("rchar_restore") is not None]
+        restore = {k: number(r.get("rchar_restore")) for k, r in rr.items() if r.get("rchar_restore") is not None}
         if size and rchar:
             row["bytes read across open+restore per rank / checkpoint size"] = statistics.median(rchar) / size
         if size and restore:
-            # Ranks killed in this run never report: the sum over those that did, scaled to the job.
-            row["bytes read by restore, all ranks / checkpoint size"] = sum(restore) * n / len(restore) / size
-            row["bytes read by restore per rank / its share of the checkpoint"] = statistics.median(restore) * n / size
+            # Ranks killed later in this run never report: each is counted as the median rank that did.
+            typical = statistics.median(restore.values())
+            total = sum(restore.values()) + typical * (n - len(restore))
+            row["bytes read by restore, all ranks / checkpoint size"] = total / size
+            row["bytes read by restore per rank / its share of the checkpoint"] = typical * n / size
         starts = []
         for k, lines in resume["strace"].items():
             if k != 0 and k in rr:

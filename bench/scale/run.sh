@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The in-job protocol's per-rank costs against the world size (issue 11), on the local 4-node cluster; a
-# benchmark, not a test. For each N it runs bench_scale_rank (4 KiB of host state per rank, layout dp=N, steps of
-# STEP_MS, a checkpoint every K steps) twice with the same checkpoint dir:
+# benchmark, not a test. For each N it runs bench_scale_rank (STATE_BYTES of host state per rank, 4 KiB unless
+# -b; layout dp=N; steps of STEP_MS, a checkpoint every K steps) twice with the same checkpoint dir:
 #   train:  srun -N4 -n N -O --ckpt-last-words=on --ckpt-dir=DIR --ckpt-interval=Ksteps, STEPS steps from scratch;
 #   resume: the same command, which resumes from the newest checkpoint; once rank 0 is 10 steps past the resume
 #           step, one rank (N/2, on the third node) is SIGKILLed and the survivors' last words are timed;
@@ -13,7 +13,7 @@
 # checkpoint dir. bench/scale/report.py turns the results into the table and the fits against N.
 #
 #   bench/scale/run.sh [-n "16 32 64 96 128 256"] [-s STEPS] [-r RESUME_STEPS] [-k K] [-m STEP_MS] [-w on|off]
-#                      [-T TIMEOUT_S] [-o OUT] [-V rank|node] [-F]     (-F: no freeze run)
+#                      [-T TIMEOUT_S] [-o OUT] [-V rank|node] [-b STATE_BYTES] [-F]     (-F: no freeze run)
 # Needs the cluster up (tests/cluster.sh up) and bench_scale_rank built in $CKPT_BUILD_DIR (default build/).
 # Each run holds the cluster lock ($CKPT_CLUSTER_LOCK, /tmp/ckpt-cluster.lock) while it runs.
 set -euo pipefail
@@ -29,6 +29,7 @@ STEPS=100
 RESUME_STEPS=40
 K=20
 STEP_MS=50
+STATE_BYTES=4096
 WARMUP=5
 LAST_WORDS=on
 TIMEOUT=240
@@ -36,13 +37,14 @@ OUT=""
 FREEZE=1
 VICTIM=rank
 usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-while getopts "n:s:r:k:m:w:T:o:V:Fh" opt; do
+while getopts "n:s:r:k:m:w:T:o:V:b:Fh" opt; do
   case $opt in
     n) SIZES=$OPTARG ;;
     s) STEPS=$OPTARG ;;
     r) RESUME_STEPS=$OPTARG ;;
     k) K=$OPTARG ;;
     m) STEP_MS=$OPTARG ;;
+    b) STATE_BYTES=$OPTARG ;;
     w) LAST_WORDS=$OPTARG ;;
     T) TIMEOUT=$OPTARG ;;
     o) OUT=$OPTARG ;;
@@ -68,7 +70,7 @@ chmod 700 "$CKROOT"
     "library $(readlink -f "$BUILD/hooks/libckpt.so") built $(date -u -r "$BUILD/hooks/libckpt.so" '+%H:%M UTC')"
   echo "host: $(hostname) $(nproc) CPUs," \
     "$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), $(uname -r)"
-  echo "settings: sizes=$SIZES steps=$STEPS resume_steps=$RESUME_STEPS interval=${K}steps step_ms=$STEP_MS" \
+  echo "settings: sizes=$SIZES steps=$STEPS resume_steps=$RESUME_STEPS interval=${K}steps step_ms=$STEP_MS state_bytes=$STATE_BYTES" \
     "warmup=$WARMUP last_words=$LAST_WORDS victim=$VICTIM"
   echo "ckpt_root: $CKROOT"
 } > "$OUT/meta"
@@ -91,7 +93,7 @@ run_phase() {
   t0=$(date +%s.%N)
   BENCH_SCALE_TRACE="0,1,$((n - 1))" BENCH_SCALE_STRACE=$dir/strace \
     srun -N4 -n"$n" -O -J "$job" --ckpt-last-words="$LAST_WORDS" --ckpt-dir="$ckdir" --ckpt-interval="${K}steps" \
-    "$SRC/bench/scale/wrap.sh" "$PROG" --out "$dir" --steps "$steps" --step-ms "$STEP_MS" --warmup "$WARMUP" \
+    "$SRC/bench/scale/wrap.sh" "$PROG" --out "$dir" --steps "$steps" --step-ms "$STEP_MS" --state-bytes "$STATE_BYTES" --warmup "$WARMUP" \
     "${extra[@]}" > "$dir/log" 2>&1 {lock}>&- &
   pid=$!
   local deadline=$(( $(date +%s) + TIMEOUT ))

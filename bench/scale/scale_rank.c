@@ -1,8 +1,8 @@
 /* bench_scale_rank: one rank of the scale benchmark (bench/scale/run.sh), a training job through the C ABI.
  *
- *   srun ... bench_scale_rank --out DIR [--steps S] [--step-ms MS] [--warmup W] [--marker-step M]
+ *   srun ... bench_scale_rank --out DIR [--steps S] [--step-ms MS] [--warmup W] [--marker-step M] [--state-bytes B]
  *
- * Each rank registers 4 KiB of host state, declares the layout dp=<world size> (so that --ckpt-last-words=on
+ * Each rank registers B bytes of host state (4 KiB unless told), declares the layout dp=<world size> (so that --ckpt-last-words=on
  * arms the last words), restores, and trains until step S: a "step" sleeps until its end on a clock common to
  * every rank, MS milliseconds after the previous one (the compute, which costs no CPU here, so that the CPU a
  * rank uses is the library's; the common clock keeps the ranks in lockstep as gradient reductions would), calls
@@ -34,7 +34,6 @@
 
 #include "ckpt.h"
 
-#define STATE_BYTES 4096
 #define MAX_COMMITS 256
 
 static double unix_now(void) {
@@ -194,13 +193,14 @@ static double common_start(const char* out, int rank, int world) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: bench_scale_rank --out DIR [--steps S] [--step-ms MS] [--warmup W] [--marker-step M]\n");
+  fprintf(stderr, "usage: bench_scale_rank --out DIR [--steps S] [--step-ms MS] [--warmup W] [--marker-step M] "
+                  "[--state-bytes B]\n");
   exit(2);
 }
 
 int main(int argc, char** argv) {
   const char* out = NULL;
-  long steps = 60, step_ms = 50, warmup = 5, marker_step = -1;
+  long steps = 60, step_ms = 50, warmup = 5, marker_step = -1, state_bytes = 4096;
   for (int i = 1; i < argc; ++i) {
     if (i + 1 >= argc) usage();
     char* end = NULL;
@@ -217,6 +217,7 @@ int main(int argc, char** argv) {
     else if (strcmp(arg, "--step-ms") == 0) step_ms = n;
     else if (strcmp(arg, "--warmup") == 0) warmup = n;
     else if (strcmp(arg, "--marker-step") == 0) marker_step = n;
+    else if (strcmp(arg, "--state-bytes") == 0 && n > 0) state_bytes = n;
     else usage();
   }
   if (out == NULL) usage();
@@ -241,11 +242,17 @@ int main(int argc, char** argv) {
   write_file(path, line);
 
   /* Data parallel: every replica holds the same state, so a rank restored from another's shard can be checked. */
-  static unsigned char state[STATE_BYTES], expected[STATE_BYTES];
-  for (int i = 0; i < STATE_BYTES; ++i) state[i] = (unsigned char)i;
+  const size_t state_size = (size_t)state_bytes;
+  unsigned char* state = malloc(state_size);
+  unsigned char* expected = malloc(state_size);
+  if (state == NULL || expected == NULL) {
+    fprintf(stderr, "bench_scale_rank: cannot allocate %zu bytes of state\n", state_size);
+    return 1;
+  }
+  for (size_t i = 0; i < state_size; ++i) state[i] = (unsigned char)i;
   uint64_t step = 0;
   io_counters io_before_restore = {0, 0, 0};
-  if (ckpt_register_host(cp, "state", state, sizeof state, 0, NULL) != 0 ||
+  if (ckpt_register_host(cp, "state", state, state_size, 0, NULL) != 0 ||
       (io_before_restore = read_io(), ckpt_restore(cp, &step)) != 0) {
     fprintf(stderr, "bench_scale_rank: rank %d: %s\n", rank, ckpt_last_error());
     ckpt_free(cp);
@@ -253,12 +260,12 @@ int main(int argc, char** argv) {
   }
   double t_restored = unix_now();
   /* Bitwise: the restored state is what training from the start to that step computes (the update below). */
-  for (int i = 0; i < STATE_BYTES; ++i) expected[i] = (unsigned char)i;
+  for (size_t i = 0; i < state_size; ++i) expected[i] = (unsigned char)i;
   for (uint64_t k = 0; k < step; ++k) {
-    for (int i = 0; i < STATE_BYTES; ++i) expected[i] = (unsigned char)(expected[i] * 31u + (unsigned)k);
+    for (size_t i = 0; i < state_size; ++i) expected[i] = (unsigned char)(expected[i] * 31u + (unsigned)k);
   }
   io_counters io1 = read_io();
-  int state_ok = memcmp(state, expected, sizeof state) == 0;
+  int state_ok = memcmp(state, expected, state_size) == 0;
   static socket_census at_open, at_warm, at_end;
   count_sockets(&at_open); /* the mesh is complete once ckpt_open returns */
   uint64_t resume_step = step;
@@ -284,7 +291,7 @@ int main(int argc, char** argv) {
       else failed = 1;
       break;
     }
-    for (int i = 0; i < STATE_BYTES; ++i) state[i] = (unsigned char)(state[i] * 31u + (unsigned)step);
+    for (size_t i = 0; i < state_size; ++i) state[i] = (unsigned char)(state[i] * 31u + (unsigned)step);
     if (ckpt_after_step(cp, step + 1, &stopped) != 0) {
       snprintf(error, sizeof error, "%s", ckpt_last_error());
       failed = 1;
