@@ -23,11 +23,11 @@ namespace {
 
 constexpr std::string_view kRetiredPrefix = ".gc-";
 
-// One file per gathering rank, replaced at each checkpoint: nothing to clean up per step, and the step inside
-// tells a parent that reads it late that it holds another checkpoint's records.
-std::string gathered_name(int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "gathered-%05d", rank);
+// One file per gathering rank and step: a parent that falls a checkpoint or two behind its child (it waits for its
+// own shard) still finds the step it asks for. Removed with the step's retirement (remove_retired_own).
+std::string gathered_name(std::uint64_t step, int rank) {
+  char name[48];
+  std::snprintf(name, sizeof name, "gathered-%s-%05d", step_dir_name(step).c_str(), rank);
   return name;
 }
 
@@ -67,7 +67,7 @@ Status remove_flat_dir(int parent_fd, const std::string& name) {
 // ---- records gathered up a tree ---------------------------------------------------------------------------------
 
 Status write_gathered(const std::string& root, std::uint64_t step, int rank, const std::vector<ShardRecord>& records) {
-  const std::string name = gathered_name(rank);
+  const std::string name = gathered_name(step, rank);
   try {
     auto root_fd = open_root(root);
     if (!root_fd) return Status::failure("cannot write " + name + ": " + root_fd.error());
@@ -83,7 +83,7 @@ Status write_gathered(const std::string& root, std::uint64_t step, int rank, con
 }
 
 Result<std::vector<ShardRecord>> read_gathered(const std::string& root, std::uint64_t step, int rank) {
-  const std::string name = gathered_name(rank);
+  const std::string name = gathered_name(step, rank);
   try {
     auto root_fd = open_root(root);
     if (!root_fd) return Error{root_fd.error()};
@@ -195,6 +195,12 @@ Status remove_retired_own(const std::string& root, std::uint64_t step, int rank)
       }
     } else if (errno != ENOENT) {
       return Status::failure(at + errno_text(errno));
+    }
+    // The records this rank gathered for the step, if it gathered any.
+    if (auto control = open_control_dir(root_fd->get(), false); control.ok()) {
+      if (::unlinkat(control.value->get(), gathered_name(step, rank).c_str(), 0) != 0 && errno != ENOENT) {
+        return Status::failure(at + errno_text(errno));
+      }
     }
     return Status::success();
   } catch (const std::exception& e) {

@@ -64,16 +64,25 @@ TEST_CASE("gathered records read back for their step only", "[store][tree]") {
   for (std::size_t i = 0; i < 3; ++i) {
     CHECK(to_json((*back)[i]) == to_json(records[i]));
   }
-  // Replaced at the next checkpoint: a parent that reads late is told, never handed another step's records.
+  // One file per step: a parent a checkpoint behind still reads the step it asks for.
   REQUIRE(write_gathered(t.path(), 20, 8, {records[0]}).ok());
-  auto stale = read_gathered(t.path(), 10, 8);
-  REQUIRE_FALSE(stale.ok());
-  CHECK(stale.error().find("holds step 20, not 10") != std::string::npos);
+  REQUIRE(read_gathered(t.path(), 10, 8).ok());
+  REQUIRE(read_gathered(t.path(), 20, 8)->size() == 1);
   CHECK_FALSE(read_gathered(t.path(), 20, 9).ok());  // nobody gathered under rank 9
 
-  test::spit(t / ".control/gathered-00008", "{\"step\": 20, \"records\": [{\"rank\": 0, \"file\": \"../x\"}]}");
-  auto hostile = read_gathered(t.path(), 20, 8);
-  REQUIRE_FALSE(hostile.ok());
+  // A file that names another step, or an unsafe shard name, is refused.
+  const std::string name = t / (".control/gathered-" + step_dir_name(30) + "-00008");
+  test::spit(name, "{\"step\": 20, \"records\": []}");
+  auto stale = read_gathered(t.path(), 30, 8);
+  REQUIRE_FALSE(stale.ok());
+  CHECK(stale.error().find("holds step 20, not 30") != std::string::npos);
+  test::spit(name, "{\"step\": 30, \"records\": [{\"rank\": 0, \"file\": \"../x\"}]}");
+  REQUIRE_FALSE(read_gathered(t.path(), 30, 8).ok());
+
+  // Removed with its step's retirement, by the rank that gathered it.
+  REQUIRE(remove_retired_own(t.path(), 10, 8).ok());
+  CHECK_FALSE(read_gathered(t.path(), 10, 8).ok());
+  CHECK(read_gathered(t.path(), 20, 8).ok());
 }
 
 TEST_CASE("a commit from gathered records reads no record file and refuses an incomplete set", "[store][tree]") {

@@ -269,11 +269,12 @@ Status commit_gathered(const std::string& root, const Manifest& manifest, PhaseO
 
 // ---- a job whose ranks agree over a tree ------------------------------------------------------------------------
 //
-// Records travel up the tree through one file per gathering rank (.control/gathered-<rank>, replaced at each
-// checkpoint, the step inside): a rank reads its direct members' records and its child ranks' gathered files, so
-// no rank reads more than a constant number of files per checkpoint. Retention is shared out: the committing rank
-// renames each step dir it drops to .gc-<step dir> (one rename; the checkpoint is gone from the index at once),
-// every rank removes its own two files from it, and the next round removes the empty dir (or what is left).
+// Records travel up the tree through one file per gathering rank and step (.control/gathered-<step dir>-<rank>):
+// a rank reads its direct members' records and its child ranks' gathered files, so no rank reads more than a
+// constant number of files per checkpoint. Retention is shared out: the committing rank renames each step dir it
+// drops to .gc-<step dir> (one rename; the checkpoint is gone from the index at once), every rank removes its own
+// two files from it and its gathered file of that step, and the next round removes the empty dir (or what is
+// left).
 
 Status write_gathered(const std::string& root, std::uint64_t step, int rank, const std::vector<ShardRecord>& records);
 // The records `rank` gathered for `step`; an error when its file holds another step's.
@@ -283,7 +284,8 @@ Result<std::vector<ShardRecord>> read_gathered(const std::string& root, std::uin
 // the dirs an earlier round retired removed. Returns the steps retired now. A fenced run retires nothing.
 Result<std::vector<std::uint64_t>> retire(const std::string& root, std::uint64_t keep, std::uint64_t committed,
                                           const std::optional<Fence>& fence = std::nullopt);
-// Removes `rank`'s shard and record from retired `step` (missing ones are no error).
+// Removes `rank`'s shard and record from retired `step`, and the records it gathered for it (missing ones are no
+// error).
 Status remove_retired_own(const std::string& root, std::uint64_t step, int rank);
 
 // ---- resuming: the cheap check at job start, each rank's own read ---------------------------------------------
