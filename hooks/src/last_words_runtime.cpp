@@ -24,6 +24,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::uint32_t kMidUpdate = 1;
 constexpr std::uint32_t kCannotWrite = 2;
+constexpr std::size_t kMaxEarlyCoordination = 4096;  // frames held until the coordinator attaches
 
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -89,6 +90,9 @@ struct LastWords::Impl {
   bool ended_committed = false;
   LastWordsOutcome outcome;                   // guarded by mu
   std::function<void(const heartbeat::Frame&, int)> coordination;  // guarded by mu
+  // Coordination frames that came before the handler was set (a neighbour that got "go" and counted its restore
+  // before this rank attached its coordinator): delivered when it is set, never dropped. Guarded by mu.
+  std::vector<std::pair<heartbeat::Frame, int>> early_coordination;
   std::thread thread;
 
   std::atomic<bool> abandoned{false};                 // the mesh never started
@@ -277,8 +281,12 @@ struct LastWords::Impl {
         {
           std::lock_guard<std::mutex> lock(mu);
           to = coordination;
+          if (!to) {
+            if (early_coordination.size() < kMaxEarlyCoordination) early_coordination.emplace_back(f, from);
+            return;
+          }
         }
-        if (to) to(f, from);
+        to(f, from);
         return;
       }
       case heartbeat::kOutcome: {
@@ -647,8 +655,14 @@ void LastWords::leave() { impl_->mesh->say_bye(); }
 heartbeat::Mesh& LastWords::network() { return *impl_->mesh; }
 
 void LastWords::set_coordination(std::function<void(const heartbeat::Frame&, int from)> handler) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->coordination = std::move(handler);
+  std::vector<std::pair<heartbeat::Frame, int>> early;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->coordination = handler;
+    early.swap(impl_->early_coordination);
+  }
+  if (!handler) return;
+  for (const auto& [frame, from] : early) handler(frame, from);
 }
 
 }  // namespace ckpt::hooks
