@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
@@ -44,6 +46,151 @@ Result<std::pair<std::string, int>> parse_host_port(std::string_view text) {
   return std::make_pair(host, static_cast<int>(*port));
 }
 
+namespace {
+
+// Value checks for the key table: each stores the value and returns true when it is good.
+bool set_duration(double& out, const std::string& value, double min_s) {
+  auto d = parse_duration_ms(value);
+  if (!d || *d < min_s) return false;
+  out = *d;
+  return true;
+}
+
+bool set_on_off(bool& out, const std::string& value) {
+  auto b = parse_on_off(value);
+  if (!b) return false;
+  out = *b;
+  return true;
+}
+
+bool set_absolute(std::string& out, const std::string& value) {
+  if (value.empty() || value[0] != '/') return false;
+  out = value;
+  return true;
+}
+
+// For a value its lambda has already checked.
+bool set_text(std::string& out, const std::string& value) {
+  out = value;
+  return true;
+}
+
+// For a name: anything but empty.
+bool set_name(std::string& out, const std::string& value) {
+  if (value.empty()) return false;
+  out = value;
+  return true;
+}
+
+bool set_url(std::string& out, const std::string& value) {
+  if (!is_url(value)) return false;
+  out = value;
+  return true;
+}
+
+// For a comma-separated list of user names, none empty.
+bool set_users(std::vector<std::string>& out, const std::string& value) {
+  out.clear();
+  std::size_t p = 0;
+  while (p <= value.size()) {
+    auto c = value.find(',', p);
+    if (c == std::string::npos) c = value.size();
+    std::string user(trim(std::string_view(value).substr(p, c - p)));
+    if (user.empty()) return false;
+    out.push_back(user);
+    p = c + 1;
+  }
+  return true;
+}
+
+// One key of the config file: its name, what a good value looks like (for the error), and its check and store.
+struct ConfigKey {
+  const char* name;
+  const char* expected;
+  bool (*set)(ControllerConfig& cfg, const std::string& value);
+};
+
+// Short names for the table's lambdas.
+using C = ControllerConfig;
+using V = const std::string&;
+
+const ConfigKey kKeys[] = {
+    {"listen", "host:port or off",
+     [](C& c, V v) { return (v == "off" || parse_host_port(v)) && set_text(c.listen, v); }},
+    {"spool_dir", "an absolute path", [](C& c, V v) { return set_absolute(c.spool_dir, v); }},
+    {"database", "an absolute path", [](C& c, V v) { return set_absolute(c.database, v); }},
+    {"backend", "libslurm or rest",
+     [](C& c, V v) { return (v == "libslurm" || v == "rest") && set_text(c.backend, v); }},
+    {"rest_url", "an http(s) URL",
+     [](C& c, V v) {
+       if (!set_url(c.rest_url, v)) return false;
+       while (!c.rest_url.empty() && c.rest_url.back() == '/') c.rest_url.pop_back();
+       return true;
+     }},
+    {"rest_user", "a user name", [](C& c, V v) { return set_name(c.rest_user, v); }},
+    {"rest_token_file", "an absolute path", [](C& c, V v) { return set_absolute(c.rest_token_file, v); }},
+    {"munge_socket", "an absolute path", [](C& c, V v) { return set_absolute(c.munge_socket, v); }},
+    {"max_restarts", "a number of restarts",
+     [](C& c, V v) {
+       auto n = parse_uint(v);
+       if (!n || *n > 1000000) return false;
+       c.max_restarts = *n;
+       return true;
+     }},
+    {"bad_node_ttl", "a duration like 1h", [](C& c, V v) { return set_duration(c.bad_node_ttl_s, v, 1); }},
+    {"drain_bad_nodes", "yes or no", [](C& c, V v) { return set_on_off(c.drain_bad_nodes, v); }},
+    {"down_dead_nodes", "yes or no", [](C& c, V v) { return set_on_off(c.down_dead_nodes, v); }},
+    {"settle", "a duration like 500ms", [](C& c, V v) { return set_duration(c.settle_s, v, 0); }},
+    {"probe_timeout", "a duration like 1s", [](C& c, V v) { return set_duration(c.probe_timeout_s, v, 0.01); }},
+    {"slurmd_rpc_timeout", "a duration like 1500ms",
+     [](C& c, V v) { return set_duration(c.slurmd_rpc_timeout_s, v, 0.1); }},
+    {"hung_after", "a duration like 4s (0s: no RPC check)",
+     [](C& c, V v) { return set_duration(c.hung_after_s, v, 0); }},
+    {"down_hung_nodes", "yes or no", [](C& c, V v) { return set_on_off(c.down_hung_nodes, v); }},
+    {"reconcile_interval", "a duration like 2s", [](C& c, V v) { return set_duration(c.reconcile_s, v, 0.1); }},
+    {"completing_timeout", "a duration like 2m",
+     [](C& c, V v) { return set_duration(c.completing_timeout_s, v, 1); }},
+    {"webhook_url", "an http(s) URL", [](C& c, V v) { return set_url(c.webhook_url, v); }},
+    {"webhook_timeout", "a duration like 5s", [](C& c, V v) { return set_duration(c.webhook_timeout_s, v, 0.1); }},
+    {"admin_users", "user names separated by commas", [](C& c, V v) { return set_users(c.admin_users, v); }},
+    {"slurm_user", "a user name", [](C& c, V v) { return set_name(c.slurm_user, v); }},
+    {"history_max_rows", "a number of lines, 10 to 1000000",
+     [](C& c, V v) {
+       auto n = parse_uint(v);
+       if (!n || *n < 10 || *n > 1000000) return false;
+       c.history_max_rows = *n;
+       return true;
+     }},
+    {"history_max_age", "a duration like 30d, at least 1h",
+     [](C& c, V v) { return set_duration(c.history_max_age_s, v, 3600); }},
+    {"log_level", "error, warning, info or debug",
+     [](C& c, V v) {
+       return (v == "error" || v == "warning" || v == "info" || v == "debug") && set_text(c.log_level, v);
+     }},
+};
+
+// Applies one `key = value` line (comment and blanks removed) to `cfg`; `where` ("FILE:LINE: ") starts the error.
+Status apply_line(std::string_view line, const std::string& where, std::set<std::string>& seen,
+                  ControllerConfig& cfg) {
+  auto eq = line.find('=');
+  if (eq == std::string_view::npos) {
+    return Status::failure(where + "expected key = value, got '" + std::string(line) + "'");
+  }
+  const std::string key(trim(line.substr(0, eq)));
+  const std::string value(trim(line.substr(eq + 1)));
+  if (!seen.insert(key).second) return Status::failure(where + key + ": given twice");
+  for (const ConfigKey& k : kKeys) {
+    if (key != k.name) continue;
+    if (!k.set(cfg, value)) {
+      return Status::failure(where + key + ": invalid value '" + value + "' (expected " + k.expected + ")");
+    }
+    return Status::success();
+  }
+  return Status::failure(where + "unknown key '" + key + "'");
+}
+
+}  // namespace
+
 Result<ControllerConfig> parse_controller_config(std::string_view text, std::string_view name) {
   ControllerConfig cfg;
   std::set<std::string> seen;
@@ -62,110 +209,7 @@ Result<ControllerConfig> parse_controller_config(std::string_view text, std::str
       continue;
     }
     const std::string where = std::string(name) + ":" + std::to_string(line_no) + ": ";
-    auto eq = line.find('=');
-    if (eq == std::string_view::npos) return Error{where + "expected key = value, got '" + std::string(line) + "'"};
-    const std::string key(trim(line.substr(0, eq)));
-    const std::string value(trim(line.substr(eq + 1)));
-    if (!seen.insert(key).second) return Error{where + key + ": given twice"};
-    auto bad = [&](const char* expected) {
-      return Error{where + key + ": invalid value '" + value + "' (expected " + expected + ")"};
-    };
-    auto duration = [&](double& out, double min_s) -> bool {
-      auto d = parse_duration_ms(value);
-      if (!d || *d < min_s) return false;
-      out = *d;
-      return true;
-    };
-    auto on_off = [&](bool& out) -> bool {
-      auto b = parse_on_off(value);
-      if (!b) return false;
-      out = *b;
-      return true;
-    };
-    auto absolute = [&](std::string& out) -> bool {
-      if (value.empty() || value[0] != '/') return false;
-      out = value;
-      return true;
-    };
-
-    if (key == "listen") {
-      if (value != "off" && !parse_host_port(value)) return bad("host:port or off");
-      cfg.listen = value;
-    } else if (key == "spool_dir") {
-      if (!absolute(cfg.spool_dir)) return bad("an absolute path");
-    } else if (key == "database") {
-      if (!absolute(cfg.database)) return bad("an absolute path");
-    } else if (key == "backend") {
-      if (value != "libslurm" && value != "rest") return bad("libslurm or rest");
-      cfg.backend = value;
-    } else if (key == "rest_url") {
-      if (!is_url(value)) return bad("an http(s) URL");
-      cfg.rest_url = value;
-      while (!cfg.rest_url.empty() && cfg.rest_url.back() == '/') cfg.rest_url.pop_back();
-    } else if (key == "rest_user") {
-      if (value.empty()) return bad("a user name");
-      cfg.rest_user = value;
-    } else if (key == "rest_token_file") {
-      if (!absolute(cfg.rest_token_file)) return bad("an absolute path");
-    } else if (key == "munge_socket") {
-      if (!absolute(cfg.munge_socket)) return bad("an absolute path");
-    } else if (key == "max_restarts") {
-      auto n = parse_uint(value);
-      if (!n || *n > 1000000) return bad("a number of restarts");
-      cfg.max_restarts = *n;
-    } else if (key == "bad_node_ttl") {
-      if (!duration(cfg.bad_node_ttl_s, 1)) return bad("a duration like 1h");
-    } else if (key == "drain_bad_nodes") {
-      if (!on_off(cfg.drain_bad_nodes)) return bad("yes or no");
-    } else if (key == "down_dead_nodes") {
-      if (!on_off(cfg.down_dead_nodes)) return bad("yes or no");
-    } else if (key == "settle") {
-      if (!duration(cfg.settle_s, 0)) return bad("a duration like 500ms");
-    } else if (key == "probe_timeout") {
-      if (!duration(cfg.probe_timeout_s, 0.01)) return bad("a duration like 1s");
-    } else if (key == "slurmd_rpc_timeout") {
-      if (!duration(cfg.slurmd_rpc_timeout_s, 0.1)) return bad("a duration like 1500ms");
-    } else if (key == "hung_after") {
-      if (!duration(cfg.hung_after_s, 0)) return bad("a duration like 4s (0s: no RPC check)");
-    } else if (key == "down_hung_nodes") {
-      if (!on_off(cfg.down_hung_nodes)) return bad("yes or no");
-    } else if (key == "reconcile_interval") {
-      if (!duration(cfg.reconcile_s, 0.1)) return bad("a duration like 2s");
-    } else if (key == "completing_timeout") {
-      if (!duration(cfg.completing_timeout_s, 1)) return bad("a duration like 2m");
-    } else if (key == "webhook_url") {
-      if (!is_url(value)) return bad("an http(s) URL");
-      cfg.webhook_url = value;
-    } else if (key == "webhook_timeout") {
-      if (!duration(cfg.webhook_timeout_s, 0.1)) return bad("a duration like 5s");
-    } else if (key == "admin_users") {
-      cfg.admin_users.clear();
-      std::size_t p = 0;
-      while (p <= value.size()) {
-        auto c = value.find(',', p);
-        if (c == std::string::npos) c = value.size();
-        std::string user(trim(std::string_view(value).substr(p, c - p)));
-        if (user.empty()) return bad("user names separated by commas");
-        cfg.admin_users.push_back(user);
-        p = c + 1;
-      }
-    } else if (key == "slurm_user") {
-      if (value.empty()) return bad("a user name");
-      cfg.slurm_user = value;
-    } else if (key == "history_max_rows") {
-      auto n = parse_uint(value);
-      if (!n || *n < 10 || *n > 1000000) return bad("a number of lines, 10 to 1000000");
-      cfg.history_max_rows = *n;
-    } else if (key == "history_max_age") {
-      if (!duration(cfg.history_max_age_s, 3600)) return bad("a duration like 30d, at least 1h");
-    } else if (key == "log_level") {
-      if (value != "error" && value != "warning" && value != "info" && value != "debug") {
-        return bad("error, warning, info or debug");
-      }
-      cfg.log_level = value;
-    } else {
-      return Error{where + "unknown key '" + key + "'"};
-    }
+    if (Status s = apply_line(line, where, seen, cfg); !s) return Error{s.error()};
     if (end == text.size()) break;
   }
   if (cfg.backend == "rest" && cfg.rest_url.empty()) {

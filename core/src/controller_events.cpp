@@ -337,6 +337,89 @@ std::string to_json(const JobRecord& r) {
   return j.dump();
 }
 
+namespace {
+
+void read_budget(const json& j, Budget& b) {
+  auto it = j.find("budget");
+  if (it == j.end() || !it->is_object()) return;
+  b.max_restarts = number<std::uint64_t>(*it, "max_restarts", 3);
+  b.restarts = number<std::uint64_t>(*it, "restarts", 0);
+  b.without_progress = number<std::uint64_t>(*it, "without_progress", 0);
+  if (it->contains("progress_step") && !(*it)["progress_step"].is_null()) {
+    b.progress_step = number<std::uint64_t>(*it, "progress_step", 0);
+  }
+}
+
+void read_failures(const json& j, std::vector<TaskFailure>& failures) {
+  auto it = j.find("failures");
+  if (it == j.end() || !it->is_array()) return;
+  for (const auto& f : *it) {
+    failures.push_back(TaskFailure{number<std::uint32_t>(f, "step_id", 0), text(f, "node"),
+                                   number<std::int64_t>(f, "rank", -1), number<int>(f, "exit_code", 0),
+                                   number<int>(f, "signal", 0), number<double>(f, "time", 0.0)});
+  }
+}
+
+Status read_steps(const json& j, std::map<std::uint32_t, StepInfo>& steps) {
+  auto it = j.find("steps");
+  if (it == j.end() || !it->is_object()) return Status::success();
+  for (const auto& [key, s] : it->items()) {
+    auto id = parse_uint(key);
+    if (!id || *id > 0xffffffffULL) return Status::failure("job record has a bad step id");
+    steps[static_cast<std::uint32_t>(*id)] = StepInfo{flag(s, "in_allocation"), strings_of(s, "nodes")};
+  }
+  return Status::success();
+}
+
+void read_bad_nodes(const json& j, std::vector<BadNode>& bad_nodes) {
+  auto it = j.find("bad_nodes");
+  if (it == j.end() || !it->is_array()) return;
+  for (const auto& b : *it) {
+    bad_nodes.push_back(BadNode{text(b, "node"), text(b, "reason"), number<double>(b, "since", 0.0),
+                                number<double>(b, "expires", 0.0)});
+  }
+}
+
+Status read_intent(const json& j, std::optional<Intent>& intent) {
+  auto it = j.find("intent");
+  if (it == j.end() || !it->is_object()) return Status::success();
+  Intent i;
+  i.id = number<std::uint64_t>(*it, "id", 0);
+  auto phase = parse_intent_phase(text(*it, "phase"));
+  if (!phase) return Status::failure("job record has a bad intent phase");
+  i.phase = *phase;
+  i.requeue = flag(*it, "requeue");
+  i.expected_restart = number<std::uint32_t>(*it, "expected_restart", 0);
+  i.exclude = strings_of(*it, "exclude");
+  i.mark_down = strings_of(*it, "mark_down");
+  i.drain = strings_of(*it, "drain");
+  i.reason = text(*it, "reason");
+  i.created = number<double>(*it, "created", 0.0);
+  i.not_before = number<double>(*it, "not_before", 0.0);
+  intent = i;
+  return Status::success();
+}
+
+void read_ending(const json& j, std::optional<Ending>& ending) {
+  std::string name = text(j, "ending");
+  for (Ending e : {Ending::NodeFailure, Ending::TaskCrash, Ending::TimeLimit, Ending::Preemption,
+                   Ending::OutOfMemory, Ending::UserCancel, Ending::CleanExit, Ending::DoNotRestart}) {
+    if (name == to_string(e)) ending = e;
+  }
+}
+
+void read_clock(const json& j, RecoveryClock& clock) {
+  auto it = j.find("clock");
+  if (it == j.end() || !it->is_object()) return;
+  clock.failed = number<double>(*it, "failed", 0.0);
+  clock.decided = number<double>(*it, "decided", 0.0);
+  clock.slurm_done = number<double>(*it, "slurm_done", 0.0);
+  clock.launched = number<double>(*it, "launched", 0.0);
+  clock.path = text(*it, "path");
+}
+
+}  // namespace
+
 Result<JobRecord> parse_job_record(std::string_view input) {
   try {
     json j = json::parse(input.begin(), input.end(), nullptr, false);
@@ -354,71 +437,22 @@ Result<JobRecord> parse_job_record(std::string_view input) {
     r.trusted_dirs = text(j, "trusted_dirs");
     r.needs_checkpoint = flag(j, "needs_checkpoint");
     r.restart_count = number<std::uint32_t>(j, "restart_count", 0);
-    if (auto it = j.find("budget"); it != j.end() && it->is_object()) {
-      r.budget.max_restarts = number<std::uint64_t>(*it, "max_restarts", 3);
-      r.budget.restarts = number<std::uint64_t>(*it, "restarts", 0);
-      r.budget.without_progress = number<std::uint64_t>(*it, "without_progress", 0);
-      if (it->contains("progress_step") && !(*it)["progress_step"].is_null()) {
-        r.budget.progress_step = number<std::uint64_t>(*it, "progress_step", 0);
-      }
-    }
-    if (auto it = j.find("failures"); it != j.end() && it->is_array()) {
-      for (const auto& f : *it) {
-        r.failures.push_back(TaskFailure{number<std::uint32_t>(f, "step_id", 0), text(f, "node"),
-                                         number<std::int64_t>(f, "rank", -1), number<int>(f, "exit_code", 0),
-                                         number<int>(f, "signal", 0), number<double>(f, "time", 0.0)});
-      }
-    }
+    read_budget(j, r.budget);
+    read_failures(j, r.failures);
     r.reporters = strings_of(j, "reporters");
     r.nodes = strings_of(j, "nodes");
     r.batch_host = text(j, "batch_host");
-    if (auto it = j.find("steps"); it != j.end() && it->is_object()) {
-      for (const auto& [key, s] : it->items()) {
-        auto id = parse_uint(key);
-        if (!id || *id > 0xffffffffULL) return Error{"job record has a bad step id"};
-        r.steps[static_cast<std::uint32_t>(*id)] = StepInfo{flag(s, "in_allocation"), strings_of(s, "nodes")};
-      }
-    }
-    if (auto it = j.find("bad_nodes"); it != j.end() && it->is_array()) {
-      for (const auto& b : *it) {
-        r.bad_nodes.push_back(BadNode{text(b, "node"), text(b, "reason"), number<double>(b, "since", 0.0),
-                                      number<double>(b, "expires", 0.0)});
-      }
-    }
-    if (auto it = j.find("intent"); it != j.end() && it->is_object()) {
-      Intent i;
-      i.id = number<std::uint64_t>(*it, "id", 0);
-      auto phase = parse_intent_phase(text(*it, "phase"));
-      if (!phase) return Error{"job record has a bad intent phase"};
-      i.phase = *phase;
-      i.requeue = flag(*it, "requeue");
-      i.expected_restart = number<std::uint32_t>(*it, "expected_restart", 0);
-      i.exclude = strings_of(*it, "exclude");
-      i.mark_down = strings_of(*it, "mark_down");
-      i.drain = strings_of(*it, "drain");
-      i.reason = text(*it, "reason");
-      i.created = number<double>(*it, "created", 0.0);
-      i.not_before = number<double>(*it, "not_before", 0.0);
-      r.intent = i;
-    }
+    if (Status s = read_steps(j, r.steps); !s) return Error{s.error()};
+    read_bad_nodes(j, r.bad_nodes);
+    if (Status s = read_intent(j, r.intent); !s) return Error{s.error()};
     if (j.contains("relaunch_step") && !j["relaunch_step"].is_null()) {
       r.relaunch_step = number<std::uint32_t>(j, "relaunch_step", 0);
     }
     r.handover = flag(j, "handover");
     r.end_reported = flag(j, "end_reported");
     r.reason = text(j, "reason");
-    std::string ending = text(j, "ending");
-    for (Ending e : {Ending::NodeFailure, Ending::TaskCrash, Ending::TimeLimit, Ending::Preemption,
-                     Ending::OutOfMemory, Ending::UserCancel, Ending::CleanExit, Ending::DoNotRestart}) {
-      if (ending == to_string(e)) r.ending = e;
-    }
-    if (auto it = j.find("clock"); it != j.end() && it->is_object()) {
-      r.clock.failed = number<double>(*it, "failed", 0.0);
-      r.clock.decided = number<double>(*it, "decided", 0.0);
-      r.clock.slurm_done = number<double>(*it, "slurm_done", 0.0);
-      r.clock.launched = number<double>(*it, "launched", 0.0);
-      r.clock.path = text(*it, "path");
-    }
+    read_ending(j, r.ending);
+    read_clock(j, r.clock);
     r.lost_work_s = number<double>(j, "lost_work_s", 0.0);
     r.created = number<double>(j, "created", 0.0);
     r.updated = number<double>(j, "updated", 0.0);

@@ -312,12 +312,10 @@ double y_tick_step(double y_hi) {
   return 0.25;
 }
 
-}  // namespace
-
-std::string render_svg(const Config& config, const std::vector<SweepPoint>& points) {
+// The plot's ranges: the sweep's intervals (else a range around Young's interval), and waste up to a little above
+// the highest point.
+Plot fit_plot(const std::vector<SweepPoint>& points, double young_s) {
   Plot plot;
-  const double young_s = interval::young(config.cost_s, config.mtbf_s);
-  const double daly_s = interval::daly(config.cost_s, config.mtbf_s);
   if (!points.empty()) {
     plot.x_lo = points.front().interval_s;
     plot.x_hi = points.back().interval_s;
@@ -329,9 +327,11 @@ std::string render_svg(const Config& config, const std::vector<SweepPoint>& poin
   double y_max = 0;
   for (const auto& p : points) y_max = std::max({y_max, p.simulated, std::min(p.model, 1.0), p.exact});
   plot.y_hi = std::clamp(y_max * 1.1, 0.01, 1.0);
+  return plot;
+}
 
-  const double x0 = plot.left, x1 = plot.width - plot.right;
-  const double y0 = plot.height - plot.bottom, y1 = plot.top;
+// The document's start: the <svg> element, a white background and the title with the run's parameters.
+std::string svg_header(const Plot& plot, const Config& config) {
   std::string svg;
   svg += "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fmt_num("%.0f", plot.width) + "\" height=\"" +
@@ -342,8 +342,13 @@ std::string render_svg(const Config& config, const std::vector<SweepPoint>& poin
                       interval::format_seconds(config.restart_s) + ", MTBF " + interval::format_seconds(config.mtbf_s) +
                       ", seed " + std::to_string(config.seed);
   svg += text(plot.width / 2, 24, title, "text-anchor=\"middle\" font-size=\"15\"");
+  return svg;
+}
 
-  // Grid and ticks.
+// Horizontal grid lines at round waste fractions, labelled in percent.
+std::string y_grid(const Plot& plot) {
+  const double x0 = plot.left, x1 = plot.width - plot.right;
+  std::string svg;
   const double y_step = y_tick_step(plot.y_hi);
   const int y_ticks = static_cast<int>(std::floor(plot.y_hi / y_step + 1e-9));
   for (int i = 0; i <= y_ticks; ++i) {
@@ -352,6 +357,12 @@ std::string render_svg(const Config& config, const std::vector<SweepPoint>& poin
     svg += line(x0, y, x1, y, "stroke=\"#e5e5e5\"");
     svg += text(x0 - 6, y + 4, fmt_num(y_step < 0.01 ? "%.1f%%" : "%.0f%%", 100 * v), "text-anchor=\"end\"");
   }
+  return svg;
+}
+
+// Vertical grid lines at round durations within the range, at most about ten of them labelled.
+std::string x_grid(const Plot& plot) {
+  const double y0 = plot.height - plot.bottom, y1 = plot.top;
   static constexpr double kTicks[] = {1,     2,     5,      10,     15,     30,      60,     120,
                                       300,   600,   900,    1800,   3600,   7200,    10800,  21600,
                                       43200, 86400, 172800, 345600, 604800, 1209600, 2592000};
@@ -361,19 +372,32 @@ std::string render_svg(const Config& config, const std::vector<SweepPoint>& poin
   }
   int every = std::max(1, (shown + 9) / 10);  // at most about ten labels
   int index = 0;
+  std::string svg;
   for (double t : kTicks) {
     if (t < plot.x_lo || t > plot.x_hi) continue;
     double x = plot.x(t);
     svg += line(x, y0, x, y1, "stroke=\"#e5e5e5\"");
     if (index++ % every == 0) svg += text(x, y0 + 16, interval::format_seconds(t), "text-anchor=\"middle\"");
   }
+  return svg;
+}
+
+// The two axes and their titles.
+std::string axes(const Plot& plot) {
+  const double x0 = plot.left, x1 = plot.width - plot.right;
+  const double y0 = plot.height - plot.bottom, y1 = plot.top;
+  std::string svg;
   svg += line(x0, y0, x1, y0, "stroke=\"black\"");
   svg += line(x0, y0, x0, y1, "stroke=\"black\"");
   svg += text((x0 + x1) / 2, plot.height - 18, "checkpoint interval (log scale)", "text-anchor=\"middle\"");
   svg += text(18, (y0 + y1) / 2, "waste (share of wall time)",
               "text-anchor=\"middle\" transform=\"rotate(-90 18 " + fmt_num("%.1f", (y0 + y1) / 2) + ")\"");
+  return svg;
+}
 
-  // Curves, then points on top.
+// The model's and the exact waste as curves, then the simulated points on top.
+std::string curves_and_points(const Plot& plot, const Config& config, const std::vector<SweepPoint>& points) {
+  std::string svg;
   svg += curve(
       plot, [&](double tau) { return model_waste(config, Policy::Fixed, tau); },
       "stroke=\"#1f77b4\" stroke-width=\"2\"");
@@ -387,20 +411,24 @@ std::string render_svg(const Config& config, const std::vector<SweepPoint>& poin
                   ", model " + fmt_num("%.2f%%", 100 * p.model)) +
            "</title></circle>\n";
   }
+  return svg;
+}
 
-  // Markers at the two optima.
-  auto marker = [&](double tau, const char* name, const char* color, double label_y) {
-    if (!(tau >= plot.x_lo && tau <= plot.x_hi)) return;
-    double x = plot.x(tau);
-    svg += line(x, y0, x, y1, std::string("stroke=\"") + color + "\" stroke-dasharray=\"3,3\"");
-    svg += text(x + 4, label_y, std::string(name) + " " + interval::format_seconds(tau),
-                std::string("fill=\"") + color + "\"");
-  };
-  marker(young_s, "Young", "#9467bd", y1 + 14);
-  marker(daly_s, "Daly", "#ff7f0e", y1 + 30);
+// A dashed vertical line at an optimum `tau`, labelled at `label_y`; nothing when `tau` is outside the range.
+std::string optimum_marker(const Plot& plot, double tau, const char* name, const char* color, double label_y) {
+  if (!(tau >= plot.x_lo && tau <= plot.x_hi)) return "";
+  const double y0 = plot.height - plot.bottom, y1 = plot.top;
+  double x = plot.x(tau);
+  return line(x, y0, x, y1, std::string("stroke=\"") + color + "\" stroke-dasharray=\"3,3\"") +
+         text(x + 4, label_y, std::string(name) + " " + interval::format_seconds(tau),
+              std::string("fill=\"") + color + "\"");
+}
 
-  // Legend.
-  const double lx = x1 + 16;
+// The legend, in the right margin.
+std::string legend(const Plot& plot) {
+  const double y1 = plot.top;
+  const double lx = plot.width - plot.right + 16;
+  std::string svg;
   svg += line(lx, y1 + 10, lx + 24, y1 + 10, "stroke=\"#1f77b4\" stroke-width=\"2\"");
   svg += text(lx + 30, y1 + 14, "first-order model");
   svg += line(lx, y1 + 30, lx + 24, y1 + 30, "stroke=\"#2ca02c\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\"");
@@ -412,6 +440,23 @@ std::string render_svg(const Config& config, const std::vector<SweepPoint>& poin
   svg += text(lx + 30, y1 + 74, "Young");
   svg += line(lx, y1 + 90, lx + 24, y1 + 90, "stroke=\"#ff7f0e\" stroke-dasharray=\"3,3\"");
   svg += text(lx + 30, y1 + 94, "Daly");
+  return svg;
+}
+
+}  // namespace
+
+std::string render_svg(const Config& config, const std::vector<SweepPoint>& points) {
+  const double young_s = interval::young(config.cost_s, config.mtbf_s);
+  const double daly_s = interval::daly(config.cost_s, config.mtbf_s);
+  const Plot plot = fit_plot(points, young_s);
+  std::string svg = svg_header(plot, config);
+  svg += y_grid(plot);
+  svg += x_grid(plot);
+  svg += axes(plot);
+  svg += curves_and_points(plot, config, points);
+  svg += optimum_marker(plot, young_s, "Young", "#9467bd", plot.top + 14);
+  svg += optimum_marker(plot, daly_s, "Daly", "#ff7f0e", plot.top + 30);
+  svg += legend(plot);
   svg += "</svg>\n";
   return svg;
 }

@@ -9,6 +9,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "ckpt/store.hpp"
@@ -32,6 +35,79 @@ bool is_transient(int err) {
       return false;
   }
 }
+
+// One rank's read of its shard into memory, each chunk hashed right after it is read. Each phase returns the text
+// of a definite failure (the shard is wrong: missing, another size, short), or nothing with `err` left 0 (done) or
+// set to an errno for read_shard to retry or report.
+class ShardReader {
+ public:
+  ShardReader(int root_fd, std::uint64_t step, const ShardRecord& record, void* dest,
+              const ShardReadOptions& options, XXH3_state_t* state)
+      : root_fd_(root_fd), step_(step), record_(record), dest_(static_cast<char*>(dest)), options_(options),
+        state_(state) {}
+
+  // Opens the shard unless it is open, and checks its size against the record.
+  std::optional<std::string> open(int& err) {
+    if (file_.valid()) return std::nullopt;
+    if ((err = inject("open")) != 0) return std::nullopt;
+    auto dir = open_step_dir(root_fd_, step_);
+    if (!dir.ok() && dir.error.err == 0) return dir.error.message;
+    if (!dir.ok() && dir.error.err == ENOENT) return std::string("the step dir is missing");
+    if (!dir.ok()) {
+      err = dir.error.err;
+      return std::nullopt;
+    }
+    struct stat st {};
+    auto opened = open_regular(dir.value->get(), record_.file, &st);
+    if (!opened.ok() && (opened.error.err == 0 || opened.error.err == ENOENT)) {
+      return opened.error.err == ENOENT ? std::string("missing") : opened.error.message;
+    }
+    if (!opened.ok()) {
+      err = opened.error.err;
+      return std::nullopt;
+    }
+    if (static_cast<std::uint64_t>(st.st_size) != record_.size) {
+      return std::to_string(st.st_size) + " bytes, manifest says " + std::to_string(record_.size);
+    }
+    file_ = std::move(*opened.value);
+    ::posix_fadvise(file_.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    return std::nullopt;
+  }
+
+  // Reads and hashes from where the last read stopped to the end; adds the bytes it read to `bytes`.
+  std::optional<std::string> read_rest(int& err, std::uint64_t& bytes) {
+    while (done_ < record_.size) {
+      if ((err = inject("read")) != 0) return std::nullopt;
+      std::uint64_t want = std::min(record_.size - done_, kReadChunk);
+      ssize_t n = ::pread(file_.get(), dest_ + done_, static_cast<std::size_t>(want), static_cast<off_t>(done_));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        err = errno;
+        return std::nullopt;
+      }
+      if (n == 0) return "read " + std::to_string(done_) + " bytes, manifest says " + std::to_string(record_.size);
+      XXH3_64bits_update(state_, dest_ + done_, static_cast<std::size_t>(n));
+      done_ += static_cast<std::uint64_t>(n);
+      bytes += static_cast<std::uint64_t>(n);
+    }
+    return std::nullopt;
+  }
+
+  // Drops the file; the next open() opens it again and the read goes on at the same offset.
+  void close() { file_.reset(); }
+
+ private:
+  int inject(std::string_view op) const { return options_.inject ? options_.inject(op) : 0; }
+
+  const int root_fd_;
+  const std::uint64_t step_;
+  const ShardRecord& record_;
+  char* const dest_;
+  const ShardReadOptions& options_;
+  XXH3_state_t* const state_;
+  Fd file_;
+  std::uint64_t done_ = 0;
+};
 
 }  // namespace
 
@@ -175,7 +251,6 @@ ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRec
     out.definite = definite;
     return out;
   };
-  auto inject = [&](std::string_view op) { return options.inject ? options.inject(op) : 0; };
   try {
     auto root_fd = open_root(root);
     if (!root_fd) {
@@ -185,55 +260,15 @@ ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRec
     std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
     if (!state) return fail("out of memory", false);
     XXH3_64bits_reset(state.get());
-    auto* bytes = static_cast<char*>(dest);
-    Fd file;
-    std::uint64_t done = 0;
+    ShardReader reader(root_fd->get(), step, record, dest, options, state.get());
     auto pause = options.backoff;
     for (;;) {
       int err = 0;
       const char* doing = "cannot open: ";
-      if (!file.valid()) {
-        err = inject("open");
-        if (err == 0) {
-          auto dir = open_step_dir(root_fd->get(), step);
-          if (!dir.ok() && dir.error.err == 0) return fail(dir.error.message, true);
-          if (!dir.ok() && dir.error.err == ENOENT) return fail("the step dir is missing", true);
-          if (!dir.ok()) err = dir.error.err;
-          if (dir.ok()) {
-            struct stat st {};
-            auto opened = open_regular(dir.value->get(), record.file, &st);
-            if (!opened.ok() && (opened.error.err == 0 || opened.error.err == ENOENT)) {
-              return fail(opened.error.err == ENOENT ? std::string("missing") : opened.error.message, true);
-            }
-            if (!opened.ok()) err = opened.error.err;
-            if (opened.ok()) {
-              if (static_cast<std::uint64_t>(st.st_size) != record.size) {
-                return fail(std::to_string(st.st_size) + " bytes, manifest says " + std::to_string(record.size), true);
-              }
-              file = std::move(*opened.value);
-              ::posix_fadvise(file.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-            }
-          }
-        }
-      }
+      if (auto why = reader.open(err)) return fail(*why, true);
       if (err == 0) {
         doing = "read failed: ";
-        while (done < record.size) {
-          if ((err = inject("read")) != 0) break;
-          std::uint64_t want = std::min(record.size - done, kReadChunk);
-          ssize_t n = ::pread(file.get(), bytes + done, static_cast<std::size_t>(want), static_cast<off_t>(done));
-          if (n < 0 && errno == EINTR) continue;
-          if (n < 0) {
-            err = errno;
-            break;
-          }
-          if (n == 0) {
-            return fail("read " + std::to_string(done) + " bytes, manifest says " + std::to_string(record.size), true);
-          }
-          XXH3_64bits_update(state.get(), bytes + done, static_cast<std::size_t>(n));
-          done += static_cast<std::uint64_t>(n);
-          out.bytes += static_cast<std::uint64_t>(n);
-        }
+        if (auto why = reader.read_rest(err, out.bytes)) return fail(*why, true);
       }
       if (err == 0) break;
       if (!is_transient(err) || out.retries >= options.retries) {
@@ -241,8 +276,8 @@ ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRec
         if (out.retries > 0) why += " (tried " + std::to_string(out.retries + 1) + " times)";
         return fail(why, !is_circumstantial(err));
       }
-      // Opened again after a pause: a stale handle needs a new one; the read goes on at `done`.
-      file.reset();
+      // Opened again after a pause: a stale handle needs a new one; the read goes on where it stopped.
+      reader.close();
       ++out.retries;
       std::this_thread::sleep_for(pause);
       pause *= 2;
