@@ -328,6 +328,87 @@ int cmd_page(const Client& c, const std::string& job, const std::string& out) {
   return 0;
 }
 
+// What the command line asked for: the options, and the subcommands to ask CLI11 about once it has parsed.
+struct CommandLine {
+  std::string config_path;
+  std::string url;
+  bool as_json = false;
+  std::string job;
+  std::string node;
+  std::string page_out;
+  CLI::App* run = nullptr;
+  CLI::App* check = nullptr;
+  CLI::App* status = nullptr;
+  CLI::App* jobs = nullptr;
+  CLI::App* history = nullptr;
+  CLI::App* page = nullptr;
+  CLI::App* release = nullptr;
+  CLI::App* forget = nullptr;
+};
+
+// Declares every option and subcommand of `app`, bound to `cl`.
+void define_command_line(CLI::App& app, CommandLine& cl) {
+  app.set_help_all_flag("--help-all");
+  // -c and --url may also follow the subcommand: `ckpt-controller run -c FILE` as well as `-c FILE run`.
+  app.fallthrough();
+  app.add_option("-c,--config", cl.config_path, "config file (default " + std::string(kDefaultConfig) +
+                                                     ", or $CKPT_CONTROLLER_CONFIG)");
+  app.add_option("--url", cl.url, "the controller's URL for client commands (default: from the config's listen)");
+  cl.run = app.add_subcommand("run", "run the controller in the foreground (the default)");
+  cl.check = app.add_subcommand("check-config", "parse the config file and exit");
+  cl.status = app.add_subcommand("status", "the controller's state, jobs it gave up on, excluded nodes");
+  cl.status->add_flag("--json", cl.as_json, "print JSON");
+  cl.jobs = app.add_subcommand("jobs", "every tracked job");
+  cl.jobs->add_flag("--json", cl.as_json, "print JSON");
+  cl.history = app.add_subcommand("history", "what happened to one job");
+  cl.history->add_option("JOB", cl.job, "job id")->required();
+  cl.history->add_flag("--json", cl.as_json, "print JSON");
+  cl.page = app.add_subcommand("page", "save the status page (HTML, your jobs and their timelines) to a file");
+  cl.page->add_option("JOB", cl.job, "one job only");
+  cl.page->add_option("-o,--output", cl.page_out, "file to write (mode 0600; default: standard output)");
+  cl.release = app.add_subcommand("release", "restart a job the controller gave up on (admins), budget reset");
+  cl.release->add_option("JOB", cl.job, "job id")->required();
+  cl.forget =
+      app.add_subcommand("forget-node", "stop excluding a node (admins); resumes it if the controller drained it");
+  cl.forget->add_option("NODE", cl.node, "node name")->required();
+  app.require_subcommand(0, 1);
+}
+
+// check-config: the config parsed; on libslurm, a warning when Slurm's process tracking cannot see every task.
+int cmd_check_config(const std::string& config_path, const rec::ControllerConfig& cfg) {
+  std::printf("%s: ok\n", config_path.c_str());
+  if (cfg.backend != "rest") {
+    if (auto warning = proctrack_warning(make_libslurm_backend()->proctrack_type()); !warning.empty()) {
+      std::printf("warning: %s\n", warning.c_str());
+    }
+  }
+  return 0;
+}
+
+// The client subcommands, against the controller at --url or the config's listen address.
+int run_client(const CLI::App& app, const CommandLine& cl, const rec::ControllerConfig& cfg) {
+  Client client;
+  client.munge_socket = cfg.munge_socket;
+  if (!cl.url.empty()) {
+    client.url = cl.url;
+  } else {
+    if (cfg.listen == "off") return fail("listen = off in " + cl.config_path + ": give --url");
+    client.url = "http://" + cfg.listen;
+  }
+  while (!client.url.empty() && client.url.back() == '/') client.url.pop_back();
+  if (app.got_subcommand(cl.status)) return cmd_status(client, cl.as_json);
+  if (app.got_subcommand(cl.jobs)) return cmd_jobs(client, cl.as_json);
+  if (app.got_subcommand(cl.history)) return cmd_history(client, cl.job, cl.as_json);
+  if (app.got_subcommand(cl.page)) return cmd_page(client, cl.job, cl.page_out);
+  if (app.got_subcommand(cl.release) || app.got_subcommand(cl.forget)) {
+    auto r = app.got_subcommand(cl.release) ? client.admin("release", cl.job) : client.admin("forget-node", cl.node);
+    if (!r) return fail(r.error());
+    std::printf("%s\n", r->c_str());
+    return 0;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -338,82 +419,29 @@ int main(int argc, char** argv) {
   // One RPC to a node's slurmd (see ask_slurmd): the probe of a silent node, and an admin's check by hand.
   if (argc == 3 && std::string(argv[1]) == "--ask-slurmd") return ask_slurmd_main(argv[2]);
   CLI::App app{"ckpt-controller: restarts failed Slurm jobs fast, off bad nodes, within a budget"};
-  app.set_help_all_flag("--help-all");
-  // -c and --url may also follow the subcommand: `ckpt-controller run -c FILE` as well as `-c FILE run`.
-  app.fallthrough();
-  std::string config_path;
-  std::string url;
-  bool as_json = false;
-  std::string job;
-  std::string node;
-  app.add_option("-c,--config", config_path, "config file (default " + std::string(kDefaultConfig) +
-                                                 ", or $CKPT_CONTROLLER_CONFIG)");
-  app.add_option("--url", url, "the controller's URL for client commands (default: from the config's listen)");
-  auto* run = app.add_subcommand("run", "run the controller in the foreground (the default)");
-  auto* check = app.add_subcommand("check-config", "parse the config file and exit");
-  auto* status = app.add_subcommand("status", "the controller's state, jobs it gave up on, excluded nodes");
-  status->add_flag("--json", as_json, "print JSON");
-  auto* jobs = app.add_subcommand("jobs", "every tracked job");
-  jobs->add_flag("--json", as_json, "print JSON");
-  auto* history = app.add_subcommand("history", "what happened to one job");
-  history->add_option("JOB", job, "job id")->required();
-  history->add_flag("--json", as_json, "print JSON");
-  std::string page_out;
-  auto* page = app.add_subcommand("page", "save the status page (HTML, your jobs and their timelines) to a file");
-  page->add_option("JOB", job, "one job only");
-  page->add_option("-o,--output", page_out, "file to write (mode 0600; default: standard output)");
-  auto* release = app.add_subcommand("release", "restart a job the controller gave up on (admins), budget reset");
-  release->add_option("JOB", job, "job id")->required();
-  auto* forget = app.add_subcommand("forget-node", "stop excluding a node (admins); resumes it if the controller drained it");
-  forget->add_option("NODE", node, "node name")->required();
-  app.require_subcommand(0, 1);
+  CommandLine cl;
+  define_command_line(app, cl);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
 
-  bool explicit_config = !config_path.empty();
-  if (config_path.empty()) {
+  // The config: -c, else $CKPT_CONTROLLER_CONFIG, else the default, which may be absent for a client command.
+  bool explicit_config = !cl.config_path.empty();
+  if (cl.config_path.empty()) {
     const char* env = std::getenv("CKPT_CONTROLLER_CONFIG");
-    config_path = env ? env : kDefaultConfig;
+    cl.config_path = env ? env : kDefaultConfig;
     explicit_config = env != nullptr;
   }
-  const bool daemon = app.got_subcommand(run) || app.get_subcommands().empty();
-  auto cfg = load_config(config_path, daemon || app.got_subcommand(check) || explicit_config);
+  const bool daemon = app.got_subcommand(cl.run) || app.get_subcommands().empty();
+  auto cfg = load_config(cl.config_path, daemon || app.got_subcommand(cl.check) || explicit_config);
   if (!cfg) return fail(cfg.error(), 2);
-  if (app.got_subcommand(check)) {
-    std::printf("%s: ok\n", config_path.c_str());
-    if (cfg->backend != "rest") {
-      if (auto warning = proctrack_warning(make_libslurm_backend()->proctrack_type()); !warning.empty()) {
-        std::printf("warning: %s\n", warning.c_str());
-      }
-    }
-    return 0;
-  }
+  if (app.got_subcommand(cl.check)) return cmd_check_config(cl.config_path, *cfg);
   try {
     if (daemon) return run_daemon(*cfg);
-    Client client;
-    client.munge_socket = cfg->munge_socket;
-    if (!url.empty()) {
-      client.url = url;
-    } else {
-      if (cfg->listen == "off") return fail("listen = off in " + config_path + ": give --url");
-      client.url = "http://" + cfg->listen;
-    }
-    while (!client.url.empty() && client.url.back() == '/') client.url.pop_back();
-    if (app.got_subcommand(status)) return cmd_status(client, as_json);
-    if (app.got_subcommand(jobs)) return cmd_jobs(client, as_json);
-    if (app.got_subcommand(history)) return cmd_history(client, job, as_json);
-    if (app.got_subcommand(page)) return cmd_page(client, job, page_out);
-    if (app.got_subcommand(release) || app.got_subcommand(forget)) {
-      auto r = app.got_subcommand(release) ? client.admin("release", job) : client.admin("forget-node", node);
-      if (!r) return fail(r.error());
-      std::printf("%s\n", r->c_str());
-      return 0;
-    }
+    return run_client(app, cl, *cfg);
   } catch (const std::exception& e) {
     return fail(std::string("internal error: ") + e.what());
   }
-  return 0;
 }

@@ -259,45 +259,36 @@ int checkpoint_reader_main(const std::string& dir, const std::string& trusted_di
   return 0;
 }
 
-CheckpointView read_checkpoints_as(const std::string& dir, const std::string& trusted_dirs, std::uint32_t uid,
-                                   std::uint32_t gid, double timeout_s) {
-  CheckpointView view;
-  if (dir.empty()) return view;
-  if (geteuid() != 0) return read_checkpoints(dir);  // unprivileged already: nothing to drop
-  std::string exe;
-  {
-    std::lock_guard<std::mutex> lock(g_reader_mutex);
-    exe = g_reader_exe;
-  }
-  if (exe.empty()) {
-    view.error = "no reader to drop privileges with; not read as root";
-    return view;
-  }
-  // Everything the child needs is prepared here: between fork and exec it calls only async-signal-safe functions.
+namespace {
+
+// The groups a reader running as `uid` gets: the user's groups from the password and group databases, else `gid`
+// alone.
+std::vector<gid_t> groups_of(std::uint32_t uid, std::uint32_t gid) {
   std::vector<gid_t> groups(1, gid);
-  {
-    passwd pw{};
-    passwd* found = nullptr;
-    std::vector<char> buf(16384);
-    if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr) {
-      int n = 256;
-      groups.assign(static_cast<std::size_t>(n), 0);
-      if (getgrouplist(found->pw_name, gid, groups.data(), &n) < 0) n = std::min(n, 256);
-      groups.resize(static_cast<std::size_t>(std::max(n, 0)));
-      if (groups.empty()) groups.push_back(gid);
-    }
+  passwd pw{};
+  passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr) {
+    int n = 256;
+    groups.assign(static_cast<std::size_t>(n), 0);
+    if (getgrouplist(found->pw_name, gid, groups.data(), &n) < 0) n = std::min(n, 256);
+    groups.resize(static_cast<std::size_t>(std::max(n, 0)));
+    if (groups.empty()) groups.push_back(gid);
   }
-  int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) {
-    view.error = std::string("cannot create a pipe: ") + std::strerror(errno);
-    return view;
-  }
+  return groups;
+}
+
+// Forks `exe --read-checkpoints DIR TRUSTED_DIRS` as uid/gid with `groups`, its stdout on `out_fd`; returns fork's
+// result. Everything the child needs is prepared before the fork: between fork and exec it calls only
+// async-signal-safe functions, and exits 126 when it cannot drop privileges.
+pid_t spawn_reader(const std::string& exe, const std::string& dir, const std::string& trusted_dirs, std::uint32_t uid,
+                   std::uint32_t gid, const std::vector<gid_t>& groups, int out_fd) {
   const std::string flag = "--read-checkpoints";
   char* const argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>(flag.c_str()), const_cast<char*>(dir.c_str()),
                         const_cast<char*>(trusted_dirs.c_str()), nullptr};
   pid_t pid = fork();
   if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
+    dup2(out_fd, STDOUT_FILENO);
     int null = open("/dev/null", O_RDWR);
     if (null >= 0) {
       dup2(null, STDIN_FILENO);
@@ -310,46 +301,29 @@ CheckpointView read_checkpoints_as(const std::string& dir, const std::string& tr
     execv(exe.c_str(), argv);
     _exit(127);
   }
-  close(out[1]);
-  if (pid < 0) {
-    close(out[0]);
-    view.error = std::string("cannot fork: ") + std::strerror(errno);
-    return view;
-  }
-  std::string text;
+  return pid;
+}
+
+// Reads `fd` to its end into `text` (up to 64 KiB kept) for at most `timeout_s`; false when the time ran out.
+bool read_all_within(int fd, double timeout_s, std::string& text) {
   const double end = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() + timeout_s;
-  bool timed_out = false;
   for (;;) {
     const double left = end - std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p{out[0], POLLIN, 0};
+    if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
     int n = poll(&p, 1, static_cast<int>(left * 1000) + 1);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) continue;
     char buf[4096];
-    ssize_t got = read(out[0], buf, sizeof buf);
-    if (got <= 0) break;
+    ssize_t got = read(fd, buf, sizeof buf);
+    if (got <= 0) return true;
     if (text.size() < 65536) text.append(buf, static_cast<std::size_t>(got));
   }
-  close(out[0]);
-  if (timed_out) {
-    kill(pid, SIGKILL);
-    reap(pid);
-    view.error = "reading " + dir + " as uid " + std::to_string(uid) + " took longer than " +
-                 std::to_string(static_cast<int>(timeout_s)) + " s; stopped";
-    return view;
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    view.error = WIFEXITED(status) && WEXITSTATUS(status) == 126
-                     ? "cannot drop privileges to uid " + std::to_string(uid) + " to read " + dir
-                     : "the checkpoint reader failed on " + dir;
-    return view;
-  }
+}
+
+// The view the reader printed (checkpoint_reader_main's JSON).
+CheckpointView parse_reader_answer(const std::string& text) {
+  CheckpointView view;
   auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     view.error = "the checkpoint reader's answer is not JSON";
@@ -368,6 +342,56 @@ CheckpointView read_checkpoints_as(const std::string& dir, const std::string& tr
     view.time_limit_stop = stop;
   }
   return view;
+}
+
+}  // namespace
+
+CheckpointView read_checkpoints_as(const std::string& dir, const std::string& trusted_dirs, std::uint32_t uid,
+                                   std::uint32_t gid, double timeout_s) {
+  CheckpointView view;
+  if (dir.empty()) return view;
+  if (geteuid() != 0) return read_checkpoints(dir);  // unprivileged already: nothing to drop
+  std::string exe;
+  {
+    std::lock_guard<std::mutex> lock(g_reader_mutex);
+    exe = g_reader_exe;
+  }
+  if (exe.empty()) {
+    view.error = "no reader to drop privileges with; not read as root";
+    return view;
+  }
+  const std::vector<gid_t> groups = groups_of(uid, gid);
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    view.error = std::string("cannot create a pipe: ") + std::strerror(errno);
+    return view;
+  }
+  pid_t pid = spawn_reader(exe, dir, trusted_dirs, uid, gid, groups, out[1]);
+  close(out[1]);
+  if (pid < 0) {
+    close(out[0]);
+    view.error = std::string("cannot fork: ") + std::strerror(errno);
+    return view;
+  }
+  std::string text;
+  const bool timed_out = !read_all_within(out[0], timeout_s, text);
+  close(out[0]);
+  if (timed_out) {
+    kill(pid, SIGKILL);
+    reap(pid);
+    view.error = "reading " + dir + " as uid " + std::to_string(uid) + " took longer than " +
+                 std::to_string(static_cast<int>(timeout_s)) + " s; stopped";
+    return view;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    view.error = WIFEXITED(status) && WEXITSTATUS(status) == 126
+                     ? "cannot drop privileges to uid " + std::to_string(uid) + " to read " + dir
+                     : "the checkpoint reader failed on " + dir;
+    return view;
+  }
+  return parse_reader_answer(text);
 }
 
 }  // namespace ckpt::controller
