@@ -160,76 +160,79 @@ double save_checkpoint(const std::string& root, std::uint64_t step, const Aligne
 
 double gbps(double bytes_per_s) { return bytes_per_s / 1e9; }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::string base;
+struct Args {
+  std::string base;  // the dir the run's own temporary dir goes under
   std::uint64_t mib = 1024;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args args;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--mib" && i + 1 < argc) {
       auto n = ckpt::parse_uint(argv[++i]);
       if (!n || *n < 16 || *n > (1u << 20)) die("--mib: expected a number from 16 up");
-      mib = *n;
-    } else if (!arg.empty() && arg[0] != '-' && base.empty()) {
-      base = arg;
+      args.mib = *n;
+    } else if (!arg.empty() && arg[0] != '-' && args.base.empty()) {
+      args.base = arg;
     } else {
       die("usage: bench_store [DIR] [--mib N]");
     }
   }
-  if (base.empty()) base = std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp";
-  std::string pattern = base + "/bench-store-XXXXXX";
-  if (::mkdtemp(pattern.data()) == nullptr) die("cannot create a dir under " + base);
-  const std::string dir = pattern;
-  const std::uint64_t bytes = mib << 20;
-  const std::uint64_t rounded = (bytes + kBlock - 1) / kBlock * kBlock;
+  if (args.base.empty()) args.base = std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp";
+  return args;
+}
 
-  AlignedBuffer buf(kBlock);
-  fill_random(buf.data.get(), buf.size, 0x2545F4914F6CDD1DULL);
+// Every measurement's samples (bytes/s, or seconds for the latencies).
+struct Samples {
+  bool direct = true;  // the disk measurements used O_DIRECT
+  std::vector<double> writes, reads, buffered, hashes;
+  std::vector<double> commits, saves;
+  std::vector<double> cold, warm;
+};
 
-  // Disk: the physical limit everything else is compared with.
-  bool direct = true;
-  std::vector<double> writes, reads;
-  for (int r = 0; r < kReps; ++r) writes.push_back(disk_write(dir + "/disk.bin", rounded, buf, direct));
-  for (int r = 0; r < kReps; ++r) reads.push_back(disk_read(dir + "/disk.bin", buf, direct));
+// Disk and memory: the physical limits everything else is compared with.
+void measure_limits(const std::string& dir, std::uint64_t bytes, const AlignedBuffer& buf, Samples& s) {
+  for (int r = 0; r < kReps; ++r) s.writes.push_back(disk_write(dir + "/disk.bin", bytes, buf, s.direct));
+  for (int r = 0; r < kReps; ++r) s.reads.push_back(disk_read(dir + "/disk.bin", buf, s.direct));
   // Buffered reads get the kernel's readahead, as verify does; the fairer baseline for it.
-  std::vector<double> buffered;
-  for (int r = 0; r < kReps; ++r) buffered.push_back(disk_read(dir + "/disk.bin", buf, false));
+  for (int r = 0; r < kReps; ++r) s.buffered.push_back(disk_read(dir + "/disk.bin", buf, false));
   ::unlink((dir + "/disk.bin").c_str());
-  std::vector<double> hashes;
-  for (int r = 0; r < kReps; ++r) hashes.push_back(xxh3_in_memory(buf, rounded));
+  for (int r = 0; r < kReps; ++r) s.hashes.push_back(xxh3_in_memory(buf, bytes));
+}
 
-  // Commit latency: many small checkpoints, commit() alone and the whole save.
+// Commit latency: many small checkpoints, commit() alone and the whole save.
+void measure_commits(const std::string& dir, Samples& s) {
   const std::string small_root = dir + "/small";
   AlignedBuffer small(64u << 10);
   fill_random(small.data.get(), small.size, 7);
-  std::vector<double> commits, saves;
   for (int i = 1; i <= kCommits; ++i) {
     double save_s = 0;
-    commits.push_back(save_checkpoint(small_root, static_cast<std::uint64_t>(i), small, small.size, &save_s));
-    saves.push_back(save_s);
+    s.commits.push_back(save_checkpoint(small_root, static_cast<std::uint64_t>(i), small, small.size, &save_s));
+    s.saves.push_back(save_s);
   }
+}
 
-  // Verify throughput over one large checkpoint, cold (from the disk) and warm (from the page cache).
+// Verify throughput over one large checkpoint, cold (from the disk) and warm (from the page cache).
+void measure_verify(const std::string& dir, std::uint64_t bytes, const AlignedBuffer& buf, Samples& s) {
   const std::string big_root = dir + "/big";
-  save_checkpoint(big_root, 1, buf, rounded / kRanks, nullptr);
-  std::vector<double> cold, warm;
+  save_checkpoint(big_root, 1, buf, bytes / kRanks, nullptr);
   for (int r = 0; r < kReps; ++r) {
     for (int rank = 0; rank < kRanks; ++rank) drop_cache(big_root + "/000000000001/" + store::shard_file_name(rank));
     auto start = Clock::now();
-    if (auto s = store::verify(big_root, 1); !s) die(s.error());
-    cold.push_back(static_cast<double>(rounded) / seconds_since(start));
+    if (auto v = store::verify(big_root, 1); !v) die(v.error());
+    s.cold.push_back(static_cast<double>(bytes) / seconds_since(start));
   }
   for (int r = 0; r < kReps + 1; ++r) {
     auto start = Clock::now();
-    if (auto s = store::verify(big_root, 1); !s) die(s.error());
-    if (r > 0) warm.push_back(static_cast<double>(rounded) / seconds_since(start));  // the first one warms up
+    if (auto v = store::verify(big_root, 1); !v) die(v.error());
+    if (r > 0) s.warm.push_back(static_cast<double>(bytes) / seconds_since(start));  // the first one warms up
   }
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+}
 
-  const double w = median(writes), rd = median(reads), rb = median(buffered), h = median(hashes);
-  const double c = median(cold), wm = median(warm);
+void print_report(const std::string& base, std::uint64_t bytes, const Samples& s) {
+  const double w = median(s.writes), rd = median(s.reads), rb = median(s.buffered), h = median(s.hashes);
+  const double c = median(s.cold), wm = median(s.warm);
   auto row = [](const std::string& label, const std::string& value) {
     std::printf("  %-44s %s\n", label.c_str(), value.c_str());
   };
@@ -249,16 +252,37 @@ int main(int argc, char** argv) {
     return std::string(text);
   };
   std::printf("bench_store: %s, %llu MiB per measurement, medians of %d runs\n", base.c_str(),
-              static_cast<unsigned long long>(rounded >> 20), kReps);
-  row(std::string("disk sequential write (") + (direct ? "O_DIRECT" : "write") + ", fsync)", rate(w));
-  row(std::string("disk sequential read (") + (direct ? "O_DIRECT" : "uncached") + ")", rate(rd));
+              static_cast<unsigned long long>(bytes >> 20), kReps);
+  row(std::string("disk sequential write (") + (s.direct ? "O_DIRECT" : "write") + ", fsync)", rate(w));
+  row(std::string("disk sequential read (") + (s.direct ? "O_DIRECT" : "uncached") + ")", rate(rd));
   row("disk sequential read (uncached, buffered)", rate(rb));
   row("xxh3 in memory", rate(h));
   row("commit latency (" + std::to_string(kRanks) + " ranks x 64 KiB, " + std::to_string(kCommits) + "x)",
-      latency(commits));
-  row("save+commit latency (same)", latency(saves));
+      latency(s.commits));
+  row("save+commit latency (same)", latency(s.saves));
   row("verify, cold cache",
       rate(c, "   = " + ratio(c / rb, "buffered disk read") + ", " + ratio(c / rd, "O_DIRECT read")));
   row("verify, warm cache", rate(wm, "   = " + ratio(wm / h, "xxh3 in memory")));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);
+  std::string pattern = args.base + "/bench-store-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) die("cannot create a dir under " + args.base);
+  const std::string dir = pattern;
+  const std::uint64_t bytes = args.mib << 20;
+  const std::uint64_t rounded = (bytes + kBlock - 1) / kBlock * kBlock;
+
+  AlignedBuffer buf(kBlock);
+  fill_random(buf.data.get(), buf.size, 0x2545F4914F6CDD1DULL);
+  Samples samples;
+  measure_limits(dir, rounded, buf, samples);
+  measure_commits(dir, samples);
+  measure_verify(dir, rounded, buf, samples);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  print_report(args.base, rounded, samples);
   return 0;
 }
