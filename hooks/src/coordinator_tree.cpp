@@ -79,6 +79,24 @@ class TreeCoordinator final : public ControlDirCoordinator {
     tally.wait_all = [this](int round, std::chrono::milliseconds timeout) {
       return static_cast<bool>(wait_all(restore_key(round), timeout));
     };
+    tally.announce = [this](int round, RestoreFile file) {
+      std::lock_guard<std::mutex> lock(mu_);
+      announced_.emplace(round, file);
+      if (words_ == nullptr) return;
+      heartbeat::Frame f;
+      f.type = heartbeat::kRestoreFile;
+      f.a = static_cast<std::uint64_t>(round);
+      f.flags = file == RestoreFile::Plan ? 1 : 2;
+      words_->network().flood(f);
+    };
+    tally.await = [this](int round, RestoreFile file, Clock::time_point deadline) {
+      std::unique_lock<std::mutex> lock(mu_);
+      for (;;) {
+        if (announced_.count({round, file}) != 0) return true;
+        if (words_ == nullptr || words_->triggered() || cancelled_.load() || Clock::now() >= deadline) return false;
+        cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+      }
+    };
     return tally;
   }
 
@@ -406,6 +424,14 @@ class TreeCoordinator final : public ControlDirCoordinator {
         if (words_ != nullptr) words_->network().send_up(f);
         cv_.notify_all();
         break;
+      case heartbeat::kRestoreFile: {
+        if (f.flags != 1 && f.flags != 2) break;
+        const RestoreFile file = f.flags == 1 ? RestoreFile::Plan : RestoreFile::Verdict;
+        if (!announced_.emplace(static_cast<int>(f.a), file).second) break;
+        if (words_ != nullptr) words_->network().flood(f, from);
+        cv_.notify_all();
+        break;
+      }
       case heartbeat::kRetired:
         if (!retired_seen_.insert(f.a).second) break;
         if (words_ != nullptr) words_->network().flood(f, from);
@@ -426,6 +452,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
   std::thread worker_;                                  // started with the first task
   std::map<std::uint64_t, std::vector<store::ShardRecord>> gathered_;  // guarded by mu_: at the root
   std::set<std::uint64_t> retired_seen_;                // guarded by mu_
+  std::set<std::pair<int, RestoreFile>> announced_;     // guarded by mu_: restore files the leader announced
   LastWords* words_ = nullptr;                          // guarded by mu_
   std::map<std::uint64_t, store::Kind> requests_;       // guarded by mu_
   std::map<std::uint64_t, Count> counts_;               // guarded by mu_

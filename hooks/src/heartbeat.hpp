@@ -68,6 +68,7 @@ enum FrameType : std::uint32_t {
                       // kRecordsReady when their records can be read (b = 1: its .rec, else its gathered file)
   kShardFailed = 22,  // sent up: subject could not persist step a
   kRetired = 23,      // the writer retired step a (store::retire), flooded: each rank removes its own files of it
+  kRestoreFile = 24,  // the leader wrote a restore round's file, flooded: a = round, flags = 1: plan, 2: verdict
 };
 
 inline constexpr std::uint32_t kRecordsReady = 1;

@@ -276,7 +276,8 @@ struct LastWords::Impl {
       case heartbeat::kRequest:
       case heartbeat::kShardsDone:
       case heartbeat::kShardFailed:
-      case heartbeat::kRetired: {
+      case heartbeat::kRetired:
+      case heartbeat::kRestoreFile: {
         std::function<void(const heartbeat::Frame&, int)> to;
         {
           std::lock_guard<std::mutex> lock(mu);

@@ -193,11 +193,13 @@ Status RestoreAgreement::propose(int round, const RestorePlan& plan) {
                            " exists: a launch with the same run id restored from this dir before; give each launch "
                            "its own CKPT_RUN_ID");
   }
+  if (tally_) tally_->announce(round, RestoreFile::Plan);
   return Status::success();
 }
 
 Result<RestorePlan> RestoreAgreement::proposal(int round) {
   const std::string name = numbered("plan", round);
+  if (tally_) (void)tally_->await(round, RestoreFile::Plan, Clock::now() + timeout_);
   std::optional<std::string> text;
   if (!wait([&] { return (text = read(name)).has_value() && !text->empty(); }, Clock::now() + timeout_)) {
     return Error{"ckpt: rank 0 proposed no checkpoint to restore within " +
@@ -232,6 +234,7 @@ Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bo
     }
     std::optional<std::string> text;
     auto deadline = Clock::now() + timeout_ + std::chrono::seconds(30);
+    if (tally_) (void)tally_->await(round, RestoreFile::Verdict, deadline);
     if (!wait([&] { return (text = read(verdict_name)).has_value() && !text->empty(); }, deadline)) {
       return Error{"ckpt: rank 0 gave no verdict on the restore within " +
                    std::to_string(timeout_.count() / 1000 + 30) + " s (" + join(dir_, verdict_name) + ")"};
@@ -274,6 +277,7 @@ Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bo
                                          std::to_string(timeout_.count() / 1000) + " s (ranks " + which + ")"};
   }
   if (Status s = create_exclusive(verdict_name, verdict_text(outcome), nullptr); !s) return Error{s.error()};
+  if (tally_) tally_->announce(round, RestoreFile::Verdict);
   // The reports are read: nothing else needs them, and a large job should not leave one file per rank behind.
   for (int r = 1; r < world_ && !tally_; ++r) {
     if (seen[static_cast<std::size_t>(r)]) ::unlinkat(fd_, done_name(round, r).c_str(), 0);

@@ -8,7 +8,9 @@
 // every rank but the leader creates done-<round>-<rank>. The leader waits for those, decides for all (verdict-
 // <round>): ok, walk back (it marks the candidate FAILED, once, and proposes an older one) or stop (every rank
 // fails its restore with the reason). A rank other than the leader creates one file and reads two per round; the
-// leader checks one name per rank, as a commit does.
+// leader checks one name per rank, as a commit does. With a tally (the tree coordinator's network), reports are
+// counted over the network and the leader announces its plan and verdict there: a rank then creates no file and
+// reads the two once each, without polling.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -33,9 +35,16 @@ Result<RestorePlan> parse_restore_plan(std::string_view text);
 // Counts the ranks' reports of a round over a network (the tree coordinator's) instead of one file per rank, so
 // that the leader reads no file per rank either. report: every rank, once per round; wait_all: the leader, true
 // once every rank of the job reported.
+// The leader's files of a round that the other ranks wait for.
+enum class RestoreFile { Plan, Verdict };
 struct RestoreTally {
   std::function<void(int round)> report;
   std::function<bool(int round, std::chrono::milliseconds timeout)> wait_all;
+  // Leader: every rank learns that `file` of `round` is written (flooded), so that none polls the control dir.
+  std::function<void(int round, RestoreFile file)> announce;
+  // Others: waits until `file` of `round` was announced; false at `deadline` or once the network is gone (the
+  // caller then polls for the file until its deadline, as without a tally).
+  std::function<bool(int round, RestoreFile file, std::chrono::steady_clock::time_point deadline)> await;
 };
 
 enum class RestoreVerdict { Ok, WalkBack, Stop };
