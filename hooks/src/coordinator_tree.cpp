@@ -35,6 +35,8 @@ namespace ckpt::hooks {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr std::size_t kKeptCounts = 8;                       // counts kept after they went up, for a recount
+constexpr std::chrono::milliseconds kRecountAfter{3000};     // the root asks for a recount after this long
 
 class TreeCoordinator final : public ControlDirCoordinator {
  public:
@@ -57,9 +59,12 @@ class TreeCoordinator final : public ControlDirCoordinator {
   const char* name() const override { return "tree"; }
 
   void attach(LastWords& last_words) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      words_ = &last_words;
+    }
+    // After words_: the frames held until now are handled (and passed on) as they would have been on arrival.
     last_words.set_coordination([this](const heartbeat::Frame& f, int from) { on_frame(f, from); });
-    std::lock_guard<std::mutex> lock(mu_);
-    words_ = &last_words;
   }
 
   void detach() override {
@@ -93,7 +98,15 @@ class TreeCoordinator final : public ControlDirCoordinator {
       std::unique_lock<std::mutex> lock(mu_);
       for (;;) {
         if (announced_.count({round, file}) != 0) return true;
-        if (words_ == nullptr || words_->triggered() || cancelled_.load() || Clock::now() >= deadline) return false;
+        if (words_ == nullptr || words_->triggered() || cancelled_.load()) {
+          // Where a restore that never ends is stuck: this rank's subtrees that have not counted in.
+          auto it = counts_.find(restore_key(round));
+          if (file == RestoreFile::Verdict && it != counts_.end() && !it->second.sent) {
+            log_missing_locked(restore_key(round));
+          }
+          return false;
+        }
+        if (Clock::now() >= deadline) return false;
         cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
       }
     };
@@ -164,18 +177,25 @@ class TreeCoordinator final : public ControlDirCoordinator {
     const int world = config_.world_size;
     // Polled in slices as well: a peer's death starts the last words, and this checkpoint will not complete.
     const auto deadline = Clock::now() + timeout;
+    auto recount_at = Clock::now() + kRecountAfter;
     bool done = false;
     for (;;) {
       done = cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
         return cancelled_.load() || failed_.count(step) != 0 || counts_[step].total >= static_cast<std::uint64_t>(world);
       });
       if (done || Clock::now() >= deadline) break;
+      if (Clock::now() >= recount_at) {
+        recount_locked(step);
+        recount_at = Clock::now() + kRecountAfter;
+      }
       if (words_ == nullptr || words_->triggered()) {
+        log_missing_locked(step);
         return Status::failure("ckpt: step " + std::to_string(step) + ": the last words started before every rank "
                                "persisted");
       }
     }
     const std::uint64_t total = counts_[step].total;
+    if (!done && failed_.count(step) == 0 && !cancelled_.load()) log_missing_locked(step);
     counts_.erase(step);
     if (auto it = failed_.find(step); it != failed_.end()) {
       const int r = it->second;
@@ -250,6 +270,8 @@ class TreeCoordinator final : public ControlDirCoordinator {
     std::set<int> ready;                       // down links whose subtree's records can be read
     bool gathering = false;                    // the worker is gathering records; the count goes up after
     bool sent = false;
+    std::uint64_t sent_total = 0;              // what went up, sent again on a recount
+    std::uint32_t sent_flags = 0;
     std::uint64_t total = 0;                   // at the root: the job's count
   };
 
@@ -355,8 +377,10 @@ class TreeCoordinator final : public ControlDirCoordinator {
     Count& c = counts_[step];
     c.gathering = false;
     c.sent = true;
-    // Older checkpoints this rank has passed on are of no more use (one that failed never completes).
-    for (auto it = counts_.begin(); it != counts_.end() && it->first < step;) {
+    c.sent_total = total;
+    c.sent_flags = records ? heartbeat::kRecordsReady : 0;
+    // Counts this rank passed on are kept a while for a recount; the oldest go (one that failed never completes).
+    for (auto it = counts_.begin(); it != counts_.end() && it->first < step && counts_.size() > kKeptCounts;) {
       it = it->second.sent ? counts_.erase(it) : std::next(it);
     }
     if (tree_.is_root) {
@@ -366,13 +390,53 @@ class TreeCoordinator final : public ControlDirCoordinator {
       return;
     }
     cv_.notify_all();  // drain() waits for the count to go up
-    if (words_ == nullptr) return;
+    send_count_locked(step, c);
+  }
+
+  void send_count_locked(std::uint64_t step, const Count& c) {
+    if (words_ == nullptr || !tree_.up) return;
     heartbeat::Frame f;
     f.type = heartbeat::kShardsDone;
     f.a = step;
-    f.b = total;
-    f.flags = records ? heartbeat::kRecordsReady : 0;
-    words_->network().send(*tree_.up, f);
+    f.b = c.sent_total;
+    f.flags = c.sent_flags;
+    if (!words_->network().send(*tree_.up, f)) {
+      log::warn(config_.rank, "the count of " + what(step) + " could not be sent to rank " + std::to_string(*tree_.up) +
+                                  " (no link to it)");
+    }
+  }
+
+  // The root, when a count has not come in for a while: every rank that sent its count of `step` sends it again
+  // (a count is an assignment at the receiver, so a duplicate changes nothing). A frame lost anywhere on the way
+  // costs a recount, never a wait without end.
+  void recount_locked(std::uint64_t step) {
+    if (words_ == nullptr) return;
+    heartbeat::Frame f;
+    f.type = heartbeat::kRecount;
+    f.a = step;
+    f.b = ++recounts_;
+    recount_seen_.emplace(step, f.b);
+    log::info(config_.rank, what(step) + ": not every count came within " +
+                                std::to_string(kRecountAfter.count() / 1000) + " s; asking every rank to send its count again");
+    words_->network().flood(f);
+  }
+
+  // Which of this rank's subtrees have not counted `step` in: where a wait that never ends is stuck.
+  void log_missing_locked(std::uint64_t step) {
+    const Count& c = counts_[step];
+    std::string below;
+    for (int d : tree_.down) {
+      auto it = c.below.find(d);
+      below += " " + std::to_string(d) + ":" + (it == c.below.end() ? "-" : std::to_string(it->second));
+    }
+    log::warn(config_.rank, what(step) + ": " + std::to_string(c.total) + " of " + std::to_string(config_.world_size) +
+                                " ranks counted; this rank's own " + (c.own ? "in" : "missing") +
+                                ", its subtrees (rank:count)" + below);
+  }
+
+  static std::string what(std::uint64_t key) {
+    if (key >= (std::uint64_t{1} << 62)) return "restore round " + std::to_string(key - (std::uint64_t{1} << 62));
+    return "step " + std::to_string(key);
   }
 
   // This rank's files of a retired step, removed on the worker.
@@ -424,6 +488,14 @@ class TreeCoordinator final : public ControlDirCoordinator {
         if (words_ != nullptr) words_->network().send_up(f);
         cv_.notify_all();
         break;
+      case heartbeat::kRecount: {
+        if (!recount_seen_.emplace(f.a, f.b).second) break;
+        while (recount_seen_.size() > 64) recount_seen_.erase(recount_seen_.begin());
+        if (words_ != nullptr) words_->network().flood(f, from);
+        auto it = counts_.find(f.a);
+        if (it != counts_.end() && it->second.sent) send_count_locked(f.a, it->second);
+        break;
+      }
       case heartbeat::kRestoreFile: {
         if (f.flags != 1 && f.flags != 2) break;
         const RestoreFile file = f.flags == 1 ? RestoreFile::Plan : RestoreFile::Verdict;
@@ -453,6 +525,8 @@ class TreeCoordinator final : public ControlDirCoordinator {
   std::map<std::uint64_t, std::vector<store::ShardRecord>> gathered_;  // guarded by mu_: at the root
   std::set<std::uint64_t> retired_seen_;                // guarded by mu_
   std::set<std::pair<int, RestoreFile>> announced_;     // guarded by mu_: restore files the leader announced
+  std::set<std::pair<std::uint64_t, std::uint64_t>> recount_seen_;  // guarded by mu_: (step, recount) passed on
+  std::uint64_t recounts_ = 0;                          // guarded by mu_: the root's recounts so far
   LastWords* words_ = nullptr;                          // guarded by mu_
   std::map<std::uint64_t, store::Kind> requests_;       // guarded by mu_
   std::map<std::uint64_t, Count> counts_;               // guarded by mu_

@@ -69,6 +69,7 @@ enum FrameType : std::uint32_t {
   kShardFailed = 22,  // sent up: subject could not persist step a
   kRetired = 23,      // the writer retired step a (store::retire), flooded: each rank removes its own files of it
   kRestoreFile = 24,  // the leader wrote a restore round's file, flooded: a = round, flags = 1: plan, 2: verdict
+  kRecount = 25,      // the root's count of step a is late, flooded (b: the root's recount number): send it again
 };
 
 inline constexpr std::uint32_t kRecordsReady = 1;

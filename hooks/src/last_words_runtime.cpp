@@ -277,7 +277,8 @@ struct LastWords::Impl {
       case heartbeat::kShardsDone:
       case heartbeat::kShardFailed:
       case heartbeat::kRetired:
-      case heartbeat::kRestoreFile: {
+      case heartbeat::kRestoreFile:
+      case heartbeat::kRecount: {
         std::function<void(const heartbeat::Frame&, int)> to;
         {
           std::lock_guard<std::mutex> lock(mu);

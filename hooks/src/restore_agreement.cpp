@@ -185,6 +185,21 @@ bool RestoreAgreement::wait(Ready ready, Clock::time_point deadline) {
   }
 }
 
+template <class Ready>
+bool RestoreAgreement::wait_announced(int round, RestoreFile file, Ready ready, Clock::time_point deadline) {
+  if (!tally_) return wait(ready, deadline);
+  // The announcement wakes this rank at once; the file is also looked at once a second, so that an announcement
+  // that never comes (the network went, or the frame was lost) costs a second, not the whole timeout.
+  for (;;) {
+    const auto slice_end = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+    const bool announced = tally_->await(round, file, slice_end);
+    if (ready()) return true;
+    if (announced) return wait(ready, deadline);  // announced but not visible yet: a shared file system's lag
+    if (Clock::now() >= deadline) return false;
+    if (Clock::now() < slice_end) return wait(ready, deadline);  // the network is gone: poll, as without a tally
+  }
+}
+
 Status RestoreAgreement::propose(int round, const RestorePlan& plan) {
   bool existed = false;
   if (Status s = create_exclusive(numbered("plan", round), to_json(plan) + "\n", &existed); !s) return s;
@@ -199,9 +214,9 @@ Status RestoreAgreement::propose(int round, const RestorePlan& plan) {
 
 Result<RestorePlan> RestoreAgreement::proposal(int round) {
   const std::string name = numbered("plan", round);
-  if (tally_) (void)tally_->await(round, RestoreFile::Plan, Clock::now() + timeout_);
   std::optional<std::string> text;
-  if (!wait([&] { return (text = read(name)).has_value() && !text->empty(); }, Clock::now() + timeout_)) {
+  if (!wait_announced(round, RestoreFile::Plan, [&] { return (text = read(name)).has_value() && !text->empty(); },
+                      Clock::now() + timeout_)) {
     return Error{"ckpt: rank 0 proposed no checkpoint to restore within " +
                  std::to_string(timeout_.count() / 1000) + " s (" + join(dir_, name) + ")"};
   }
@@ -234,8 +249,8 @@ Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bo
     }
     std::optional<std::string> text;
     auto deadline = Clock::now() + timeout_ + std::chrono::seconds(30);
-    if (tally_) (void)tally_->await(round, RestoreFile::Verdict, deadline);
-    if (!wait([&] { return (text = read(verdict_name)).has_value() && !text->empty(); }, deadline)) {
+    if (!wait_announced(round, RestoreFile::Verdict,
+                        [&] { return (text = read(verdict_name)).has_value() && !text->empty(); }, deadline)) {
       return Error{"ckpt: rank 0 gave no verdict on the restore within " +
                    std::to_string(timeout_.count() / 1000 + 30) + " s (" + join(dir_, verdict_name) + ")"};
     }

@@ -84,6 +84,9 @@ class RestoreAgreement {
   // Polls `ready` with growing pauses until it holds or `deadline` passes.
   template <class Ready>
   bool wait(Ready ready, std::chrono::steady_clock::time_point deadline);
+  // `ready` once the leader announced `file` of `round` over the tally's network, or by polling without a tally.
+  template <class Ready>
+  bool wait_announced(int round, RestoreFile file, Ready ready, std::chrono::steady_clock::time_point deadline);
 
   const std::string root_;
   const std::string dir_;
