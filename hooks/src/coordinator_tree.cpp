@@ -400,8 +400,8 @@ class TreeCoordinator final : public ControlDirCoordinator {
     f.a = step;
     f.b = c.sent_total;
     f.flags = c.sent_flags;
-    if (!words_->network().send(*tree_.up, f)) {
-      log::warn(config_.rank, "the count of " + what(step) + " could not be sent to rank " + std::to_string(*tree_.up) +
+    if (!words_->network().send(*tree_.up, f)) {  // its up neighbour died: the last words take over
+      log::debug(config_.rank, "the count of " + what(step) + " could not be sent to rank " + std::to_string(*tree_.up) +
                                   " (no link to it)");
     }
   }
