@@ -18,13 +18,23 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// A message leaves the library through the public methods: their errors start with "ckpt: ", which the
+// messages built inside (and embedded in one another) do not carry.
+Status surfaced(Status s) { return s ? s : Status::failure(log::prefixed(s.error())); }
+
+template <class T>
+Result<T> surfaced(Result<T> r) {
+  if (r) return r;
+  return Error{log::prefixed(r.error())};
+}
+
 }  // namespace
 
 // ---- regions -------------------------------------------------------------------------------------------------
 
 Result<nlohmann::json> Checkpointer::Impl::check_region(const RegionSpec& r) {
-  const std::string at = "ckpt: region '" + r.name + "': ";
-  if (r.name.empty()) return Error{"ckpt: a region needs a name"};
+  const std::string at = "region '" + r.name + "': ";
+  if (r.name.empty()) return Error{"a region needs a name"};
   if (r.data == nullptr && r.size > 0) return Error{at + "no data pointer"};
   for (const Blob& b : blobs) {
     if (b.name == r.name) return Error{at + "a blob has that name"};
@@ -33,7 +43,7 @@ Result<nlohmann::json> Checkpointer::Impl::check_region(const RegionSpec& r) {
   if (meta.is_discarded()) return Error{at + "metadata is not JSON: " + r.meta_json};
   if (r.memory == Memory::Device && !device) {
     auto backend = make_device_backend();
-    if (!backend) return Error{at + backend.error().substr(6)};
+    if (!backend) return Error{at + backend.error()};
     device = std::move(backend).value();
   }
   return meta;
@@ -247,7 +257,7 @@ Status Checkpointer::register_region(const RegionSpec& region) {
   Impl& m = *impl_;
   if (!m.enabled) return Status::success();
   auto meta = m.check_region(region);
-  if (!meta) return Status::failure(meta.error());
+  if (!meta) return surfaced(Status::failure(meta.error()));
   auto it = std::find_if(m.regions.begin(), m.regions.end(), [&](const RegionSpec& r) { return r.name == region.name; });
   if (it != m.regions.end()) {
     *it = region;
@@ -266,7 +276,7 @@ Status Checkpointer::set_regions(const std::vector<RegionSpec>& regions) {
   std::vector<nlohmann::json> metas;
   for (std::size_t i = 0; i < regions.size(); ++i) {
     auto meta = m.check_region(regions[i]);
-    if (!meta) return Status::failure(meta.error());
+    if (!meta) return surfaced(Status::failure(meta.error()));
     for (std::size_t j = 0; j < i; ++j) {
       if (regions[j].name == regions[i].name) return Status::failure("ckpt: region '" + regions[i].name + "' given twice");
     }
@@ -309,7 +319,7 @@ Result<std::uint64_t> Checkpointer::restore(bool copy_into_regions) {
   try {
     auto step = impl_->restore(copy_into_regions);
     if (step) impl_->tracker.finish_step(*step);
-    return step;
+    return surfaced(std::move(step));
   } catch (const std::exception& e) {
     return Error{std::string("ckpt: restore failed: ") + e.what()};
   }
@@ -379,9 +389,9 @@ Status Checkpointer::save(std::uint64_t step, store::Kind kind) {
   return Status::success();
 }
 
-Status Checkpointer::close() { return impl_->close(true); }
+Status Checkpointer::close() { return surfaced(impl_->close(true)); }
 
-Status Checkpointer::abort() { return impl_->close(false); }
+Status Checkpointer::abort() { return surfaced(impl_->close(false)); }
 
 Status Checkpointer::watch_nccl(void* comm) {
   Impl& d = *impl_;

@@ -54,16 +54,16 @@ RestorePlan Checkpointer::Impl::choose(const std::vector<std::uint64_t>& failed,
 Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
   definite = false;
   const std::uint64_t step = *plan.step;
-  const std::string at = "ckpt: step " + std::to_string(step) + ": ";
+  const std::string at = "step " + std::to_string(step) + ": ";
   store::ShardRecord record;
   if (plan.kind == store::Kind::Periodic && plan.world_size == config.world_size) {
     // Its own shard: the record names it, so the manifest's record of every other rank is not read.
     auto own = store::read_record(plan.root, step, rank, &definite);
-    if (!own) return Status::failure("ckpt: " + own.error());
+    if (!own) return Status::failure(own.error());
     record = std::move(own).value();
   } else {
     auto m = store::read_manifest(plan.root, step);
-    if (!m) return Status::failure("ckpt: " + m.error());
+    if (!m) return Status::failure(m.error());
     store::RestoreSource source = store::restore_source(*m, config.world_size, rank, config.layout, config.coord);
     if (source.rank < 0) {
       definite = source.definite;
@@ -88,7 +88,7 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
   store::ShardRead read = store::read_shard(plan.root, step, record, host.data());
   if (!read.status) {
     definite = read.definite;
-    return Status::failure("ckpt: " + read.status.error());
+    return Status::failure(read.status.error());
   }
   if (read.retries > 0) {
     log::info(rank, "step " + std::to_string(step) + ": " + record.file + " read after " +
@@ -152,9 +152,7 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
       return Error{"ckpt: " + about + "restore stopped: " + outcome.reason};
     }
     if (!status) {
-      std::string_view own = status.error();
-      if (own.rfind("ckpt: ", 0) == 0) own.remove_prefix(6);  // the log line has its own prefix
-      log::warn(rank, std::string(own) + "; every rank walks back");
+      log::warn(rank, status.error() + "; every rank walks back");
     }
     if (leader) {
       Status marked = store::mark_failed(plan.root, *plan.step, outcome.reason, run_fence(config));

@@ -46,7 +46,7 @@ namespace ckpt::hooks {
 namespace {
 
 std::string cuda_error(const char* what, cudaError_t err) {
-  return std::string("ckpt: ") + what + " failed: " + cudaGetErrorString(err);
+  return std::string(what) + " failed: " + cudaGetErrorString(err);
 }
 
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
@@ -216,7 +216,7 @@ class CudaBackend final : public DeviceBackend {
       if (err == cudaSuccess) return Status::success();
       if (err != cudaErrorNotReady) return Status::failure(cuda_error("the device copy", err));
       if (std::chrono::steady_clock::now() >= deadline) {
-        return Status::failure("ckpt: the device copy did not finish before the last words' deadline");
+        return Status::failure("the device copy did not finish before the last words' deadline");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -237,7 +237,7 @@ class CudaBackend final : public DeviceBackend {
 Result<std::unique_ptr<DeviceBackend>> make_default_backend() {
   int count = 0;
   if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess || count == 0) {
-    return Error{"ckpt: a device region needs a GPU, and none is usable" +
+    return Error{"a device region needs a GPU, and none is usable" +
                  std::string(err != cudaSuccess ? std::string(" (") + cudaGetErrorString(err) + ")" : "")};
   }
   auto backend = std::make_unique<CudaBackend>();
@@ -254,7 +254,7 @@ namespace ckpt::hooks {
 namespace {
 
 Result<std::unique_ptr<DeviceBackend>> make_default_backend() {
-  return Error{"ckpt: a device region needs the CUDA backend; this libckpt was built without CUDA"};
+  return Error{"a device region needs the CUDA backend; this libckpt was built without CUDA"};
 }
 
 }  // namespace

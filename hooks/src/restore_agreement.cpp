@@ -54,9 +54,7 @@ std::string first_line(std::string text) {
 
 // "rank 3: step 300: ...": the failure as a verdict and the FAILED marker give it.
 std::string rank_says(int rank, const std::string& error) {
-  std::string_view e = error;
-  if (e.rfind("ckpt: ", 0) == 0) e.remove_prefix(6);
-  return "rank " + std::to_string(rank) + ": " + first_line(std::string(e));
+  return "rank " + std::to_string(rank) + ": " + first_line(error);
 }
 
 }  // namespace

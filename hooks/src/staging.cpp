@@ -17,7 +17,7 @@ Result<HostBuffer> HostBuffer::allocate(std::size_t bytes) {
   std::size_t rounded = (bytes + page - 1) / page * page;
   void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {
-    return Error{"ckpt: cannot allocate " + std::to_string(rounded) + " bytes of staging memory: " +
+    return Error{"cannot allocate " + std::to_string(rounded) + " bytes of staging memory: " +
                  std::error_code(errno, std::generic_category()).message()};
   }
   buffer.data_ = static_cast<std::byte*>(p);
