@@ -21,10 +21,7 @@ std::string& program() {
 }  // namespace
 
 void set_log_level(const std::string& level) {
-  if (level == "error") g_level = static_cast<int>(LogLevel::Error);
-  if (level == "warning") g_level = static_cast<int>(LogLevel::Warning);
-  if (level == "info") g_level = static_cast<int>(LogLevel::Info);
-  if (level == "debug") g_level = static_cast<int>(LogLevel::Debug);
+  if (auto parsed = parse_log_level(level)) g_level = static_cast<int>(*parsed);
 }
 
 void set_log_program(const std::string& name) {

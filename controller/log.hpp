@@ -3,11 +3,13 @@
 // prefixed "ckpt-controller: ". Thread-safe. Never prints a secret: callers pass no tokens or credentials.
 #include <string>
 
+#include "ckpt/log_level.hpp"
+
 namespace ckpt::controller {
 
-enum class LogLevel { Error = 0, Warning = 1, Info = 2, Debug = 3 };
+using LogLevel = ckpt::LogLevel;
 
-// Sets the level from "error", "warning", "info" or "debug"; anything else keeps the current one.
+// Sets the level from "error", "warning" (or "warn"), "info" or "debug"; anything else keeps the current one.
 void set_log_level(const std::string& level);
 // The program name in the prefix ("ckpt-controller" by default, "ckpt-run" for ckpt-run).
 void set_log_program(const std::string& name);

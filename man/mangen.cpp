@@ -263,7 +263,8 @@ constexpr KeyDoc kControllerKeys[] = {
      "Who may release jobs and forget nodes, and read every job (default root; root and SlurmUser always may). "
      "Anyone else sees only their own jobs"},
     {"slurm_user", "USER", "Events from this user are trusted like root's (default: SlurmUser, asked from Slurm)"},
-    {"log_level", "error|warning|info|debug", "What the controller logs to stderr (default info)"},
+    {"log_level", "error|warning|info|debug",
+     "What the controller logs to stderr (default info; warn is read as warning)"},
     {"history_max_rows", "N", "History lines kept per job, the oldest dropped first (default 1000)"},
     {"history_max_age", "DURATION",
      "History lines and records of finished jobs older than this are dropped (default 30d, at least 1h)"},

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/log_level.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
 
@@ -163,9 +164,10 @@ const ConfigKey kKeys[] = {
      }},
     {"history_max_age", "a duration like 30d, at least 1h",
      [](C& c, V v) { return set_duration(c.history_max_age_s, v, 3600); }},
-    {"log_level", "error, warning, info or debug",
+    {"log_level", kLogLevelsAccepted,
      [](C& c, V v) {
-       return (v == "error" || v == "warning" || v == "info" || v == "debug") && set_text(c.log_level, v);
+       auto level = parse_log_level(v);
+       return level && set_text(c.log_level, ckpt::to_string(*level));
      }},
 };
 

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "ckpt/hooks.hpp"
+#include "ckpt/log_level.hpp"
 #include "ckpt/parse.hpp"
 
 namespace ckpt::hooks {
@@ -45,7 +46,7 @@ const std::vector<KeySpec>& key_specs() {
       {{"agree_lead", "CKPT_AGREE_LEAD", "a whole number from 1 to 1000"}, {"CKPT_AGREE_LEAD"}},
       {{"signals", "CKPT_SIGNALS", "on or off"}, {"CKPT_SIGNALS"}},
       {{"run_id", "CKPT_RUN_ID", "letters, digits, '.', '_' or '-'"}, {"CKPT_RUN_ID"}},
-      {{"log", "CKPT_LOG", "error, warn, info or debug"}, {"CKPT_LOG"}},
+      {{"log", "CKPT_LOG", kLogLevelsAccepted}, {"CKPT_LOG"}},
       {{"layout", "CKPT_LAYOUT", "dp=<n>,tp=<n>,pp=<n>[,zero1=on|off] with dp*tp*pp = world_size"}, {"CKPT_LAYOUT"}},
       {{"coord", "CKPT_COORD", "dp=<i>,tp=<i>,pp=<i> inside the layout"}, {"CKPT_COORD"}},
   };
@@ -127,11 +128,16 @@ Result<CoordinatorKind> parse_coordinator(std::string_view text) {
   return Error{"unknown coordinator"};
 }
 
-Result<LogLevel> parse_log_level(std::string_view text) {
-  if (text == "error") return LogLevel::Error;
-  if (text == "warn") return LogLevel::Warn;
-  if (text == "info") return LogLevel::Info;
-  if (text == "debug") return LogLevel::Debug;
+// The shared vocabulary (ckpt/log_level.hpp) onto the public enum.
+Result<LogLevel> parse_hooks_log_level(std::string_view text) {
+  auto level = ckpt::parse_log_level(text);
+  if (!level) return Error{"unknown level"};
+  switch (*level) {
+    case ckpt::LogLevel::Error: return LogLevel::Error;
+    case ckpt::LogLevel::Warning: return LogLevel::Warn;
+    case ckpt::LogLevel::Info: return LogLevel::Info;
+    case ckpt::LogLevel::Debug: return LogLevel::Debug;
+  }
   return Error{"unknown level"};
 }
 
@@ -366,7 +372,7 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   if (auto e = read(lookup, "agree_lead", c.agree_lead, parse_positive_uint)) return *e;
   if (c.agree_lead > 1000) return bad(*lookup.get("agree_lead"), "agree_lead", "too large");
   if (auto e = read(lookup, "signals", c.signals, parse_on_off)) return *e;
-  if (auto e = read(lookup, "log", c.log_level, parse_log_level)) return *e;
+  if (auto e = read(lookup, "log", c.log_level, parse_hooks_log_level)) return *e;
   if (auto e = read(lookup, "run_id", c.run_id, parse_run_id)) return *e;
   if (c.run_id.empty()) c.run_id = derive_run_id(lookup, c);
   if (auto e = resolve_layout(lookup, c)) return *e;

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 
 #include "ckpt/hooks.hpp"
 #include "hooks_test_util.hpp"
@@ -172,6 +173,31 @@ TEST_CASE("hooks settings reject bad values with one clear line", "[hooks][confi
     Status s = o.set("intervall", "5m");
     REQUIRE_FALSE(s.ok());
     CHECK(s.error().rfind("ckpt: unknown setting 'intervall' (known: dir, interval,", 0) == 0);
+  }
+}
+
+TEST_CASE("CKPT_LOG reads the shared level vocabulary", "[hooks][config][log]") {
+  SECTION("good inputs") {
+    const std::pair<const char*, hooks::LogLevel> good[] = {{"error", hooks::LogLevel::Error},
+                                                            {"warning", hooks::LogLevel::Warn},
+                                                            {"warn", hooks::LogLevel::Warn},
+                                                            {"info", hooks::LogLevel::Info},
+                                                            {"debug", hooks::LogLevel::Debug}};
+    for (const auto& [text, level] : good) {
+      INFO(text);
+      auto c = load({{"CKPT_LOG", text}});
+      REQUIRE(c.ok());
+      CHECK(c->log_level == level);
+    }
+  }
+  SECTION("bad inputs") {
+    for (const char* text : {"WARN", "warnings", "verbose"}) {
+      INFO(text);
+      auto c = load({{"CKPT_LOG", text}});
+      REQUIRE_FALSE(c.ok());
+      CHECK(c.error() == "ckpt: CKPT_LOG='" + std::string(text) +
+                             "': expected error, warning (or warn), info or debug (unknown level)");
+    }
   }
 }
 

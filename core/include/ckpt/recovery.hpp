@@ -314,7 +314,7 @@ struct ControllerConfig {
   double webhook_timeout_s = 5;
   std::vector<std::string> admin_users = {"root"};  // may release jobs and forget nodes
   std::string slurm_user;                   // events from this user are trusted (empty: ask Slurm)
-  std::string log_level = "info";           // error | warning | info | debug
+  std::string log_level = "info";           // error | warning | info | debug ("warn" is read as warning)
   std::uint64_t history_max_rows = 1000;    // history lines kept per job (the oldest go first)
   double history_max_age_s = 30 * 86400;    // history and records of finished jobs older than this are dropped
 };
