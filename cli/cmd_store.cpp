@@ -1,6 +1,5 @@
 // ckpt ls / verify / latest / gc: the checkpoint store from the command line. Read-only except gc.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <iterator>
 #include <memory>
@@ -9,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/clock.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/store.hpp"
 #include "commands.hpp"
@@ -25,10 +25,6 @@ constexpr int kExitError = 2;
 void error_line(const std::string& message) { std::fprintf(stderr, "ckpt: %s\n", message.c_str()); }
 
 void note_line(const std::string& message) { std::fprintf(stderr, "ckpt: note: %s\n", message.c_str()); }
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 // "45s", "12m5s", "3h20m", "2d4h": precise when young, coarse when old.
 std::string format_age(double seconds) {
@@ -101,7 +97,7 @@ int run_ls(const LsArgs& args) {
       }
     }
   }
-  const double now = now_seconds();
+  const double now = ckpt::unix_seconds();
   if (args.json) {
     json out = json::array();
     for (const store::Entry& e : *entries) {

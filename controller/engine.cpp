@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "ckpt/clock.hpp"
 #include "ckpt/parse.hpp"
 #include "log.hpp"
 
@@ -102,7 +103,7 @@ void Engine::wake() { queue_cv_.notify_one(); }
 
 void Engine::run(const std::atomic<bool>& stop) {
   while (!stop.load()) {
-    cycle(now_s());
+    cycle(unix_seconds());
     std::unique_lock<std::mutex> lock(queue_mutex_);
     // Short cycles while anything is in flight; otherwise sleep until the next reconciliation or a request.
     double wait = config_.reconcile_s;

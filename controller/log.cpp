@@ -1,10 +1,10 @@
 #include "log.hpp"
 
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <mutex>
 
+#include "ckpt/clock.hpp"
 #include "ckpt/controller_limits.hpp"
 
 namespace ckpt::controller {
@@ -37,18 +37,13 @@ void log(LogLevel level, const std::string& line) {
   std::fflush(stderr);
 }
 
-double now_s() {
-  using namespace std::chrono;
-  return duration_cast<duration<double>>(system_clock::now().time_since_epoch()).count();
-}
-
 void log_limited(LogLevel level, const std::string& kind, const std::string& line) {
   static std::mutex mutex;
   static ckpt::recovery::LogLimiter limiter(5, 10.0);
   std::uint64_t suppressed = 0;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    if (!limiter.allow(kind, now_s(), suppressed)) return;
+    if (!limiter.allow(kind, unix_seconds(), suppressed)) return;
   }
   log(level, suppressed == 0 ? line : line + " (" + std::to_string(suppressed) + " similar lines held back)");
 }

@@ -22,7 +22,4 @@ inline void log_debug(const std::string& line) { log(LogLevel::Debug, line); }
 // says how many were held back.
 void log_limited(LogLevel level, const std::string& kind, const std::string& line);
 
-// Seconds since the epoch, with sub-second precision.
-double now_s();
-
 }  // namespace ckpt::controller

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend.hpp"
+#include "ckpt/clock.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
 #include "db.hpp"
@@ -116,7 +117,7 @@ int run_daemon(const rec::ControllerConfig& cfg) {
       return ask_slurmd("/proc/self/exe", node, timeout_s);
     });
   }
-  if (auto s = engine.start(now_s()); !s) return fail(s.error(), 2);
+  if (auto s = engine.start(ckpt::unix_seconds()); !s) return fail(s.error(), 2);
 
   Server server(engine, cfg.munge_socket);
   if (cfg.listen != "off") {

@@ -33,6 +33,7 @@ extern "C" {
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/clock.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
 #include "ckpt/srun_cmdline.hpp"
@@ -168,7 +169,7 @@ void hand_over(const Settings& s, std::uint32_t job, const std::string& why) {
   const char* node = std::getenv("SLURMD_NODENAME");
   e.node = node ? node : "unknown";
   e.uid = getuid();
-  e.time = now_s();
+  e.time = ckpt::unix_seconds();
   e.detail = why;
   auto cred = munge_encode_payload(rec::to_json(e), munge_socket_from_slurm());
   if (!cred) {
@@ -357,14 +358,14 @@ std::variant<int, Decision> wait_for_decision(Run& run, pid_t pid) {
   for (;;) {
     if (!exited && waitpid(pid, &status, WNOHANG) == pid) {
       exited = true;
-      exited_at = now_s();
+      exited_at = ckpt::unix_seconds();
       g_child_group = 0;
       if (exit_status(status) == 0 || g_stopping || run.s.url.empty()) return exit_status(status);
     }
     std::optional<json> view;
     if (!run.s.url.empty()) view = job_view(run.s, run.job);
     if (view && take_relaunch(*view, run.handled_steps)) {
-      Decision decision{*view, now_s()};
+      Decision decision{*view, ckpt::unix_seconds()};
       if (!exited) {
         kill(-pid, SIGKILL);
         waitpid(pid, &status, 0);
@@ -379,7 +380,7 @@ std::variant<int, Decision> wait_for_decision(Run& run, pid_t pid) {
       waitpid(pid, &status, 0);
       return 1;
     }
-    if (exited && now_s() - exited_at > run.s.decision_wait_s) {
+    if (exited && ckpt::unix_seconds() - exited_at > run.s.decision_wait_s) {
       // No relaunch decision: a plain failure. The job's end hands it to the controller's requeue policy.
       return exit_status(status);
     }
@@ -410,7 +411,7 @@ int relaunch_loop(Run& run) {
   for (;;) {
     auto launch = next_launch(run);
     if (!launch) return 1;
-    const double started = now_s();
+    const double started = ckpt::unix_seconds();
     pid_t pid = spawn(launch->argv, run.attempt);
     if (pid < 0) {
       log_error(std::string("cannot fork: ") + std::strerror(errno));

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/clock.hpp"
 #include "ckpt/controller_limits.hpp"
 #include "ckpt/parse.hpp"
 #include "engine.hpp"
@@ -97,7 +98,7 @@ Response verdict_reply(const Verdict& v) {
 // Writes all of `data` within the deadline (the socket is non-blocking), then closes it.
 void write_and_close(int fd, const std::string& data, double deadline_s) {
   std::size_t off = 0;
-  const double end = now_s() + deadline_s;
+  const double end = unix_seconds() + deadline_s;
   while (off < data.size()) {
     ssize_t n = send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
     if (n > 0) {
@@ -106,7 +107,7 @@ void write_and_close(int fd, const std::string& data, double deadline_s) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      const double left = end - now_s();
+      const double left = end - unix_seconds();
       if (left <= 0) break;
       pollfd p{fd, POLLOUT, 0};
       poll(&p, 1, static_cast<int>(left * 1000) + 1);
@@ -154,7 +155,7 @@ Response page_reply(Engine& engine, const std::string& path, const rec::ReadAcce
       return error_reply(401, "reading job " + rest + " needs a MUNGE credential (" + kCredentialHeader + " header)");
     }
   }
-  auto html = render_status_page(engine, access, now_s(), job);
+  auto html = render_status_page(engine, access, unix_seconds(), job);
   if (!html) return error_reply(404, "job " + rest + " is not tracked, or not yours");
   return Response{200, "text/html; charset=utf-8", std::move(*html), kStatusPageHeaders};
 }
@@ -270,7 +271,7 @@ void Server::Impl::accept_all() {
     }
     Connection c;
     c.fd = fd;
-    c.accepted = now_s();
+    c.accepted = unix_seconds();
     connections.push_back(std::move(c));
   }
 }
@@ -379,7 +380,7 @@ std::optional<std::uint32_t> Server::Impl::reader_uid(const rec::HttpHead& head,
 Response Server::Impl::handle_read(const rec::HttpHead& head) {
   const std::string& path = head.target;
   if (path == "/metrics") {
-    return Response{200, "text/plain; version=0.0.4", engine.metrics_text(now_s()), {}};
+    return Response{200, "text/plain; version=0.0.4", engine.metrics_text(unix_seconds()), {}};
   }
   std::string error;
   auto uid = reader_uid(head, error);
@@ -389,8 +390,8 @@ Response Server::Impl::handle_read(const rec::HttpHead& head) {
   }
   const rec::ReadAccess access = engine.read_access(uid);
   if (path == "/" || path == "/status" || path.rfind("/status/", 0) == 0) return page_reply(engine, path, access);
-  if (path == "/v1/status") return json_reply(200, engine.status_json(now_s(), access));
-  if (path == "/v1/jobs") return json_reply(200, engine.jobs_json(now_s(), access));
+  if (path == "/v1/status") return json_reply(200, engine.status_json(unix_seconds(), access));
+  if (path == "/v1/jobs") return json_reply(200, engine.jobs_json(unix_seconds(), access));
   const std::string prefix = "/v1/jobs/";
   if (path.rfind(prefix, 0) != 0) return error_reply(404, "no such page: " + path);
   std::string rest = path.substr(prefix.size());
@@ -412,7 +413,7 @@ Response Server::Impl::handle_read(const rec::HttpHead& head) {
     if (!*lines) return error_reply(404, unknown);
     return json_reply(200, **lines);
   }
-  auto job = engine.job_json(*id, now_s(), access);
+  auto job = engine.job_json(*id, unix_seconds(), access);
   if (!job) return error_reply(404, unknown);
   return json_reply(200, *job);
 }
@@ -449,12 +450,12 @@ void Server::Impl::loop() {
     fds.clear();
     fds.push_back(pollfd{listen_fd, POLLIN, 0});
     fds.push_back(pollfd{wake[0], POLLIN, 0});
-    double next_deadline = now_s() + 1.0;
+    double next_deadline = unix_seconds() + 1.0;
     for (const auto& c : connections) {
       fds.push_back(pollfd{c.fd, POLLIN, 0});
       next_deadline = std::min(next_deadline, c.accepted + kRequestDeadline_s);
     }
-    const int timeout_ms = std::max(0, static_cast<int>((next_deadline - now_s()) * 1000) + 1);
+    const int timeout_ms = std::max(0, static_cast<int>((next_deadline - unix_seconds()) * 1000) + 1);
     int n = poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) {
       log_error(std::string("listen: poll failed: ") + std::strerror(errno));
@@ -464,7 +465,7 @@ void Server::Impl::loop() {
     // Connections first (their poll entries are in order), then new ones, so that accepting cannot evict a
     // connection whose data is already here.
     std::size_t i = 2;
-    const double now = now_s();
+    const double now = unix_seconds();
     for (auto it = connections.begin(); it != connections.end(); ++i) {
       Connection& c = *it;
       bool keep = true;

@@ -13,7 +13,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -26,18 +25,13 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/clock.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/store.hpp"
 
 namespace {
 
 namespace store = ckpt::store;
-
-double now_s() {
-  timeval tv{};
-  gettimeofday(&tv, nullptr);
-  return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) / 1e6;
-}
 
 std::string env(const char* name, const char* fallback = "") {
   const char* v = std::getenv(name);
@@ -150,10 +144,10 @@ Peers rendezvous(int rank, int world, const std::string& dir) {
     std::fprintf(f, "%d\n", port);
     std::fclose(f);
     std::rename(tmp.c_str(), file.c_str());
-    const double deadline = now_s() + 60;
+    const double deadline = ckpt::unix_seconds() + 60;
     while (static_cast<int>(peers.fds.size()) < world - 1) {
       pollfd p{lfd, POLLIN, 0};
-      if (now_s() > deadline) die(rank, "peers did not connect");
+      if (ckpt::unix_seconds() > deadline) die(rank, "peers did not connect");
       if (poll(&p, 1, 200) <= 0) continue;
       int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd >= 0) peers.fds.push_back(fd);
@@ -161,10 +155,10 @@ Peers rendezvous(int rank, int world, const std::string& dir) {
     close(lfd);
     peers.finished.assign(peers.fds.size(), false);
   } else {
-    const double deadline = now_s() + 60;
+    const double deadline = ckpt::unix_seconds() + 60;
     int fd = -1;
     while (fd < 0) {
-      if (now_s() > deadline) die(rank, "rank 0 did not publish its port");
+      if (ckpt::unix_seconds() > deadline) die(rank, "rank 0 did not publish its port");
       FILE* f = std::fopen(file.c_str(), "r");
       int port = 0;
       if (f != nullptr) {
@@ -198,22 +192,22 @@ void save(int rank, int world, std::uint64_t step, const std::string& dir, Peers
   if (auto r = writer->finish(); !r) die(rank, "checkpoint: " + r.error());
   if (rank != 0) return;
   // Rank 0 commits once every rank's shard is durable.
-  const double deadline = now_s() + 30;
+  const double deadline = ckpt::unix_seconds() + 30;
   for (;;) {
     auto present = store::read_present_records(dir, step);
     if (present && static_cast<int>(present->size()) >= world) break;
-    if (now_s() > deadline) die(rank, "checkpoint " + std::to_string(step) + ": shards missing");
+    if (ckpt::unix_seconds() > deadline) die(rank, "checkpoint " + std::to_string(step) + ": shards missing");
     peers.watch(20);
   }
   store::Manifest m;
   m.step = step;
   m.kind = store::Kind::Periodic;
-  m.wall_time = now_s();
+  m.wall_time = ckpt::unix_seconds();
   m.world_size = world;
   m.layout.dp = world;
   for (int r = 0; r < world; ++r) m.ranks.push_back(store::RankCoord{r, r, 0, 0});
   if (auto s = store::commit(dir, m); !s) die(rank, "commit " + std::to_string(step) + ": " + s.error());
-  std::printf("test-job: committed step %llu at %.3f\n", static_cast<unsigned long long>(step), now_s());
+  std::printf("test-job: committed step %llu at %.3f\n", static_cast<unsigned long long>(step), ckpt::unix_seconds());
   std::fflush(stdout);
 }
 
@@ -257,7 +251,7 @@ int main(int argc, char** argv) {
   }
   std::printf("test-job: start rank=%d world=%d node=%s run=%llu step_id=%s resume=%llu time=%.3f\n", rank, world,
               env("SLURMD_NODENAME").c_str(), static_cast<unsigned long long>(run), env("SLURM_STEP_ID").c_str(),
-              static_cast<unsigned long long>(resume), now_s());
+              static_cast<unsigned long long>(resume), ckpt::unix_seconds());
   std::fflush(stdout);
   Peers peers = rendezvous(rank, world, dir);
   for (std::uint64_t step = resume + 1; step <= o.steps; ++step) {
@@ -277,12 +271,12 @@ int main(int argc, char** argv) {
     peers.sent_done = true;
     for (;;) peers.watch(1000);
   }
-  const double deadline = now_s() + 60;
+  const double deadline = ckpt::unix_seconds() + 60;
   while (true) {
     bool all = true;
     for (bool f : peers.finished) all = all && f;
     if (all) break;
-    if (now_s() > deadline) die(rank, "peers did not finish");
+    if (ckpt::unix_seconds() > deadline) die(rank, "peers did not finish");
     peers.watch(50);
   }
   std::printf("test-job: rank 0 done at step %llu\n", static_cast<unsigned long long>(o.steps));

@@ -32,10 +32,6 @@ double to_seconds(const struct timespec& ts) {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 // A suffix that is unique across processes and nodes sharing the directory; O_EXCL catches the rest.
 std::string random_suffix() {
   static std::atomic<std::uint64_t> counter{0};

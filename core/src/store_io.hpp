@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/clock.hpp"
 #include "ckpt/store.hpp"
 
 namespace ckpt::store::detail {
@@ -65,7 +66,6 @@ struct IoResult {
 };
 
 double to_seconds(const struct timespec& ts);
-double now_seconds();
 // A suffix that is unique across processes and nodes sharing the directory; O_EXCL catches the rest.
 std::string random_suffix();
 // ".<name>.<random>.tmp": hidden, and never a name the store reads.

@@ -369,7 +369,7 @@ namespace {
 // Writes the manifest of `m` (shards included) atomically into the step dir `fd`, then `latest`.
 Status write_manifest_and_latest(int root_fd, int fd, Manifest m, const PhaseObserver& observer,
                                  const std::optional<Fence>& fence, const std::string& at) {
-  if (!(m.wall_time > 0) || !std::isfinite(m.wall_time)) m.wall_time = now_seconds();
+  if (!(m.wall_time > 0) || !std::isfinite(m.wall_time)) m.wall_time = unix_seconds();
   std::string text = to_json(m);
   // Never write a manifest that would not read back (e.g. rank coordinates outside the layout).
   if (auto back = parse_manifest(text); !back) return Status::failure(at + back.error());

@@ -14,10 +14,6 @@ namespace ckpt::hooks {
 
 namespace {
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 // A message leaves the library through the public methods: their errors start with "ckpt: ", which the
 // messages built inside (and embedded in one another) do not carry.
 Status surfaced(Status s) { return s ? s : Status::failure(log::prefixed(s.error())); }
@@ -84,7 +80,7 @@ Decision Checkpointer::Impl::decide(std::uint64_t step) {
     int sig = config.signals && notice::count() > notices_seen ? notice::last_signal() : 0;
     // Every rank has the same end time; rank 0 alone acts on it so that one request goes out.
     bool time_up = rank == 0 && config.end_time &&
-                   unix_now() >= static_cast<double>(*config.end_time) - static_cast<double>(config.grace_s);
+                   unix_seconds() >= static_cast<double>(*config.end_time) - static_cast<double>(config.grace_s);
     if (sig != 0 || time_up) {
       notice_sent = true;
       std::uint64_t at = step + lead();

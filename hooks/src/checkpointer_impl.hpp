@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/clock.hpp"
 #include "ckpt/hooks.hpp"
 #include "ckpt/interval.hpp"
 #include "coordinator.hpp"
@@ -36,10 +37,6 @@
 namespace ckpt::hooks {
 
 using Clock = std::chrono::steady_clock;
-
-inline double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 inline std::string mib(std::uint64_t bytes) {
   char buf[32];

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "ckpt/clock.hpp"
 #include "ckpt/recovery.hpp"
 
 #include "coordinator.hpp"
@@ -25,12 +26,6 @@ using Clock = std::chrono::steady_clock;
 constexpr std::uint32_t kMidUpdate = 1;
 constexpr std::uint32_t kCannotWrite = 2;
 constexpr std::size_t kMaxEarlyCoordination = 4096;  // frames held until the coordinator attaches
-
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Ends the process `grace` from now unless it has exited by then. Detached: it outlives the LastWords object,
 // which the program's close() destroys on its way out, and exiting normally first simply ends it.
@@ -120,7 +115,7 @@ struct LastWords::Impl {
         trigger_why = why;
         trigger_time = Clock::now();
         outcome.triggered = true;
-        outcome.detect_unix = unix_now();
+        outcome.detect_unix = unix_seconds();
       }
       if (alarm && !alarm_sent) {
         alarm_sent = true;
@@ -193,7 +188,7 @@ struct LastWords::Impl {
           std::snprintf(line, sizeof line, "last words: the other ranks count this rank as dead (%s)", e.why.c_str());
         } else {
           std::snprintf(line, sizeof line, "last words: rank %d is dead (%s), detected at unix %.3f", e.peer,
-                        e.why.c_str(), unix_now());
+                        e.why.c_str(), unix_seconds());
         }
         log::warn(rank, line);
         fire(e.peer == rank ? "this rank is counted as dead" : "rank " + std::to_string(e.peer) + " died", false);
