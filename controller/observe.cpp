@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/controller_limits.hpp"
+#include "ckpt/format.hpp"
 #include "ckpt/store.hpp"
 #include "http.hpp"
 #include "log.hpp"
@@ -23,12 +24,6 @@
 namespace ckpt::controller {
 
 namespace {
-
-std::string number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
 
 const std::map<std::string, std::string>& help() {
   static const std::map<std::string, std::string> h = {
@@ -86,7 +81,7 @@ std::string Metrics::render() const {
       continue;
     }
     for (const auto& [labels, value] : it->second) {
-      out += name + (labels.empty() ? "" : "{" + labels + "}") + " " + number(value) + "\n";
+      out += name + (labels.empty() ? "" : "{" + labels + "}") + " " + format_number_exact(value) + "\n";
     }
   }
   const std::string hist = "ckpt_controller_recovery_seconds";
@@ -95,11 +90,11 @@ std::string Metrics::render() const {
   for (const auto& [path, h] : recovery_) {
     const auto& bounds = recovery_buckets();
     for (std::size_t i = 0; i < bounds.size(); ++i) {
-      out += hist + "_bucket{path=\"" + path + "\",le=\"" + number(bounds[i]) + "\"} " +
+      out += hist + "_bucket{path=\"" + path + "\",le=\"" + format_number_exact(bounds[i]) + "\"} " +
              std::to_string(h.buckets[i]) + "\n";
     }
     out += hist + "_bucket{path=\"" + path + "\",le=\"+Inf\"} " + std::to_string(h.count) + "\n";
-    out += hist + "_sum{path=\"" + path + "\"} " + number(h.sum) + "\n";
+    out += hist + "_sum{path=\"" + path + "\"} " + format_number_exact(h.sum) + "\n";
     out += hist + "_count{path=\"" + path + "\"} " + std::to_string(h.count) + "\n";
   }
   return out;

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/format.hpp"
 #include "ckpt/parse.hpp"
 
 namespace ckpt::interval {
@@ -19,16 +20,11 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::string number(double value) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%g", value);
-  return buf;
-}
-
 // A finite, non-negative measurement or an error naming it.
 Status check_measurement(const char* name, double value) {
   if (!std::isfinite(value) || value < 0) {
-    return Status::failure(std::string(name) + " must be a finite number of seconds >= 0 (got " + number(value) + ")");
+    return Status::failure(std::string(name) + " must be a finite number of seconds >= 0 (got " + format_number(value) +
+                           ")");
   }
   return Status::success();
 }
@@ -53,13 +49,15 @@ void push_bounded(std::deque<double>& samples, double value, std::size_t window)
 
 Status check(const Params& params) {
   if (std::isnan(params.cost_s) || params.cost_s < 0 || std::isinf(params.cost_s)) {
-    return Status::failure("checkpoint cost must be a finite duration >= 0 (got " + number(params.cost_s) + "s)");
+    return Status::failure("checkpoint cost must be a finite duration >= 0 (got " + format_number(params.cost_s) +
+                           "s)");
   }
   if (std::isnan(params.restart_s) || params.restart_s < 0 || std::isinf(params.restart_s)) {
-    return Status::failure("restart cost must be a finite duration >= 0 (got " + number(params.restart_s) + "s)");
+    return Status::failure("restart cost must be a finite duration >= 0 (got " + format_number(params.restart_s) +
+                           "s)");
   }
   if (std::isnan(params.mtbf_s) || params.mtbf_s <= 0) {
-    return Status::failure("MTBF must be a positive duration (got " + number(params.mtbf_s) + "s)");
+    return Status::failure("MTBF must be a positive duration (got " + format_number(params.mtbf_s) + "s)");
   }
   return Status::success();
 }
@@ -110,7 +108,7 @@ Result<Optimum> optimize(const Params& params) {
 Result<double> job_mtbf(double node_mtbf_s, unsigned long long nodes) {
   if (nodes == 0) return Error{"node count must be at least 1"};
   if (std::isnan(node_mtbf_s) || node_mtbf_s <= 0) {
-    return Error{"node MTBF must be a positive duration (got " + number(node_mtbf_s) + "s)"};
+    return Error{"node MTBF must be a positive duration (got " + format_number(node_mtbf_s) + "s)"};
   }
   return node_mtbf_s / static_cast<double>(nodes);
 }
@@ -124,19 +122,20 @@ AutoInterval::AutoInterval(const Config& config) : config_(config), mtbf_s_(conf
 Result<AutoInterval> AutoInterval::create(const Config& config) {
   auto positive = [](double v) { return std::isfinite(v) && v > 0; };
   if (!positive(config.min_interval_s)) {
-    return Error{"min_interval_s must be a positive finite duration (got " + number(config.min_interval_s) + ")"};
+    return Error{"min_interval_s must be a positive finite duration (got " + format_number(config.min_interval_s) +
+                 ")"};
   }
   if (!positive(config.initial_interval_s)) {
-    return Error{"initial_interval_s must be a positive finite duration (got " + number(config.initial_interval_s) +
-                 ")"};
+    return Error{"initial_interval_s must be a positive finite duration (got " +
+                 format_number(config.initial_interval_s) + ")"};
   }
   if (!(config.max_interval_s == 0 ||
         (std::isfinite(config.max_interval_s) && config.max_interval_s >= config.min_interval_s))) {
-    return Error{"max_interval_s must be 0 (none) or at least min_interval_s (got " + number(config.max_interval_s) +
-                 ")"};
+    return Error{"max_interval_s must be 0 (none) or at least min_interval_s (got " +
+                 format_number(config.max_interval_s) + ")"};
   }
   if (std::isnan(config.mtbf_s) || config.mtbf_s <= 0) {
-    return Error{"mtbf_s must be positive (got " + number(config.mtbf_s) + ")"};
+    return Error{"mtbf_s must be positive (got " + format_number(config.mtbf_s) + ")"};
   }
   if (config.window == 0) return Error{"window must be at least 1"};
   return AutoInterval(config);
@@ -203,7 +202,7 @@ Status AutoInterval::observe_restart(double restart_s) {
 
 Status AutoInterval::set_mtbf(double mtbf_s) {
   if (std::isnan(mtbf_s) || mtbf_s <= 0) {
-    return Status::failure("MTBF must be positive (got " + number(mtbf_s) + "s)");
+    return Status::failure("MTBF must be positive (got " + format_number(mtbf_s) + "s)");
   }
   mtbf_s_ = mtbf_s;
   recompute();

@@ -7,17 +7,12 @@
 #include <random>
 #include <string_view>
 
+#include "ckpt/format.hpp"
 #include "ckpt/interval.hpp"
 
 namespace ckpt::simulate {
 
 namespace {
-
-std::string number(double value) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%g", value);
-  return buf;
-}
 
 // The failure process. std::mt19937_64 is fully specified by the standard; the distributions are not, so the
 // conversions are written out to make a seed mean the same run on every platform.
@@ -74,19 +69,21 @@ const char* to_string(Policy policy) {
 Status check(const Config& config) {
   auto finite_non_negative = [](double v) { return std::isfinite(v) && v >= 0; };
   if (!finite_non_negative(config.cost_s)) {
-    return Status::failure("checkpoint cost must be a finite duration >= 0 (got " + number(config.cost_s) + "s)");
+    return Status::failure("checkpoint cost must be a finite duration >= 0 (got " + format_number(config.cost_s) +
+                           "s)");
   }
   if (!finite_non_negative(config.restart_s)) {
-    return Status::failure("restart cost must be a finite duration >= 0 (got " + number(config.restart_s) + "s)");
+    return Status::failure("restart cost must be a finite duration >= 0 (got " + format_number(config.restart_s) +
+                           "s)");
   }
   if (!std::isfinite(config.mtbf_s) || config.mtbf_s <= 0) {
-    return Status::failure("MTBF must be a positive finite duration (got " + number(config.mtbf_s) + "s)");
+    return Status::failure("MTBF must be a positive finite duration (got " + format_number(config.mtbf_s) + "s)");
   }
   if (!std::isfinite(config.work_s) || config.work_s <= 0) {
-    return Status::failure("work must be a positive finite duration (got " + number(config.work_s) + "s)");
+    return Status::failure("work must be a positive finite duration (got " + format_number(config.work_s) + "s)");
   }
   if (!(config.catchable >= 0 && config.catchable <= 1)) {
-    return Status::failure("catchable fraction must be between 0 and 1 (got " + number(config.catchable) + ")");
+    return Status::failure("catchable fraction must be between 0 and 1 (got " + format_number(config.catchable) + ")");
   }
   static const std::vector<double> kNone;
   const std::vector<double>& times = config.failure_times ? *config.failure_times : kNone;
@@ -94,7 +91,7 @@ Status check(const Config& config) {
     const double t = times[i];
     if (!std::isfinite(t) || t < 0 || (i > 0 && t < times[i - 1])) {
       return Status::failure("failure time " + std::to_string(i + 1) + " must be finite, >= 0 and not before the one"
-                             " before it (got " + number(t) + "s)");
+                             " before it (got " + format_number(t) + "s)");
     }
   }
   if (config.max_events == 0) return Status::failure("max_events must be at least 1");
@@ -116,7 +113,7 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
   const double tau = policy_interval(config, policy, fixed_s);
   if (!std::isfinite(tau) || tau <= 0) {
     return Error{std::string("the ") + to_string(policy) + " interval must be a positive finite duration (got " +
-                 number(tau) + "s)"};
+                 format_number(tau) + "s)"};
   }
   const double delta = config.cost_s;
   const double restart = config.restart_s;
@@ -218,7 +215,8 @@ double exact_waste(const Config& config, double interval_s) {
 Result<std::vector<SweepPoint>> sweep(const Config& config, double lo_s, double hi_s, int points) {
   if (auto st = check(config); !st) return Error{st.error()};
   if (!(lo_s > 0) || !std::isfinite(hi_s) || !(hi_s > lo_s)) {
-    return Error{"sweep range must satisfy 0 < low < high (got " + number(lo_s) + "s to " + number(hi_s) + "s)"};
+    return Error{"sweep range must satisfy 0 < low < high (got " + format_number(lo_s) + "s to " + format_number(hi_s) +
+                 "s)"};
   }
   if (points < 2) return Error{"a sweep needs at least 2 points"};
   std::vector<SweepPoint> out;

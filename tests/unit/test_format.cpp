@@ -1,0 +1,44 @@
+// The number formats (ckpt/format.hpp) and the clock helpers (ckpt/clock.hpp).
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <limits>
+
+#include "ckpt/clock.hpp"
+#include "ckpt/format.hpp"
+
+using namespace ckpt;
+
+TEST_CASE("format_number: short, for people", "[format]") {
+  CHECK(format_number(0) == "0");
+  CHECK(format_number(0.5) == "0.5");
+  CHECK(format_number(3600) == "3600");
+  CHECK(format_number(-2.25) == "-2.25");
+  CHECK(format_number(1e6) == "1e+06");
+  CHECK(format_number(1.0 / 3) == "0.333333");
+  CHECK(format_number(std::numeric_limits<double>::infinity()) == "inf");
+}
+
+TEST_CASE("format_number_exact: every digit, for programs", "[format]") {
+  CHECK(format_number_exact(0) == "0");
+  CHECK(format_number_exact(3600) == "3600");
+  CHECK(format_number_exact(0.1) == "0.10000000000000001");
+  CHECK(format_number_exact(std::numeric_limits<double>::infinity()) == "inf");
+  for (double v : {0.1, 1.0 / 3, 123456.789, 1e-300, std::numeric_limits<double>::max()}) {
+    CHECK(std::strtod(format_number_exact(v).c_str(), nullptr) == v);
+  }
+}
+
+TEST_CASE("clock helpers", "[clock]") {
+  const double wall = unix_seconds();
+  CHECK(wall > 1.6e9);  // after 2020
+  const double system =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  CHECK(system - wall >= 0);
+  CHECK(system - wall < 5);
+  const auto t0 = std::chrono::steady_clock::now();
+  const double elapsed = seconds_since(t0);
+  CHECK(elapsed >= 0);
+  CHECK(elapsed < 5);
+}
