@@ -22,6 +22,7 @@
 
 #include "../tests/support/fake_backend.hpp"
 #include "backend.hpp"
+#include "ckpt/clock.hpp"
 #include "ckpt/recovery.hpp"
 #include "db.hpp"
 #include "engine.hpp"
@@ -32,10 +33,6 @@ namespace {
 
 namespace rec = ckpt::recovery;
 using namespace ckpt::controller;
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 long rss_kib() {
   std::ifstream in("/proc/self/status");
@@ -128,7 +125,7 @@ struct EngineUnderTest {
 // cycles passed); false (with a line on stderr) when the engine cannot start.
 bool run_cycles(Engine& engine, TableBackend& slurm, Timings& t) {
   auto t0 = std::chrono::steady_clock::now();
-  if (auto s = engine.start(now_s()); !s) {
+  if (auto s = engine.start(ckpt::unix_seconds()); !s) {
     std::fprintf(stderr, "bench_controller: %s\n", s.error().c_str());
     return false;
   }
@@ -142,16 +139,16 @@ bool run_cycles(Engine& engine, TableBackend& slurm, Timings& t) {
 
   // One decision cycle: compare every job with Slurm, classify the failed ones, record intents, requeue.
   t0 = std::chrono::steady_clock::now();
-  engine.cycle(now_s(), true);
+  engine.cycle(ckpt::unix_seconds(), true);
   t.cycle_s = seconds_since(t0);
   // The probes run in the background; the next cycle completes the decisions they were waiting for.
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   t0 = std::chrono::steady_clock::now();
-  engine.cycle(now_s(), false);
+  engine.cycle(ckpt::unix_seconds(), false);
   t.second_s = seconds_since(t0);
   for (int i = 0; i < 50 && slurm.requeues < t.finished; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    engine.cycle(now_s(), false);
+    engine.cycle(ckpt::unix_seconds(), false);
   }
   t.tracked = engine.tracked_jobs();
   return true;
@@ -168,7 +165,7 @@ int main(int argc, char** argv) {
   const std::string db_path = (dir / "controller.db").string();
 
   TableBackend slurm;
-  if (!seed_jobs(db_path, slurm, count, failed_pct, now_s())) return 1;
+  if (!seed_jobs(db_path, slurm, count, failed_pct, ckpt::unix_seconds())) return 1;
   const long rss_before = rss_kib();
   EngineUnderTest under_test(db_path, slurm);
   Timings t;

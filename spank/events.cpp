@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <munge.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@ extern "C" {
 #include <slurm/slurm.h>
 }
 
+#include "ckpt/clock.hpp"
 #include "ckpt/parse.hpp"
 #include "plugin_state.hpp"
 
@@ -34,12 +34,6 @@ namespace rec = ckpt::recovery;
 constexpr long kTimeoutMs = 1000;        // the most one report may take
 constexpr long kDegradedTimeoutMs = 200; // after a failure: the controller is likely down or hung
 std::atomic<double> g_degraded_until{0};
-
-double now_s() {
-  timeval tv{};
-  gettimeofday(&tv, nullptr);
-  return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) / 1e6;
-}
 
 // "socket=/path" from AuthInfo (a comma-separated list), or "" for libmunge's default.
 std::string munge_socket() {
@@ -101,7 +95,7 @@ void post(const std::string& url, const std::string& credential) {
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   CURL* curl = curl_easy_init();
   if (curl == nullptr) return;
-  const long timeout = now_s() < g_degraded_until.load() ? kDegradedTimeoutMs : kTimeoutMs;
+  const long timeout = unix_seconds() < g_degraded_until.load() ? kDegradedTimeoutMs : kTimeoutMs;
   curl_slist* headers = curl_slist_append(nullptr, "Content-Type: text/plain");
   headers = curl_slist_append(headers, "Expect:");
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
@@ -120,7 +114,7 @@ void post(const std::string& url, const std::string& credential) {
   curl_slist_free_all(headers);
   curl_easy_cleanup(curl);
   if (rc != CURLE_OK) {
-    g_degraded_until = now_s() + 30;
+    g_degraded_until = unix_seconds() + 30;
     slurm_verbose("ckpt: controller %s unreachable: %s", url.c_str(), curl_easy_strerror(rc));
   } else if (status >= 300) {
     slurm_verbose("ckpt: controller %s answered HTTP %ld", url.c_str(), status);
@@ -131,7 +125,7 @@ void post(const std::string& url, const std::string& credential) {
 void spool(const std::string& dir, const std::string& credential) {
   std::random_device rd;
   char name[128];
-  std::snprintf(name, sizeof name, "%.6f-%d-%08x", now_s(), static_cast<int>(getpid()), rd());
+  std::snprintf(name, sizeof name, "%.6f-%d-%08x", unix_seconds(), static_cast<int>(getpid()), rd());
   const std::string tmp = dir + "/." + name + ".tmp";
   const std::string final_name = dir + "/" + name + ".ev";
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
@@ -190,7 +184,7 @@ bool fill_ids(spank_t sp, rec::Event& e) {
   e.restart_count = restarts;
   e.uid = uid;
   e.node = node_name(sp, step);
-  e.time = now_s();
+  e.time = unix_seconds();
   return true;
 }
 

@@ -8,6 +8,8 @@
 #include <system_error>
 #include <utility>
 
+#include "ckpt/clock.hpp"
+
 namespace ckpt::hooks {
 
 Result<HostBuffer> HostBuffer::allocate(std::size_t bytes) {
@@ -116,7 +118,7 @@ void CopyPool::run(Batch& batch) {
     std::memcpy(c.dst, c.src, c.size);
     std::lock_guard<std::mutex> lock(mu_);
     if (--batch.remaining == 0) {
-      last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - batch.started).count();
+      last_seconds_ = seconds_since(batch.started);
       done_cv_.notify_all();
     }
   }
