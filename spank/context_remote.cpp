@@ -23,6 +23,7 @@ extern "C" {
 }
 
 #include "ckpt/parse.hpp"
+#include "ckpt/posix.hpp"
 #include "ckpt/recovery.hpp"
 #include "ckpt/store.hpp"
 #include "ckpt/trusted_dir.hpp"
@@ -55,16 +56,6 @@ bool become_user(const JobIds& ids) {
     if (setgid(ids.gid) != 0 || setuid(ids.uid) != 0) return false;
   }
   return getuid() == ids.uid && geteuid() == ids.uid;
-}
-
-void write_all(int fd, const std::string& text) {
-  std::size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<std::size_t>(n);
-  }
 }
 
 struct ChildReport {
@@ -133,7 +124,9 @@ ChildReport run_as_owner(const JobIds& ids, const std::string& dir, const std::v
   }
   if (pid == 0) {
     close(fds[0]);
-    write_all(fds[1], owner_work(ids, dir, trusted));
+    const std::string text = owner_work(ids, dir, trusted);
+    // A report cut short reads as a failed helper in the parent.
+    (void)ckpt::posix::write_all(fds[1], text.data(), text.size(), "the report");
     _exit(0);
   }
   close(fds[1]);

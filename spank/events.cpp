@@ -23,6 +23,7 @@ extern "C" {
 
 #include "ckpt/clock.hpp"
 #include "ckpt/parse.hpp"
+#include "ckpt/posix.hpp"
 #include "plugin_state.hpp"
 
 namespace ckpt::spank {
@@ -121,32 +122,23 @@ void post(const std::string& url, const std::string& credential) {
   }
 }
 
-// Writes the credential as <dir>/<time>-<pid>-<random>.ev: exclusive temp name, then rename.
+// Writes the credential as <dir>/<time>-<pid>-<random>.ev, atomically (ckpt/posix.hpp): the controller reads
+// only names that end in .ev and do not start with a dot, so it never sees the hidden temp file.
 void spool(const std::string& dir, const std::string& credential) {
   std::random_device rd;
   char name[128];
-  std::snprintf(name, sizeof name, "%.6f-%d-%08x", unix_seconds(), static_cast<int>(getpid()), rd());
-  const std::string tmp = dir + "/." + name + ".tmp";
-  const std::string final_name = dir + "/" + name + ".ev";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    slurm_verbose("ckpt: cannot write a job event into %s: %s", dir.c_str(), std::strerror(errno));
+  std::snprintf(name, sizeof name, "%.6f-%d-%08x.ev", unix_seconds(), static_cast<int>(getpid()), rd());
+  ckpt::posix::Fd dir_fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir_fd.valid()) {
+    slurm_verbose("ckpt: cannot write a job event into %s: %s", dir.c_str(),
+                  ckpt::posix::errno_text(errno).c_str());
     return;
   }
-  fchmod(fd, 0644);
-  std::size_t done = 0;
-  bool ok = true;
-  while (done < credential.size()) {
-    ssize_t n = write(fd, credential.data() + done, credential.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ok = false;
-      break;
-    }
-    done += static_cast<std::size_t>(n);
+  ckpt::posix::AtomicWriteOptions write;
+  write.mode = 0644;  // the controller need not run as the job's user
+  if (Status s = ckpt::posix::write_file_atomic(dir_fd.get(), name, credential, "a job event", write); !s) {
+    slurm_verbose("ckpt: %s in %s", s.error().c_str(), dir.c_str());
   }
-  close(fd);
-  if (!ok || rename(tmp.c_str(), final_name.c_str()) != 0) unlink(tmp.c_str());
 }
 
 // The node this slurmstepd serves. The job's environment is the submitter's (srun copies SLURMD_NODENAME of the

@@ -147,9 +147,9 @@ Status write_control_file(const std::string& root, std::string_view name, std::s
     if (!root_fd) return Status::failure(root_fd.error());
     auto control = open_control_dir(root_fd->get(), /*create=*/true);
     if (!control.ok()) return Status::failure(join(root, control.error.message));
-    AtomicWriteHooks hooks;
-    hooks.before_rename = [&] { return check_fence_fd(root_fd->get(), fence); };
-    return write_file_atomic(control.value->get(), name, content, join(kControlDir, std::string(name)), hooks);
+    AtomicWriteOptions write;
+    write.hooks.before_publish = [&] { return check_fence_fd(root_fd->get(), fence); };
+    return write_file_atomic(control.value->get(), name, content, join(kControlDir, std::string(name)), write);
   } catch (const std::exception& e) {
     return Status::failure(std::string("cannot write a control file: ") + e.what());
   }

@@ -239,45 +239,14 @@ Status mark_failed_fd(int root_fd, std::uint64_t step, std::string_view reason, 
   if (auto done = is_marked()) return *done;
 
   std::string content = one_line(reason, 2000) + "\n";
-  std::string temp;
-  Fd file;
-  for (int attempt = 0; attempt < 8 && !file.valid(); ++attempt) {
-    temp = temp_name_for(marker);
-    int f = ::openat(fd, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (f >= 0) {
-      file.reset(f);
-    } else if (errno != EEXIST) {
-      return Status::failure(at + "cannot create a temp file: " + errno_text(errno));
-    }
-  }
-  if (!file.valid()) return Status::failure(at + "cannot create a temp file");
-  Status written = write_all(file.get(), content.data(), content.size(), "the FAILED marker");
-  if (written) written = fsync_fd(file.get(), "the FAILED marker");
-  file.reset();
-  if (!written) {
-    ::unlinkat(fd, temp.c_str(), 0);
-    return Status::failure(at + written.error());
-  }
-  if (Status s = check_fence_fd(root_fd, fence); !s) {
-    ::unlinkat(fd, temp.c_str(), 0);
+  // Exclusive: when another node got there first, racing markers never replace each other. Without hard links a
+  // rename is still atomic, and any racer's reason is as good as ours.
+  posix::ExclusiveOptions write;
+  write.rename_without_links = true;
+  write.write.hooks.before_publish = [&] { return check_fence_fd(root_fd, fence); };
+  if (Status s = posix::create_file_exclusive(fd, marker, content, "the FAILED marker", write); !s) {
     return Status::failure(at + s.error());
   }
-  // link() fails with EEXIST when another node got there first, so racing markers never replace each other.
-  if (::linkat(fd, temp.c_str(), fd, marker.c_str(), 0) == 0 || errno == EEXIST) {
-    ::unlinkat(fd, temp.c_str(), 0);
-  } else if (errno == EPERM || errno == ENOTSUP || errno == ENOSYS || errno == EMLINK || errno == EXDEV) {
-    // No hard links here: rename is still atomic, and any racer's reason is as good as ours.
-    if (::renameat(fd, temp.c_str(), fd, marker.c_str()) != 0) {
-      int err = errno;
-      ::unlinkat(fd, temp.c_str(), 0);
-      return Status::failure(at + errno_text(err));
-    }
-  } else {
-    int err = errno;
-    ::unlinkat(fd, temp.c_str(), 0);
-    return Status::failure(at + errno_text(err));
-  }
-  if (Status s = fsync_fd(fd, "the step dir"); !s) return Status::failure(at + s.error());
   if (auto done = is_marked()) return *done;
   return Status::failure(at + "the marker vanished");
 }

@@ -1,6 +1,7 @@
 #pragma once
-// Internal to the store: the file-system helpers its parts share (store_io.cpp), and the operations one part
-// needs from another. Not installed, not part of ckpt/store.hpp.
+// Internal to the store: the file-system helpers its parts share (store_io.cpp; the generic ones are the POSIX
+// layer's, ckpt/posix.hpp), and the operations one part needs from another. Not installed, not part of
+// ckpt/store.hpp.
 //
 // Every path below the checkpoint root is reached relative to an opened directory fd, and every open, stat and
 // create inside it uses O_NOFOLLOW / AT_SYMLINK_NOFOLLOW, so a planted symlink is seen, reported, never followed.
@@ -18,7 +19,16 @@
 #include <vector>
 
 #include "ckpt/clock.hpp"
+#include "ckpt/posix.hpp"
 #include "ckpt/store.hpp"
+
+// Never exported from a shared object that links the core (libckpt exports the store's API, not this).
+#pragma GCC visibility push(hidden)
+
+namespace ckpt::store {
+using posix::errno_text;
+using posix::join;
+}  // namespace ckpt::store
 
 namespace ckpt::store::detail {
 
@@ -28,48 +38,21 @@ inline constexpr const char* kControlDir = ".control";
 inline constexpr std::size_t kMaxRecordFile = 64u << 20;
 inline constexpr std::size_t kMaxMarkerFile = 64u << 10;
 
-// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) reset(std::exchange(other.fd_, -1));
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// An I/O failure: the message, and the errno behind it (0 when the content, not the system, is at fault).
-struct IoError {
-  std::string message;
-  int err = 0;
-};
-
-template <class T>
-struct IoResult {
-  std::optional<T> value;
-  IoError error;
-  bool ok() const { return value.has_value(); }
-};
+// The POSIX layer's names, unqualified in the store's parts.
+using posix::AtomicWriteHooks;
+using posix::AtomicWriteOptions;
+using posix::Fd;
+using posix::fsync_fd;
+using posix::IoError;
+using posix::IoResult;
+using posix::open_regular;
+using posix::random_suffix;
+using posix::read_small_file;
+using posix::temp_name_for;
+using posix::write_all;
+using posix::write_file_atomic;
 
 double to_seconds(const struct timespec& ts);
-// A suffix that is unique across processes and nodes sharing the directory; O_EXCL catches the rest.
-std::string random_suffix();
-// ".<name>.<random>.tmp": hidden, and never a name the store reads.
-std::string temp_name_for(std::string_view name);
 std::string step_path(const std::string& root, std::uint64_t step);
 
 // Opens the checkpoint dir so that no other user can have redirected it (ckpt/trusted_dir.hpp).
@@ -81,24 +64,8 @@ IoResult<Fd> open_control_dir(int root_fd, bool create);
 // lstat relative to a dir; the error's err is ENOENT when the name does not exist.
 IoResult<struct stat> stat_at(int dir_fd, const std::string& name);
 bool exists_at(int dir_fd, const std::string& name);
-// Opens a regular file for reading; a symlink, FIFO or directory is refused.
-IoResult<Fd> open_regular(int dir_fd, const std::string& name, struct stat* st_out);
-IoResult<std::string> read_small_file(int dir_fd, const std::string& name, std::size_t max_bytes);
-Status write_all(int fd, const void* data, std::size_t length, const std::string& what);
-// fsync; success where the file system cannot fsync a directory (EINVAL).
-Status fsync_fd(int fd, const std::string& what);
 void notify(const PhaseObserver& observer, SavePhase phase);
 
-// Callbacks at the steps of an atomic file write: fault injection, and the last check before the rename
-// (`before_rename` failing abandons the write and leaves the old file in place).
-struct AtomicWriteHooks {
-  std::function<void()> half_written, temp_written, renamed;
-  std::function<Status()> before_rename;
-};
-
-// Writes `name` in dir_fd atomically: exclusive temp file, fsync, rename over, fsync the dir.
-Status write_file_atomic(int dir_fd, std::string_view name, std::string_view content, const std::string& what,
-                         const AtomicWriteHooks& hooks = {});
 
 struct DirEntry {
   std::string name;
@@ -143,3 +110,5 @@ Status check_fence_fd(int root_fd, const std::optional<Fence>& fence);
 Status reassert_epoch_fd(int root_fd, const Fence& fence);
 
 }  // namespace ckpt::store::detail
+
+#pragma GCC visibility pop

@@ -350,9 +350,9 @@ Result<ShardRecord> ShardWriter::finish() {
     if (Status s = fsync_fd(w.dir.get(), "the step dir"); !s) return Error{s.error()};
     w.record.checksum = XXH3_64bits_digest(w.hash.get());
     const std::string rec_name = record_file_name(w.record.rank);
-    AtomicWriteHooks record_hooks;
-    record_hooks.before_rename = [&] { return check_fence_fd(w.root.get(), w.fence); };
-    if (Status s = write_file_atomic(w.dir.get(), rec_name, to_json(w.record), rec_name, record_hooks); !s) {
+    AtomicWriteOptions record_write;
+    record_write.hooks.before_publish = [&] { return check_fence_fd(w.root.get(), w.fence); };
+    if (Status s = write_file_atomic(w.dir.get(), rec_name, to_json(w.record), rec_name, record_write); !s) {
       return Error{s.error()};
     }
     w.finished = true;
@@ -374,19 +374,20 @@ Status write_manifest_and_latest(int root_fd, int fd, Manifest m, const PhaseObs
   // Never write a manifest that would not read back (e.g. rank coordinates outside the layout).
   if (auto back = parse_manifest(text); !back) return Status::failure(at + back.error());
 
-  AtomicWriteHooks hooks;
+  AtomicWriteOptions manifest_write;
+  AtomicWriteHooks& hooks = manifest_write.hooks;
   hooks.half_written = [&] { notify(observer, SavePhase::ManifestHalfWritten); };
   hooks.temp_written = [&] { notify(observer, SavePhase::ManifestTempWritten); };
-  hooks.renamed = [&] { notify(observer, SavePhase::ManifestRenamed); };
+  hooks.published = [&] { notify(observer, SavePhase::ManifestRenamed); };
   // The manifest is durable in its temp file; the last check before it becomes visible. A run that commits
   // also writes its own epoch back when the record names an older one (store_control.cpp says when).
-  hooks.before_rename = [&] { return fence ? reassert_epoch_fd(root_fd, *fence) : Status::success(); };
-  if (Status s = write_file_atomic(fd, kManifestName, text, std::string(kManifestName), hooks); !s) {
+  hooks.before_publish = [&] { return fence ? reassert_epoch_fd(root_fd, *fence) : Status::success(); };
+  if (Status s = write_file_atomic(fd, kManifestName, text, std::string(kManifestName), manifest_write); !s) {
     return Status::failure(at + s.error());
   }
-  AtomicWriteHooks latest_hooks;
-  latest_hooks.before_rename = [&] { return check_fence_fd(root_fd, fence); };
-  if (Status s = write_file_atomic(root_fd, kLatestName, step_dir_name(m.step) + "\n", "latest", latest_hooks); !s) {
+  AtomicWriteOptions latest_write;
+  latest_write.hooks.before_publish = [&] { return check_fence_fd(root_fd, fence); };
+  if (Status s = write_file_atomic(root_fd, kLatestName, step_dir_name(m.step) + "\n", "latest", latest_write); !s) {
     return Status::failure("step " + std::to_string(m.step) + " is committed, but updating latest failed: " +
                            s.error());
   }

@@ -12,6 +12,7 @@
 #include <deque>
 
 #include "ckpt/parse.hpp"
+#include "ckpt/posix.hpp"
 
 namespace ckpt::fs {
 
@@ -39,27 +40,8 @@ std::string child_path(const std::string& parent, const std::string& name) {
   return parent == "/" ? "/" + name : parent + "/" + name;
 }
 
-// Owns one fd; the walk below moves through a chain of them.
-class DirFd {
- public:
-  explicit DirFd(int fd = -1) : fd_(fd) {}
-  DirFd(const DirFd&) = delete;
-  DirFd& operator=(const DirFd&) = delete;
-  ~DirFd() { reset(-1); }
-  void reset(int fd) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-  int get() const { return fd_; }
-  int release() {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_;
-};
+// The walk below moves through a chain of owned fds.
+using posix::Fd;
 
 // A component below the trusted prefix: root's or the user's, and nobody else may rename entries in it.
 std::string check_component(const std::string& path, const struct stat& st, uid_t uid) {
@@ -124,7 +106,7 @@ class Walk {
     for (int attempt = 0; attempt < 2; ++attempt) {
       int fd = ::openat(dir_.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       if (fd >= 0) {
-        DirFd next(fd);
+        Fd next(fd);
         struct stat st {};
         if (::fstat(next.get(), &st) != 0) return "cannot stat '" + here + "': " + std::strerror(errno);
         if (auto err = check_component(here, st, rules_.uid); !err.empty()) return err;
@@ -176,7 +158,7 @@ class Walk {
 
   const TrustRules& rules_;
   bool create_;
-  DirFd dir_;
+  Fd dir_;
   std::string at_;                    // the path of dir_, for messages
   std::deque<std::string> pending_;   // components still to open below dir_
   int symlinks_ = 0;

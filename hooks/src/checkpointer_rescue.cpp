@@ -6,13 +6,14 @@
 #include <mutex>
 
 #include "checkpointer_impl.hpp"
+#include "ckpt/posix.hpp"
 #include "log.hpp"
 
 namespace ckpt::hooks {
 
 namespace {
 
-using store::join;
+using posix::join;
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include <ctime>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/posix.hpp"
 #include "ckpt/store.hpp"
 #include "coordinator.hpp"
 #include "log.hpp"
@@ -54,7 +55,7 @@ std::string requeue_job(const std::string& job_id) {
   ::close(fds[1]);
   if (rc != 0) {
     ::close(fds[0]);
-    return "cannot run scontrol: " + store::errno_text(rc);
+    return "cannot run scontrol: " + posix::errno_text(rc);
   }
   std::string output;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kScontrolTimeoutS);

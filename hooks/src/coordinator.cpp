@@ -14,14 +14,16 @@
 #include <system_error>
 #include <thread>
 
+#include "ckpt/posix.hpp"
 #include "log.hpp"
 
 namespace ckpt::hooks {
 
 namespace {
 
-using store::errno_text;
-using store::join;
+using posix::errno_text;
+using posix::join;
+
 // mkdir that accepts an existing directory.
 Status make_dir(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) return Status::success();
@@ -176,22 +178,10 @@ int ControlDir::open_dir(bool create) {
 Status ControlDir::create_exclusive(const std::string& name, const std::string& content) {
   int dir = open_dir(true);
   if (dir < 0) return Status::failure("ckpt: cannot open the control dir " + dir_path() + ": " + errno_text(errno));
-  static std::atomic<unsigned> counter{0};
-  std::string temp = ".tmp-" + std::to_string(rank_) + "-" + std::to_string(::getpid()) + "-" +
-                     std::to_string(counter.fetch_add(1));
-  int fd = ::openat(dir, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::failure("ckpt: cannot create " + join(dir_path(), temp) + ": " + errno_text(errno));
-  bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()) && ::fsync(fd) == 0;
-  int err = errno;
-  ::close(fd);
-  // link() is atomic and fails on an existing name: the first request for a name wins, complete.
-  if (ok && ::linkat(dir, temp.c_str(), dir, name.c_str(), 0) != 0 && errno != EEXIST) {
-    ok = false;
-    err = errno;
+  // Exclusive: the first request for a name wins, complete; a later one finds it there, which is no error.
+  if (Status s = posix::create_file_exclusive(dir, name, content, join(dir_path(), name)); !s) {
+    return Status::failure("ckpt: " + s.error());
   }
-  ::unlinkat(dir, temp.c_str(), 0);
-  if (!ok) return Status::failure("ckpt: cannot create " + join(dir_path(), name) + ": " + errno_text(err));
-  ::fsync(dir);
   return Status::success();
 }
 

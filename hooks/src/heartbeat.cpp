@@ -19,6 +19,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ckpt/posix.hpp"
 #include "ckpt/store.hpp"
 #include "heartbeat_impl.hpp"
 #include "log.hpp"
@@ -27,7 +28,7 @@ namespace ckpt::hooks::heartbeat {
 
 namespace {
 
-using store::errno_text;
+using posix::errno_text;
 
 // A process forked from a rank (a data loader's workers) inherits the mesh's sockets. Were they left open there, a
 // rank that dies would look frozen (no EOF reaches its peers until the workers exit) instead of closed. So the

@@ -28,6 +28,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ckpt/posix.hpp"
 #include "ckpt/store.hpp"
 #include "heartbeat_impl.hpp"
 #include "log.hpp"
@@ -36,7 +37,8 @@ namespace ckpt::hooks::heartbeat {
 
 namespace {
 
-using store::errno_text;
+using posix::errno_text;
+using posix::Fd;
 
 std::string addr_name(int rank) { return "rank-" + std::to_string(rank) + ".addr"; }
 
@@ -45,18 +47,6 @@ constexpr const char* kSecretName = "secret";
 // stranger that connects and says nothing holds one slot for this long, never the mesh.
 constexpr auto kHandshakeLimit = std::chrono::seconds(5);
 constexpr std::size_t kMaxPending = 64;
-
-// Closes a descriptor when it goes out of scope.
-struct Fd {
-  int fd = -1;
-  Fd() = default;
-  explicit Fd(int f) : fd(f) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 Status make_dirs(const std::string& path) {
   std::string partial;
@@ -94,30 +84,6 @@ Result<int> open_private_dir(const std::string& path) {
   return fd;
 }
 
-bool read_exactly(int fd, void* data, std::size_t size) {
-  char* p = static_cast<char*>(data);
-  while (size > 0) {
-    ssize_t n = ::read(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-bool write_all_file(int fd, const void* data, std::size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
 bool random_bytes(void* out, std::size_t size) {
   char* p = static_cast<char*>(out);
   while (size > 0) {
@@ -133,41 +99,31 @@ bool random_bytes(void* out, std::size_t size) {
 // The job's secret: the first rank to get here creates it (a temporary file created exclusively with mode 0600,
 // fsynced, then linked to its name, which fails when another rank won); every rank reads the one that won. The
 // file must be a regular file of this user's, closed to everyone else, of exactly 32 bytes.
-Result<Secret> job_secret(int dirfd, const std::string& dir, int rank) {
+Result<Secret> job_secret(int dirfd, const std::string& dir) {
   const std::string path = dir + "/" + kSecretName;
   int fd = ::openat(dirfd, kSecretName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT) {
-    const std::string tmp = std::string(kSecretName) + "." + std::to_string(rank) + "." + std::to_string(::getpid()) + ".tmp";
-    (void)::unlinkat(dirfd, tmp.c_str(), 0);
-    Fd out(::openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (out.fd < 0) return Error{"ckpt: heartbeat: cannot create " + dir + "/" + tmp + ": " + errno_text(errno)};
     Secret fresh{};
     if (!random_bytes(fresh.data(), fresh.size())) return Error{"ckpt: heartbeat: getrandom: " + errno_text(errno)};
-    if (!write_all_file(out.fd, fresh.data(), fresh.size()) || ::fsync(out.fd) != 0) {
-      int err = errno;
-      (void)::unlinkat(dirfd, tmp.c_str(), 0);
-      return Error{"ckpt: heartbeat: cannot write " + dir + "/" + tmp + ": " + errno_text(err)};
+    const std::string_view bytes(reinterpret_cast<const char*>(fresh.data()), fresh.size());
+    if (Status s = posix::create_file_exclusive(dirfd, kSecretName, bytes, path); !s) {
+      return Error{"ckpt: heartbeat: " + s.error()};
     }
-    if (::linkat(dirfd, tmp.c_str(), dirfd, kSecretName, 0) != 0 && errno != EEXIST) {
-      int err = errno;
-      (void)::unlinkat(dirfd, tmp.c_str(), 0);
-      return Error{"ckpt: heartbeat: cannot create " + path + ": " + errno_text(err)};
-    }
-    (void)::unlinkat(dirfd, tmp.c_str(), 0);
-    (void)::fsync(dirfd);
     fd = ::openat(dirfd, kSecretName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   }
   if (fd < 0) return Error{"ckpt: heartbeat: cannot open " + path + ": " + errno_text(errno)};
   Fd in(fd);
   struct stat st {};
-  if (::fstat(in.fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
+  if (::fstat(in.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
       st.st_size != static_cast<off_t>(kSecretBytes)) {
     return Error{"ckpt: heartbeat: " + path + " is not a private 32-byte file of uid " + std::to_string(::geteuid()) +
                  " (uid " + std::to_string(st.st_uid) + ", mode " + mode_text(st.st_mode) + ", " +
                  std::to_string(st.st_size) + " bytes)"};
   }
   Secret secret{};
-  if (!read_exactly(in.fd, secret.data(), secret.size())) return Error{"ckpt: heartbeat: cannot read " + path};
+  if (Status s = posix::read_exactly(in.get(), secret.data(), secret.size(), path); !s) {
+    return Error{"ckpt: heartbeat: " + s.error()};
+  }
   return secret;
 }
 
@@ -207,8 +163,8 @@ std::string host_address() {
   (void)::inet_pton(AF_INET, "192.0.2.1", &far.sin_addr);  // TEST-NET-1: routed like any remote host
   sockaddr_in local{};
   socklen_t len = sizeof local;
-  if (probe.fd >= 0 && ::connect(probe.fd, reinterpret_cast<sockaddr*>(&far), sizeof far) == 0 &&
-      ::getsockname(probe.fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 && local.sin_addr.s_addr != 0) {
+  if (probe.valid() && ::connect(probe.get(), reinterpret_cast<sockaddr*>(&far), sizeof far) == 0 &&
+      ::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&local), &len) == 0 && local.sin_addr.s_addr != 0) {
     return numeric(local);
   }
   return "127.0.0.1";
@@ -367,7 +323,7 @@ Status Mesh::Impl::prepare() {
   auto dir = open_private_dir(settings.rendezvous_dir);
   if (!dir) return Status::failure(dir.error());
   dirfd = *dir;
-  auto key = job_secret(dirfd, settings.rendezvous_dir, settings.rank);
+  auto key = job_secret(dirfd, settings.rendezvous_dir);
   if (!key) return Status::failure(key.error());
   secret = *key;
   refusals.reset(new RefusalLog(settings.rank));
@@ -390,29 +346,23 @@ Status Mesh::Impl::prepare() {
   }
   address = host + " " + std::to_string(ntohs(addr.sin_port));
 
+  // Read only while the mesh forms: not worth an fsync on a shared file system.
+  posix::AtomicWriteOptions publish;
+  publish.durable = false;
   const std::string name = addr_name(settings.rank);
-  const std::string tmp = name + ".tmp";
-  {
-    (void)::unlinkat(dirfd, tmp.c_str(), 0);
-    Fd out(::openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    const std::string line = address + "\n";
-    if (out.fd < 0 || !write_all_file(out.fd, line.data(), line.size())) {
-      return Status::failure("ckpt: heartbeat: cannot write " + settings.rendezvous_dir + "/" + tmp + ": " +
-                             errno_text(errno));
-    }
-  }
-  if (::renameat(dirfd, tmp.c_str(), dirfd, name.c_str()) != 0) {
-    return Status::failure("ckpt: heartbeat: cannot publish " + settings.rendezvous_dir + "/" + name + ": " +
-                           errno_text(errno));
+  if (Status s = posix::write_file_atomic(dirfd, name, address + "\n", posix::join(settings.rendezvous_dir, name),
+                                          publish);
+      !s) {
+    return Status::failure("ckpt: heartbeat: cannot publish its address: " + s.error());
   }
   return Status::success();
 }
 
 std::optional<std::pair<std::string, std::string>> Mesh::Impl::read_address(int peer) const {
   Fd in(::openat(dirfd, addr_name(peer).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (in.fd < 0) return std::nullopt;
+  if (!in.valid()) return std::nullopt;
   char buf[128] = {};
-  ssize_t n = ::read(in.fd, buf, sizeof buf - 1);
+  ssize_t n = ::read(in.get(), buf, sizeof buf - 1);
   if (n <= 0) return std::nullopt;
   std::stringstream text(std::string(buf, static_cast<std::size_t>(n)));
   std::string host, port;

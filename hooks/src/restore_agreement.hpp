@@ -18,6 +18,13 @@
 #include <string>
 
 #include "ckpt/hooks.hpp"
+#include "ckpt/posix.hpp"
+
+// restore_agreement.cpp reaches the POSIX layer's errno_text and join by their former names, store::.
+namespace ckpt::store {
+using posix::errno_text;
+using posix::join;
+}  // namespace ckpt::store
 
 namespace ckpt::hooks {
 

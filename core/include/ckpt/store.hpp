@@ -81,10 +81,6 @@ Result<Manifest> parse_manifest(std::string_view text);
 bool is_safe_name(std::string_view name);
 // "000000000200" for step 200; the inverse rejects anything but exactly 12 digits.
 std::string step_dir_name(std::uint64_t step);
-// "dir/name", without doubling a trailing '/'.
-std::string join(const std::string& dir, const std::string& name);
-// The message of an errno value (thread-safe, unlike strerror).
-std::string errno_text(int err);
 std::optional<std::uint64_t> parse_step_dir_name(std::string_view name);
 std::string shard_file_name(int rank);   // "rank-00003.shard"
 std::string record_file_name(int rank);  // "rank-00003.rec"

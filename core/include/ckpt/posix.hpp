@@ -1,0 +1,117 @@
+#pragma once
+// The one POSIX file layer of the tree (posix.cpp): owned descriptors, whole writes and reads, checked fsyncs, and
+// small files written atomically (a temp file with a random name opened with O_EXCL, written, fsynced, then renamed
+// over the name or linked to it, then the directory fsynced). The store, the hooks and the plugin use it; it is not
+// installed, and neither libckpt (hooks/exports.map) nor the plugin (spank/exports.map) exports it.
+//
+// Names are relative to an opened directory fd, and the opens here use O_NOFOLLOW, so a planted symlink is refused,
+// never followed. Failures are Status/IoResult values with a one-line message; nothing here throws but bad_alloc.
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "ckpt/result.hpp"
+
+namespace ckpt::posix {
+
+// The message of an errno value (thread-safe, unlike strerror).
+std::string errno_text(int err);
+// "dir/name", without doubling a trailing '/'.
+std::string join(const std::string& dir, const std::string& name);
+
+// An owned file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) reset(std::exchange(other.fd_, -1));
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  // Gives up ownership: the caller closes it.
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// An I/O failure: the message, and the errno behind it (0 when the content, not the system, is at fault).
+struct IoError {
+  std::string message;
+  int err = 0;
+};
+
+template <class T>
+struct IoResult {
+  std::optional<T> value;
+  IoError error;
+  bool ok() const { return value.has_value(); }
+};
+
+// Writes all of `data`, retrying on EINTR and short writes. The error names `what`.
+Status write_all(int fd, const void* data, std::size_t length, const std::string& what);
+// Reads exactly `size` bytes; an error when the file ends first ("<what> ended early") or a read fails.
+Status read_exactly(int fd, void* data, std::size_t size, const std::string& what);
+// fsync, retried on EINTR; success where the file system cannot fsync (EINVAL: some cannot sync a directory).
+Status fsync_fd(int fd, const std::string& what);
+
+// Opens a regular file of dir_fd for reading, without following a symlink and without blocking on a FIFO; a
+// symlink, FIFO or directory is refused. The error's err is ENOENT when the name does not exist.
+IoResult<Fd> open_regular(int dir_fd, const std::string& name, struct stat* st_out);
+// The whole of a regular file of at most `max_bytes` bytes (open_regular's rules).
+IoResult<std::string> read_small_file(int dir_fd, const std::string& name, std::size_t max_bytes);
+
+// A suffix that is unique across processes and nodes sharing a directory; O_EXCL catches the rest.
+std::string random_suffix();
+// ".<name>.<random>.tmp": hidden, and never a name a reader of the directory takes for a finished file.
+std::string temp_name_for(std::string_view name);
+
+// Callbacks at the steps of an atomic file write: fault injection, and the last check before the file is published
+// (`before_publish` failing abandons the write and leaves the directory as it was).
+struct AtomicWriteHooks {
+  std::function<void()> half_written, temp_written, published;
+  std::function<Status()> before_publish;
+};
+
+struct AtomicWriteOptions {
+  mode_t mode = 0600;    // set with fchmod, whatever the umask
+  bool durable = true;   // fsync the file before and the directory after publishing it; off for a file that
+                         // matters only while the processes that read it live (a rendezvous address)
+  AtomicWriteHooks hooks;
+};
+
+// Writes `name` in dir_fd atomically: readers see the old file or the new one, whole. The temp file is removed on
+// every failure. Errors: "cannot create a temp file for <what>: ...", "cannot write <what>: ...", "cannot fsync
+// <what>: ...", "cannot rename <what> into place: ...".
+Status write_file_atomic(int dir_fd, std::string_view name, std::string_view content, const std::string& what,
+                         const AtomicWriteOptions& options = {});
+
+// Creates `name` in dir_fd whole, and only when it does not exist: the temp file is linked to the name, which fails
+// for every creator but the first, so racing creators never replace each other. `existed` (may be null) tells
+// whether another creator had won; that is a success. With `rename_without_links`, a file system without hard links
+// gets the temp file renamed over the name instead (atomic still, but a racer may replace it).
+struct ExclusiveOptions {
+  AtomicWriteOptions write;
+  bool rename_without_links = false;
+};
+Status create_file_exclusive(int dir_fd, std::string_view name, std::string_view content, const std::string& what,
+                             const ExclusiveOptions& options = {}, bool* existed = nullptr);
+
+}  // namespace ckpt::posix

@@ -1,0 +1,215 @@
+// The POSIX file layer (ckpt/posix.hpp).
+#include "ckpt/posix.hpp"
+
+#include <fcntl.h>
+#include <sys/random.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <system_error>
+
+namespace ckpt::posix {
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+std::string join(const std::string& dir, const std::string& name) {
+  return (!dir.empty() && dir.back() == '/') ? dir + name : dir + "/" + name;
+}
+
+Status write_all(int fd, const void* data, std::size_t length, const std::string& what) {
+  const char* p = static_cast<const char*>(data);
+  while (length > 0) {
+    // Linux writes at most ~2 GiB per call; ask for no more.
+    std::size_t chunk = std::min<std::size_t>(length, std::size_t{1} << 30);
+    ssize_t n = ::write(fd, p, chunk);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::failure("cannot write " + what + ": " + errno_text(errno));
+    }
+    p += n;
+    length -= static_cast<std::size_t>(n);
+  }
+  return Status::success();
+}
+
+Status read_exactly(int fd, void* data, std::size_t size, const std::string& what) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    ssize_t n = ::read(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::failure("cannot read " + what + ": " + errno_text(errno));
+    }
+    if (n == 0) return Status::failure(what + " ended early");
+    p += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return Status::success();
+}
+
+Status fsync_fd(int fd, const std::string& what) {
+  while (::fsync(fd) != 0) {
+    if (errno == EINTR) continue;
+    // Some file systems cannot fsync a directory; a rename is still atomic there.
+    if (errno == EINVAL) return Status::success();
+    return Status::failure("cannot fsync " + what + ": " + errno_text(errno));
+  }
+  return Status::success();
+}
+
+IoResult<Fd> open_regular(int dir_fd, const std::string& name, struct stat* st_out) {
+  int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ELOOP) return {std::nullopt, {name + " is a symlink", 0}};
+    if (err == ENOENT) return {std::nullopt, {name + " is missing", ENOENT}};
+    return {std::nullopt, {"cannot open " + name + ": " + errno_text(err), err}};
+  }
+  Fd file(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return {std::nullopt, {"cannot stat " + name + ": " + errno_text(errno), errno}};
+  if (!S_ISREG(st.st_mode)) return {std::nullopt, {name + " is not a regular file", 0}};
+  if (st_out != nullptr) *st_out = st;
+  return {std::move(file), {}};
+}
+
+IoResult<std::string> read_small_file(int dir_fd, const std::string& name, std::size_t max_bytes) {
+  struct stat st {};
+  auto file = open_regular(dir_fd, name, &st);
+  if (!file.ok()) return {std::nullopt, file.error};
+  if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    return {std::nullopt, {name + " is larger than " + std::to_string(max_bytes) + " bytes", 0}};
+  }
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(file.value->get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return {std::nullopt, {"cannot read " + name + ": " + errno_text(errno), errno}};
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > max_bytes) return {std::nullopt, {name + " grew past " + std::to_string(max_bytes), 0}};
+  }
+  return {std::move(text), {}};
+}
+
+std::string random_suffix() {
+  static std::atomic<std::uint64_t> counter{0};
+  std::uint64_t bits = 0;
+  if (::getrandom(&bits, sizeof bits, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof bits)) {
+    bits = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+           (static_cast<std::uint64_t>(::getpid()) << 32);
+  }
+  bits ^= counter.fetch_add(1) * 0x9E3779B97F4A7C15ULL;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(bits));
+  return buf;
+}
+
+std::string temp_name_for(std::string_view name) { return "." + std::string(name) + "." + random_suffix() + ".tmp"; }
+
+namespace {
+
+// A temp file of dir_fd holding `content`, written and (when durable) fsynced, closed; removed by its destructor
+// unless it was published.
+class TempFile {
+ public:
+  TempFile(int dir_fd, std::string_view name) : dir_fd_(dir_fd), name_(name) {}
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile() {
+    if (!temp_.empty() && !kept_) ::unlinkat(dir_fd_, temp_.c_str(), 0);
+  }
+  const std::string& name() const { return temp_; }
+  // After a rename: the temp name is gone.
+  void keep() { kept_ = true; }
+
+  Status write(std::string_view content, const std::string& what, const AtomicWriteOptions& options) {
+    Fd file;
+    for (int attempt = 0; attempt < 8 && !file.valid(); ++attempt) {
+      temp_ = temp_name_for(name_);
+      int fd = ::openat(dir_fd_, temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        file.reset(fd);
+      } else if (errno != EEXIST) {
+        temp_.clear();
+        return Status::failure("cannot create a temp file for " + what + ": " + errno_text(errno));
+      }
+    }
+    if (!file.valid()) {
+      temp_.clear();
+      return Status::failure("cannot create a temp file for " + what + ": names exhausted");
+    }
+    if (options.mode != 0600 && ::fchmod(file.get(), options.mode) != 0) {
+      return Status::failure("cannot set the mode of " + what + ": " + errno_text(errno));
+    }
+    std::size_t half = content.size() / 2;
+    if (Status s = write_all(file.get(), content.data(), half, what); !s) return s;
+    if (options.hooks.half_written) options.hooks.half_written();
+    if (Status s = write_all(file.get(), content.data() + half, content.size() - half, what); !s) return s;
+    if (options.durable) {
+      if (Status s = fsync_fd(file.get(), what); !s) return s;
+    }
+    file.reset();
+    if (options.hooks.temp_written) options.hooks.temp_written();
+    if (options.hooks.before_publish) return options.hooks.before_publish();
+    return Status::success();
+  }
+
+ private:
+  int dir_fd_;
+  std::string name_;
+  std::string temp_;
+  bool kept_ = false;
+};
+
+Status published(int dir_fd, const std::string& what, const AtomicWriteOptions& options) {
+  if (options.hooks.published) options.hooks.published();
+  return options.durable ? fsync_fd(dir_fd, "the directory of " + what) : Status::success();
+}
+
+}  // namespace
+
+Status write_file_atomic(int dir_fd, std::string_view name, std::string_view content, const std::string& what,
+                         const AtomicWriteOptions& options) {
+  TempFile temp(dir_fd, name);
+  if (Status s = temp.write(content, what, options); !s) return s;
+  const std::string final_name(name);
+  if (::renameat(dir_fd, temp.name().c_str(), dir_fd, final_name.c_str()) != 0) {
+    return Status::failure("cannot rename " + what + " into place: " + errno_text(errno));
+  }
+  temp.keep();
+  return published(dir_fd, what, options);
+}
+
+Status create_file_exclusive(int dir_fd, std::string_view name, std::string_view content, const std::string& what,
+                             const ExclusiveOptions& options, bool* existed) {
+  if (existed != nullptr) *existed = false;
+  TempFile temp(dir_fd, name);
+  if (Status s = temp.write(content, what, options.write); !s) return s;
+  const std::string final_name(name);
+  // link() publishes the file whole, and fails on a name that exists: the first creator wins.
+  if (::linkat(dir_fd, temp.name().c_str(), dir_fd, final_name.c_str(), 0) != 0) {
+    int err = errno;
+    if (err == EEXIST) {
+      if (existed != nullptr) *existed = true;
+    } else if (options.rename_without_links &&
+               (err == EPERM || err == ENOTSUP || err == ENOSYS || err == EMLINK || err == EXDEV)) {
+      if (::renameat(dir_fd, temp.name().c_str(), dir_fd, final_name.c_str()) != 0) {
+        return Status::failure("cannot rename " + what + " into place: " + errno_text(errno));
+      }
+      temp.keep();
+    } else {
+      return Status::failure("cannot link " + what + " into place: " + errno_text(err));
+    }
+  }
+  return published(dir_fd, what, options.write);
+}
+
+}  // namespace ckpt::posix
