@@ -27,6 +27,9 @@
 extern "C" {
 #endif
 
+/* libckpt is built with hidden visibility: what this header declares is its exported C ABI. */
+#pragma GCC visibility push(default)
+
 typedef struct ckpt_checkpointer ckpt_checkpointer;
 
 /* Region flag: copy inside after_step, for small state that changes outside updates (e.g. BN statistics). */
@@ -86,6 +89,8 @@ int ckpt_stats_get(const ckpt_checkpointer* cp, ckpt_stats* out);
 int ckpt_close(ckpt_checkpointer* cp);
 /* Frees; NULL is fine. Without ckpt_close first, it does not wait for other ranks' shards (for error paths). */
 void ckpt_free(ckpt_checkpointer* cp);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

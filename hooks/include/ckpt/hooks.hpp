@@ -33,6 +33,9 @@
 #include "ckpt/result.hpp"
 #include "ckpt/store.hpp"
 
+// libckpt is built with hidden visibility: CKPT_HOOKS_API marks what it exports of this header.
+#define CKPT_HOOKS_API __attribute__((visibility("default")))
+
 namespace ckpt::hooks {
 
 // ---- settings ---------------------------------------------------------------------------------------------------
@@ -45,7 +48,7 @@ struct OptionKey {
 };
 
 // Every key Options accepts, in the order --help would list them.
-const std::vector<OptionKey>& option_keys();
+CKPT_HOOKS_API const std::vector<OptionKey>& option_keys();
 
 // Overrides of the environment as key=value settings ("dir", "interval", ...; see option_keys()).
 struct Options {
@@ -53,7 +56,7 @@ struct Options {
   store::PhaseObserver persist_observer;  // called on the persist thread at each phase of a save (fault tests)
 
   // Records one override; an unknown key is an error: "ckpt: unknown setting 'x' (known: dir, interval, ...)".
-  Status set(std::string_view key, std::string_view value);
+  CKPT_HOOKS_API Status set(std::string_view key, std::string_view value);
 };
 
 enum class CoordinatorKind { Auto, Single, File, Pmix };
@@ -102,15 +105,15 @@ struct Config {
 // Resolves overrides over the environment. Ranks: an override, else RANK/WORLD_SIZE/LOCAL_RANK (torchrun), else
 // SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (srun), else a single process. Any bad value is an error naming the
 // variable and the value: "ckpt: CKPT_KEEP='x': expected a whole number >= 1".
-Result<Config> load_config(const Options& options,
-                           const std::function<const char*(const char*)>& getenv_fn = nullptr);
+CKPT_HOOKS_API Result<Config> load_config(const Options& options,
+                                          const std::function<const char*(const char*)>& getenv_fn = nullptr);
 
 // ---- logging ----------------------------------------------------------------------------------------------------
 
 // Receives every log line at or above the configured level; lines start with "ckpt: ".
 using LogSink = std::function<void(LogLevel level, std::string_view line)>;
 // Replaces the sink (stderr by default; an empty sink restores it); returns the previous one. Process-wide.
-LogSink set_log_sink(LogSink sink);
+CKPT_HOOKS_API LogSink set_log_sink(LogSink sink);
 
 // ---- state ------------------------------------------------------------------------------------------------------
 
@@ -182,57 +185,58 @@ class Checkpointer {
  public:
   // Reads the settings and, when a checkpoint dir is configured, starts the copy and persist threads, the
   // coordinator and the notice handlers. Fails on a bad setting.
-  static Result<std::unique_ptr<Checkpointer>> create(const Options& options = {});
+  CKPT_HOOKS_API static Result<std::unique_ptr<Checkpointer>> create(const Options& options = {});
   // Closes when close() was not called, without waiting for other ranks: an error unwound the loop, and a writer
   // must not wait commit_timeout for ranks that may be gone. Call close() to wait for the last commit.
-  ~Checkpointer();
+  CKPT_HOOKS_API ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
   // False when no checkpoint dir is configured; every call then succeeds and does nothing.
-  bool enabled() const;
-  const Config& config() const;
+  CKPT_HOOKS_API bool enabled() const;
+  CKPT_HOOKS_API const Config& config() const;
 
   // Adds a region, or replaces the one of the same name. Staging grows in the background when needed.
-  Status register_region(const RegionSpec& region);
+  CKPT_HOOKS_API Status register_region(const RegionSpec& region);
   // Replaces every region at once (a helper re-registering a model whose tensors moved).
-  Status set_regions(const std::vector<RegionSpec>& regions);
+  CKPT_HOOKS_API Status set_regions(const std::vector<RegionSpec>& regions);
   // Copies a small named blob now; every later checkpoint saves its latest value (extras: step, RNG states).
-  Status put_blob(std::string_view name, const void* data, std::size_t size, std::string_view meta_json = "{}");
+  CKPT_HOOKS_API Status put_blob(std::string_view name, const void* data, std::size_t size,
+                                 std::string_view meta_json = "{}");
 
   // Loads the newest complete checkpoint that verifies (CKPT_RESUME_STEP/PATH first), walking back and marking
   // FAILED the ones that do not; every rank of a job restores the same step, so all ranks call it together (each
   // reads and checks only its own shard). With `copy_into_regions`, fills every registered region from the region of the
   // same name (a missing one or a size mismatch is an error). Returns the step to resume from, 0 when none.
   // Must come before the first after_step.
-  Result<std::uint64_t> restore(bool copy_into_regions = true);
+  CKPT_HOOKS_API Result<std::uint64_t> restore(bool copy_into_regions = true);
   // The regions of the checkpoint the last restore() loaded (blobs included), in shard order.
-  const std::vector<RestoredRegion>& restored() const;
+  CKPT_HOOKS_API const std::vector<RestoredRegion>& restored() const;
 
   // The guard: blocks until the snapshot in progress has copied every region (for device regions, makes their
   // compute streams wait for the copy instead). Call it before every parameter or optimizer update.
-  Status before_update();
+  CKPT_HOOKS_API Status before_update();
   // What after_step(step) will do; idempotent for one step (the decision is taken once and remembered).
-  Result<Decision> poll(std::uint64_t step);
+  CKPT_HOOKS_API Result<Decision> poll(std::uint64_t step);
   // Call after each update with the number of completed updates. Starts a checkpoint when one is due and
   // returns true when the loop should stop (a terminal checkpoint was taken). Steps must increase.
-  Result<bool> after_step(std::uint64_t step);
+  CKPT_HOOKS_API Result<bool> after_step(std::uint64_t step);
   // Takes a checkpoint of `step` now. Collective: every rank must call it at the same step.
-  Status save(std::uint64_t step, store::Kind kind = store::Kind::Periodic);
+  CKPT_HOOKS_API Status save(std::uint64_t step, store::Kind kind = store::Kind::Periodic);
   // Waits for the last persist and commit and stops the threads. Idempotent; returns the first persist error.
-  Status close();
+  CKPT_HOOKS_API Status close();
   // Closes after a training error (a collective failed): does not wait for other ranks. With last words armed it
   // first waits (up to 2 s) for a failure to be detected and then for the last words to finish, so that this
   // rank's departure is not taken for another failure. Idempotent with close().
-  Status abort();
+  CKPT_HOOKS_API Status abort();
 
   // Watches an NCCL communicator (an ncclComm_t) until close(): an asynchronous error aborts it (collectives blocked
   // on it return) and, with last words armed, starts them; last words started any other way abort it before
   // anything is saved. Uses the NCCL already in the process; fails with one line where there is none. Destroy the
   // communicator only after close(). A no-op when checkpointing is off.
-  Status watch_nccl(void* comm);
+  CKPT_HOOKS_API Status watch_nccl(void* comm);
 
-  Stats stats() const;
+  CKPT_HOOKS_API Stats stats() const;
 
  private:
   struct Impl;
