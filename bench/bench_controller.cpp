@@ -89,7 +89,7 @@ bool seed_jobs(const std::string& db_path, TableBackend& slurm, std::uint32_t co
     std::fprintf(stderr, "bench_controller: %s\n", s.error().c_str());
     return false;
   }
-  std::printf("wrote %u synthetic job records in %.3f s\n", count, seconds_since(t0));
+  std::printf("wrote %u synthetic job records in %.3f s\n", count, ckpt::seconds_since(t0));
   return true;
 }
 
@@ -129,23 +129,23 @@ bool run_cycles(Engine& engine, TableBackend& slurm, Timings& t) {
     std::fprintf(stderr, "bench_controller: %s\n", s.error().c_str());
     return false;
   }
-  t.load_s = seconds_since(t0);
+  t.load_s = ckpt::seconds_since(t0);
 
   // Baseline: one bare pass over Slurm's table (what any controller must at least read each cycle).
   t0 = std::chrono::steady_clock::now();
   auto all = slurm.load_jobs();
   for (const auto& j : *all) t.finished += rec::is_finished(j.state) ? 1 : 0;
-  t.baseline_s = seconds_since(t0);
+  t.baseline_s = ckpt::seconds_since(t0);
 
   // One decision cycle: compare every job with Slurm, classify the failed ones, record intents, requeue.
   t0 = std::chrono::steady_clock::now();
   engine.cycle(ckpt::unix_seconds(), true);
-  t.cycle_s = seconds_since(t0);
+  t.cycle_s = ckpt::seconds_since(t0);
   // The probes run in the background; the next cycle completes the decisions they were waiting for.
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   t0 = std::chrono::steady_clock::now();
   engine.cycle(ckpt::unix_seconds(), false);
-  t.second_s = seconds_since(t0);
+  t.second_s = ckpt::seconds_since(t0);
   for (int i = 0; i < 50 && slurm.requeues < t.finished; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     engine.cycle(ckpt::unix_seconds(), false);
