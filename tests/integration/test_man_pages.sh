@@ -54,8 +54,9 @@ for o in $(help_options < "$SCRATCH/controller.help"); do in_page ckpt-controlle
 commands=$(sed -n '/^Subcommands:/,$p' "$SCRATCH/controller.help" | awk 'NR > 1 && /^[a-z]/ { print $1 }')
 [ -n "$commands" ] || fail "ckpt-controller --help-all lists no commands"
 for c in $commands; do in_page ckpt-controller.8 "ckpt-controller $c" "command"; done
-# The keys the parser handles: `key == "name"` in parse_controller_config.
-keys=$(grep -oE 'key == "[a-z_]+"' "$CKPT_SOURCE_DIR/core/src/controller_config.cpp" | sed 's/.*"\(.*\)"/\1/' | sort -u)
+# The keys the parser handles: the names in its table of keys (`{"name", "what it expects",` in kKeys).
+keys=$(sed -n '/^const ConfigKey kKeys\[\] = {/,/^};/p' "$CKPT_SOURCE_DIR/core/src/controller_config.cpp" |
+  grep -oE '^ +\{"[a-z_]+",' | sed 's/.*"\(.*\)".*/\1/' | sort -u)
 [ "$(echo "$keys" | wc -l)" -ge 10 ] || fail "found only $(echo "$keys" | wc -l) keys in controller_config.cpp"
 for k in $keys; do
   grep -qE "^ +$k = " "$SCRATCH/ckpt-controller.8.txt" || fail "ckpt-controller(8) does not document config key '$k' (add it to kControllerKeys in man/mangen.cpp)"
