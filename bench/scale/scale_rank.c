@@ -198,137 +198,167 @@ static void usage(void) {
   exit(2);
 }
 
-int main(int argc, char** argv) {
-  const char* out = NULL;
-  long steps = 60, step_ms = 50, warmup = 5, marker_step = -1, state_bytes = 4096;
+typedef struct options {
+  const char* out;
+  long steps, step_ms, warmup, marker_step, state_bytes;
+} options;
+
+static options parse_options(int argc, char** argv) {
+  options o = {NULL, 60, 50, 5, -1, 4096};
   for (int i = 1; i < argc; ++i) {
     if (i + 1 >= argc) usage();
     char* end = NULL;
     const char* arg = argv[i];
     const char* value = argv[++i];
     if (strcmp(arg, "--out") == 0) {
-      out = value;
+      o.out = value;
       continue;
     }
     errno = 0;
     long n = strtol(value, &end, 10);
     if (errno != 0 || end == value || *end != '\0' || n < 0) usage();
-    if (strcmp(arg, "--steps") == 0) steps = n;
-    else if (strcmp(arg, "--step-ms") == 0) step_ms = n;
-    else if (strcmp(arg, "--warmup") == 0) warmup = n;
-    else if (strcmp(arg, "--marker-step") == 0) marker_step = n;
-    else if (strcmp(arg, "--state-bytes") == 0 && n > 0) state_bytes = n;
+    if (strcmp(arg, "--steps") == 0) o.steps = n;
+    else if (strcmp(arg, "--step-ms") == 0) o.step_ms = n;
+    else if (strcmp(arg, "--warmup") == 0) o.warmup = n;
+    else if (strcmp(arg, "--marker-step") == 0) o.marker_step = n;
+    else if (strcmp(arg, "--state-bytes") == 0 && n > 0) o.state_bytes = n;
     else usage();
   }
-  if (out == NULL) usage();
+  if (o.out == NULL) usage();
+  return o;
+}
 
+/* What one rank measured, from ckpt_open to the end of training; the report line is made of it. */
+typedef struct rank_run {
+  ckpt_checkpointer* cp;
+  int rank, world;
+  unsigned char* state;
+  size_t state_size;
+  uint64_t step, resume_step;
+  double t_open, t_restored, t_warm, cpu_warm, t_end, cpu_end;
+  io_counters io0, io_before_restore, io1;
+  int state_ok;
+  socket_census at_open, at_warm, at_end;
+  double commits[MAX_COMMITS];
+  int n_commits;
+  int stopped, failed;
+  char error[512];
+} rank_run;
+
+/* Opens the checkpointer with the layout dp=<world size>, writes DIR/pids/rank-R, registers the state and
+ * restores it, checking it bitwise. Returns 0, or 1 after printing why. */
+static int open_and_restore(const options* o, rank_run* r) {
   const char* ntasks = getenv("SLURM_NTASKS");
-  int world = ntasks != NULL ? atoi(ntasks) : 1;
+  r->world = ntasks != NULL ? atoi(ntasks) : 1;
   char layout[64];
-  snprintf(layout, sizeof layout, "layout=dp=%d", world > 0 ? world : 1);
+  snprintf(layout, sizeof layout, "layout=dp=%d", r->world > 0 ? r->world : 1);
   const char* settings[] = {layout};
 
   char path[4096], line[4096];
-  double t_open = unix_now();
-  io_counters io0 = read_io();
-  ckpt_checkpointer* cp = NULL;
-  if (ckpt_open(settings, 1, &cp) != 0) {
+  r->t_open = unix_now();
+  r->io0 = read_io();
+  if (ckpt_open(settings, 1, &r->cp) != 0) {
     fprintf(stderr, "bench_scale_rank: %s\n", ckpt_last_error());
     return 1;
   }
-  int rank = ckpt_rank(cp);
-  snprintf(path, sizeof path, "%s/pids/rank-%d", out, rank);
+  r->rank = ckpt_rank(r->cp);
+  snprintf(path, sizeof path, "%s/pids/rank-%d", o->out, r->rank);
   snprintf(line, sizeof line, "%d\n", (int)getpid());
   write_file(path, line);
 
   /* Data parallel: every replica holds the same state, so a rank restored from another's shard can be checked. */
-  const size_t state_size = (size_t)state_bytes;
-  unsigned char* state = malloc(state_size);
-  unsigned char* expected = malloc(state_size);
-  if (state == NULL || expected == NULL) {
-    fprintf(stderr, "bench_scale_rank: cannot allocate %zu bytes of state\n", state_size);
+  r->state_size = (size_t)o->state_bytes;
+  r->state = malloc(r->state_size);
+  unsigned char* expected = malloc(r->state_size);
+  if (r->state == NULL || expected == NULL) {
+    fprintf(stderr, "bench_scale_rank: cannot allocate %zu bytes of state\n", r->state_size);
     return 1;
   }
-  for (size_t i = 0; i < state_size; ++i) state[i] = (unsigned char)i;
-  uint64_t step = 0;
-  io_counters io_before_restore = {0, 0, 0};
-  if (ckpt_register_host(cp, "state", state, state_size, 0, NULL) != 0 ||
-      (io_before_restore = read_io(), ckpt_restore(cp, &step)) != 0) {
-    fprintf(stderr, "bench_scale_rank: rank %d: %s\n", rank, ckpt_last_error());
-    ckpt_free(cp);
+  for (size_t i = 0; i < r->state_size; ++i) r->state[i] = (unsigned char)i;
+  r->step = 0;
+  if (ckpt_register_host(r->cp, "state", r->state, r->state_size, 0, NULL) != 0 ||
+      (r->io_before_restore = read_io(), ckpt_restore(r->cp, &r->step)) != 0) {
+    fprintf(stderr, "bench_scale_rank: rank %d: %s\n", r->rank, ckpt_last_error());
+    ckpt_free(r->cp);
     return 1;
   }
-  double t_restored = unix_now();
+  r->t_restored = unix_now();
   /* Bitwise: the restored state is what training from the start to that step computes (the update below). */
-  for (size_t i = 0; i < state_size; ++i) expected[i] = (unsigned char)i;
-  for (uint64_t k = 0; k < step; ++k) {
-    for (size_t i = 0; i < state_size; ++i) expected[i] = (unsigned char)(expected[i] * 31u + (unsigned)k);
+  for (size_t i = 0; i < r->state_size; ++i) expected[i] = (unsigned char)i;
+  for (uint64_t k = 0; k < r->step; ++k) {
+    for (size_t i = 0; i < r->state_size; ++i) expected[i] = (unsigned char)(expected[i] * 31u + (unsigned)k);
   }
-  io_counters io1 = read_io();
-  int state_ok = memcmp(state, expected, state_size) == 0;
-  static socket_census at_open, at_warm, at_end;
-  count_sockets(&at_open); /* the mesh is complete once ckpt_open returns */
-  uint64_t resume_step = step;
+  r->io1 = read_io();
+  r->state_ok = memcmp(r->state, expected, r->state_size) == 0;
+  count_sockets(&r->at_open); /* the mesh is complete once ckpt_open returns */
+  r->resume_step = r->step;
+  return 0;
+}
 
-  double commits[MAX_COMMITS];
-  int n_commits = 0;
+/* Trains in lockstep until the target step, a stop or a failure; rank 0 samples each commit's latency and writes
+ * DIR/marker at the marker step. */
+static void train(const options* o, rank_run* r) {
+  char path[4096], line[4096];
   uint64_t seen_committed = 0;
-  double t_warm = 0, cpu_warm = 0;
-  int stopped = 0, failed = 0;
-  char error[512] = "";
-  double t_start = common_start(out, rank, world);
-  for (; step < (uint64_t)steps; ++step) {
-    if (step == resume_step + (uint64_t)warmup) {
-      t_warm = unix_now();
-      cpu_warm = cpu_seconds();
-      count_sockets(&at_warm);
+  double t_start = common_start(o->out, r->rank, r->world);
+  for (; r->step < (uint64_t)o->steps; ++r->step) {
+    if (r->step == r->resume_step + (uint64_t)o->warmup) {
+      r->t_warm = unix_now();
+      r->cpu_warm = cpu_seconds();
+      count_sockets(&r->at_warm);
     }
-    sleep_until(t_start + (double)(step - resume_step + 1) * (double)step_ms / 1000.0); /* forward, backward */
-    if (ckpt_before_update(cp) != 0) {
-      snprintf(error, sizeof error, "%s", ckpt_last_error());
+    sleep_until(t_start + (double)(r->step - r->resume_step + 1) * (double)o->step_ms / 1000.0); /* forward, backward */
+    if (ckpt_before_update(r->cp) != 0) {
+      snprintf(r->error, sizeof r->error, "%s", ckpt_last_error());
       /* The last words started while this rank was between steps: a stop, not a failure. */
-      if (strncmp(error, "ckpt: training is stopped", 25) == 0) stopped = 1;
-      else failed = 1;
+      if (strncmp(r->error, "ckpt: training is stopped", 25) == 0) r->stopped = 1;
+      else r->failed = 1;
       break;
     }
-    for (size_t i = 0; i < state_size; ++i) state[i] = (unsigned char)(state[i] * 31u + (unsigned)step);
-    if (ckpt_after_step(cp, step + 1, &stopped) != 0) {
-      snprintf(error, sizeof error, "%s", ckpt_last_error());
-      failed = 1;
+    for (size_t i = 0; i < r->state_size; ++i) r->state[i] = (unsigned char)(r->state[i] * 31u + (unsigned)r->step);
+    if (ckpt_after_step(r->cp, r->step + 1, &r->stopped) != 0) {
+      snprintf(r->error, sizeof r->error, "%s", ckpt_last_error());
+      r->failed = 1;
       break;
     }
-    if (rank == 0) {
+    if (r->rank == 0) {
       ckpt_stats st;
-      if (ckpt_stats_get(cp, &st) == 0 && st.committed > seen_committed) {
+      if (ckpt_stats_get(r->cp, &st) == 0 && st.committed > seen_committed) {
         seen_committed = st.committed;
-        if (n_commits < MAX_COMMITS) commits[n_commits++] = st.last_commit_s;
+        if (r->n_commits < MAX_COMMITS) r->commits[r->n_commits++] = st.last_commit_s;
       }
-      if ((long)(step + 1) == marker_step) {
-        snprintf(path, sizeof path, "%s/marker", out);
-        snprintf(line, sizeof line, "%llu %.3f\n", (unsigned long long)(step + 1), unix_now());
+      if ((long)(r->step + 1) == o->marker_step) {
+        snprintf(path, sizeof path, "%s/marker", o->out);
+        snprintf(line, sizeof line, "%llu %.3f\n", (unsigned long long)(r->step + 1), unix_now());
         write_file(path, line);
       }
     }
-    if (stopped) {
-      ++step;
+    if (r->stopped) {
+      ++r->step;
       break;
     }
   }
-  double t_end = unix_now(), cpu_end = cpu_seconds();
-  count_sockets(&at_end);
-  double window = t_warm > 0 ? t_end - t_warm : 0;
-  double cpu_pct = window > 0 ? 100.0 * (cpu_end - cpu_warm) / window : -1;
+  r->t_end = unix_now();
+  r->cpu_end = cpu_seconds();
+  count_sockets(&r->at_end);
+}
+
+/* Writes DIR/rank-R.txt, the one line of key=value that bench/scale/report.py parses. */
+static void write_report(const options* o, rank_run* r) {
+  char path[4096], line[4096];
+  double window = r->t_warm > 0 ? r->t_end - r->t_warm : 0;
+  double cpu_pct = window > 0 ? 100.0 * (r->cpu_end - r->cpu_warm) / window : -1;
   double out_per_s = -1, in_per_s = -1;
-  if (window > 0) segment_rates(&at_warm, &at_end, window, &out_per_s, &in_per_s);
+  if (window > 0) segment_rates(&r->at_warm, &r->at_end, window, &out_per_s, &in_per_s);
 
   ckpt_stats st;
   memset(&st, 0, sizeof st);
-  ckpt_stats_get(cp, &st);
+  ckpt_stats_get(r->cp, &st);
   double commit_median = -1, commit_max = -1;
-  if (n_commits > 0) {
-    qsort(commits, (size_t)n_commits, sizeof commits[0], compare_doubles);
-    commit_median = commits[n_commits / 2];
-    commit_max = commits[n_commits - 1];
+  if (r->n_commits > 0) {
+    qsort(r->commits, (size_t)r->n_commits, sizeof r->commits[0], compare_doubles);
+    commit_median = r->commits[r->n_commits / 2];
+    commit_max = r->commits[r->n_commits - 1];
   }
   snprintf(line, sizeof line,
            "rank=%d world=%d pid=%d target=%ld resume_step=%llu end_step=%llu stopped=%d failed=%d "
@@ -336,18 +366,27 @@ int main(int argc, char** argv) {
            "tcp_conns=%d sockets=%d tcp_conns_open=%d tcp_conns_end=%d segs_out_per_s=%.2f segs_in_per_s=%.2f "
            "commits=%d commit_median_s=%.4f commit_max_s=%.4f snapshots=%llu committed=%llu backpressure_waits=%llu "
            "t_open=%.6f t_train=%.6f t_end=%.6f state_ok=%d error=\"%s\"\n",
-           rank, world, (int)getpid(), steps, (unsigned long long)resume_step, (unsigned long long)step, stopped,
-           failed,
-           t_restored - t_open, io1.rchar - io0.rchar, io1.rchar - io_before_restore.rchar, io1.read_bytes - io0.read_bytes, io1.syscr - io0.syscr,
-           cpu_pct, window, window > 0 ? (double)(step - resume_step - (uint64_t)warmup) / window : -1,
-           t_warm > 0 ? at_warm.tcp_established : -1, t_warm > 0 ? at_warm.sockets : -1,
-           at_open.tcp_established, at_end.tcp_established, out_per_s, in_per_s, n_commits,
-           commit_median, commit_max, (unsigned long long)st.snapshots, (unsigned long long)st.committed,
-           (unsigned long long)st.backpressure_waits, t_open, t_restored, t_end, state_ok, error);
-  snprintf(path, sizeof path, "%s/rank-%d.txt", out, rank);
-  write_file(path, line); /* before close: after last words the library may end a lingering process */
-  int rc = ckpt_close(cp);
-  if (rc != 0) fprintf(stderr, "bench_scale_rank: rank %d: close: %s\n", rank, ckpt_last_error());
-  ckpt_free(cp);
-  return failed ? 1 : 0;
+           r->rank, r->world, (int)getpid(), o->steps, (unsigned long long)r->resume_step,
+           (unsigned long long)r->step, r->stopped, r->failed, r->t_restored - r->t_open, r->io1.rchar - r->io0.rchar,
+           r->io1.rchar - r->io_before_restore.rchar, r->io1.read_bytes - r->io0.read_bytes,
+           r->io1.syscr - r->io0.syscr, cpu_pct, window,
+           window > 0 ? (double)(r->step - r->resume_step - (uint64_t)o->warmup) / window : -1,
+           r->t_warm > 0 ? r->at_warm.tcp_established : -1, r->t_warm > 0 ? r->at_warm.sockets : -1,
+           r->at_open.tcp_established, r->at_end.tcp_established, out_per_s, in_per_s, r->n_commits, commit_median,
+           commit_max, (unsigned long long)st.snapshots, (unsigned long long)st.committed,
+           (unsigned long long)st.backpressure_waits, r->t_open, r->t_restored, r->t_end, r->state_ok, r->error);
+  snprintf(path, sizeof path, "%s/rank-%d.txt", o->out, r->rank);
+  write_file(path, line);
+}
+
+int main(int argc, char** argv) {
+  const options o = parse_options(argc, argv);
+  static rank_run r; /* static: the socket censuses are too big for the stack, and it starts zeroed */
+  if (open_and_restore(&o, &r) != 0) return 1;
+  train(&o, &r);
+  write_report(&o, &r); /* before close: after last words the library may end a lingering process */
+  int rc = ckpt_close(r.cp);
+  if (rc != 0) fprintf(stderr, "bench_scale_rank: rank %d: close: %s\n", r.rank, ckpt_last_error());
+  ckpt_free(r.cp);
+  return r.failed ? 1 : 0;
 }

@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/parse.hpp"
@@ -57,17 +58,24 @@ std::optional<std::uint64_t> number(const char* text) {
   return *value;
 }
 
-int save(int argc, char** argv) {
-  if (argc < 4) return usage("save needs ROOT and STEP");
-  const std::string root = argv[2];
-  auto step = number(argv[3]);
-  if (!step) return usage("bad STEP");
+struct SaveOptions {
+  std::string root;
+  std::uint64_t step = 0;
   int world = 4;
   std::uint64_t bytes = 1 << 20;
   store::Kind kind = store::Kind::Periodic;
   std::set<int> dead;
   std::optional<store::SavePhase> kill_at;
   int kill_rank = -1;
+};
+
+// Returns 0, or usage()'s status after saying what is wrong.
+int parse_save_options(int argc, char** argv, SaveOptions& o) {
+  if (argc < 4) return usage("save needs ROOT and STEP");
+  o.root = argv[2];
+  auto step = number(argv[3]);
+  if (!step) return usage("bad STEP");
+  o.step = *step;
   for (int i = 4; i < argc; ++i) {
     std::string arg = argv[i];
     if (i + 1 >= argc) return usage(("missing value after " + arg).c_str());
@@ -75,91 +83,94 @@ int save(int argc, char** argv) {
     if (arg == "--world") {
       auto n = number(value);
       if (!n || *n < 1 || *n > 4096) return usage("bad --world");
-      world = static_cast<int>(*n);
+      o.world = static_cast<int>(*n);
     } else if (arg == "--bytes") {
       auto n = number(value);
       if (!n || *n > (std::uint64_t{8} << 30)) return usage("bad --bytes");
-      bytes = *n;
+      o.bytes = *n;
     } else if (arg == "--kind") {
       if (std::string(value) == "terminal") {
-        kind = store::Kind::Terminal;
+        o.kind = store::Kind::Terminal;
       } else if (std::string(value) != "periodic") {
         return usage("bad --kind");
       }
     } else if (arg == "--dead") {
       auto n = number(value);
       if (!n || *n > 4096) return usage("bad --dead");
-      dead.insert(static_cast<int>(*n));
+      o.dead.insert(static_cast<int>(*n));
     } else if (arg == "--kill-at") {
       for (store::SavePhase p : kPhases) {
-        if (std::string(value) == store::to_string(p)) kill_at = p;
+        if (std::string(value) == store::to_string(p)) o.kill_at = p;
       }
-      if (!kill_at) return usage("bad --kill-at");
+      if (!o.kill_at) return usage("bad --kill-at");
     } else if (arg == "--kill-rank") {
       auto n = number(value);
       if (!n || *n > 4096) return usage("bad --kill-rank");
-      kill_rank = static_cast<int>(*n);
+      o.kill_rank = static_cast<int>(*n);
     } else {
       return usage(("unknown option " + arg).c_str());
     }
   }
+  return 0;
+}
+
+// Writes one rank's shard: half the bytes as "model", the rest as "optim", covering the rank's state keys.
+ckpt::Status write_shard(const SaveOptions& o, const store::Layout& layout, const store::RankCoord& coord,
+                         store::PhaseObserver observer) {
+  auto writer = store::ShardWriter::open(o.root, o.step, coord.rank, std::move(observer));
+  if (!writer) return ckpt::Status::failure(writer.error());
+  std::vector<char> data = shard_bytes(o.step, coord.rank, o.bytes);
+  std::uint64_t half = o.bytes / 2;
+  nlohmann::json meta = {{"dtype", "bf16"}, {"shape", nlohmann::json::array({half / 2})}};
+  ckpt::Status s = writer->append("model", data.data(), half, meta);
+  if (s) s = writer->append("optim", data.data() + half, o.bytes - half, {{"dtype", "u8"}});
+  if (!s) return s;
+  writer->add_covers(store::state_keys_of_rank(layout, coord));
+  if (auto record = writer->finish(); !record) return ckpt::Status::failure(record.error());
+  return {};
+}
+
+int save(int argc, char** argv) {
+  SaveOptions o;
+  if (int rc = parse_save_options(argc, argv, o); rc != 0) return rc;
 
   // The layout: pure data parallel, so every rank holds the whole model and optimizer slice.
   store::Layout layout;
-  layout.dp = world;
+  layout.dp = o.world;
   store::Manifest manifest;
-  manifest.step = *step;
-  manifest.kind = kind;
-  manifest.world_size = world;
+  manifest.step = o.step;
+  manifest.kind = o.kind;
+  manifest.world_size = o.world;
   manifest.layout = layout;
   std::vector<int> writers;
-  for (int rank = 0; rank < world; ++rank) {
+  for (int rank = 0; rank < o.world; ++rank) {
     manifest.ranks.push_back(store::RankCoord{rank, rank, 0, 0});
-    if (dead.count(rank) == 0) writers.push_back(rank);
+    if (o.dead.count(rank) == 0) writers.push_back(rank);
   }
   // A terminal checkpoint: the lowest survivor writes the state everyone holds; the others write nothing.
-  if (kind == store::Kind::Terminal && !writers.empty()) writers.resize(1);
-  if (kill_rank < 0 && !writers.empty()) kill_rank = writers.back();
+  if (o.kind == store::Kind::Terminal && !writers.empty()) writers.resize(1);
+  if (o.kill_rank < 0 && !writers.empty()) o.kill_rank = writers.back();
 
   auto observer_for = [&](int rank) -> store::PhaseObserver {
     return [&, rank](store::SavePhase phase) {
-      if (kill_at && phase == *kill_at && (rank == kill_rank || rank < 0)) {
+      if (o.kill_at && phase == *o.kill_at && (rank == o.kill_rank || rank < 0)) {
         std::fflush(nullptr);
         std::raise(SIGKILL);
       }
     };
   };
   // A step saved again (e.g. after a restart) must not mix with a dead save's leftovers.
-  if (ckpt::Status s = store::discard_incomplete(root, *step); !s) {
+  ckpt::Status s = store::discard_incomplete(o.root, o.step);
+  for (std::size_t i = 0; s && i < writers.size(); ++i) {
+    int rank = writers[i];
+    s = write_shard(o, layout, manifest.ranks[static_cast<std::size_t>(rank)], observer_for(rank));
+  }
+  if (s) s = store::commit(o.root, manifest, observer_for(-1));
+  if (!s) {
     std::fprintf(stderr, "store_crasher: %s\n", s.error().c_str());
     return 1;
   }
-  for (int rank : writers) {
-    auto writer = store::ShardWriter::open(root, *step, rank, observer_for(rank));
-    if (!writer) {
-      std::fprintf(stderr, "store_crasher: %s\n", writer.error().c_str());
-      return 1;
-    }
-    std::vector<char> data = shard_bytes(*step, rank, bytes);
-    std::uint64_t half = bytes / 2;
-    nlohmann::json meta = {{"dtype", "bf16"}, {"shape", nlohmann::json::array({half / 2})}};
-    ckpt::Status s = writer->append("model", data.data(), half, meta);
-    if (s) s = writer->append("optim", data.data() + half, bytes - half, {{"dtype", "u8"}});
-    if (!s) {
-      std::fprintf(stderr, "store_crasher: %s\n", s.error().c_str());
-      return 1;
-    }
-    writer->add_covers(store::state_keys_of_rank(layout, manifest.ranks[static_cast<std::size_t>(rank)]));
-    if (auto record = writer->finish(); !record) {
-      std::fprintf(stderr, "store_crasher: %s\n", record.error().c_str());
-      return 1;
-    }
-  }
-  if (ckpt::Status s = store::commit(root, manifest, observer_for(-1)); !s) {
-    std::fprintf(stderr, "store_crasher: %s\n", s.error().c_str());
-    return 1;
-  }
-  std::printf("committed %llu\n", static_cast<unsigned long long>(*step));
+  std::printf("committed %llu\n", static_cast<unsigned long long>(o.step));
   return 0;
 }
 
