@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <thread>
 #include <vector>
@@ -17,8 +16,8 @@ namespace ckpt::hooks {
 
 namespace {
 
-using store::errno_text;
-using store::join;
+using posix::errno_text;
+using posix::join;
 using Clock = std::chrono::steady_clock;
 
 std::string numbered(const char* what, int round) { return std::string(what) + "-" + std::to_string(round); }
@@ -127,26 +126,10 @@ Status RestoreAgreement::open_dir(bool create) {
 Status RestoreAgreement::create_exclusive(const std::string& name, const std::string& content, bool* existed) {
   if (existed != nullptr) *existed = false;
   if (Status s = open_dir(true); !s) return s;
-  static std::atomic<unsigned> counter{0};
-  const std::string temp = ".tmp-" + std::to_string(rank_) + "-" + std::to_string(::getpid()) + "-" +
-                           std::to_string(counter.fetch_add(1));
-  int fd = ::openat(fd_, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::failure("ckpt: cannot create " + join(dir_, temp) + ": " + errno_text(errno));
-  bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()) && ::fsync(fd) == 0;
-  int err = errno;
-  ::close(fd);
-  // link() publishes the file whole, and fails on a name that exists: the first creator wins.
-  if (ok && ::linkat(fd_, temp.c_str(), fd_, name.c_str(), 0) != 0) {
-    if (errno == EEXIST) {
-      if (existed != nullptr) *existed = true;
-    } else {
-      ok = false;
-      err = errno;
-    }
+  // The link of a temp file publishes it whole and fails on a name that exists: the first creator wins.
+  if (Status s = posix::create_file_exclusive(fd_, name, content, join(dir_, name), {}, existed); !s) {
+    return Status::failure("ckpt: " + s.error());
   }
-  ::unlinkat(fd_, temp.c_str(), 0);
-  if (!ok) return Status::failure("ckpt: cannot create " + join(dir_, name) + ": " + errno_text(err));
-  ::fsync(fd_);
   return Status::success();
 }
 

@@ -20,12 +20,6 @@
 #include "ckpt/hooks.hpp"
 #include "ckpt/posix.hpp"
 
-// restore_agreement.cpp reaches the POSIX layer's errno_text and join by their former names, store::.
-namespace ckpt::store {
-using posix::errno_text;
-using posix::join;
-}  // namespace ckpt::store
-
 namespace ckpt::hooks {
 
 // A candidate: the step and where it lives, and what the leader read in its manifest, so that a rank loading its
