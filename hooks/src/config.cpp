@@ -102,15 +102,20 @@ Error bad(const Source& s, std::string_view key, std::string_view detail = {}) {
   return Error{line};
 }
 
-// Parses key into out when set; returns an error line when the value is bad.
+// bad() as a Status, for the steps that return one.
+Status rejected(const Source& s, std::string_view key, std::string_view detail = {}) {
+  return Status::failure(bad(s, key, detail).message);
+}
+
+// Parses key into out when set; fails with an error line when the value is bad.
 template <class T, class Parse>
-std::optional<Error> read(const Lookup& lookup, std::string_view key, T& out, Parse parse) {
+Status read(const Lookup& lookup, std::string_view key, T& out, Parse parse) {
   auto s = lookup.get(key);
-  if (!s) return std::nullopt;
+  if (!s) return Status::success();
   auto parsed = parse(s->value);
-  if (!parsed) return bad(*s, key, parsed.error());
+  if (!parsed) return rejected(*s, key, parsed.error());
   out = *parsed;
-  return std::nullopt;
+  return Status::success();
 }
 
 Result<int> parse_int_below(std::string_view text, std::uint64_t limit) {
@@ -166,13 +171,13 @@ std::string derive_run_id(const Lookup& lookup, const Config& config) {
   return clean.substr(0, 128);
 }
 
-std::optional<Error> resolve_ranks(const Lookup& lookup, Config& config) {
+Status resolve_ranks(const Lookup& lookup, Config& config) {
   std::uint64_t max_rank = 1u << 24;  // far above any job, far below int overflow
-  auto take = [&](std::string_view key, const Source& s, int& out, bool positive) -> std::optional<Error> {
+  auto take = [&](std::string_view key, const Source& s, int& out, bool positive) -> Status {
     auto n = parse_int_below(s.value, max_rank + 1);
-    if (!n || (positive && *n < 1)) return bad(s, key, n ? "must be at least 1" : n.error());
+    if (!n || (positive && *n < 1)) return rejected(s, key, n ? "must be at least 1" : n.error());
     out = *n;
-    return std::nullopt;
+    return Status::success();
   };
   std::optional<Source> rank, world, local;
   if (lookup.overridden("rank") || lookup.overridden("world_size")) {
@@ -185,7 +190,7 @@ std::optional<Error> resolve_ranks(const Lookup& lookup, Config& config) {
     rank = lookup.env("RANK");
     world = lookup.env("WORLD_SIZE");
     local = lookup.env("LOCAL_RANK");
-    if (!rank || !world) return Error{"ckpt: RANK and WORLD_SIZE must be set together"};
+    if (!rank || !world) return Status::failure("ckpt: RANK and WORLD_SIZE must be set together");
   } else if (lookup.env("SLURM_PROCID") && lookup.env("SLURM_NTASKS")) {
     config.rank_source = "slurm";
     rank = lookup.env("SLURM_PROCID");
@@ -193,19 +198,19 @@ std::optional<Error> resolve_ranks(const Lookup& lookup, Config& config) {
     local = lookup.env("SLURM_LOCALID");
   }
   if (rank) {
-    if (auto e = take("rank", *rank, config.rank, false)) return e;
+    if (Status e = take("rank", *rank, config.rank, false); !e) return e;
   }
   if (world) {
-    if (auto e = take("world_size", *world, config.world_size, true)) return e;
+    if (Status e = take("world_size", *world, config.world_size, true); !e) return e;
   }
   if (local) {
-    if (auto e = take("local_rank", *local, config.local_rank, false)) return e;
+    if (Status e = take("local_rank", *local, config.local_rank, false); !e) return e;
   }
   if (config.rank >= config.world_size) {
-    return Error{"ckpt: rank " + std::to_string(config.rank) + " is not below world size " +
-                 std::to_string(config.world_size) + " (from " + config.rank_source + ")"};
+    return Status::failure("ckpt: rank " + std::to_string(config.rank) + " is not below world size " +
+                           std::to_string(config.world_size) + " (from " + config.rank_source + ")");
   }
-  return std::nullopt;
+  return Status::success();
 }
 
 // "dp=2,tp=2,pp=1,zero1=off" into name -> value; every name must be one of `allowed`, given once.
@@ -267,13 +272,13 @@ Result<store::RankCoord> parse_coord(std::string_view text) {
 
 // The layout and this rank's place in it. Without a layout: pure data parallelism (dp = world_size), declared
 // false. Without a coordinate: tp varies fastest, then dp, then pp (rank = (pp * dp + d) * tp + t).
-std::optional<Error> resolve_layout(const Lookup& lookup, Config& c) {
+Status resolve_layout(const Lookup& lookup, Config& c) {
   if (auto s = lookup.get("layout")) {
     auto l = parse_layout(s->value);
-    if (!l) return bad(*s, "layout", l.error());
+    if (!l) return rejected(*s, "layout", l.error());
     if (l->world_size() != c.world_size) {
-      return bad(*s, "layout", "dp*tp*pp is " + std::to_string(l->world_size()) + ", world_size is " +
-                                    std::to_string(c.world_size));
+      return rejected(*s, "layout", "dp*tp*pp is " + std::to_string(l->world_size()) + ", world_size is " +
+                                        std::to_string(c.world_size));
     }
     c.layout = *l;
     c.layout_declared = true;
@@ -283,13 +288,13 @@ std::optional<Error> resolve_layout(const Lookup& lookup, Config& c) {
   const store::Layout& l = c.layout;
   c.coord = l.coord_of(c.rank);
   if (auto s = lookup.get("coord")) {
-    if (!c.layout_declared) return bad(*s, "coord", "needs a layout");
+    if (!c.layout_declared) return rejected(*s, "coord", "needs a layout");
     auto coord = parse_coord(s->value);
-    if (!coord) return bad(*s, "coord", coord.error());
-    if (coord->dp >= l.dp || coord->tp >= l.tp || coord->pp >= l.pp) return bad(*s, "coord", "outside the layout");
+    if (!coord) return rejected(*s, "coord", coord.error());
+    if (coord->dp >= l.dp || coord->tp >= l.tp || coord->pp >= l.pp) return rejected(*s, "coord", "outside the layout");
     c.coord = {c.rank, coord->dp, coord->tp, coord->pp};
   }
-  return std::nullopt;
+  return Status::success();
 }
 
 }  // namespace
@@ -326,15 +331,15 @@ Result<Config> load_config(const Options& options, const std::function<const cha
     c.dir = *dir;
   }
   c.interval = Interval{Interval::Kind::Auto, 0};
-  if (auto e = read(lookup, "interval", c.interval, parse_interval)) return *e;
-  if (auto e = read(lookup, "keep", c.keep, parse_positive_uint)) return *e;
-  if (auto e = read(lookup, "last_words", c.last_words, parse_on_off)) return *e;
-  if (auto e = read(lookup, "mtbf", c.mtbf_s, parse_positive_duration)) return *e;
-  if (auto e = read(lookup, "grace", c.grace_s, parse_duration)) return *e;
-  if (auto e = read(lookup, "kill_wait", c.kill_wait_s, parse_positive_duration)) return *e;
-  if (auto e = read(lookup, "exit_grace", c.exit_grace_s, parse_duration)) return *e;
-  if (auto e = read(lookup, "min_interval", c.min_interval_s, parse_positive_duration)) return *e;
-  if (auto e = read(lookup, "max_interval", c.max_interval_s, parse_duration)) return *e;
+  if (Status e = read(lookup, "interval", c.interval, parse_interval); !e) return Error{e.error()};
+  if (Status e = read(lookup, "keep", c.keep, parse_positive_uint); !e) return Error{e.error()};
+  if (Status e = read(lookup, "last_words", c.last_words, parse_on_off); !e) return Error{e.error()};
+  if (Status e = read(lookup, "mtbf", c.mtbf_s, parse_positive_duration); !e) return Error{e.error()};
+  if (Status e = read(lookup, "grace", c.grace_s, parse_duration); !e) return Error{e.error()};
+  if (Status e = read(lookup, "kill_wait", c.kill_wait_s, parse_positive_duration); !e) return Error{e.error()};
+  if (Status e = read(lookup, "exit_grace", c.exit_grace_s, parse_duration); !e) return Error{e.error()};
+  if (Status e = read(lookup, "min_interval", c.min_interval_s, parse_positive_duration); !e) return Error{e.error()};
+  if (Status e = read(lookup, "max_interval", c.max_interval_s, parse_duration); !e) return Error{e.error()};
   if (c.max_interval_s != 0 && c.max_interval_s < c.min_interval_s) {
     return Error{"ckpt: CKPT_MAX_INTERVAL=" + std::to_string(c.max_interval_s) + "s is below CKPT_MIN_INTERVAL=" +
                  std::to_string(c.min_interval_s) + "s"};
@@ -345,11 +350,11 @@ Result<Config> load_config(const Options& options, const std::function<const cha
     }
     c.requeue = s->value;
   }
-  if (auto e = read(lookup, "max_restarts", c.max_restarts, parse_uint)) return *e;
-  if (auto e = read(lookup, "restart_count", c.restart_count, parse_uint)) return *e;
+  if (Status e = read(lookup, "max_restarts", c.max_restarts, parse_uint); !e) return Error{e.error()};
+  if (Status e = read(lookup, "restart_count", c.restart_count, parse_uint); !e) return Error{e.error()};
   if (auto s = lookup.get("job_id")) c.job_id = s->value;
   std::uint64_t resume_step = 0;
-  if (auto e = read(lookup, "resume_step", resume_step, parse_uint)) return *e;
+  if (Status e = read(lookup, "resume_step", resume_step, parse_uint); !e) return Error{e.error()};
   if (lookup.get("resume_step")) c.resume_step = resume_step;
   if (auto s = lookup.get("resume_path")) {
     auto path = normalize_absolute_path(s->value);
@@ -357,25 +362,28 @@ Result<Config> load_config(const Options& options, const std::function<const cha
     c.resume_path = *path;
   }
   std::uint64_t end_time = 0;
-  if (auto e = read(lookup, "end_time", end_time, [](std::string_view t) { return parse_uint(t); })) return *e;
+  auto parse_end_time = [](std::string_view t) { return parse_uint(t); };
+  if (Status e = read(lookup, "end_time", end_time, parse_end_time); !e) return Error{e.error()};
   if (lookup.get("end_time")) {
     if (end_time > (std::uint64_t{1} << 40)) return bad(*lookup.get("end_time"), "end_time", "too large");
     c.end_time = static_cast<std::int64_t>(end_time);
   }
-  if (auto e = resolve_ranks(lookup, c)) return *e;
-  if (auto e = read(lookup, "coordinator", c.coordinator, parse_coordinator)) return *e;
+  if (Status e = resolve_ranks(lookup, c); !e) return Error{e.error()};
+  if (Status e = read(lookup, "coordinator", c.coordinator, parse_coordinator); !e) return Error{e.error()};
   std::uint64_t threads = c.copy_threads;
-  if (auto e = read(lookup, "copy_threads", threads, parse_uint)) return *e;
+  if (Status e = read(lookup, "copy_threads", threads, parse_uint); !e) return Error{e.error()};
   if (threads > 64) return bad(*lookup.get("copy_threads"), "copy_threads", "too large");
   c.copy_threads = static_cast<unsigned>(threads);
-  if (auto e = read(lookup, "commit_timeout", c.commit_timeout_s, parse_positive_duration)) return *e;
-  if (auto e = read(lookup, "agree_lead", c.agree_lead, parse_positive_uint)) return *e;
+  if (Status e = read(lookup, "commit_timeout", c.commit_timeout_s, parse_positive_duration); !e) {
+    return Error{e.error()};
+  }
+  if (Status e = read(lookup, "agree_lead", c.agree_lead, parse_positive_uint); !e) return Error{e.error()};
   if (c.agree_lead > 1000) return bad(*lookup.get("agree_lead"), "agree_lead", "too large");
-  if (auto e = read(lookup, "signals", c.signals, parse_on_off)) return *e;
-  if (auto e = read(lookup, "log", c.log_level, parse_hooks_log_level)) return *e;
-  if (auto e = read(lookup, "run_id", c.run_id, parse_run_id)) return *e;
+  if (Status e = read(lookup, "signals", c.signals, parse_on_off); !e) return Error{e.error()};
+  if (Status e = read(lookup, "log", c.log_level, parse_hooks_log_level); !e) return Error{e.error()};
+  if (Status e = read(lookup, "run_id", c.run_id, parse_run_id); !e) return Error{e.error()};
   if (c.run_id.empty()) c.run_id = derive_run_id(lookup, c);
-  if (auto e = resolve_layout(lookup, c)) return *e;
+  if (Status e = resolve_layout(lookup, c); !e) return Error{e.error()};
   return c;
 }
 
