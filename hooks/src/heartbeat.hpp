@@ -56,7 +56,7 @@ enum FrameType : std::uint32_t {
   kJoined = 8,     // start: a = ranks joined in the sender's subtree, sent up
   kGo = 9,         // start: every rank joined; flooded from the root
   // Last words (last_words_runtime.cpp); the network delivers them to the handler.
-  kReport = 3,     // subject's report, sent up: a = step, b = packed coordinate, flags = kReport* bits
+  kReport = 3,     // subject's report, sent up: a = step, b = packed coordinate (ReportFrame, last_words_frames.hpp)
   kWrote = 4,      // subject's terminal shard, sent up: a = step, flags = 1 when durable
   kAlarm = 10,     // last words started somewhere: flooded; subject = the rank that started them
   kDecision = 11,  // the root's decision, flooded: subject = root, a = step, b = pipeline stages, flags = 1: write

@@ -15,6 +15,7 @@
 
 #include "coordinator.hpp"
 #include "heartbeat.hpp"
+#include "last_words_frames.hpp"
 #include "log.hpp"
 #include "notice.hpp"
 
@@ -23,8 +24,7 @@ namespace ckpt::hooks {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr std::uint32_t kMidUpdate = 1;
-constexpr std::uint32_t kCannotWrite = 2;
+using heartbeat::ReportFrame;
 constexpr std::size_t kMaxEarlyCoordination = 4096;  // frames held until the coordinator attaches
 
 // Ends the process `grace` from now unless it has exited by then. Detached: it outlives the LastWords object,
@@ -70,7 +70,7 @@ struct LastWords::Impl {
   bool alarm_sent = false;                    // guarded by mu: this rank flooded the alarm (once)
   std::string trigger_why;                    // guarded by mu
   Clock::time_point trigger_time;             // guarded by mu
-  std::map<int, heartbeat::Frame> reports;    // guarded by mu: rank -> its report (this rank's subtree, all at root)
+  std::map<int, ReportFrame> reports;         // guarded by mu: rank -> its report (this rank's subtree, all at root)
   std::map<int, bool> wrote;                  // guarded by mu: writer rank -> its terminal shard is durable
   std::set<int> accounted;                    // guarded by mu: ranks that reported or are gone
   std::set<int> gone;                         // guarded by mu
@@ -206,7 +206,7 @@ struct LastWords::Impl {
         if (decided) send_decision_locked(e.peer);
         if (ended) send_outcome_locked(e.peer);
         if (net()->links().up == e.peer) {
-          for (const auto& [r, f] : reports) net()->send(e.peer, f);
+          for (const auto& [r, sent] : reports) net()->send(e.peer, sent.to_frame());
           for (const auto& [r, ok] : wrote) {
             heartbeat::Frame w;
             w.type = heartbeat::kWrote;
@@ -231,10 +231,11 @@ struct LastWords::Impl {
         fire("rank " + std::to_string(f.subject) + " started its last words", true, from);
         return;
       case heartbeat::kReport: {
-        if (f.subject < 0 || f.subject >= config.world_size) return;
+        const ReportFrame got = ReportFrame::from_frame(f);
+        if (got.rank < 0 || got.rank >= config.world_size) return;
         std::lock_guard<std::mutex> lock(mu);
-        if (!reports.emplace(f.subject, f).second) return;
-        account_locked(f.subject);
+        if (!reports.emplace(got.rank, got).second) return;
+        account_locked(got.rank);
         net()->send_up(f);
         cv.notify_all();
         break;
@@ -328,17 +329,16 @@ struct LastWords::Impl {
         ready = false;
       }
     }
-    heartbeat::Frame f;
-    f.type = heartbeat::kReport;
-    f.subject = rank;
-    f.a = me.step;
-    f.b = pack_coord(config.coord);
-    f.flags = (me.mid_update ? kMidUpdate : 0) | (ready ? 0 : kCannotWrite);
-    f.from = rank;
+    ReportFrame mine;
+    mine.rank = rank;
+    mine.step = me.step;
+    mine.coord = pack_coord(config.coord);
+    mine.mid_update = me.mid_update;
+    mine.can_write = ready;
     std::lock_guard<std::mutex> lock(mu);
-    reports.emplace(rank, f);
+    reports.emplace(rank, mine);
     account_locked(rank);
-    net()->send_up(f);
+    net()->send_up(mine.to_frame());
     cv.notify_all();
   }
 
@@ -359,15 +359,15 @@ struct LastWords::Impl {
     auto current_reports = [&] {
       std::vector<last_words::RankReport> out;
       unable.clear();
-      for (const auto& [p, f] : reports) {
+      for (const auto& [p, sent] : reports) {
         last_words::RankReport r;
-        r.coord = p == rank ? config.coord : unpack_coord(p, f.b);
-        r.alive = (f.flags & kCannotWrite) == 0 && gone.count(p) == 0;
-        if ((f.flags & kCannotWrite) != 0) {
+        r.coord = p == rank ? config.coord : unpack_coord(p, sent.coord);
+        r.alive = sent.can_write && gone.count(p) == 0;
+        if (!sent.can_write) {
           unable.push_back("rank " + std::to_string(p) + " cannot write its state (counted as lost)");
         }
-        r.mid_update = (f.flags & kMidUpdate) != 0;
-        r.step = f.a;
+        r.mid_update = sent.mid_update;
+        r.step = sent.step;
         out.push_back(r);
       }
       return fill_missing(std::move(out));
@@ -479,7 +479,7 @@ struct LastWords::Impl {
       for (int p = 0; p < config.world_size; ++p) {
         auto it = reports.find(p);
         store::RankCoord c = it == reports.end() ? config.layout.coord_of(p)
-                                                 : (p == rank ? config.coord : unpack_coord(p, it->second.b));
+                                                 : (p == rank ? config.coord : unpack_coord(p, it->second.coord));
         bool elected = c.pp >= 0 && static_cast<std::size_t>(c.pp) < stages.size() &&
                        stages[static_cast<std::size_t>(c.pp)] == c.dp;
         if (elected || (config.layout.zero1 && it != reports.end())) writers.push_back(p);

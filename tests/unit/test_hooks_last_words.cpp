@@ -20,6 +20,7 @@
 #include "device.hpp"
 #include "heartbeat.hpp"
 #include "hooks_test_util.hpp"
+#include "last_words_frames.hpp"
 #include "last_words_runtime.hpp"
 
 using namespace ckpt;
@@ -205,6 +206,30 @@ TEST_CASE("coordinates pack into a hello and back", "[hooks][last_words]") {
   CHECK(back.dp == 3);
   CHECK(back.tp == 1);
   CHECK(back.pp == 2);
+}
+
+TEST_CASE("a last words report travels as a kReport frame and back", "[hooks][last_words]") {
+  heartbeat::ReportFrame report;
+  report.rank = 5;
+  report.step = 300;
+  report.coord = pack_coord(store::RankCoord{5, 1, 1, 0});
+  report.mid_update = true;
+  report.can_write = false;
+  heartbeat::Frame f = report.to_frame();
+  // The wire format the peers read: subject = rank, a = step, b = packed coordinate, flags 1 | 2.
+  CHECK(f.type == heartbeat::kReport);
+  CHECK(f.subject == 5);
+  CHECK(f.a == 300);
+  CHECK(f.b == report.coord);
+  CHECK(f.flags == 3);
+  heartbeat::ReportFrame back = heartbeat::ReportFrame::from_frame(f);
+  CHECK(back.rank == 5);
+  CHECK(back.step == 300);
+  CHECK(back.coord == report.coord);
+  CHECK(back.mid_update);
+  CHECK_FALSE(back.can_write);
+  CHECK(heartbeat::ReportFrame::from_frame(heartbeat::ReportFrame{}.to_frame()).can_write);
+  CHECK(heartbeat::ReportFrame{}.to_frame().flags == 0);
 }
 
 TEST_CASE("the update tracker freezes training outside an update", "[hooks][last_words]") {
