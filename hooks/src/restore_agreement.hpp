@@ -11,6 +11,9 @@
 // leader checks one name per rank, as a commit does. With a tally (the tree coordinator's network), reports are
 // counted over the network and the leader announces its plan and verdict there: a rank then creates no file and
 // reads the two once each, without polling.
+//
+// Threads: one RestoreAgreement per restore, used by the thread that calls Checkpointer::restore (the training
+// thread); the tally's callbacks run on it too and block on the coordinator's own lock, never the network's.
 #include <chrono>
 #include <cstdint>
 #include <functional>
