@@ -14,12 +14,7 @@ namespace ckpt::store {
 
 using namespace detail;
 
-namespace {
-
-constexpr int kMaxTreeDepth = 8;  // step dirs are flat; deeper trees are not ours to remove
-
-// Removes a tree without following symlinks: links are unlinked, never entered.
-Status remove_tree(int parent_fd, const std::string& name, int depth) {
+Status detail::remove_tree(int parent_fd, const std::string& name, int depth) {
   int fd = ::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return Status::success();
@@ -45,7 +40,7 @@ Status remove_tree(int parent_fd, const std::string& name, int depth) {
   return Status::success();
 }
 
-constexpr std::string_view kTrashPrefix = ".gc-";
+namespace {
 
 // Deletes a step dir so that no half-deleted checkpoint is ever visible: renamed out of the namespace first.
 Status remove_step_dir(int root_fd, std::uint64_t step) {

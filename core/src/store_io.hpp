@@ -37,6 +37,9 @@ inline constexpr std::size_t kMaxControlFile = 1u << 20;
 inline constexpr const char* kControlDir = ".control";
 inline constexpr std::size_t kMaxRecordFile = 64u << 20;
 inline constexpr std::size_t kMaxMarkerFile = 64u << 10;
+// Step dirs on their way out: gc's trash (".gc-<step dir>-<random>") and retired ones (".gc-<step dir>").
+inline constexpr std::string_view kTrashPrefix = ".gc-";
+inline constexpr int kMaxTreeDepth = 8;  // step dirs are flat; deeper trees are not ours to remove
 
 // The POSIX layer's names, unqualified in the store's parts.
 using posix::AtomicWriteHooks;
@@ -73,6 +76,9 @@ struct DirEntry {
 };
 // Every entry of a directory with its lstat, sorted by name; entries that vanish while listing are skipped.
 IoResult<std::vector<DirEntry>> list_dir(int dir_fd);
+// Removes the tree `name` under parent_fd without following symlinks: links are unlinked, never entered; a
+// missing one is success.
+Status remove_tree(int parent_fd, const std::string& name, int depth = 0);
 // The rank a record file name stands for: "rank-00003.rec" -> 3.
 std::optional<int> parse_record_file_name(std::string_view name);
 // The first symlink among the entries; empty when none.

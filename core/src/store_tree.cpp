@@ -21,8 +21,6 @@ using namespace detail;
 
 namespace {
 
-constexpr std::string_view kRetiredPrefix = ".gc-";
-
 // One file per gathering rank and step: a parent that falls a checkpoint or two behind its child (it waits for its
 // own shard) still finds the step it asks for. Removed with the step's retirement (remove_retired_own).
 std::string gathered_name(std::uint64_t step, int rank) {
@@ -31,35 +29,12 @@ std::string gathered_name(std::uint64_t step, int rank) {
   return name;
 }
 
-std::string retired_name(std::uint64_t step) { return std::string(kRetiredPrefix) + step_dir_name(step); }
+std::string retired_name(std::uint64_t step) { return std::string(kTrashPrefix) + step_dir_name(step); }
 
-// A retired step dir: ".gc-" and 12 digits, nothing else (the old gc's trash names carry a suffix).
+// A retired step dir: ".gc-" and 12 digits, nothing else (gc's trash names carry a suffix).
 std::optional<std::uint64_t> parse_retired_name(std::string_view name) {
-  if (name.substr(0, kRetiredPrefix.size()) != kRetiredPrefix) return std::nullopt;
-  return parse_step_dir_name(name.substr(kRetiredPrefix.size()));
-}
-
-// Removes a directory's regular entries and the directory itself, without following symlinks (a retired step
-// dir is flat; anything else in it is left, and the directory with it).
-Status remove_flat_dir(int parent_fd, const std::string& name) {
-  int fd = ::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return Status::success();
-    return Status::failure("cannot open " + name + ": " + errno_text(errno));
-  }
-  Fd dir(fd);
-  auto entries = list_dir(fd);
-  if (!entries.ok()) return Status::failure("cannot list " + name + ": " + entries.error.message);
-  for (const DirEntry& e : *entries.value) {
-    if (S_ISDIR(e.st.st_mode)) continue;
-    if (::unlinkat(fd, e.name.c_str(), 0) != 0 && errno != ENOENT) {
-      return Status::failure("cannot remove " + name + "/" + e.name + ": " + errno_text(errno));
-    }
-  }
-  if (::unlinkat(parent_fd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
-    return Status::failure("cannot remove " + name + ": " + errno_text(errno));
-  }
-  return Status::success();
+  if (name.substr(0, kTrashPrefix.size()) != kTrashPrefix) return std::nullopt;
+  return parse_step_dir_name(name.substr(kTrashPrefix.size()));
 }
 
 }  // namespace
@@ -132,7 +107,7 @@ Result<std::vector<std::uint64_t>> retire(const std::string& root, std::uint64_t
     for (const DirEntry& e : *names.value) {
       if (!parse_retired_name(e.name) || !S_ISDIR(e.st.st_mode)) continue;
       if (::unlinkat(rfd, e.name.c_str(), AT_REMOVEDIR) == 0 || errno == ENOENT) continue;
-      if (Status s = remove_flat_dir(rfd, e.name); !s) return Error{s.error()};
+      if (Status s = remove_tree(rfd, e.name); !s) return Error{s.error()};
     }
 
     // What to retire: plan_gc over the step dirs by name, with the state their MANIFEST and FAILED names give.
@@ -156,7 +131,7 @@ Result<std::vector<std::uint64_t>> retire(const std::string& root, std::uint64_t
       const std::string to = retired_name(step);
       // A leftover under the same name (a round that died before it was cleaned) goes first.
       if (exists_at(rfd, to)) {
-        if (Status s = remove_flat_dir(rfd, to); !s) return Error{s.error()};
+        if (Status s = remove_tree(rfd, to); !s) return Error{s.error()};
       }
       // Checked again before each rename: a newer run may have started meanwhile.
       if (Status s = check_fence_fd(rfd, fence); !s) break;
