@@ -91,14 +91,12 @@ def batch(args, step, rank, world):
     return seq[:, :-1], seq[:, 1:]
 
 
-def main():
-    args = parse_args()
-    rank, world = rendezvous()
+def train(args, in_place=False):
+    """The training loop; the default process group, when there is one, is formed already."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     torch.set_num_threads(1)  # one thread: the same reduction order inside every kernel, every run
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    if world > 1:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
     model = TinyTransformer(args.vocab, args.d_model, args.layers, args.seq_len)
     torch.manual_seed(args.seed + 1 + rank)  # dropout differs per rank, and its state is checkpointed
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -106,7 +104,11 @@ def main():
 
     interval = f"{args.ckpt_interval_steps}steps" if args.ckpt_interval_steps else None
     extra = {"samples_seen": 0}  # the data position; the stream itself needs only the step
-    cp = slurm_ckpt.torch.Checkpointer(model, optimizer, extra=extra, dir=args.ckpt_dir, interval=interval)
+    # In place, a spare that takes a rank over may restore another replica's terminal shard: the layout is declared
+    # (pure data parallelism) so that last words can write one, and dropout is seeded per (step, rank) below.
+    layout = {"dp": world} if in_place and not os.environ.get("CKPT_LAYOUT") else None
+    cp = slurm_ckpt.torch.Checkpointer(model, optimizer, extra=extra, dir=args.ckpt_dir, interval=interval,
+                                       layout=layout)
     say = (lambda *a: print("train_ddp:", *a, flush=True)) if rank == 0 else (lambda *a: None)
     if not cp.enabled:
         say("no checkpoint dir (--ckpt-dir or CKPT_DIR): training without checkpoints")
@@ -117,6 +119,8 @@ def main():
     stopped = False
     step = start
     for step in range(start, args.steps):
+        if in_place:
+            torch.manual_seed((args.seed + 1) * 1_000_003 + step * world + rank)
         tokens, targets = batch(args, step, rank, world)
         loss = F.cross_entropy(model(tokens).reshape(-1, args.vocab), targets.reshape(-1))
         loss.backward()
@@ -136,9 +140,6 @@ def main():
             stopped = True
             break
     cp.close()
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
     if stopped:
         say(f"stopped after step {step + 1} with a terminal checkpoint; run again to continue")
         return 0
@@ -151,6 +152,22 @@ def main():
             f.write(digest + "\n")
         say(f"done after step {args.steps}: final weights sha256 {digest} in {args.out}")
     return 0
+
+
+def main():
+    args = parse_args()
+    if os.environ.get("CKPT_INPLACE_ID"):
+        # Started by `ckpt-run --spares N`: run() forms the group, and forms it again after a peer dies, with a
+        # spare in the dead rank's place; train() is re-entered in this same process.
+        return slurm_ckpt.torch.run(train, args, in_place=True)
+    rank, world = rendezvous()
+    if world > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    status = train(args)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return status
 
 
 if __name__ == "__main__":

@@ -168,6 +168,24 @@ py::dict stats_dict(const ckpt::hooks::Stats& s) {
   return d;
 }
 
+py::dict last_words_dict(const ckpt::hooks::LastWordsReport& r) {
+  py::dict d;
+  d["armed"] = r.armed;
+  d["triggered"] = r.triggered;
+  d["done"] = r.done;
+  d["lost_peer"] = r.lost_peer;
+  d["counted_dead"] = r.counted_dead;
+  d["committed"] = r.committed;
+  d["step"] = r.step;
+  d["root"] = r.root;
+  d["lost"] = r.lost;
+  d["detect_unix"] = r.detect_unix;
+  d["decided_unix"] = r.decided_unix;
+  d["done_unix"] = r.done_unix;
+  d["summary"] = r.summary;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -238,5 +256,8 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release release;
              check(self.get().abort());
            }, "Closes after a training error without waiting for other ranks (after the last words, if any).")
-      .def("stats", [](PyCheckpointer& self) { return stats_dict(self.get().stats()); });
+      .def("stats", [](PyCheckpointer& self) { return stats_dict(self.get().stats()); })
+      .def("last_words", [](PyCheckpointer& self) { return last_words_dict(self.get().last_words_report()); },
+           "What the last words did on this rank: triggered, done, lost_peer, lost ranks, committed, step, root, "
+           "times. Any thread may call it.");
 }

@@ -139,6 +139,8 @@ Status Checkpointer::Impl::close(bool wait_for_peers) {
       }
     }
     coord->detach();  // the persist thread may still publish; the network goes now
+    std::lock_guard<std::mutex> lock(words_mu);
+    words_final = last_words->outcome();
     last_words.reset();
   }
   if (!wait_for_peers) coord->cancel();
@@ -226,7 +228,11 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
         impl->close(false);
         return Error{lw.error()};
       }
-      impl->last_words = std::move(lw).value();
+      {
+        std::lock_guard<std::mutex> lock(impl->words_mu);
+        impl->last_words = std::move(lw).value();
+        impl->words_armed = true;
+      }
       impl->coord->attach(*impl->last_words);
     } else if (config->last_words && !config->layout_declared && config->world_size > 1 && config->rank == 0) {
       // Without a layout the survivors cannot tell whether they hold a complete copy, so nothing is armed.
@@ -409,5 +415,29 @@ Status Checkpointer::watch_nccl(void* comm) {
 }
 
 Stats Checkpointer::stats() const { return impl_->stats_copy(); }
+
+LastWordsReport Checkpointer::last_words_report() const {
+  const Impl& m = *impl_;
+  LastWordsOutcome o;
+  LastWordsReport r;
+  {
+    std::lock_guard<std::mutex> lock(m.words_mu);
+    r.armed = m.words_armed;
+    o = m.last_words ? m.last_words->outcome() : m.words_final;
+  }
+  r.triggered = o.triggered;
+  r.done = o.done;
+  r.lost_peer = !o.lost.empty();
+  r.counted_dead = o.counted_dead;
+  r.committed = o.ended_committed || o.committed;
+  r.step = o.step;
+  r.root = o.root;
+  r.lost = o.lost;
+  r.detect_unix = o.detect_unix;
+  r.decided_unix = o.decided_unix;
+  r.done_unix = o.done_unix;
+  r.summary = o.summary;
+  return r;
+}
 
 }  // namespace ckpt::hooks

@@ -88,7 +88,10 @@ struct Checkpointer::Impl {
   std::unique_ptr<CopyPool> pool;
   std::unique_ptr<DeviceBackend> device;  // created at the first device region
   UpdateTracker tracker;                  // step and mid-update, for the last words
-  std::unique_ptr<LastWords> last_words;  // armed: see last_words_runtime.hpp
+  std::unique_ptr<LastWords> last_words;  // armed: see last_words_runtime.hpp; reset under words_mu
+  mutable std::mutex words_mu;            // last_words_report() from any thread while close() resets it
+  bool words_armed = false;               // guarded by words_mu
+  LastWordsOutcome words_final;           // guarded by words_mu: the outcome when close() ended the last words
   std::unique_ptr<NcclWatch> nccl;        // communicators handed to watch_nccl; reset before last_words
   bool handlers = false;
   std::uint64_t notices_seen = 0;  // notice::count() at start: only later signals are for this checkpointer

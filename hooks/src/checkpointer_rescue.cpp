@@ -23,6 +23,9 @@ Result<std::unique_ptr<LastWords>> Checkpointer::Impl::start_last_words() {
   LastWords::Timing timing;
   timing.deadline = std::chrono::milliseconds(std::max<std::uint64_t>(config.kill_wait_s * 900, 1000));
   timing.exit_grace = std::chrono::milliseconds(config.exit_grace_s * 1000);
+  // Heartbeats every fifteenth of the silence limit (100 ms for the default 1.5 s), at most 50 per second.
+  timing.dead_after = std::chrono::milliseconds(config.heartbeat_timeout_ms);
+  timing.period = std::max(std::chrono::milliseconds(20), timing.dead_after / 15);
   // The mesh dir is per run (the run id carries the restart count): a stale rank of an earlier run publishes
   // and reads addresses in its own run's dir, and a newer run's ranks refuse its handshake, since the per-run
   // secret in their mesh dir is not the one it holds (heartbeat.hpp).

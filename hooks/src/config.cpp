@@ -7,6 +7,7 @@
 #include "ckpt/hooks.hpp"
 #include "ckpt/log_level.hpp"
 #include "ckpt/parse.hpp"
+#include "ckpt/recovery.hpp"
 
 namespace ckpt::hooks {
 
@@ -37,6 +38,8 @@ const std::vector<KeySpec>& key_specs() {
       {{"kill_wait", "CKPT_KILL_WAIT", "a positive duration like 30s"}, {"CKPT_KILL_WAIT"}},
       {{"exit_grace", "CKPT_EXIT_GRACE", "a duration like 3s (0s: never end the program)"}, {"CKPT_EXIT_GRACE"}},
       {{"requeue", "CKPT_REQUEUE", "controller, self or off"}, {"CKPT_REQUEUE"}},
+      {{"heartbeat_timeout", "CKPT_HEARTBEAT_TIMEOUT", "a duration from 200ms to 60s like 1500ms"},
+       {"CKPT_HEARTBEAT_TIMEOUT"}},
       {{"rank", "RANK", "a whole number below world_size"}, {"RANK", "SLURM_PROCID"}},
       {{"world_size", "WORLD_SIZE", "a whole number >= 1"}, {"WORLD_SIZE", "SLURM_NTASKS"}},
       {{"local_rank", "LOCAL_RANK", "a whole number"}, {"LOCAL_RANK", "SLURM_LOCALID"}},
@@ -144,6 +147,15 @@ Result<LogLevel> parse_hooks_log_level(std::string_view text) {
     case ckpt::LogLevel::Debug: return LogLevel::Debug;
   }
   return Error{"unknown level"};
+}
+
+// Milliseconds of silence that declare a peer dead: long enough for a busy host's scheduling, short enough to
+// detect a frozen node in a second or two.
+Result<std::uint64_t> parse_heartbeat_timeout(std::string_view text) {
+  auto s = recovery::parse_duration_ms(text);
+  if (!s) return Error{s.error()};
+  if (*s < 0.2 || *s > 60) return Error{"outside 200ms..60s"};
+  return static_cast<std::uint64_t>(*s * 1000 + 0.5);
 }
 
 bool is_run_id_char(char c) {
@@ -338,6 +350,9 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   if (Status e = read(lookup, "grace", c.grace_s, parse_duration); !e) return Error{e.error()};
   if (Status e = read(lookup, "kill_wait", c.kill_wait_s, parse_positive_duration); !e) return Error{e.error()};
   if (Status e = read(lookup, "exit_grace", c.exit_grace_s, parse_duration); !e) return Error{e.error()};
+  if (Status e = read(lookup, "heartbeat_timeout", c.heartbeat_timeout_ms, parse_heartbeat_timeout); !e) {
+    return Error{e.error()};
+  }
   if (Status e = read(lookup, "min_interval", c.min_interval_s, parse_positive_duration); !e) return Error{e.error()};
   if (Status e = read(lookup, "max_interval", c.max_interval_s, parse_duration); !e) return Error{e.error()};
   if (c.max_interval_s != 0 && c.max_interval_s < c.min_interval_s) {

@@ -181,6 +181,8 @@ struct LastWords::Impl {
             gone.insert(e.peer);
             died.push_back(e.peer);
             account_locked(e.peer);
+          } else {
+            outcome.counted_dead = true;
           }
         }
         char line[200];
@@ -255,6 +257,8 @@ struct LastWords::Impl {
         decision_write = f.flags == 1;
         decision_step = f.a;
         decision_root = f.subject;
+        outcome.root = f.subject;
+        outcome.decided_unix = unix_seconds();
         net()->flood(f, from);
         cv.notify_all();
         break;
@@ -413,6 +417,8 @@ struct LastWords::Impl {
     decision_write = write_it;
     decision_step = plan.step;
     decision_root = rank;
+    outcome.root = rank;
+    outcome.decided_unix = unix_seconds();
     stages = plan.replica_of_stage;
     stages.resize(static_cast<std::size_t>(std::max(config.layout.pp, 1)), -1);
     send_decision_locked(-1);
@@ -561,6 +567,10 @@ struct LastWords::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       outcome.done = true;
+      outcome.done_unix = unix_seconds();
+      outcome.ended_committed = ended_committed;
+      outcome.lost = died;
+      std::sort(outcome.lost.begin(), outcome.lost.end());
       for (int p : died) lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(p);
     }
     cv.notify_all();

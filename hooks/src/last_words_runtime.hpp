@@ -79,6 +79,12 @@ struct LastWordsOutcome {
   std::string summary;      // the plan's one-line decision
   double detect_unix = 0;   // when the failure was caught here, unix seconds
   double commit_s = 0;      // from detection to the commit (the committer only)
+  double decided_unix = 0;  // when the decision reached (or was made on) this rank
+  double done_unix = 0;     // when the last words ended here
+  int root = -1;            // the rank that decided (the root of the network among the survivors)
+  bool ended_committed = false;  // the root's word: the terminal checkpoint is committed
+  bool counted_dead = false;     // the other ranks count this rank as dead
+  std::vector<int> lost;    // the peers this rank knows died (not those that left in order), ascending
 };
 
 class LastWords {

@@ -82,6 +82,7 @@ struct Config {
   std::uint64_t kill_wait_s = 5;           // Slurm's KillWait (CKPT_KILL_WAIT, from the plugin): last words commit
   std::uint64_t exit_grace_s = 2;          // CKPT_EXIT_GRACE: after last words for a lost peer, the program has this
                                            // long to exit before the library ends it (exit 75); 0: never
+  std::uint64_t heartbeat_timeout_ms = 1500;  // CKPT_HEARTBEAT_TIMEOUT: silence that declares a peer dead
   std::string requeue = "self";            // CKPT_REQUEUE after a time-limit stop: controller, self or off
                                            // within 90% of it; 5 s when unknown
   int rank = 0;
@@ -178,6 +179,24 @@ struct Stats {
   std::string auto_interval_inputs;       // the log line: interval, source and every input
 };
 
+// What the last words did on this rank: what a program that recovers in place (slurm_ckpt.torch.run) needs to
+// know to leave the failed group and form the next one.
+struct LastWordsReport {
+  bool armed = false;          // last words run for this job (CKPT_LAST_WORDS=on, a declared layout, > 1 rank)
+  bool triggered = false;      // they started: a peer died, a notice came, or a trigger
+  bool done = false;           // they ended on this rank (committed, written, or given up)
+  bool lost_peer = false;      // a peer died: not a time-limit or signal stop
+  bool counted_dead = false;   // the other ranks count this rank as dead: it must leave the job
+  bool committed = false;      // the decider's word: the terminal checkpoint is committed
+  std::uint64_t step = 0;      // the step of the terminal checkpoint (when one was decided)
+  int root = -1;               // the rank that decided, among the survivors; -1 when no decision came
+  std::vector<int> lost;       // the peers this rank knows died, ascending
+  double detect_unix = 0;      // when the failure was caught here (unix seconds)
+  double decided_unix = 0;     // when the decision came
+  double done_unix = 0;        // when the last words ended here
+  std::string summary;         // the decision in one line
+};
+
 // ---- the checkpointer -------------------------------------------------------------------------------------------
 
 // One per process and rank. Calls come from the training thread, except stats() which any thread may call.
@@ -237,6 +256,8 @@ class Checkpointer {
   CKPT_HOOKS_API Status watch_nccl(void* comm);
 
   CKPT_HOOKS_API Stats stats() const;
+  // What the last words did on this rank so far; any thread may call it.
+  CKPT_HOOKS_API LastWordsReport last_words_report() const;
 
  private:
   struct Impl;

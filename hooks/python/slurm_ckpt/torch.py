@@ -297,6 +297,7 @@ class Checkpointer:
                                        and self._native.world_size > 1)
         if self._native.enabled:
             self._register()  # the model's staging is allocated and faulted in now, in the background
+        _note_checkpointer(self)  # run() reads its last words when train() ends
 
     # ---- what the native side sees --------------------------------------------------------------------------
 
@@ -384,6 +385,7 @@ class Checkpointer:
         step = n.restore(copy_into_regions=False)
         if step == 0:
             self._register()
+            _note_phase("restored")
             return 0
         regions = {name: (json.loads(meta), view, address) for name, meta, view, address in n.restored()}
 
@@ -419,6 +421,7 @@ class Checkpointer:
                     else:
                         self.extra[key] = value
         self._register()  # the optimizer's state tensors are new
+        _note_phase("restored")
         return step
 
     def before_update(self):
@@ -432,6 +435,7 @@ class Checkpointer:
         because the job is within CKPT_GRACE of its time limit, or SIGTERM/SIGUSR1/SIGUSR2 arrived (on any rank).
         Then leave the loop, call close(), and exit normally."""
         n = self._native
+        _note_phase("first_step")
         if not n.enabled:
             return False
         snapshot, _, _ = n.poll(step)
@@ -454,6 +458,11 @@ class Checkpointer:
         """Waits for the last persist and commit; raises if a persist failed."""
         self._native.close()
 
+    def last_words(self):
+        """What the last words did on this rank (a dict: triggered, done, lost_peer, lost, committed, step, root,
+        detect_unix, ...); any thread may call it."""
+        return self._native.last_words() if self._native.enabled else {}
+
     def abort(self):
         """After a training error (a collective failed because a peer died): closes without waiting for other
         ranks. With last words on, it first lets this rank take part in the survivors' terminal checkpoint."""
@@ -465,3 +474,9 @@ class Checkpointer:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+# Restart in place (slurm_ckpt/restart.py): imported last, as it reads the Checkpointers this module makes.
+from .restart import note_checkpointer as _note_checkpointer  # noqa: E402
+from .restart import note_phase as _note_phase  # noqa: E402
+from .restart import run  # noqa: E402,F401

@@ -1,0 +1,277 @@
+"""slurm_ckpt.torch.run: restart in place. When a peer dies, the survivors stay alive and re-enter the training
+function with a fresh process group, a warm spare taking the dead ranks over; nothing is relaunched.
+
+    def train():                    # the loop as always: Checkpointer, restore(), before_update(), after_step()
+        ...                         # dist is initialised already: dist.get_rank(), dist.get_world_size()
+    slurm_ckpt.torch.run(train)
+
+Under `ckpt-run --spares N` (one step per node, see slurm_ckpt.inplace), one generation after another:
+  1. the group forms: gloo over a TCP store whose address the generation's plan names;
+  2. train() runs. The loop makes a Checkpointer, restores the newest complete checkpoint and trains;
+  3. a peer dies: the last words write a terminal checkpoint of the step the survivors are on. A watchdog shuts the
+     group's sockets here, so that a collective blocked on a frozen peer returns (gloo has no abort). train()
+     returns or raises;
+  4. the survivors leave the group. The rank that decided the last words claims a spare per dead rank and writes
+     the next generation's plan. Everyone, the spares included, goes back to 1 and restores that checkpoint.
+Without a spare (or with last words off, or when the plan does not come) the survivors exit with status 75,
+and the requeue path takes over as before.
+
+Outside ckpt-run (srun, torchrun) run() forms the group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (or srun's
+variables) and calls train() once.
+"""
+import datetime
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+import torch.distributed as dist
+
+from . import inplace
+
+_PLAN_TIMEOUT_S = float(os.environ.get("CKPT_INPLACE_PLAN_TIMEOUT", "20"))
+_STORE_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("CKPT_INPLACE_JOIN_TIMEOUT", "30")))
+
+_abandoned = []  # the groups of failed generations: never destroyed here (a destructor may wait on a dead peer)
+_state = {"checkpointer": None, "phases": None}
+
+
+def _say(line):
+    print(f"ckpt: {line}", file=sys.stderr, flush=True)
+
+
+def _leave(line, status=inplace.EXIT_PEER_LOST):
+    _say(line)
+    sys.stdout.flush()
+    os._exit(status)  # the failed group's threads may still wait on the dead peer: no interpreter teardown
+
+
+# ---- what the Checkpointer tells run() ----------------------------------------------------------------------------
+
+def note_checkpointer(cp):
+    _state["checkpointer"] = cp
+
+
+def note_phase(name):
+    """restore() and the first after_step() of a recovered generation stamp their time; the recovery's root prints
+    the whole breakdown at the first step."""
+    phases = _state["phases"]
+    if phases is None or name in phases:
+        return
+    phases[name] = time.time()
+    if name == "first_step":
+        _state["phases"] = None
+        if phases.get("report"):
+            del phases["report"]
+            _say("in-place recovery " + json.dumps(phases, sort_keys=True))
+
+
+def _last_words():
+    cp = _state["checkpointer"]
+    if cp is None or not cp.enabled:
+        return {}
+    return cp._native.last_words()
+
+
+# ---- the group ----------------------------------------------------------------------------------------------------
+
+def _sockets():
+    """This process's sockets: fd -> 'socket:[inode]'."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            out[int(name)] = target
+    return out
+
+
+class _Group:
+    """One generation's process group, and the sockets it opened, which a watchdog shuts when a peer is lost."""
+
+    def __init__(self, backend, plan, rank, store=None):
+        before = _sockets()
+        self.store_port = plan["port"]
+        if store is None:
+            store = dist.TCPStore(plan["addr"], plan["port"], None, False, _STORE_TIMEOUT)
+        self.store = store
+        dist.init_process_group(backend, store=store, rank=rank, world_size=plan["world"], timeout=_STORE_TIMEOUT)
+        dist.barrier()
+        self.sockets = {fd: t for fd, t in _sockets().items() if before.get(fd) != t}
+        self._stop = threading.Event()
+        self._watch = threading.Thread(target=self._watchdog, name="ckpt-inplace-watch", daemon=True)
+        self._watch.start()
+
+    def _watchdog(self):
+        while not self._stop.wait(0.02):
+            lw = _last_words()
+            if lw.get("lost_peer") or lw.get("counted_dead"):
+                self.shut()
+                return
+
+    def shut(self):
+        """Shuts the group's connections (not its store's): blocked collectives fail at once."""
+        for fd, target in self.sockets.items():
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") != target:
+                    continue  # closed, and the number reused
+                s = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            try:
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    continue
+                ports = {s.getsockname()[1], s.getpeername()[1]}
+                if self.store_port not in ports:
+                    s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            finally:
+                s.close()
+
+    def leave(self, failed):
+        self._stop.set()
+        if failed:
+            self.shut()
+            _abandoned.append((dist.distributed_c10d._get_default_group(), self.store))
+        dist.destroy_process_group()
+
+
+def _store_master(world):
+    store = dist.TCPStore(inplace.address(), 0, None, True, _STORE_TIMEOUT, wait_for_workers=False)
+    return store, {"world": world, "addr": inplace.address(), "port": store.port}
+
+
+def _set_rank_env(rank, world, launch, generation):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(launch.local),
+                      CKPT_RUN_ID=f"{launch.id}.g{generation}")
+    if generation > 0:  # the plugin's choice was for generation 0: resume from the newest checkpoint instead
+        os.environ.pop("CKPT_RESUME_STEP", None)
+        os.environ.pop("CKPT_RESUME_PATH", None)
+
+
+# ---- recovery -----------------------------------------------------------------------------------------------------
+
+def _next_plan(members, generation, rank, lw, world):
+    """At the recovery's root: a spare per dead rank, claimed, and the plan; or a plan that abandons."""
+    lost = lw["lost"]
+    free = members.free_spares()
+    if len(free) < len(lost):
+        why = f"{len(lost)} ranks lost, {len(free)} spares ready"
+        members.mark("abandoned", why)
+        return members.write_plan(generation, {"abandon": why})
+    store, plan = _store_master(world)
+    takeover = dict(zip(lost, free))
+    plan.update(root=rank, lost=lost, step=lw["step"], committed=lw["committed"],
+                takeover={str(r): slot for r, slot in takeover.items()}, detect_unix=lw["detect_unix"])
+    return store, members.write_plan(generation, plan, claims=[(slot, r) for r, slot in takeover.items()])
+
+
+def _recover(members, generation, rank, world, cp, error):
+    """After train() of a failed generation: this rank's plan for the next one, with the master store when this
+    rank hosts it. Leaves the process when it cannot go on."""
+    if cp is not None:
+        try:
+            cp.abort()  # waits for the last words to end (idempotent after close)
+        except Exception:  # noqa: BLE001 - a failed close of a failed generation changes nothing here
+            pass
+    lw = _last_words()
+    if lw.get("counted_dead"):
+        _leave(f"rank {rank}: the other ranks count this rank as dead; leaving")
+    lost = lw.get("lost", [])
+    root = lw.get("root", -1)
+    if root < 0:
+        root = min(r for r in range(world) if r not in lost)
+    store = None
+    if rank == root:
+        result = _next_plan(members, generation, rank, lw, world)
+        store, plan = result if isinstance(result, tuple) else (None, result)
+    else:
+        plan = members.wait_plan(generation, _PLAN_TIMEOUT_S)
+    if plan is None:
+        _leave(f"rank {rank}: no plan for generation {generation} within {_PLAN_TIMEOUT_S:g} s; "
+               f"handing over to a requeue")
+    if plan.get("abandon"):
+        _leave(f"rank {rank}: cannot recover in place ({plan['abandon']}); handing over to a requeue")
+    if rank in plan["lost"]:
+        _leave(f"rank {rank}: counted as lost by generation {generation}; leaving")
+    phases = {"generation": generation, "detect": lw.get("detect_unix"), "decided": lw.get("decided_unix"),
+              "last_words_done": lw.get("done_unix"), "plan": plan["written_unix"], "step": plan["step"],
+              "lost": plan["lost"], "report": rank == plan["root"]}
+    if rank == plan["root"]:
+        _say(f"in-place recovery {generation}: ranks {plan['lost']} lost; spares {sorted(plan['takeover'].values())}"
+             f" take them over; resuming from step {plan['step']}")
+    return plan, store, phases
+
+
+def _run_plain(train, backend, args, kwargs):
+    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world)
+    try:
+        return train(*args, **kwargs)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run(train, *args, backend="gloo", **kwargs):
+    """Calls train(*args, **kwargs) with the default process group formed, again after each in-place recovery.
+    Returns what the last call returned. A spare that was never needed exits 0 when training ends."""
+    launch = inplace.Launch.from_env()
+    if launch is None:
+        return _run_plain(train, backend, args, kwargs)
+    os.environ["CKPT_EXIT_GRACE"] = "0s"  # this process leaves the failed group itself: the library must not end it
+    members = inplace.Membership(launch)
+    world, store, phases = launch.world, None, None
+    if launch.spare:
+        members.register_spare()
+        claim = members.wait_claim()
+        if claim is None:
+            os._exit(inplace.EXIT_PEER_LOST if os.path.exists(os.path.join(members.dir, "abandoned")) else 0)
+        generation, rank = claim["generation"], claim["rank"]
+        plan = members.wait_plan(generation, _PLAN_TIMEOUT_S)
+        if plan is None or plan.get("abandon"):
+            _leave(f"spare {launch.slot}: no usable plan for generation {generation}")
+        _say(f"spare {launch.slot} takes rank {rank} over (generation {generation})")
+    else:
+        generation, rank = 0, launch.rank
+        if rank == 0:
+            store, plan = _store_master(world)
+            plan = members.write_plan(0, dict(plan, root=0, lost=[], step=None))
+        else:
+            plan = members.wait_plan(0, max(_PLAN_TIMEOUT_S, 120))
+            if plan is None:
+                _leave(f"rank {rank}: rank 0 did not start generation 0")
+    while True:
+        _set_rank_env(rank, world, launch, generation)
+        group = _Group(backend, plan, rank, store)
+        if phases is not None:
+            phases["group"] = time.time()
+        _state["phases"] = phases
+        _state["checkpointer"] = None
+        error, result = None, None
+        try:
+            result = train(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - a dead peer surfaces as any error of the training code
+            error = e
+        cp = _state["checkpointer"]
+        lw = _last_words()
+        if error is not None and lw.get("armed") and cp is not None:
+            cp.abort()  # a collective failed: the last words tell whether a peer died
+            lw = _last_words()
+        if not (lw.get("lost_peer") or lw.get("counted_dead")):
+            group.leave(failed=error is not None)
+            if error is not None:
+                raise error
+            if rank == 0:
+                members.mark("finished")
+            return result
+        group.leave(failed=True)
+        generation += 1
+        plan, store, phases = _recover(members, generation, rank, world, cp, error)
