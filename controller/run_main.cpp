@@ -62,6 +62,8 @@ struct SrunLine {
   std::vector<std::string> command;
   std::optional<std::string> nodes;    // the user's -N value
   std::optional<std::string> exclude;  // the user's -x value
+  std::optional<std::string> ntasks_per_node;  // kept in `options` too
+  bool ntasks = false;                 // -n/--ntasks was given (kept in `options`)
 };
 
 ckpt::Result<SrunLine> parse_srun(const std::vector<std::string>& args) {
@@ -77,6 +79,8 @@ ckpt::Result<SrunLine> parse_srun(const std::vector<std::string>& args) {
     } else if (name == "exclude") {
       line.exclude = option.value.value_or("");
     } else {
+      if (name == "ntasks-per-node") line.ntasks_per_node = option.value.value_or("");
+      if (name == "ntasks") line.ntasks = true;
       for (auto& word : option.words()) line.options.push_back(std::move(word));
     }
   }
@@ -89,6 +93,7 @@ struct Settings {
   std::uint64_t max_relaunches = 100;
   double decision_wait_s = 5;
   double poll_s = 0.1;
+  std::optional<std::uint64_t> spares;  // --spares: one step per node, spares kept warm, restart in place
 };
 
 std::string controller_url_from_config() {
@@ -200,6 +205,10 @@ std::optional<int> set_run_option(const std::string& a, const std::optional<std:
     auto n = v ? ckpt::parse_uint(*v) : ckpt::Result<std::uint64_t>(ckpt::Error{""});
     if (!n) return usage("--max-relaunches: invalid value '" + v.value_or("") + "' (expected a number)");
     s.max_relaunches = *n;
+  } else if (a == "--spares") {
+    auto n = v ? ckpt::parse_uint(*v) : ckpt::Result<std::uint64_t>(ckpt::Error{""});
+    if (!n || *n > 4096) return usage("--spares: invalid value '" + v.value_or("") + "' (expected N from 0 to 4096)");
+    s.spares = *n;
   } else if (a == "--decision-wait") {
     auto d = v ? rec::parse_duration_ms(*v) : ckpt::Result<double>(ckpt::Error{""});
     if (!d) return usage("--decision-wait: invalid value '" + v.value_or("") + "' (expected a duration like 5s)");
@@ -284,12 +293,18 @@ std::optional<int> prepare(Run& run, const std::vector<std::string>& srun_args) 
 // SIGTERM/SIGINT (scancel, the end of the allocation) go on to srun's process group: no relaunch after that.
 volatile sig_atomic_t g_stopping = 0;
 volatile pid_t g_child_group = 0;
+// --spares: one srun per node, each in its own process group.
+constexpr std::size_t kMaxNodeSteps = 4096 + 1024;
+volatile pid_t g_node_groups[kMaxNodeSteps] = {};
 
 void forward_stop_signals() {
   struct sigaction sa {};
   sa.sa_handler = [](int sig) {
     g_stopping = 1;
     if (g_child_group > 0) kill(-g_child_group, sig);
+    for (std::size_t i = 0; i < kMaxNodeSteps && g_node_groups[i] != 0; ++i) {
+      if (g_node_groups[i] > 0) kill(-g_node_groups[i], sig);
+    }
   };
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
@@ -428,6 +443,152 @@ int relaunch_loop(Run& run) {
   }
 }
 
+// ---- --spares: one step per node, restart in place -----------------------------------------------------------------
+
+// Starts `argv` in its own process group with `env` added (CKPT_RUN is not set: the controller does not relaunch).
+pid_t spawn_with(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "ckpt-run: cannot run %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  if (pid > 0) setpgid(pid, pid);
+  return pid;
+}
+
+struct NodeStep {
+  std::string node;
+  bool spare = false;
+  pid_t pid = -1;
+  std::optional<int> status;
+};
+
+// The per-node steps: the first -N healthy nodes train (ranks node_index * K + SLURM_PROCID), the next --spares
+// wait. Fails with one line when the srun line or the allocation does not allow it.
+ckpt::Result<std::vector<NodeStep>> plan_node_steps(const Run& run) {
+  if (!run.line.ntasks_per_node) return ckpt::Error{"--spares needs srun --ntasks-per-node=K (K ranks per node)"};
+  if (run.line.ntasks) return ckpt::Error{"--spares: give srun --ntasks-per-node, not -n/--ntasks"};
+  if (!run.nodes_wanted) return ckpt::Error{"--spares needs srun -N (the nodes that train)"};
+  std::vector<std::string> healthy;
+  for (const auto& n : run.alloc) {
+    if (run.excluded.count(n) == 0) healthy.push_back(n);
+  }
+  const std::uint64_t wanted = *run.nodes_wanted;
+  if (healthy.size() < wanted) {
+    return ckpt::Error{"--spares: -N " + std::to_string(wanted) + " but the allocation has " +
+                       std::to_string(healthy.size()) + " usable nodes"};
+  }
+  const std::uint64_t spares = std::min<std::uint64_t>(*run.s.spares, healthy.size() - wanted);
+  if (spares < *run.s.spares) {
+    log_info("--spares " + std::to_string(*run.s.spares) + ": the allocation holds " + std::to_string(spares) +
+             " spare nodes beyond -N " + std::to_string(wanted));
+  }
+  if (wanted + spares > kMaxNodeSteps) return ckpt::Error{"--spares: too many nodes for one ckpt-run"};
+  std::vector<NodeStep> steps;
+  for (std::uint64_t i = 0; i < wanted + spares; ++i) {
+    NodeStep step;
+    step.node = healthy[i];
+    step.spare = i >= wanted;
+    steps.push_back(step);
+  }
+  return steps;
+}
+
+constexpr int kExitPeerLost = 75;  // a survivor that could not go on (slurm_ckpt's EXIT_PEER_LOST)
+
+void kill_node_steps(std::vector<NodeStep>& steps) {
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (!steps[i].status && steps[i].pid > 0) kill(-steps[i].pid, SIGKILL);
+  }
+}
+
+// Waits for the per-node steps. Training is done once `wanted` of them exited 0 (the training nodes, or spares in
+// a dead node's place): what is left then (a dead node's step Slurm has not ended yet) gets 10 s and is killed.
+// A step that exits 75 holds survivors that could not recover in place (no spare left): the job goes to a requeue.
+int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t wanted) {
+  std::uint64_t zeros = 0;
+  std::optional<int> failure;
+  bool handed_over = false;
+  double done_at = 0;
+  for (std::size_t running = steps.size(); running > 0;) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno == ECHILD) break;
+    for (std::size_t i = 0; pid > 0 && i < steps.size(); ++i) {
+      if (steps[i].pid != pid) continue;
+      const int code = exit_status(status);
+      steps[i].status = code;
+      g_node_groups[i] = -1;
+      --running;
+      if (code == 0) {
+        ++zeros;
+        continue;
+      }
+      std::fprintf(stderr, "ckpt-run: the step on %s ended with status %d at %.3f\n", steps[i].node.c_str(), code,
+                   ckpt::unix_seconds());
+      if (!failure) failure = code;
+      if (code == kExitPeerLost && !handed_over && !g_stopping) {
+        handed_over = true;
+        log_info("survivors on " + steps[i].node + " could not recover in place; handing over to a requeue");
+        if (!run.s.url.empty()) hand_over(run.s, run.job_id, "no spare left for a recovery in place");
+      }
+    }
+    if (pid > 0) continue;
+    // Done: training ended, or it was handed over (idle spares and stuck steps have nothing left to do).
+    if ((zeros >= wanted || handed_over) && done_at == 0) done_at = ckpt::unix_seconds();
+    if (done_at > 0 && ckpt::unix_seconds() - done_at > 10) {
+      kill_node_steps(steps);
+      done_at = 1e300;  // once
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (zeros >= wanted && !handed_over) return 0;
+  return failure.value_or(1);
+}
+
+int inplace_loop(Run& run) {
+  auto planned = plan_node_steps(run);
+  if (!planned) return usage(planned.error());
+  std::vector<NodeStep> steps = std::move(planned).value();
+  auto per_node = ckpt::parse_uint(*run.line.ntasks_per_node);
+  if (!per_node || *per_node == 0) return usage("srun --ntasks-per-node: invalid value '" + *run.line.ntasks_per_node + "'");
+  const std::uint64_t wanted = *run.nodes_wanted;
+  const char* restarts = std::getenv("SLURM_RESTART_COUNT");
+  const std::string id = run.job + ".r" + (restarts ? restarts : "0") + "." + std::to_string(getpid());
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    NodeStep& step = steps[i];
+    std::vector<std::string> argv = {run.line.srun, "--nodes=1", "--nodelist=" + step.node};
+    argv.insert(argv.end(), run.line.options.begin(), run.line.options.end());
+    argv.insert(argv.end(), run.line.command.begin(), run.line.command.end());
+    std::vector<std::pair<std::string, std::string>> env = {
+        {"CKPT_INPLACE_ID", id}, {"CKPT_INPLACE_WORLD", std::to_string(wanted * *per_node)}};
+    if (step.spare) {
+      env.emplace_back("CKPT_INPLACE_SPARE", "1");
+    } else {
+      env.emplace_back("CKPT_INPLACE_RANK_BASE", std::to_string(i * *per_node));
+    }
+    step.pid = spawn_with(argv, env);
+    if (step.pid < 0) {
+      log_error(std::string("cannot fork: ") + std::strerror(errno));
+      return 1;
+    }
+    g_node_groups[i] = step.pid;
+  }
+  std::string spares;
+  for (const auto& st : steps) {
+    if (st.spare) spares += (spares.empty() ? "" : ",") + st.node;
+  }
+  std::fprintf(stderr, "ckpt-run: %llu nodes train, %s (in-place id %s)\n", static_cast<unsigned long long>(wanted),
+               spares.empty() ? "no spare" : ("spares " + spares).c_str(), id.c_str());
+  return wait_node_steps(run, steps, wanted);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -439,5 +600,6 @@ int main(int argc, char** argv) {
   slurm_init(nullptr);
   signal(SIGPIPE, SIG_IGN);
   forward_stop_signals();
+  if (run.s.spares) return inplace_loop(run);
   return relaunch_loop(run);
 }

@@ -12,7 +12,7 @@ struct RunOptionSpec {
   const char* usage;  // what it does, for --help and the man page
 };
 
-inline constexpr std::array<RunOptionSpec, 4> kRunOptions{{
+inline constexpr std::array<RunOptionSpec, 5> kRunOptions{{
     {"--controller", "URL",
      "The recovery controller (default: $CKPT_CONTROLLER_URL, else the listen address of the controller's config "
      "file, $CKPT_CONTROLLER_CONFIG or /etc/slurm-ckpt/controller.conf). Without a reachable controller the step "
@@ -21,6 +21,11 @@ inline constexpr std::array<RunOptionSpec, 4> kRunOptions{{
      "Fewest nodes the relaunched step may run on: without spare nodes, -N shrinks down to N (default: never "
      "shrink)"},
     {"--max-relaunches", "N", "Relaunches within the allocation before handing the job over to a requeue (default 100)"},
+    {"--spares", "N",
+     "Restart in place: one step per node of -N nodes, each with --ntasks-per-node tasks, plus N spare nodes of the "
+     "allocation whose processes wait, framework loaded, to take a dead node's ranks over (the program runs "
+     "slurm_ckpt.torch.run). When a node dies the survivors stay alive and go on with a spare, without a relaunch "
+     "or a requeue; when no spare is left they exit 75 and the job is handed over to a requeue"},
     {"--decision-wait", "DURATION",
      "How long after the step ended to wait for the controller's decision before returning its status "
      "(default 5s)"},

@@ -134,11 +134,11 @@ def train(args, in_place=False):
         extra["samples_seen"] += args.batch * world
         if (step + 1) % args.log_every == 0:
             say(f"step {step + 1} loss {loss.item():.4f}")
-        if args.step_sleep:
-            time.sleep(args.step_sleep)
         if cp.after_step(step + 1):
             stopped = True
             break
+        if args.step_sleep:  # outside the update: last words can write the state of a rank that sleeps
+            time.sleep(args.step_sleep)
     cp.close()
     if stopped:
         say(f"stopped after step {step + 1} with a terminal checkpoint; run again to continue")

@@ -193,6 +193,7 @@ def _recover(members, generation, rank, world, cp, error):
     else:
         plan = members.wait_plan(generation, _PLAN_TIMEOUT_S)
     if plan is None:
+        members.mark("abandoned", f"no plan for generation {generation}")  # the idle spares leave too
         _leave(f"rank {rank}: no plan for generation {generation} within {_PLAN_TIMEOUT_S:g} s; "
                f"handing over to a requeue")
     if plan.get("abandon"):
@@ -263,7 +264,10 @@ def run(train, *args, backend="gloo", **kwargs):
         cp = _state["checkpointer"]
         lw = _last_words()
         if error is not None and lw.get("armed") and cp is not None:
-            cp.abort()  # a collective failed: the last words tell whether a peer died
+            try:
+                cp.abort()  # a collective failed: the last words tell whether a peer died
+            except Exception:  # noqa: BLE001 - the periodic checkpoint in flight failed with the group; said already
+                pass
             lw = _last_words()
         if not (lw.get("lost_peer") or lw.get("counted_dead")):
             group.leave(failed=error is not None)

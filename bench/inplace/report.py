@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""The report of bench/inplace/run.sh: per run and as medians, the time from the failure to the first step
+completed after it, split into phases, the steps lost, and bitwise identity with the uninterrupted run.
+
+    bench/inplace/report.py WORK_DIR
+
+Phases (unix times from the recovery root's "in-place recovery {...}" line, and the failure's injection time):
+  detection     failure injected -> the root's last words caught it
+  agreement     -> the decision (the terminal checkpoint's step, its writers)
+  last words    -> the terminal checkpoint is committed (or given up)
+  re-formation  -> the next generation's group formed (plan, spare claimed, store, gloo mesh)
+  state load    -> restore() returned (the Checkpointer made again, the checkpoint read and loaded)
+  first step    -> the first step after the failure completed
+"""
+import json
+import os
+import re
+import statistics
+import sys
+
+PHASES = [("detection", "failed_unix", "detect"), ("agreement", "detect", "decided"),
+          ("last words", "decided", "last_words_done"), ("re-formation", "last_words_done", "group"),
+          ("state load", "group", "restored"), ("first step", "restored", "first_step")]
+LINE = re.compile(r"in-place recovery (\{.*\})")
+
+
+def read_run(path, reference):
+    with open(os.path.join(path, "failure.json")) as f:
+        failure = json.load(f)
+    with open(os.path.join(path, "log"), errors="replace") as f:
+        log = f.read()
+    m = LINE.search(log)
+    row = {"name": os.path.basename(path), "mode": failure["mode"], "victim": failure["victim"]}
+    digest = ""
+    if os.path.exists(os.path.join(path, "final.sha256")):
+        with open(os.path.join(path, "final.sha256")) as f:
+            digest = f.read().strip()
+    row["bitwise"] = bool(digest) and digest == reference
+    if not m:
+        row["recovered"] = False
+        return row
+    times = dict(json.loads(m.group(1)), failed_unix=failure["failed_unix"])
+    row["recovered"] = True
+    row["phases"] = {name: times[b] - times[a] for name, a, b in PHASES}
+    row["total"] = times["first_step"] - failure["failed_unix"]
+    resumed = [int(s) for s in re.findall(r"^train_ddp: resumed from step (\d+)", log, re.M)]
+    row["steps_lost"] = failure["step_at_failure"] - resumed[-1] if resumed else None
+    return row
+
+
+def main():
+    work = sys.argv[1]
+    with open(os.path.join(work, "reference", "final.sha256")) as f:
+        reference = f.read().strip()
+    runs = sorted((d for d in os.listdir(work) if os.path.exists(os.path.join(work, d, "failure.json"))),
+                  key=lambda d: (re.sub(r"\d+", "", d), int(re.sub(r"\D+", "", d) or 0)))
+    rows = [read_run(os.path.join(work, d), reference) for d in runs]
+    names = [p[0] for p in PHASES]
+    print(f"{'run':10s} {'node':4s} " + " ".join(f"{n:>12s}" for n in names) + f" {'total':>8s} {'lost':>4s} bitwise")
+    for r in rows:
+        if not r["recovered"]:
+            print(f"{r['name']:10s} {r['victim']:4s} not recovered in place; bitwise {r['bitwise']}")
+            continue
+        print(f"{r['name']:10s} {r['victim']:4s} " + " ".join(f"{r['phases'][n]:12.3f}" for n in names) +
+              f" {r['total']:8.3f} {r['steps_lost'] if r['steps_lost'] is not None else '?':>4} {r['bitwise']}")
+    for mode in sorted({r["mode"] for r in rows}):
+        done = [r for r in rows if r["mode"] == mode and r["recovered"]]
+        all_runs = [r for r in rows if r["mode"] == mode]
+        if not done:
+            print(f"{mode}: no run recovered in place ({len(all_runs)} runs)")
+            continue
+        med = {n: statistics.median(r["phases"][n] for r in done) for n in names}
+        total = statistics.median(r["total"] for r in done)
+        lost = [r["steps_lost"] for r in done if r["steps_lost"] is not None]
+        print(f"{mode}: {len(done)}/{len(all_runs)} recovered in place; median failure -> first step {total:.3f} s "
+              f"(max {max(r['total'] for r in done):.3f}); " + ", ".join(f"{n} {med[n]:.3f}" for n in names) +
+              f"; steps lost max {max(lost) if lost else '?'}; bitwise {sum(r['bitwise'] for r in all_runs)}"
+              f"/{len(all_runs)}")
+
+
+if __name__ == "__main__":
+    main()

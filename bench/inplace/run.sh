@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Restart in place on the real local cluster (a benchmark, not a test): slurm-examples/train_ddp.py on 3 nodes
+# plus 1 spare under `ckpt-run --spares 1` (one step per node, --no-kill). Each run kills (crash: SIGKILL) or
+# freezes (SIGSTOP) one training node at a random step; the survivors stay alive, the spare takes the dead
+# node's rank over, and training goes on in the same processes. Prints per run and as medians the time from the
+# failure to the first completed step after it, split into detection, agreement, last words, group
+# re-formation, state load and first step; the steps lost; and whether the final weights are bitwise identical
+# to an uninterrupted run's.
+#   bench/inplace/run.sh [-n RUNS] [-m "crash freeze"] [-t HEARTBEAT_TIMEOUT] [-o DIR]
+# (cluster up; CKPT_BUILD_DIR set or build/ in the source tree). The batch host (n1) is never the victim: its
+# failure ends the batch script, and with it any Slurm job; that case takes the requeue path.
+set -euo pipefail
+RUNS=10 MODES="crash freeze" HB=1s OUT=""
+while getopts "n:m:t:o:" o; do
+  case $o in
+    n) RUNS=$OPTARG ;; m) MODES=$OPTARG ;; t) HB=$OPTARG ;; o) OUT=$OPTARG ;;
+    *) sed -n '2,11p' "$0" >&2; exit 2 ;;
+  esac
+done
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+export CKPT_BUILD_DIR=${CKPT_BUILD_DIR:-$SRC/build}
+D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
+export SLURM_CONF=${SLURM_CONF:-$D/etc/slurm.conf}
+source "$SRC/tests/integration/torch_lib.sh"
+WORK=${OUT:-$(mktemp -d "$D/ckpt/bench-inplace.XXXXXX")}
+mkdir -p "$WORK"
+chmod 755 "$WORK"
+STEPS=60
+victim="" job=""
+cleanup() {
+  [ -n "$job" ] && scancel "$job" 2>/dev/null || true
+  [ -n "$victim" ] && "$SRC/tests/cluster.sh" revive-node "$victim" > /dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+cat > "$WORK/job.sbatch" <<JOB
+#!/bin/bash
+#SBATCH -N4 --no-kill
+export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=$HB
+$CKPT_BUILD_DIR/controller/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $SRC/slurm-examples/train_ddp.py \\
+  --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 "\$@"
+JOB
+
+# run NAME: submits the job into $WORK/NAME (log, ckpt, final weights); sets `job`.
+submit() {
+  mkdir -p "$WORK/$1"
+  job=$(sbatch --parsable -J "bench-inplace-$1" -o "$WORK/$1/log" --ckpt-last-words=on --ckpt-dir="$WORK/$1/ckpt" \
+    "$WORK/job.sbatch" --out "$WORK/$1/final")
+}
+wait_done() {
+  for _ in $(seq 600); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
+  scancel "$job"
+  return 1
+}
+logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
+
+submit reference
+wait_done
+[ -s "$WORK/reference/final.sha256" ] || { cat "$WORK/reference/log" >&2; echo "the uninterrupted run failed" >&2; exit 1; }
+echo "reference: $(cat "$WORK/reference/final.sha256")"
+
+for mode in $MODES; do
+  for i in $(seq "$RUNS"); do
+    name=$mode$i
+    at=$((15 + RANDOM % 20))
+    victim=n$((2 + RANDOM % 2))
+    submit "$name"
+    for _ in $(seq 1200); do
+      s=$(logged "$WORK/$name/log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break
+      sleep 0.02
+    done
+    seen=$(logged "$WORK/$name/log")
+    t0=$(date +%s.%N)
+    "$SRC/tests/cluster.sh" "$mode-node" "$victim" > /dev/null 2>&1
+    echo "{\"mode\": \"$mode\", \"victim\": \"$victim\", \"failed_unix\": $t0, \"step_at_failure\": ${seen:-0}}" \
+      > "$WORK/$name/failure.json"
+    # Training ends before Slurm has given up on the victim: revive it then, so the job can complete.
+    for _ in $(seq 600); do
+      [ -s "$WORK/$name/final.sha256" ] || ! squeue -h -j "$job" 2>/dev/null | grep -q . && break
+      sleep 0.2
+    done
+    "$SRC/tests/cluster.sh" revive-node "$victim" > /dev/null 2>&1
+    wait_done || echo "$name: the job did not end in 120 s" >&2
+    victim=""
+    echo "$name: $(grep -c '^train_ddp: step' "$WORK/$name/log") step lines, $(grep -o 'in-place recovery [0-9]*:.*' "$WORK/$name/log" | head -1)"
+  done
+done
+"$PY" "$SRC/bench/inplace/report.py" "$WORK"
