@@ -11,6 +11,8 @@
 namespace py = pybind11;
 using ckpt::hooks::Checkpointer;
 
+void bind_group_unblock(py::module& m);  // group_unblock.cpp
+
 namespace {
 
 struct CkptError : std::runtime_error {
@@ -191,6 +193,7 @@ py::dict last_words_dict(const ckpt::hooks::LastWordsReport& r) {
 PYBIND11_MODULE(_native, m) {
   m.doc() = "slurm-ckpt's training-side hooks (libckpt); see slurm_ckpt.torch for the PyTorch helper";
   py::register_exception<CkptError>(m, "Error", PyExc_RuntimeError);
+  bind_group_unblock(m);
 
   m.def("option_keys", [] {
     py::list out;

@@ -75,6 +75,7 @@ struct LastWords::Impl {
   std::set<int> accounted;                    // guarded by mu: ranks that reported or are gone
   std::set<int> gone;                         // guarded by mu
   std::vector<int> died;                      // guarded by mu: ranks lost (not left in order)
+  std::vector<int> died_before_outcome;       // guarded by mu: those lost before the outcome was known here
   // The decision, as the root sent it (or made it, at the root).
   bool decided = false;                       // guarded by mu: the header came
   bool decision_write = false;
@@ -180,6 +181,8 @@ struct LastWords::Impl {
           if (e.peer != rank) {
             gone.insert(e.peer);
             died.push_back(e.peer);
+            // A survivor that leaves once the outcome is out (to form the next group) is not a loss.
+            if (!ended) died_before_outcome.push_back(e.peer);
             account_locked(e.peer);
           } else {
             outcome.counted_dead = true;
@@ -569,7 +572,7 @@ struct LastWords::Impl {
       outcome.done = true;
       outcome.done_unix = unix_seconds();
       outcome.ended_committed = ended_committed;
-      outcome.lost = died;
+      outcome.lost = died_before_outcome;
       std::sort(outcome.lost.begin(), outcome.lost.end());
       for (int p : died) lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(p);
     }

@@ -84,7 +84,7 @@ struct LastWordsOutcome {
   int root = -1;            // the rank that decided (the root of the network among the survivors)
   bool ended_committed = false;  // the root's word: the terminal checkpoint is committed
   bool counted_dead = false;     // the other ranks count this rank as dead
-  std::vector<int> lost;    // the peers this rank knows died (not those that left in order), ascending
+  std::vector<int> lost;    // the peers this rank knows died before the outcome (not those that left), ascending
 };
 
 class LastWords {

@@ -190,7 +190,7 @@ struct LastWordsReport {
   bool committed = false;      // the decider's word: the terminal checkpoint is committed
   std::uint64_t step = 0;      // the step of the terminal checkpoint (when one was decided)
   int root = -1;               // the rank that decided, among the survivors; -1 when no decision came
-  std::vector<int> lost;       // the peers this rank knows died, ascending
+  std::vector<int> lost;       // the peers this rank knows died before the outcome was known, ascending
   double detect_unix = 0;      // when the failure was caught here (unix seconds)
   double decided_unix = 0;     // when the decision came
   double done_unix = 0;        // when the last words ended here

@@ -7,6 +7,7 @@ rank over. They meet in one directory of the checkpoint dir's control area, `.co
   spare-<node>.<local>   a spare, ready (written once, at its start)
   claim-<node>.<local>   that spare's rank and generation (written by the recovery's root before the plan)
   gen-<G>.plan           generation G: its world, the address of its rendezvous store, who replaced whom
+  gen-<G>.phases         when each phase of recovery G ended, written once training completed a step again
   finished | abandoned   training ended (idle spares leave with 0) or handed over to a requeue (they leave with 75)
 
 Every file is written whole and renamed into place, so a reader sees all of it or nothing. Generation 0's plan is
@@ -140,6 +141,10 @@ class Membership:
                     return plan
             time.sleep(self.poll_s)
         return None
+
+    def write_phases(self, generation, phases):
+        """gen-<G>.phases: when each phase of recovery G ended (unix seconds), written at its first step."""
+        _write_atomic(self._path(f"gen-{generation}.phases"), json.dumps(phases, sort_keys=True))
 
     def mark(self, name, why=""):
         """`finished` or `abandoned`: tells the idle spares to leave."""

@@ -29,10 +29,11 @@ import time
 
 import torch.distributed as dist
 
-from . import inplace
+from . import _native, inplace
 
 _PLAN_TIMEOUT_S = float(os.environ.get("CKPT_INPLACE_PLAN_TIMEOUT", "20"))
-_STORE_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("CKPT_INPLACE_JOIN_TIMEOUT", "30")))
+# How long the ranks of a generation wait for each other at its store before the missing ones count as lost.
+_JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("CKPT_INPLACE_JOIN_TIMEOUT", "15")))
 
 _abandoned = []  # the groups of failed generations: never destroyed here (a destructor may wait on a dead peer)
 _state = {"checkpointer": None, "phases": None}
@@ -63,9 +64,13 @@ def note_phase(name):
     phases[name] = time.time()
     if name == "first_step":
         _state["phases"] = None
-        if phases.get("report"):
-            del phases["report"]
+        members = phases.pop("members", None)
+        if phases.pop("report", False):
             _say("in-place recovery " + json.dumps(phases, sort_keys=True))
+            try:  # for ckpt-run, which reports the recovery to the controller
+                members.write_phases(phases["generation"], phases)
+            except OSError as e:
+                _say(f"cannot record the phases of in-place recovery {phases['generation']}: {e}")
 
 
 def _last_words():
@@ -90,17 +95,65 @@ def _sockets():
     return out
 
 
+class _JoinFailed(Exception):
+    """A generation did not form: `missing` are the ranks that did not answer the roll call after it failed
+    (None when the roll call itself failed: the store's host is gone)."""
+
+    def __init__(self, missing, why):
+        super().__init__(f"{why}; missing ranks: {missing if missing is not None else 'unknown'}")
+        self.missing = missing
+
+
+def _missing(plan, rank):
+    """After a generation failed to form: a roll call on a fresh connection to its store. Every live rank answers
+    once its own connect gave up (within the join timeout); the others are missing. None when the store cannot be
+    reached."""
+    wait_s = _JOIN_TIMEOUT.total_seconds() + 2
+    try:
+        store = dist.TCPStore(plan["addr"], plan["port"], None, False, datetime.timedelta(seconds=wait_s))
+        store.add(f"alive/{rank}", 1)
+
+        def absent():  # add(key, 0) reads a counter without waiting for it
+            return [r for r in range(plan["world"]) if store.add(f"alive/{r}", 0) == 0]
+
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and absent():
+            time.sleep(0.05)
+        missing = absent()
+        _abandoned.append(store)
+        return missing
+    except RuntimeError:
+        return None
+
+
 class _Group:
     """One generation's process group, and the sockets it opened, which a watchdog shuts when a peer is lost."""
 
-    def __init__(self, backend, plan, rank, store=None):
-        before = _sockets()
+    def __init__(self, backend, plan, rank, store=None, before=None):
+        before = _sockets() if before is None else before  # the master's: taken before its store was made
         self.store_port = plan["port"]
+        world = plan["world"]
         if store is None:
-            store = dist.TCPStore(plan["addr"], plan["port"], None, False, _STORE_TIMEOUT)
+            store = dist.TCPStore(plan["addr"], plan["port"], None, False, _JOIN_TIMEOUT)
         self.store = store
-        dist.init_process_group(backend, store=store, rank=rank, world_size=plan["world"], timeout=_STORE_TIMEOUT)
-        dist.barrier()
+        try:
+            # Everyone checks in first, then gloo connects. A rank that died after checking in leaves gloo's
+            # connect retrying, GIL held, for its whole collective timeout: a native timer shuts its sockets.
+            store.set(f"joined/{rank}", str(os.getpid()))
+            store.wait([f"joined/{r}" for r in range(world)], _JOIN_TIMEOUT)
+            unblock = _native.GroupUnblock(_JOIN_TIMEOUT.total_seconds(), before, plan["port"])
+            try:
+                dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+            finally:
+                unblock.cancel()
+            # gloo's connect can succeed on some ranks and fail on others: all must have formed the group.
+            store.set(f"formed/{rank}", "1")
+            store.wait([f"formed/{r}" for r in range(world)], _JOIN_TIMEOUT)
+        except RuntimeError as e:
+            if dist.is_initialized():
+                _abandoned.append((dist.distributed_c10d._get_default_group(), store))
+                dist.destroy_process_group()
+            raise _JoinFailed(_missing(plan, rank), e) from None
         self.sockets = {fd: t for fd, t in _sockets().items() if before.get(fd) != t}
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watchdog, name="ckpt-inplace-watch", daemon=True)
@@ -113,8 +166,8 @@ class _Group:
                 self.shut()
                 return
 
-    def shut(self):
-        """Shuts the group's connections (not its store's): blocked collectives fail at once."""
+    def shut(self, store_too=False):
+        """Shuts the group's connections (not its store's, unless `store_too`): blocked collectives fail at once."""
         for fd, target in self.sockets.items():
             try:
                 if os.readlink(f"/proc/self/fd/{fd}") != target:
@@ -126,7 +179,7 @@ class _Group:
                 if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                     continue
                 ports = {s.getsockname()[1], s.getpeername()[1]}
-                if self.store_port not in ports:
+                if store_too or self.store_port not in ports:
                     s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
@@ -142,8 +195,11 @@ class _Group:
 
 
 def _store_master(world):
-    store = dist.TCPStore(inplace.address(), 0, None, True, _STORE_TIMEOUT, wait_for_workers=False)
-    return store, {"world": world, "addr": inplace.address(), "port": store.port}
+    """The generation's store, hosted here: (the store and the sockets before it, for _Group), and the plan's
+    part that names it."""
+    before = _sockets()
+    store = dist.TCPStore(inplace.address(), 0, None, True, _JOIN_TIMEOUT, wait_for_workers=False)
+    return (store, before), {"world": world, "addr": inplace.address(), "port": store.port}
 
 
 def _set_rank_env(rank, world, launch, generation):
@@ -156,40 +212,52 @@ def _set_rank_env(rank, world, launch, generation):
 
 # ---- recovery -----------------------------------------------------------------------------------------------------
 
-def _next_plan(members, generation, rank, lw, world):
-    """At the recovery's root: a spare per dead rank, claimed, and the plan; or a plan that abandons."""
-    lost = lw["lost"]
+def _next_plan(members, generation, rank, failure, world):
+    """At the recovery's root: a spare per lost rank, claimed, and the plan; or a plan that abandons."""
+    lost = failure["lost"]
     free = members.free_spares()
     if len(free) < len(lost):
         why = f"{len(lost)} ranks lost, {len(free)} spares ready"
         members.mark("abandoned", why)
-        return members.write_plan(generation, {"abandon": why})
+        return None, members.write_plan(generation, {"abandon": why})
     store, plan = _store_master(world)
     takeover = dict(zip(lost, free))
-    plan.update(root=rank, lost=lost, step=lw["step"], committed=lw["committed"],
-                takeover={str(r): slot for r, slot in takeover.items()}, detect_unix=lw["detect_unix"])
+    plan.update(root=rank, lost=lost, step=failure["step"], takeover={str(r): slot for r, slot in takeover.items()},
+                detect_unix=failure["detect_unix"])
     return store, members.write_plan(generation, plan, claims=[(slot, r) for r, slot in takeover.items()])
 
 
-def _recover(members, generation, rank, world, cp, error):
-    """After train() of a failed generation: this rank's plan for the next one, with the master store when this
-    rank hosts it. Leaves the process when it cannot go on."""
+def _peer_loss(cp, rank):
+    """After train() of a generation a peer of which died: what the last words agreed on."""
     if cp is not None:
         try:
             cp.abort()  # waits for the last words to end (idempotent after close)
-        except Exception:  # noqa: BLE001 - a failed close of a failed generation changes nothing here
+        except Exception:  # noqa: BLE001 - the checkpoint in flight failed with the group; the library said so
             pass
     lw = _last_words()
     if lw.get("counted_dead"):
         _leave(f"rank {rank}: the other ranks count this rank as dead; leaving")
-    lost = lw.get("lost", [])
-    root = lw.get("root", -1)
-    if root < 0:
-        root = min(r for r in range(world) if r not in lost)
+    return {"lost": lw.get("lost", []), "root": lw.get("root", -1), "step": lw.get("step"),
+            "detect_unix": lw.get("detect_unix"), "decided_unix": lw.get("decided_unix"),
+            "done_unix": lw.get("done_unix")}
+
+
+def _join_failure(plan, missing):
+    """A generation that did not form: its missing ranks are lost; it resumes from the same checkpoint."""
+    now = time.time()
+    root = plan["root"] if plan["root"] not in missing else -1
+    return {"lost": missing, "root": root, "step": plan.get("step"), "detect_unix": now, "decided_unix": now,
+            "done_unix": now}
+
+
+def _recover(members, generation, rank, world, failure):
+    """This rank's plan for generation `generation` after `failure`, with the master store when this rank hosts
+    it. Leaves the process when it cannot go on."""
+    lost = failure["lost"]
+    root = failure["root"] if failure["root"] >= 0 else min(r for r in range(world) if r not in lost)
     store = None
     if rank == root:
-        result = _next_plan(members, generation, rank, lw, world)
-        store, plan = result if isinstance(result, tuple) else (None, result)
+        store, plan = _next_plan(members, generation, rank, failure, world)
     else:
         plan = members.wait_plan(generation, _PLAN_TIMEOUT_S)
     if plan is None:
@@ -200,9 +268,9 @@ def _recover(members, generation, rank, world, cp, error):
         _leave(f"rank {rank}: cannot recover in place ({plan['abandon']}); handing over to a requeue")
     if rank in plan["lost"]:
         _leave(f"rank {rank}: counted as lost by generation {generation}; leaving")
-    phases = {"generation": generation, "detect": lw.get("detect_unix"), "decided": lw.get("decided_unix"),
-              "last_words_done": lw.get("done_unix"), "plan": plan["written_unix"], "step": plan["step"],
-              "lost": plan["lost"], "report": rank == plan["root"]}
+    phases = {"generation": generation, "detect": failure["detect_unix"], "decided": failure["decided_unix"],
+              "last_words_done": failure["done_unix"], "plan": plan["written_unix"], "step": plan["step"],
+              "lost": plan["lost"], "report": rank == plan["root"], "members": members}
     if rank == plan["root"]:
         _say(f"in-place recovery {generation}: ranks {plan['lost']} lost; spares {sorted(plan['takeover'].values())}"
              f" take them over; resuming from step {plan['step']}")
@@ -251,7 +319,20 @@ def run(train, *args, backend="gloo", **kwargs):
                 _leave(f"rank {rank}: rank 0 did not start generation 0")
     while True:
         _set_rank_env(rank, world, launch, generation)
-        group = _Group(backend, plan, rank, store)
+        try:
+            group = _Group(backend, plan, rank, *(store or (None, None)))
+        except (_JoinFailed, RuntimeError) as e:
+            if generation == 0:
+                raise
+            missing = e.missing if isinstance(e, _JoinFailed) else None
+            if not missing:  # the store itself is gone (its host died), or everyone answered: no way forward
+                members.mark("abandoned", f"generation {generation} did not form: {e}")
+                _leave(f"rank {rank}: generation {generation} did not form ({e}); handing over to a requeue")
+            _say(f"rank {rank}: generation {generation} did not form: {e}")
+            _abandoned.append(store)
+            generation += 1
+            plan, store, phases = _recover(members, generation, rank, world, _join_failure(plan, missing))
+            continue
         if phases is not None:
             phases["group"] = time.time()
         _state["phases"] = phases
@@ -278,4 +359,4 @@ def run(train, *args, backend="gloo", **kwargs):
             return result
         group.leave(failed=True)
         generation += 1
-        plan, store, phases = _recover(members, generation, rank, world, cp, error)
+        plan, store, phases = _recover(members, generation, rank, world, _peer_loss(cp, rank))
