@@ -275,6 +275,9 @@ TEST_CASE("engine cycle: a recovery in place is recorded, timed by phase and cou
   CHECK(h.job()["ending"] == "node failure");
   CHECK(h.job()["budget"]["restarts"] == 1);
   CHECK(h.job()["exclude"] == nlohmann::json::array({"n3"}));
+  CHECK(h.job()["last_recovery"]["path"] == "in-place");
+  CHECK(h.job()["last_recovery"]["total_s"] == 6.0);
+  CHECK(h.job()["last_recovery"]["phases_s"]["state_load"] == 1.5);
   const std::string history = history_text(h);
   CHECK(history.find("recovery 1 in place without n3, resuming from step 40") != std::string::npos);
   CHECK(history.find("running again after 6.000 s (in-place): detected at 900.000; agreement 0.500 s, last words "
