@@ -109,20 +109,31 @@ void Engine::carry_out(JobRecord& r, const Event& e, std::uint32_t uid, const re
     rt.probe_done = false;
   }
   if (fx.to) transition(r, *fx.to, fx.why, now);
+  if (!fx.exclude.empty()) exclude_nodes(r, fx.exclude, now);
+  if (fx.restarted) {
+    metrics_.add("ckpt_controller_restarts_total",
+                 "ending=\"" + std::string(rec::to_string(*fx.restarted)) + "\",path=\"" + r.clock.path + "\"");
+  }
+  if (fx.give_up) give_up(r, *fx.give_up, nullptr, now);
   if (fx.start_failing) start_failing(r, now);
   if (fx.running_again) note_running_again(r, now);
   if (fx.check_now) runtime(r.job_id).next_check = 0;
 }
 
-// The first step of a recovered run started: the recovery's latency and its phases.
+// The first step of a recovered run started (in place: completed): the recovery's latency and its phases.
 void Engine::note_running_again(JobRecord& r, double now) {
-  const double latency = now - r.clock.failed;
-  metrics_.observe_recovery(r.clock.path.empty() ? "requeue" : r.clock.path, latency);
-  note(r, "recovery",
-       "running again after " + fmt_time(latency) + " s (" + r.clock.path + "): decision " +
-           fmt_time(r.clock.decided - r.clock.failed) + " s, slurm " +
-           fmt_time(r.clock.slurm_done - r.clock.decided) + " s, launch " +
-           fmt_time(r.clock.launched - r.clock.slurm_done) + " s",
+  const std::string path = r.clock.path.empty() ? "requeue" : r.clock.path;
+  const double latency = r.clock.launched - r.clock.failed;
+  metrics_.observe_recovery(path, latency);
+  std::string phases;
+  for (const auto& phase : rec::recovery_phases(r.clock)) {
+    metrics_.observe_phase(path, phase.name, phase.seconds);
+    std::string name = phase.name;
+    std::replace(name.begin(), name.end(), '_', ' ');
+    phases += (phases.empty() ? "" : ", ") + name + " " + fmt_time(phase.seconds) + " s";
+  }
+  const std::string detected = path == "in-place" ? "detected at " + fmt_time(r.clock.failed) + "; " : "";
+  note(r, "recovery", "running again after " + fmt_time(latency) + " s (" + r.clock.path + "): " + detected + phases,
        now);
 }
 

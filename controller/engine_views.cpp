@@ -2,6 +2,7 @@
 // (engine_internal.hpp).
 #include "engine_internal.hpp"
 
+#include "ckpt/recovery_plan.hpp"
 #include "log.hpp"
 
 namespace ckpt::controller {
@@ -24,6 +25,16 @@ json job_summary(const rec::JobRecord& r, double now) {
               {"ending", r.ending ? rec::to_string(*r.ending) : ""},
               {"reason", r.reason},
               {"updated", r.updated}};
+}
+
+// The last finished recovery by phase, as history's "running again" line has it; null while none finished.
+json last_recovery(const rec::RecoveryClock& clock) {
+  if (clock.failed <= 0 || clock.launched <= 0) return nullptr;
+  json phases = json::object();
+  for (const auto& phase : rec::recovery_phases(clock)) phases[phase.name] = phase.seconds;
+  return json{{"path", clock.path.empty() ? "requeue" : clock.path},
+              {"total_s", clock.launched - clock.failed},
+              {"phases_s", phases}};
 }
 
 }  // namespace
@@ -86,6 +97,7 @@ std::optional<json> Engine::job_json(std::uint32_t job_id, double now, const rec
   json j = json::parse(rec::to_json(*r));
   j["summary"] = job_summary(*r, now);
   j["exclude"] = rec::active_bad_nodes(r->bad_nodes, now);
+  j["last_recovery"] = last_recovery(r->clock);
   return j;
 }
 

@@ -17,6 +17,7 @@
 
 #include "ckpt/controller_limits.hpp"
 #include "ckpt/format.hpp"
+#include "ckpt/recovery_plan.hpp"
 #include "ckpt/store.hpp"
 #include "http.hpp"
 #include "log.hpp"
@@ -37,6 +38,10 @@ const std::map<std::string, std::string>& help() {
   return h;
 }
 
+std::string phase_labels(const std::string& path, const std::string& phase) {
+  return "path=\"" + path + "\",phase=\"" + phase + "\"";
+}
+
 }  // namespace
 
 Metrics::Metrics() {
@@ -46,11 +51,16 @@ Metrics::Metrics() {
     const std::string ending = std::string("ending=\"") + ckpt::recovery::to_string(e) + "\"";
     counters_["ckpt_controller_gave_up_total"][ending] = 0;
     if (!ckpt::recovery::restartable(e)) continue;
-    for (const char* path : {"requeue", "relaunch"}) {
+    for (const char* path : {"requeue", "relaunch", "in-place"}) {
       counters_["ckpt_controller_restarts_total"][ending + ",path=\"" + path + "\""] = 0;
     }
   }
-  for (const char* path : {"requeue", "relaunch"}) recovery_[path].buckets.assign(recovery_buckets().size(), 0);
+  for (const char* path : {"requeue", "relaunch", "in-place"}) {
+    recovery_[path].buckets.assign(recovery_buckets().size(), 0);
+    for (const char* phase : ckpt::recovery::recovery_phase_names(path)) {
+      phases_[phase_labels(path, phase)].buckets.assign(phase_buckets().size(), 0);
+    }
+  }
 }
 
 void Metrics::add(const std::string& name, const std::string& labels, double value) {
@@ -58,16 +68,34 @@ void Metrics::add(const std::string& name, const std::string& labels, double val
   counters_[name][labels] += value;
 }
 
-void Metrics::observe_recovery(const std::string& path, double seconds) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Histogram& h = recovery_[path];
-  const auto& bounds = recovery_buckets();
+void Metrics::observe_into(Histogram& h, const std::vector<double>& bounds, double seconds) {
   if (h.buckets.empty()) h.buckets.assign(bounds.size(), 0);
   for (std::size_t i = 0; i < bounds.size(); ++i) {
     if (seconds <= bounds[i]) ++h.buckets[i];
   }
   ++h.count;
   h.sum += seconds;
+}
+
+void Metrics::observe_recovery(const std::string& path, double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  observe_into(recovery_[path], recovery_buckets(), seconds);
+}
+
+void Metrics::observe_phase(const std::string& path, const std::string& phase, double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  observe_into(phases_[phase_labels(path, phase)], phase_buckets(), seconds);
+}
+
+void Metrics::render_histogram(std::string& out, const std::string& name, const std::string& labels,
+                               const Histogram& h, const std::vector<double>& bounds) {
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    out += name + "_bucket{" + labels + ",le=\"" + format_number_exact(bounds[i]) + "\"} " +
+           std::to_string(h.buckets[i]) + "\n";
+  }
+  out += name + "_bucket{" + labels + ",le=\"+Inf\"} " + std::to_string(h.count) + "\n";
+  out += name + "_sum{" + labels + "} " + format_number_exact(h.sum) + "\n";
+  out += name + "_count{" + labels + "} " + std::to_string(h.count) + "\n";
 }
 
 std::string Metrics::render() const {
@@ -88,15 +116,12 @@ std::string Metrics::render() const {
   out += "# HELP " + hist + " Time from the first failure report to the job's next run starting\n";
   out += "# TYPE " + hist + " histogram\n";
   for (const auto& [path, h] : recovery_) {
-    const auto& bounds = recovery_buckets();
-    for (std::size_t i = 0; i < bounds.size(); ++i) {
-      out += hist + "_bucket{path=\"" + path + "\",le=\"" + format_number_exact(bounds[i]) + "\"} " +
-             std::to_string(h.buckets[i]) + "\n";
-    }
-    out += hist + "_bucket{path=\"" + path + "\",le=\"+Inf\"} " + std::to_string(h.count) + "\n";
-    out += hist + "_sum{path=\"" + path + "\"} " + format_number_exact(h.sum) + "\n";
-    out += hist + "_count{path=\"" + path + "\"} " + std::to_string(h.count) + "\n";
+    render_histogram(out, hist, "path=\"" + path + "\"", h, recovery_buckets());
   }
+  const std::string phases = "ckpt_controller_recovery_phase_seconds";
+  out += "# HELP " + phases + " Time one phase of a recovery took, by path and phase\n";
+  out += "# TYPE " + phases + " histogram\n";
+  for (const auto& [labels, h] : phases_) render_histogram(out, phases, labels, h, phase_buckets());
   return out;
 }
 

@@ -19,13 +19,15 @@ namespace ckpt::controller {
 class Metrics {
  public:
   // Declares, at zero, the labelled series that dashboards and alerting rules use (restarts by ending and path,
-  // give-ups by ending, the recovery histogram by path): Prometheus' increase() and rate() do not count a
-  // series' first sample, so a counter that first appeared at 1 would hide the first give-up from an alert.
+  // give-ups by ending, the recovery histogram and its phases by path): Prometheus' increase() and rate() do not
+  // count a series' first sample, so a counter that first appeared at 1 would hide the first give-up from an alert.
   Metrics();
   void add(const std::string& name, const std::string& labels, double value = 1);
-  // Recovery latency (failure report to the new run's first step), per path ("requeue" or "relaunch").
+  // Recovery latency (failure report to the new run's first step), per path ("requeue", "relaunch", "in-place").
   void observe_recovery(const std::string& path, double seconds);
-  // Counters and the histogram, with HELP and TYPE lines; gauges are rendered by the caller.
+  // One phase of a recovery ("agreement", "last_words", ...: see recovery_phases()) on `path`.
+  void observe_phase(const std::string& path, const std::string& phase, double seconds);
+  // Counters and the histograms, with HELP and TYPE lines; gauges are rendered by the caller.
   std::string render() const;
 
  private:
@@ -36,11 +38,21 @@ class Metrics {
     std::uint64_t count = 0;
     double sum = 0;
   };
+  static void observe_into(Histogram& h, const std::vector<double>& bounds, double seconds);
+  static void render_histogram(std::string& out, const std::string& name, const std::string& labels,
+                               const Histogram& h, const std::vector<double>& bounds);
   std::map<std::string, Histogram> recovery_;  // path -> histogram
+  std::map<std::string, Histogram> phases_;    // 'path="...",phase="..."' -> histogram
 };
 
 inline const std::vector<double>& recovery_buckets() {
   static const std::vector<double> b = {1, 2, 5, 10, 15, 30, 60, 120, 300, 600};
+  return b;
+}
+
+// A phase of an in-place recovery takes from milliseconds (agreement) to a minute (a large state's load).
+inline const std::vector<double>& phase_buckets() {
+  static const std::vector<double> b = {0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60};
   return b;
 }
 

@@ -41,6 +41,7 @@ extern "C" {
 #include "log.hpp"
 #include "munge_auth.hpp"
 #include "run_options.hpp"
+#include "run_report.hpp"
 
 namespace {
 
@@ -87,15 +88,6 @@ ckpt::Result<SrunLine> parse_srun(const std::vector<std::string>& args) {
   return line;
 }
 
-struct Settings {
-  std::string url;
-  std::optional<std::uint64_t> min_nodes;
-  std::uint64_t max_relaunches = 100;
-  double decision_wait_s = 5;
-  double poll_s = 0.1;
-  std::optional<std::uint64_t> spares;  // --spares: one step per node, spares kept warm, restart in place
-};
-
 std::string controller_url_from_config() {
   const char* path = std::getenv("CKPT_CONTROLLER_CONFIG");
   std::ifstream in(path ? path : "/etc/slurm-ckpt/controller.conf");
@@ -106,8 +98,6 @@ std::string controller_url_from_config() {
   if (!cfg || cfg->listen == "off") return {};
   return "http://" + cfg->listen;
 }
-
-std::string munge_socket_from_slurm();
 
 // The controller's view of this job, read with a MUNGE credential (the controller shows a user only their jobs).
 std::optional<json> job_view(const Settings& s, const std::string& job) {
@@ -150,45 +140,6 @@ int exit_status(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;
-}
-
-std::string munge_socket_from_slurm() {
-  slurm_conf_t* conf = nullptr;
-  if (slurm_load_ctl_conf(0, &conf) != SLURM_SUCCESS || conf == nullptr) return {};
-  std::string info = conf->authinfo ? conf->authinfo : "";
-  slurm_free_ctl_conf(conf);
-  auto pos = info.find("socket=");
-  if (pos == std::string::npos) return {};
-  auto end = info.find(',', pos);
-  return info.substr(pos + 7, end == std::string::npos ? std::string::npos : end - pos - 7);
-}
-
-// Tells the controller that relaunching inside the allocation is not possible: requeue the job.
-void hand_over(const Settings& s, std::uint32_t job, const std::string& why) {
-  rec::Event e;
-  e.type = rec::EventType::Handover;
-  e.job_id = job;
-  const char* restarts = std::getenv("SLURM_RESTART_COUNT");
-  auto count = ckpt::parse_uint(restarts ? restarts : "0");
-  e.restart_count = count ? static_cast<std::uint32_t>(*count) : 0;
-  const char* node = std::getenv("SLURMD_NODENAME");
-  e.node = node ? node : "unknown";
-  e.uid = getuid();
-  e.time = ckpt::unix_seconds();
-  e.detail = why;
-  auto cred = munge_encode_payload(rec::to_json(e), munge_socket_from_slurm());
-  if (!cred) {
-    log_error("cannot hand over to the controller: " + cred.error());
-    return;
-  }
-  HttpRequest req;
-  req.method = "POST";
-  req.url = s.url + "/v1/events";
-  req.body = *cred;
-  req.content_type = "text/plain";
-  req.timeout_s = 2;
-  HttpResponse res = http_request(req);
-  if (!res.ok()) log_error("the controller did not take the hand-over: " + (res.error.empty() ? res.body : res.error));
 }
 
 // Sets one of ckpt-run's own options from its value (nullopt when the option was last on the line). Returns an

@@ -66,7 +66,10 @@ details { margin-top: 6px; } details table { font-size: 12px; }
   var page = document.getElementById("page");
   var STATE_COLOR = { running: "#43a047", failing: "#e53935", requeueing: "#8e24aa", relaunching: "#ab47bc",
     pending: "#b0bec5", completed: "#1e88e5", cancelled: "#757575", "gave-up": "#212121", gone: "#cfd8dc" };
-  var PHASE_COLOR = { decision: "#ffb300", slurm: "#5e35b1", launch: "#00897b" };
+  var PHASE_COLOR = { decision: "#ffb300", slurm: "#5e35b1", launch: "#00897b",
+    agreement: "#ffb300", "last words": "#f4511e", reformation: "#5e35b1", "state load": "#3949ab",
+    "first step": "#00897b" };
+  var IN_PLACE_PHASES = ["agreement", "last words", "reformation", "state load", "first step"];
   var TERMINAL = { completed: 1, cancelled: 1, "gave-up": 1, gone: 1 };
 
   function el(tag, attrs, text) {
@@ -108,7 +111,24 @@ details { margin-top: 6px; } details table { font-size: 12px; }
   var TASK_EXIT = /: rank \d+ (killed by signal|exited)/;
   var DECIDED = /^([^;]+); newest complete checkpoint: (?:step (\d+)|none); lost work ([0-9.]+) s/;
   var NOT_A_FAILURE = { "clean exit": 1, "user cancel": 1 };  // the run ended; nothing was lost
-  var RECOVERY = /running again after ([0-9.]+) s \(([^)]*)\): decision ([0-9.]+) s, slurm ([0-9.]+) s, launch ([0-9.]+) s/;
+  // "running again after 6.000 s (in-place): detected at 1700000000.000; agreement 0.500 s, last words ...": the
+  // phases of each path, in order.
+  var RECOVERY = /running again after ([0-9.]+) s \(([^)]*)\): (?:detected at [0-9.]+; )?(.*)$/;
+  var PHASE = /^([a-z ]+) (-?[0-9.]+) s$/;
+
+  // A recovery's phases as [name, from, to], the last one ending at `end`; null when a part is not a phase.
+  function phasesOf(text, from, end) {
+    var phases = [], at = from, ok = true;
+    text.split(", ").forEach(function (part) {
+      var y = PHASE.exec(part);
+      if (!y) { ok = false; return; }
+      phases.push([y[1], at, at + +y[2]]);
+      at += +y[2];
+    });
+    if (!ok || !phases.length) return null;
+    phases[phases.length - 1][2] = end;
+    return phases;
+  }
 
   function model(lines, job, now) {
     var m = { states: [], failures: [], checkpoints: [], recoveries: [], start: lines[0].time, end: lines[0].time };
@@ -132,10 +152,12 @@ details { margin-top: 6px; } details table { font-size: 12px; }
         m.checkpoints.push({ step: x[2] === undefined ? null : +x[2], lost: +x[3], failed: failed,
           ended: ended, text: l.text });
       } else if (l.kind === "recovery" && (x = RECOVERY.exec(l.text))) {
-        var total = +x[1], a = +x[3], b = +x[4], from = t - total;
-        m.recoveries.push({ path: x[2] || "requeue", total: total, run: l.restart_count, text: l.text, phases: [
-          ["decision", from, from + a], ["slurm", from + a, from + a + b], ["launch", from + a + b, t]] });
-        m.start = Math.min(m.start, from);
+        var total = +x[1], from = t - total, phases = phasesOf(x[3], from, t);
+        if (phases) {
+          m.recoveries.push({ path: x[2] || "requeue", total: total, run: l.restart_count, text: l.text,
+            phases: phases });
+          m.start = Math.min(m.start, from);
+        }
       }
     });
     if (!TERMINAL[job.state]) m.end = Math.max(m.end, now);
@@ -223,12 +245,16 @@ details { margin-top: 6px; } details table { font-size: 12px; }
     }
   }
 
-  function legend() {
+  function legend(m) {
     var p = el("div", { "class": "legend" });
-    [["running", STATE_COLOR.running], ["failing", STATE_COLOR.failing], ["requeueing", STATE_COLOR.requeueing],
-     ["pending", STATE_COLOR.pending], ["failure", "#c62828", "cross"], ["checkpoint", "#1e88e5", "diamond"],
-     ["lost work", "#ffcdd2"], ["decision", PHASE_COLOR.decision], ["slurm", PHASE_COLOR.slurm],
-     ["launch", PHASE_COLOR.launch]].forEach(function (item) {
+    var items = [["running", STATE_COLOR.running], ["failing", STATE_COLOR.failing],
+     ["requeueing", STATE_COLOR.requeueing], ["pending", STATE_COLOR.pending], ["failure", "#c62828", "cross"],
+     ["checkpoint", "#1e88e5", "diamond"], ["lost work", "#ffcdd2"], ["decision", PHASE_COLOR.decision],
+     ["slurm", PHASE_COLOR.slurm], ["launch", PHASE_COLOR.launch]];
+    if (m.recoveries.some(function (r) { return r.path === "in-place"; })) {
+      IN_PLACE_PHASES.forEach(function (name) { items.push([name, PHASE_COLOR[name]]); });
+    }
+    items.forEach(function (item) {
       add(p, swatch(item[1], item[2]));
       add(p, document.createTextNode(item[0]));
     });
@@ -255,13 +281,14 @@ details { margin-top: 6px; } details table { font-size: 12px; }
     if (!lines || !lines.length) { add(sec, el("p", { "class": "empty" }, "no history")); return sec; }
     var m = model(lines, job, data.generated);
     add(sec, timeline(m, job));
-    add(sec, legend());
+    add(sec, legend(m));
     var ul = add(sec, el("ul", { "class": "recoveries" }));
     m.recoveries.forEach(function (r, i) {
       var li = add(ul, el("li", { "class": "recovery", "data-seconds": r.total.toFixed(3) },
-        "recovery " + (i + 1) + " (" + r.path + "): running again as run " + r.run + " after " + dur(r.total) +
-        " = decision " + dur(r.phases[0][2] - r.phases[0][1]) + " + slurm " + dur(r.phases[1][2] - r.phases[1][1]) +
-        " + launch " + dur(r.phases[2][2] - r.phases[2][1])));
+        "recovery " + (i + 1) + " (" + r.path + "): " +
+        (r.path === "in-place" ? "went on in place in run " : "running again as run ") + r.run + " after " +
+        dur(r.total) +
+        " = " + r.phases.map(function (p) { return p[0] + " " + dur(p[2] - p[1]); }).join(" + ")));
       add(li, phaseBar(r));
     });
     if (!m.recoveries.length) add(ul, el("li", { "class": "empty" }, "no recovery"));

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <type_traits>
 #include <limits>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -122,6 +123,7 @@ const char* to_string(EventType type) {
     case EventType::TaskExit: return "task_exit";
     case EventType::JobEnd: return "job_end";
     case EventType::Handover: return "handover";
+    case EventType::InPlace: return "in-place";
   }
   return "?";
 }
@@ -129,6 +131,8 @@ const char* to_string(EventType type) {
 namespace {
 
 constexpr std::size_t kMaxEventBytes = 16 * 1024;
+constexpr std::size_t kMaxFailedNodes = 4096;   // nodes one in-place recovery may name
+constexpr double kLatestTime = 4102444800.0;    // 2100-01-01: a later "unix time" is garbage
 
 bool safe_node_name(const std::string& name) {
   return !name.empty() && name.size() <= 255 && std::all_of(name.begin(), name.end(), name_char);
@@ -179,6 +183,41 @@ bool flag(const json& j, const char* key) {
   return it->get<bool>();
 }
 
+// The phase times of an in-place recovery, in the order they happen, with their JSON names.
+constexpr std::pair<const char*, double InPlacePhases::*> kPhaseFields[] = {
+    {"detected", &InPlacePhases::detected},   {"agreed", &InPlacePhases::agreed},
+    {"last_words_done", &InPlacePhases::last_words_done}, {"regrouped", &InPlacePhases::regrouped},
+    {"restored", &InPlacePhases::restored},   {"resumed", &InPlacePhases::resumed}};
+
+// The in-place fields, checked whatever the type (a field never carries junk); `in_place` requires them.
+Status read_in_place(const json& j, Event& e) {
+  const bool in_place = e.type == EventType::InPlace;
+  e.failed_nodes = text(j, "failed_nodes");
+  if (e.failed_nodes.size() > 4096) return Status::failure("event failed_nodes is longer than 4096 bytes");
+  auto nodes = expand_hostlist(e.failed_nodes, kMaxFailedNodes);
+  if (!nodes) {  // the hostlist's own error would echo the sender's text
+    return Status::failure("event has bad failed_nodes (a Slurm hostlist of at most " +
+                           std::to_string(kMaxFailedNodes) + " names of letters, digits, '-', '_' and '.')");
+  }
+  if (in_place && nodes->empty()) return Status::failure("in-place event names no failed_nodes");
+  e.generation = number<std::uint32_t>(j, "generation", 0);
+  if (in_place && e.generation == 0) return Status::failure("in-place event has no generation");
+  if (j.contains("resume_step") && !j["resume_step"].is_null()) {
+    e.resume_step = number<std::uint64_t>(j, "resume_step", 0);
+  }
+  for (const auto& [key, field] : kPhaseFields) {
+    const double t = number<double>(j, key, 0.0);
+    if (!std::isfinite(t) || t < 0 || t > kLatestTime) {
+      return Status::failure(std::string("event ") + key + " is not a time between 1970 and 2100");
+    }
+    e.phases.*field = t;
+  }
+  if (in_place && (e.phases.detected == 0 || e.phases.resumed < e.phases.detected)) {
+    return Status::failure("in-place event needs detected, and resumed not before it");
+  }
+  return Status::success();
+}
+
 }  // namespace
 
 std::string to_json(const Event& e) {
@@ -203,6 +242,12 @@ std::string to_json(const Event& e) {
     j["in_allocation"] = e.in_allocation;
     j["nnodes"] = e.nnodes;
   }
+  if (e.type == EventType::InPlace) {
+    j["failed_nodes"] = e.failed_nodes;
+    j["generation"] = e.generation;
+    if (e.resume_step) j["resume_step"] = *e.resume_step;
+    for (const auto& [key, field] : kPhaseFields) j[key] = e.phases.*field;
+  }
   if (!e.detail.empty()) j["detail"] = e.detail;
   return j.dump();
 }
@@ -219,6 +264,7 @@ Result<Event> parse_event(std::string_view input) {
     else if (type == "task_exit") e.type = EventType::TaskExit;
     else if (type == "job_end") e.type = EventType::JobEnd;
     else if (type == "handover") e.type = EventType::Handover;
+    else if (type == "in-place") e.type = EventType::InPlace;
     else return Error{"unknown event type '" + type.substr(0, 32) + "'"};
     e.job_id = number<std::uint32_t>(j, "job_id", 0);
     if (e.job_id == 0) return Error{"event has no job_id"};
@@ -259,6 +305,7 @@ Result<Event> parse_event(std::string_view input) {
     e.nnodes = number<std::uint32_t>(j, "nnodes", 0);
     e.detail = text(j, "detail");
     if (!safe_text(e.detail, 1024)) return Error{"event detail is too long or has control characters"};
+    if (Status s = read_in_place(j, e); !s) return Error{s.error()};
     return e;
   } catch (const std::exception& ex) {
     return Error{std::string("bad event: ") + ex.what()};
@@ -330,7 +377,8 @@ std::string to_json(const JobRecord& r) {
   j["reason"] = r.reason;
   if (r.ending) j["ending"] = to_string(*r.ending);
   j["clock"] = {{"failed", r.clock.failed}, {"decided", r.clock.decided}, {"slurm_done", r.clock.slurm_done},
-                {"launched", r.clock.launched}, {"path", r.clock.path}};
+                {"launched", r.clock.launched}, {"path", r.clock.path},
+                {"last_words_done", r.clock.last_words_done}, {"restored", r.clock.restored}};
   j["lost_work_s"] = r.lost_work_s;
   j["created"] = r.created;
   j["updated"] = r.updated;
@@ -416,6 +464,8 @@ void read_clock(const json& j, RecoveryClock& clock) {
   clock.slurm_done = number<double>(*it, "slurm_done", 0.0);
   clock.launched = number<double>(*it, "launched", 0.0);
   clock.path = text(*it, "path");
+  clock.last_words_done = number<double>(*it, "last_words_done", 0.0);
+  clock.restored = number<double>(*it, "restored", 0.0);
 }
 
 }  // namespace

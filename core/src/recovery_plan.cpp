@@ -113,7 +113,53 @@ void apply_handover(JobRecord& r, const Event& e, EventEffects& fx) {
   fx.check_now = true;
 }
 
+// An in-place recovery's phases on the record's clock: its failure is the detection, its decision the survivors'
+// agreement, its Slurm phase the new group's forming, its launch the first step.
+RecoveryClock in_place_clock(const InPlacePhases& p) {
+  RecoveryClock clock;
+  clock.path = "in-place";
+  clock.failed = p.detected;
+  clock.decided = p.agreed > 0 ? p.agreed : p.last_words_done;
+  clock.last_words_done = p.last_words_done;
+  clock.slurm_done = p.regrouped;
+  clock.restored = p.restored;
+  clock.launched = p.resumed;
+  return clock;
+}
+
 }  // namespace
+
+void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx) {
+  auto failed = expand_hostlist(e.failed_nodes);  // parse_event checked it
+  const auto nodes = failed ? *failed : std::vector<std::string>{};
+  fx.note = describe(e) + ": recovery " + std::to_string(e.generation) + " in place without " +
+            nodes_or_none(nodes) + ", resuming from " +
+            (e.resume_step ? "step " + std::to_string(*e.resume_step) : std::string("no checkpoint"));
+  if (r.state != JobState::Running && r.state != JobState::Failing && r.state != JobState::Relaunching) return;
+  r.ending = Ending::NodeFailure;
+  r.clock = in_place_clock(e.phases);
+  fx.exclude = nodes;
+  // A relaunch decision on this failure spent its restart already. The resume step is the owner's word, as the
+  // report is: it can spare only the owner's own job a give-up, which not reporting at all would too.
+  if (r.state != JobState::Relaunching) {
+    const auto verdict = decide_restart(Ending::NodeFailure, r.budget, e.resume_step, r.needs_checkpoint);
+    if (!verdict.restart) {
+      fx.give_up = verdict.reason + "; ckpt-run recovered in place, stop the job";
+      return;
+    }
+    r.budget = verdict.after;
+    fx.restarted = Ending::NodeFailure;
+  }
+  r.failures.clear();
+  r.reporters.clear();
+  r.relaunch_step.reset();
+  if (r.state != JobState::Running) {
+    fx.reset_runtime = true;
+    fx.to = JobState::Running;
+    fx.why = "ckpt-run recovered in place (recovery " + std::to_string(e.generation) + ")";
+  }
+  fx.running_again = true;
+}
 
 EventEffects apply_event(JobRecord& r, const Event& e, bool trusted, double now) {
   EventEffects fx;
@@ -126,8 +172,30 @@ EventEffects apply_event(JobRecord& r, const Event& e, bool trusted, double now)
       fx.check_now = true;
       break;
     case EventType::Handover: apply_handover(r, e, fx); break;
+    case EventType::InPlace: apply_in_place(r, e, fx); break;
   }
   return fx;
+}
+
+const std::vector<const char*>& recovery_phase_names(const std::string& path) {
+  static const std::vector<const char*> restarted = {"decision", "slurm", "launch"};
+  static const std::vector<const char*> in_place = {"agreement", "last_words", "reformation", "state_load",
+                                                    "first_step"};
+  return path == "in-place" ? in_place : restarted;
+}
+
+std::vector<RecoveryPhase> recovery_phases(const RecoveryClock& c) {
+  const std::vector<double> marks =
+      c.path == "in-place" ? std::vector<double>{c.failed, c.decided, c.last_words_done, c.slurm_done, c.restored,
+                                                 c.launched}
+                           : std::vector<double>{c.failed, c.decided, c.slurm_done, c.launched};
+  const auto& names = recovery_phase_names(c.path);
+  std::vector<RecoveryPhase> phases;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const bool known = marks[i] > 0 && marks[i + 1] > 0;
+    phases.push_back(RecoveryPhase{names[i], known ? marks[i + 1] - marks[i] : 0});
+  }
+  return phases;
 }
 
 // ---- what a look at Slurm means -----------------------------------------------------------------------------------

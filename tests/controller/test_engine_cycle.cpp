@@ -1,5 +1,6 @@
 // The engine's decision cycle against Slurm as an in-memory table (fake_backend.hpp) and a real SQLite store:
-// requeue, relaunch inside the allocation, hand-over, give-up, and a controller that dies in the middle of a requeue.
+// requeue, relaunch inside the allocation, hand-over, give-up, a recovery in place, and a controller that dies in the
+// middle of a requeue.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -237,4 +238,85 @@ TEST_CASE("engine cycle: a controller that dies after Slurm requeued never reque
   h.set_state(rec::SlurmState::Running);
   REQUIRE(h.cycle_until([&] { return h.in("running"); }));
   CHECK(h.job()["restart_count"] == 1);
+}
+
+namespace {
+
+// ckpt-run's report that the job recovered in place: n3 lost, resumed from step 40, 6 s from detection to step.
+rec::Event in_place_recovery(std::uint32_t generation) {
+  rec::Event e;
+  e.type = rec::EventType::InPlace;
+  e.job_id = kJob;
+  e.node = "n1";
+  e.failed_nodes = "n3";
+  e.generation = generation;
+  e.resume_step = 40;
+  e.phases = rec::InPlacePhases{900, 900.5, 901, 903, 904.5, 906};
+  return e;
+}
+
+std::string history_text(Harness& h) {
+  auto lines = h.engine->history_json(kJob, rec::ReadAccess{std::nullopt, true});
+  REQUIRE(lines);
+  REQUIRE(*lines);
+  return (**lines).dump();
+}
+
+}  // namespace
+
+TEST_CASE("engine cycle: a recovery in place is recorded, timed by phase and counted", "[controller][engine]") {
+  Harness h;
+  h.run_started(true);
+  h.send(in_place_recovery(1));
+  h.cycle();
+  CHECK(h.in("running"));
+  CHECK(h.job()["clock"]["path"] == "in-place");
+  CHECK(h.job()["clock"]["restored"] == 904.5);
+  CHECK(h.job()["ending"] == "node failure");
+  CHECK(h.job()["budget"]["restarts"] == 1);
+  CHECK(h.job()["exclude"] == nlohmann::json::array({"n3"}));
+  CHECK(h.job()["last_recovery"]["path"] == "in-place");
+  CHECK(h.job()["last_recovery"]["total_s"] == 6.0);
+  CHECK(h.job()["last_recovery"]["phases_s"]["state_load"] == 1.5);
+  const std::string history = history_text(h);
+  CHECK(history.find("recovery 1 in place without n3, resuming from step 40") != std::string::npos);
+  CHECK(history.find("running again after 6.000 s (in-place): detected at 900.000; agreement 0.500 s, last words "
+                     "0.500 s, reformation 2.000 s, state load 1.500 s, first step 1.500 s") != std::string::npos);
+  const std::string metrics = h.engine->metrics_text(h.now);
+  CHECK(metrics.find("ckpt_controller_restarts_total{ending=\"node failure\",path=\"in-place\"} 1\n") !=
+        std::string::npos);
+  CHECK(metrics.find("ckpt_controller_recovery_seconds_count{path=\"in-place\"} 1\n") != std::string::npos);
+  CHECK(metrics.find("ckpt_controller_recovery_phase_seconds_count{path=\"in-place\",phase=\"state_load\"} 1\n") !=
+        std::string::npos);
+  CHECK(metrics.find("ckpt_controller_recovery_phase_seconds_bucket{path=\"in-place\",phase=\"reformation\","
+                     "le=\"2\"} 1\n") != std::string::npos);
+  CHECK(metrics.find("ckpt_controller_recovery_phase_seconds_count{path=\"requeue\",phase=\"slurm\"} 0\n") !=
+        std::string::npos);
+  CHECK(metrics.find("ckpt_controller_events_total{type=\"in-place\",result=\"accepted\"} 1\n") != std::string::npos);
+
+  // The record and its clock survive the controller.
+  h.crash_and_restart();
+  CHECK(h.in("running"));
+  CHECK(h.job()["clock"]["last_words_done"] == 901);
+}
+
+TEST_CASE("engine cycle: a recovery in place past the budget gives the job up", "[controller][engine]") {
+  Harness h;
+  rec::Event start;
+  start.type = rec::EventType::JobStart;
+  start.job_id = kJob;
+  start.node = "n1";
+  start.max_restarts = 1;
+  h.send(start);
+  h.run_started(true);
+  h.send(in_place_recovery(1));
+  h.cycle();
+  REQUIRE(h.in("running"));
+  h.send(in_place_recovery(2));  // the same checkpoint step: no progress
+  h.cycle();
+  CHECK(h.in("gave-up"));
+  CHECK(h.job()["reason"].get<std::string>().find("restarts without progress (budget 1") != std::string::npos);
+  CHECK(h.slurm.holds == 0);
+  CHECK(h.engine->metrics_text(h.now).find("ckpt_controller_gave_up_total{ending=\"node failure\"} 1\n") !=
+        std::string::npos);
 }

@@ -1,6 +1,8 @@
 // The recovery controller's pure policy: classification, budget, bad nodes, the state machine's table.
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include "ckpt/recovery.hpp"
 
 using namespace ckpt::recovery;
@@ -284,6 +286,79 @@ TEST_CASE("events: round trip and strict parsing", "[recovery][events]") {
   }
 }
 
+namespace {
+
+// An in-place recovery of job 42 as ckpt-run reports it, with one field replaced by `key: value` (JSON text).
+std::string in_place_json(const std::string& key = "", const std::string& value = "") {
+  nlohmann::json j = nlohmann::json::parse(
+      R"({"v":1,"type":"in-place","job_id":42,"node":"n1","uid":1000,"time":1700000010.0,"failed_nodes":"n[2-3]",
+          "generation":1,"resume_step":120,"detected":1700000000.0,"agreed":1700000000.25,
+          "last_words_done":1700000001.0,"regrouped":1700000003.0,"restored":1700000004.5,"resumed":1700000006.0})");
+  if (!key.empty()) j[key] = nlohmann::json::parse(value);
+  return j.dump();
+}
+
+}  // namespace
+
+TEST_CASE("events: an in-place recovery is strictly parsed", "[recovery][events][security]") {
+  SECTION("good inputs") {
+    auto e = parse_event(in_place_json());
+    REQUIRE(e);
+    CHECK(e->type == EventType::InPlace);
+    CHECK(std::string(to_string(e->type)) == "in-place");
+    CHECK(e->failed_nodes == "n[2-3]");
+    CHECK(e->generation == 1);
+    CHECK(e->resume_step == 120u);
+    CHECK(e->phases.detected == 1700000000.0);
+    CHECK(e->phases.agreed == 1700000000.25);
+    CHECK(e->phases.last_words_done == 1700000001.0);
+    CHECK(e->phases.regrouped == 1700000003.0);
+    CHECK(e->phases.restored == 1700000004.5);
+    CHECK(e->phases.resumed == 1700000006.0);
+    auto back = parse_event(to_json(*e));
+    REQUIRE(back);
+    CHECK(to_json(*back) == to_json(*e));
+    CHECK(parse_event(in_place_json("resume_step", "null"))->resume_step == std::nullopt);
+    CHECK(parse_event(in_place_json("agreed", "null"))->phases.agreed == 0);  // a phase the root did not see
+    CHECK(parse_event(in_place_json("failed_nodes", R"("gpu-01.x,n7")")));
+    // Other types carry no in-place fields.
+    Event start;
+    start.type = EventType::JobStart;
+    start.job_id = 9;
+    start.node = "n1";
+    CHECK(to_json(start).find("failed_nodes") == std::string::npos);
+  }
+  SECTION("bad inputs") {
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {"failed_nodes", R"("n1;reboot")"},      {"failed_nodes", R"("n 1")"},
+        {"failed_nodes", R"("n\n1")"},
+        {"failed_nodes", R"("n[1-")"},           {"failed_nodes", R"("n[1-999999999]")"},
+        {"failed_nodes", R"("")"},               {"failed_nodes", "7"},
+        {"failed_nodes", '"' + std::string(5000, 'n') + '"'},
+        {"generation", "0"},                     {"generation", "4294967296"},
+        {"generation", "-1"},                    {"generation", R"("1")"},
+        {"generation", "1.5"},                   {"resume_step", "-5"},
+        {"resume_step", "1e30"},                 {"resume_step", R"("120")"},
+        {"detected", "-1"},                      {"detected", "1e300"},
+        {"detected", "0"},                       {"restored", R"("soon")"},
+        {"agreed", "-0.5"},                      {"resumed", "1699999999.0"},  // before the detection
+        {"regrouped", "[1]"},
+    };
+    for (const auto& [key, value] : bad) {
+      auto e = parse_event(in_place_json(key, value));
+      INFO(key << " = " << value.substr(0, 40));
+      CHECK_FALSE(e);
+      if (!e) CHECK(e.error().find('\n') == std::string::npos);
+    }
+    auto e = parse_event(in_place_json("failed_nodes", R"("n1;reboot")"));
+    REQUIRE_FALSE(e);
+    CHECK(e.error() == "event has bad failed_nodes (a Slurm hostlist of at most 4096 names of letters, digits, "
+                       "'-', '_' and '.')");
+    // The fields are checked on every type: junk is never carried along.
+    CHECK_FALSE(parse_event(R"({"v":1,"type":"job_end","job_id":1,"node":"n1","detected":-3})"));
+  }
+}
+
 TEST_CASE("job records round-trip through JSON", "[recovery][record]") {
   JobRecord r;
   r.job_id = 11;
@@ -308,9 +383,21 @@ TEST_CASE("job records round-trip through JSON", "[recovery][record]") {
   r.intent = i;
   r.ending = Ending::NodeFailure;
   r.clock.failed = 10;
+  r.clock.last_words_done = 11.5;
+  r.clock.restored = 13.25;
+  r.clock.path = "in-place";
   auto back = parse_job_record(to_json(r));
   REQUIRE(back);
   CHECK(to_json(*back) == to_json(r));
+  CHECK(back->clock.restored == 13.25);
+  // A record stored before in-place recoveries existed reads with their times at 0.
+  auto old = parse_job_record(
+      R"({"job_id":3,"state":"running",)"
+      R"("clock":{"failed":1,"decided":2,"slurm_done":3,"launched":4,"path":"requeue"}})");
+  REQUIRE(old);
+  CHECK(old->clock.launched == 4);
+  CHECK(old->clock.last_words_done == 0);
+  CHECK(old->clock.restored == 0);
   CHECK_FALSE(parse_job_record(R"({"job_id":1,"state":"flying"})"));
   CHECK_FALSE(parse_job_record("nope"));
 }

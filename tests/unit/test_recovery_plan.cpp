@@ -232,6 +232,147 @@ TEST_CASE("events: JobEnd asks Slurm now; Handover turns to a requeue", "[recove
   CHECK_FALSE(fx.to);
 }
 
+namespace {
+
+// ckpt-run's report of in-place recovery 1: n2 lost, resumed from step 120.
+Event in_place(std::optional<std::uint64_t> resume_step = 120) {
+  Event e = event(EventType::InPlace, kBatchStep);
+  e.failed_nodes = "n2";
+  e.generation = 1;
+  e.resume_step = resume_step;
+  e.phases = InPlacePhases{100, 100.5, 101, 103, 104.5, 106};
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("events: an in-place recovery spends a restart and keeps the job running", "[recovery][events][in-place]") {
+  JobRecord r = record(JobState::Running);
+  r.budget.max_restarts = 2;
+  auto fx = apply_event(r, in_place(), false, 200);
+  CHECK(fx.note == "in-place from n1 (batch step): recovery 1 in place without n2, resuming from step 120");
+  CHECK_FALSE(fx.to);  // training never stopped
+  CHECK_FALSE(fx.give_up);
+  CHECK(fx.running_again);
+  CHECK(fx.restarted == Ending::NodeFailure);
+  CHECK(fx.exclude == std::vector<std::string>{"n2"});
+  CHECK(r.ending == Ending::NodeFailure);
+  CHECK(r.budget.restarts == 1);
+  CHECK(r.budget.without_progress == 1);
+  CHECK(r.budget.progress_step == 120u);
+
+  SECTION("the clock holds the phases, on the in-place path") {
+    CHECK(r.clock.path == "in-place");
+    CHECK(r.clock.failed == 100);
+    CHECK(r.clock.decided == 100.5);
+    CHECK(r.clock.last_words_done == 101);
+    CHECK(r.clock.slurm_done == 103);
+    CHECK(r.clock.restored == 104.5);
+    CHECK(r.clock.launched == 106);
+    const auto phases = recovery_phases(r.clock);
+    REQUIRE(phases.size() == 5);
+    CHECK(std::string(phases[0].name) == "agreement");
+    CHECK(phases[0].seconds == 0.5);
+    CHECK(std::string(phases[4].name) == "first_step");
+    CHECK(phases[4].seconds == 1.5);
+    double total = 0;
+    for (const auto& p : phases) total += p.seconds;
+    CHECK(total == Approx(r.clock.launched - r.clock.failed));
+    Event no_agreement = in_place();
+    no_agreement.phases.agreed = 0;  // the last words' end stands for the decision
+    apply_event(r, no_agreement, false, 300);
+    CHECK(r.clock.decided == 101);
+  }
+  SECTION("the same rule as a relaunch: progress resets the budget, none spends it to the end") {
+    apply_event(r, in_place(200), false, 300);
+    CHECK(r.budget.without_progress == 1);  // the checkpoint advanced
+    apply_event(r, in_place(200), false, 400);
+    CHECK(r.budget.without_progress == 2);
+    fx = apply_event(r, in_place(200), false, 500);
+    REQUIRE(fx.give_up);
+    CHECK(*fx.give_up == "node failure after 2 restarts without progress (budget 2; newest complete checkpoint: "
+                         "step 200); ckpt-run recovered in place, stop the job");
+    CHECK_FALSE(fx.restarted);
+    CHECK_FALSE(fx.running_again);
+    CHECK(fx.exclude == std::vector<std::string>{"n2"});  // excluded whatever happens next
+    CHECK(r.budget.restarts == 3);                        // unchanged by the refused restart
+  }
+  SECTION("a job that needs a checkpoint gives up without one") {
+    r = record(JobState::Running);
+    r.needs_checkpoint = true;
+    fx = apply_event(r, in_place(std::nullopt), false, 200);
+    REQUIRE(fx.give_up);
+    CHECK(fx.give_up->find("needs a checkpoint") != std::string::npos);
+  }
+}
+
+TEST_CASE("events: an in-place recovery ends a failure the controller was looking into",
+          "[recovery][events][in-place]") {
+  SECTION("failing: back to running, the restart spent") {
+    JobRecord r = under_ckpt_run();
+    r.reporters = {"n1"};
+    auto fx = apply_event(r, in_place(), false, 200);
+    CHECK(fx.to == JobState::Running);
+    CHECK(fx.reset_runtime);
+    CHECK(fx.restarted == Ending::NodeFailure);
+    CHECK(r.failures.empty());
+    CHECK(r.reporters.empty());
+    CHECK(r.budget.restarts == 1);
+  }
+  SECTION("relaunching: the relaunch decision counted this failure already") {
+    JobRecord r = record(JobState::Relaunching);
+    r.relaunch_step = 1;
+    r.budget.restarts = 1;
+    r.budget.without_progress = 1;
+    auto fx = apply_event(r, in_place(), false, 200);
+    CHECK(fx.to == JobState::Running);
+    CHECK_FALSE(fx.restarted);
+    CHECK(r.budget.restarts == 1);
+    CHECK_FALSE(r.relaunch_step);
+    CHECK(fx.running_again);
+  }
+  SECTION("a job that is not running only gets the history line") {
+    for (JobState st : {JobState::Requeueing, JobState::Pending, JobState::GaveUp, JobState::Completed}) {
+      JobRecord r = record(st);
+      auto fx = apply_event(r, in_place(), false, 200);
+      CHECK_FALSE(fx.note.empty());
+      CHECK_FALSE(fx.to);
+      CHECK_FALSE(fx.give_up);
+      CHECK(fx.exclude.empty());
+      CHECK(r.budget.restarts == 0);
+      CHECK(r.clock.path.empty());
+    }
+  }
+  SECTION("the lost nodes join the bad nodes the way a decision adds them") {
+    JobRecord r = record(JobState::Running);
+    Event e = in_place();
+    e.failed_nodes = "n[2-3]";
+    auto fx = apply_event(r, e, false, 200);
+    const auto fresh = exclude_dead_nodes(r.bad_nodes, fx.exclude, r.job_id, 200, 3600);
+    CHECK(fresh == std::vector<std::string>{"n2", "n3"});
+    CHECK(active_bad_nodes(r.bad_nodes, 201) == std::vector<std::string>{"n2", "n3"});
+  }
+}
+
+TEST_CASE("recovery phases of a requeue or a relaunch", "[recovery][in-place]") {
+  RecoveryClock c;
+  c.failed = 10;
+  c.decided = 11;
+  c.slurm_done = 14;
+  c.launched = 20;
+  c.path = "relaunch";
+  const auto phases = recovery_phases(c);
+  REQUIRE(phases.size() == 3);
+  CHECK(std::string(phases[0].name) == "decision");
+  CHECK(phases[0].seconds == 1);
+  CHECK(phases[1].seconds == 3);
+  CHECK(phases[2].seconds == 6);
+  c.slurm_done = 0;  // not reached: its phases are not known
+  CHECK(recovery_phases(c)[1].seconds == 0);
+  CHECK(recovery_phase_names("requeue").size() == 3);
+  CHECK(recovery_phase_names("in-place").size() == 5);
+}
+
 // ---- what a look at Slurm means -----------------------------------------------------------------------------------
 
 TEST_CASE("news: a running record follows Slurm's requeues and endings", "[recovery][news]") {

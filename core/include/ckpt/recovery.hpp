@@ -40,8 +40,19 @@ enum class EventType {
   TaskExit,  // a rank exited with a non-zero status or a signal (the plugin's task_exit)
   JobEnd,    // the batch step ended on its node (the plugin's exit): reconcile the job now
   Handover,  // ckpt-run gives up relaunching inside the allocation: requeue the job
+  InPlace,   // ckpt-run: the job recovered in place (survivors and spares went on in the same allocation)
 };
 const char* to_string(EventType type);
+
+// When each phase of an in-place recovery ended, seconds since the epoch (0 when not known).
+struct InPlacePhases {
+  double detected = 0;         // a rank saw the peer lost
+  double agreed = 0;           // the survivors agreed on the lost ranks (the last words' decision)
+  double last_words_done = 0;  // the terminal checkpoint is written
+  double regrouped = 0;        // survivors and spares formed the new group
+  double restored = 0;         // the checkpoint is loaded
+  double resumed = 0;          // the first training step after the recovery completed
+};
 
 // One report about one job. The controller trusts only the uid of the MUNGE credential that carried it.
 struct Event {
@@ -62,6 +73,10 @@ struct Event {
   std::uint32_t nnodes = 0;            // JobStart: nodes in the step
   double time = 0;                     // sender's clock, seconds since the epoch
   std::string detail;                  // free text (Handover: why)
+  std::string failed_nodes;            // InPlace: hostlist of the nodes whose ranks were lost
+  std::uint32_t generation = 0;        // InPlace: the recovery's number in its run (1, 2, ...)
+  std::optional<std::uint64_t> resume_step;  // InPlace: the checkpoint step training resumed from
+  InPlacePhases phases;                // InPlace: when each phase of the recovery ended
 };
 
 std::string to_json(const Event& event);
@@ -248,9 +263,12 @@ std::optional<Intent::Phase> parse_intent_phase(std::string_view text);
 struct RecoveryClock {
   double failed = 0;     // first failure report or observation received
   double decided = 0;    // the decision was made
-  double slurm_done = 0; // Slurm runs the job again (requeue) or ckpt-run started the new step (relaunch)
-  double launched = 0;   // the plugin reported the new run's first step start
-  std::string path;      // "requeue" or "relaunch"
+  double slurm_done = 0; // Slurm runs the job again (requeue), ckpt-run started the new step (relaunch), or the
+                         // new group formed (in place)
+  double launched = 0;   // the plugin reported the new run's first step start (in place: the first step ended)
+  std::string path;      // "requeue", "relaunch" or "in-place"
+  double last_words_done = 0;  // in place: the terminal checkpoint was written
+  double restored = 0;         // in place: the checkpoint was loaded
 };
 
 struct JobRecord {

@@ -39,12 +39,33 @@ struct EventEffects {
   bool start_failing = false;      // a new failure: a new recovery clock, then settle, probe and decide
   bool running_again = false;      // the first step of a recovered run started (the clock says when)
   bool check_now = false;          // look at the job in this cycle
+  std::vector<std::string> exclude;   // InPlace: the lost nodes, left out of the job's next runs
+  std::optional<Ending> restarted;    // InPlace: a restart was counted, for this ending
+  std::optional<std::string> give_up; // InPlace: the budget is spent; why the controller gives up
 };
 
 // Applies an event of the record's current run: a JobStart's settings and step (and the end of a relaunch, or of a
 // failure the batch script handled), a TaskExit's failure, a JobEnd's request to ask Slurm, a Handover's request to
-// requeue. `trusted`: the sender is root or SlurmUser, the only ones that may name the checkpoint dir.
+// requeue, an InPlace recovery's node failure, restart and clock (apply_in_place below). `trusted`: the sender is
+// root or SlurmUser, the only ones that may name the checkpoint dir.
 EventEffects apply_event(JobRecord& record, const Event& event, bool trusted, double now);
+
+// An in-place recovery that ckpt-run reports: a node failure on the event's failed nodes (to exclude), a restart
+// spent from the budget as decide_restart() rules (the resume step is the newest complete checkpoint), and the
+// clock's phases with path "in-place". The record stays Running (a Failing or Relaunching one goes back to it: the
+// failure is over); when the budget is spent, `give_up` says why. A job that is not running only gets the note.
+void apply_in_place(JobRecord& record, const Event& event, EventEffects& effects);
+
+// One phase of a finished recovery, as history and /metrics name it.
+struct RecoveryPhase {
+  const char* name;
+  double seconds;
+};
+// The phases a recovery on `path` goes through, in order: decision, slurm, launch for a requeue or a relaunch;
+// agreement, last_words, reformation, state_load, first_step in place.
+const std::vector<const char*>& recovery_phase_names(const std::string& path);
+// The clock's phases (0 s where an end is not known); when every end is known they add up to launched - failed.
+std::vector<RecoveryPhase> recovery_phases(const RecoveryClock& clock);
 
 // ---- what a look at Slurm means -----------------------------------------------------------------------------------
 

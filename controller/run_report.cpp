@@ -1,0 +1,175 @@
+// What ckpt-run tells the recovery controller (run_report.hpp).
+#include "run_report.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <exception>
+#include <limits>
+
+#include <slurm/slurm.h>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/clock.hpp"
+#include "ckpt/parse.hpp"
+#include "ckpt/posix.hpp"
+#include "http.hpp"
+#include "log.hpp"
+#include "munge_auth.hpp"
+
+namespace ckpt::controller {
+
+namespace rec = ckpt::recovery;
+using nlohmann::json;
+
+namespace {
+
+// A plan names a rendezvous address and a spare per lost rank: far below this even at 16k ranks.
+constexpr std::size_t kMaxControlFileBytes = 4 * 1024 * 1024;
+
+// An event of this job as sent from this node, by this run, now.
+rec::Event event_from_here(rec::EventType type, std::uint32_t job) {
+  rec::Event e;
+  e.type = type;
+  e.job_id = job;
+  const char* restarts = std::getenv("SLURM_RESTART_COUNT");
+  auto count = ckpt::parse_uint(restarts ? restarts : "0");
+  e.restart_count = count ? static_cast<std::uint32_t>(*count) : 0;
+  const char* node = std::getenv("SLURMD_NODENAME");
+  e.node = node ? node : "unknown";
+  e.uid = getuid();
+  e.time = ckpt::unix_seconds();
+  return e;
+}
+
+// Signs the event with MUNGE and POSTs it; `what` names it in the error lines.
+void post_event(const std::string& url, const rec::Event& e, const std::string& what) {
+  auto cred = munge_encode_payload(rec::to_json(e), munge_socket_from_slurm());
+  if (!cred) {
+    log_error("cannot tell the controller about " + what + ": " + cred.error());
+    return;
+  }
+  HttpRequest req;
+  req.method = "POST";
+  req.url = url + "/v1/events";
+  req.body = *cred;
+  req.content_type = "text/plain";
+  req.timeout_s = 2;
+  HttpResponse res = http_request(req);
+  if (!res.ok()) log_error("the controller did not take " + what + ": " + (res.error.empty() ? res.body : res.error));
+}
+
+// A JSON object from a file of the control dir; nullopt when missing, too large or not an object.
+std::optional<json> read_json_object(int dir_fd, const std::string& name) {
+  auto text = ckpt::posix::read_small_file(dir_fd, name, kMaxControlFileBytes);
+  if (!text.ok()) return std::nullopt;
+  json j = json::parse(*text.value, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  return j;
+}
+
+// A time of the phases file: 0 when absent or null (the root did not get there), nullopt when not a time.
+std::optional<double> time_of(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return 0.0;
+  if (!it->is_number()) return std::nullopt;
+  const double t = it->get<double>();
+  if (!std::isfinite(t) || t < 0) return std::nullopt;
+  return t;
+}
+
+bool generation_is(const json& j, std::uint32_t generation) {
+  auto it = j.find("generation");
+  return it != j.end() && it->is_number_unsigned() && it->get<std::uint64_t>() == generation;
+}
+
+// The plan's lost ranks and their nodes; false when the list is malformed or a rank has no known node.
+bool read_lost(const json& plan, const std::map<int, std::string>& node_of_rank, InPlaceRecovery& r) {
+  auto lost = plan.find("lost");
+  if (lost == plan.end() || !lost->is_array() || lost->empty()) return false;
+  for (const auto& rank : *lost) {
+    if (!rank.is_number_integer()) return false;
+    const auto value = rank.get<std::int64_t>();
+    if (value < 0 || value > std::numeric_limits<int>::max()) return false;
+    auto node = node_of_rank.find(static_cast<int>(value));
+    if (node == node_of_rank.end()) return false;
+    r.lost_ranks.push_back(node->first);
+    if (std::find(r.failed_nodes.begin(), r.failed_nodes.end(), node->second) == r.failed_nodes.end()) {
+      r.failed_nodes.push_back(node->second);
+    }
+  }
+  return true;
+}
+
+// The phases file's times and step; false when one is malformed or detection or the first step is missing.
+bool read_phases(const json& phases, InPlaceRecovery& r) {
+  const std::pair<const char*, double rec::InPlacePhases::*> fields[] = {
+      {"detect", &rec::InPlacePhases::detected},   {"decided", &rec::InPlacePhases::agreed},
+      {"last_words_done", &rec::InPlacePhases::last_words_done}, {"group", &rec::InPlacePhases::regrouped},
+      {"restored", &rec::InPlacePhases::restored}, {"first_step", &rec::InPlacePhases::resumed}};
+  for (const auto& [key, field] : fields) {
+    auto t = time_of(phases, key);
+    if (!t) return false;
+    r.phases.*field = *t;
+  }
+  if (r.phases.detected == 0 || r.phases.resumed == 0) return false;
+  auto step = phases.find("step");
+  if (step != phases.end() && !step->is_null()) {
+    if (!step->is_number_unsigned()) return false;
+    r.resume_step = step->get<std::uint64_t>();
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string munge_socket_from_slurm() {
+  slurm_conf_t* conf = nullptr;
+  if (slurm_load_ctl_conf(0, &conf) != SLURM_SUCCESS || conf == nullptr) return {};
+  std::string info = conf->authinfo ? conf->authinfo : "";
+  slurm_free_ctl_conf(conf);
+  auto pos = info.find("socket=");
+  if (pos == std::string::npos) return {};
+  auto end = info.find(',', pos);
+  return info.substr(pos + 7, end == std::string::npos ? std::string::npos : end - pos - 7);
+}
+
+void hand_over(const Settings& s, std::uint32_t job, const std::string& why) {
+  rec::Event e = event_from_here(rec::EventType::Handover, job);
+  e.detail = why;
+  post_event(s.url, e, "the hand-over");
+}
+
+void report_in_place(const std::string& url, std::uint32_t job, const InPlaceRecovery& recovery) {
+  rec::Event e = event_from_here(rec::EventType::InPlace, job);
+  e.failed_nodes = rec::join_nodes(recovery.failed_nodes);
+  e.generation = recovery.generation;
+  e.resume_step = recovery.resume_step;
+  e.phases = recovery.phases;
+  post_event(url, e, "in-place recovery " + std::to_string(recovery.generation));
+}
+
+std::optional<InPlaceRecovery> read_in_place_phases(const std::string& inplace_dir, std::uint32_t generation,
+                                                    const std::map<int, std::string>& node_of_rank) {
+  ckpt::posix::Fd dir(::open(inplace_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return std::nullopt;
+  const std::string name = "gen-" + std::to_string(generation);
+  try {
+    auto plan = read_json_object(dir.get(), name + ".plan");
+    auto phases = read_json_object(dir.get(), name + ".phases");
+    if (!plan || !phases || plan->contains("abandon")) return std::nullopt;
+    if (!generation_is(*plan, generation) || !generation_is(*phases, generation)) return std::nullopt;
+    InPlaceRecovery r;
+    r.generation = generation;
+    if (!read_lost(*plan, node_of_rank, r) || !read_phases(*phases, r)) return std::nullopt;
+    return r;
+  } catch (const std::exception&) {
+    return std::nullopt;  // a value of a type the checks above let through but json cannot convert
+  }
+}
+
+}  // namespace ckpt::controller

@@ -1,0 +1,40 @@
+#pragma once
+// What ckpt-run tells the recovery controller: a hand-over to a requeue, and a recovery made in place. Each is an
+// event signed with MUNGE as the job's owner and POSTed to <url>/v1/events; a failure is logged, never fatal.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/recovery.hpp"
+#include "run_settings.hpp"
+
+namespace ckpt::controller {
+
+// One in-place recovery, as its root wrote it into the run's control dir (gen-<G>.plan and gen-<G>.phases).
+struct InPlaceRecovery {
+  std::uint32_t generation = 0;
+  std::vector<int> lost_ranks;              // as the plan lists them
+  std::vector<std::string> failed_nodes;    // the nodes of the lost ranks, each once, in rank order
+  std::optional<std::uint64_t> resume_step; // the checkpoint step training resumed from
+  ckpt::recovery::InPlacePhases phases;     // when each phase ended (0 where the root did not say)
+};
+
+// The MUNGE socket of Slurm's AuthInfo ("socket=..."); empty for libmunge's default.
+std::string munge_socket_from_slurm();
+
+// Tells the controller that relaunching inside the allocation is not possible: requeue the job.
+void hand_over(const Settings& s, std::uint32_t job, const std::string& why);
+
+// Tells the controller that the job recovered in place: it records the recovery, excludes the failed nodes and
+// spends a restart (or gives up on the job, which ckpt-run sees in the job's view).
+void report_in_place(const std::string& url, std::uint32_t job, const InPlaceRecovery& recovery);
+
+// Recovery `generation` of the in-place run whose files are in `inplace_dir`, once its first step is done (both
+// files are there); nullopt when a file is missing, too large or malformed, the plan abandons the recovery, or a
+// lost rank has no node in `node_of_rank`.
+std::optional<InPlaceRecovery> read_in_place_phases(const std::string& inplace_dir, std::uint32_t generation,
+                                                    const std::map<int, std::string>& node_of_rank);
+
+}  // namespace ckpt::controller
