@@ -9,6 +9,7 @@
 // healthy nodes of the allocation, -N reduced only when --min-nodes allows. When too few healthy nodes remain it
 // hands over to a requeue of the whole job. Without a reachable controller it runs srun once and returns its status.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -459,10 +461,45 @@ void kill_node_steps(std::vector<NodeStep>& steps) {
   }
 }
 
+// The recoveries the program makes in place, read from its files as they complete, for the controller.
+struct InPlaceWatch {
+  std::string dir;                       // $CKPT_DIR/.control/inplace-<id>; empty: CKPT_DIR unknown, not watched
+  std::map<int, std::string> node_of_rank;
+  std::uint32_t next = 1;                // the next recovery's generation
+  double next_view = 0;                  // when to look at the controller's view of the job again
+};
+
+// Reports each recovery made in place once its first step is done; true when the controller gave up on the job
+// (its restart budget is spent), which ends the steps.
+bool watch_in_place(const Run& run, InPlaceWatch& watch) {
+  if (watch.dir.empty()) return false;
+  struct stat st {};
+  const std::string phases = watch.dir + "/gen-" + std::to_string(watch.next) + ".phases";
+  if (::stat(phases.c_str(), &st) == 0) {
+    if (auto r = read_in_place_phases(watch.dir, watch.next, watch.node_of_rank)) {
+      std::fprintf(stderr, "ckpt-run: in-place recovery %u: %s replaced; training ran again %.3f s after the "
+                   "failure was detected\n", r->generation, rec::join_nodes(r->failed_nodes).c_str(),
+                   r->phases.resumed - r->phases.detected);
+      if (!run.s.url.empty()) report_in_place(run.s.url, run.job_id, *r);
+      for (const auto& [rank, node] : r->replacement_node) watch.node_of_rank[rank] = node;
+      watch.next_view = ckpt::unix_seconds() + 0.5;
+    } else {
+      log_error("cannot read in-place recovery " + std::to_string(watch.next) + " in " + watch.dir);
+    }
+    ++watch.next;
+  }
+  if (run.s.url.empty() || watch.next == 1 || ckpt::unix_seconds() < watch.next_view) return false;
+  watch.next_view = ckpt::unix_seconds() + 2;
+  auto view = job_view(run.s, run.job);
+  if (!view || view->value("state", "") != "gave-up") return false;
+  log_error("the controller gave up on the job: " + view->value("reason", ""));
+  return true;
+}
+
 // Waits for the per-node steps. Training is done once `wanted` of them exited 0 (the training nodes, or spares in
 // a dead node's place): what is left then (a dead node's step Slurm has not ended yet) gets 10 s and is killed.
 // A step that exits 75 holds survivors that could not recover in place (no spare left): the job goes to a requeue.
-int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t wanted) {
+int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t wanted, InPlaceWatch& watch) {
   std::uint64_t zeros = 0;
   std::optional<int> failure;
   bool handed_over = false;
@@ -491,6 +528,10 @@ int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t 
       }
     }
     if (pid > 0) continue;
+    if (watch_in_place(run, watch) && !g_stopping) {
+      kill_node_steps(steps);
+      handed_over = true;  // not to a requeue: the controller gave up; the status says the job failed
+    }
     // Done: training ended, or it was handed over (idle spares and stuck steps have nothing left to do).
     if ((zeros >= wanted || handed_over) && done_at == 0) done_at = ckpt::unix_seconds();
     if (done_at > 0 && ckpt::unix_seconds() - done_at > 10) {
@@ -537,7 +578,16 @@ int inplace_loop(Run& run) {
   }
   std::fprintf(stderr, "ckpt-run: %llu nodes train, %s (in-place id %s)\n", static_cast<unsigned long long>(wanted),
                spares.empty() ? "no spare" : ("spares " + spares).c_str(), id.c_str());
-  return wait_node_steps(run, steps, wanted);
+  InPlaceWatch watch;
+  if (const char* dir = std::getenv("CKPT_DIR"); dir != nullptr && *dir == '/') {
+    watch.dir = std::string(dir) + "/.control/inplace-" + id;
+  }
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    for (std::uint64_t k = 0; !steps[i].spare && k < *per_node; ++k) {
+      watch.node_of_rank[static_cast<int>(i * *per_node + k)] = steps[i].node;
+    }
+  }
+  return wait_node_steps(run, steps, wanted, watch);
 }
 
 }  // namespace

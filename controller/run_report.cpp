@@ -105,6 +105,22 @@ bool read_lost(const json& plan, const std::map<int, std::string>& node_of_rank,
   return true;
 }
 
+// The plan's takeover ({"<rank>": "<node>.<local id>"}) as rank -> node; false when malformed.
+bool read_takeover(const json& plan, InPlaceRecovery& r) {
+  auto takeover = plan.find("takeover");
+  if (takeover == plan.end() || !takeover->is_object()) return false;
+  for (const auto& [rank_text, slot] : takeover->items()) {
+    auto rank = ckpt::parse_uint(rank_text);
+    if (!rank || *rank > static_cast<std::uint64_t>(std::numeric_limits<int>::max()) || !slot.is_string()) return false;
+    const std::string text = slot.get<std::string>();
+    const std::string node = text.substr(0, text.rfind('.'));
+    auto names = rec::expand_hostlist(node, 1);
+    if (!names || names->size() != 1 || (*names)[0] != node) return false;
+    r.replacement_node[static_cast<int>(*rank)] = node;
+  }
+  return true;
+}
+
 // The phases file's times and step; false when one is malformed or detection or the first step is missing.
 bool read_phases(const json& phases, InPlaceRecovery& r) {
   const std::pair<const char*, double rec::InPlacePhases::*> fields[] = {
@@ -165,7 +181,9 @@ std::optional<InPlaceRecovery> read_in_place_phases(const std::string& inplace_d
     if (!generation_is(*plan, generation) || !generation_is(*phases, generation)) return std::nullopt;
     InPlaceRecovery r;
     r.generation = generation;
-    if (!read_lost(*plan, node_of_rank, r) || !read_phases(*phases, r)) return std::nullopt;
+    if (!read_lost(*plan, node_of_rank, r) || !read_takeover(*plan, r) || !read_phases(*phases, r)) {
+      return std::nullopt;
+    }
     return r;
   } catch (const std::exception&) {
     return std::nullopt;  // a value of a type the checks above let through but json cannot convert

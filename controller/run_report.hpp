@@ -19,6 +19,7 @@ struct InPlaceRecovery {
   std::vector<std::string> failed_nodes;    // the nodes of the lost ranks, each once, in rank order
   std::optional<std::uint64_t> resume_step; // the checkpoint step training resumed from
   ckpt::recovery::InPlacePhases phases;     // when each phase ended (0 where the root did not say)
+  std::map<int, std::string> replacement_node;  // the plan's takeover: rank -> the spare node now running it
 };
 
 // The MUNGE socket of Slurm's AuthInfo ("socket=..."); empty for libmunge's default.

@@ -65,6 +65,14 @@ TEST_CASE("ckpt-run reads an in-place recovery from its plan and phases", "[cont
   CHECK(r->phases.regrouped == 1700000003.0);
   CHECK(r->phases.restored == 1700000004.5);
   CHECK(r->phases.resumed == 1700000006.0);
+  CHECK(r->replacement_node == std::map<int, std::string>{{2, "n4"}, {3, "n4"}});  // where the ranks run now
+
+  SECTION("a takeover that names no node is refused") {
+    std::string plan = kPlan;
+    plan.replace(plan.find("\"n4.0\""), 6, "\"$(x)\"");
+    dir.write("gen-1.plan", plan);
+    CHECK_FALSE(dir.read());
+  }
 
   SECTION("a phase the root did not see is 0") {
     std::string phases = kPhases;
