@@ -497,7 +497,8 @@ bool watch_in_place(const Run& run, InPlaceWatch& watch) {
 }
 
 // Waits for the per-node steps. Training is done once `wanted` of them exited 0 (the training nodes, or spares in
-// a dead node's place): what is left then (a dead node's step Slurm has not ended yet) gets 10 s and is killed.
+// a dead node's place): what is left then (a dead node's step Slurm has not ended yet; idle spares leave on their
+// own within a second) gets 3 s and is killed.
 // A step that exits 75 holds survivors that could not recover in place (no spare left): the job goes to a requeue.
 int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t wanted, InPlaceWatch& watch) {
   std::uint64_t zeros = 0;
@@ -534,7 +535,7 @@ int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t 
     }
     // Done: training ended, or it was handed over (idle spares and stuck steps have nothing left to do).
     if ((zeros >= wanted || handed_over) && done_at == 0) done_at = ckpt::unix_seconds();
-    if (done_at > 0 && ckpt::unix_seconds() - done_at > 10) {
+    if (done_at > 0 && ckpt::unix_seconds() - done_at > 3) {
       kill_node_steps(steps);
       done_at = 1e300;  // once
     }

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Restart in place on the real local cluster: slurm-examples/train_ddp.py on 3 nodes with one spare node, under
+# `ckpt-run --spares 1` (one step per node, --no-kill) and the recovery controller.
+#  1. A training node crashes (SIGKILL): the survivors write a terminal checkpoint, the spare takes the dead rank
+#     over, and training goes on in the same processes, with no requeue and no relaunch: at most one step lost,
+#     final weights bitwise identical to an uninterrupted run, and the controller records the recovery with the
+#     path "in-place" and its phases.
+#  2. A training node freezes (SIGSTOP: only missed heartbeats tell): the same.
+#  3. No spare left (a 3-node allocation): the survivors exit 75, ckpt-run hands the job over, the controller
+#     requeues it off the dead node, and it resumes from the terminal checkpoint, still bitwise identical.
+# The batch host (n1) is never the victim: its failure ends the batch script, and any Slurm job with it.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/controller_lib.sh"
+source "$(dirname "$0")/torch_lib.sh"
+have_torch || fail "needs python3-torch and a built slurm_ckpt"
+[ -x "$CKPT_BUILD_DIR/controller/ckpt-run" ] || fail "ckpt-run is not built"
+STEPS=50
+PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 50 ))
+job="" victim=""
+cleanup() {
+  [ -n "$job" ] && scancel "$job" 2>/dev/null || true
+  [ -n "$victim" ] && "$CLUSTER" revive-node "$victim" > /dev/null 2>&1 || true
+  controller_down
+}
+trap cleanup EXIT
+controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
+ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" "$@"; }
+
+cat > "$SCRATCH/job.sbatch" <<JOB
+#!/bin/bash
+#SBATCH --no-kill --requeue --open-mode=append --ckpt-last-words=on
+export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s CKPT_CONTROLLER_URL=$CONTROLLER_URL
+echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
+$CKPT_BUILD_DIR/controller/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
+  --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 "\$@"
+JOB
+logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
+# submit NAME NODES: the job, into $SCRATCH/NAME; sets `job`.
+submit() {
+  mkdir -p "$SCRATCH/$1"
+  job=$(sbatch --parsable -N "$2" -J "inplace-$1" -o "$SCRATCH/$1/log" --ckpt-dir="$SCRATCH/$1/ckpt" \
+    "$SCRATCH/job.sbatch" --out "$SCRATCH/$1/final")
+}
+wait_gone() {
+  for _ in $(seq 900); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
+  fail "job $job did not end: $(tail -5 "$SCRATCH/$1/log")"
+}
+wait_weights() {
+  for _ in $(seq 900); do
+    [ -s "$SCRATCH/$1/final.sha256" ] && return 0
+    squeue -h -j "$job" 2>/dev/null | grep -q . || break
+    sleep 0.2
+  done
+  cat "$SCRATCH/$1/log" >&2
+  fail "$1: no final weights"
+}
+# fail_node NAME MODE NODE: waits for a step between 15 and 30, then crashes or freezes NODE; sets `seen`.
+fail_node() {
+  local at=$((15 + RANDOM % 15))
+  for _ in $(seq 1500); do
+    s=$(logged "$SCRATCH/$1/log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break
+    sleep 0.02
+  done
+  seen=$(logged "$SCRATCH/$1/log")
+  [ -n "$seen" ] && [ "$seen" -lt "$STEPS" ] || fail "$1: training did not reach step $at: $(tail -3 "$SCRATCH/$1/log")"
+  victim=$3
+  "$CLUSTER" "$2-node" "$3" > /dev/null
+}
+same_weights() { cmp -s "$SCRATCH/reference/final" "$SCRATCH/$1/final"; }
+
+submit reference 4
+wait_gone reference
+[ -s "$SCRATCH/reference/final" ] || { cat "$SCRATCH/reference/log" >&2; fail "the uninterrupted run failed"; }
+assert_contains "$SCRATCH/reference/log" "ckpt-run: 3 nodes train, spares n4"
+pass "uninterrupted run: 3 nodes train, n4 waits as the spare"
+
+for mode in crash freeze; do
+  name=$mode
+  node=n$((2 + RANDOM % 2))
+  submit "$name" 4
+  fail_node "$name" "$mode" "$node"
+  wait_weights "$name"
+  "$CLUSTER" revive-node "$victim" > /dev/null
+  victim=""
+  wait_gone "$name"
+  log=$SCRATCH/$name/log
+  grep -q "in-place recovery 1: ranks \[.*\] lost; spares \['n4.0'\] take them over" "$log" ||
+    { cat "$log" >&2; fail "$mode of $node: no in-place recovery"; }
+  assert_not_contains "$log" "run 1 on"
+  resumed=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\).*/\1/p' "$log" | tail -1)
+  [ -n "$resumed" ] && [ "$resumed" -ge $((seen - 1)) ] ||
+    fail "$mode of $node at step $seen: resumed from step ${resumed:-?} (more than one step lost)"
+  same_weights "$name" || fail "$mode of $node: the final weights differ from the uninterrupted run's"
+  took=$(sed -n 's/.*ckpt-run: in-place recovery 1: .* training ran again \([0-9.]*\) s after.*/\1/p' "$log")
+  [ -n "$took" ] || { cat "$log" >&2; fail "$mode: ckpt-run did not see the recovery complete"; }
+  for _ in $(seq 50); do ctl history "$job" 2>/dev/null | grep -q "(in-place)" && break; sleep 0.2; done
+  ctl history "$job" > "$SCRATCH/$name/history" 2>&1 || true
+  assert_contains "$SCRATCH/$name/history" "(in-place)"
+  pass "$mode of $node at step $seen: recovered in place from step $resumed, running again $took s after detection; bitwise identical; the controller recorded it"
+done
+
+# No spare: the requeue path.
+submit nospare 3
+assert_contains_soon() { for _ in $(seq 300); do grep -qF -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; assert_contains "$1" "$2"; }
+assert_contains_soon "$SCRATCH/nospare/log" "ckpt-run: 3 nodes train, no spare"
+fail_node nospare crash n3
+for _ in $(seq 900); do grep -q "^run 1 on" "$SCRATCH/nospare/log" 2>/dev/null && break; sleep 0.2; done
+assert_contains "$SCRATCH/nospare/log" "cannot recover in place (1 ranks lost, 0 spares ready)"
+assert_contains "$SCRATCH/nospare/log" "run 1 on"
+wait_weights nospare
+"$CLUSTER" revive-node "$victim" > /dev/null
+victim=""
+wait_gone nospare
+same_weights nospare || fail "no spare: the final weights differ from the uninterrupted run's"
+pass "no spare: crash of n3 at step $seen handed over to a requeue; the job resumed off n3 and ended bitwise identical"
+finish

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Restart in place without Slurm: slurm_ckpt.inplace alone (tests/hooks/inplace_test.py), then
+# slurm-examples/train_ddp.py as 3 ranks and 1 spare on this host, started with the variables `ckpt-run --spares`
+# gives each step. A rank is killed (SIGKILL) or frozen (SIGSTOP) mid-run: the survivors stay alive, the spare
+# takes its rank over, and the final weights are bitwise identical to an uninterrupted run's. With no spare, the
+# survivors exit 75 (the requeue path). The same on the real cluster: test_inplace_cluster.sh.
+set -euo pipefail
+: "${CKPT_BUILD_DIR:?}"
+source "${CKPT_SOURCE_DIR:?}/tests/integration/torch_lib.sh"
+have_torch || { echo "test_inplace_local: needs python3-torch and a built slurm_ckpt" >&2; exit 1; }
+W=$(mktemp -d /tmp/test_inplace_local.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+fail() { echo "FAIL: test_inplace_local: $*" >&2; echo "(kept in $W)" >&2; exit 1; }
+
+(cd "$W" && "$PY" "$CKPT_SOURCE_DIR/tests/hooks/inplace_test.py") || fail "slurm_ckpt.inplace unit tests"
+
+# launch NAME SPARES [VICTIM SIGNAL AT_STEP]: 3 ranks (one "node" each) and SPARES spares in $W/NAME.
+launch() {
+  local name=$1 spares=$2 victim=${3:-} sig=${4:-} at=${5:-} i s
+  local d=$W/$name
+  mkdir -p "$d/ckpt"
+  pids=()
+  for i in 0 1 2 $(seq 3 $((2 + spares))); do
+    local role=(CKPT_INPLACE_RANK_BASE=$i)
+    [ "$i" -ge 3 ] && role=(CKPT_INPLACE_SPARE=1)
+    env -u SLURM_JOB_ID -u SLURM_STEP_ID -u SLURM_PROCID CKPT_DIR="$d/ckpt" CKPT_LAST_WORDS=on CKPT_HEARTBEAT_TIMEOUT=1s \
+      CKPT_INPLACE_ID="local.$name" CKPT_INPLACE_WORLD=3 SLURM_PROCID=0 SLURM_LOCALID=0 SLURMD_NODENAME="h$i" \
+      CKPT_INPLACE_JOIN_TIMEOUT=5 "${role[@]}" \
+      "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py" --steps 30 --ckpt-interval-steps 5 --step-sleep 0.05 \
+      --log-every 1 --out "$d/final" > "$d/log$i" 2>&1 &
+    pids+=($!)
+  done
+  if [ -n "$victim" ]; then
+    for _ in $(seq 600); do
+      s=$(sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$d/log0" | tail -1)
+      [ -n "$s" ] && [ "$s" -ge "$at" ] && break
+      sleep 0.02
+    done
+    kill "-$sig" "${pids[$victim]}"
+  fi
+  status=()
+  for i in "${!pids[@]}"; do
+    if [ "$i" = "$victim" ] && [ "$sig" = STOP ]; then
+      for _ in $(seq 600); do [ -s "$d/final.sha256" ] || ! kill -0 "${pids[0]}" 2>/dev/null && break; sleep 0.1; done
+      kill -KILL "${pids[$i]}"
+    fi
+    wait "${pids[$i]}" && status+=(0) || status+=($?)
+  done
+}
+
+launch reference 1
+[ -s "$W/reference/final" ] || { cat "$W"/reference/log* >&2; fail "the uninterrupted run wrote no weights"; }
+[ "${status[*]}" = "0 0 0 0" ] || fail "uninterrupted run: exit statuses ${status[*]} (the idle spare exits 0)"
+echo "ok: uninterrupted: 3 ranks and an idle spare, all exit 0"
+
+for case in "crash 2 KILL" "freeze 1 STOP"; do
+  read -r name victim sig <<< "$case"
+  launch "$name" 1 "$victim" "$sig" $((8 + RANDOM % 10))
+  grep -q "in-place recovery 1: ranks \[$victim\] lost; spares \['h3.0'\] take them over" "$W/$name"/log* ||
+    { tail -n 20 "$W/$name"/log* >&2; fail "$name: no in-place recovery of rank $victim"; }
+  grep -q "spare h3.0 takes rank $victim over (generation 1)" "$W/$name/log3" || fail "$name: the spare did not take over"
+  cmp -s "$W/reference/final" "$W/$name/final" || fail "$name: the final weights differ"
+  echo "ok: $name of rank $victim: the spare took it over in place; bitwise identical ($(grep -ho '"first_step": [0-9.]*' "$W/$name"/log* | head -1))"
+done
+
+launch nospare 0 2 KILL 10
+[ "${status[0]}" = 75 ] && [ "${status[1]}" = 75 ] || fail "no spare: survivors exited ${status[0]} and ${status[1]}, not 75"
+grep -q "cannot recover in place (1 ranks lost, 0 spares ready); handing over to a requeue" "$W/nospare"/log* ||
+  fail "no spare: no hand-over line"
+echo "ok: no spare: the survivors exit 75 for the requeue path"
+rm -rf "$W"
+echo "PASS: test_inplace_local"
