@@ -244,7 +244,8 @@ struct IntervalCommand {
 
 struct SimulateCommand {
   ModelOptions model;
-  std::string catchable = "0", interval, work, seed = "1", svg, points = "25", failure_times;
+  std::string catchable = "0", interval, work, seed = "1", svg, points = "25", failure_times, inplace_restart,
+              spares = "1";
   bool json = false;
 
   struct Row {
@@ -275,6 +276,10 @@ struct SimulateCommand {
         c.failure_times->push_back(duration_option("--failure-times", t));
       }
     }
+    if (!inplace_restart.empty()) {
+      c.inplace_restart_s = duration_option("--in-place-restart", inplace_restart);
+      c.spares = uint_option("--spares", spares, 1);
+    }
     if (auto st = sim::check(c); !st) throw InputError{st.error()};
 
     std::vector<std::pair<sim::Policy, double>> policies;
@@ -284,13 +289,14 @@ struct SimulateCommand {
       policies.emplace_back(sim::Policy::Fixed, fixed);
     }
     for (auto p : {sim::Policy::Young, sim::Policy::Daly, sim::Policy::LastWords}) policies.emplace_back(p, 0);
+    if (!inplace_restart.empty()) policies.emplace_back(sim::Policy::InPlace, 0);
 
     std::vector<Row> rows;
     for (auto [policy, fixed] : policies) {
       auto outcome = sim::run(c, policy, fixed);
       if (!outcome) throw InputError{std::string(sim::to_string(policy)) + ": " + outcome.error()};
       Row r{*outcome, sim::model_waste(c, policy, outcome->interval_s), std::nullopt};
-      if (policy != sim::Policy::LastWords || c.catchable == 0)
+      if ((policy != sim::Policy::LastWords && policy != sim::Policy::InPlace) || c.catchable == 0)
         r.exact_waste = sim::exact_waste(c, r.outcome.interval_s);
       rows.push_back(r);
     }
@@ -329,6 +335,8 @@ struct SimulateCommand {
         {"work_s", c.work_s},
         {"seed", c.seed},
         {"failure_times", c.failure_times ? nlohmann::json(*c.failure_times) : nlohmann::json(nullptr)},
+        {"inplace_restart_s", inplace_restart.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.inplace_restart_s)},
+        {"spares", c.spares},
         {"young_s", iv::young(c.cost_s, c.mtbf_s)},
         {"daly_s", iv::daly(c.cost_s, c.mtbf_s)},
     };
@@ -352,6 +360,7 @@ struct SimulateCommand {
           {"checkpoints", o.checkpoints},
           {"failures", o.failures},
           {"last_words", o.last_words},
+          {"in_place", o.in_place},
       };
       e["exact_goodput"] = r.exact_waste ? nlohmann::json(1 - *r.exact_waste) : nlohmann::json(nullptr);
       list.push_back(e);
@@ -371,6 +380,10 @@ struct SimulateCommand {
     std::printf("checkpoint cost %s, restart %s, %s, %s of failures catchable, work %s, seed %llu\n",
                 iv::format_seconds(c.cost_s).c_str(), iv::format_seconds(c.restart_s).c_str(), mtbf_text(v).c_str(),
                 percent(c.catchable).c_str(), work_text.c_str(), static_cast<unsigned long long>(c.seed));
+    if (!inplace_restart.empty()) {
+      std::printf("in place: restart %s while the allocation holds one of its %llu spares, else a requeue\n",
+                  iv::format_seconds(c.inplace_restart_s).c_str(), static_cast<unsigned long long>(c.spares));
+    }
     if (c.failure_times) {
       std::printf("failures replayed at %zu given times, not drawn (model and exact are expectations)\n",
                   c.failure_times->size());
@@ -380,7 +393,9 @@ struct SimulateCommand {
     for (const Row& r : rows) {
       const sim::Outcome& o = r.outcome;
       std::string exact = r.exact_waste ? percent(1 - *r.exact_waste) : "-";
-      std::string words = o.policy == sim::Policy::LastWords ? std::to_string(o.last_words) : "-";
+      std::string words = o.policy == sim::Policy::LastWords || o.policy == sim::Policy::InPlace
+                              ? std::to_string(o.last_words)
+                              : "-";
       std::printf("%-11s %-9s %8s %8s %8s  %10s %10s  %8llu %10s\n", sim::to_string(o.policy),
                   iv::format_seconds(o.interval_s).c_str(), percent(o.goodput()).c_str(),
                   percent(std::max(0.0, 1 - r.model_waste)).c_str(), exact.c_str(), coarse(o.lost_s()).c_str(),
@@ -421,6 +436,14 @@ void add_interval_commands(CLI::App& app, int& exit_code) {
                    "Replay failures at these wall times (comma-separated, ascending; none: no failure) instead of "
                    "drawing them")
       ->type_name("LIST");
+  simulate
+      ->add_option("--in-place-restart", simulate_cmd->inplace_restart,
+                   "Also simulate restart in place: last words, and this restart cost while a spare is left")
+      ->type_name("DUR");
+  simulate
+      ->add_option("--spares", simulate_cmd->spares,
+                   "Spares per allocation for --in-place-restart (default 1); a requeue brings new ones")
+      ->type_name("N");
   simulate->add_option("--svg", simulate_cmd->svg, "Write a plot of waste against interval to this file")
       ->type_name("FILE");
   simulate->add_option("--points", simulate_cmd->points, "Intervals in the --svg sweep (default 25)")->type_name("N");

@@ -44,7 +44,8 @@ def read_run(path, reference):
     row["phases"] = {name: times[b] - times[a] for name, a, b in PHASES}
     row["total"] = times["first_step"] - failure["failed_unix"]
     resumed = [int(s) for s in re.findall(r"^train_ddp: resumed from step (\d+)", log, re.M)]
-    row["steps_lost"] = failure["step_at_failure"] - resumed[-1] if resumed else None
+    # The log may lag the ranks by a step: a checkpoint ahead of the last logged step lost nothing.
+    row["steps_lost"] = max(0, failure["step_at_failure"] - resumed[-1]) if resumed else None
     return row
 
 

@@ -62,6 +62,7 @@ const char* to_string(Policy policy) {
     case Policy::Young: return "young";
     case Policy::Daly: return "daly";
     case Policy::LastWords: return "last-words";
+    case Policy::InPlace: return "in-place";
   }
   return "?";
 }
@@ -75,6 +76,10 @@ Status check(const Config& config) {
   if (!finite_non_negative(config.restart_s)) {
     return Status::failure("restart cost must be a finite duration >= 0 (got " + format_number(config.restart_s) +
                            "s)");
+  }
+  if (!finite_non_negative(config.inplace_restart_s)) {
+    return Status::failure("in-place restart cost must be a finite duration >= 0 (got " +
+                           format_number(config.inplace_restart_s) + "s)");
   }
   if (!std::isfinite(config.mtbf_s) || config.mtbf_s <= 0) {
     return Status::failure("MTBF must be a positive finite duration (got " + format_number(config.mtbf_s) + "s)");
@@ -103,7 +108,8 @@ double policy_interval(const Config& config, Policy policy, double fixed_s) {
     case Policy::Fixed: return fixed_s;
     case Policy::Young: return interval::young(config.cost_s, config.mtbf_s);
     case Policy::Daly:
-    case Policy::LastWords: return interval::daly(config.cost_s, config.mtbf_s);
+    case Policy::LastWords:
+    case Policy::InPlace: return interval::daly(config.cost_s, config.mtbf_s);
   }
   return 0;
 }
@@ -116,8 +122,9 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
                  format_number(tau) + "s)"};
   }
   const double delta = config.cost_s;
-  const double restart = config.restart_s;
-  const bool last_words = policy == Policy::LastWords;
+  const bool in_place = policy == Policy::InPlace;
+  const bool last_words = policy == Policy::LastWords || in_place;
+  std::uint64_t spares_left = config.spares;  // of the current allocation
   auto too_many_events = [&](const std::string& what) {
     return Error{"the job cannot finish within " + std::to_string(config.max_events) + " events (" + what +
                  " is far too long for MTBF " + interval::format_seconds(config.mtbf_s) + ")"};
@@ -125,7 +132,8 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
   const std::string interval_text = "interval " + interval::format_seconds(tau);
   // Refuse up front what would run into the guard anyway: each segment takes e^{(τ+δ)/M}·e^{R/M} attempts on
   // average. Last words can only shorten that, so it keeps just the guard below.
-  const double expected_events = std::ceil(config.work_s / tau) * std::exp((tau + delta + restart) / config.mtbf_s);
+  const double expected_events =
+      std::ceil(config.work_s / tau) * std::exp((tau + delta + config.restart_s) / config.mtbf_s);
   if (!last_words && !config.failure_times && expected_events > static_cast<double>(config.max_events)) {
     return too_many_events(interval_text);
   }
@@ -167,6 +175,15 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
       out.rework_s += elapsed;
     }
 
+    // In place while a spare is left; else the requeue, into an allocation with its spares again.
+    double restart = config.restart_s;
+    if (in_place && spares_left > 0) {
+      restart = config.inplace_restart_s;
+      --spares_left;
+      ++out.in_place;
+    } else {
+      spares_left = config.spares;
+    }
     // Restart; a failure during the restart starts it over. Its catchable flag is drawn but unused, which keeps
     // the random stream aligned across policies (two draws per failure).
     failures.draw(now + (failures.replaying() ? restart : 0), config.mtbf_s, config.catchable);
@@ -186,9 +203,14 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
 }
 
 double model_waste(const Config& config, Policy policy, double interval_s) {
-  interval::Params params{config.cost_s, config.restart_s, config.mtbf_s};
+  const double spares = static_cast<double>(config.spares);
+  const double restart = policy == Policy::InPlace
+                             ? (spares * config.inplace_restart_s + config.restart_s) / (spares + 1)
+                             : config.restart_s;
+  interval::Params params{config.cost_s, restart, config.mtbf_s};
   double waste = interval::waste_fraction(params, interval_s);
-  if (policy != Policy::LastWords || config.catchable == 0 || !std::isfinite(waste)) return waste;
+  const bool last_words = policy == Policy::LastWords || policy == Policy::InPlace;
+  if (!last_words || config.catchable == 0 || !std::isfinite(waste)) return waste;
   // E[min(u, δ)] for u ~ U[0, τ]: a caught failure costs the terminal write, or the rework when that is cheaper.
   const double tau = interval_s;
   const double delta = config.cost_s;

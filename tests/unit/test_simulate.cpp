@@ -318,3 +318,39 @@ TEST_CASE("replayed failures: hand-computed timelines", "[simulate]") {
     CHECK_FALSE(run(c, Policy::Daly).ok());
   }
 }
+
+TEST_CASE("restart in place: cheap restarts while a spare is left, then a requeue", "[simulate]") {
+  Config c;
+  c.cost_s = 1;
+  c.restart_s = 10;
+  c.inplace_restart_s = 0.5;
+  c.spares = 1;
+  c.mtbf_s = 1000;
+  c.work_s = 100;
+  c.catchable = 1;
+  // Three failures, far apart: in place (the spare), requeue (none left), in place (the new allocation's spare).
+  c.failure_times = std::vector<double>{20, 60, 100};
+  auto in_place = run(c, Policy::InPlace);
+  auto last_words = run(c, Policy::LastWords);
+  REQUIRE(in_place.ok());
+  REQUIRE(last_words.ok());
+  CHECK(in_place->failures == 3);
+  CHECK(in_place->in_place == 2);
+  CHECK(in_place->restart_s == Approx(0.5 + 10 + 0.5));
+  CHECK(last_words->restart_s == Approx(30));
+  CHECK(in_place->last_words == last_words->last_words);  // the same terminal checkpoints
+  CHECK(in_place->goodput() > last_words->goodput());
+  CHECK(std::string(to_string(Policy::InPlace)) == "in-place");
+
+  SECTION("the model's restart is the mean over an allocation's life") {
+    c.spares = 3;
+    const double tau = policy_interval(c, Policy::InPlace);
+    Config mean = c;
+    mean.restart_s = (3 * 0.5 + 10) / 4;
+    CHECK(model_waste(c, Policy::InPlace, tau) == Approx(model_waste(mean, Policy::LastWords, tau)));
+  }
+  SECTION("a bad in-place restart cost is refused") {
+    c.inplace_restart_s = -1;
+    CHECK_FALSE(check(c));
+  }
+}

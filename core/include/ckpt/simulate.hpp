@@ -22,9 +22,10 @@ enum class Policy {
   Young,      // √(2δM)
   Daly,       // Daly's higher-order optimum
   LastWords,  // Daly's interval plus a terminal checkpoint on catchable failures
+  InPlace,    // last words, and restart in place (cost inplace_restart_s) while the allocation holds a spare
 };
 
-// "fixed", "young", "daly", "last-words".
+// "fixed", "young", "daly", "last-words", "in-place".
 const char* to_string(Policy policy);
 
 struct Config {
@@ -39,6 +40,10 @@ struct Config {
   // job would have it; after the last one the job runs without failures. Catchability is still drawn with p.
   std::optional<std::vector<double>> failure_times;
   std::uint64_t max_events = 100'000'000;  // segments plus failures; guards against jobs that never finish
+  // Restart in place: the first `spares` failures of an allocation restart in inplace_restart_s; the next one
+  // takes the requeue (restart_s), which brings a new allocation with `spares` spares again.
+  double inplace_restart_s = 0;
+  std::uint64_t spares = 1;
 };
 
 // Accepts δ >= 0, R >= 0, M > 0 (all finite), work > 0, 0 <= p <= 1, failure times finite, >= 0 and ascending;
@@ -61,6 +66,7 @@ struct Outcome {
   std::uint64_t checkpoints = 0;  // periodic checkpoints completed
   std::uint64_t failures = 0;
   std::uint64_t last_words = 0;  // failures whose work a terminal checkpoint kept
+  std::uint64_t in_place = 0;    // failures recovered in place (InPlace)
 
   // Useful fraction of wall time.
   double goodput() const { return wall_s > 0 ? work_s / wall_s : 0; }
@@ -75,7 +81,8 @@ struct Outcome {
 Result<Outcome> run(const Config& config, Policy policy, double fixed_s = 0);
 
 // The first-order model's waste fraction at interval τ for a policy: δ/τ + (τ/2 + R)/M, where under last words
-// a catchable failure costs min(u, δ) (u ~ U[0, τ], the work at risk) instead of u.
+// a catchable failure costs min(u, δ) (u ~ U[0, τ], the work at risk) instead of u, and in place R is the mean
+// restart over an allocation's life: (s·R_in + R)/(s + 1) for s spares.
 double model_waste(const Config& config, Policy policy, double interval_s);
 
 // The lost work the first-order model predicts for the whole job: the wall time is work/(1 − waste), so the

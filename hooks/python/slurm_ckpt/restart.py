@@ -289,15 +289,9 @@ def _run_plain(train, backend, args, kwargs):
             dist.destroy_process_group()
 
 
-def run(train, *args, backend="gloo", **kwargs):
-    """Calls train(*args, **kwargs) with the default process group formed, again after each in-place recovery.
-    Returns what the last call returned. A spare that was never needed exits 0 when training ends."""
-    launch = inplace.Launch.from_env()
-    if launch is None:
-        return _run_plain(train, backend, args, kwargs)
-    os.environ["CKPT_EXIT_GRACE"] = "0s"  # this process leaves the failed group itself: the library must not end it
-    members = inplace.Membership(launch)
-    world, store, phases = launch.world, None, None
+def _first_generation(launch, members):
+    """Where this process starts: (generation, rank, plan, store). A training rank starts generation 0 (rank 0
+    hosts its store); a spare waits for its claim, and leaves when training ends without it."""
     if launch.spare:
         members.register_spare()
         claim = members.wait_claim()
@@ -308,15 +302,26 @@ def run(train, *args, backend="gloo", **kwargs):
         if plan is None or plan.get("abandon"):
             _leave(f"spare {launch.slot}: no usable plan for generation {generation}")
         _say(f"spare {launch.slot} takes rank {rank} over (generation {generation})")
-    else:
-        generation, rank = 0, launch.rank
-        if rank == 0:
-            store, plan = _store_master(world)
-            plan = members.write_plan(0, dict(plan, root=0, lost=[], step=None))
-        else:
-            plan = members.wait_plan(0, max(_PLAN_TIMEOUT_S, 120))
-            if plan is None:
-                _leave(f"rank {rank}: rank 0 did not start generation 0")
+        return generation, rank, plan, None
+    if launch.rank == 0:
+        store, plan = _store_master(launch.world)
+        return 0, 0, members.write_plan(0, dict(plan, root=0, lost=[], step=None)), store
+    plan = members.wait_plan(0, max(_PLAN_TIMEOUT_S, 120))
+    if plan is None:
+        _leave(f"rank {launch.rank}: rank 0 did not start generation 0")
+    return 0, launch.rank, plan, None
+
+
+def run(train, *args, backend="gloo", **kwargs):
+    """Calls train(*args, **kwargs) with the default process group formed, again after each in-place recovery.
+    Returns what the last call returned. A spare that was never needed exits 0 when training ends."""
+    launch = inplace.Launch.from_env()
+    if launch is None:
+        return _run_plain(train, backend, args, kwargs)
+    os.environ["CKPT_EXIT_GRACE"] = "0s"  # this process leaves the failed group itself: the library must not end it
+    members = inplace.Membership(launch)
+    world, phases = launch.world, None
+    generation, rank, plan, store = _first_generation(launch, members)
     while True:
         _set_rank_env(rank, world, launch, generation)
         try:
