@@ -496,6 +496,12 @@ bool watch_in_place(const Run& run, InPlaceWatch& watch) {
   return true;
 }
 
+// Whether the survivors gave up recovering in place (they write `abandoned`); true when the dir is unknown.
+bool in_place_abandoned(const InPlaceWatch& watch) {
+  struct stat st {};
+  return watch.dir.empty() || ::stat((watch.dir + "/abandoned").c_str(), &st) == 0;
+}
+
 // Waits for the per-node steps. Training is done once `wanted` of them exited 0 (the training nodes, or spares in
 // a dead node's place): what is left then (a dead node's step Slurm has not ended yet; idle spares leave on their
 // own within a second) gets 3 s and is killed.
@@ -522,7 +528,9 @@ int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t 
       std::fprintf(stderr, "ckpt-run: the step on %s ended with status %d at %.3f\n", steps[i].node.c_str(), code,
                    ckpt::unix_seconds());
       if (!failure) failure = code;
-      if (code == kExitPeerLost && !handed_over && !g_stopping) {
+      // 75 hands over when the survivors gave up (they mark it); a stale rank that thawed after a recovery in
+      // place exits 75 too, and the job goes on without it.
+      if (code == kExitPeerLost && !handed_over && !g_stopping && in_place_abandoned(watch)) {
         handed_over = true;
         log_info("survivors on " + steps[i].node + " could not recover in place; handing over to a requeue");
         if (!run.s.url.empty()) hand_over(run.s, run.job_id, "no spare left for a recovery in place");

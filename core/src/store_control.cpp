@@ -255,7 +255,8 @@ Status raise_epoch(const std::string& root, const Fence& run, std::string_view r
       case EpochAction::Fenced: return Status::failure(*fence_refusal(run, current));
       case EpochAction::Write: break;
     }
-    if (Status s = write_epoch_fd(root_fd->get(), EpochRecord{run.job_id, run.epoch, std::string(run_id)}); !s) {
+    if (Status s = write_epoch_fd(root_fd->get(), EpochRecord{run.job_id, run.epoch, std::string(run_id), run.generation});
+        !s) {
       return Status::failure(at + s.error());
     }
     return Status::success();

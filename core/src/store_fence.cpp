@@ -15,10 +15,20 @@ constexpr std::size_t kMaxJobId = 128;
 
 std::string job_label(const std::string& job_id) { return job_id.empty() ? "the job" : "job " + job_id; }
 
+// (epoch, generation) of a run and of a record, in order: a later generation of one run is a newer run.
+bool older(std::uint64_t epoch, std::uint64_t generation, const EpochRecord& than) {
+  return epoch < than.epoch || (epoch == than.epoch && generation < than.generation);
+}
+
+std::string run_label(std::uint64_t epoch, std::uint64_t generation) {
+  return "run " + std::to_string(epoch) + (generation ? " (generation " + std::to_string(generation) + ")" : "");
+}
+
 }  // namespace
 
 std::string to_json(const EpochRecord& record) {
   nlohmann::json doc = {{"job_id", record.job_id}, {"epoch", record.epoch}, {"run_id", record.run_id}};
+  if (record.generation != 0) doc["generation"] = record.generation;
   return doc.dump() + "\n";
 }
 
@@ -35,6 +45,10 @@ Result<EpochRecord> parse_epoch_record(std::string_view text) {
     return Error{"epoch record: epoch: expected a non-negative integer"};
   }
   r.epoch = epoch->get<std::uint64_t>();
+  if (auto generation = doc.find("generation"); generation != doc.end()) {
+    if (!generation->is_number_unsigned()) return Error{"epoch record: generation: expected a non-negative integer"};
+    r.generation = generation->get<std::uint64_t>();
+  }
   if (auto run = doc.find("run_id"); run != doc.end()) {
     if (!run->is_string()) return Error{"epoch record: run_id: expected a string"};
     r.run_id = run->get<std::string>();
@@ -44,19 +58,20 @@ Result<EpochRecord> parse_epoch_record(std::string_view text) {
 
 std::optional<std::string> fence_refusal(const Fence& run, const std::optional<EpochRecord>& record) {
   if (!record) return std::nullopt;
-  const std::string me = "run " + std::to_string(run.epoch) + " of " + job_label(run.job_id) + " is fenced: ";
+  const std::string me = run_label(run.epoch, run.generation) + " of " + job_label(run.job_id) + " is fenced: ";
   if (record->job_id != run.job_id) {
-    return me + job_label(record->job_id) + " (run " + std::to_string(record->epoch) +
+    return me + job_label(record->job_id) + " (" + run_label(record->epoch, record->generation) +
            ") has started in this checkpoint dir";
   }
-  if (record->epoch > run.epoch) return me + "run " + std::to_string(record->epoch) + " has started";
+  if (older(run.epoch, run.generation, *record)) return me + run_label(record->epoch, record->generation) + " has started";
   return std::nullopt;
 }
 
 EpochAction plan_epoch_raise(const Fence& run, const std::optional<EpochRecord>& record) {
-  if (!record || record->job_id != run.job_id || record->epoch < run.epoch) return EpochAction::Write;
-  if (record->epoch == run.epoch) return EpochAction::Keep;
-  return EpochAction::Fenced;
+  if (!record || record->job_id != run.job_id) return EpochAction::Write;
+  if (older(run.epoch, run.generation, *record)) return EpochAction::Fenced;
+  if (record->epoch == run.epoch && record->generation == run.generation) return EpochAction::Keep;
+  return EpochAction::Write;
 }
 
 }  // namespace ckpt::store

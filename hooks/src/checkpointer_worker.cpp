@@ -256,7 +256,8 @@ void Checkpointer::Impl::persist(const PersistJob& job) {
   collect_garbage(job.step);
   if (job.kind == store::Kind::Terminal && time_limit_stop == job.step) {
     continue_after_time_limit(TimeLimitStop{config.dir, config.job_id, config.restart_count, job.step,
-                                            config.resume_step, config.max_restarts, config.requeue});
+                                            config.resume_step, config.max_restarts, config.requeue,
+                                            config.generation});
   }
 }
 

@@ -32,6 +32,7 @@ const std::vector<KeySpec>& key_specs() {
       {{"max_restarts", "CKPT_MAX_RESTARTS", "a whole number"}, {"CKPT_MAX_RESTARTS"}},
       {{"restart_count", "CKPT_RESTART_COUNT", "a whole number"}, {"CKPT_RESTART_COUNT", "SLURM_RESTART_COUNT"}},
       {{"job_id", "CKPT_JOB_ID", "a job id"}, {"CKPT_JOB_ID", "SLURM_JOB_ID"}},
+      {{"generation", "CKPT_INPLACE_GENERATION", "a whole number"}, {"CKPT_INPLACE_GENERATION"}},
       {{"resume_step", "CKPT_RESUME_STEP", "a whole number"}, {"CKPT_RESUME_STEP"}},
       {{"resume_path", "CKPT_RESUME_PATH", "an absolute path to a step dir"}, {"CKPT_RESUME_PATH"}},
       {{"end_time", "CKPT_END_TIME", "unix seconds"}, {"CKPT_END_TIME", "SLURM_JOB_END_TIME"}},
@@ -367,6 +368,7 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   }
   if (Status e = read(lookup, "max_restarts", c.max_restarts, parse_uint); !e) return Error{e.error()};
   if (Status e = read(lookup, "restart_count", c.restart_count, parse_uint); !e) return Error{e.error()};
+  if (Status e = read(lookup, "generation", c.generation, parse_uint); !e) return Error{e.error()};
   if (auto s = lookup.get("job_id")) c.job_id = s->value;
   std::uint64_t resume_step = 0;
   if (Status e = read(lookup, "resume_step", resume_step, parse_uint); !e) return Error{e.error()};

@@ -98,7 +98,7 @@ std::string requeue_job(const std::string& job_id) {
 void continue_after_time_limit(const TimeLimitStop& stop) {
   // A stale run (a newer run of the job has started) must neither record a stop nor requeue the job: that would
   // requeue the newer run. Its terminal commit is refused already; this covers a newer run starting since.
-  const store::Fence fence{stop.job_id, stop.restart_count};
+  const store::Fence fence{stop.job_id, stop.restart_count, stop.generation};
   if (auto refusal = fenced(stop.dir, fence)) {
     log::warn(0, "time-limit stop at step " + std::to_string(stop.step) + ": not continued: " + *refusal);
     return;

@@ -24,6 +24,7 @@ struct TimeLimitStop {
   std::optional<std::uint64_t> resume_step;  // where this run started from
   std::uint64_t max_restarts = 3;
   std::string requeue = "self";              // controller, self or off
+  std::uint64_t generation = 0;              // restart in place: the group's generation (fencing)
 };
 
 // The file the controller reads; its JSON keys are job_id, restart_count, step, progress, no_progress.

@@ -27,7 +27,9 @@ class LastWords;
 
 // The run this process belongs to, as the store fences it: the job and its restart count. Every change the hooks
 // make to the checkpoint dir carries it (ckpt/store.hpp, "fencing of stale runs").
-inline store::Fence run_fence(const Config& config) { return store::Fence{config.job_id, config.restart_count}; }
+inline store::Fence run_fence(const Config& config) {
+  return store::Fence{config.job_id, config.restart_count, config.generation};
+}
 
 // The refusal line when a newer run than `fence`'s has started in `dir`; nullopt when none has, or when the
 // record cannot be read (the store's own checks refuse then).

@@ -43,8 +43,10 @@ launch() {
   status=()
   for i in "${!pids[@]}"; do
     if [ "$i" = "$victim" ] && [ "$sig" = STOP ]; then
-      for _ in $(seq 600); do [ -s "$d/final.sha256" ] || ! kill -0 "${pids[0]}" 2>/dev/null && break; sleep 0.1; done
-      kill -KILL "${pids[$i]}"
+      # The frozen rank thaws once the others went on without it: it must leave without touching the dir.
+      for _ in $(seq 600); do grep -q "in-place recovery {" "$d/log0" && break; sleep 0.1; done
+      sleep 0.5
+      kill -CONT "${pids[$i]}"
     fi
     wait "${pids[$i]}" && status+=(0) || status+=($?)
   done
@@ -62,6 +64,11 @@ for case in "crash 2 KILL" "freeze 1 STOP"; do
     { tail -n 20 "$W/$name"/log* >&2; fail "$name: no in-place recovery of rank $victim"; }
   grep -q "spare h3.0 takes rank $victim over (generation 1)" "$W/$name/log3" || fail "$name: the spare did not take over"
   cmp -s "$W/reference/final" "$W/$name/final" || fail "$name: the final weights differ"
+  if [ "$sig" = STOP ]; then
+    grep -q "this process is stale and leaves\|is fenced" "$W/$name/log$victim" ||
+      { tail -n 15 "$W/$name/log$victim" >&2; fail "$name: the thawed rank did not leave as stale"; }
+    ! grep -q "committed the terminal checkpoint" "$W/$name/log$victim" || fail "$name: the thawed rank committed"
+  fi
   echo "ok: $name of rank $victim: the spare took it over in place; bitwise identical ($(grep -ho '"first_step": [0-9.]*' "$W/$name"/log* | head -1))"
 done
 

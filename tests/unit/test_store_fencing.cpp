@@ -69,6 +69,22 @@ TEST_CASE("fencing decisions", "[store][fencing]") {
     CHECK_FALSE(fence_refusal(Fence{"42", 2}, r));
     CHECK(plan_epoch_raise(Fence{"42", 2}, r) == EpochAction::Write);  // raised, never lowered
   }
+  SECTION("restart in place: a later generation of the same run fences the earlier ones") {
+    EpochRecord r{"42", 1, "42.r1.g2", 2};
+    CHECK(*fence_refusal(Fence{"42", 1, 1}, r) ==
+          "run 1 (generation 1) of job 42 is fenced: run 1 (generation 2) has started");
+    CHECK(plan_epoch_raise(Fence{"42", 1, 1}, r) == EpochAction::Fenced);
+    CHECK(fence_refusal(kRun1, r));                       // generation 0, a frozen rank that thawed
+    CHECK_FALSE(fence_refusal(Fence{"42", 1, 2}, r));
+    CHECK(plan_epoch_raise(Fence{"42", 1, 2}, r) == EpochAction::Keep);
+    CHECK(plan_epoch_raise(Fence{"42", 1, 3}, r) == EpochAction::Write);
+    CHECK(plan_epoch_raise(Fence{"42", 2, 0}, r) == EpochAction::Write);  // a requeue starts over at 0
+    auto parsed = parse_epoch_record(to_json(r));
+    REQUIRE(parsed.ok());
+    CHECK(parsed->generation == 2);
+    CHECK(parse_epoch_record(R"({"job_id":"42","epoch":1})")->generation == 0);  // written before generations
+    CHECK_FALSE(parse_epoch_record(R"({"job_id":"42","epoch":1,"generation":-1})").ok());
+  }
   SECTION("another job that started in the dir fences; a starting job takes the dir over") {
     EpochRecord r{"43", 0, ""};
     REQUIRE(fence_refusal(kRun1, r));

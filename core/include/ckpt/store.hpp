@@ -139,6 +139,7 @@ std::vector<std::uint64_t> plan_gc(const std::vector<Entry>& entries, std::uint6
 struct Fence {
   std::string job_id;       // may be empty (no Slurm job)
   std::uint64_t epoch = 0;  // the job's restart count
+  std::uint64_t generation = 0;  // restart in place: the group's generation within the run (0 otherwise)
 };
 
 // The newest run that started in a checkpoint dir.
@@ -146,6 +147,7 @@ struct EpochRecord {
   std::string job_id;
   std::uint64_t epoch = 0;
   std::string run_id;  // informational, for log lines
+  std::uint64_t generation = 0;  // Fence::generation; newer than any earlier generation of the same epoch
 };
 std::string to_json(const EpochRecord& record);
 // Never throws; rejects anything but an object with a string job_id and a whole-number epoch.

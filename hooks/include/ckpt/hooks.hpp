@@ -75,6 +75,7 @@ struct Config {
   std::uint64_t max_interval_s = 0;                             // 0: none
   std::uint64_t max_restarts = BuiltinDefaults::max_restarts;
   std::uint64_t restart_count = 0;
+  std::uint64_t generation = 0;            // CKPT_INPLACE_GENERATION: restart in place's group generation (fencing)
   std::string job_id;                      // CKPT_JOB_ID, else SLURM_JOB_ID; may be empty
   std::optional<std::uint64_t> resume_step;  // CKPT_RESUME_STEP: the plugin's choice, verified again here
   std::string resume_path;                 // CKPT_RESUME_PATH: that checkpoint's step dir

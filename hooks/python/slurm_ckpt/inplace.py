@@ -131,6 +131,9 @@ class Membership:
         _write_atomic(self._path(f"gen-{generation}.plan"), json.dumps(plan, sort_keys=True))
         return plan
 
+    def has_plan(self, generation):
+        return os.path.exists(self._path(f"gen-{generation}.plan"))
+
     def wait_plan(self, generation, timeout_s):
         path = self._path(f"gen-{generation}.plan")
         deadline = time.monotonic() + timeout_s

@@ -203,8 +203,10 @@ def _store_master(world):
 
 
 def _set_rank_env(rank, world, launch, generation):
+    # CKPT_INPLACE_GENERATION fences earlier generations out of the checkpoint dir: a frozen rank that thaws
+    # cannot commit there any more.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(launch.local),
-                      CKPT_RUN_ID=f"{launch.id}.g{generation}")
+                      CKPT_RUN_ID=f"{launch.id}.g{generation}", CKPT_INPLACE_GENERATION=str(generation))
     if generation > 0:  # the plugin's choice was for generation 0: resume from the newest checkpoint instead
         os.environ.pop("CKPT_RESUME_STEP", None)
         os.environ.pop("CKPT_RESUME_PATH", None)
@@ -255,8 +257,11 @@ def _recover(members, generation, rank, world, failure):
     it. Leaves the process when it cannot go on."""
     lost = failure["lost"]
     root = failure["root"] if failure["root"] >= 0 else min(r for r in range(world) if r not in lost)
+    if members.has_plan(generation + 1):
+        # A rank that was frozen through a recovery and thaws now: the job went on without it.
+        _leave(f"rank {rank}: generation {generation + 1} runs already; this process is stale and leaves")
     store = None
-    if rank == root:
+    if rank == root and not members.has_plan(generation):
         store, plan = _next_plan(members, generation, rank, failure, world)
     else:
         plan = members.wait_plan(generation, _PLAN_TIMEOUT_S)
