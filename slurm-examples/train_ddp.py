@@ -43,6 +43,7 @@ def parse_args():
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--log-time", action="store_true", help="end each step line with t=<unix seconds> (benchmarks)")
     return p.parse_args()
 
 
@@ -133,7 +134,7 @@ def train(args, in_place=False):
         optimizer.zero_grad(set_to_none=True)
         extra["samples_seen"] += args.batch * world
         if (step + 1) % args.log_every == 0:
-            say(f"step {step + 1} loss {loss.item():.4f}")
+            say(f"step {step + 1} loss {loss.item():.4f}" + (f" t={time.time():.3f}" if args.log_time else ""))
         if cp.after_step(step + 1):
             stopped = True
             break

@@ -22,6 +22,7 @@ PHASES = [("detection", "failed_unix", "detect"), ("agreement", "detect", "decid
           ("last words", "decided", "last_words_done"), ("re-formation", "last_words_done", "group"),
           ("state load", "group", "restored"), ("first step", "restored", "first_step")]
 LINE = re.compile(r"in-place recovery (\{.*\})")
+STEP_TIME = re.compile(r"^train_ddp: step (\d+) loss \S+ t=([0-9.]+)", re.M)
 
 
 def read_run(path, reference):
@@ -36,6 +37,10 @@ def read_run(path, reference):
         with open(os.path.join(path, "final.sha256")) as f:
             digest = f.read().strip()
     row["bitwise"] = bool(digest) and digest == reference
+    # The first step completed after the failure, from the step lines' times (any path).
+    after = [float(t) for _, t in STEP_TIME.findall(log) if float(t) > failure["failed_unix"]]
+    row["first_step_after"] = after[0] - failure["failed_unix"] if after else None
+    row["requeued"] = bool(re.search(r"^run 1 on", log, re.M))
     if not m:
         row["recovered"] = False
         return row
@@ -60,7 +65,9 @@ def main():
     print(f"{'run':10s} {'node':4s} " + " ".join(f"{n:>12s}" for n in names) + f" {'total':>8s} {'lost':>4s} bitwise")
     for r in rows:
         if not r["recovered"]:
-            print(f"{r['name']:10s} {r['victim']:4s} not recovered in place; bitwise {r['bitwise']}")
+            took = f"{r['first_step_after']:.3f} s" if r["first_step_after"] is not None else "never"
+            print(f"{r['name']:10s} {r['victim']:4s} not in place ({'requeued' if r['requeued'] else 'no requeue'}): "
+                  f"first step after the failure {took}; bitwise {r['bitwise']}")
             continue
         print(f"{r['name']:10s} {r['victim']:4s} " + " ".join(f"{r['phases'][n]:12.3f}" for n in names) +
               f" {r['total']:8.3f} {r['steps_lost'] if r['steps_lost'] is not None else '?':>4} {r['bitwise']}")
@@ -68,7 +75,10 @@ def main():
         done = [r for r in rows if r["mode"] == mode and r["recovered"]]
         all_runs = [r for r in rows if r["mode"] == mode]
         if not done:
-            print(f"{mode}: no run recovered in place ({len(all_runs)} runs)")
+            took = [r["first_step_after"] for r in all_runs if r["first_step_after"] is not None]
+            print(f"{mode}: no run recovered in place ({len(all_runs)} runs, {sum(r['requeued'] for r in all_runs)} "
+                  f"requeued); median failure -> first step {statistics.median(took) if took else float('nan'):.3f} s; "
+                  f"bitwise {sum(r['bitwise'] for r in all_runs)}/{len(all_runs)}")
             continue
         med = {n: statistics.median(r["phases"][n] for r in done) for n in names}
         total = statistics.median(r["total"] for r in done)
@@ -79,5 +89,16 @@ def main():
               f"/{len(all_runs)}")
 
 
+def floors(work):
+    """The physical floors in the same run: one step (median gap of the reference's step lines) and, for a
+    freeze, the heartbeat timeout (no message tells of a frozen node: only silence)."""
+    with open(os.path.join(work, "reference", "log"), errors="replace") as f:
+        times = [float(t) for _, t in STEP_TIME.findall(f.read())]
+    step = statistics.median(b - a for a, b in zip(times, times[1:])) if len(times) > 2 else float("nan")
+    print(f"floors: one step {step:.3f} s (uninterrupted run, median); a freeze is seen no sooner than the "
+          f"heartbeat timeout; a crash at once (a reset or EOF)")
+
+
 if __name__ == "__main__":
     main()
+    floors(sys.argv[1])

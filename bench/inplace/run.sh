@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Restart in place on the real local cluster (a benchmark, not a test): slurm-examples/train_ddp.py on 3 nodes
-# plus 1 spare under `ckpt-run --spares 1` (one step per node, --no-kill). Each run kills (crash: SIGKILL) or
-# freezes (SIGSTOP) one training node at a random step; the survivors stay alive, the spare takes the dead
-# node's rank over, and training goes on in the same processes. Prints per run and as medians the time from the
-# failure to the first completed step after it, split into detection, agreement, last words, group
-# re-formation, state load and first step; the steps lost; and whether the final weights are bitwise identical
-# to an uninterrupted run's.
-#   bench/inplace/run.sh [-n RUNS] [-m "crash freeze"] [-t HEARTBEAT_TIMEOUT] [-o DIR]
+# plus 1 spare under `ckpt-run --spares 1` (one step per node, --no-kill) and the recovery controller. Each run
+# kills (crash: SIGKILL) or freezes (SIGSTOP) one training node at a random step; the survivors stay alive, the
+# spare takes the dead node's rank over, and training goes on in the same processes. The baseline, mode
+# `requeue`, is the same crash without a spare (a 3-node allocation): the survivors hand over, and the controller
+# requeues the job off the dead node. Prints per run and as medians the time from the failure to the first
+# completed step after it, split (in place) into detection, agreement, last words, group re-formation, state load
+# and first step; the floors (the heartbeat timeout, one step); the steps lost; and whether the final weights
+# are bitwise identical to an uninterrupted run's.
+#   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze requeue"] [-t HEARTBEAT_TIMEOUT] [-o DIR]
 # (cluster up; CKPT_BUILD_DIR set or build/ in the source tree). The batch host (n1) is never the victim: its
 # failure ends the batch script, and with it any Slurm job; that case takes the requeue path.
 set -euo pipefail
-RUNS=10 MODES="crash freeze" HB=1s OUT=""
-while getopts "n:m:t:o:" o; do
+RUNS=10 REQUEUE_RUNS=3 MODES="crash freeze requeue" HB=1s OUT=""
+while getopts "n:r:m:t:o:" o; do
   case $o in
-    n) RUNS=$OPTARG ;; m) MODES=$OPTARG ;; t) HB=$OPTARG ;; o) OUT=$OPTARG ;;
-    *) sed -n '2,11p' "$0" >&2; exit 2 ;;
+    n) RUNS=$OPTARG ;; r) REQUEUE_RUNS=$OPTARG ;; m) MODES=$OPTARG ;; t) HB=$OPTARG ;; o) OUT=$OPTARG ;;
+    *) sed -n '2,13p' "$0" >&2; exit 2 ;;
   esac
 done
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,6 +24,8 @@ export CKPT_BUILD_DIR=${CKPT_BUILD_DIR:-$SRC/build}
 D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
 export SLURM_CONF=${SLURM_CONF:-$D/etc/slurm.conf}
 source "$SRC/tests/integration/torch_lib.sh"
+CKPT_SOURCE_DIR=$SRC CKPT_CLUSTER_DIR=$D source "$SRC/tests/integration/controller_lib.sh"
+"$SRC/tests/cluster.sh" up > /dev/null  # first, so that the run dir can live under the cluster's checkpoint area
 WORK=${OUT:-$(mktemp -d "$D/ckpt/bench-inplace.XXXXXX")}
 mkdir -p "$WORK"
 chmod 755 "$WORK"
@@ -30,22 +34,25 @@ victim="" job=""
 cleanup() {
   [ -n "$job" ] && scancel "$job" 2>/dev/null || true
   [ -n "$victim" ] && "$SRC/tests/cluster.sh" revive-node "$victim" > /dev/null 2>&1 || true
+  controller_down
 }
 trap cleanup EXIT
+controller_up "$WORK" "${CKPT_BENCH_CONTROLLER_PORT:-16870}" > /dev/null || { echo "no controller" >&2; exit 1; }
 
 cat > "$WORK/job.sbatch" <<JOB
 #!/bin/bash
-#SBATCH -N4 --no-kill
-export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=$HB
+#SBATCH --no-kill --requeue --open-mode=append
+export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=$HB CKPT_CONTROLLER_URL=$CONTROLLER_URL
+echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
 $CKPT_BUILD_DIR/controller/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $SRC/slurm-examples/train_ddp.py \\
-  --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 "\$@"
+  --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 --log-time "\$@"
 JOB
 
-# run NAME: submits the job into $WORK/NAME (log, ckpt, final weights); sets `job`.
+# submit NAME NODES: the job into $WORK/NAME (log, ckpt, final weights); sets `job`.
 submit() {
   mkdir -p "$WORK/$1"
-  job=$(sbatch --parsable -J "bench-inplace-$1" -o "$WORK/$1/log" --ckpt-last-words=on --ckpt-dir="$WORK/$1/ckpt" \
-    "$WORK/job.sbatch" --out "$WORK/$1/final")
+  job=$(sbatch --parsable -N "$2" -J "bench-inplace-$1" -o "$WORK/$1/log" --ckpt-last-words=on \
+    --ckpt-dir="$WORK/$1/ckpt" "$WORK/job.sbatch" --out "$WORK/$1/final")
 }
 wait_done() {
   for _ in $(seq 600); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
@@ -54,25 +61,29 @@ wait_done() {
 }
 logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
 
-submit reference
+submit reference 4
 wait_done
 [ -s "$WORK/reference/final.sha256" ] || { cat "$WORK/reference/log" >&2; echo "the uninterrupted run failed" >&2; exit 1; }
 echo "reference: $(cat "$WORK/reference/final.sha256")"
 
 for mode in $MODES; do
-  for i in $(seq "$RUNS"); do
+  runs=$RUNS
+  [ "$mode" = requeue ] && runs=$REQUEUE_RUNS
+  for i in $(seq "$runs"); do
     name=$mode$i
     at=$((15 + RANDOM % 20))
     victim=n$((2 + RANDOM % 2))
-    submit "$name"
+    nodes=4 action=$mode
+    [ "$mode" = requeue ] && nodes=3 action=crash victim=n3  # no spare; Slurm gives n1..n3
+    submit "$name" $nodes
     for _ in $(seq 1200); do
       s=$(logged "$WORK/$name/log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break
       sleep 0.02
     done
     seen=$(logged "$WORK/$name/log")
     t0=$(date +%s.%N)
-    "$SRC/tests/cluster.sh" "$mode-node" "$victim" > /dev/null 2>&1
-    echo "{\"mode\": \"$mode\", \"victim\": \"$victim\", \"failed_unix\": $t0, \"step_at_failure\": ${seen:-0}}" \
+    "$SRC/tests/cluster.sh" "$action-node" "$victim" > /dev/null 2>&1
+    echo "{\"mode\": \"$mode\", \"victim\": \"$victim\", \"failed_unix\": $t0, \"step_at_failure\": ${seen:-0}, \"heartbeat_timeout\": \"$HB\"}" \
       > "$WORK/$name/failure.json"
     # Training ends before Slurm has given up on the victim: revive it then, so the job can complete.
     for _ in $(seq 600); do
