@@ -24,7 +24,8 @@ export CKPT_BUILD_DIR=${CKPT_BUILD_DIR:-$SRC/build}
 D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
 export SLURM_CONF=${SLURM_CONF:-$D/etc/slurm.conf}
 source "$SRC/tests/integration/torch_lib.sh"
-CKPT_SOURCE_DIR=$SRC CKPT_CLUSTER_DIR=$D source "$SRC/tests/integration/controller_lib.sh"
+CKPT_SOURCE_DIR=$SRC CKPT_CLUSTER_DIR=$D
+source "$SRC/tests/integration/controller_lib.sh"
 "$SRC/tests/cluster.sh" up > /dev/null  # first, so that the run dir can live under the cluster's checkpoint area
 WORK=${OUT:-$(mktemp -d "$D/ckpt/bench-inplace.XXXXXX")}
 mkdir -p "$WORK"
