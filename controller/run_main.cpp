@@ -558,7 +558,9 @@ int inplace_loop(Run& run) {
   if (!planned) return usage(planned.error());
   std::vector<NodeStep> steps = std::move(planned).value();
   auto per_node = ckpt::parse_uint(*run.line.ntasks_per_node);
-  if (!per_node || *per_node == 0) return usage("srun --ntasks-per-node: invalid value '" + *run.line.ntasks_per_node + "'");
+  if (!per_node || *per_node == 0) {
+    return usage("srun --ntasks-per-node: invalid value '" + *run.line.ntasks_per_node + "'");
+  }
   const std::uint64_t wanted = *run.nodes_wanted;
   const char* restarts = std::getenv("SLURM_RESTART_COUNT");
   const std::string id = run.job + ".r" + (restarts ? restarts : "0") + "." + std::to_string(getpid());

@@ -63,7 +63,9 @@ std::optional<std::string> fence_refusal(const Fence& run, const std::optional<E
     return me + job_label(record->job_id) + " (" + run_label(record->epoch, record->generation) +
            ") has started in this checkpoint dir";
   }
-  if (older(run.epoch, run.generation, *record)) return me + run_label(record->epoch, record->generation) + " has started";
+  if (older(run.epoch, run.generation, *record)) {
+    return me + run_label(record->epoch, record->generation) + " has started";
+  }
   return std::nullopt;
 }
 
