@@ -121,12 +121,12 @@ std::optional<json> job_view(const Settings& s, const std::string& job) {
   return j;
 }
 
-pid_t spawn(const std::vector<std::string>& argv, unsigned attempt) {
+// Starts `argv` in its own process group with `env` added.
+pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env) {
   pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
-    setenv("CKPT_RUN", "1", 1);
-    setenv("CKPT_RUN_ATTEMPT", std::to_string(attempt).c_str(), 1);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -380,7 +380,7 @@ int relaunch_loop(Run& run) {
     auto launch = next_launch(run);
     if (!launch) return 1;
     const double started = ckpt::unix_seconds();
-    pid_t pid = spawn(launch->argv, run.attempt);
+    pid_t pid = spawn(launch->argv, {{"CKPT_RUN", "1"}, {"CKPT_RUN_ATTEMPT", std::to_string(run.attempt)}});
     if (pid < 0) {
       log_error(std::string("cannot fork: ") + std::strerror(errno));
       return 1;
@@ -397,23 +397,6 @@ int relaunch_loop(Run& run) {
 }
 
 // ---- --spares: one step per node, restart in place -----------------------------------------------------------------
-
-// Starts `argv` in its own process group with `env` added (CKPT_RUN is not set: the controller does not relaunch).
-pid_t spawn_with(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    std::fprintf(stderr, "ckpt-run: cannot run %s: %s\n", args[0], std::strerror(errno));
-    _exit(127);
-  }
-  if (pid > 0) setpgid(pid, pid);
-  return pid;
-}
 
 struct NodeStep {
   std::string node;
@@ -576,7 +559,7 @@ int inplace_loop(Run& run) {
     } else {
       env.emplace_back("CKPT_INPLACE_RANK_BASE", std::to_string(i * *per_node));
     }
-    step.pid = spawn_with(argv, env);
+    step.pid = spawn(argv, env);  // without CKPT_RUN: the controller does not relaunch these steps
     if (step.pid < 0) {
       log_error(std::string("cannot fork: ") + std::strerror(errno));
       return 1;
