@@ -162,7 +162,8 @@ expect_files slurm-ckpt "$PLUGIN_DIR/spank_ckpt.so" /usr/bin/ckpt /usr/share/man
   /usr/share/man/man8/spank_ckpt.8.gz /usr/share/doc/slurm-ckpt/examples/plugstack.conf
 expect_files slurm-ckpt-controller /usr/sbin/ckpt-controller /usr/bin/ckpt-run "$UNIT" "$CONF" \
   /usr/share/man/man8/ckpt-controller.8.gz /usr/share/man/man1/ckpt-run.1.gz
-expect_files python3-slurm-ckpt "$pydir/__init__.py" "$pydir/torch.py" "$pydir/$native"
+expect_files python3-slurm-ckpt "$pydir/__init__.py" "$pydir/torch.py" "$pydir/inplace.py" "$pydir/restart.py" \
+  "$pydir/$native"
 expect_files libckpt0 "/usr/lib/$MULTIARCH/$libv" "/usr/lib/$MULTIARCH/libckpt.so.0"
 expect_files libslurm-ckpt-dev "/usr/lib/$MULTIARCH/libckpt.so" /usr/include/ckpt.h /usr/include/ckpt/hooks.hpp \
   /usr/include/ckpt/options.hpp /usr/include/ckpt/result.hpp /usr/include/ckpt/store.hpp \
