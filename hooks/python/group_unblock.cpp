@@ -1,4 +1,6 @@
-// slurm_ckpt._native.GroupUnblock: shuts the sockets a process group opened when it has not formed in time.
+// The sockets of a process group, for slurm_ckpt.torch.run: it shuts them to leave a group whose peer died
+// (shut_group_sockets, from its watchdog: a collective blocked on a frozen peer then fails at once) and, through
+// GroupUnblock, when a group has not formed in time.
 //
 // gloo's ProcessGroupGloo constructor holds the GIL while it connects; a peer that died after checking in leaves
 // it retrying for its whole collective timeout (30 minutes by default), and no Python thread can run meanwhile.
@@ -43,14 +45,35 @@ std::map<int, std::string> socket_fds() {
   return out;
 }
 
-// The local port of a TCP socket; -1 for anything else.
-int local_port(int fd) {
+// The port of a TCP socket's local (or, with `peer`, remote) end; -1 when there is none (unconnected, not TCP).
+int port_of(int fd, bool peer) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return -1;
+  auto* a = reinterpret_cast<sockaddr*>(&addr);
+  if ((peer ? getpeername(fd, a, &len) : getsockname(fd, a, &len)) != 0) return -1;
   if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
   return -1;
+}
+
+bool is_listening(int fd) {
+  int accepting = 0;
+  socklen_t len = sizeof accepting;
+  return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) == 0 && accepting != 0;
+}
+
+// Shuts socket `fd` if it still is `target` ("socket:[inode]": the number may have been reused). Never the store
+// server's side (local port `store_port`): the roll call after a failed generation uses it. With `keep_store`,
+// not the store's clients, the listeners, or sockets that are not connected either: only the group's connections.
+bool shut_socket(int fd, const std::string& target, int store_port, bool keep_store) {
+  std::error_code ec;
+  if (std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(fd), ec).string() != target || ec) return false;
+  if (port_of(fd, false) == store_port) return false;
+  if (keep_store) {
+    const int peer = port_of(fd, true);
+    if (peer < 0 || peer == store_port || is_listening(fd)) return false;
+  }
+  return shutdown(fd, SHUT_RDWR) == 0;
 }
 
 class GroupUnblock {
@@ -68,9 +91,9 @@ class GroupUnblock {
       do {
         for (const auto& [fd, target] : socket_fds()) {
           auto it = before_.find(fd);
-          if ((it == before_.end() || it->second != target) && local_port(fd) != store_port_ &&
-              shut_fds_.insert(target).second) {
-            shutdown(fd, SHUT_RDWR);
+          if ((it == before_.end() || it->second != target) && shut_fds_.count(target) == 0 &&
+              shut_socket(fd, target, store_port_, false)) {
+            shut_fds_.insert(target);
           }
         }
       } while (!cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return cancelled_; }));
@@ -104,6 +127,14 @@ class GroupUnblock {
 }  // namespace
 
 void bind_group_unblock(py::module& m) {
+  m.def("socket_fds", &socket_fds, "This process's sockets: fd -> 'socket:[inode]'.");
+  m.def("shut_group_sockets", [](const std::map<int, std::string>& sockets, int store_port) {
+         int shut = 0;
+         for (const auto& [fd, target] : sockets) shut += shut_socket(fd, target, store_port, true) ? 1 : 0;
+         return shut;
+       }, py::arg("sockets"), py::arg("store_port"),
+       "Shuts a group's connections (fd -> 'socket:[inode]' as socket_fds() gave them), not its store's: "
+       "blocked collectives fail at once. Returns how many it shut.");
   py::class_<GroupUnblock>(m, "GroupUnblock",
                            "Shuts the sockets opened after it was made, `seconds` later, unless cancel() came first.")
       .def(py::init<double, std::map<int, std::string>, int>(), py::arg("seconds"), py::arg("before"),

@@ -22,7 +22,6 @@ variables) and calls train() once.
 import datetime
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -84,15 +83,7 @@ def _last_words():
 
 def _sockets():
     """This process's sockets: fd -> 'socket:[inode]'."""
-    out = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("socket:"):
-            out[int(name)] = target
-    return out
+    return _native.socket_fds()
 
 
 class _JoinFailed(Exception):
@@ -166,25 +157,9 @@ class _Group:
                 self.shut()
                 return
 
-    def shut(self, store_too=False):
-        """Shuts the group's connections (not its store's, unless `store_too`): blocked collectives fail at once."""
-        for fd, target in self.sockets.items():
-            try:
-                if os.readlink(f"/proc/self/fd/{fd}") != target:
-                    continue  # closed, and the number reused
-                s = socket.socket(fileno=os.dup(fd))
-            except OSError:
-                continue
-            try:
-                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                    continue
-                ports = {s.getsockname()[1], s.getpeername()[1]}
-                if store_too or self.store_port not in ports:
-                    s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            finally:
-                s.close()
+    def shut(self):
+        """Shuts the group's connections (not its store's): blocked collectives fail at once."""
+        _native.shut_group_sockets(self.sockets, self.store_port)
 
     def leave(self, failed):
         self._stop.set()
