@@ -138,7 +138,10 @@ void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx) {
   if (r.state != JobState::Running && r.state != JobState::Failing && r.state != JobState::Relaunching) return;
   r.ending = Ending::NodeFailure;
   r.clock = in_place_clock(e.phases);
-  fx.exclude = nodes;
+  // The owner's word: it may exclude only the job's own nodes, never name (and raise alerts about) others.
+  for (const auto& n : nodes) {
+    if (std::find(r.nodes.begin(), r.nodes.end(), n) != r.nodes.end()) fx.exclude.push_back(n);
+  }
   // A relaunch decision on this failure spent its restart already. The resume step is the owner's word, as the
   // report is: it can spare only the owner's own job a give-up, which not reporting at all would too.
   if (r.state != JobState::Relaunching) {

@@ -246,6 +246,16 @@ Event in_place(std::optional<std::uint64_t> resume_step = 120) {
 
 }  // namespace
 
+TEST_CASE("events: an in-place report excludes only the job's own nodes", "[recovery][events][in-place][security]") {
+  JobRecord r = record(JobState::Running);
+  Event e = in_place();
+  e.failed_nodes = "n2,gpu[7-9]";  // the owner's word: nodes of other jobs named too
+  auto fx = apply_event(r, e, false, 200);
+  CHECK(fx.exclude == std::vector<std::string>{"n2"});
+  r.nodes.clear();  // an allocation the controller does not know yet: nothing is taken on the owner's word
+  CHECK(apply_event(r, e, false, 300).exclude.empty());
+}
+
 TEST_CASE("events: an in-place recovery spends a restart and keeps the job running", "[recovery][events][in-place]") {
   JobRecord r = record(JobState::Running);
   r.budget.max_restarts = 2;
