@@ -460,8 +460,11 @@ bool watch_in_place(const Run& run, InPlaceWatch& watch) {
   const std::string phases = watch.dir + "/gen-" + std::to_string(watch.next) + ".phases";
   if (::stat(phases.c_str(), &st) == 0) {
     if (auto r = read_in_place_phases(watch.dir, watch.next, watch.node_of_rank)) {
-      std::fprintf(stderr, "ckpt-run: in-place recovery %u: %s replaced; training ran again %.3f s after the "
-                   "failure was detected\n", r->generation, rec::join_nodes(r->failed_nodes).c_str(),
+      std::string ranks;
+      for (int rank : r->lost_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
+      std::fprintf(stderr, "ckpt-run: in-place recovery %u: ranks %s replaced (failed nodes: %s); training ran again "
+                   "%.3f s after the failure was detected\n", r->generation, ranks.c_str(),
+                   r->failed_nodes.empty() ? "none" : rec::join_nodes(r->failed_nodes).c_str(),
                    r->phases.resumed - r->phases.detected);
       if (!run.s.url.empty()) report_in_place(run.s.url, run.job_id, *r);
       for (const auto& [rank, node] : r->replacement_node) watch.node_of_rank[rank] = node;
@@ -485,9 +488,16 @@ bool in_place_abandoned(const InPlaceWatch& watch) {
   return watch.dir.empty() || ::stat((watch.dir + "/abandoned").c_str(), &st) == 0;
 }
 
+// Whether training ended (rank 0 writes `finished` once train() returned): the steps of nodes that lost a rank
+// on the way exit non-zero, and the job is done all the same.
+bool in_place_finished(const InPlaceWatch& watch) {
+  struct stat st {};
+  return !watch.dir.empty() && ::stat((watch.dir + "/finished").c_str(), &st) == 0;
+}
+
 // Waits for the per-node steps. Training is done once `wanted` of them exited 0 (the training nodes, or spares in
-// a dead node's place): what is left then (a dead node's step Slurm has not ended yet; idle spares leave on their
-// own within a second) gets 3 s and is killed.
+// a dead node's place) or rank 0 marked it finished: what is left then (a dead node's step Slurm has not ended yet;
+// idle spares leave on their own within a second) gets 3 s and is killed.
 // A step that exits 75 holds survivors that could not recover in place (no spare left): the job goes to a requeue.
 int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t wanted, InPlaceWatch& watch) {
   std::uint64_t zeros = 0;
@@ -525,14 +535,14 @@ int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t 
       handed_over = true;  // not to a requeue: the controller gave up; the status says the job failed
     }
     // Done: training ended, or it was handed over (idle spares and stuck steps have nothing left to do).
-    if ((zeros >= wanted || handed_over) && done_at == 0) done_at = ckpt::unix_seconds();
+    if (done_at == 0 && (zeros >= wanted || handed_over || in_place_finished(watch))) done_at = ckpt::unix_seconds();
     if (done_at > 0 && ckpt::unix_seconds() - done_at > 3) {
       kill_node_steps(steps);
       done_at = 1e300;  // once
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (zeros >= wanted && !handed_over) return 0;
+  if ((zeros >= wanted || in_place_finished(watch)) && !handed_over) return 0;
   return failure.value_or(1);
 }
 

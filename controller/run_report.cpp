@@ -87,7 +87,8 @@ bool generation_is(const json& j, std::uint32_t generation) {
   return it != j.end() && it->is_number_unsigned() && it->get<std::uint64_t>() == generation;
 }
 
-// The plan's lost ranks and their nodes; false when the list is malformed or a rank has no known node.
+// The plan's lost ranks, and the nodes that lost all their ranks; false when the list is malformed or a rank has
+// no known node. A node whose other ranks train on is alive: a process failed there, not the node.
 bool read_lost(const json& plan, const std::map<int, std::string>& node_of_rank, InPlaceRecovery& r) {
   auto lost = plan.find("lost");
   if (lost == plan.end() || !lost->is_array() || lost->empty()) return false;
@@ -95,11 +96,17 @@ bool read_lost(const json& plan, const std::map<int, std::string>& node_of_rank,
     if (!rank.is_number_integer()) return false;
     const auto value = rank.get<std::int64_t>();
     if (value < 0 || value > std::numeric_limits<int>::max()) return false;
-    auto node = node_of_rank.find(static_cast<int>(value));
-    if (node == node_of_rank.end()) return false;
-    r.lost_ranks.push_back(node->first);
-    if (std::find(r.failed_nodes.begin(), r.failed_nodes.end(), node->second) == r.failed_nodes.end()) {
-      r.failed_nodes.push_back(node->second);
+    if (node_of_rank.count(static_cast<int>(value)) == 0) return false;
+    r.lost_ranks.push_back(static_cast<int>(value));
+  }
+  for (int rank : r.lost_ranks) {
+    const std::string& node = node_of_rank.at(rank);
+    const bool whole = std::all_of(node_of_rank.begin(), node_of_rank.end(), [&](const auto& other) {
+      return other.second != node ||
+             std::find(r.lost_ranks.begin(), r.lost_ranks.end(), other.first) != r.lost_ranks.end();
+    });
+    if (whole && std::find(r.failed_nodes.begin(), r.failed_nodes.end(), node) == r.failed_nodes.end()) {
+      r.failed_nodes.push_back(node);
     }
   }
   return true;

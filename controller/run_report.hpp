@@ -16,7 +16,7 @@ namespace ckpt::controller {
 struct InPlaceRecovery {
   std::uint32_t generation = 0;
   std::vector<int> lost_ranks;              // as the plan lists them
-  std::vector<std::string> failed_nodes;    // the nodes of the lost ranks, each once, in rank order
+  std::vector<std::string> failed_nodes;    // the nodes that lost all their ranks, each once, in rank order
   std::optional<std::uint64_t> resume_step; // the checkpoint step training resumed from
   ckpt::recovery::InPlacePhases phases;     // when each phase ended (0 where the root did not say)
   std::map<int, std::string> replacement_node;  // the plan's takeover: rank -> the spare node now running it

@@ -199,7 +199,6 @@ Status read_in_place(const json& j, Event& e) {
     return Status::failure("event has bad failed_nodes (a Slurm hostlist of at most " +
                            std::to_string(kMaxFailedNodes) + " names of letters, digits, '-', '_' and '.')");
   }
-  if (in_place && nodes->empty()) return Status::failure("in-place event names no failed_nodes");
   e.generation = number<std::uint32_t>(j, "generation", 0);
   if (in_place && e.generation == 0) return Status::failure("in-place event has no generation");
   if (j.contains("resume_step") && !j["resume_step"].is_null()) {

@@ -136,7 +136,9 @@ void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx) {
             nodes_or_none(nodes) + ", resuming from " +
             (e.resume_step ? "step " + std::to_string(*e.resume_step) : std::string("no checkpoint"));
   if (r.state != JobState::Running && r.state != JobState::Failing && r.state != JobState::Relaunching) return;
-  r.ending = Ending::NodeFailure;
+  // No failed node: ranks died on nodes whose other ranks went on (a process, not its node, failed).
+  const Ending ending = nodes.empty() ? Ending::TaskCrash : Ending::NodeFailure;
+  r.ending = ending;
   r.clock = in_place_clock(e.phases);
   // The owner's word: it may exclude only the job's own nodes, never name (and raise alerts about) others.
   for (const auto& n : nodes) {
@@ -145,13 +147,13 @@ void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx) {
   // A relaunch decision on this failure spent its restart already. The resume step is the owner's word, as the
   // report is: it can spare only the owner's own job a give-up, which not reporting at all would too.
   if (r.state != JobState::Relaunching) {
-    const auto verdict = decide_restart(Ending::NodeFailure, r.budget, e.resume_step, r.needs_checkpoint);
+    const auto verdict = decide_restart(ending, r.budget, e.resume_step, r.needs_checkpoint);
     if (!verdict.restart) {
       fx.give_up = verdict.reason + "; ckpt-run recovered in place, stop the job";
       return;
     }
     r.budget = verdict.after;
-    fx.restarted = Ending::NodeFailure;
+    fx.restarted = ending;
   }
   r.failures.clear();
   r.reporters.clear();

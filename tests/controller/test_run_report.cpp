@@ -57,7 +57,7 @@ TEST_CASE("ckpt-run reads an in-place recovery from its plan and phases", "[cont
   REQUIRE(r);
   CHECK(r->generation == 1);
   CHECK(r->lost_ranks == std::vector<int>{2, 3});
-  CHECK(r->failed_nodes == std::vector<std::string>{"n2"});  // each node once
+  CHECK(r->failed_nodes == std::vector<std::string>{"n2"});  // each node once, when all its ranks were lost
   CHECK(r->resume_step == 120u);
   CHECK(r->phases.detected == 1700000000.0);
   CHECK(r->phases.agreed == 1700000000.25);
@@ -72,6 +72,16 @@ TEST_CASE("ckpt-run reads an in-place recovery from its plan and phases", "[cont
     plan.replace(plan.find("\"n4.0\""), 6, "\"$(x)\"");
     dir.write("gen-1.plan", plan);
     CHECK_FALSE(dir.read());
+  }
+
+  SECTION("a node that lost only some of its ranks is alive: no failed node") {
+    std::string plan = kPlan;
+    plan.replace(plan.find("[2, 3]"), 6, "[3]");
+    dir.write("gen-1.plan", plan);
+    r = dir.read();
+    REQUIRE(r);
+    CHECK(r->lost_ranks == std::vector<int>{3});
+    CHECK(r->failed_nodes.empty());
   }
 
   SECTION("a phase the root did not see is 0") {

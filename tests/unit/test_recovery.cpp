@@ -321,6 +321,7 @@ TEST_CASE("events: an in-place recovery is strictly parsed", "[recovery][events]
     CHECK(parse_event(in_place_json("resume_step", "null"))->resume_step == std::nullopt);
     CHECK(parse_event(in_place_json("agreed", "null"))->phases.agreed == 0);  // a phase the root did not see
     CHECK(parse_event(in_place_json("failed_nodes", R"("gpu-01.x,n7")")));
+    CHECK(parse_event(in_place_json("failed_nodes", R"("")")));  // ranks lost on nodes that go on
     // Other types carry no in-place fields.
     Event start;
     start.type = EventType::JobStart;
@@ -333,7 +334,7 @@ TEST_CASE("events: an in-place recovery is strictly parsed", "[recovery][events]
         {"failed_nodes", R"("n1;reboot")"},      {"failed_nodes", R"("n 1")"},
         {"failed_nodes", R"("n\n1")"},
         {"failed_nodes", R"("n[1-")"},           {"failed_nodes", R"("n[1-999999999]")"},
-        {"failed_nodes", R"("")"},               {"failed_nodes", "7"},
+        {"failed_nodes", "[\"n1\"]"},           {"failed_nodes", "7"},
         {"failed_nodes", '"' + std::string(5000, 'n') + '"'},
         {"generation", "0"},                     {"generation", "4294967296"},
         {"generation", "-1"},                    {"generation", R"("1")"},

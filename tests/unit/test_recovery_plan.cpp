@@ -307,6 +307,15 @@ TEST_CASE("events: an in-place recovery spends a restart and keeps the job runni
     CHECK(fx.exclude == std::vector<std::string>{"n2"});  // excluded whatever happens next
     CHECK(r.budget.restarts == 3);                        // unchanged by the refused restart
   }
+  SECTION("ranks lost on nodes whose other ranks went on: a task crash, no node excluded") {
+    Event process = in_place();
+    process.failed_nodes = "";
+    fx = apply_event(r, process, false, 300);
+    CHECK(fx.restarted == Ending::TaskCrash);
+    CHECK(r.ending == Ending::TaskCrash);
+    CHECK(fx.exclude.empty());
+    CHECK(fx.note == "in-place from n1 (batch step): recovery 1 in place without (none), resuming from step 120");
+  }
   SECTION("a job that needs a checkpoint gives up without one") {
     r = record(JobState::Running);
     r.needs_checkpoint = true;

@@ -73,7 +73,7 @@ struct Event {
   std::uint32_t nnodes = 0;            // JobStart: nodes in the step
   double time = 0;                     // sender's clock, seconds since the epoch
   std::string detail;                  // free text (Handover: why)
-  std::string failed_nodes;            // InPlace: hostlist of the nodes whose ranks were lost
+  std::string failed_nodes;            // InPlace: hostlist of the nodes that were lost whole (may be empty)
   std::uint32_t generation = 0;        // InPlace: the recovery's number in its run (1, 2, ...)
   std::optional<std::uint64_t> resume_step;  // InPlace: the checkpoint step training resumed from
   InPlacePhases phases;                // InPlace: when each phase of the recovery ended
