@@ -9,7 +9,9 @@ uninterrupted one. The data is a pure function of (seed, step, dp index); there 
 state that differs between replicas (a rank may resume from another replica's terminal shard).
 
 The checkpointer is told the layout (layout=dict(dp=.., tp=.., pp=1), coord=...), so with CKPT_LAST_WORDS=on the
-survivors of a dead rank or node write a terminal checkpoint when they still hold every slice.
+survivors of a dead rank or node write a terminal checkpoint when they still hold every slice. Under
+`ckpt-run --spares N` the loop runs through slurm_ckpt.torch.run: the survivors stay alive, and a spare takes a dead
+rank over from that checkpoint (restart in place).
 """
 import argparse
 import hashlib
@@ -49,18 +51,15 @@ def batch(args, step, dp_index):
     return x, torch.tanh(x @ w.t())
 
 
-def main():
-    args = parse_args()
-    rank, world = int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+def train(args, in_place=False):
+    """The training loop; the default process group is formed already (by main, or by slurm_ckpt.torch.run)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     if world % args.tp:
         raise SystemExit(f"train_dp_tp: world size {world} is not a multiple of tp {args.tp}")
     tp, dp = args.tp, world // args.tp
     tp_index, dp_index = rank % tp, rank // tp
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     # Every rank creates every group, in the same order (torch.distributed requires it).
     tp_groups = [dist.new_group([d * tp + t for t in range(tp)]) for d in range(dp)]
     dp_groups = [dist.new_group([d * tp + t for d in range(dp)]) for t in range(tp)]
@@ -107,10 +106,12 @@ def main():
                 return 0
             if args.step_sleep:
                 time.sleep(args.step_sleep)
-    except Exception as e:  # a peer died: the collective failed; abort() takes part in the last words
+    except Exception as e:  # a peer died: the collective failed
+        if in_place:
+            raise  # run() takes part in the last words and forms the group again
         print(f"train_dp_tp: rank {rank}: training failed after step {step}: {e}", file=sys.stderr, flush=True)
         try:
-            cp.abort()
+            cp.abort()  # takes part in the last words
         except Exception as e2:
             print(f"train_dp_tp: rank {rank}: close: {e2}", file=sys.stderr, flush=True)
         return 1
@@ -122,8 +123,23 @@ def main():
         print(f"train_dp_tp: done after step {args.steps}: slice tp{tp_index} sha256 "
               f"{hashlib.sha256(blob).hexdigest()}", flush=True)
     dist.barrier()
-    dist.destroy_process_group()
     return 0
+
+
+def main():
+    args = parse_args()
+    if os.environ.get("CKPT_INPLACE_ID"):
+        # Started by `ckpt-run --spares N`: run() forms the group, and forms it again with a spare in a dead rank's
+        # place; train() is re-entered in this same process.
+        return slurm_ckpt.torch.run(train, args, in_place=True)
+    rank, world = int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    status = train(args)
+    if status == 0:
+        dist.destroy_process_group()
+    return status
 
 
 if __name__ == "__main__":
