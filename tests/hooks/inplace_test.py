@@ -1,12 +1,15 @@
 """slurm_ckpt.inplace, the files of a recovery in place, alone (no torch, no Slurm): who is a spare, claims,
-plans, the markers that release idle spares, and refusals of bad launcher input. Run by
-tests/integration/test_inplace_local.sh."""
+plans, the markers that release idle spares, the spares' claim mailboxes and their file fallback, the back-off,
+and refusals of bad launcher input. Run by tests/integration/test_inplace_local.sh."""
+import itertools
 import json
 import os
+import socket
 import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 
 from slurm_ckpt import inplace
 
@@ -50,8 +53,8 @@ class MembershipTest(unittest.TestCase):
     def setUp(self):
         self.root = tempfile.mkdtemp()
 
-    def members(self, **extra):
-        return inplace.Membership(inplace.Launch(env(self.root, **extra)), poll_s=0.001)
+    def members(self, slow_poll_s=0.05, **extra):
+        return inplace.Membership(inplace.Launch(env(self.root, **extra)), poll_s=0.001, slow_poll_s=slow_poll_s)
 
     def test_dir_is_private(self):
         m = self.members()
@@ -87,11 +90,101 @@ class MembershipTest(unittest.TestCase):
             f.write('{"generation": 1, "lost": [')  # a writer that crashed mid-write (never renamed in, in practice)
         self.assertIsNone(m.wait_plan(1, 0.05))
 
+    def test_plan_poll_backs_off(self):
+        m = self.members(slow_poll_s=0.1)
+        real = os.path.exists
+        with mock.patch.object(inplace.os.path, "exists", side_effect=real) as exists:
+            self.assertIsNone(m.wait_plan(3, 0.6))
+        # 1, 2, 4 ... 64 ms, then 0.1 s: about a dozen looks in 0.6 s, not 600.
+        self.assertLess(exists.call_count, 20)
+
+    def test_slow_fallback_polls_once_per_interval(self):
+        m = self.members(slow_poll_s=0.1)
+        threading.Timer(0.25, lambda: m.write_plan(4, {"world": 4})).start()
+        with mock.patch.object(inplace.os.path, "exists", side_effect=os.path.exists) as exists:
+            self.assertEqual(m.wait_plan(4, 2, slow=True)["generation"], 4)
+        self.assertLessEqual(exists.call_count, 5)
+
     def test_phases_are_recorded(self):
         m = self.members()
         m.write_phases(2, {"generation": 2, "detect": 1.0, "first_step": 2.0})
         with open(os.path.join(m.dir, "gen-2.phases")) as f:
             self.assertEqual(json.load(f)["first_step"], 2.0)
+
+
+class BackoffTest(unittest.TestCase):
+    def test_doubles_up_to_the_longest(self):
+        self.assertEqual(list(itertools.islice(inplace.backoff(0.005, 1.0), 10)),
+                         [0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0, 1.0])
+
+    def test_starting_at_the_longest_stays_there(self):
+        self.assertEqual(list(itertools.islice(inplace.backoff(1.0, 1.0), 3)), [1.0, 1.0, 1.0])
+
+
+class SpareMailboxTest(unittest.TestCase):
+    def setUp(self):
+        self.root = tempfile.mkdtemp()
+
+    def members(self, slow_poll_s=0.05, **extra):
+        return inplace.Membership(inplace.Launch(env(self.root, **extra)), poll_s=0.001, slow_poll_s=slow_poll_s)
+
+    def spare(self, node, slow_poll_s):
+        m = self.members(slow_poll_s=slow_poll_s, CKPT_INPLACE_SPARE="1", SLURMD_NODENAME=node)
+        box = inplace.SpareMailbox("127.0.0.1")
+        self.addCleanup(box.close)
+        m.register_spare(box)
+        return m, box
+
+    def claim_in_thread(self, spare, box):
+        got = {}
+        t = threading.Thread(target=lambda: got.update(claim=spare.wait_claim(box), at=time.monotonic()))
+        t.start()
+        return t, got
+
+    def test_claim_and_plan_come_through_the_mailbox(self):
+        spare, box = self.spare("n4", slow_poll_s=30)  # a file poll would take 30 s: this one must not wait
+        t, got = self.claim_in_thread(spare, box)
+        root = self.members()
+        plan = root.write_plan(1, {"world": 4, "lost": [2], "takeover": {"2": "n4.0"}}, claims=[("n4.0", 2)])
+        t0 = time.monotonic()
+        self.assertEqual(root.deliver_claims(plan, [("n4.0", 2)]), [])
+        t.join(5)
+        self.assertFalse(t.is_alive())
+        self.assertLess(got["at"] - t0, 2)
+        self.assertEqual((got["claim"]["generation"], got["claim"]["rank"]), (1, 2))
+        self.assertEqual(got["claim"]["plan"], plan)
+        self.assertNotIn("token", got["claim"])
+
+    def test_unreachable_mailbox_leaves_the_claim_file(self):
+        spare, box = self.spare("n4", slow_poll_s=0.05)
+        box.close()  # the root cannot reach it
+        root = self.members()
+        plan = root.write_plan(2, {"world": 4, "lost": [1]}, claims=[("n4.0", 1)])
+        self.assertEqual(root.deliver_claims(plan, [("n4.0", 1)]), ["n4.0"])
+        self.assertEqual(spare.wait_claim(), {"generation": 2, "rank": 1})
+
+    def test_a_message_without_the_token_is_ignored(self):
+        _, box = self.spare("n4", slow_poll_s=0.05)
+        forged = dict(box.address, token="0" * 32)
+        self.assertTrue(inplace.send_to_spare(forged, {"generation": 1, "rank": 0}))
+        with socket.create_connection(("127.0.0.1", box.address["port"])) as c:
+            c.sendall(b"not json\n")
+        self.assertIsNone(box.receive(0.3))
+        self.assertTrue(inplace.send_to_spare(box.address, {"generation": 1, "rank": 3}))
+        self.assertEqual(box.receive(2), {"generation": 1, "rank": 3})
+
+    def test_idle_spare_with_a_mailbox_leaves_when_training_ends(self):
+        spare, box = self.spare("n4", slow_poll_s=0.05)
+        threading.Timer(0.05, lambda: self.members().mark("abandoned")).start()
+        self.assertIsNone(spare.wait_claim(box))
+
+    def test_rank_mailbox_is_published(self):
+        m = self.members()
+        self.assertIsNone(m.mailbox(2))
+        m.publish_mailbox(2, 1, "10.0.0.7", 4242)
+        self.assertEqual({k: v for k, v in m.mailbox(2).items() if k != "pid"},
+                         {"rank": 2, "generation": 1, "addr": "10.0.0.7", "port": 4242})
+        self.assertEqual(m.free_spares(), [])
 
 
 if __name__ == "__main__":

@@ -4,31 +4,44 @@
 SLURM_PROCID is their rank) and the spares' (CKPT_INPLACE_SPARE=1), which wait, framework imported, to take a dead
 rank over. They meet in one directory of the checkpoint dir's control area, `.control/inplace-<CKPT_INPLACE_ID>/`:
 
-  spare-<node>.<local>   a spare, ready (written once, at its start)
+  spare-<node>.<local>   a spare, ready, and the address and token of its claim mailbox (written once, at its start)
   claim-<node>.<local>   that spare's rank and generation (written by the recovery's root before the plan)
   gen-<G>.plan           generation G: its world, the address of its rendezvous store, who replaced whom
   gen-<G>.phases         when each phase of recovery G ended, written once training completed a step again
+  mailbox-<rank>         the address of the store where that rank, as a recovery's root, posts the plan (written
+                         once per process, when it first formed a group)
   finished | abandoned   training ended (idle spares leave with 0) or handed over to a requeue (they leave with 75)
 
 Every file is written whole and renamed into place, so a reader sees all of it or nothing. Generation 0's plan is
 written by rank 0; a later one by the rank that decided the last words (the root among the survivors), from what
 they agreed: the dead ranks, and the terminal checkpoint every rank resumes from.
+
+The files are the record; the news travels over TCP, so that nobody polls the shared file system on a hot path.
+The root hands each claimed spare its claim and the plan through the spare's mailbox (SpareMailbox), and posts
+the plan in its own mailbox store (restart.py), where the survivors wait for it. The file fallbacks poll slowly:
+a spare looks for its claim file and the markers once a second, a survivor whose root's store cannot be reached
+reads the plan file once a second, and generation 0's ranks look for rank 0's plan backing off from 5 ms to 1 s.
 """
 import json
 import os
+import secrets
 import socket
 import time
 
 EXIT_PEER_LOST = 75  # a survivor that cannot go on: the requeue path takes over (the controller reads it so)
 
 
-def _write_atomic(path, data):
+def _write_atomic(path, data, durable=True):
+    """`durable=False`: renamed into place without fsyncs, for what matters only while its writer lives."""
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.rename(tmp, path)
+    if not durable:
+        return
     fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -54,6 +67,75 @@ def address():
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def backoff(first_s, max_s):
+    """Poll intervals: first_s, doubling up to max_s, then max_s for ever."""
+    delay = first_s
+    while True:
+        yield delay
+        delay = min(delay * 2, max_s)
+
+
+_MESSAGE_MAX = 1 << 20  # a claim with its plan: a few hundred bytes per lost rank
+
+
+class SpareMailbox:
+    """Where an idle spare is handed its claim: a listening socket of its own. The root connects once and sends one
+    JSON line, {"token", "generation", "rank", "plan"}; the token (in the spare's file, in the private control dir)
+    keeps stray connections from handing out ranks. The spare blocks in accept(), not on the file system."""
+
+    def __init__(self, host):
+        self.token = secrets.token_hex(16)
+        self._sock = socket.create_server((host, 0), backlog=64)
+        self.address = {"addr": host, "port": self._sock.getsockname()[1], "token": self.token}
+
+    def receive(self, timeout_s):
+        """The first message with this mailbox's token within timeout_s, without its token; None when none came."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._sock.settimeout(left)
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # timeout
+                return None
+            with conn:
+                message = _read_line(conn, min(2.0, max(left, 0.1)))
+            if isinstance(message, dict) and secrets.compare_digest(str(message.pop("token", "")).encode(),
+                                                                    self.token.encode()):
+                return message
+
+    def close(self):
+        self._sock.close()
+
+
+def _read_line(conn, timeout_s):
+    """One JSON object sent on `conn` (up to its newline or EOF), or None."""
+    conn.settimeout(timeout_s)
+    data = b""
+    try:
+        while b"\n" not in data and len(data) < _MESSAGE_MAX:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return json.loads(data.split(b"\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def send_to_spare(address, message, timeout_s=2.0):
+    """Hands `message` to the spare whose mailbox is `address` (its spare file's); False when it cannot be reached
+    (the spare then finds its claim file)."""
+    try:
+        with socket.create_connection((address["addr"], address["port"]), timeout=timeout_s) as conn:
+            conn.sendall(json.dumps(dict(message, token=address["token"])).encode() + b"\n")
+        return True
+    except (OSError, KeyError, TypeError):
+        return False
 
 
 class Launch:
@@ -85,10 +167,11 @@ class Launch:
 class Membership:
     """The files of one in-place run (see the module's doc)."""
 
-    def __init__(self, launch, poll_s=0.005):
+    def __init__(self, launch, poll_s=0.005, slow_poll_s=1.0):
         self.launch = launch
         self.dir = launch.dir
-        self.poll_s = poll_s
+        self.poll_s = poll_s  # the first interval of a back-off
+        self.slow_poll_s = slow_poll_s  # a file fallback's interval, and the back-off's longest
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
 
     def _path(self, name):
@@ -96,24 +179,41 @@ class Membership:
 
     # ---- spares --------------------------------------------------------------------------------------------------
 
-    def register_spare(self):
-        _write_atomic(self._path(f"spare-{self.launch.slot}"),
-                      json.dumps({"node": self.launch.node, "local": self.launch.local, "pid": os.getpid(),
-                                  "ready_unix": time.time()}))
+    def register_spare(self, mailbox=None):
+        entry = {"node": self.launch.node, "local": self.launch.local, "pid": os.getpid(), "ready_unix": time.time()}
+        if mailbox is not None:
+            entry["mailbox"] = mailbox.address
+        _write_atomic(self._path(f"spare-{self.launch.slot}"), json.dumps(entry))
 
-    def wait_claim(self):
-        """A spare waits here: its claim ({generation, rank}), or None when training ended without it."""
+    def wait_claim(self, mailbox=None):
+        """A spare waits here: its claim ({generation, rank}, and the plan when it came through `mailbox`), or None
+        when training ended without it. Between waits of slow_poll_s in the mailbox: the claim file (in case the
+        root could not reach the mailbox) and the markers, three stats."""
         claim = self._path(f"claim-{self.launch.slot}")
         ended = (self._path("finished"), self._path("abandoned"))
-        checks = 0
         while True:
+            if mailbox is not None:
+                message = mailbox.receive(self.slow_poll_s)
+                if message is not None:
+                    return message
+            else:
+                time.sleep(self.slow_poll_s)
             value = _read_json(claim) if os.path.exists(claim) else None
             if value is not None:
                 return value
-            checks += 1
-            if checks % 50 == 0 and any(os.path.exists(p) for p in ended):
+            if any(os.path.exists(p) for p in ended):
                 return None
-            time.sleep(self.poll_s)
+
+    def deliver_claims(self, plan, claims):
+        """At the root, after write_plan: hands each claimed spare its claim and the plan through its mailbox (one
+        read of its spare file, one connection). Returns the slots it could not reach: they find their claim file."""
+        missed = []
+        for slot, rank in claims:
+            entry = _read_json(self._path(f"spare-{slot}")) or {}
+            message = {"generation": plan["generation"], "rank": rank, "plan": plan}
+            if not send_to_spare(entry.get("mailbox"), message):
+                missed.append(slot)
+        return missed
 
     def free_spares(self):
         """Ready spares no plan claimed, in a stable order: whole nodes first."""
@@ -134,16 +234,33 @@ class Membership:
     def has_plan(self, generation):
         return os.path.exists(self._path(f"gen-{generation}.plan"))
 
-    def wait_plan(self, generation, timeout_s):
+    def wait_plan(self, generation, timeout_s, slow=False):
+        """The plan file of `generation` once it exists, or None after timeout_s. Polls backing off from poll_s to
+        slow_poll_s; with `slow`, at slow_poll_s from the start (a fallback)."""
         path = self._path(f"gen-{generation}.plan")
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        for delay in backoff(self.slow_poll_s if slow else self.poll_s, self.slow_poll_s):
             if os.path.exists(path):
                 plan = _read_json(path)
                 if plan is not None:
                     return plan
-            time.sleep(self.poll_s)
-        return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(delay, left))
+
+    # ---- the ranks' mailbox stores -------------------------------------------------------------------------------
+
+    def publish_mailbox(self, rank, generation, addr, port):
+        """mailbox-<rank>: where this process, as a recovery's root, posts the plan. Needed only while it lives:
+        no fsync."""
+        _write_atomic(self._path(f"mailbox-{rank}"),
+                      json.dumps({"rank": rank, "generation": generation, "addr": addr, "port": port,
+                                  "pid": os.getpid()}), durable=False)
+
+    def mailbox(self, rank):
+        """The address rank `rank` published ({rank, generation, addr, port}), or None."""
+        return _read_json(self._path(f"mailbox-{rank}"))
 
     def write_phases(self, generation, phases):
         """gen-<G>.phases: when each phase of recovery G ended (unix seconds), written at its first step."""

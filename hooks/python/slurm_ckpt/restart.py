@@ -11,8 +11,11 @@ Under `ckpt-run --spares N` (one step per node, see slurm_ckpt.inplace), one gen
   3. a peer dies: the last words write a terminal checkpoint of the step the survivors are on. A watchdog shuts the
      group's sockets here, so that a collective blocked on a frozen peer returns (gloo has no abort). train()
      returns or raises;
-  4. the survivors leave the group. The rank that decided the last words claims a spare per dead rank and writes
-     the next generation's plan. Everyone, the spares included, goes back to 1 and restores that checkpoint.
+  4. the survivors leave the group. The rank that decided the last words (the root) claims a spare per dead rank
+     and writes the next generation's plan. It hands each claimed spare the plan through the spare's mailbox
+     socket, and posts it in its own mailbox store, where the other survivors wait for it (each rank's store is
+     made at its start and named in mailbox-<rank>: nobody polls the file system). Everyone, the spares included,
+     goes back to 1 and restores that checkpoint.
 Without a spare (or with last words off, or when the plan does not come) the survivors exit with status 75,
 and the requeue path takes over as before.
 
@@ -22,6 +25,7 @@ variables) and calls train() once.
 import datetime
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -117,10 +121,19 @@ def _missing(plan, rank):
         return None
 
 
+def _local_port(fd):
+    """The local port of socket `fd`; None when it is not a TCP socket (or gone)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            return s.getsockname()[1] if s.family in (socket.AF_INET, socket.AF_INET6) else None
+    except (OSError, IndexError):
+        return None
+
+
 class _Group:
     """One generation's process group, and the sockets it opened, which a watchdog shuts when a peer is lost."""
 
-    def __init__(self, backend, plan, rank, store=None, before=None):
+    def __init__(self, backend, plan, rank, store=None, before=None, keep_port=None):
         before = _sockets() if before is None else before  # the master's: taken before its store was made
         self.store_port = plan["port"]
         world = plan["world"]
@@ -146,6 +159,10 @@ class _Group:
                 dist.destroy_process_group()
             raise _JoinFailed(_missing(plan, rank), e) from None
         self.sockets = {fd: t for fd, t in _sockets().items() if before.get(fd) != t}
+        if keep_port is not None:
+            # The mailbox store's connections that survivors made while waiting for this generation's plan: the
+            # watchdog must leave that store whole for the next recovery.
+            self.sockets = {fd: t for fd, t in self.sockets.items() if _local_port(fd) != keep_port}
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watchdog, name="ckpt-inplace-watch", daemon=True)
         self._watch.start()
@@ -177,6 +194,81 @@ def _store_master(world):
     return (store, before), {"world": world, "addr": inplace.address(), "port": store.port}
 
 
+class _Mailbox:
+    """This process's mailbox store: as a recovery's root, it posts the plan there (key plan/<G>) and the other
+    survivors, which learnt its address from mailbox-<root>, wait on it. Made at the start, before any group's
+    socket snapshot, so that no watchdog or join timer takes its listener for a group's; published once the
+    process first formed a group (a spare's, under the rank it took over)."""
+
+    def __init__(self):
+        self.addr = inplace.address()
+        self.store = dist.TCPStore(self.addr, 0, None, True, _JOIN_TIMEOUT, wait_for_workers=False)
+        self.port = self.store.port
+        self.published = False
+
+    def publish(self, members, rank, generation):
+        if self.published:
+            return
+        try:
+            members.publish_mailbox(rank, generation, self.addr, self.port)
+            self.published = True
+        except OSError as e:  # the survivors of a recovery this rank roots then read the plan file, slowly
+            _say(f"rank {rank}: cannot publish its mailbox: {e}")
+
+    def post(self, generation, plan):
+        self.store.set(f"plan/{generation}", json.dumps(plan, sort_keys=True))
+
+    def wait_taken(self, generation, count, timeout_s):
+        """A root that abandons stays until `count` survivors took the plan (or timeout_s passed): its store goes
+        with it, and a survivor that comes later could only wait for the connect to time out."""
+        deadline = time.monotonic() + timeout_s
+        while self.store.add(f"taken/{generation}", 0) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def _mailbox_of(members, root, current):
+    """The root's mailbox address (one file read), or None when it is unknown or stale. `current` is the plan of
+    the generation that failed: a root that took a rank over in it may not have published its mailbox yet."""
+    entry = members.mailbox(root)
+    if not entry or entry.get("rank") != root or not isinstance(entry.get("port"), int):
+        return None
+    if str(root) in current.get("takeover", {}) and entry.get("generation", -1) < current.get("generation", 0):
+        return None  # the dead predecessor's address
+    return entry
+
+
+def _plan_from_root(members, generation, root, current, timeout_s):
+    """A survivor's wait for plan `generation`, blocked in the root's mailbox store: None after timeout_s.
+    The waits last 1, 2, 4 ... s, with one look at the plan file after each (a survivor that named another root
+    than the one that wrote the plan still finds it) and a fresh connection (a timed-out wait leaves torch's
+    client out of step). Once the store cannot be reached, the file alone, once a second."""
+    deadline = time.monotonic() + timeout_s
+    key = f"plan/{generation}"
+    entry = _mailbox_of(members, root, current)
+    for slice_s in inplace.backoff(1.0, 8.0):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        slice_s = min(slice_s, left)
+        t0 = time.monotonic()
+        if entry is not None:
+            try:
+                store = dist.TCPStore(entry["addr"], entry["port"], None, False, datetime.timedelta(seconds=slice_s))
+                store.wait([key], datetime.timedelta(seconds=slice_s))
+                plan = json.loads(store.get(key))
+                if plan.get("abandon"):
+                    store.add(f"taken/{generation}", 1)  # the abandoning root waits for this before it leaves
+                return plan
+            except (RuntimeError, OSError, ValueError, AttributeError):  # a connect's timeout is an OSError
+                store = None  # closes a client whose wait timed out
+        if time.monotonic() - t0 < slice_s / 2:
+            entry = None  # not a timeout: the store is gone, or was never there
+            time.sleep(min(1.0, left))
+        plan = members.wait_plan(generation, 0)
+        if plan is not None:
+            return plan
+
+
 def _set_rank_env(rank, world, launch, generation):
     # CKPT_INPLACE_GENERATION fences earlier generations out of the checkpoint dir: a frozen rank that thaws
     # cannot commit there any more.
@@ -189,19 +281,28 @@ def _set_rank_env(rank, world, launch, generation):
 
 # ---- recovery -----------------------------------------------------------------------------------------------------
 
-def _next_plan(members, generation, rank, failure, world):
-    """At the recovery's root: a spare per lost rank, claimed, and the plan; or a plan that abandons."""
+def _next_plan(members, mailbox, generation, rank, failure, world):
+    """At the recovery's root: a spare per lost rank, claimed, and the plan; or a plan that abandons. Written to
+    the files first (the record, and the fallback), then handed to the spares and posted for the survivors."""
     lost = failure["lost"]
     free = members.free_spares()
     if len(free) < len(lost):
         why = f"{len(lost)} ranks lost, {len(free)} spares ready"
         members.mark("abandoned", why)
-        return None, members.write_plan(generation, {"abandon": why})
+        plan = members.write_plan(generation, {"abandon": why})
+        mailbox.post(generation, plan)
+        return None, plan
     store, plan = _store_master(world)
     takeover = dict(zip(lost, free))
     plan.update(root=rank, lost=lost, step=failure["step"], takeover={str(r): slot for r, slot in takeover.items()},
                 detect_unix=failure["detect_unix"])
-    return store, members.write_plan(generation, plan, claims=[(slot, r) for r, slot in takeover.items()])
+    claims = [(slot, r) for r, slot in takeover.items()]
+    plan = members.write_plan(generation, plan, claims=claims)
+    missed = members.deliver_claims(plan, claims)
+    if missed:
+        _say(f"spares {missed} cannot be reached: they find their claim files")
+    mailbox.post(generation, plan)
+    return store, plan
 
 
 def _peer_loss(cp, rank):
@@ -227,24 +328,28 @@ def _join_failure(plan, missing):
             "done_unix": now}
 
 
-def _recover(members, generation, rank, world, failure):
-    """This rank's plan for generation `generation` after `failure`, with the master store when this rank hosts
-    it. Leaves the process when it cannot go on."""
+def _recover(members, mailbox, generation, rank, world, failure, current):
+    """This rank's plan for generation `generation` after `failure` of the generation `current` planned, with the
+    master store when this rank hosts it. Leaves the process when it cannot go on."""
     lost = failure["lost"]
     root = failure["root"] if failure["root"] >= 0 else min(r for r in range(world) if r not in lost)
     if members.has_plan(generation + 1):
         # A rank that was frozen through a recovery and thaws now: the job went on without it.
         _leave(f"rank {rank}: generation {generation + 1} runs already; this process is stale and leaves")
-    store = None
-    if rank == root and not members.has_plan(generation):
-        store, plan = _next_plan(members, generation, rank, failure, world)
-    else:
+    store, posted = None, rank == root and not members.has_plan(generation)
+    if posted:
+        store, plan = _next_plan(members, mailbox, generation, rank, failure, world)
+    elif rank == root:
         plan = members.wait_plan(generation, _PLAN_TIMEOUT_S)
+    else:
+        plan = _plan_from_root(members, generation, root, current, _PLAN_TIMEOUT_S)
     if plan is None:
         members.mark("abandoned", f"no plan for generation {generation}")  # the idle spares leave too
         _leave(f"rank {rank}: no plan for generation {generation} within {_PLAN_TIMEOUT_S:g} s; "
                f"handing over to a requeue")
     if plan.get("abandon"):
+        if posted:
+            mailbox.wait_taken(generation, world - len(lost) - 1, 5)
         _leave(f"rank {rank}: cannot recover in place ({plan['abandon']}); handing over to a requeue")
     if rank in plan["lost"]:
         _leave(f"rank {rank}: counted as lost by generation {generation}; leaving")
@@ -273,12 +378,15 @@ def _first_generation(launch, members):
     """Where this process starts: (generation, rank, plan, store). A training rank starts generation 0 (rank 0
     hosts its store); a spare waits for its claim, and leaves when training ends without it."""
     if launch.spare:
-        members.register_spare()
-        claim = members.wait_claim()
+        spare_box = inplace.SpareMailbox(inplace.address())
+        members.register_spare(spare_box)
+        claim = members.wait_claim(spare_box)
+        spare_box.close()
         if claim is None:
             os._exit(inplace.EXIT_PEER_LOST if os.path.exists(os.path.join(members.dir, "abandoned")) else 0)
         generation, rank = claim["generation"], claim["rank"]
-        plan = members.wait_plan(generation, _PLAN_TIMEOUT_S)
+        # Through the mailbox the plan came with the claim; a claim file precedes its plan file by a moment.
+        plan = claim.get("plan") or members.wait_plan(generation, _PLAN_TIMEOUT_S)
         if plan is None or plan.get("abandon"):
             _leave(f"spare {launch.slot}: no usable plan for generation {generation}")
         _say(f"spare {launch.slot} takes rank {rank} over (generation {generation})")
@@ -286,6 +394,7 @@ def _first_generation(launch, members):
     if launch.rank == 0:
         store, plan = _store_master(launch.world)
         return 0, 0, members.write_plan(0, dict(plan, root=0, lost=[], step=None)), store
+    # Rank 0's address is known only from its plan: polled, backing off from 5 ms to 1 s.
     plan = members.wait_plan(0, max(_PLAN_TIMEOUT_S, 120))
     if plan is None:
         _leave(f"rank {launch.rank}: rank 0 did not start generation 0")
@@ -300,12 +409,13 @@ def run(train, *args, backend="gloo", **kwargs):
         return _run_plain(train, backend, args, kwargs)
     os.environ["CKPT_EXIT_GRACE"] = "0s"  # this process leaves the failed group itself: the library must not end it
     members = inplace.Membership(launch)
+    mailbox = _Mailbox()
     world, phases = launch.world, None
     generation, rank, plan, store = _first_generation(launch, members)
     while True:
         _set_rank_env(rank, world, launch, generation)
         try:
-            group = _Group(backend, plan, rank, *(store or (None, None)))
+            group = _Group(backend, plan, rank, *(store or (None, None)), keep_port=mailbox.port)
         except (_JoinFailed, RuntimeError) as e:
             if generation == 0:
                 raise
@@ -316,10 +426,12 @@ def run(train, *args, backend="gloo", **kwargs):
             _say(f"rank {rank}: generation {generation} did not form: {e}")
             _abandoned.append(store)
             generation += 1
-            plan, store, phases = _recover(members, generation, rank, world, _join_failure(plan, missing))
+            plan, store, phases = _recover(members, mailbox, generation, rank, world, _join_failure(plan, missing),
+                                           plan)
             continue
         if phases is not None:
             phases["group"] = time.time()
+        mailbox.publish(members, rank, generation)
         _state["phases"] = phases
         _state["checkpointer"] = None
         error, result = None, None
@@ -344,4 +456,4 @@ def run(train, *args, backend="gloo", **kwargs):
             return result
         group.leave(failed=True)
         generation += 1
-        plan, store, phases = _recover(members, generation, rank, world, _peer_loss(cp, rank))
+        plan, store, phases = _recover(members, mailbox, generation, rank, world, _peer_loss(cp, rank), plan)
