@@ -39,7 +39,7 @@ _PLAN_TIMEOUT_S = float(os.environ.get("CKPT_INPLACE_PLAN_TIMEOUT", "20"))
 _JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("CKPT_INPLACE_JOIN_TIMEOUT", "15")))
 
 _abandoned = []  # the groups of failed generations: never destroyed here (a destructor may wait on a dead peer)
-_state = {"checkpointer": None, "phases": None}
+_state = {"checkpointer": None, "phases": None, "group": None}
 
 
 def _say(line):
@@ -158,14 +158,22 @@ class _Group:
                 _abandoned.append((dist.distributed_c10d._get_default_group(), store))
                 dist.destroy_process_group()
             raise _JoinFailed(_missing(plan, rank), e) from None
-        self.sockets = {fd: t for fd, t in _sockets().items() if before.get(fd) != t}
-        if keep_port is not None:
-            # The mailbox store's connections that survivors made while waiting for this generation's plan: the
-            # watchdog must leave that store whole for the next recovery.
-            self.sockets = {fd: t for fd, t in self.sockets.items() if _local_port(fd) != keep_port}
+        self.keep_port = keep_port
+        self.sockets = {}
+        self.adopt(before)
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watchdog, name="ckpt-inplace-watch", daemon=True)
         self._watch.start()
+
+    def adopt(self, before):
+        """Counts the sockets opened since the snapshot `before` as the group's: its own, and those of the
+        subgroups train() makes (dist.new_group), which a collective may block on just the same."""
+        sockets = {fd: t for fd, t in _sockets().items() if before.get(fd) != t}
+        if self.keep_port is not None:
+            # The mailbox store's connections that survivors made while waiting for this generation's plan: the
+            # watchdog must leave that store whole for the next recovery.
+            sockets = {fd: t for fd, t in sockets.items() if _local_port(fd) != self.keep_port}
+        self.sockets.update(sockets)
 
     def _watchdog(self):
         while not self._stop.wait(0.02):
@@ -184,6 +192,21 @@ class _Group:
             self.shut()
             _abandoned.append((dist.distributed_c10d._get_default_group(), self.store))
         dist.destroy_process_group()
+
+
+_new_group = dist.new_group
+
+
+def _new_group_of_generation(*args, **kwargs):
+    """dist.new_group while run() drives train(): the subgroup's sockets join the generation's, so that the
+    watchdog shuts them too when a peer is lost (a TP or DP collective blocked on a dead peer returns)."""
+    before = _sockets()
+    try:
+        return _new_group(*args, **kwargs)
+    finally:
+        group = _state["group"]
+        if group is not None:
+            group.adopt(before)
 
 
 def _store_master(world):
@@ -408,6 +431,7 @@ def run(train, *args, backend="gloo", **kwargs):
     if launch is None:
         return _run_plain(train, backend, args, kwargs)
     os.environ["CKPT_EXIT_GRACE"] = "0s"  # this process leaves the failed group itself: the library must not end it
+    dist.new_group = dist.distributed_c10d.new_group = _new_group_of_generation  # new_subgroups calls it too
     members = inplace.Membership(launch)
     mailbox = _Mailbox()
     world, phases = launch.world, None
@@ -434,6 +458,7 @@ def run(train, *args, backend="gloo", **kwargs):
         mailbox.publish(members, rank, generation)
         _state["phases"] = phases
         _state["checkpointer"] = None
+        _state["group"] = group
         error, result = None, None
         try:
             result = train(*args, **kwargs)
