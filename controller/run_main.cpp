@@ -559,7 +559,10 @@ int inplace_loop(Run& run) {
   const std::string id = run.job + ".r" + (restarts ? restarts : "0") + "." + std::to_string(getpid());
   for (std::size_t i = 0; i < steps.size(); ++i) {
     NodeStep& step = steps[i];
-    std::vector<std::string> argv = {run.line.srun, "--nodes=1", "--nodelist=" + step.node};
+    // --ntasks: the batch script's SLURM_NTASKS (sbatch --ntasks-per-node) counts the whole allocation's tasks,
+    // and srun would take it over and refuse one node's step.
+    std::vector<std::string> argv = {run.line.srun, "--nodes=1", "--ntasks=" + std::to_string(*per_node),
+                                     "--nodelist=" + step.node};
     argv.insert(argv.end(), run.line.options.begin(), run.line.options.end());
     argv.insert(argv.end(), run.line.command.begin(), run.line.command.end());
     std::vector<std::pair<std::string, std::string>> env = {
