@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Goodput under injected failures, on the real local cluster (a benchmark, not a test).
 #
-# Runs slurm-examples/train_dp_tp.py (DP2 x TP2, 4 nodes) as a requeueable batch job under the recovery controller
-# once per policy: fixed intervals, --ckpt-interval=auto (Daly, from live measurements) and auto with last words.
+# Runs slurm-examples/train_dp_tp.py (DP2 x TP2: 2 nodes, 2 ranks each) as a requeueable batch job under the
+# recovery controller once per policy: fixed intervals, --ckpt-interval=auto (Daly, from live measurements), auto
+# with last words, and auto with last words and restart in place: `ckpt-run --spares 1` in a 3-node allocation,
+# whose third node holds 2 warm spare processes; a failure while one is left is recovered in the same processes,
+# the next one takes the requeue (a new allocation, with its spares again).
 # Failures are injected at a scaled MTBF: one schedule, drawn once from an exponential distribution, is replayed in
 # every run (common random numbers, so the policies are compared on the same failures). A failure SIGKILLs one
-# random rank; one that falls due while the job is restarting strikes as soon as training runs again.
+# random training rank (never an idle spare); one that falls due while the job is restarting strikes as soon as
+# training has run a step again.
 #
 # Per run (bench/goodput_measure.py) it measures goodput = useful work / wall time, where the useful work is the
 # job's steps times the step time of a run without checkpoints or failures, and the wall time runs from the first
 # step to the last. It then asks `ckpt simulate` for its prediction of the same run: the same failure times
-# (--failure-times), with the checkpoint cost δ and the restart cost R measured across all runs (medians), and for
-# the expected goodput over many failures (Monte Carlo). The table and the acceptance checks go to stdout and to
-# <work dir>/report.
+# (--failure-times), with the checkpoint cost δ and the restart cost R measured across all runs (medians; the
+# in-place restart R_in from the in-place recoveries, the spares counted in ranks), and for the expected goodput
+# over many failures (Monte Carlo). The table and the acceptance checks go to stdout and to <work dir>/report.
 #
 #   bench/goodput.sh [--mtbf SECONDS] [--work SECONDS] [--fixed LIST] [--seed N] [--step-sleep S] [--report DIR]
 #     --mtbf        scaled MTBF of the job (default 60)
@@ -21,12 +25,13 @@
 #     --seed        seed of the failure schedule (default 7)
 #     --step-sleep  seconds each step sleeps (default 0.2; sets the step time)
 #     --hidden      hidden width of the MLP (default 16384: with 256 inputs, 17 MB of weights and momentum per rank)
+#     --only        run only these policies, comma-separated names (a quick look; the acceptance needs them all)
 #     --report      measure and report the runs kept in DIR again (give the options of the run that made them)
 # Needs a built tree (CKPT_BUILD_DIR, default build/), root, and the packages of scripts/install-deps.sh. It
 # starts the local cluster (tests/cluster.sh up, whose site policy allows intervals down to 1 s) with the plugin
 # reporting to its own controller; `tests/cluster.sh down` stops it.
 set -euo pipefail
-MTBF=60 WORK=200 FIXED=1,3,10,30 SEED=7 SLEEP=0.2 HIDDEN=16384 REPORT=
+MTBF=60 WORK=200 FIXED=1,3,10,30 SEED=7 SLEEP=0.2 HIDDEN=16384 REPORT= ONLY=
 while [ $# -gt 0 ]; do
   case $1 in
     --mtbf) MTBF=$2; shift 2 ;;
@@ -36,6 +41,7 @@ while [ $# -gt 0 ]; do
     --step-sleep) SLEEP=$2; shift 2 ;;
     --hidden) HIDDEN=$2; shift 2 ;;
     --report) REPORT=$2; shift 2 ;;
+    --only) ONLY=$2; shift 2 ;;
     *) echo "goodput: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -54,10 +60,19 @@ have_torch || { echo "goodput: needs python3-torch and a built slurm_ckpt" >&2; 
 
 policies=()
 for f in ${FIXED//,/ }; do policies+=("fixed-${f}s|${f}s|off"); done
-policies+=("auto|auto|off" "last-words|auto|on")
+policies+=("auto|auto|off" "last-words|auto|on" "in-place|auto|on")
+NODES=2 PER_NODE=2 SPARE_NODES=1  # the job's shape; in place, SPARE_NODES more nodes hold PER_NODE spares each
+WORLD=$((NODES * PER_NODE)) SPARE_RANKS=$((SPARE_NODES * PER_NODE))
+if [ -n "$ONLY" ]; then
+  kept=()
+  for p in "${policies[@]}"; do [[ ",$ONLY," == *",${p%%|*},"* ]] && kept+=("$p"); done
+  [ ${#kept[@]} -gt 0 ] || { echo "goodput: --only $ONLY names no policy" >&2; exit 2; }
+  policies=("${kept[@]}")
+fi
 median() { sort -g | awk '{ v[++n] = $1 } END { if (n) printf "%.4f\n", (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2) }'; }
 # "t=" of the lines of a log that match a pattern, one per line.
 times_of() { sed -n "/^train_dp_tp: $2/s/.* t=\([0-9.]*\)\$/\1/p" "$1" 2>/dev/null; }
+TRAIN_ARGS=(--step-sleep "$SLEEP" --d-in 256 --hidden "$HIDDEN" --lr 0.0005 --log-time)
 step_time() {  # the median step time of the baseline run
   times_of "$W/baseline.out" "step [0-9]* loss" | awk 'NR > 5 { printf "%.4f\n", $1 - p } { p = $1 }' | median
 }
@@ -80,9 +95,18 @@ CKPT_SOURCE_DIR=$SRC CKPT_BUILD_DIR=$BUILD CKPT_CLUSTER_DIR=$D
 source "$SRC/tests/integration/controller_lib.sh"
 controller_up "$W" "$PORT" || { echo "goodput: no controller" >&2; exit 1; }
 
-# One batch script for every run; the policy comes in as sbatch options.
-write_train_sbatch "$W/train.sbatch" "-N4 --ntasks-per-node=1" \
-  train_dp_tp.py --step-sleep $SLEEP --d-in 256 --hidden $HIDDEN --lr 0.0005 --log-time
+# One batch script for every run but in place; the policy comes in as sbatch options.
+write_train_sbatch "$W/train.sbatch" "-N$NODES --ntasks-per-node=$PER_NODE" train_dp_tp.py "${TRAIN_ARGS[*]}"
+# In place: one step per node under ckpt-run, the spare nodes beyond -N (what slurm-examples/
+# train_ddp_inplace.sbatch shows users).
+cat > "$W/train-inplace.sbatch" <<JOB
+#!/bin/bash
+#SBATCH -N$((NODES + SPARE_NODES)) --ntasks-per-node=$PER_NODE --no-kill --requeue --open-mode=append
+export CKPT_CONTROLLER_URL=$CONTROLLER_URL
+echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST, resuming from step \${CKPT_RESUME_STEP:-none}"
+$BUILD/controller/ckpt-run --spares $SPARE_NODES srun -N$NODES --ntasks-per-node=$PER_NODE \
+  $PY $SRC/slurm-examples/train_dp_tp.py ${TRAIN_ARGS[*]} "\$@"
+JOB
 
 # The controller's view of a job: running, failing, requeueing, pending, completed, gave-up, ...
 ctl_state() {
@@ -118,9 +142,31 @@ while t < 10 * $WORK:
     print(f'{t:.3f}')" > "$W/schedule"
 echo "failure schedule (seconds after the first step, seed $SEED): $(head -8 "$W/schedule" | paste -sd' ')..."
 
+# The training ranks of a run: its processes less the idle spares (a spare with no claim file in the checkpoint
+# dir's in-place control area).
+ranks_of() {  # run name
+  local pid env node local
+  for pid in $(pgrep -f "^$PY $SRC/slurm-examples/train_dp_tp.py .*--out $W/$1.final" || true); do
+    env=$(tr '\0' '\n' 2> /dev/null < "/proc/$pid/environ") || continue  # gone since pgrep
+    if grep -qx "CKPT_INPLACE_SPARE=1" <<< "$env"; then
+      node=$(sed -n 's/^SLURMD_NODENAME=//p' <<< "$env") local=$(sed -n 's/^SLURM_LOCALID=//p' <<< "$env")
+      compgen -G "$W/$1.ckpt/.control/inplace-*/claim-$node.$local" > /dev/null || continue
+    fi
+    echo "$pid"
+  done
+}
+# Whether a run trains: its last start or step line is a step, logged after the last kill.
+trains() {  # log, kills file
+  local last
+  last=$(grep -E "^train_dp_tp: (step [0-9]+ loss|resumed from step|starting at step)|^run [0-9]+ on" "$1" | tail -1)
+  [[ $last == "train_dp_tp: step "* ]] || return 1
+  awk -v t="${last##* t=}" '{ if ($1 >= t) late = 1 } END { exit late }' "$2"
+}
+
 # Kills one rank per scheduled failure while the job runs; writes "<unix time> <rank pid>" per kill.
 inject() {  # log, kills file, job id
-  local log=$1 kills=$2 id=$3 t0 due now pids pick n=0
+  local log=$1 kills=$2 id=$3 name t0 due now pids pick n=0
+  name=$(basename "$log" .out)
   set +e +o pipefail  # a log that does not exist yet is no reason to stop injecting
   : > "$kills"
   for _ in $(seq 3000); do t0=$(times_of "$log" "starting at step 0" | sed -n 1p); [ -n "$t0" ] && break; sleep 0.1; done
@@ -132,12 +178,10 @@ inject() {  # log, kills file, job id
       job_over "$id" && return 0
       now=$(date +%s.%N)
       if awk -v n="$now" -v d="$due" 'BEGIN { exit !(n >= d) }'; then
-        # Due: strike once this run trains (it printed its start line and all four ranks are up).
-        starts=$(grep -c "^train_dp_tp: \(resumed from\|starting at\) step" "$log" || true)
-        runs=$(grep -c "^run [0-9]* on" "$log" || true)
-        mapfile -t pids < <(pgrep -f "^$PY $SRC/slurm-examples/train_dp_tp.py .*--out $W/$(basename "$log" .out).final" || true)
-        if [ "$starts" = "$runs" ] && [ "${#pids[@]}" = 4 ]; then
-          pick=${pids[$(( (SEED * 31 + n * 17) % 4 ))]}
+        # Due: strike once this run trains (a step since its start and the last kill, every rank up).
+        mapfile -t pids < <(ranks_of "$name")
+        if [ "${#pids[@]}" = "$WORLD" ] && trains "$log" "$kills"; then
+          pick=${pids[$(( (SEED * 31 + n * 17) % WORLD ))]}
           kill -KILL "$pick" 2>/dev/null && echo "$(date +%s.%N) $pick" >> "$kills"
           break
         fi
@@ -152,9 +196,11 @@ for p in "${policies[@]}"; do
   IFS='|' read -r name interval words <<< "$p"
   echo "== $name: --ckpt-interval=$interval --ckpt-last-words=$words"
   log=$W/$name.out
+  script=$W/train.sbatch
+  [ "$name" = in-place ] && script=$W/train-inplace.sbatch
   job=$(sbatch --parsable -o "$log" --ckpt-dir="$W/$name.ckpt" --ckpt-interval="$interval" \
     --ckpt-last-words="$words" --ckpt-mtbf="${MTBF}s" --ckpt-max-restarts=1000 --ckpt-keep=2 \
-    "$W/train.sbatch" --steps "$STEPS" --out "$W/$name.final")
+    "$script" --steps "$STEPS" --out "$W/$name.final")
   inject "$log" "$W/$name.kills" "$job" &
   injector=$!
   state=$(wait_done "$job")
@@ -177,6 +223,7 @@ done
 get() { "$PY" -c "import json, sys; d = json.load(open('$W/measured.json')); print($1)"; }
 DELTA=$(get "f\"{max(d['cost_s'], 0.0001):.4f}\"")  # the simulator needs a cost > 0
 RESTART=$(get "f\"{d['restart_s']:.3f}\"")
+RESTART_IN=$(get "f\"{d['inplace_restart_s']:.3f}\"")
 STEP_SEEN=$(get "f\"{d['step_seen_s']:.4f}\"")
 SIM_WORK=$(awk -v n="$STEPS" -v s="$STEP_SEEN" 'BEGIN { printf "%.3f", n * s }')
 AUTO_LINE=$(grep "CKPT_INTERVAL=auto: interval" "$W/auto.out" | tail -1 | sed 's/.*CKPT_INTERVAL=auto: //')
@@ -185,7 +232,12 @@ AUTO_LINE=$(grep "CKPT_INTERVAL=auto: interval" "$W/auto.out" | tail -1 | sed 's
 # (steps x the step time without checkpointing): "replay expected".
 predict() {  # name interval failure-times
   local name=$1 interval=$2 trace=$3 row fixed=() replay expected
-  case $name in fixed-*) fixed=(--interval "$interval"); row=fixed ;; auto) row=daly ;; *) row=last-words ;; esac
+  case $name in
+    fixed-*) fixed=(--interval "$interval"); row=fixed ;;
+    auto) row=daly ;;
+    in-place) fixed=(--in-place-restart "${RESTART_IN}s" --spares "$SPARE_RANKS"); row=in-place ;;
+    *) row=last-words ;;
+  esac
   local args=(simulate --cost "${DELTA}s" --restart "${RESTART}s" --mtbf "${MTBF}s" --catchable 1 "${fixed[@]}" --json)
   local pick="import json, sys; print(next(p['goodput'] for p in json.load(sys.stdin)['policies'] if p['policy'] == '$row') * $STEP_S / $STEP_SEEN)"
   replay=$("$CKPT" "${args[@]}" --work "${SIM_WORK}s" --failure-times "${trace:-none}" | "$PY" -c "$pick")
@@ -194,9 +246,11 @@ predict() {  # name interval failure-times
 }
 
 {
-  echo "goodput on the local cluster: DP2 x TP2 on 4 nodes, MTBF ${MTBF}s (failure schedule seed $SEED); $STEPS steps of"
-  echo "${STEP_S}s without checkpointing, ${STEP_SEEN}s with it (median); a failure SIGKILLs one random rank, the controller requeues"
-  echo "measured across the runs: checkpoint cost δ ${DELTA}s (median per run), restart R ${RESTART}s (median); simulator inputs"
+  echo "goodput on the local cluster: DP2 x TP2 on $NODES nodes x $PER_NODE ranks, MTBF ${MTBF}s (failure schedule seed $SEED);"
+  echo "$STEPS steps of ${STEP_S}s without checkpointing, ${STEP_SEEN}s with it (median); a failure SIGKILLs one random rank;"
+  echo "the controller requeues; in place, $SPARE_RANKS spare ranks on $SPARE_NODES more node(s) take the first failures of an allocation over"
+  echo "measured across the runs: checkpoint cost δ ${DELTA}s (median per run), restart R ${RESTART}s (median), in place"
+  echo "R_in ${RESTART_IN}s (median); simulator inputs"
   echo "auto's last choice: $AUTO_LINE"
   printf '%-16s %8s %8s %6s %6s %9s %9s %9s %7s\n' policy wall_s failures ckpts words measured predicted expected diff
   n=0
@@ -212,18 +266,25 @@ predict() {  # name interval failure-times
 } | tee "$W/report"
 
 # ---- acceptance ---------------------------------------------------------------------------------------------------
-awk 'NR > 5 { g[$1] = $6; diff[$1] = $9 < 0 ? -$9 : $9; if ($1 ~ /^fixed-/ && $6 > best) { best = $6; bestn = $1 }
-              if (!($6 > 0 && $6 <= 1 && $7 > 0 && $7 <= 1)) bad = bad " " $1 }
+awk '$1 == "policy" { table = 1; next }
+  table { g[$1] = $6; diff[$1] = $9 < 0 ? -$9 : $9; if ($1 ~ /^fixed-/ && $6 > best) { best = $6; bestn = $1 }
+          if (!($6 > 0 && $6 <= 1 && $7 > 0 && $7 <= 1)) bad = bad " " $1 }
   END {
     ok = 1
     if (bad != "") { print "unusable measurements or predictions for:" bad; ok = 0 }
-    if (!("auto" in g) || !("last-words" in g) || bestn == "") { print "a policy run is missing"; ok = 0 }
-    printf "auto vs the simulator: |%.4f| %s 0.03\n", diff["auto"], (diff["auto"] <= 0.03 ? "<=" : ">")
-    if (diff["auto"] > 0.03) ok = 0
+    if (!("auto" in g) || !("last-words" in g) || !("in-place" in g) || bestn == "") { print "a policy run is missing"; ok = 0 }
+    split("auto in-place", simulated, " ")
+    for (i = 1; i <= 2; i++) {
+      p = simulated[i]
+      printf "%s vs the simulator: |%.4f| %s 0.03\n", p, diff[p], (diff[p] <= 0.03 ? "<=" : ">")
+      if (diff[p] > 0.03) ok = 0
+    }
     printf "auto %.4f vs the best fixed interval (%s) %.4f: %+.2f points (target >= -1)\n", g["auto"], bestn, best, 100 * (g["auto"] - best)
     if (g["auto"] < best - 0.01) ok = 0
     printf "auto + last words %.4f vs auto %.4f: %+.2f points (target >= 0)\n", g["last-words"], g["auto"], 100 * (g["last-words"] - g["auto"])
     if (g["last-words"] < g["auto"]) ok = 0
+    printf "in place %.4f vs auto + last words %.4f: %+.2f points (target >= 0)\n", g["in-place"], g["last-words"], 100 * (g["in-place"] - g["last-words"])
+    if (g["in-place"] < g["last-words"]) ok = 0
     print (ok ? "PASS" : "FAIL")
   }' "$W/report" | tee -a "$W/report"
 echo "(runs, logs and the report kept in $W)"

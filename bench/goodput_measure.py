@@ -16,8 +16,11 @@ The accounting matches `ckpt simulate`'s, so that its prediction can be held aga
   - with checkpointing on, every step pays a little (polling the coordinator; the other ranks' persists), so the
     step time seen in the runs is the pooled median of their steps; the checkpoint cost δ is what the steps of a
     run took beyond that, per checkpoint (the step cut short by a kill is lost work, as in the simulator);
-  - failure times are the kills, relative to the start.
-Pooled over the runs it reports that step time, δ (median over runs) and R (median over restarts).
+  - failure times are the kills, relative to the start;
+  - a restart in place (a start with no "run N on" line of the batch script before it: the same allocation and
+    processes) is counted apart from the requeues, as R_in.
+Pooled over the runs it reports that step time, δ (median over runs), R (median over the requeues) and R_in
+(median over the restarts in place).
 """
 import json
 import re
@@ -27,28 +30,35 @@ import sys
 WARMUP = 3
 STEP = re.compile(r"^train_dp_tp: step (\d+) loss \S+ t=([0-9.]+)$")
 START = re.compile(r"^train_dp_tp: (?:starting at|resumed from) step (\d+) .* t=([0-9.]+)$")
+ALLOCATION = re.compile(r"^run \d+ on ")
 
 
 def read_run(log, kills_file):
     kills = sorted(float(line.split()[0]) for line in open(kills_file) if line.strip())
     runs = []  # per start: the times of its step lines
+    in_place = []  # per start: whether it began in the allocation and processes of the one before
+    new_allocation = True
     checkpoints = terminal = 0
     for line in open(log, errors="replace"):
         line = line.rstrip("\n")
         if m := STEP.match(line):
             if runs:
                 runs[-1].append((float(m.group(2)), int(m.group(1))))
+        elif ALLOCATION.match(line):
+            new_allocation = True
         elif START.match(line):
             runs.append([])
+            in_place.append(not new_allocation)
+            new_allocation = False
         elif "committed periodic checkpoint" in line:
             checkpoints += 1
         elif "committed the terminal checkpoint" in line:
             terminal += 1
-    return kills, runs, checkpoints, terminal
+    return kills, runs, in_place, checkpoints, terminal
 
 
 def measure(name, log, kills_file, step_s, steps):
-    kills, runs, checkpoints, terminal = read_run(log, kills_file)
+    kills, runs, in_place, checkpoints, terminal = read_run(log, kills_file)
     last = [t for run in runs for t, s in run if s == steps]
     if not last:
         raise SystemExit(f"goodput_measure: {log}: the job did not reach step {steps}")
@@ -63,12 +73,14 @@ def measure(name, log, kills_file, step_s, steps):
     if warmed[0] is None:
         raise SystemExit(f"goodput_measure: {log}: the first run did not warm up")
     start, end = warmed[0], max(last)
-    restarts = []
+    restarts, restarts_in_place = [], []
     for i, k in enumerate(kills):
         after = [w for w in warmed if w is not None and w > k]
         if after:
             finish = min(after[0], kills[i + 1]) if i + 1 < len(kills) else after[0]
-            restarts.append(max(0.0, finish - k))
+            # How the job came back: the first start after the kill.
+            first = next((j for j, run in enumerate(runs) if run and run[0][0] > k), None)
+            (restarts_in_place if first is not None and in_place[first] else restarts).append(max(0.0, finish - k))
     return {
         "name": name,
         "wall_s": end - start,
@@ -77,6 +89,7 @@ def measure(name, log, kills_file, step_s, steps):
         "checkpoints": checkpoints,
         "terminal_checkpoints": terminal,
         "restarts_s": restarts,
+        "restarts_in_place_s": restarts_in_place,
         "failure_times": [round(k - start, 3) for k in kills],
         "durations": durations,
     }
@@ -92,12 +105,14 @@ def main():
         r["cost_s"] = max(0.0, excess / r["checkpoints"]) if r["checkpoints"] else None
     costs = [r["cost_s"] for r in runs if r["cost_s"] is not None]
     restarts = [x for r in runs for x in r["restarts_s"]]
+    in_place = [x for r in runs for x in r["restarts_in_place_s"]]
     print(json.dumps({
         "step_s": step_s,
         "steps": steps,
         "step_seen_s": step_seen,
         "cost_s": statistics.median(costs) if costs else 0.0,
         "restart_s": statistics.median(restarts) if restarts else 0.0,
+        "inplace_restart_s": statistics.median(in_place) if in_place else 0.0,
         "runs": runs,
     }, indent=1))
 
