@@ -2,8 +2,9 @@
 # Restart in place without Slurm: slurm_ckpt.inplace alone (tests/hooks/inplace_test.py), then
 # slurm-examples/train_ddp.py as 3 ranks and 1 spare on this host, started with the variables `ckpt-run --spares`
 # gives each step. A rank is killed (SIGKILL) or frozen (SIGSTOP) mid-run: the survivors stay alive, the spare
-# takes its rank over, and the final weights are bitwise identical to an uninterrupted run's. With no spare, the
-# survivors exit 75 (the requeue path). The same on the real cluster: test_inplace_cluster.sh.
+# takes its rank over, and the final weights are bitwise identical to an uninterrupted run's; the same for
+# slurm-examples/train_dp_tp.py (DP2 x TP2, subgroups). With no spare, the survivors exit 75 (the requeue path).
+# The same on the real cluster: test_inplace_cluster.sh.
 set -euo pipefail
 : "${CKPT_BUILD_DIR:?}"
 source "${CKPT_SOURCE_DIR:?}/tests/integration/torch_lib.sh"
@@ -71,6 +72,44 @@ for case in "crash 2 KILL" "freeze 1 STOP"; do
   fi
   echo "ok: $name of rank $victim: the spare took it over in place; bitwise identical ($(grep -ho '"first_step": [0-9.]*' "$W/$name"/log* | head -1))"
 done
+
+# DP2 x TP2 (train_dp_tp.py, which makes TP and DP subgroups): 2 "nodes" of 2 ranks and 1 spare. Rank 2's death
+# leaves rank 3 blocked in a TP collective and ranks 0 and 1 in DP ones: the watchdog must shut the subgroups'
+# sockets too, or a survivor misses the next generation.
+launch_tp() {  # NAME [VICTIM]
+  local d=$W/$1 i role tp_pids=()
+  mkdir -p "$d/ckpt"
+  for i in 0 1 2 3 4; do
+    role=(CKPT_INPLACE_RANK_BASE=$((i - i % 2)))
+    [ "$i" = 4 ] && role=(CKPT_INPLACE_SPARE=1)
+    env -u SLURM_JOB_ID -u SLURM_STEP_ID CKPT_DIR="$d/ckpt" CKPT_LAST_WORDS=on CKPT_HEARTBEAT_TIMEOUT=1s \
+      CKPT_INTERVAL=5steps CKPT_INPLACE_ID="local.$1" CKPT_INPLACE_WORLD=4 SLURM_PROCID=$((i % 2)) \
+      SLURM_LOCALID=$((i % 2)) SLURMD_NODENAME="h$((i / 2))" CKPT_INPLACE_JOIN_TIMEOUT=5 "${role[@]}" \
+      "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_dp_tp.py" --steps 30 --step-sleep 0.05 --out "$d/final" \
+      > "$d/log$i" 2>&1 &
+    tp_pids+=($!)
+    pids+=($!)
+  done
+  if [ -n "${2:-}" ]; then
+    for _ in $(seq 600); do
+      [ "$(sed -n 's/^train_dp_tp: step \([0-9]*\) .*/\1/p' "$d/log0" | tail -1)" -ge 10 ] 2>/dev/null && break
+      sleep 0.02
+    done
+    kill -KILL "${tp_pids[$2]}"
+  fi
+  status=()
+  for i in "${!tp_pids[@]}"; do wait "${tp_pids[$i]}" && status+=(0) || status+=($?); done
+}
+launch_tp tp-reference
+[ "${status[*]}" = "0 0 0 0 0" ] || fail "DP x TP uninterrupted: exit statuses ${status[*]}"
+launch_tp tp-crash 2
+grep -q "spare h2.0 takes rank 2 over (generation 1)" "$W/tp-crash/log4" ||
+  { tail -n 20 "$W/tp-crash"/log* >&2; fail "DP x TP: the spare did not take rank 2 over"; }
+! grep -q "did not form" "$W/tp-crash"/log* || fail "DP x TP: generation 1 did not form at once"
+for t in 0 1; do
+  cmp -s "$W/tp-reference/final.tp$t" "$W/tp-crash/final.tp$t" || fail "DP x TP: slice tp$t differs"
+done
+echo "ok: DP x TP crash of rank 2: the spare took it over in place; bitwise identical ($(grep -ho '"first_step": [0-9.]*' "$W/tp-crash"/log* | head -1))"
 
 launch nospare 0 2 KILL 10
 [ "${status[0]}" = 75 ] && [ "${status[1]}" = 75 ] || fail "no spare: survivors exited ${status[0]} and ${status[1]}, not 75"
