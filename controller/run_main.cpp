@@ -25,6 +25,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <variant>
 #include <vector>
@@ -36,6 +37,7 @@ extern "C" {
 #include <nlohmann/json.hpp>
 
 #include "ckpt/clock.hpp"
+#include "ckpt/options.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
 #include "ckpt/srun_cmdline.hpp"
@@ -221,6 +223,16 @@ std::optional<int> prepare(Run& run, const std::vector<std::string>& srun_args) 
   }
   run.job_id = static_cast<std::uint32_t>(*job_id);
   run.job = std::to_string(*job_id);
+  // The plugin exports the job's --ckpt-spares and the site's max_spares; an explicit --spares is held to the
+  // same limit.
+  auto env_view = [](const char* name) -> std::optional<std::string_view> {
+    const char* value = std::getenv(name);
+    return value ? std::optional<std::string_view>(value) : std::nullopt;
+  };
+  auto spares = ckpt::run_spares(run.s.spares, env_view("CKPT_SPARES"), env_view("CKPT_MAX_SPARES"));
+  if (!spares) return usage(spares.error());
+  if (!run.s.spares && *spares) run.s.spares_source = "--ckpt-spares";
+  run.s.spares = *spares;
   if (run.s.url.empty()) {
     const char* env = std::getenv("CKPT_CONTROLLER_URL");
     run.s.url = env ? env : controller_url_from_config();
@@ -408,24 +420,25 @@ struct NodeStep {
 // The per-node steps: the first -N healthy nodes train (ranks node_index * K + SLURM_PROCID), the next --spares
 // wait. Fails with one line when the srun line or the allocation does not allow it.
 ckpt::Result<std::vector<NodeStep>> plan_node_steps(const Run& run) {
-  if (!run.line.ntasks_per_node) return ckpt::Error{"--spares needs srun --ntasks-per-node=K (K ranks per node)"};
-  if (run.line.ntasks) return ckpt::Error{"--spares: give srun --ntasks-per-node, not -n/--ntasks"};
-  if (!run.nodes_wanted) return ckpt::Error{"--spares needs srun -N (the nodes that train)"};
+  const std::string& source = run.s.spares_source;
+  if (!run.line.ntasks_per_node) return ckpt::Error{source + " needs srun --ntasks-per-node=K (K ranks per node)"};
+  if (run.line.ntasks) return ckpt::Error{source + ": give srun --ntasks-per-node, not -n/--ntasks"};
+  if (!run.nodes_wanted) return ckpt::Error{source + " needs srun -N (the nodes that train)"};
   std::vector<std::string> healthy;
   for (const auto& n : run.alloc) {
     if (run.excluded.count(n) == 0) healthy.push_back(n);
   }
   const std::uint64_t wanted = *run.nodes_wanted;
   if (healthy.size() < wanted) {
-    return ckpt::Error{"--spares: -N " + std::to_string(wanted) + " but the allocation has " +
+    return ckpt::Error{source + ": -N " + std::to_string(wanted) + " but the allocation has " +
                        std::to_string(healthy.size()) + " usable nodes"};
   }
   const std::uint64_t spares = std::min<std::uint64_t>(*run.s.spares, healthy.size() - wanted);
   if (spares < *run.s.spares) {
-    log_info("--spares " + std::to_string(*run.s.spares) + ": the allocation holds " + std::to_string(spares) +
+    log_info(source + " " + std::to_string(*run.s.spares) + ": the allocation holds " + std::to_string(spares) +
              " spare nodes beyond -N " + std::to_string(wanted));
   }
-  if (wanted + spares > kMaxNodeSteps) return ckpt::Error{"--spares: too many nodes for one ckpt-run"};
+  if (wanted + spares > kMaxNodeSteps) return ckpt::Error{source + ": too many nodes for one ckpt-run"};
   std::vector<NodeStep> steps;
   for (std::uint64_t i = 0; i < wanted + spares; ++i) {
     NodeStep step;

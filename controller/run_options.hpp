@@ -25,7 +25,9 @@ inline constexpr std::array<RunOptionSpec, 5> kRunOptions{{
      "Restart in place: one step per node of the -N nodes, each with the srun line's tasks per node, plus N spare "
      "nodes of the allocation whose processes wait, framework loaded, to take a dead node's ranks over (the program "
      "runs slurm_ckpt.torch.run). When a node dies the survivors stay alive and go on with a spare, without a "
-     "relaunch or a requeue; when no spare is left they exit 75 and the job is handed over to a requeue"},
+     "relaunch or a requeue; when no spare is left they exit 75 and the job is handed over to a requeue. Default: "
+     "$CKPT_SPARES when above 0 (the job's spares option of the SPANK plugin). At most $CKPT_MAX_SPARES when it is "
+     "set (the site's max_spares)"},
     {"--decision-wait", "DURATION",
      "How long after the step ended to wait for the controller's decision before returning its status "
      "(default 5s)"},

@@ -13,6 +13,7 @@ struct Settings {
   double decision_wait_s = 5;
   double poll_s = 0.1;
   std::optional<std::uint64_t> spares;  // --spares: one step per node, spares kept warm, restart in place
+  std::string spares_source = "--spares";  // what asked for spares, for messages: or --ckpt-spares (CKPT_SPARES)
 };
 
 }  // namespace ckpt::controller

@@ -351,11 +351,17 @@ std::string page_run() {
   page.section("ENVIRONMENT");
   page.item(bold("CKPT_CONTROLLER_URL"), "The controller, when --controller is not given.");
   page.item(bold("CKPT_CONTROLLER_CONFIG"), "The controller's config file, read for its listen address.");
+  page.item(bold("CKPT_SPARES"), "The job's --ckpt-spares (spank_ckpt(8)): without --spares, a value above 0 "
+                                 "restarts in place with that many spare nodes.");
+  page.item(bold("CKPT_MAX_SPARES"), "The site's max_spares: a larger --spares or CKPT_SPARES is refused.");
   page.section("EXIT STATUS");
   page.paragraph("The status of the last step it ran; 1 when it handed the job over or was stopped; 2 for a bad "
                  "command line or when it is not inside an allocation.");
   page.section("EXAMPLES");
   page.example("#SBATCH -N4 --no-kill\nckpt-run srun -N3 --ntasks-per-node=1 python3 train.py");
+  page.paragraph("Restart in place with one spare node of five:");
+  page.example("#SBATCH -N5 --no-kill --requeue --ckpt-last-words=on --ckpt-spares=1\n"
+               "ckpt-run srun -N4 --ntasks-per-node=8 python3 train.py");
   page.section("SEE ALSO");
   page.raw(".BR ckpt\\-controller (8),\n.BR spank_ckpt (8),\n.BR srun (1),\n.BR sbatch (1)");
   return page.str();
@@ -403,12 +409,14 @@ std::string page_spank() {
     if (key == "min_interval") text += " Default: " + seconds(site.min_interval_s) + ".";
     if (key == "max_interval") text += " Default: " + seconds(site.max_interval_s) + ".";
     if (key == "enabled_by_default") text += std::string(" Default: ") + (site.enabled_by_default ? "yes" : "no") + ".";
+    if (key == "max_spares") text += " Default: " + std::to_string(site.max_spares) + ".";
     page.item(bold(k.key) + "=" + italic(k.arginfo), text);
   }
   page.paragraph("Without a user's or the site's value: keep " + std::to_string(BuiltinDefaults::keep) +
                  ", last words " + (BuiltinDefaults::last_words ? "on" : "off") + ", MTBF " +
                  seconds(BuiltinDefaults::mtbf_s) + ", max restarts " + std::to_string(BuiltinDefaults::max_restarts) +
-                 ", grace " + seconds(BuiltinDefaults::grace_s) + ".");
+                 ", grace " + seconds(BuiltinDefaults::grace_s) + ", spares " +
+                 std::to_string(BuiltinDefaults::spares) + ".");
   durations_paragraph(page);
   page.section("ENVIRONMENT");
   page.paragraph("Every rank of a job with checkpointing receives:");
@@ -429,7 +437,8 @@ std::string page_spank() {
                  "CKPT_RESUME_STEP and CKPT_RESUME_PATH when there is a complete checkpoint to resume from.");
   page.section("EXAMPLES");
   page.example("required spank_ckpt.so dir=/scratch/%u/ckpt/%j allowed_dirs=/scratch interval=auto keep=3 "
-               "grace=5m min_interval=5m node_mtbf=50000h enabled_by_default=no controller=http://127.0.0.1:6830\n"
+               "grace=5m min_interval=5m node_mtbf=50000h enabled_by_default=no max_spares=2 "
+               "controller=http://127.0.0.1:6830\n"
                "\n"
                "sbatch --ckpt-interval=auto --ckpt-grace=5m -t 4:00:00 --requeue train.sbatch");
   page.section("FILES");

@@ -23,7 +23,7 @@ struct PluginState {
   std::string first_error;       // the first option error, reported again if Slurm ignores the callback's rc
   std::string task_error;        // slurmstepd: why this step's tasks must not run (see fail_tasks)
   // Options whose value srun inherited from sbatch's environment; an explicit srun value replaces them.
-  std::array<bool, 7> inherited{};
+  std::array<bool, ckpt::kOptionCount> inherited{};
 };
 
 PluginState& plugin_state();

@@ -11,6 +11,16 @@ namespace {
 
 constexpr std::string_view kStepsSuffix = "steps";
 
+// "<what>: 5 is above the site maximum of 4 (<where>)" when `spares` exceeds `limit`; empty when it does not.
+std::string spares_over_limit(const std::string& what, std::uint64_t spares, std::uint64_t limit,
+                              const std::string& where = "") {
+  if (spares <= limit) return {};
+  std::string note = where;
+  if (limit == 0) note += (note.empty() ? "" : ": ") + std::string("the site allows no spares");
+  return what + ": " + std::to_string(spares) + " is above the site maximum of " + std::to_string(limit) +
+         (note.empty() ? "" : " (" + note + ")");
+}
+
 std::string invalid_value(const OptionSpec& spec, std::string_view value) {
   return "--" + std::string(spec.name) + ": invalid value '" + std::string(value) + "' (expected " + spec.expected +
          ")";
@@ -57,8 +67,8 @@ std::string format_interval(const Interval& interval) {
   return "auto";
 }
 
-const std::array<OptionSpec, 7>& option_specs() {
-  static const std::array<OptionSpec, 7> specs{{
+const std::array<OptionSpec, kOptionCount>& option_specs() {
+  static const std::array<OptionSpec, kOptionCount> specs{{
       {OptionId::Interval, "ckpt-interval", "interval", "auto|DURATION|Nsteps",
        "Checkpoint interval: auto (from measured cost and MTBF), a duration like 15m, or N steps",
        "auto, a duration like 15m, or N steps"},
@@ -74,12 +84,16 @@ const std::array<OptionSpec, 7>& option_specs() {
        "Restarts allowed without checkpoint progress before giving up", "a whole number"},
       {OptionId::Grace, "ckpt-grace", "grace", "DURATION",
        "Take the terminal checkpoint this long before the time limit", "a duration like 5m"},
+      {OptionId::Spares, "ckpt-spares", "spares", "N",
+       "Spare nodes of the allocation that ckpt-run keeps warm to take a dead node's ranks over (restart in "
+       "place); at most the site's max_spares",
+       "a whole number of spare nodes"},
   }};
   return specs;
 }
 
-const std::array<SiteKeySpec, 6>& site_key_specs() {
-  static const std::array<SiteKeySpec, 6> specs{{
+const std::array<SiteKeySpec, 7>& site_key_specs() {
+  static const std::array<SiteKeySpec, 7> specs{{
       {"min_interval", "DURATION",
        "Shortest checkpoint interval a job may ask for, and the floor of auto; 0s: no floor", "5m"},
       {"max_interval", "DURATION", "Longest checkpoint interval, and the ceiling of auto; 0s: none", "6h"},
@@ -94,6 +108,10 @@ const std::array<SiteKeySpec, 6>& site_key_specs() {
       {"controller", "URL|DIR",
        "Where job events go: the recovery controller's http(s) URL, or a spool dir it reads (default: none)",
        "http://127.0.0.1:6830"},
+      {"max_spares", "N",
+       "Most spare nodes a job may ask for with --ckpt-spares or ckpt-run --spares; 0: no spares (the "
+       "allocation's size is Slurm's to bound)",
+       "2"},
   }};
   return specs;
 }
@@ -106,7 +124,7 @@ const OptionSpec& option_spec(OptionId id) {
 }
 
 bool JobOptions::any() const {
-  return interval || dir || keep || last_words || mtbf_s || max_restarts || grace_s;
+  return interval || dir || keep || last_words || mtbf_s || max_restarts || grace_s || spares;
 }
 
 Status set_job_option(JobOptions& options, OptionId id, std::string_view value) {
@@ -119,6 +137,7 @@ Status set_job_option(JobOptions& options, OptionId id, std::string_view value) 
     case OptionId::Mtbf: return set_once(options.mtbf_s, spec, value, parse_positive_duration);
     case OptionId::MaxRestarts: return set_once(options.max_restarts, spec, value, parse_uint);
     case OptionId::Grace: return set_once(options.grace_s, spec, value, parse_duration);
+    case OptionId::Spares: return set_once(options.spares, spec, value, parse_uint);
   }
   return Status::failure("unknown option");
 }
@@ -132,6 +151,7 @@ void clear_job_option(JobOptions& options, OptionId id) {
     case OptionId::Mtbf: options.mtbf_s.reset(); break;
     case OptionId::MaxRestarts: options.max_restarts.reset(); break;
     case OptionId::Grace: options.grace_s.reset(); break;
+    case OptionId::Spares: options.spares.reset(); break;
   }
 }
 
@@ -183,12 +203,20 @@ Result<SitePolicy> parse_site_policy(const std::vector<std::string>& args) {
     } else if (key == "controller") {
       if (value.empty()) return bad("a spool directory or an http(s) URL");
       policy.controller = value;
+    } else if (key == "max_spares") {
+      auto n = parse_uint(value);
+      if (!n) return bad("a whole number");
+      policy.max_spares = *n;
     } else {
       return Error{"plugstack.conf: " + key + ": in site_key_specs() but not parsed"};  // a bug, caught by tests
     }
   }
   if (policy.max_interval_s != 0 && policy.max_interval_s < policy.min_interval_s) {
     return Error{"plugstack.conf: max_interval is below min_interval"};
+  }
+  if (policy.defaults.spares && *policy.defaults.spares > policy.max_spares) {
+    return Error{"plugstack.conf: spares=" + std::to_string(*policy.defaults.spares) + " is above max_spares=" +
+                 std::to_string(policy.max_spares)};
   }
   return policy;
 }
@@ -297,6 +325,8 @@ Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& poli
   s.last_words = user.last_words.value_or(site.last_words.value_or(BuiltinDefaults::last_words));
   s.max_restarts = user.max_restarts.value_or(site.max_restarts.value_or(BuiltinDefaults::max_restarts));
   s.grace_s = user.grace_s.value_or(site.grace_s.value_or(BuiltinDefaults::grace_s));
+  s.spares = user.spares.value_or(site.spares.value_or(BuiltinDefaults::spares));
+  s.max_spares = policy.max_spares;
   s.min_interval_s = policy.min_interval_s;
   s.max_interval_s = policy.max_interval_s;
   if (user.mtbf_s) {
@@ -316,6 +346,12 @@ Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& poli
     if (policy.max_interval_s != 0 && s.interval.value > policy.max_interval_s) {
       return Error{given + " is above the site maximum of " + format_duration(policy.max_interval_s)};
     }
+  }
+
+  if (auto over = spares_over_limit("--" + std::string(option_spec(OptionId::Spares).name), s.spares,
+                                    policy.max_spares);
+      !over.empty()) {
+    return Error{over};
   }
 
   const std::string* templ = user.dir ? &*user.dir : site.dir ? &*site.dir : nullptr;
@@ -350,7 +386,39 @@ std::vector<std::pair<std::string, std::string>> settings_environment(const Sett
       {"CKPT_MAX_RESTARTS", std::to_string(s.max_restarts)},
       {"CKPT_MIN_INTERVAL", std::to_string(s.min_interval_s) + "s"},
       {"CKPT_MAX_INTERVAL", std::to_string(s.max_interval_s) + "s"},
+      {"CKPT_SPARES", std::to_string(s.spares)},
+      {"CKPT_MAX_SPARES", std::to_string(s.max_spares)},
   };
+}
+
+Result<std::optional<std::uint64_t>> run_spares(std::optional<std::uint64_t> given,
+                                               std::optional<std::string_view> env_spares,
+                                               std::optional<std::string_view> env_max_spares) {
+  // A variable that is set must be well-formed, used or not: a typo never passes silently.
+  auto from_env = [](const char* name, std::optional<std::string_view> text) -> Result<std::optional<std::uint64_t>> {
+    if (!text) return std::optional<std::uint64_t>{};
+    auto n = parse_uint(*text);
+    if (!n) {
+      return Error{std::string(name) + ": invalid value '" + printable(std::string(*text)) +
+                   "' (expected a whole number)"};
+    }
+    return std::optional<std::uint64_t>{*n};
+  };
+  auto env = from_env("CKPT_SPARES", env_spares);
+  if (!env) return Error{env.error()};
+  auto limit = from_env("CKPT_MAX_SPARES", env_max_spares);
+  if (!limit) return Error{limit.error()};
+
+  std::optional<std::uint64_t> spares = given;
+  const char* source = "--spares";
+  if (!spares && *env && **env > 0) {  // 0, the plugin's default, asks for no spares
+    spares = *env;
+    source = "CKPT_SPARES";
+  }
+  if (spares && *limit) {
+    if (auto over = spares_over_limit(source, *spares, **limit, "CKPT_MAX_SPARES"); !over.empty()) return Error{over};
+  }
+  return spares;
 }
 
 }  // namespace ckpt

@@ -6,7 +6,7 @@ EXPECTED="(expected auto, a duration like 15m, or N steps)"
 
 # srun --help lists every option.
 srun --help > "$SCRATCH/help" 2>&1
-for opt in interval dir keep last-words mtbf max-restarts grace; do assert_contains "$SCRATCH/help" "--ckpt-$opt"; done
+for opt in interval dir keep last-words mtbf max-restarts grace spares; do assert_contains "$SCRATCH/help" "--ckpt-$opt"; done
 pass "srun --help lists the options"
 
 # Every task on all four nodes sees the normalized settings.
@@ -17,7 +17,8 @@ srun -N4 -n8 --ckpt-interval=15m --ckpt-dir="$SCRATCH/run-%j" --ckpt-mtbf=1h30m 
 job=$(awk 'NR==1 {print $3}' "$SCRATCH/env")
 while read -r node rank jobid rest; do
   for kv in "CKPT_INTERVAL=900s" "CKPT_DIR=$SCRATCH/run-$jobid" "CKPT_KEEP=3" "CKPT_LAST_WORDS=on" "CKPT_MTBF=5400s" \
-            "CKPT_GRACE=120s" "CKPT_MAX_RESTARTS=3" "CKPT_RESTART_COUNT=0" "CKPT_JOB_ID=$jobid"; do
+            "CKPT_GRACE=120s" "CKPT_MAX_RESTARTS=3" "CKPT_RESTART_COUNT=0" "CKPT_JOB_ID=$jobid" "CKPT_SPARES=0" \
+            "CKPT_MAX_SPARES=4"; do
     [[ " $rest " == *" $kv "* ]] || fail "rank $rank on $node lacks $kv: $rest"
   done
 done < "$SCRATCH/env"
@@ -48,6 +49,30 @@ assert_contains "$SCRATCH/batch.out" "batch CKPT_INTERVAL=500steps"
 [ "$(grep -c 'step n.* CKPT_INTERVAL=500steps CKPT_KEEP=2' "$SCRATCH/batch.out")" -eq 2 ] || {
   cat "$SCRATCH/batch.out" >&2; fail "sbatch options did not reach srun"; }
 pass "sbatch options reach srun"
+
+# --ckpt-spares reaches the batch script, where ckpt-run reads it, with the site's limit (max_spares: 4, the
+# built-in default, as tests/cluster.sh sets none).
+sbatch -W -N1 -o "$SCRATCH/spares.out" --ckpt-spares=1 --ckpt-dir="$SCRATCH/spares-%j" \
+  --wrap 'echo "batch CKPT_SPARES=$CKPT_SPARES CKPT_MAX_SPARES=$CKPT_MAX_SPARES"' > /dev/null
+assert_contains "$SCRATCH/spares.out" "batch CKPT_SPARES=1 CKPT_MAX_SPARES=4"
+pass "--ckpt-spares reaches the batch script"
+
+# ckpt-run in that script: CKPT_SPARES picks restart in place without --spares (2 nodes: one trains, one is the
+# spare), and an explicit --spares above CKPT_MAX_SPARES is a usage error.
+RUN=$CKPT_BUILD_DIR/controller/ckpt-run
+[ -x "$RUN" ] || fail "ckpt-run is not built"
+cat > "$SCRATCH/spares-run.sh" <<JOB
+#!/bin/bash
+$RUN srun -N1 --ntasks-per-node=1 true; echo "env rc=\$?"
+$RUN --spares 5 srun -N1 --ntasks-per-node=1 true; echo "over rc=\$?"
+JOB
+sbatch -W -N2 -o "$SCRATCH/spares-run.out" --ckpt-spares=1 --ckpt-dir="$SCRATCH/spares-run-%j" \
+  "$SCRATCH/spares-run.sh" > /dev/null
+assert_contains "$SCRATCH/spares-run.out" "ckpt-run: 1 nodes train, spares n"
+assert_contains "$SCRATCH/spares-run.out" "env rc=0"
+assert_contains "$SCRATCH/spares-run.out" "ckpt-run: --spares: 5 is above the site maximum of 4 (CKPT_MAX_SPARES)"
+assert_contains "$SCRATCH/spares-run.out" "over rc=2"
+pass "ckpt-run takes its spares from --ckpt-spares and keeps --spares within max_spares"
 
 # An explicit srun option inside the script overrides the one inherited from sbatch.
 sbatch -W -N1 -o "$SCRATCH/override.out" --ckpt-interval=15m --ckpt-dir="$SCRATCH/override-%j" \
@@ -101,6 +126,19 @@ SLURM_CONF=$SCRATCH/slurm-min.conf expect_fail srun -N1 --ckpt-interval=5m true
 assert_contains "$SCRATCH/err" "ckpt: --ckpt-interval: 5m is below the site minimum of 10m"
 pass "interval bounds apply"
 
+# Spares above the site's limit are refused before submission, with one line naming the value and the limit:
+# the built-in max_spares (4), and one the site sets (max_spares=0: no spares at all).
+expect_fail srun -N1 --ckpt-spares=5 true
+assert_contains "$SCRATCH/err" "ckpt: --ckpt-spares: 5 is above the site maximum of 4"
+expect_fail sbatch --ckpt-spares=5 --wrap true
+assert_contains "$SCRATCH/err" "ckpt: --ckpt-spares: 5 is above the site maximum of 4"
+assert_not_contains "$SCRATCH/out" "Submitted batch job"
+sed "s|min_interval=1s|min_interval=1s max_spares=0|" "$D/etc/plugstack.conf" > "$SCRATCH/plugstack-nospares.conf"
+sed "s|^PlugStackConfig=.*|PlugStackConfig=$SCRATCH/plugstack-nospares.conf|" "$SLURM_CONF" > "$SCRATCH/slurm-nospares.conf"
+SLURM_CONF=$SCRATCH/slurm-nospares.conf expect_fail srun -N1 --ckpt-spares=1 true
+assert_contains "$SCRATCH/err" "ckpt: --ckpt-spares: 1 is above the site maximum of 0 (the site allows no spares)"
+pass "the spares limit applies"
+
 # A typo in plugstack.conf fails closed and names the key.
 sed "s|min_interval=1s|min_intervall=1s|" "$D/etc/plugstack.conf" > "$SCRATCH/plugstack-typo.conf"
 sed "s|^PlugStackConfig=.*|PlugStackConfig=$SCRATCH/plugstack-typo.conf|" "$SLURM_CONF" > "$SCRATCH/slurm-typo.conf"
@@ -109,7 +147,7 @@ assert_contains "$SCRATCH/err" "ckpt: plugstack.conf: unknown key 'min_intervall
 pass "a plugstack typo fails closed"
 
 # A job that asks for nothing gets nothing.
-srun -N1 bash -c 'env | grep -E "^CKPT_(DIR|INTERVAL|KEEP|LAST_WORDS|MTBF|GRACE|MAX_RESTARTS|RESTART_COUNT|JOB_ID|RESUME_)" || true' \
+srun -N1 bash -c 'env | grep -E "^CKPT_(DIR|INTERVAL|KEEP|LAST_WORDS|MTBF|GRACE|MAX_RESTARTS|RESTART_COUNT|JOB_ID|RESUME_|SPARES|MAX_SPARES)" || true' \
   > "$SCRATCH/none"
 [ ! -s "$SCRATCH/none" ] || { cat "$SCRATCH/none" >&2; fail "a job without --ckpt options got CKPT_ variables"; }
 pass "no option, no environment"

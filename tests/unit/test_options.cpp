@@ -110,7 +110,39 @@ TEST_CASE("set_job_option names the option and the value", "[options]") {
     CHECK_FALSE(set_job_option(o, OptionId::Grace, "5q").ok());
     CHECK_FALSE(set_job_option(o, OptionId::Dir, "relative/path").ok());
     CHECK_FALSE(set_job_option(o, OptionId::Dir, "").ok());
+    for (const char* bad : {"", "-1", "+1", "1x", "one", "99999999999999999999"}) {
+      INFO(bad);
+      CHECK_FALSE(set_job_option(o, OptionId::Spares, bad).ok());
+    }
     CHECK_FALSE(o.any());
+  }
+}
+
+TEST_CASE("set_job_option: --ckpt-spares", "[options]") {
+  SECTION("good inputs") {
+    JobOptions o;
+    REQUIRE(set_job_option(o, OptionId::Spares, "0").ok());
+    CHECK(*o.spares == 0);
+    CHECK(o.any());  // asking for spares, even none, is asking for checkpointing
+    JobOptions two;
+    REQUIRE(set_job_option(two, OptionId::Spares, "2").ok());
+    CHECK(set_job_option(two, OptionId::Spares, "2").ok());
+    CHECK(*two.spares == 2);
+  }
+  SECTION("bad inputs name the option and the value") {
+    JobOptions o;
+    auto st = set_job_option(o, OptionId::Spares, "x");
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.error() == "--ckpt-spares: invalid value 'x' (expected a whole number of spare nodes)");
+    REQUIRE(set_job_option(o, OptionId::Spares, "1").ok());
+    CHECK(set_job_option(o, OptionId::Spares, "2").error() ==
+          "--ckpt-spares: given twice with different values (second: '2')");
+    CHECK(*o.spares == 1);
+  }
+  SECTION("the table names it with its site key") {
+    CHECK(std::string(option_spec(OptionId::Spares).name) == "ckpt-spares");
+    CHECK(std::string(option_spec(OptionId::Spares).key) == "spares");
+    CHECK(option_specs().size() == kOptionCount);
   }
 }
 
@@ -128,6 +160,13 @@ TEST_CASE("parse_site_policy", "[options][config]") {
     CHECK(*p->node_mtbf_s == 3600000);
     CHECK_FALSE(*p->defaults.last_words);
     CHECK(parse_site_policy({}).ok());
+    CHECK(parse_site_policy({})->max_spares == 4);
+    auto spares = parse_site_policy({"spares=1", "max_spares=2"});
+    REQUIRE(spares.ok());
+    CHECK(*spares->defaults.spares == 1);
+    CHECK(spares->max_spares == 2);
+    CHECK(parse_site_policy({"max_spares=0"})->max_spares == 0);
+    CHECK(parse_site_policy({"spares=0", "max_spares=0"}).ok());
   }
   SECTION("bad inputs fail closed and name the key") {
     CHECK(parse_site_policy({"intervl=5m"}).error() == "plugstack.conf: unknown key 'intervl'");
@@ -142,6 +181,15 @@ TEST_CASE("parse_site_policy", "[options][config]") {
     CHECK_FALSE(parse_site_policy({"min_interval=1h", "max_interval=5m"}).ok());
     CHECK_FALSE(parse_site_policy({"keep=2", "keep=3"}).ok());
     CHECK_FALSE(parse_site_policy({"node_mtbf=0"}).ok());
+    CHECK(parse_site_policy({"max_spares=-1"}).error() ==
+          "plugstack.conf: max_spares: invalid value '-1' (expected a whole number)");
+    CHECK(parse_site_policy({"max_spares="}).error() ==
+          "plugstack.conf: max_spares: invalid value '' (expected a whole number)");
+    CHECK(parse_site_policy({"spares=two"}).error() ==
+          "plugstack.conf: spares: invalid value 'two' (expected a whole number of spare nodes)");
+    // A site default the site's own limit refuses would refuse every job that gives no --ckpt-spares.
+    CHECK(parse_site_policy({"spares=3", "max_spares=2"}).error() == "plugstack.conf: spares=3 is above max_spares=2");
+    CHECK(parse_site_policy({"spares=5"}).error() == "plugstack.conf: spares=5 is above max_spares=4");
   }
 }
 
@@ -169,6 +217,9 @@ TEST_CASE("resolve_settings merges user over site over built-in", "[options]") {
   CHECK(env[1].second == "900s");
   CHECK(std::count(env.begin(), env.end(), std::pair<std::string, std::string>{"CKPT_MIN_INTERVAL", "60s"}) == 1);
   CHECK(std::count(env.begin(), env.end(), std::pair<std::string, std::string>{"CKPT_MAX_INTERVAL", "0s"}) == 1);
+  CHECK(s->spares == 0);
+  CHECK(std::count(env.begin(), env.end(), std::pair<std::string, std::string>{"CKPT_SPARES", "0"}) == 1);
+  CHECK(std::count(env.begin(), env.end(), std::pair<std::string, std::string>{"CKPT_MAX_SPARES", "4"}) == 1);
 
   SECTION("interval bounds") {
     JobOptions fast;
@@ -176,6 +227,38 @@ TEST_CASE("resolve_settings merges user over site over built-in", "[options]") {
     auto r = resolve_settings(fast, policy, job);
     REQUIRE_FALSE(r.ok());
     CHECK(r.error() == "--ckpt-interval: 10s is below the site minimum of 1m");
+  }
+  SECTION("spares: the user's, else the site's, within the site's limit") {
+    JobOptions two;
+    REQUIRE(set_job_option(two, OptionId::Spares, "2").ok());
+    auto r = resolve_settings(two, policy, job);
+    REQUIRE(r.ok());
+    CHECK(r->spares == 2);
+    CHECK(r->max_spares == 4);
+    auto site = *parse_site_policy({"dir=/scratch/%u/%j", "spares=1", "max_spares=2"});
+    auto from_site = resolve_settings(user, site, job);
+    REQUIRE(from_site.ok());
+    CHECK(from_site->spares == 1);
+    auto site_env = settings_environment(*from_site);
+    CHECK(std::count(site_env.begin(), site_env.end(), std::pair<std::string, std::string>{"CKPT_SPARES", "1"}) == 1);
+    CHECK(std::count(site_env.begin(), site_env.end(),
+                     std::pair<std::string, std::string>{"CKPT_MAX_SPARES", "2"}) == 1);
+    CHECK(resolve_settings(two, site, job)->spares == 2);  // at the limit is fine
+  }
+  SECTION("spares above the site's limit are refused") {
+    JobOptions many;
+    REQUIRE(set_job_option(many, OptionId::Spares, "5").ok());
+    auto r = resolve_settings(many, policy, job);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error() == "--ckpt-spares: 5 is above the site maximum of 4");
+    auto none = *parse_site_policy({"dir=/scratch/%u/%j", "max_spares=0"});
+    JobOptions one;
+    REQUIRE(set_job_option(one, OptionId::Spares, "1").ok());
+    CHECK(resolve_settings(one, none, job).error() ==
+          "--ckpt-spares: 1 is above the site maximum of 0 (the site allows no spares)");
+    JobOptions zero;
+    REQUIRE(set_job_option(zero, OptionId::Spares, "0").ok());
+    CHECK(resolve_settings(zero, none, job).ok());
   }
   SECTION("dir outside the allowed prefixes") {
     JobOptions elsewhere;
@@ -218,6 +301,44 @@ TEST_CASE("resolve_settings merges user over site over built-in", "[options]") {
   }
   SECTION("no dir anywhere is an error") {
     CHECK_FALSE(resolve_settings(user, SitePolicy{}, job).ok());
+  }
+}
+
+TEST_CASE("run_spares: ckpt-run's --spares, else CKPT_SPARES, within CKPT_MAX_SPARES", "[options]") {
+  using Spares = std::optional<std::uint64_t>;
+  using Env = std::optional<std::string_view>;
+  const Env unset;
+  SECTION("good inputs") {
+    CHECK(*run_spares(Spares{}, unset, unset) == Spares{});     // no spares: relaunch, as without the plugin
+    CHECK(*run_spares(Spares{2}, unset, unset) == Spares{2});   // --spares alone, as before
+    CHECK(*run_spares(Spares{0}, unset, unset) == Spares{0});   // --spares 0: in place, no spare
+    CHECK(*run_spares(Spares{}, Env{"1"}, Env{"4"}) == Spares{1});
+    CHECK(*run_spares(Spares{}, Env{"0"}, Env{"4"}) == Spares{});  // the plugin's default selects nothing
+    CHECK(*run_spares(Spares{3}, Env{"1"}, Env{"4"}) == Spares{3});  // --spares wins over the job's option
+    CHECK(*run_spares(Spares{0}, Env{"1"}, Env{"0"}) == Spares{0});
+    CHECK(*run_spares(Spares{4}, unset, Env{"4"}) == Spares{4});
+  }
+  SECTION("above the limit") {
+    CHECK(run_spares(Spares{5}, Env{"0"}, Env{"4"}).error() ==
+          "--spares: 5 is above the site maximum of 4 (CKPT_MAX_SPARES)");
+    CHECK(run_spares(Spares{1}, unset, Env{"0"}).error() ==
+          "--spares: 1 is above the site maximum of 0 (CKPT_MAX_SPARES: the site allows no spares)");
+    CHECK(run_spares(Spares{}, Env{"3"}, Env{"2"}).error() ==
+          "CKPT_SPARES: 3 is above the site maximum of 2 (CKPT_MAX_SPARES)");
+  }
+  SECTION("bad inputs name the variable and the value") {
+    CHECK(run_spares(Spares{}, Env{"x"}, unset).error() ==
+          "CKPT_SPARES: invalid value 'x' (expected a whole number)");
+    CHECK(run_spares(Spares{}, Env{""}, unset).error() == "CKPT_SPARES: invalid value '' (expected a whole number)");
+    CHECK(run_spares(Spares{1}, unset, Env{"-1"}).error() ==
+          "CKPT_MAX_SPARES: invalid value '-1' (expected a whole number)");
+    CHECK(run_spares(Spares{}, Env{"1"}, Env{"4 "}).error() ==
+          "CKPT_MAX_SPARES: invalid value '4 ' (expected a whole number)");
+    CHECK_FALSE(run_spares(Spares{}, unset, Env{"many"}).ok());  // even when nothing asks for spares
+    CHECK(run_spares(Spares{2}, Env{"2x"}, unset).error() ==     // even when --spares overrides it
+          "CKPT_SPARES: invalid value '2x' (expected a whole number)");
+    CHECK(run_spares(Spares{}, Env{"1\n2"}, unset).error() ==    // one line
+          "CKPT_SPARES: invalid value '1\\x0a2' (expected a whole number)");
   }
 }
 

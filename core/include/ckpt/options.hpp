@@ -2,6 +2,7 @@
 // The --ckpt-* option surface: one option table, the site policy from plugstack.conf, and the resolution of
 // both into the settings every rank receives. Pure logic; the SPANK plugin is a thin shell around it.
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,7 +26,8 @@ Result<Interval> parse_interval(std::string_view text);
 // The normalized spelling exported as CKPT_INTERVAL: "auto", "900s" or "500steps".
 std::string format_interval(const Interval& interval);
 
-enum class OptionId { Interval, Dir, Keep, LastWords, Mtbf, MaxRestarts, Grace };
+enum class OptionId { Interval, Dir, Keep, LastWords, Mtbf, MaxRestarts, Grace, Spares };
+inline constexpr std::size_t kOptionCount = 8;
 
 struct OptionSpec {
   OptionId id;
@@ -37,7 +39,7 @@ struct OptionSpec {
 };
 
 // The single option table; the plugin registers exactly these.
-const std::array<OptionSpec, 7>& option_specs();
+const std::array<OptionSpec, kOptionCount>& option_specs();
 // SPANK's has_arg for every option of the table: 1, a value is required (srun then reads "--ckpt-dir /x" too).
 inline constexpr int kOptionHasArg = 1;
 const OptionSpec& option_spec(OptionId id);
@@ -51,6 +53,7 @@ struct JobOptions {
   std::optional<std::uint64_t> mtbf_s;
   std::optional<std::uint64_t> max_restarts;
   std::optional<std::uint64_t> grace_s;
+  std::optional<std::uint64_t> spares;
 
   bool any() const;
 };
@@ -64,13 +67,17 @@ void clear_job_option(JobOptions& options, OptionId id);
 
 // Site policy, from the `key=value` arguments after the plugin path in plugstack.conf.
 struct SitePolicy {
-  JobOptions defaults;                      // interval=, dir=, keep=, last_words=, mtbf=, max_restarts=, grace=
+  JobOptions defaults;                      // interval=, dir=, keep=, last_words=, mtbf=, max_restarts=, grace=,
+                                            // spares=
   std::uint64_t min_interval_s = 60;        // sub-minute periodic checkpoints flood shared file systems
   std::uint64_t max_interval_s = 0;         // 0: no maximum
   std::vector<std::string> allowed_dirs;    // empty: any absolute path the user may write
   bool enabled_by_default = false;          // a job that asks for nothing pays nothing
   std::optional<std::uint64_t> node_mtbf_s; // per-node MTBF; M for a job is this / its node count
   std::string controller;                   // where job events go: a spool directory or an http(s) URL
+  // Most spare nodes a job may ask for (0: none). Idle spares are allocated nodes that do no work, so the
+  // default allows a few; the allocation's size itself is Slurm's to bound (QOS, partition limits).
+  std::uint64_t max_spares = 4;
 };
 
 // The site's allowed dirs that contain `dir` (absolute, normalized): the prefixes below which every component of
@@ -90,6 +97,7 @@ struct BuiltinDefaults {
   static constexpr std::uint64_t mtbf_s = 24 * 3600;  // a cautious guess for a small job; sites set node_mtbf
   static constexpr std::uint64_t max_restarts = 3;
   static constexpr std::uint64_t grace_s = 120;       // time for one terminal checkpoint of a mid-size model
+  static constexpr std::uint64_t spares = 0;          // spares are nodes that idle: a job asks for them
 };
 
 // What a job is, for expanding --ckpt-dir.
@@ -110,6 +118,8 @@ struct Settings {
   std::uint64_t mtbf_s = BuiltinDefaults::mtbf_s;
   std::uint64_t max_restarts = BuiltinDefaults::max_restarts;
   std::uint64_t grace_s = BuiltinDefaults::grace_s;
+  std::uint64_t spares = BuiltinDefaults::spares;
+  std::uint64_t max_spares = SitePolicy{}.max_spares;  // the site's bound, which ckpt-run --spares respects too
   // The site's bounds, which --ckpt-interval=auto must respect too (it picks its interval in the job).
   std::uint64_t min_interval_s = SitePolicy{}.min_interval_s;
   std::uint64_t max_interval_s = 0;  // 0: no maximum
@@ -119,12 +129,21 @@ struct Settings {
 bool checkpointing_enabled(const JobOptions& user, const SitePolicy& policy);
 
 // Merges user options over site defaults over built-ins, expands the dir and applies the policy
-// (interval bounds, allowed dir prefixes). The error names the option and the value.
+// (interval bounds, the spares limit, allowed dir prefixes). The error names the option and the value.
 Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& policy, const JobContext& job);
 
 // The CKPT_* variables for the settings: CKPT_DIR, CKPT_INTERVAL, CKPT_KEEP, CKPT_LAST_WORDS, CKPT_MTBF,
-// CKPT_GRACE, CKPT_MAX_RESTARTS, CKPT_MIN_INTERVAL, CKPT_MAX_INTERVAL (0s: none). Durations are exported in seconds ("900s").
+// CKPT_GRACE, CKPT_MAX_RESTARTS, CKPT_MIN_INTERVAL, CKPT_MAX_INTERVAL (0s: none), CKPT_SPARES, CKPT_MAX_SPARES.
+// Durations are exported in seconds ("900s").
 std::vector<std::pair<std::string, std::string>> settings_environment(const Settings& settings);
+
+// The spare nodes ckpt-run keeps warm: `given` (its --spares) when set, else CKPT_SPARES (`env_spares`) when
+// above 0; nullopt when neither asks for spares (ckpt-run then relaunches steps instead). Fails with one line
+// naming the source when the count is above CKPT_MAX_SPARES (`env_max_spares`, when set), or when a variable that
+// is set is not a whole number.
+Result<std::optional<std::uint64_t>> run_spares(std::optional<std::uint64_t> given,
+                                               std::optional<std::string_view> env_spares,
+                                               std::optional<std::string_view> env_max_spares);
 
 // Expands %u %j %x %a and %% in a dir template. Values that would add a path separator are rejected.
 Result<std::string> expand_dir_template(std::string_view templ, const JobContext& job);
