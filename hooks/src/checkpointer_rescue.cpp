@@ -26,6 +26,11 @@ Result<std::unique_ptr<LastWords>> Checkpointer::Impl::start_last_words() {
   // Heartbeats every fifteenth of the silence limit (100 ms for the default 1.5 s), at most 50 per second.
   timing.dead_after = std::chrono::milliseconds(config.heartbeat_timeout_ms);
   timing.period = std::max(std::chrono::milliseconds(20), timing.dead_after / 15);
+  // A later generation of restart in place joins ranks that are up and connected already: a replacement that dies
+  // meanwhile must cost seconds, not the first start's two minutes (run() then calls the roll).
+  if (config.generation > 0) {
+    timing.connect_timeout = std::max(std::chrono::milliseconds(20000), timing.dead_after * 10);
+  }
   // The mesh dir is per run (the run id carries the restart count): a stale rank of an earlier run publishes
   // and reads addresses in its own run's dir, and a newer run's ranks refuse its handshake, since the per-run
   // secret in their mesh dir is not the one it holds (heartbeat.hpp).

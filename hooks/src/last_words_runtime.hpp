@@ -65,7 +65,9 @@ class UpdateTracker {
 
  private:
   mutable std::mutex mu_;
-  Progress progress_;
+  // Until restore() or the first after_step() the state is no step's (restore may be copying a checkpoint in):
+  // last words must not write it as one.
+  Progress progress_{0, true};
   bool frozen_ = false;
 };
 

@@ -234,6 +234,7 @@ TEST_CASE("a last words report travels as a kReport frame and back", "[hooks][la
 
 TEST_CASE("the update tracker freezes training outside an update", "[hooks][last_words]") {
   UpdateTracker t;
+  CHECK(t.progress().mid_update);  // before restore() or a step: the state is no step's, not writable
   t.finish_step(10);
   CHECK(t.enter_update());
   CHECK(t.progress().mid_update);
@@ -244,6 +245,8 @@ TEST_CASE("the update tracker freezes training outside an update", "[hooks][last
   CHECK_FALSE(p.mid_update);
   CHECK_FALSE(t.enter_update());
   UpdateTracker mid;
+  mid.finish_step(0);  // restore() found nothing: the initial state is step 0's
+  CHECK_FALSE(mid.progress().mid_update);
   CHECK(mid.enter_update());
   CHECK(mid.freeze().mid_update);
 }

@@ -38,6 +38,8 @@ _PLAN_TIMEOUT_S = float(os.environ.get("CKPT_INPLACE_PLAN_TIMEOUT", "20"))
 # How long the ranks of a generation wait for each other at its store before the missing ones count as lost.
 _JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("CKPT_INPLACE_JOIN_TIMEOUT", "15")))
 
+# The Checkpointer's error when a rank never joined its heartbeat mesh.
+_MESH_FAILED = "not every rank joined the mesh"
 _abandoned = []  # the groups of failed generations: never destroyed here (a destructor may wait on a dead peer)
 _state = {"checkpointer": None, "phases": None, "group": None}
 
@@ -58,13 +60,15 @@ def note_checkpointer(cp):
     _state["checkpointer"] = cp
 
 
-def note_phase(name):
-    """restore() and the first after_step() of a recovered generation stamp their time; the recovery's root prints
-    the whole breakdown at the first step."""
+def note_phase(name, step=None):
+    """restore() (with the step it resumed from) and the first after_step() of a recovered generation stamp their
+    time; the recovery's root prints the whole breakdown at the first step."""
     phases = _state["phases"]
     if phases is None or name in phases:
         return
     phases[name] = time.time()
+    if step is not None:
+        phases["step"] = step
     if name == "first_step":
         _state["phases"] = None
         members = phases.pop("members", None)
@@ -146,6 +150,11 @@ class _Group:
             store.set(f"joined/{rank}", str(os.getpid()))
             store.wait([f"joined/{r}" for r in range(world)], _JOIN_TIMEOUT)
             unblock = _native.GroupUnblock(_JOIN_TIMEOUT.total_seconds(), before, plan["port"])
+            # torch names groups by a process-wide count, which is the prefix of their keys in the store; a
+            # generation whose gloo connect failed counted its group without registering it, and the next one
+            # would look for its peers under another name than a fresh spare does.
+            if hasattr(dist.distributed_c10d, "_group_count"):
+                dist.distributed_c10d._group_count = 0
             try:
                 dist.init_process_group(backend, store=store, rank=rank, world_size=world)
             finally:
@@ -338,7 +347,9 @@ def _peer_loss(cp, rank):
     lw = _last_words()
     if lw.get("counted_dead"):
         _leave(f"rank {rank}: the other ranks count this rank as dead; leaving")
-    return {"lost": lw.get("lost", []), "root": lw.get("root", -1), "step": lw.get("step"),
+    # The step is the terminal checkpoint's when one was committed; else the newest complete one is resumed from.
+    step = lw.get("step") if lw.get("committed") else None
+    return {"lost": lw.get("lost", []), "root": lw.get("root", -1), "step": step,
             "detect_unix": lw.get("detect_unix"), "decided_unix": lw.get("decided_unix"),
             "done_unix": lw.get("done_unix")}
 
@@ -381,7 +392,8 @@ def _recover(members, mailbox, generation, rank, world, failure, current):
               "lost": plan["lost"], "report": rank == plan["root"], "members": members}
     if rank == plan["root"]:
         _say(f"in-place recovery {generation}: ranks {plan['lost']} lost; spares {sorted(plan['takeover'].values())}"
-             f" take them over; resuming from step {plan['step']}")
+             f" take them over; resuming from " +
+             (f"step {plan['step']}" if plan["step"] is not None else "the newest complete checkpoint"))
     return plan, store, phases
 
 
@@ -472,6 +484,18 @@ def run(train, *args, backend="gloo", **kwargs):
             except Exception:  # noqa: BLE001 - the periodic checkpoint in flight failed with the group; said already
                 pass
             lw = _last_words()
+        if generation > 0 and error is not None and _MESH_FAILED in str(error) and not lw.get("lost_peer"):
+            # A replacement died after the group formed, before the Checkpointer's heartbeat mesh did: every live
+            # rank fails here alike, and answers the roll call.
+            group.leave(failed=True)
+            missing = _missing(plan, rank)
+            if missing:
+                _say(f"rank {rank}: generation {generation} lost ranks {missing} before its first step")
+                generation += 1
+                plan, store, phases = _recover(members, mailbox, generation, rank, world,
+                                               _join_failure(plan, missing), plan)
+                continue
+            raise error
         if not (lw.get("lost_peer") or lw.get("counted_dead")):
             group.leave(failed=error is not None)
             if error is not None:

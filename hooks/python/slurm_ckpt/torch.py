@@ -385,7 +385,7 @@ class Checkpointer:
         step = n.restore(copy_into_regions=False)
         if step == 0:
             self._register()
-            _note_phase("restored")
+            _note_phase("restored", 0)
             return 0
         regions = {name: (json.loads(meta), view, address) for name, meta, view, address in n.restored()}
 
@@ -421,7 +421,7 @@ class Checkpointer:
                     else:
                         self.extra[key] = value
         self._register()  # the optimizer's state tensors are new
-        _note_phase("restored")
+        _note_phase("restored", step)
         return step
 
     def before_update(self):
