@@ -128,6 +128,8 @@ class GroupUnblock {
 
 void bind_group_unblock(py::module& m) {
   m.def("socket_fds", &socket_fds, "This process's sockets: fd -> 'socket:[inode]'.");
+  m.def("local_port", [](int fd) { return port_of(fd, false); }, py::arg("fd"),
+        "The local port of TCP socket `fd`; -1 when it has none (not TCP, or gone).");
   m.def("shut_group_sockets", [](const std::map<int, std::string>& sockets, int store_port) {
          int shut = 0;
          for (const auto& [fd, target] : sockets) shut += shut_socket(fd, target, store_port, true) ? 1 : 0;

@@ -25,7 +25,6 @@ variables) and calls train() once.
 import datetime
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -125,15 +124,6 @@ def _missing(plan, rank):
         return None
 
 
-def _local_port(fd):
-    """The local port of socket `fd`; None when it is not a TCP socket (or gone)."""
-    try:
-        with socket.socket(fileno=os.dup(fd)) as s:
-            return s.getsockname()[1] if s.family in (socket.AF_INET, socket.AF_INET6) else None
-    except (OSError, IndexError):
-        return None
-
-
 class _Group:
     """One generation's process group, and the sockets it opened, which a watchdog shuts when a peer is lost."""
 
@@ -181,7 +171,7 @@ class _Group:
         if self.keep_port is not None:
             # The mailbox store's connections that survivors made while waiting for this generation's plan: the
             # watchdog must leave that store whole for the next recovery.
-            sockets = {fd: t for fd, t in sockets.items() if _local_port(fd) != self.keep_port}
+            sockets = {fd: t for fd, t in sockets.items() if _native.local_port(fd) != self.keep_port}
         self.sockets.update(sockets)
 
     def _watchdog(self):
