@@ -112,6 +112,54 @@ class MembershipTest(unittest.TestCase):
             self.assertEqual(json.load(f)["first_step"], 2.0)
 
 
+class SecretTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def members(self, **extra):
+        return inplace.Membership(inplace.Launch(env(self.tmp.name, **extra)))
+
+    def test_one_private_secret_for_every_process(self):
+        a, b = self.members(), self.members(SLURM_PROCID="2")
+        secret = a.secret()
+        self.assertEqual(len(secret), 32)
+        self.assertEqual(b.secret(), secret)
+        st = os.stat(os.path.join(a.dir, "secret"))
+        self.assertEqual(st.st_mode & 0o777, 0o600)
+        self.assertEqual([n for n in os.listdir(a.dir) if ".tmp." in n], [])
+
+    def test_a_readable_or_short_secret_is_refused(self):
+        m = self.members()
+        path = os.path.join(m.dir, "secret")
+        m.secret()
+        os.chmod(path, 0o644)
+        with self.assertRaisesRegex(RuntimeError, "private 32-byte secret"):
+            m.secret()
+        os.unlink(path)
+        with open(path, "wb") as f:
+            f.write(b"short")
+        os.chmod(path, 0o600)
+        with self.assertRaisesRegex(RuntimeError, "private 32-byte secret"):
+            m.secret()
+
+    def test_seal_needs_the_secret_and_the_label(self):
+        secret, plan = b"s" * 32, {"world": 4, "addr": "10.0.0.1", "port": 5}
+        text = inplace.seal(secret, "plan/3", plan)
+        self.assertEqual(inplace.unseal(secret, "plan/3", text), plan)
+        self.assertIsNone(inplace.unseal(b"t" * 32, "plan/3", text))
+        self.assertIsNone(inplace.unseal(secret, "plan/4", text))  # a replayed plan of another generation
+        tampered = json.loads(text)
+        tampered["body"] = tampered["body"].replace("10.0.0.1", "10.6.6.6")
+        self.assertIsNone(inplace.unseal(secret, "plan/3", json.dumps(tampered)))
+        for junk in ("", "[]", "{}", '{"body": 1, "mac": 2}', "\x00" * 10):
+            self.assertIsNone(inplace.unseal(secret, "plan/3", junk))
+
+    def test_keys_differ_by_secret_and_name(self):
+        self.assertNotEqual(inplace.key(b"s" * 32, "plan/1"), inplace.key(b"t" * 32, "plan/1"))
+        self.assertNotEqual(inplace.key(b"s" * 32, "plan/1"), inplace.key(b"s" * 32, "plan/2"))
+
+
 class BackoffTest(unittest.TestCase):
     def test_doubles_up_to_the_longest(self):
         self.assertEqual(list(itertools.islice(inplace.backoff(0.005, 1.0), 10)),

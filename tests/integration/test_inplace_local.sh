@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Restart in place without Slurm: slurm_ckpt.inplace alone (tests/hooks/inplace_test.py), then
-# slurm-examples/train_ddp.py as 3 ranks and 1 spare on this host, started with the variables `ckpt-run --spares`
-# gives each step. A rank is killed (SIGKILL) or frozen (SIGSTOP) mid-run: the survivors stay alive, the spare
-# takes its rank over, and the final weights are bitwise identical to an uninterrupted run's; the same for
-# slurm-examples/train_dp_tp.py (DP2 x TP2, subgroups). With no spare, the survivors exit 75 (the requeue path).
-# The same on the real cluster: test_inplace_cluster.sh.
+# Restart in place without Slurm: slurm_ckpt.inplace alone (tests/hooks/inplace_test.py), the group's watchdog
+# (tests/hooks/restart_test.py), then slurm-examples/train_ddp.py as 3 ranks and 1 spare on this host, started
+# with the variables `ckpt-run --spares` gives each step. A rank is killed (SIGKILL) or frozen (SIGSTOP) mid-run:
+# the survivors stay alive, the spare takes its rank over, and the final weights are bitwise identical to an
+# uninterrupted run's; the same for slurm-examples/train_dp_tp.py (DP2 x TP2, subgroups). With no spare, the
+# survivors exit 75 (the requeue path). The same on the real cluster: test_inplace_cluster.sh.
 set -euo pipefail
 : "${CKPT_BUILD_DIR:?}"
 source "${CKPT_SOURCE_DIR:?}/tests/integration/torch_lib.sh"
@@ -16,6 +16,7 @@ trap cleanup EXIT
 fail() { echo "FAIL: test_inplace_local: $*" >&2; echo "(kept in $W)" >&2; exit 1; }
 
 (cd "$W" && "$PY" "$CKPT_SOURCE_DIR/tests/hooks/inplace_test.py") || fail "slurm_ckpt.inplace unit tests"
+(cd "$W" && "$PY" "$CKPT_SOURCE_DIR/tests/hooks/restart_test.py") || fail "slurm_ckpt.restart watchdog tests"
 
 # launch NAME SPARES [VICTIM SIGNAL AT_STEP]: 3 ranks (one "node" each) and SPARES spares in $W/NAME.
 launch() {

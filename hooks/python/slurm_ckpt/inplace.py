@@ -10,6 +10,8 @@ rank over. They meet in one directory of the checkpoint dir's control area, `.co
   gen-<G>.phases         when each phase of recovery G ended, written once training completed a step again
   mailbox-<rank>         the address of the store where that rank, as a recovery's root, posts the plan (written
                          once per process, when it first formed a group)
+  secret                 32 random bytes, mode 0600, made by the first process to start: the keys of the stores
+                         below are derived from it and the plans posted there are signed with it
   finished | abandoned   training ended (idle spares leave with 0) or handed over to a requeue (they leave with 75)
 
 Every file is written whole and renamed into place, so a reader sees all of it or nothing. Generation 0's plan is
@@ -21,7 +23,14 @@ The root hands each claimed spare its claim and the plan through the spare's mai
 the plan in its own mailbox store (restart.py), where the survivors wait for it. The file fallbacks poll slowly:
 a spare looks for its claim file and the markers once a second, a survivor whose root's store cannot be reached
 reads the plan file once a second, and generation 0's ranks look for rank 0's plan backing off from 5 ms to 1 s.
+
+Those stores are torch's TCPStore, which anyone on the network can connect to. A stranger must neither steer nor
+stall a recovery through them: every key the job uses there is named by an HMAC of the job's secret (key()), so a
+stranger can neither read nor write one (a TCPStore cannot list its keys), and a plan carries an HMAC of its own
+(seal()), so that a process listening on a dead root's port cannot hand out a plan either.
 """
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -75,6 +84,31 @@ def backoff(first_s, max_s):
     while True:
         yield delay
         delay = min(delay * 2, max_s)
+
+
+def key(secret, name):
+    """The name under which the job keeps `name` in a TCPStore: unguessable without the job's secret."""
+    return hmac.new(secret, f"key:{name}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def seal(secret, label, value):
+    """`value` (JSON) as text that unseal() accepts only with the same secret and label."""
+    body = json.dumps(value, sort_keys=True)
+    mac = hmac.new(secret, f"seal:{label}\n{body}".encode(), hashlib.sha256).hexdigest()
+    return json.dumps({"body": body, "mac": mac})
+
+
+def unseal(secret, label, text):
+    """What seal() sealed, or None when `text` was not sealed with this secret and label."""
+    try:
+        sealed = json.loads(text)
+        body, mac = sealed["body"], sealed["mac"]
+        expected = hmac.new(secret, f"seal:{label}\n{body}".encode(), hashlib.sha256).hexdigest()
+        if not (isinstance(mac, str) and hmac.compare_digest(mac, expected)):
+            return None
+        return json.loads(body)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 _MESSAGE_MAX = 1 << 20  # a claim with its plan: a few hundred bytes per lost rank
@@ -176,6 +210,34 @@ class Membership:
 
     def _path(self, name):
         return os.path.join(self.dir, name)
+
+    def secret(self):
+        """The job's secret (see the module's doc): read, or made whole by the first process that needs it (a
+        private file linked into place, so that a reader never sees part of it)."""
+        path = self._path("secret")
+        if not os.path.exists(path):
+            tmp = self._path(f"secret.tmp.{os.getpid()}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, secrets.token_bytes(32))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:  # another process made it first: theirs is the job's
+                pass
+            finally:
+                os.unlink(tmp)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            st = os.fstat(fd)
+            value = os.read(fd, 64)
+        finally:
+            os.close(fd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077 or len(value) != 32:
+            raise RuntimeError(f"ckpt: {path}: not this user's private 32-byte secret; refusing to use it")
+        return value
 
     # ---- spares --------------------------------------------------------------------------------------------------
 

@@ -102,13 +102,20 @@ class _JoinFailed(Exception):
         self.missing = missing
 
 
-def _missing(plan, rank):
+def _keyspace(secret, generation, store):
+    """The generation's store as the job uses it: every key under a prefix derived from the job's secret, which a
+    stranger connected to the store cannot guess (see slurm_ckpt.inplace)."""
+    return dist.PrefixStore(inplace.key(secret, f"store/{generation}"), store)
+
+
+def _missing(plan, rank, secret):
     """After a generation failed to form: a roll call on a fresh connection to its store. Every live rank answers
     once its own connect gave up (within the join timeout); the others are missing. None when the store cannot be
     reached."""
     wait_s = _JOIN_TIMEOUT.total_seconds() + 2
     try:
-        store = dist.TCPStore(plan["addr"], plan["port"], None, False, datetime.timedelta(seconds=wait_s))
+        client = dist.TCPStore(plan["addr"], plan["port"], None, False, datetime.timedelta(seconds=wait_s))
+        store = _keyspace(secret, plan["generation"], client)
         store.add(f"alive/{rank}", 1)
 
         def absent():  # add(key, 0) reads a counter without waiting for it
@@ -127,12 +134,13 @@ def _missing(plan, rank):
 class _Group:
     """One generation's process group, and the sockets it opened, which a watchdog shuts when a peer is lost."""
 
-    def __init__(self, backend, plan, rank, store=None, before=None, keep_port=None):
+    def __init__(self, backend, plan, rank, secret, store=None, before=None, keep_port=None):
         before = _sockets() if before is None else before  # the master's: taken before its store was made
         self.store_port = plan["port"]
         world = plan["world"]
         if store is None:
             store = dist.TCPStore(plan["addr"], plan["port"], None, False, _JOIN_TIMEOUT)
+        store = _keyspace(secret, plan["generation"], store)
         self.store = store
         try:
             # Everyone checks in first, then gloo connects. A rank that died after checking in leaves gloo's
@@ -156,10 +164,13 @@ class _Group:
             if dist.is_initialized():
                 _abandoned.append((dist.distributed_c10d._get_default_group(), store))
                 dist.destroy_process_group()
-            raise _JoinFailed(_missing(plan, rank), e) from None
+            raise _JoinFailed(_missing(plan, rank, secret), e) from None
         self.keep_port = keep_port
         self.sockets = {}
         self.adopt(before)
+        # The previous generation's Checkpointer still reports the loss that ended it: this group's watchdog must
+        # see only the one train() makes now (on a loaded host it would otherwise shut the new group at once).
+        _state["checkpointer"] = None
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watchdog, name="ckpt-inplace-watch", daemon=True)
         self._watch.start()
@@ -222,7 +233,8 @@ class _Mailbox:
     socket snapshot, so that no watchdog or join timer takes its listener for a group's; published once the
     process first formed a group (a spare's, under the rank it took over)."""
 
-    def __init__(self):
+    def __init__(self, secret):
+        self.secret = secret
         self.addr = inplace.address()
         self.store = dist.TCPStore(self.addr, 0, None, True, _JOIN_TIMEOUT, wait_for_workers=False)
         self.port = self.store.port
@@ -238,13 +250,15 @@ class _Mailbox:
             _say(f"rank {rank}: cannot publish its mailbox: {e}")
 
     def post(self, generation, plan):
-        self.store.set(f"plan/{generation}", json.dumps(plan, sort_keys=True))
+        label = f"plan/{generation}"
+        self.store.set(inplace.key(self.secret, label), inplace.seal(self.secret, label, plan))
 
     def wait_taken(self, generation, count, timeout_s):
         """A root that abandons stays until `count` survivors took the plan (or timeout_s passed): its store goes
         with it, and a survivor that comes later could only wait for the connect to time out."""
         deadline = time.monotonic() + timeout_s
-        while self.store.add(f"taken/{generation}", 0) < count and time.monotonic() < deadline:
+        taken = inplace.key(self.secret, f"taken/{generation}")
+        while self.store.add(taken, 0) < count and time.monotonic() < deadline:
             time.sleep(0.01)
 
 
@@ -259,13 +273,15 @@ def _mailbox_of(members, root, current):
     return entry
 
 
-def _plan_from_root(members, generation, root, current, timeout_s):
+def _plan_from_root(members, secret, generation, rank, root, current, timeout_s):
     """A survivor's wait for plan `generation`, blocked in the root's mailbox store: None after timeout_s.
     The waits last 1, 2, 4 ... s, with one look at the plan file after each (a survivor that named another root
     than the one that wrote the plan still finds it) and a fresh connection (a timed-out wait leaves torch's
-    client out of step). Once the store cannot be reached, the file alone, once a second."""
+    client out of step). Once the store cannot be reached, or holds a plan the job did not sign, the file alone,
+    once a second."""
     deadline = time.monotonic() + timeout_s
-    key = f"plan/{generation}"
+    label = f"plan/{generation}"
+    key = inplace.key(secret, label)
     entry = _mailbox_of(members, root, current)
     for slice_s in inplace.backoff(1.0, 8.0):
         left = deadline - time.monotonic()
@@ -277,9 +293,18 @@ def _plan_from_root(members, generation, root, current, timeout_s):
             try:
                 store = dist.TCPStore(entry["addr"], entry["port"], None, False, datetime.timedelta(seconds=slice_s))
                 store.wait([key], datetime.timedelta(seconds=slice_s))
-                plan = json.loads(store.get(key))
+                plan = inplace.unseal(secret, label, store.get(key))
+                if plan is None:
+                    _say(f"rank {rank}: the plan at {entry['addr']}:{entry['port']} is not signed with the job's "
+                         f"secret; reading the plan file instead")
+                    entry = None
+                    plan = members.wait_plan(generation, 0)
+                    if plan is not None:
+                        return plan
+                    continue
                 if plan.get("abandon"):
-                    store.add(f"taken/{generation}", 1)  # the abandoning root waits for this before it leaves
+                    # the abandoning root waits for this before it leaves
+                    store.add(inplace.key(secret, f"taken/{generation}"), 1)
                 return plan
             except (RuntimeError, OSError, ValueError, AttributeError):  # a connect's timeout is an OSError
                 store = None  # closes a client whose wait timed out
@@ -366,7 +391,7 @@ def _recover(members, mailbox, generation, rank, world, failure, current):
     elif rank == root:
         plan = members.wait_plan(generation, _PLAN_TIMEOUT_S)
     else:
-        plan = _plan_from_root(members, generation, root, current, _PLAN_TIMEOUT_S)
+        plan = _plan_from_root(members, mailbox.secret, generation, rank, root, current, _PLAN_TIMEOUT_S)
     if plan is None:
         members.mark("abandoned", f"no plan for generation {generation}")  # the idle spares leave too
         _leave(f"rank {rank}: no plan for generation {generation} within {_PLAN_TIMEOUT_S:g} s; "
@@ -435,13 +460,14 @@ def run(train, *args, backend="gloo", **kwargs):
     os.environ["CKPT_EXIT_GRACE"] = "0s"  # this process leaves the failed group itself: the library must not end it
     dist.new_group = dist.distributed_c10d.new_group = _new_group_of_generation  # new_subgroups calls it too
     members = inplace.Membership(launch)
-    mailbox = _Mailbox()
+    secret = members.secret()
+    mailbox = _Mailbox(secret)
     world, phases = launch.world, None
     generation, rank, plan, store = _first_generation(launch, members)
     while True:
         _set_rank_env(rank, world, launch, generation)
         try:
-            group = _Group(backend, plan, rank, *(store or (None, None)), keep_port=mailbox.port)
+            group = _Group(backend, plan, rank, secret, *(store or (None, None)), keep_port=mailbox.port)
         except (_JoinFailed, RuntimeError) as e:
             if generation == 0:
                 raise
@@ -459,7 +485,6 @@ def run(train, *args, backend="gloo", **kwargs):
             phases["group"] = time.time()
         mailbox.publish(members, rank, generation)
         _state["phases"] = phases
-        _state["checkpointer"] = None
         _state["group"] = group
         error, result = None, None
         try:
@@ -478,7 +503,7 @@ def run(train, *args, backend="gloo", **kwargs):
             # A replacement died after the group formed, before the Checkpointer's heartbeat mesh did: every live
             # rank fails here alike, and answers the roll call.
             group.leave(failed=True)
-            missing = _missing(plan, rank)
+            missing = _missing(plan, rank, secret)
             if missing:
                 _say(f"rank {rank}: generation {generation} lost ranks {missing} before its first step")
                 generation += 1
