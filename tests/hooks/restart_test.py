@@ -2,10 +2,13 @@
 generation's Checkpointer reports, never on the previous one's; a stranger connected to a root's mailbox store
 can neither steer nor stall a survivor's wait for the plan. Run by tests/integration/test_inplace_local.sh."""
 import datetime
+import math
 import secrets
 import tempfile
+import threading
 import time
 import unittest
+from unittest import mock
 
 import torch.distributed as dist
 
@@ -94,7 +97,7 @@ class MailboxTest(unittest.TestCase):
 
     def wait(self, timeout_s=3.0):
         current = {"generation": 0, "takeover": {}}
-        return restart._plan_from_root(self.members, self.members.secret(), 1, 1, 0, current, timeout_s)
+        return restart._plan_from_mailboxes(self.members, self.members.secret(), 1, 1, [0], current, timeout_s)
 
     def test_plan_is_signed_and_under_a_secret_name(self):
         self.box.post(1, self.plan)
@@ -117,6 +120,82 @@ class MailboxTest(unittest.TestCase):
         started = time.monotonic()
         self.assertEqual(self.wait(), self.plan)  # from the plan file, the record
         self.assertLess(time.monotonic() - started, 2.5)
+
+
+class PlanTreeTest(unittest.TestCase):
+    def test_every_survivor_once_within_the_fanout(self):
+        for world, lost, root, fanout in ((4, [2], 0, 16), (24, [11], 8, 16), (1000, [5, 77], 3, 16),
+                                          (7, [], 6, 2), (10, [0, 1], 2, 3)):
+            survivors = [r for r in range(world) if r not in lost]
+            parents, depth = {}, {root: 0}
+            for r in survivors:
+                parent, children = restart._plan_tree(world, lost, root, r, fanout)
+                self.assertEqual(parent is None, r == root)
+                self.assertLessEqual(len(children), fanout)
+                for c in children:
+                    self.assertNotIn(c, parents)
+                    self.assertNotIn(c, lost)
+                    parents[c] = r
+            self.assertEqual(sorted(parents), sorted(r for r in survivors if r != root))
+            for r in survivors:  # every survivor reaches the root, in log_fanout(N) hops
+                hops, at = 0, r
+                while at != root:
+                    at, hops = parents[at], hops + 1
+                self.assertLessEqual(hops, max(1, math.ceil(math.log(len(survivors), fanout))))
+
+    def test_a_lost_rank_waits_on_the_root(self):
+        self.assertEqual(restart._plan_tree(4, [2], 0, 2), (0, []))
+
+
+class PlanRelayTest(unittest.TestCase):
+    """Seven survivors, a fan-out of 2: the root posts the plan in its mailbox alone, and the others relay it."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        self.members = {}
+        self.boxes = {}
+        for r in range(8):
+            env = {"CKPT_INPLACE_ID": "7.r0.2", "CKPT_INPLACE_WORLD": "8", "CKPT_DIR": self.tmp.name,
+                   "SLURMD_NODENAME": f"h{r}", "SLURM_PROCID": "0", "CKPT_INPLACE_RANK_BASE": str(r)}
+            self.members[r] = inplace.Membership(inplace.Launch(env), slow_poll_s=0.05)
+            self.boxes[r] = restart._Mailbox(self.members[r].secret())
+            self.members[r].publish_mailbox(r, 0, self.boxes[r].addr, self.boxes[r].port)
+        self.plan = {"world": 8, "addr": "127.0.0.1", "port": 1, "root": 0, "lost": [3], "step": 5,
+                     "takeover": {"3": "h9.0"}, "generation": 1, "written_unix": 1.0}
+
+    def relay(self, survivors, fanout=2):
+        got = {}
+
+        def take(r):
+            with mock.patch.object(restart, "_PLAN_FANOUT", fanout):
+                got[r] = restart._plan_of_tree(self.members[r], self.boxes[r], 1, r, 8, [3], 0,
+                                               {"generation": 0, "takeover": {}}, 5.0)
+        threads = [threading.Thread(target=take, args=(r,)) for r in survivors]
+        for t in threads:
+            t.start()
+        self.boxes[0].post(1, self.plan)
+        for t in threads:
+            t.join()
+        return got
+
+    def test_plan_reaches_every_survivor_through_the_tree(self):
+        survivors = [1, 2, 4, 5, 6, 7]
+        started = time.monotonic()
+        got = self.relay(survivors)
+        self.assertLess(time.monotonic() - started, 0.9)  # no wait ran out: each took it from its parent
+        self.assertEqual(got, {r: self.plan for r in survivors})
+        # no plan file was written: rank 7 (parent 2, grandparent 1) had it from rank 2's mailbox
+        self.assertFalse(self.members[0].has_plan(1))
+        self.assertEqual(restart._plan_tree(8, [3], 0, 7, 2)[0], 2)
+
+    def test_a_dead_parent_sends_its_children_to_the_root(self):
+        # rank 1's process is gone (its port closed): its children 2 and 4 wait on the root instead
+        self.boxes[1].store = None
+        self.boxes.pop(1)
+        time.sleep(0.1)
+        got = self.relay([2, 4])
+        self.assertEqual(got, {2: self.plan, 4: self.plan})
 
 
 if __name__ == "__main__":

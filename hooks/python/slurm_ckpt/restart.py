@@ -25,6 +25,7 @@ variables) and calls train() once.
 import datetime
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -33,13 +34,15 @@ import torch.distributed as dist
 
 from . import _native, inplace
 
+_PLAN_FANOUT = 16  # how many survivors wait for a plan in one process's mailbox
 _PLAN_TIMEOUT_S = float(os.environ.get("CKPT_INPLACE_PLAN_TIMEOUT", "20"))
 # How long the ranks of a generation wait for each other at its store before the missing ones count as lost.
 _JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("CKPT_INPLACE_JOIN_TIMEOUT", "15")))
 
 # The Checkpointer's error when a rank never joined its heartbeat mesh.
 _MESH_FAILED = "not every rank joined the mesh"
-_abandoned = []  # the groups of failed generations: never destroyed here (a destructor may wait on a dead peer)
+_abandoned = queue.SimpleQueue()  # what failed generations left: groups and stores, for _reap()
+_reaper = []
 _state = {"checkpointer": None, "phases": None, "group": None}
 
 
@@ -88,6 +91,30 @@ def _last_words():
 
 # ---- the group ----------------------------------------------------------------------------------------------------
 
+def _reap():
+    """Destroys what failed generations left, on a thread of its own, each item once nothing else holds it (the
+    failed train()'s frames may, until the next generation runs): torch destroys a process group with the GIL
+    released, and a destructor that waits on a dead peer, or closes thousands of pairs, holds up only this thread.
+    A failed group must not be kept either: gloo's event loop spins on a shut socket whose next message was meant
+    for a buffer the failed collective freed (a core per survivor, per recovery) until its pairs close."""
+    held = []
+    while True:
+        try:
+            held.extend(_abandoned.get(timeout=0.2 if held else None))
+        except queue.Empty:
+            pass
+        for i in reversed(range(len(held))):
+            if sys.getrefcount(held[i]) <= 2:  # this list's reference and the call's
+                del held[i]
+
+
+def _abandon(*things):
+    if not _reaper:
+        _reaper.append(threading.Thread(target=_reap, name="ckpt-inplace-reaper", daemon=True))
+        _reaper[0].start()
+    _abandoned.put(things)
+
+
 def _sockets():
     """This process's sockets: fd -> 'socket:[inode]'."""
     return _native.socket_fds()
@@ -125,7 +152,7 @@ def _missing(plan, rank, secret):
         while time.monotonic() < deadline and absent():
             time.sleep(0.05)
         missing = absent()
-        _abandoned.append(store)
+        _abandon(client, store)
         return missing
     except RuntimeError:
         return None
@@ -162,7 +189,7 @@ class _Group:
             store.wait([f"formed/{r}" for r in range(world)], _JOIN_TIMEOUT)
         except RuntimeError as e:
             if dist.is_initialized():
-                _abandoned.append((dist.distributed_c10d._get_default_group(), store))
+                _abandon(dist.distributed_c10d._get_default_group(), store)
                 dist.destroy_process_group()
             raise _JoinFailed(_missing(plan, rank, secret), e) from None
         self.keep_port = keep_port
@@ -200,7 +227,7 @@ class _Group:
         self._stop.set()
         if failed:
             self.shut()
-            _abandoned.append((dist.distributed_c10d._get_default_group(), self.store))
+            _abandon(dist.distributed_c10d._get_default_group(), self.store)
         dist.destroy_process_group()
 
 
@@ -228,8 +255,9 @@ def _store_master(world):
 
 
 class _Mailbox:
-    """This process's mailbox store: as a recovery's root, it posts the plan there (key plan/<G>) and the other
-    survivors, which learnt its address from mailbox-<root>, wait on it. Made at the start, before any group's
+    """This process's mailbox store: as a recovery's root it posts the plan there, and as any other survivor it
+    posts there the plan its parent in the plan tree handed it; its children, which learnt its address from
+    mailbox-<rank>, wait on it (see _plan_tree). Made at the start, before any group's
     socket snapshot, so that no watchdog or join timer takes its listener for a group's; published once the
     process first formed a group (a spare's, under the rank it took over)."""
 
@@ -254,40 +282,55 @@ class _Mailbox:
         self.store.set(inplace.key(self.secret, label), inplace.seal(self.secret, label, plan))
 
     def wait_taken(self, generation, count, timeout_s):
-        """A root that abandons stays until `count` survivors took the plan (or timeout_s passed): its store goes
-        with it, and a survivor that comes later could only wait for the connect to time out."""
+        """A process that abandons stays until its `count` children took the plan (or timeout_s passed): its store
+        goes with it, and a child that comes later could only wait for the connect to time out."""
         deadline = time.monotonic() + timeout_s
         taken = inplace.key(self.secret, f"taken/{generation}")
         while self.store.add(taken, 0) < count and time.monotonic() < deadline:
             time.sleep(0.01)
 
 
-def _mailbox_of(members, root, current):
-    """The root's mailbox address (one file read), or None when it is unknown or stale. `current` is the plan of
-    the generation that failed: a root that took a rank over in it may not have published its mailbox yet."""
-    entry = members.mailbox(root)
-    if not entry or entry.get("rank") != root or not isinstance(entry.get("port"), int):
+def _mailbox_of(members, rank, current):
+    """Rank `rank`'s mailbox address (one file read), or None when it is unknown or stale. `current` is the plan of
+    the generation that failed: a process that took a rank over in it may not have published its mailbox yet."""
+    entry = members.mailbox(rank)
+    if not entry or entry.get("rank") != rank or not isinstance(entry.get("port"), int):
         return None
-    if str(root) in current.get("takeover", {}) and entry.get("generation", -1) < current.get("generation", 0):
+    if str(rank) in current.get("takeover", {}) and entry.get("generation", -1) < current.get("generation", 0):
         return None  # the dead predecessor's address
     return entry
 
 
-def _plan_from_root(members, secret, generation, rank, root, current, timeout_s):
-    """A survivor's wait for plan `generation`, blocked in the root's mailbox store: None after timeout_s.
-    The waits last 1, 2, 4 ... s, with one look at the plan file after each (a survivor that named another root
-    than the one that wrote the plan still finds it) and a fresh connection (a timed-out wait leaves torch's
-    client out of step). Once the store cannot be reached, or holds a plan the job did not sign, the file alone,
-    once a second."""
+def _plan_tree(world, lost, root, rank, fanout=_PLAN_FANOUT):
+    """Who hands survivor `rank` the plan, and who takes it from `rank`: the survivors in rank order from the root,
+    each the parent of the next `fanout`, so that no mailbox serves more than `fanout` survivors and the plan
+    reaches N of them in log_fanout(N) hops (4 at 16,384 ranks). (None, children) at the root."""
+    lost = set(lost)
+    order = [root] + [r for r in range(world) if r != root and r not in lost]
+    if rank not in order:
+        return root, []
+    i = order.index(rank)
+    return (order[(i - 1) // fanout] if i > 0 else None), order[i * fanout + 1:(i + 1) * fanout + 1]
+
+
+def _plan_from_mailboxes(members, secret, generation, rank, sources, current, timeout_s):
+    """A survivor's wait for plan `generation`, blocked in a mailbox store: its parent's in the plan tree, and when
+    that fails or times out, the root's. None after timeout_s. The waits last 1, 2, 4 ... s, with one look at the
+    plan file after each (a survivor that named another root than the one that wrote the plan still finds it) and
+    a fresh connection (a timed-out wait leaves torch's client out of step). Once no store can be reached, or one
+    holds a plan the job did not sign, the file alone, once a second."""
     deadline = time.monotonic() + timeout_s
     label = f"plan/{generation}"
     key = inplace.key(secret, label)
-    entry = _mailbox_of(members, root, current)
+    sources = list(dict.fromkeys(sources))
+    entry = None
     for slice_s in inplace.backoff(1.0, 8.0):
         left = deadline - time.monotonic()
         if left <= 0:
             return None
         slice_s = min(slice_s, left)
+        while entry is None and sources:
+            entry = _mailbox_of(members, sources.pop(0), current)
         t0 = time.monotonic()
         if entry is not None:
             try:
@@ -297,19 +340,18 @@ def _plan_from_root(members, secret, generation, rank, root, current, timeout_s)
                 if plan is None:
                     _say(f"rank {rank}: the plan at {entry['addr']}:{entry['port']} is not signed with the job's "
                          f"secret; reading the plan file instead")
-                    entry = None
-                    plan = members.wait_plan(generation, 0)
-                    if plan is not None:
-                        return plan
-                    continue
-                if plan.get("abandon"):
-                    # the abandoning root waits for this before it leaves
+                    sources, entry = [], None
+                elif plan.get("abandon"):
+                    # the abandoning process waits for this before it leaves
                     store.add(inplace.key(secret, f"taken/{generation}"), 1)
-                return plan
+                    return plan
+                else:
+                    return plan
             except (RuntimeError, OSError, ValueError, AttributeError):  # a connect's timeout is an OSError
                 store = None  # closes a client whose wait timed out
-        if time.monotonic() - t0 < slice_s / 2:
-            entry = None  # not a timeout: the store is gone, or was never there
+            if sources or time.monotonic() - t0 < slice_s / 2:
+                entry = None  # the next source; or, failing fast, the store is gone or was never there
+        else:
             time.sleep(min(1.0, left))
         plan = members.wait_plan(generation, 0)
         if plan is not None:
@@ -377,6 +419,19 @@ def _join_failure(plan, missing):
             "done_unix": now}
 
 
+def _plan_of_tree(members, mailbox, generation, rank, world, lost, root, current, timeout_s):
+    """A survivor's plan, taken from its parent in the plan tree (or the file) and posted in its own mailbox for
+    its children."""
+    parent, _ = _plan_tree(world, lost, root, rank)
+    if parent is None:  # the root, after the plan was written (a rank that recovers twice as the root)
+        plan = members.wait_plan(generation, timeout_s)
+    else:
+        plan = _plan_from_mailboxes(members, mailbox.secret, generation, rank, [parent, root], current, timeout_s)
+    if plan is not None:
+        mailbox.post(generation, plan)
+    return plan
+
+
 def _recover(members, mailbox, generation, rank, world, failure, current):
     """This rank's plan for generation `generation` after `failure` of the generation `current` planned, with the
     master store when this rank hosts it. Leaves the process when it cannot go on."""
@@ -388,17 +443,14 @@ def _recover(members, mailbox, generation, rank, world, failure, current):
     store, posted = None, rank == root and not members.has_plan(generation)
     if posted:
         store, plan = _next_plan(members, mailbox, generation, rank, failure, world)
-    elif rank == root:
-        plan = members.wait_plan(generation, _PLAN_TIMEOUT_S)
     else:
-        plan = _plan_from_root(members, mailbox.secret, generation, rank, root, current, _PLAN_TIMEOUT_S)
+        plan = _plan_of_tree(members, mailbox, generation, rank, world, lost, root, current, _PLAN_TIMEOUT_S)
     if plan is None:
         members.mark("abandoned", f"no plan for generation {generation}")  # the idle spares leave too
         _leave(f"rank {rank}: no plan for generation {generation} within {_PLAN_TIMEOUT_S:g} s; "
                f"handing over to a requeue")
     if plan.get("abandon"):
-        if posted:
-            mailbox.wait_taken(generation, world - len(lost) - 1, 5)
+        mailbox.wait_taken(generation, len(_plan_tree(world, lost, root, rank)[1]), 5)
         _leave(f"rank {rank}: cannot recover in place ({plan['abandon']}); handing over to a requeue")
     if rank in plan["lost"]:
         _leave(f"rank {rank}: counted as lost by generation {generation}; leaving")
@@ -476,7 +528,7 @@ def run(train, *args, backend="gloo", **kwargs):
                 members.mark("abandoned", f"generation {generation} did not form: {e}")
                 _leave(f"rank {rank}: generation {generation} did not form ({e}); handing over to a requeue")
             _say(f"rank {rank}: generation {generation} did not form: {e}")
-            _abandoned.append(store)
+            _abandon(store)
             generation += 1
             plan, store, phases = _recover(members, mailbox, generation, rank, world, _join_failure(plan, missing),
                                            plan)
