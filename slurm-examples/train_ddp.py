@@ -92,15 +92,23 @@ def batch(args, step, rank, world):
     return seq[:, :-1], seq[:, 1:]
 
 
-def train(args, in_place=False):
-    """The training loop; the default process group, when there is one, is formed already."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+def build(args):
+    """The model and its optimizer, the same on every rank. Under ckpt-run --spares this is run()'s `warm`: a spare
+    builds them while it waits, and a survivor keeps them from one generation to the next."""
     torch.set_num_threads(1)  # one thread: the same reduction order inside every kernel, every run
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = TinyTransformer(args.vocab, args.d_model, args.layers, args.seq_len)
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+
+def train(args, in_place=False, warm=None):
+    """The training loop; the default process group, when there is one, is formed already. `warm`: the model and
+    optimizer build() made before this generation (restart in place)."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    model, optimizer = warm if warm is not None else build(args)
+    optimizer.zero_grad(set_to_none=True)  # a step that a failure cut short may have left gradients
     torch.manual_seed(args.seed + 1 + rank)  # dropout differs per rank, and its state is checkpointed
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     params = list(model.parameters())
 
     interval = f"{args.ckpt_interval_steps}steps" if args.ckpt_interval_steps else None
@@ -114,6 +122,10 @@ def train(args, in_place=False):
     if not cp.enabled:
         say("no checkpoint dir (--ckpt-dir or CKPT_DIR): training without checkpoints")
     start = cp.restore()
+    if start == 0 and warm is not None:  # nothing to resume from: the initial state, as a fresh process has it
+        model.load_state_dict(build(args)[0].state_dict())
+        optimizer.state.clear()
+        torch.manual_seed(args.seed + 1 + rank)
     say(f"resumed from step {start}" if start else "starting at step 0",
         f"({world} ranks, checkpoints every {cp.config['interval'] if cp.enabled else 'never'})")
 
@@ -160,7 +172,7 @@ def main():
     if os.environ.get("CKPT_INPLACE_ID"):
         # Started by `ckpt-run --spares N`: run() forms the group, and forms it again after a peer dies, with a
         # spare in the dead rank's place; train() is re-entered in this same process.
-        return slurm_ckpt.torch.run(train, args, in_place=True)
+        return slurm_ckpt.torch.run(train, args, in_place=True, warm=lambda: build(args))
     rank, world = rendezvous()
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -70,6 +70,11 @@ for case in "crash 2 KILL" "freeze 1 STOP"; do
   grep -q "in-place recovery 1: ranks \[$victim\] lost; spares \['h3.0'\] take them over" "$W/$name"/log* ||
     { tail -n 20 "$W/$name"/log* >&2; fail "$name: no in-place recovery of rank $victim"; }
   grep -q "spare h3.0 takes rank $victim over (generation 1)" "$W/$name/log3" || fail "$name: the spare did not take over"
+  # run(..., warm=build): the spare built the model before it counted as ready, the survivors kept theirs
+  warm_at=$(grep -n -m1 "spare h3.0: warm in [0-9.]* s; ready" "$W/$name/log3" | cut -d: -f1)
+  took_at=$(grep -n -m1 "spare h3.0 takes rank" "$W/$name/log3" | cut -d: -f1)
+  [ -n "$warm_at" ] && [ "$warm_at" -lt "$took_at" ] ||
+    { head -n 5 "$W/$name/log3" >&2; fail "$name: the spare did not warm up before it was ready"; }
   cmp -s "$W/reference/final" "$W/$name/final" || fail "$name: the final weights differ"
   if [ "$sig" = STOP ]; then
     grep -q "this process is stale and leaves\|is fenced" "$W/$name/log$victim" ||

@@ -476,10 +476,24 @@ def _run_plain(train, backend, args, kwargs):
             dist.destroy_process_group()
 
 
-def _first_generation(launch, members):
+def _warm_up(warm, kwargs):
+    """Runs `warm` (run()'s) once in this process; train() gets what it made as its keyword argument `warm`.
+    Returns the seconds it took."""
+    if warm is None:
+        return 0.0
+    t0 = time.monotonic()
+    kwargs["warm"] = warm()
+    return time.monotonic() - t0
+
+
+def _first_generation(launch, members, warm, kwargs):
     """Where this process starts: (generation, rank, plan, store). A training rank starts generation 0 (rank 0
-    hosts its store); a spare waits for its claim, and leaves when training ends without it."""
+    hosts its store); a spare warms up, registers as ready, waits for its claim, and leaves when training ends
+    without it."""
     if launch.spare:
+        took = _warm_up(warm, kwargs)
+        if warm is not None:
+            _say(f"spare {launch.slot}: warm in {took:.2f} s; ready")
         spare_box = inplace.SpareMailbox(inplace.address())
         members.register_spare(spare_box)
         claim = members.wait_claim(spare_box)
@@ -493,6 +507,7 @@ def _first_generation(launch, members):
             _leave(f"spare {launch.slot}: no usable plan for generation {generation}")
         _say(f"spare {launch.slot} takes rank {rank} over (generation {generation})")
         return generation, rank, plan, None
+    _warm_up(warm, kwargs)
     if launch.rank == 0:
         store, plan = _store_master(launch.world)
         return 0, 0, members.write_plan(0, dict(plan, root=0, lost=[], step=None)), store
@@ -503,11 +518,19 @@ def _first_generation(launch, members):
     return 0, launch.rank, plan, None
 
 
-def run(train, *args, backend="gloo", **kwargs):
+def run(train, *args, backend="gloo", warm=None, **kwargs):
     """Calls train(*args, **kwargs) with the default process group formed, again after each in-place recovery.
-    Returns what the last call returned. A spare that was never needed exits 0 when training ends."""
+    Returns what the last call returned. A spare that was never needed exits 0 when training ends.
+
+    `warm`, when given, is called once per process, before its first generation, and train() receives what it
+    returns as its keyword argument `warm` in every generation. Build there what does not depend on the rank or
+    the group (the model, the optimizer, their memory): a spare does it while it waits, so that a replacement
+    starts training without building anything, and a survivor keeps it across generations. train() must then
+    start from what restore() loads: zero the gradients (a failed step may have left some) and take every other
+    state from the checkpoint."""
     launch = inplace.Launch.from_env()
     if launch is None:
+        _warm_up(warm, kwargs)
         return _run_plain(train, backend, args, kwargs)
     os.environ["CKPT_EXIT_GRACE"] = "0s"  # this process leaves the failed group itself: the library must not end it
     dist.new_group = dist.distributed_c10d.new_group = _new_group_of_generation  # new_subgroups calls it too
@@ -515,7 +538,7 @@ def run(train, *args, backend="gloo", **kwargs):
     secret = members.secret()
     mailbox = _Mailbox(secret)
     world, phases = launch.world, None
-    generation, rank, plan, store = _first_generation(launch, members)
+    generation, rank, plan, store = _first_generation(launch, members, warm, kwargs)
     while True:
         _set_rank_env(rank, world, launch, generation)
         try:
