@@ -42,7 +42,7 @@ _JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("CKPT_INPLACE_JO
 # The Checkpointer's error when a rank never joined its heartbeat mesh.
 _MESH_FAILED = "not every rank joined the mesh"
 _abandoned = queue.SimpleQueue()  # what failed generations left: groups and stores, for _reap()
-_reaper = []
+_reaper = []  # its thread, once started
 _state = {"checkpointer": None, "phases": None, "group": None}
 
 
@@ -337,16 +337,13 @@ def _plan_from_mailboxes(members, secret, generation, rank, sources, current, ti
                 store = dist.TCPStore(entry["addr"], entry["port"], None, False, datetime.timedelta(seconds=slice_s))
                 store.wait([key], datetime.timedelta(seconds=slice_s))
                 plan = inplace.unseal(secret, label, store.get(key))
-                if plan is None:
-                    _say(f"rank {rank}: the plan at {entry['addr']}:{entry['port']} is not signed with the job's "
-                         f"secret; reading the plan file instead")
-                    sources, entry = [], None
-                elif plan.get("abandon"):
-                    # the abandoning process waits for this before it leaves
-                    store.add(inplace.key(secret, f"taken/{generation}"), 1)
+                if plan is not None:
+                    if plan.get("abandon"):  # the abandoning process waits for this before it leaves
+                        store.add(inplace.key(secret, f"taken/{generation}"), 1)
                     return plan
-                else:
-                    return plan
+                _say(f"rank {rank}: the plan at {entry['addr']}:{entry['port']} is not signed with the job's "
+                     f"secret; reading the plan file instead")
+                sources, entry = [], None
             except (RuntimeError, OSError, ValueError, AttributeError):  # a connect's timeout is an OSError
                 store = None  # closes a client whose wait timed out
             if sources or time.monotonic() - t0 < slice_s / 2:
