@@ -301,10 +301,11 @@ def _mailbox_of(members, rank, current):
     return entry
 
 
-def _plan_tree(world, lost, root, rank, fanout=_PLAN_FANOUT):
+def _plan_tree(world, lost, root, rank, fanout=None):
     """Who hands survivor `rank` the plan, and who takes it from `rank`: the survivors in rank order from the root,
     each the parent of the next `fanout`, so that no mailbox serves more than `fanout` survivors and the plan
     reaches N of them in log_fanout(N) hops (4 at 16,384 ranks). (None, children) at the root."""
+    fanout = fanout or _PLAN_FANOUT
     lost = set(lost)
     order = [root] + [r for r in range(world) if r != root and r not in lost]
     if rank not in order:
