@@ -11,7 +11,11 @@ source "${CKPT_SOURCE_DIR:?}/tests/integration/torch_lib.sh"
 have_torch || { echo "test_inplace_local: needs python3-torch and a built slurm_ckpt" >&2; exit 1; }
 W=$(mktemp -d /tmp/test_inplace_local.XXXXXX)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done; }
+stranger=""
+cleanup() {
+  for p in "${pids[@]}" $stranger; do kill -KILL "$p" 2>/dev/null || true; done
+  pkill -KILL -f "tests/hooks/store_stranger.py" 2>/dev/null || true
+}
 trap cleanup EXIT
 fail() { echo "FAIL: test_inplace_local: $*" >&2; echo "(kept in $W)" >&2; exit 1; }
 
@@ -40,6 +44,7 @@ launch() {
       [ -n "$s" ] && [ "$s" -ge "$at" ] && break
       sleep 0.02
     done
+    [ -n "${STRANGER:-}" ] && attack "$d"
     kill "-$sig" "${pids[$victim]}"
     if [ -n "${KILL_REPLACEMENT:-}" ]; then  # the first spare dies as soon as it takes the rank over
       for _ in $(seq 4000); do grep -q "takes rank" "$d/log3" && break; sleep 0.005; done
@@ -57,6 +62,36 @@ launch() {
     fi
     wait "${pids[$i]}" && status+=(0) || status+=($?)
   done
+  if [ -n "${stranger:-}" ]; then
+    kill "$stranger" 2>/dev/null || true
+    pkill -f "tests/hooks/store_stranger.py" 2>/dev/null || true
+    wait "$stranger" 2>/dev/null || true
+    stranger=""
+  fi
+}
+
+# A stranger on the node (another user when this runs as root) connects to every mailbox, to generation 0's store
+# and to the spare's claim socket before the crash: it plants plans and rendezvous keys under plain names, tries
+# to read the job's, sends the spare a claim with a guessed token, and keeps its connections open through the
+# recovery.
+as_stranger=() TEST_USER=${CKPT_TEST_USER:-ckptuser}
+if [ "$(id -u)" -eq 0 ] && command -v runuser >/dev/null; then
+  id "$TEST_USER" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$TEST_USER"
+  as_stranger=(runuser -u "$TEST_USER" --)
+fi
+attack() {  # DIR: the run's dir
+  local control=("$1"/ckpt/.control/inplace-*) targets
+  targets=$("$PY" -c '
+import json, sys
+for path in sys.argv[1:]:
+    e = json.load(open(path))
+    e, kind = (e["mailbox"], "spare:") if "mailbox" in e else (e, "")
+    print("%s%s:%s" % (kind, e["addr"], e["port"]))' "${control[0]}"/mailbox-* "${control[0]}/gen-0.plan" \
+    "${control[0]}"/spare-*)
+  (cd /tmp && exec "${as_stranger[@]}" "$PY" "$CKPT_SOURCE_DIR/tests/hooks/store_stranger.py" $targets) \
+    > "$1/stranger.log" 2>&1 &
+  stranger=$!
+  for _ in $(seq 300); do grep -q "holding its connections" "$1/stranger.log" && break; sleep 0.05; done
 }
 
 launch reference 1
@@ -83,6 +118,15 @@ for case in "crash 2 KILL" "freeze 1 STOP"; do
   fi
   echo "ok: $name of rank $victim: the spare took it over in place; bitwise identical ($(grep -ho '"first_step": [0-9.]*' "$W/$name"/log* | head -1))"
 done
+
+STRANGER=1 launch hostile 1 1 KILL 10
+[ "$(grep -c "planted 10 keys; read nothing" "$W/hostile/stranger.log")" = 4 ] &&
+  grep -q "^spare:.*guessed token; holding a silent connection" "$W/hostile/stranger.log" ||
+  { cat "$W/hostile/stranger.log" >&2; fail "hostile: the stranger did not reach the mailboxes, the store and the spare"; }
+grep -q "spare h3.0 takes rank 1 over (generation 1)" "$W/hostile/log3" ||
+  { tail -n 20 "$W/hostile"/log* >&2; fail "hostile: no recovery in place with a stranger on the stores"; }
+cmp -s "$W/reference/final" "$W/hostile/final" || fail "hostile: the final weights differ"
+echo "ok: a stranger on every mailbox, the store and the spare read nothing and planted nothing the job used; bitwise identical"
 
 # DP2 x TP2 (train_dp_tp.py, which makes TP and DP subgroups): 2 "nodes" of 2 ranks and 1 spare. Rank 2's death
 # leaves rank 3 blocked in a TP collective and ranks 0 and 1 in DP ones: the watchdog must shut the subgroups'
