@@ -324,6 +324,7 @@ void Engine::new_run(JobRecord& r, std::uint32_t restart_count, double now) {
   r.submit_time = 0;  // Slurm gave the requeued run a new submit time: adopted at the next look
   r.failures.clear();
   r.reporters.clear();
+  r.replaced_in_place.clear();
   r.steps.clear();
   r.relaunch_step.reset();
   r.handover = false;

@@ -351,6 +351,7 @@ std::string to_json(const JobRecord& r) {
   }
   j["failures"] = failures;
   j["reporters"] = strings(r.reporters);
+  j["replaced_in_place"] = strings(r.replaced_in_place);
   j["nodes"] = strings(r.nodes);
   j["batch_host"] = r.batch_host;
   json steps = json::object();
@@ -489,6 +490,7 @@ Result<JobRecord> parse_job_record(std::string_view input) {
     read_budget(j, r.budget);
     read_failures(j, r.failures);
     r.reporters = strings_of(j, "reporters");
+    r.replaced_in_place = strings_of(j, "replaced_in_place");
     r.nodes = strings_of(j, "nodes");
     r.batch_host = text(j, "batch_host");
     if (Status s = read_steps(j, r.steps); !s) return Error{s.error()};

@@ -77,6 +77,11 @@ void apply_job_start(JobRecord& r, const Event& e, bool trusted, double now, Eve
 }
 
 void apply_task_exit(JobRecord& r, const Event& e, double now, EventEffects& fx) {
+  if (contains(r.replaced_in_place, e.node)) {
+    // A node the run went on without: a process of it that thawed late leaves now. That failure was handled.
+    fx.note = describe(e) + ": from a node this run replaced in place; not a new failure";
+    return;
+  }
   TaskFailure f;
   f.step_id = e.step_id;
   f.node = e.node;
@@ -142,7 +147,9 @@ void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx) {
   r.clock = in_place_clock(e.phases);
   // The owner's word: it may exclude only the job's own nodes, never name (and raise alerts about) others.
   for (const auto& n : nodes) {
-    if (std::find(r.nodes.begin(), r.nodes.end(), n) != r.nodes.end()) fx.exclude.push_back(n);
+    if (std::find(r.nodes.begin(), r.nodes.end(), n) == r.nodes.end()) continue;
+    fx.exclude.push_back(n);
+    if (!contains(r.replaced_in_place, n) && r.replaced_in_place.size() < 4096) r.replaced_in_place.push_back(n);
   }
   // A relaunch decision on this failure spent its restart already. The resume step is the owner's word, as the
   // report is: it can spare only the owner's own job a give-up, which not reporting at all would too.

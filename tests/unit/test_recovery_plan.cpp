@@ -256,6 +256,25 @@ TEST_CASE("events: an in-place report excludes only the job's own nodes", "[reco
   CHECK(apply_event(r, e, false, 300).exclude.empty());
 }
 
+TEST_CASE("events: a late exit from a node replaced in place is not a new failure", "[recovery][events][in-place]") {
+  JobRecord r = record(JobState::Running);
+  apply_event(r, in_place(), false, 200);
+  CHECK(r.replaced_in_place == std::vector<std::string>{"n2"});
+  Event late = event(EventType::TaskExit, 0, "n2");  // the frozen rank thawed and leaves (75)
+  late.exit_code = kExitPeerLost;
+  auto fx = apply_event(r, late, false, 300);
+  CHECK_FALSE(fx.start_failing);
+  CHECK(r.failures.empty());
+  CHECK(fx.note == "task_exit from n2 (step 0): from a node this run replaced in place; not a new failure");
+  CHECK(apply_event(r, event(EventType::TaskExit, 0, "n3"), false, 300).start_failing);  // another node: news
+
+  SECTION("kept across a controller restart") {
+    auto back = parse_job_record(to_json(r));
+    REQUIRE(back);
+    CHECK(back->replaced_in_place == std::vector<std::string>{"n2"});
+  }
+}
+
 TEST_CASE("events: an in-place recovery spends a restart and keeps the job running", "[recovery][events][in-place]") {
   JobRecord r = record(JobState::Running);
   r.budget.max_restarts = 2;

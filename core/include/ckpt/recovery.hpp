@@ -285,6 +285,7 @@ struct JobRecord {
   Budget budget;
   std::vector<TaskFailure> failures;     // of the current run
   std::vector<std::string> reporters;    // nodes whose plugin reported during the current failure: alive
+  std::vector<std::string> replaced_in_place;  // of the current run: nodes an in-place recovery replaced
   std::vector<std::string> nodes;        // the current run's allocation
   std::string batch_host;
   std::map<std::uint32_t, StepInfo> steps;  // of the current run
