@@ -3,7 +3,10 @@ generation's Checkpointer reports, never on the previous one's; a stranger conne
 can neither steer nor stall a survivor's wait for the plan. Run by tests/integration/test_inplace_local.sh."""
 import datetime
 import math
+import os
 import secrets
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -76,6 +79,26 @@ class WatchdogTest(unittest.TestCase):
         finally:
             group.leave(failed=True)
             restart._state["checkpointer"] = None
+
+
+class ReaperTest(unittest.TestCase):
+    def test_exit_waits_for_the_destructor_in_progress(self):
+        # A daemon thread still inside a C++ destructor when the interpreter finalizes aborts the process as it
+        # takes the GIL back: exit must wait for the reaper's destruction in progress.
+        code = (
+            "import sys, time\n"
+            "from slurm_ckpt import restart\n"
+            "class Slow:\n"
+            "    def __del__(self):\n"
+            "        time.sleep(0.5)\n"
+            "        open(sys.argv[1], 'w').write('destroyed')\n"
+            "restart._abandon(Slow())\n"
+            "time.sleep(0.1)\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            marker = os.path.join(tmp, "marker")
+            done = subprocess.run([sys.executable, "-c", code, marker], timeout=60)
+            self.assertEqual(done.returncode, 0)
+            self.assertTrue(os.path.exists(marker))
 
 
 class MailboxTest(unittest.TestCase):

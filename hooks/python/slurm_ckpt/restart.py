@@ -22,6 +22,7 @@ and the requeue path takes over as before.
 Outside ckpt-run (srun, torchrun) run() forms the group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (or srun's
 variables) and calls train() once.
 """
+import atexit
 import datetime
 import json
 import os
@@ -41,8 +42,6 @@ _JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("CKPT_INPLACE_JO
 
 # The Checkpointer's error when a rank never joined its heartbeat mesh.
 _MESH_FAILED = "not every rank joined the mesh"
-_abandoned = queue.SimpleQueue()  # what failed generations left: groups and stores, for _reap()
-_reaper = []  # its thread, once started
 _state = {"checkpointer": None, "phases": None, "group": None}
 
 
@@ -91,28 +90,59 @@ def _last_words():
 
 # ---- the group ----------------------------------------------------------------------------------------------------
 
-def _reap():
-    """Destroys what failed generations left, on a thread of its own, each item once nothing else holds it (the
-    failed train()'s frames may, until the next generation runs): torch destroys a process group with the GIL
-    released, and a destructor that waits on a dead peer, or closes thousands of pairs, holds up only this thread.
-    A failed group must not be kept either: gloo's event loop spins on a shut socket whose next message was meant
-    for a buffer the failed collective freed (a core per survivor, per recovery) until its pairs close."""
-    held = []
-    while True:
-        try:
-            held.extend(_abandoned.get(timeout=0.2 if held else None))
-        except queue.Empty:
-            pass
-        for i in reversed(range(len(held))):
-            if sys.getrefcount(held[i]) <= 2:  # this list's reference and the call's
+class _Reaper:
+    """Destroys what failed generations left (groups, stores), on a thread of its own, each item once nothing else
+    holds it (the failed train()'s frames may, until the next generation runs). torch destroys a process group
+    with the GIL released: a destructor that waits on a dead peer, or closes thousands of pairs, holds up only this
+    thread. A failed group must not be kept either: gloo's event loop spins on a shut socket whose next message
+    was meant for a buffer the failed collective freed (a core per survivor, per recovery) until its pairs close.
+
+    At exit the reaper stops: a daemon thread that takes the GIL back while the interpreter finalizes is ended by
+    an unwind through the destructor it was in, which aborts the process. So exit waits for the destructor in
+    progress (30 s at most), and what is left is never destroyed."""
+
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        self._cv = threading.Condition()
+        self._destroying = False
+        self._closing = False
+        self._thread = None
+
+    def take(self, *things):
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ckpt-inplace-reaper", daemon=True)
+                self._thread.start()
+                atexit.register(self.close)
+        self._queue.put(things)
+
+    def _run(self):
+        held = []
+        while True:
+            try:
+                held.extend(self._queue.get(timeout=0.2 if held else None))
+            except queue.Empty:
+                pass
+            for i in reversed(range(len(held))):
+                if sys.getrefcount(held[i]) > 2:  # more than this list's reference and the call's: still in use
+                    continue
+                with self._cv:
+                    while self._closing:
+                        self._cv.wait()  # parked for good, holding what is left
+                    self._destroying = True
                 del held[i]
+                with self._cv:
+                    self._destroying = False
+                    self._cv.notify_all()
+
+    def close(self, timeout_s=30.0):
+        with self._cv:
+            self._closing = True
+            self._cv.wait_for(lambda: not self._destroying, timeout_s)
 
 
-def _abandon(*things):
-    if not _reaper:
-        _reaper.append(threading.Thread(target=_reap, name="ckpt-inplace-reaper", daemon=True))
-        _reaper[0].start()
-    _abandoned.put(things)
+_reaper = _Reaper()
+_abandon = _reaper.take
 
 
 def _sockets():
