@@ -122,7 +122,8 @@ def train(args, in_place=False, warm=None):
     if not cp.enabled:
         say("no checkpoint dir (--ckpt-dir or CKPT_DIR): training without checkpoints")
     start = cp.restore()
-    if start == 0 and warm is not None:  # nothing to resume from: the initial state, as a fresh process has it
+    if start == 0 and warm is not None and os.environ.get("CKPT_INPLACE_GENERATION", "0") != "0":
+        # A survivor re-entering with nothing to resume from: the initial state, as a fresh process has it
         model.load_state_dict(build(args)[0].state_dict())
         optimizer.state.clear()
         torch.manual_seed(args.seed + 1 + rank)

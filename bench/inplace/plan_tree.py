@@ -38,14 +38,14 @@ def host(proc, procs, world, root_dir, fanout, rounds, out):
     boxes = {r: restart._Mailbox(members[r].secret()) for r in ranks}
     for r in ranks:
         members[r].publish_mailbox(r, 0, boxes[r].addr, boxes[r].port)
-    restart._PLAN_FANOUT = fanout
     current = {"generation": 0, "takeover": {}}
     got = []
     for generation in range(1, rounds + 1):
         times = {}
 
         def take(r):
-            restart._plan_of_tree(members[r], boxes[r], generation, r, world, [], 0, current, 60)
+            parent = restart._plan_tree(world, [], 0, r, fanout)[0]
+            restart._plan_of_tree(members[r], boxes[r], generation, r, parent, 0, current, 60)
             times[r] = time.time()
 
         threads = [threading.Thread(target=take, args=(r,)) for r in ranks if r != 0]
@@ -97,7 +97,6 @@ def depth(world, fanout):
 
 def measure(world, procs, fanout, rounds):
     with tempfile.TemporaryDirectory() as root_dir:
-        os.makedirs(membership(root_dir, 0, world).dir, exist_ok=True)
         membership(root_dir, 0, world).secret()
         ctx = multiprocessing.get_context("spawn")
         outs = [os.path.join(root_dir, f"out-{p}.json") for p in range(procs)]

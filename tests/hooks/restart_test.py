@@ -11,7 +11,6 @@ import tempfile
 import threading
 import time
 import unittest
-from unittest import mock
 
 import torch.distributed as dist
 
@@ -191,9 +190,9 @@ class PlanRelayTest(unittest.TestCase):
         got = {}
 
         def take(r):
-            with mock.patch.object(restart, "_PLAN_FANOUT", fanout):
-                got[r] = restart._plan_of_tree(self.members[r], self.boxes[r], 1, r, 8, [3], 0,
-                                               {"generation": 0, "takeover": {}}, 5.0)
+            parent = restart._plan_tree(8, [3], 0, r, fanout)[0]
+            got[r] = restart._plan_of_tree(self.members[r], self.boxes[r], 1, r, parent, 0,
+                                           {"generation": 0, "takeover": {}}, 5.0)
         threads = [threading.Thread(target=take, args=(r,)) for r in survivors]
         for t in threads:
             t.start()

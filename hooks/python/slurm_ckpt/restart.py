@@ -291,8 +291,8 @@ class _Mailbox:
     socket snapshot, so that no watchdog or join timer takes its listener for a group's; published once the
     process first formed a group (a spare's, under the rank it took over)."""
 
-    def __init__(self, secret):
-        self.secret = secret
+    def __init__(self, secret=None):
+        self.secret = secret  # run() sets it once the run's secret exists
         self.addr = inplace.address()
         self.store = dist.TCPStore(self.addr, 0, None, True, _JOIN_TIMEOUT, wait_for_workers=False)
         self.port = self.store.port
@@ -447,10 +447,9 @@ def _join_failure(plan, missing):
             "done_unix": now}
 
 
-def _plan_of_tree(members, mailbox, generation, rank, world, lost, root, current, timeout_s):
+def _plan_of_tree(members, mailbox, generation, rank, parent, root, current, timeout_s):
     """A survivor's plan, taken from its parent in the plan tree (or the file) and posted in its own mailbox for
     its children."""
-    parent, _ = _plan_tree(world, lost, root, rank)
     if parent is None:  # the root, after the plan was written (a rank that recovers twice as the root)
         plan = members.wait_plan(generation, timeout_s)
     else:
@@ -468,17 +467,18 @@ def _recover(members, mailbox, generation, rank, world, failure, current):
     if members.has_plan(generation + 1):
         # A rank that was frozen through a recovery and thaws now: the job went on without it.
         _leave(f"rank {rank}: generation {generation + 1} runs already; this process is stale and leaves")
-    store, posted = None, rank == root and not members.has_plan(generation)
-    if posted:
+    parent, children = _plan_tree(world, lost, root, rank)
+    store = None
+    if rank == root and not members.has_plan(generation):
         store, plan = _next_plan(members, mailbox, generation, rank, failure, world)
     else:
-        plan = _plan_of_tree(members, mailbox, generation, rank, world, lost, root, current, _PLAN_TIMEOUT_S)
+        plan = _plan_of_tree(members, mailbox, generation, rank, parent, root, current, _PLAN_TIMEOUT_S)
     if plan is None:
         members.mark("abandoned", f"no plan for generation {generation}")  # the idle spares leave too
         _leave(f"rank {rank}: no plan for generation {generation} within {_PLAN_TIMEOUT_S:g} s; "
                f"handing over to a requeue")
     if plan.get("abandon"):
-        mailbox.wait_taken(generation, len(_plan_tree(world, lost, root, rank)[1]), 5)
+        mailbox.wait_taken(generation, len(children), 5)
         _leave(f"rank {rank}: cannot recover in place ({plan['abandon']}); handing over to a requeue")
     if rank in plan["lost"]:
         _leave(f"rank {rank}: counted as lost by generation {generation}; leaving")
@@ -506,9 +506,9 @@ def _run_plain(train, backend, args, kwargs):
 
 def _warm_up(warm, kwargs):
     """Runs `warm` (run()'s) once in this process; train() gets what it made as its keyword argument `warm`.
-    Returns the seconds it took."""
+    Returns the seconds it took (None without `warm`)."""
     if warm is None:
-        return 0.0
+        return None
     t0 = time.monotonic()
     kwargs["warm"] = warm()
     return time.monotonic() - t0
@@ -520,7 +520,7 @@ def _first_generation(launch, members, warm, kwargs):
     without it."""
     if launch.spare:
         took = _warm_up(warm, kwargs)
-        if warm is not None:
+        if took is not None:
             _say(f"spare {launch.slot}: warm in {took:.2f} s; ready")
         spare_box = inplace.SpareMailbox(inplace.address())
         members.register_spare(spare_box)
@@ -537,6 +537,7 @@ def _first_generation(launch, members, warm, kwargs):
         return generation, rank, plan, None
     _warm_up(warm, kwargs)
     if launch.rank == 0:
+        members.secret()  # made before generation 0's plan, which every other process waits for
         store, plan = _store_master(launch.world)
         return 0, 0, members.write_plan(0, dict(plan, root=0, lost=[], step=None)), store
     # Rank 0's address is known only from its plan: polled, backing off from 5 ms to 1 s.
@@ -563,10 +564,12 @@ def run(train, *args, backend="gloo", warm=None, **kwargs):
     os.environ["CKPT_EXIT_GRACE"] = "0s"  # this process leaves the failed group itself: the library must not end it
     dist.new_group = dist.distributed_c10d.new_group = _new_group_of_generation  # new_subgroups calls it too
     members = inplace.Membership(launch)
-    secret = members.secret()
-    mailbox = _Mailbox(secret)
+    mailbox = _Mailbox()
     world, phases = launch.world, None
     generation, rank, plan, store = _first_generation(launch, members, warm, kwargs)
+    # Rank 0 made the run's secret before generation 0's plan, which every process has seen by now: one read each,
+    # not a creation race of every process in the shared dir at the job's start.
+    secret = mailbox.secret = members.secret()
     while True:
         _set_rank_env(rank, world, launch, generation)
         try:
