@@ -3,8 +3,8 @@
 #   cpack -G DEB   (in the build dir; also -G RPM, which needs rpmbuild)
 #
 # component   Debian package           RPM package             what
-# node        slurm-ckpt               slurm-ckpt              the SPANK plugin, the ckpt CLI (every node)
-# controller  slurm-ckpt-controller    slurm-ckpt-controller   ckpt-controller, ckpt-run, unit, conffile
+# node        slurm-ckpt               slurm-ckpt              the SPANK plugin, the ckpt CLI, ckpt-run (every node)
+# controller  slurm-ckpt-controller    slurm-ckpt-controller   ckpt-controller, unit, conffile
 # python      python3-slurm-ckpt       python3-slurm-ckpt      the slurm_ckpt module for Debian's python3
 # runtime     libckpt0                 slurm-ckpt-libs         libckpt.so.0, which the module and C/C++ programs load
 # dev         libslurm-ckpt-dev        slurm-ckpt-devel        headers, libckpt.so, pkg-config, CMake config
@@ -74,13 +74,13 @@ dir, kept checkpoints, last words, MTBF, restart budget, grace before the
 time limit), hands each rank its settings and the newest complete checkpoint
 to resume from, and reports task failures to the recovery controller. The
 ckpt tool lists, verifies and cleans checkpoint dirs and computes optimal
-checkpoint intervals. Install it on every node.")
+checkpoint intervals; ckpt-run relaunches a job step inside its allocation
+or restarts it in place with spares. Install it on every node.")
 set(CPACK_COMPONENT_CONTROLLER_DESCRIPTION "checkpoint and fast recovery of training jobs on Slurm: controller
 ckpt-controller takes the plugin's failure reports, classifies each job's
 ending and requeues failed jobs within seconds, away from bad nodes, with a
-restart budget that resets only on checkpoint progress. ckpt-run relaunches
-a job step inside its allocation. Install it on one host with the cluster's
-slurm.conf, such as the one that runs slurmctld.")
+restart budget that resets only on checkpoint progress. Install it on one
+host with the cluster's slurm.conf, such as the one that runs slurmctld.")
 set(CPACK_COMPONENT_PYTHON_DESCRIPTION "checkpoint and fast recovery of training jobs on Slurm: Python module
 The slurm_ckpt module (and slurm_ckpt.torch for PyTorch) takes asynchronous
 two-phase checkpoints committed across ranks, resumes from the newest
@@ -198,7 +198,7 @@ set(CPACK_RPM_DEV_PACKAGE_NAME slurm-ckpt-devel)
 set(CPACK_PACKAGE_RELOCATABLE OFF)  # absolute paths (/etc, /lib/systemd): not relocatable
 # No /usr/lib/.build-id links: two of these packages would own the same ones.
 set(CPACK_RPM_SPEC_MORE_DEFINE "%define _build_id_links none")
-set(CPACK_RPM_CONTROLLER_USER_FILELIST "%config(noreplace) /etc/slurm-ckpt/controller.conf")
+set(CPACK_RPM_CONTROLLER_USER_FILELIST "%config(noreplace) %attr(0640,root,root) /etc/slurm-ckpt/controller.conf")
 set(CPACK_RPM_CONTROLLER_POST_INSTALL_SCRIPT_FILE ${PROJECT_SOURCE_DIR}/packaging/rpm/controller-post.sh)
 # Directories other packages own (filesystem, systemd, python3) stay out of ours.
 set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION

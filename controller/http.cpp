@@ -2,7 +2,10 @@
 
 #include <curl/curl.h>
 
+#include <cctype>
+#include <map>
 #include <mutex>
+#include <string>
 
 namespace ckpt::controller {
 
@@ -13,6 +16,26 @@ std::size_t on_body(char* data, std::size_t size, std::size_t count, void* user)
   const std::size_t n = size * count;
   if (body->size() + n > 64 * 1024 * 1024) return 0;  // refuse absurd answers
   body->append(data, n);
+  return n;
+}
+
+// One response header line into the map (lower-case name, trimmed value); a server that sends more than 64 KiB
+// of headers has the rest dropped.
+std::size_t on_header(char* data, std::size_t size, std::size_t count, void* user) {
+  auto* headers = static_cast<std::map<std::string, std::string>*>(user);
+  const std::size_t n = size * count;
+  std::size_t kept = 0;
+  for (const auto& [k, v] : *headers) kept += k.size() + v.size();
+  const std::string line(data, n);
+  const auto colon = line.find(':');
+  if (colon == std::string::npos || kept + n > 64 * 1024) return n;
+  std::string name = line.substr(0, colon);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string value = line.substr(colon + 1);
+  const auto first = value.find_first_not_of(" \t");
+  const auto last = value.find_last_not_of(" \t\r\n");
+  value = first == std::string::npos ? std::string() : value.substr(first, last - first + 1);
+  (*headers)[name] = value;
   return n;
 }
 
@@ -54,6 +77,8 @@ HttpResponse http_request(const HttpRequest& request) {
   curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response.body);
+  curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(curl, CURLOPT_HEADERDATA, &response.headers);
   char error[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
   CURLcode rc = curl_easy_perform(curl);

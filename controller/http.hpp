@@ -1,6 +1,7 @@
 #pragma once
 // A small libcurl client: one request, a hard timeout, no redirects followed, no proxy from the environment
 // unless asked. Used for slurmrestd, webhooks, the client subcommands and ckpt-run. Never throws.
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,7 @@ struct HttpResponse {
   long status = 0;        // 0 when no response arrived
   std::string body;
   std::string error;      // transport error ("Connection refused", "Timeout was reached"), empty otherwise
+  std::map<std::string, std::string> headers;  // names in lower case; at most 64 KiB of them kept
   bool ok() const { return error.empty() && status >= 200 && status < 300; }
 };
 

@@ -63,6 +63,7 @@ ckpt::Result<std::string> read_token(const rec::ControllerConfig& cfg) {
   std::string token;
   if (!cfg.rest_token_file.empty()) return read_rest_token_file(cfg.rest_token_file);
   if (const char* env = std::getenv("SLURM_JWT"); env != nullptr) token = env;
+  ::unsetenv("SLURM_JWT");  // held in memory from here on: no child of the daemon inherits it
   if (token.rfind("SLURM_JWT=", 0) == 0) token = token.substr(10);
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
   if (token.empty()) {

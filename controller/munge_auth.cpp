@@ -1,7 +1,9 @@
 #include "munge_auth.hpp"
 
 #include <munge.h>
+#include <openssl/evp.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 namespace ckpt::controller {
@@ -61,6 +63,42 @@ Result<MungePayload> munge_decode_credential(const std::string& credential, cons
   out.uid = uid;
   out.gid = gid;
   return out;
+}
+
+namespace {
+
+std::string sha256_hex(const std::string& data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr) != 1) return {};
+  std::string out;
+  char buf[3];
+  for (unsigned int i = 0; i < len; ++i) {
+    std::snprintf(buf, sizeof buf, "%02x", digest[i]);
+    out += buf;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string reply_credential_payload(const std::string& request_credential, const std::string& body) {
+  return "REPLY " + sha256_hex(request_credential) + " " + sha256_hex(body);
+}
+
+Status check_reply_credential(const std::string& reply_credential, const std::string& request_credential,
+                              const std::string& body, std::uint32_t slurm_user_uid, const std::string& socket) {
+  if (reply_credential.empty()) return Status::failure("the answer is not signed (no " + std::string(kReplyCredentialHeader) + ")");
+  auto decoded = munge_decode_credential(reply_credential, socket);
+  if (!decoded) return Status::failure("the answer's signature: " + decoded.error());
+  if (decoded->uid != 0 && decoded->uid != slurm_user_uid) {
+    return Status::failure("the answer was signed by uid " + std::to_string(decoded->uid) +
+                           ", not by the controller (root or SlurmUser)");
+  }
+  if (decoded->payload != reply_credential_payload(request_credential, body)) {
+    return Status::failure("the answer's signature was made for another request or body");
+  }
+  return Status::success();
 }
 
 }  // namespace ckpt::controller

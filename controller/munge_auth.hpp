@@ -24,4 +24,15 @@ Result<MungePayload> munge_decode_credential(const std::string& credential, cons
 inline constexpr const char* kCredentialHeader = "X-Ckpt-Credential";
 inline std::string read_credential_payload(const std::string& path) { return "GET " + path; }
 
+// The controller's answer to such a read carries, in this header, a MUNGE credential of its own (made as root or
+// SlurmUser) whose payload binds it to that request's credential and to the answer's body: a process that took the
+// controller's port on a node can neither answer for it nor reuse one of its answers.
+inline constexpr const char* kReplyCredentialHeader = "X-Ckpt-Reply-Credential";
+// "REPLY <sha256 of the request's credential> <sha256 of the body>", hex.
+std::string reply_credential_payload(const std::string& request_credential, const std::string& body);
+// Whether `reply_credential` is the controller's answer to `request_credential` with `body`: it decodes, was made
+// by uid 0 or `slurm_user_uid`, and its payload is reply_credential_payload(...). The error says which failed.
+Status check_reply_credential(const std::string& reply_credential, const std::string& request_credential,
+                              const std::string& body, std::uint32_t slurm_user_uid, const std::string& socket);
+
 }  // namespace ckpt::controller

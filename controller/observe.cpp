@@ -306,6 +306,9 @@ pid_t spawn_reader(const std::string& exe, const std::string& dir, const std::st
   const std::string flag = "--read-checkpoints";
   char* const argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>(flag.c_str()), const_cast<char*>(dir.c_str()),
                         const_cast<char*>(trusted_dirs.c_str()), nullptr};
+  // The reader runs as the job's owner, who may read its environment: it gets none of the daemon's (a
+  // SLURM_JWT there would be theirs to take), only a PATH and the C locale.
+  static const char* const kReaderEnv[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", nullptr};
   pid_t pid = fork();
   if (pid == 0) {
     dup2(out_fd, STDOUT_FILENO);
@@ -318,7 +321,7 @@ pid_t spawn_reader(const std::string& exe, const std::string& dir, const std::st
         (uid != 0 && setuid(0) == 0)) {
       _exit(126);
     }
-    execv(exe.c_str(), argv);
+    execve(exe.c_str(), argv, const_cast<char* const*>(kReaderEnv));
     _exit(127);
   }
   return pid;

@@ -43,6 +43,7 @@ extern "C" {
 #include "ckpt/srun_cmdline.hpp"
 #include "http.hpp"
 #include "log.hpp"
+#include "ckpt/format.hpp"
 #include "munge_auth.hpp"
 #include "run_options.hpp"
 #include "run_report.hpp"
@@ -90,37 +91,6 @@ ckpt::Result<SrunLine> parse_srun(const std::vector<std::string>& args) {
     }
   }
   return line;
-}
-
-std::string controller_url_from_config() {
-  const char* path = std::getenv("CKPT_CONTROLLER_CONFIG");
-  std::ifstream in(path ? path : "/etc/slurm-ckpt/controller.conf");
-  if (!in) return {};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto cfg = rec::parse_controller_config(ss.str());
-  if (!cfg || cfg->listen == "off") return {};
-  return "http://" + cfg->listen;
-}
-
-// The controller's view of this job, read with a MUNGE credential (the controller shows a user only their jobs).
-std::optional<json> job_view(const Settings& s, const std::string& job) {
-  static const std::string socket = munge_socket_from_slurm();
-  HttpRequest req;
-  const std::string path = "/v1/jobs/" + job;
-  req.url = s.url + path;
-  req.timeout_s = 1;
-  auto cred = munge_encode_payload(read_credential_payload(path), socket);
-  if (!cred) {
-    log_limited(LogLevel::Warning, "munge", "cannot ask the controller about job " + job + ": " + cred.error());
-    return std::nullopt;
-  }
-  req.headers.emplace_back(kCredentialHeader, *cred);
-  HttpResponse res = http_request(req);
-  if (!res.ok()) return std::nullopt;
-  json j = json::parse(res.body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return std::nullopt;
-  return j;
 }
 
 // Starts `argv` in its own process group with `env` added.
@@ -234,8 +204,9 @@ std::optional<int> prepare(Run& run, const std::vector<std::string>& srun_args) 
   if (!run.s.spares && *spares) run.s.spares_source = "--ckpt-spares";
   run.s.spares = *spares;
   if (run.s.url.empty()) {
+    // The plugin exports the site's controller= URL to the job: never a guess from a config file.
     const char* env = std::getenv("CKPT_CONTROLLER_URL");
-    run.s.url = env ? env : controller_url_from_config();
+    run.s.url = env ? env : "";
   }
   while (!run.s.url.empty() && run.s.url.back() == '/') run.s.url.pop_back();
   const char* nodelist = std::getenv("SLURM_JOB_NODELIST");
@@ -319,14 +290,14 @@ std::optional<Launch> next_launch(const Run& run) {
 }
 
 struct Decision {
-  json view;    // the controller's view of the job, state "relaunching"
+  JobView view;  // the controller's view of the job, state "relaunching"
   double seen;  // when ckpt-run saw it
 };
 
 // True for a relaunch decision about a failed step not handled yet; marks the step handled.
-bool take_relaunch(const json& view, std::set<std::uint32_t>& handled_steps) {
-  if (view.value("state", "") != "relaunching" || !view.contains("relaunch_step")) return false;
-  return handled_steps.insert(view["relaunch_step"].get<std::uint32_t>()).second;
+bool take_relaunch(const JobView& view, std::set<std::uint32_t>& handled_steps) {
+  if (view.state != "relaunching" || !view.relaunch_step) return false;
+  return handled_steps.insert(*view.relaunch_step).second;
 }
 
 // Watches the step and polls the controller until its ending is settled: an exit status for ckpt-run, or the
@@ -342,8 +313,8 @@ std::variant<int, Decision> wait_for_decision(Run& run, pid_t pid) {
       g_child_group = 0;
       if (exit_status(status) == 0 || g_stopping || run.s.url.empty()) return exit_status(status);
     }
-    std::optional<json> view;
-    if (!run.s.url.empty()) view = job_view(run.s, run.job);
+    std::optional<JobView> view;
+    if (!run.s.url.empty()) view = read_job_view(run.s.url, run.job);
     if (view && take_relaunch(*view, run.handled_steps)) {
       Decision decision{*view, ckpt::unix_seconds()};
       if (!exited) {
@@ -353,8 +324,8 @@ std::variant<int, Decision> wait_for_decision(Run& run, pid_t pid) {
       }
       return decision;
     }
-    if (view && view->value("state", "") == "gave-up") {
-      log_error("the controller gave up on the job: " + view->value("reason", ""));
+    if (view && view->state == "gave-up") {
+      log_error("the controller gave up on the job: " + ckpt::printable(view->reason));
       if (exited) return exit_status(status);
       kill(-pid, SIGKILL);
       waitpid(pid, &status, 0);
@@ -371,10 +342,10 @@ std::variant<int, Decision> wait_for_decision(Run& run, pid_t pid) {
 // Carries out a relaunch decision: the failed step is cancelled and its bad nodes left out from now on. Returns
 // an exit status when no relaunch follows (stopping, or the relaunches are used up).
 std::optional<int> apply_decision(Run& run, Decision& decision) {
-  const std::uint32_t step = decision.view["relaunch_step"].get<std::uint32_t>();
+  const std::uint32_t step = *decision.view.relaunch_step;
   slurm_kill_job_step(run.job_id, step, SIGKILL);
-  for (const auto& n : decision.view["exclude"]) run.excluded.insert(n.get<std::string>());
-  const double decided = decision.view["clock"].value("decided", 0.0);
+  for (const auto& n : decision.view.exclude) run.excluded.insert(n);
+  const double decided = decision.view.decided;
   std::fprintf(stderr, "ckpt-run: step %u failed; controller decided at %.3f, seen at %.3f; excluding %s\n", step,
                decided, decision.seen, rec::join_nodes({run.excluded.begin(), run.excluded.end()}).c_str());
   if (g_stopping) return 1;
@@ -489,9 +460,9 @@ bool watch_in_place(const Run& run, InPlaceWatch& watch) {
   }
   if (run.s.url.empty() || watch.next == 1 || ckpt::unix_seconds() < watch.next_view) return false;
   watch.next_view = ckpt::unix_seconds() + 2;
-  auto view = job_view(run.s, run.job);
-  if (!view || view->value("state", "") != "gave-up") return false;
-  log_error("the controller gave up on the job: " + view->value("reason", ""));
+  auto view = read_job_view(run.s.url, run.job);
+  if (!view || view->state != "gave-up") return false;
+  log_error("the controller gave up on the job: " + ckpt::printable(view->reason));
   return true;
 }
 

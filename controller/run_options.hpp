@@ -14,9 +14,9 @@ struct RunOptionSpec {
 
 inline constexpr std::array<RunOptionSpec, 5> kRunOptions{{
     {"--controller", "URL",
-     "The recovery controller (default: $CKPT_CONTROLLER_URL, else the listen address of the controller's config "
-     "file, $CKPT_CONTROLLER_CONFIG or /etc/slurm-ckpt/controller.conf). Without a reachable controller the step "
-     "runs once and ckpt-run returns its status"},
+     "The recovery controller (default: $CKPT_CONTROLLER_URL, which the plugin sets from the site's controller=). "
+     "Only answers signed by the controller (MUNGE, as root or SlurmUser) are believed. Without a reachable "
+     "controller the step runs once and ckpt-run returns its status"},
     {"--min-nodes", "N",
      "Fewest nodes the relaunched step may run on: without spare nodes, -N shrinks down to N (default: never "
      "shrink)"},

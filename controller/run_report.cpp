@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
@@ -159,6 +160,86 @@ std::string munge_socket_from_slurm() {
   if (pos == std::string::npos) return {};
   auto end = info.find(',', pos);
   return info.substr(pos + 7, end == std::string::npos ? std::string::npos : end - pos - 7);
+}
+
+std::uint32_t slurm_user_uid() {
+  slurm_conf_t* conf = nullptr;
+  if (slurm_load_ctl_conf(0, &conf) != SLURM_SUCCESS || conf == nullptr) return 0;
+  const std::uint32_t uid = conf->slurm_user_id;
+  slurm_free_ctl_conf(conf);
+  return uid;
+}
+
+namespace {
+
+bool host_name_ok(const std::string& n) {
+  return !n.empty() && n.size() <= 255 && std::isalnum(static_cast<unsigned char>(n[0])) &&
+         std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+}  // namespace
+
+std::optional<JobView> parse_job_view(const json& j) {
+  if (!j.is_object()) return std::nullopt;
+  JobView v;
+  auto text = [&](const char* key, std::string& out) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return true;
+    if (!it->is_string() || it->get_ref<const std::string&>().size() > 4096) return false;
+    out = it->get<std::string>();
+    return true;
+  };
+  if (!text("state", v.state) || !text("reason", v.reason)) return std::nullopt;
+  if (auto it = j.find("relaunch_step"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_unsigned() || it->get<std::uint64_t>() > std::numeric_limits<std::uint32_t>::max()) {
+      return std::nullopt;
+    }
+    v.relaunch_step = it->get<std::uint32_t>();
+  }
+  if (auto it = j.find("exclude"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() > 65536) return std::nullopt;
+    for (const auto& n : *it) {
+      if (!n.is_string() || !host_name_ok(n.get<std::string>())) return std::nullopt;
+      v.exclude.push_back(n.get<std::string>());
+    }
+  }
+  if (auto it = j.find("clock"); it != j.end() && it->is_object()) {
+    if (auto d = it->find("decided"); d != it->end() && !d->is_null()) {
+      if (!d->is_number() || !std::isfinite(d->get<double>())) return std::nullopt;
+      v.decided = d->get<double>();
+    }
+  }
+  if (v.state == "relaunching" && !v.relaunch_step) return std::nullopt;
+  return v;
+}
+
+std::optional<JobView> read_job_view(const std::string& url, const std::string& job) {
+  static const std::string socket = munge_socket_from_slurm();
+  static const std::uint32_t slurm_uid = slurm_user_uid();
+  const std::string path = "/v1/jobs/" + job;
+  auto cred = munge_encode_payload(read_credential_payload(path), socket);
+  if (!cred) {
+    log_limited(LogLevel::Warning, "munge", "cannot ask the controller about job " + job + ": " + cred.error());
+    return std::nullopt;
+  }
+  HttpRequest req;
+  req.url = url + path;
+  req.timeout_s = 1;
+  req.headers.emplace_back(kCredentialHeader, *cred);
+  HttpResponse res = http_request(req);
+  if (!res.ok()) return std::nullopt;
+  std::string header = kReplyCredentialHeader;
+  for (char& c : header) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  auto sig = res.headers.find(header);
+  if (Status s = check_reply_credential(sig == res.headers.end() ? "" : sig->second, *cred, res.body, slurm_uid, socket);
+      !s) {
+    log_limited(LogLevel::Warning, "reply-credential",
+                "ignoring the answer from " + url + " about job " + job + ": " + s.error());
+    return std::nullopt;
+  }
+  return parse_job_view(json::parse(res.body, nullptr, false));
 }
 
 void hand_over(const Settings& s, std::uint32_t job, const std::string& why) {

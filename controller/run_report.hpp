@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "ckpt/recovery.hpp"
 #include "run_settings.hpp"
 
@@ -24,6 +26,23 @@ struct InPlaceRecovery {
 
 // The MUNGE socket of Slurm's AuthInfo ("socket=..."); empty for libmunge's default.
 std::string munge_socket_from_slurm();
+// SlurmUser's uid (the controller may run as it), from Slurm's config; 0 when it cannot be read.
+std::uint32_t slurm_user_uid();
+
+// What ckpt-run takes from the controller's view of its job, every field type-checked.
+struct JobView {
+  std::string state;                          // "relaunching", "gave-up", "running", ...
+  std::string reason;
+  std::optional<std::uint32_t> relaunch_step;  // with "relaunching": the failed step to kill
+  std::vector<std::string> exclude;            // node names, each a valid host name
+  double decided = 0;                          // clock.decided: when the controller decided
+};
+// nullopt when `j` is no object or any field ckpt-run reads has the wrong type or range.
+std::optional<JobView> parse_job_view(const nlohmann::json& j);
+// The controller's view of `job`, read with a MUNGE credential as the job's owner and believed only when the
+// answer carries the controller's own credential bound to that request and body (munge_auth.hpp): nullopt for
+// no answer, an unsigned or mis-signed one (logged, rate-limited) or a malformed view.
+std::optional<JobView> read_job_view(const std::string& url, const std::string& job);
 
 // Tells the controller that relaunching inside the allocation is not possible: requeue the job.
 void hand_over(const Settings& s, std::uint32_t job, const std::string& why);

@@ -243,6 +243,7 @@ struct Server::Impl {
   void dispatch(Connection& c);
   Response handle(const rec::HttpHead& head, const std::string& body);
   Response handle_read(const rec::HttpHead& head);
+  Response handle_signed_read(const rec::HttpHead& head);
   std::optional<std::uint32_t> reader_uid(const rec::HttpHead& head, std::string& error);
 };
 
@@ -377,6 +378,23 @@ std::optional<std::uint32_t> Server::Impl::reader_uid(const rec::HttpHead& head,
   return decoded->uid;
 }
 
+// A read that came with a credential is answered with one of the controller's own, bound to that credential and
+// to the body (munge_auth.hpp): ckpt-run on a compute node believes no answer without it.
+Response Server::Impl::handle_signed_read(const rec::HttpHead& head) {
+  Response r = handle_read(head);
+  std::string name = kCredentialHeader;
+  for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  auto it = head.headers.find(name);
+  if (it == head.headers.end()) return r;
+  auto signature = munge_encode_payload(reply_credential_payload(it->second, r.body), socket);
+  if (!signature) {
+    log_limited(LogLevel::Warning, "reply-credential", "cannot sign the answer to " + head.target + ": " + signature.error());
+    return r;
+  }
+  r.headers += std::string(kReplyCredentialHeader) + ": " + *signature + "\r\n";
+  return r;
+}
+
 Response Server::Impl::handle_read(const rec::HttpHead& head) {
   const std::string& path = head.target;
   if (path == "/metrics") {
@@ -441,7 +459,7 @@ Response Server::Impl::handle(const rec::HttpHead& head, const std::string& body
     return verdict_reply(engine.admin(payload["op"], payload["arg"], decoded->uid, 30.0));
   }
   if (head.method != "GET") return error_reply(405, path + " takes GET");
-  return handle_read(head);
+  return handle_signed_read(head);
 }
 
 void Server::Impl::loop() {

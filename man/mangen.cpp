@@ -253,7 +253,7 @@ constexpr KeyDoc kControllerKeys[] = {
     {"probe_timeout", "DURATION", "Timeout of the TCP probe of a silent node's slurmd (default 1s)"},
     {"slurmd_rpc_timeout", "DURATION", "Timeout of one RPC to a silent node's slurmd whose port accepted"},
     {"hung_after", "DURATION", "A node whose slurmd answered no RPC for this long hangs (0s: no RPC check)"},
-    {"down_hung_nodes", "yes|no", "Mark a hung node DOWN at once (no: only exclude it from the job)"},
+    {"down_hung_nodes", "yes|no", "Mark a hung node DOWN at once (default no: only exclude it from the job; a user who floods a slurmd can make its RPCs time out)"},
     {"reconcile_interval", "DURATION",
      "How often the controller compares its jobs with Slurm's, catching what no plugin could report (default 2s)"},
     {"completing_timeout", "DURATION", "Longest wait for a requeued job to leave COMPLETING (default 2m)"},
@@ -349,8 +349,8 @@ std::string page_run() {
   }
   durations_paragraph(page);
   page.section("ENVIRONMENT");
-  page.item(bold("CKPT_CONTROLLER_URL"), "The controller, when --controller is not given.");
-  page.item(bold("CKPT_CONTROLLER_CONFIG"), "The controller's config file, read for its listen address.");
+  page.item(bold("CKPT_CONTROLLER_URL"), "The controller, when --controller is not given: the plugin exports "
+                                         "the site's controller= URL to every job.");
   page.item(bold("CKPT_SPARES"), "The job's --ckpt-spares (spank_ckpt(8)): without --spares, a value above 0 "
                                  "restarts in place with that many spare nodes.");
   page.item(bold("CKPT_MAX_SPARES"), "The site's max_spares: a larger --spares or CKPT_SPARES is refused.");

@@ -262,6 +262,10 @@ int remote_user_init(spank_t sp) {
   export_env(sp, "CKPT_TRUSTED_DIRS", ckpt::join_trusted_prefixes(trusted));
   // Who continues a job stopped at its time limit: the site's recovery controller, or the job itself.
   export_env(sp, "CKPT_REQUEUE", state.policy.controller.empty() ? "self" : "controller");
+  // ckpt-run asks the site's controller, never one it guesses (a port on the node's loopback anyone may bind).
+  if (state.policy.controller.rfind("http://", 0) == 0 || state.policy.controller.rfind("https://", 0) == 0) {
+    export_env(sp, "CKPT_CONTROLLER_URL", state.policy.controller);
+  }
   // Steps of a requeued batch job report a restart count of 0; the job's environment has the real one.
   if (auto count = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); count && *count > restarts) {
     restarts = static_cast<std::uint32_t>(*count);

@@ -44,10 +44,16 @@ Result<std::vector<std::string_view>> split_top(std::string_view list) {
 
 bool name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'; }
 
+// A host name is at most 255 bytes (DNS: 253): with the count limit this bounds an expansion's memory, whatever a
+// user writes in a node list that root expands (65,536 names of 255 bytes: 16 MiB).
+constexpr std::size_t kMaxHostName = 255;
+constexpr std::size_t kMaxHostlistText = 1 << 20;
+
 Status expand_one(std::string_view item, std::vector<std::string>& out, std::size_t limit) {
   auto open = item.find('[');
   if (open == std::string_view::npos) {
     if (item.empty()) return Status::failure("empty name in hostlist");
+    if (item.size() > kMaxHostName) return Status::failure("hostlist name longer than 255 bytes");
     if (!std::all_of(item.begin(), item.end(), name_char)) {
       return Status::failure("bad character in hostlist name '" + std::string(item) + "'");
     }
@@ -77,6 +83,11 @@ Status expand_one(std::string_view item, std::vector<std::string>& out, std::siz
     for (std::uint64_t n = *lo; n <= *hi; ++n) {
       std::string digits = std::to_string(n);
       if (digits.size() < width) digits.insert(0, width - digits.size(), '0');
+      // A suffix with brackets of its own is expanded (and bounded) by the recursive call.
+      const std::size_t tail = suffix.find('[') == std::string_view::npos ? suffix.size() : 0;
+      if (prefix.size() + digits.size() + tail > kMaxHostName) {
+        return Status::failure("hostlist name longer than 255 bytes");
+      }
       std::string name = std::string(prefix) + digits;
       if (suffix.find('[') != std::string_view::npos) {
         auto status = expand_one(name + std::string(suffix), out, limit);
@@ -97,6 +108,7 @@ Status expand_one(std::string_view item, std::vector<std::string>& out, std::siz
 Result<std::vector<std::string>> expand_hostlist(std::string_view list, std::size_t limit) {
   std::vector<std::string> out;
   if (list.empty() || list == "(null)") return out;
+  if (list.size() > kMaxHostlistText) return Error{"hostlist longer than 1 MiB"};
   auto parts = split_top(list);
   if (!parts) return Error{parts.error()};
   for (auto part : *parts) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ckpt/format.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/site_keys.hpp"
 
@@ -237,22 +238,6 @@ std::string unsafe_component(const std::string& value, bool may_be_empty) {
     if (c < 0x20 || c == 0x7f) return "which contains a control character";
   }
   return {};
-}
-
-// `value` with control characters shown as \xNN, so that the error stays one line.
-std::string printable(const std::string& value) {
-  std::string out;
-  for (unsigned char c : value) {
-    if (c < 0x20 || c == 0x7f) {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out.size() > 300 ? out.substr(0, 300) + "..." : out;
 }
 
 }  // namespace

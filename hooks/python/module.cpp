@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "ckpt/address.hpp"
 #include "ckpt/hooks.hpp"
 
 namespace py = pybind11;
@@ -195,6 +196,12 @@ PYBIND11_MODULE(_native, m) {
   py::register_exception<CkptError>(m, "Error", PyExc_RuntimeError);
   bind_group_unblock(m);
 
+  m.def("publish_address", [] {
+    auto chosen = ckpt::net::publish_address();
+    if (!chosen) throw CkptError(chosen.error());
+    return py::make_tuple(chosen->address, chosen->how, chosen->warning);
+  }, "(address, how, warning): the address this process publishes to its peers and binds (ckpt/address.hpp); "
+     "raises Error when CKPT_ADDR or the named interface cannot be had.");
   m.def("option_keys", [] {
     py::list out;
     for (const auto& k : ckpt::hooks::option_keys()) out.append(py::make_tuple(k.key, k.env, k.expected));

@@ -108,9 +108,9 @@ using Handler = std::function<void(const Event&)>;
 
 class Mesh {
  public:
-  // Reads (or creates) the job's secret, listens on an ephemeral port of `address` (empty: the first
-  // non-loopback address the host name resolves to, else the address of the default route's interface, else
-  // 127.0.0.1), publishes "<address> <port>" in rendezvous_dir, dials its up neighbour, accepts its down ones, and
+  // Reads (or creates) the job's secret, listens on an ephemeral port of `address` (empty: the one rule of
+  // ckpt/address.hpp: CKPT_ADDR, CKPT_IFNAME / GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, never a host name on
+  // loopback), publishes "<address> <port>" in rendezvous_dir, dials its up neighbour, accepts its down ones, and
   // returns once every rank of the job joined (counted up the tree, announced down it); fails when that does not
   // happen within connect_timeout, or when the rendezvous dir or the secret is not the user's own and private.
   static Result<std::unique_ptr<Mesh>> start(const Settings& settings, Handler handler);

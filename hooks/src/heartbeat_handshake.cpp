@@ -28,6 +28,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ckpt/address.hpp"
 #include "ckpt/posix.hpp"
 #include "ckpt/store.hpp"
 #include "heartbeat_impl.hpp"
@@ -127,47 +128,10 @@ Result<Secret> job_secret(int dirfd, const std::string& dir) {
   return secret;
 }
 
-bool is_loopback(const sockaddr_in& a) { return (ntohl(a.sin_addr.s_addr) >> 24) == 127; }
-
 std::string numeric(const sockaddr_in& a) {
   char buf[INET_ADDRSTRLEN] = {};
   (void)::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf);
   return buf;
-}
-
-// The address this host's peers reach it at: the first non-loopback IPv4 address of the host name; where the name
-// resolves to loopback only (Debian's "127.0.1.1 <host>" line), the address of the default route's interface (a
-// UDP connect sends nothing); without a route, loopback.
-std::string host_address() {
-  char host[256] = {};
-  (void)::gethostname(host, sizeof host - 1);
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host, nullptr, &hints, &res) == 0) {
-    for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-      const auto& a = *reinterpret_cast<const sockaddr_in*>(ai->ai_addr);
-      if (!is_loopback(a)) {
-        std::string out = numeric(a);
-        ::freeaddrinfo(res);
-        return out;
-      }
-    }
-    ::freeaddrinfo(res);
-  }
-  Fd probe(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  sockaddr_in far{};
-  far.sin_family = AF_INET;
-  far.sin_port = htons(9);
-  (void)::inet_pton(AF_INET, "192.0.2.1", &far.sin_addr);  // TEST-NET-1: routed like any remote host
-  sockaddr_in local{};
-  socklen_t len = sizeof local;
-  if (probe.valid() && ::connect(probe.get(), reinterpret_cast<sockaddr*>(&far), sizeof far) == 0 &&
-      ::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&local), &len) == 0 && local.sin_addr.s_addr != 0) {
-    return numeric(local);
-  }
-  return "127.0.0.1";
 }
 
 // HMAC-SHA256(secret, label || hello[0..64) || reply[0..64) || address).
@@ -329,7 +293,13 @@ Status Mesh::Impl::prepare() {
   refusals.reset(new RefusalLog(settings.rank));
   host_tag = this_host_tag();
 
-  const std::string host = settings.address.empty() ? host_address() : settings.address;
+  std::string host = settings.address;
+  if (host.empty()) {  // the one rule for every address a rank publishes (ckpt/address.hpp)
+    auto chosen = ckpt::net::publish_address();
+    if (!chosen) return Status::failure(chosen.error());
+    if (!chosen->warning.empty()) log::warn(settings.rank, chosen->warning);
+    host = chosen->address;
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = 0;

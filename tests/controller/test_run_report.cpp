@@ -138,3 +138,35 @@ TEST_CASE("ckpt-run refuses an in-place recovery it cannot read whole", "[contro
   }
   SECTION("no such dir") { CHECK_FALSE(read_in_place_phases("/nonexistent/inplace-x", 1, kNodeOfRank)); }
 }
+
+// The controller's view of a job as ckpt-run takes it: a field of the wrong type or range drops the whole view (a
+// mistyped field once threw out of ckpt-run and crashed it), and node names must be host names (they go into -x).
+TEST_CASE("ckpt-run type-checks every field of the controller's view", "[controller][security]") {
+  using ckpt::controller::parse_job_view;
+  using nlohmann::json;
+  SECTION("good inputs") {
+    auto v = parse_job_view(json::parse(
+        R"({"state": "relaunching", "reason": "node failure", "relaunch_step": 3, "exclude": ["n2", "gpu-07.rack1"],
+            "clock": {"decided": 1700000000.5}, "other": [1, {"x": null}]})"));
+    REQUIRE(v);
+    CHECK(v->state == "relaunching");
+    CHECK(v->relaunch_step == 3u);
+    CHECK(v->exclude == std::vector<std::string>{"n2", "gpu-07.rack1"});
+    CHECK(v->decided == 1700000000.5);
+    CHECK(parse_job_view(json::parse(R"({"state": "running"})"))->state == "running");
+    CHECK(parse_job_view(json::parse(R"({"state": "gave-up", "reason": null})")));
+  }
+  SECTION("bad inputs") {
+    for (const char* bad : {R"([])", R"("gave-up")", R"({"state": 5})", R"({"state": ["gave-up"]})",
+                            R"({"reason": {"a": 1}})", R"({"state": "relaunching"})",
+                            R"({"state": "relaunching", "relaunch_step": -1})",
+                            R"({"state": "relaunching", "relaunch_step": 4294967296})",
+                            R"({"state": "relaunching", "relaunch_step": "3"})",
+                            R"({"state": "relaunching", "relaunch_step": 1.5})",
+                            R"({"exclude": "n2"})", R"({"exclude": [2]})", R"({"exclude": ["n2;rm -rf /"]})",
+                            R"({"exclude": ["-w"]})", R"({"exclude": [""]})", R"({"clock": {"decided": "x"}})"}) {
+      INFO(bad);
+      CHECK_FALSE(parse_job_view(json::parse(bad)));
+    }
+  }
+}

@@ -3,6 +3,7 @@
 # SECONDS. Exits non-zero when a target cannot be built or finds a crash (the input is kept as an artifact).
 # CKPT_FUZZ_BUILD_DIR overrides the build dir (default: build-fuzz in the source tree).
 set -euo pipefail
+renice -n 19 $$ > /dev/null  # CPU work beside the timed cluster tests (ctest -j): the lowest priority
 
 seconds="${1:-}"
 if [[ ! "$seconds" =~ ^[1-9][0-9]*$ ]]; then

@@ -221,6 +221,47 @@ class SpareMailboxTest(unittest.TestCase):
         self.assertTrue(inplace.send_to_spare(box.address, {"generation": 1, "rank": 3}))
         self.assertEqual(box.receive(2), {"generation": 1, "rank": 3})
 
+    def test_hostile_bytes_leave_the_mailbox_ready(self):
+        """Deep nesting (RecursionError in json), an endless line, a drip and non-UTF-8: each is dropped within
+        the per-connection bound, nothing raises, and the next real claim still comes through."""
+        _, box = self.spare("n4", slow_poll_s=0.05)
+        port = box.address["port"]
+        payloads = [b"[" * 5000 + b"\n", b"{\"a\":" * 3000 + b"1\n", b"\xff\xfe" * 1000 + b"\n",
+                    b"x" * (inplace._MESSAGE_MAX + 65536)]
+        for payload in payloads:
+            with socket.create_connection(("127.0.0.1", port)) as c:
+                try:
+                    c.sendall(payload)
+                except OSError:  # the spare may close an oversized line before it is all sent
+                    pass
+                t0 = time.monotonic()
+                self.assertIsNone(box.receive(1.0))
+                self.assertLess(time.monotonic() - t0, 1.5)
+        drip = socket.create_connection(("127.0.0.1", port))
+        self.addCleanup(drip.close)
+
+        def dribble():
+            for b in b'{"token": "' * 20:
+                try:
+                    drip.send(bytes([b]))
+                except OSError:
+                    return
+                time.sleep(0.05)
+        threading.Thread(target=dribble, daemon=True).start()
+        t0 = time.monotonic()
+        self.assertIsNone(box.receive(0.6))  # one byte every 50 ms: dropped at the bound, not held for ever
+        self.assertLess(time.monotonic() - t0, 1.0)
+        self.assertTrue(inplace.send_to_spare(box.address, {"generation": 2, "rank": 1}))
+        self.assertEqual(box.receive(2), {"generation": 2, "rank": 1})
+
+    def test_bounded_parse(self):
+        self.assertEqual(inplace.parse_bounded(b'{"a": [1, {"b": "[[[["}]}'), {"a": [1, {"b": "[[[["}]})
+        self.assertIsNone(inplace.parse_bounded("[" * 100 + "]" * 100))
+        self.assertIsNone(inplace.parse_bounded(b"\xff"))
+        self.assertIsNone(inplace.parse_bounded(b" " * (inplace._MESSAGE_MAX + 1)))
+        secret = b"s" * 32
+        self.assertIsNone(inplace.unseal(secret, "plan", json.dumps({"body": "[" * 9000, "mac": "x"})))
+
     def test_idle_spare_with_a_mailbox_leaves_when_training_ends(self):
         spare, box = self.spare("n4", slow_poll_s=0.05)
         threading.Timer(0.05, lambda: self.members().mark("abandoned")).start()

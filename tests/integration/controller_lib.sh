@@ -1,7 +1,8 @@
 # The recovery controller for a test or a benchmark on the local cluster (sourced; needs CKPT_SOURCE_DIR and
 # CKPT_BUILD_DIR). controller_up DIR PORT brings the cluster up with the plugin reporting to a controller on
 # 127.0.0.1:PORT (libslurm backend, quick settle and reconcile) whose config, database and log live in DIR;
-# controller_down stops it and puts plugstack.conf back as tests/cluster.sh writes it.
+# controller_down stops it and puts plugstack.conf back as tests/cluster.sh writes it. CKPT_CONTROLLER_CONF_EXTRA
+# holds more lines for its config (a site's opt-ins).
 controller_up() {
   local dir=$1 port=$2
   CKPT_CLUSTER_PLUGIN_ARGS="controller=http://127.0.0.1:$port" "$CKPT_SOURCE_DIR/tests/cluster.sh" up
@@ -12,6 +13,7 @@ munge_socket = ${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}/munge/munge.socket
 backend = libslurm
 settle = 200ms
 reconcile_interval = 1s
+${CKPT_CONTROLLER_CONF_EXTRA:-}
 CONF
   setsid "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$dir/controller.conf" run > "$dir/controller.log" 2>&1 &
   CONTROLLER_PID=$!

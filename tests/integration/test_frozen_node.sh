@@ -32,7 +32,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-CKPT_CLUSTER_SLURMD_TIMEOUT=120 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
+# The site opts in to marking hung nodes DOWN (off by default: see test_security_controller.sh slurmd-flood).
+CKPT_CONTROLLER_CONF_EXTRA="down_hung_nodes = yes" CKPT_CLUSTER_SLURMD_TIMEOUT=120 controller_up "$SCRATCH" "$PORT" \
+  > /dev/null || fail "no controller"
 scontrol reconfigure
 for _ in $(seq 50); do [ "$(slurmd_timeout)" = 120 ] && break; sleep 0.2; done
 [ "$(slurmd_timeout)" = 120 ] || fail "SlurmdTimeout is $(slurmd_timeout), not 120"

@@ -4,6 +4,9 @@
 # Then the unit tests of the threads the stress test does not start run under TSAN too: the last words (heartbeat
 # mesh, agreement, terminal writes, with a rank SIGKILLed in a child process) and the NCCL watcher.
 set -euo pipefail
+# Its build and its runs are CPU work with no time bound: at the lowest priority they take what the cluster tests
+# running beside it (ctest -j) leave, and never slow those.
+renice -n 19 $$ > /dev/null
 SRC=${CKPT_SOURCE_DIR:?}
 SCRATCH=${CKPT_TSAN_BUILD_DIR:-${CKPT_BUILD_DIR:-/tmp}/hooks-tsan}
 mkdir -p "$SCRATCH"

@@ -159,9 +159,9 @@ pydir=/usr/lib/python3/dist-packages/slurm_ckpt
 native=$(cd "$CKPT_BUILD_DIR/python/slurm_ckpt" && ls _native*.so)
 libv=$(basename "$(readlink -f "$CKPT_BUILD_DIR"/hooks/libckpt.so)")
 expect_files slurm-ckpt "$PLUGIN_DIR/spank_ckpt.so" /usr/bin/ckpt /usr/share/man/man1/ckpt.1.gz \
-  /usr/share/man/man8/spank_ckpt.8.gz /usr/share/doc/slurm-ckpt/examples/plugstack.conf
-expect_files slurm-ckpt-controller /usr/sbin/ckpt-controller /usr/bin/ckpt-run "$UNIT" "$CONF" \
-  /usr/share/man/man8/ckpt-controller.8.gz /usr/share/man/man1/ckpt-run.1.gz
+  /usr/share/man/man8/spank_ckpt.8.gz /usr/share/doc/slurm-ckpt/examples/plugstack.conf /usr/bin/ckpt-run \
+  /usr/share/man/man1/ckpt-run.1.gz
+expect_files slurm-ckpt-controller /usr/sbin/ckpt-controller "$UNIT" "$CONF" /usr/share/man/man8/ckpt-controller.8.gz
 expect_files python3-slurm-ckpt "$pydir/__init__.py" "$pydir/torch.py" "$pydir/inplace.py" "$pydir/restart.py" \
   "$pydir/$native"
 expect_files libckpt0 "/usr/lib/$MULTIARCH/$libv" "/usr/lib/$MULTIARCH/libckpt.so.0"
@@ -170,6 +170,8 @@ expect_files libslurm-ckpt-dev "/usr/lib/$MULTIARCH/libckpt.so" /usr/include/ckp
   "/usr/lib/$MULTIARCH/pkgconfig/slurm-ckpt.pc" "/usr/lib/$MULTIARCH/cmake/slurm_ckpt/slurm_ckptConfig.cmake" \
   "/usr/lib/$MULTIARCH/cmake/slurm_ckpt/slurm_ckptConfigVersion.cmake"
 [ "$(stat -c %a /var/lib/slurm-ckpt)" = 700 ] || fail "/var/lib/slurm-ckpt is not mode 0700 after install"
+[ "$(stat -c '%a %U %G' "$CONF")" = "640 root root" ] ||
+  fail "$CONF is $(stat -c '%a %U %G' "$CONF"), not 640 root root (it may hold a webhook token)"
 man -w ckpt-controller > /dev/null 2>&1 || fail "man does not find ckpt-controller(8)"
 pass "every package lists exactly its files; $PLUGIN_DIR/spank_ckpt.so, /usr/sbin/ckpt-controller installed"
 
@@ -205,6 +207,9 @@ start_controller() {  # as systemd would: ExecStartPre, then ExecStart (SLURM_CO
   fail "the controller did not start: $(tail -5 "$SCRATCH/controller.log")"
 }
 ctl() { /usr/sbin/ckpt-controller -c "$CONF" "$@"; }
+for bound in MemoryMax TasksMax NoNewPrivileges ProtectSystem; do
+  [ -n "$(unit_line $bound)" ] || fail "$UNIT sets no $bound"
+done
 step "ckpt-controller as $UNIT starts it: $(unit_line ExecStart)"
 start_controller
 

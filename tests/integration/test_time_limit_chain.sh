@@ -40,7 +40,7 @@ pass "a job that finishes its training ends COMPLETED and is not requeued"
 
 # The chain under the recovery controller, a one-minute limit with 20 s of grace for the terminal checkpoint: the
 # controller reads each run's record and requeues the job at once.
-PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 40 ))
+PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 70 ))
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 write_train_sbatch "$SCRATCH/ctl.sh" \
   "-N2 -n2 -t 1 -o $SCRATCH/ctl.out --ckpt-dir=$SCRATCH/ctl/ckpt --ckpt-interval=1h --ckpt-grace=20s" \

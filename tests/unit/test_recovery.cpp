@@ -1,5 +1,10 @@
 // The recovery controller's pure policy: classification, budget, bad nodes, the state machine's table.
+#include <sys/resource.h>
+
 #include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -235,6 +240,26 @@ TEST_CASE("hostlists", "[recovery][hostlist]") {
     CHECK_FALSE(expand_hostlist("n;rm"));
     CHECK_FALSE(expand_hostlist("n[1-100000]", 1000));
   }
+}
+
+// Root slurmstepd expands SLURM_STEP_NODELIST, which the user writes: one crafted value (a 30,000-byte prefix over
+// 65,535 indices) once expanded to about 2 GiB. Names are bounded now, so it is refused before anything is built.
+TEST_CASE("hostlists: a crafted node list is refused without being expanded", "[recovery][hostlist][security]") {
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(expand_hostlist(std::string(30000, 'x') + "[1-65535]"));
+  CHECK_FALSE(expand_hostlist(std::string(200, 'a') + "[1-65535]" + std::string(100, 'b')));
+  CHECK_FALSE(expand_hostlist("r[1-65535]" + std::string(300, 'n') + "[1-2]"));
+  CHECK_FALSE(expand_hostlist(std::string(256, 'y')));
+  CHECK_FALSE(expand_hostlist(std::string((1 << 20) + 1, 'z')));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  rusage after{};
+  getrusage(RUSAGE_SELF, &after);
+  CHECK(after.ru_maxrss - before.ru_maxrss < 64 * 1024);  // KiB: the bar slurmstepd is held to
+  CHECK(took < 5);
+  CHECK(expand_hostlist(std::string(255, 'y'))->size() == 1);
+  CHECK(expand_hostlist(std::string(250, 'g') + "[1-3]")->size() == 3);
 }
 
 TEST_CASE("events: round trip and strict parsing", "[recovery][events]") {

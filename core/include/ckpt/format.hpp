@@ -20,4 +20,22 @@ inline std::string format_number_exact(double value) {
   return buf;
 }
 
+// User text made safe for one log line: control characters (newlines, ANSI escapes) as \xNN, cut after 300
+// bytes with "...". Every log line, history row or error message that quotes what a user wrote goes through it.
+inline std::string printable(const std::string& value) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : value) {
+    if (out.size() > 300) return out.substr(0, 300) + "...";
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 }  // namespace ckpt

@@ -326,7 +326,9 @@ struct ControllerConfig {
   double probe_timeout_s = 1.0;             // TCP probe of a silent node's slurmd
   double slurmd_rpc_timeout_s = 1.0;        // one RPC to a silent node's slurmd whose port accepted
   double hung_after_s = 3;                  // no RPC answered for this long: the node hangs (0: no RPC check)
-  bool down_hung_nodes = true;              // mark a hung node DOWN at once (no: only exclude it from the job)
+  // Off by default: a user who floods a node's slurmd (idle connections, munged) starves its RPCs while the
+  // kernel still accepts, so RPC silence is evidence a user can make. Excluding the node from that job is safe.
+  bool down_hung_nodes = false;             // mark a hung node DOWN at once (opt-in; default: only exclude it)
   double reconcile_s = 2.0;                 // full comparison with Slurm
   double completing_timeout_s = 120;        // longest wait for a requeued job to leave COMPLETING
   std::string webhook_url;                  // alerts: JSON POST

@@ -35,6 +35,7 @@ import json
 import os
 import secrets
 import socket
+import sys
 import time
 
 EXIT_PEER_LOST = 75  # a survivor that cannot go on: the requeue path takes over (the controller reads it so)
@@ -58,24 +59,75 @@ def _write_atomic(path, data, durable=True):
         os.close(fd)
 
 
+_MESSAGE_MAX = 1 << 20  # a claim with its plan, or a plan file: a few hundred bytes per lost rank
+_DEPTH_MAX = 16  # the deepest message the job sends (a plan inside a claim) nests 4 levels
+
+
+def _nesting(text):
+    """How deep the arrays and objects of JSON `text` nest (brackets inside strings do not count)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def parse_bounded(data):
+    """The JSON value of `data` (bytes or text), or None when it is not JSON, is over _MESSAGE_MAX bytes or nests
+    deeper than _DEPTH_MAX: whatever a stranger sends, the parse neither recurses without bound nor raises."""
+    if isinstance(data, bytes):
+        if len(data) > _MESSAGE_MAX:
+            return None
+        try:
+            data = data.decode()
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(data, str) or len(data) > _MESSAGE_MAX or _nesting(data) > _DEPTH_MAX:
+        return None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _read_json(path):
     try:
-        with open(path) as f:
-            value = json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            data = f.read(_MESSAGE_MAX + 1)
+    except OSError:
         return None
+    value = parse_bounded(data)
     return value if isinstance(value, dict) else None
 
 
+_address = None
+
+
 def address():
-    """The address this node's peers reach it at: CKPT_INPLACE_ADDR, else the host name's."""
-    explicit = os.environ.get("CKPT_INPLACE_ADDR")
-    if explicit:
-        return explicit
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+    """The address this process publishes to its peers and binds: the native rule (CKPT_ADDR, CKPT_IFNAME /
+    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, never a host name on loopback), worked out once per process; its
+    warning, if any, is printed once."""
+    global _address
+    if _address is None:
+        from . import _native
+        addr, _how, warning = _native.publish_address()
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+        _address = addr
+    return _address
 
 
 def backoff(first_s, max_s):
@@ -101,17 +153,15 @@ def seal(secret, label, value):
 def unseal(secret, label, text):
     """What seal() sealed, or None when `text` was not sealed with this secret and label."""
     try:
-        sealed = json.loads(text)
+        sealed = parse_bounded(text)
         body, mac = sealed["body"], sealed["mac"]
         expected = hmac.new(secret, f"seal:{label}\n{body}".encode(), hashlib.sha256).hexdigest()
         if not (isinstance(mac, str) and hmac.compare_digest(mac, expected)):
             return None
-        return json.loads(body)
+        return parse_bounded(body)
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
-
-_MESSAGE_MAX = 1 << 20  # a claim with its plan: a few hundred bytes per lost rank
 
 
 class SpareMailbox:
@@ -147,18 +197,23 @@ class SpareMailbox:
 
 
 def _read_line(conn, timeout_s):
-    """One JSON object sent on `conn` (up to its newline or EOF), or None."""
-    conn.settimeout(timeout_s)
+    """One JSON value sent on `conn` (up to its newline or EOF) within timeout_s in all, or None: a sender that
+    drips bytes, sends too many or nests too deep is dropped like one that sends nothing."""
+    deadline = time.monotonic() + timeout_s
     data = b""
     try:
-        while b"\n" not in data and len(data) < _MESSAGE_MAX:
+        while b"\n" not in data and len(data) <= _MESSAGE_MAX:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            conn.settimeout(left)
             chunk = conn.recv(65536)
             if not chunk:
                 break
             data += chunk
-        return json.loads(data.split(b"\n", 1)[0])
-    except (OSError, ValueError):
+    except OSError:
         return None
+    return parse_bounded(data.split(b"\n", 1)[0])
 
 
 def send_to_spare(address, message, timeout_s=2.0):
