@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "ckpt/clock.hpp"
+#include "ckpt/format.hpp"
 #include "ckpt/parse.hpp"
 #include "log.hpp"
 
@@ -290,7 +291,7 @@ Engine::Runtime& Engine::runtime(std::uint32_t job_id) {
 }
 
 void Engine::note(JobRecord& r, const std::string& kind, const std::string& text, double now) {
-  pending_history_.push_back(HistoryLine{now, r.job_id, r.restart_count, kind, text});
+  pending_history_.push_back(HistoryLine{now, r.job_id, r.restart_count, kind, escape_controls(text)});
   const std::string line = "job " + std::to_string(r.job_id) + ": " + text;
   if (kind == "event") {
     log_debug(line);

@@ -6,6 +6,7 @@
 
 #include "ckpt/clock.hpp"
 #include "ckpt/controller_limits.hpp"
+#include "ckpt/format.hpp"
 
 namespace ckpt::controller {
 
@@ -33,7 +34,7 @@ void log(LogLevel level, const std::string& line) {
   if (static_cast<int>(level) > g_level.load()) return;
   static const char* const names[] = {"error: ", "warning: ", "", "debug: "};
   std::lock_guard<std::mutex> lock(g_mutex);
-  std::fprintf(stderr, "%s: %s%s\n", program().c_str(), names[static_cast<int>(level)], line.c_str());
+  std::fprintf(stderr, "%s: %s%s\n", program().c_str(), names[static_cast<int>(level)], escape_controls(line).c_str());
   std::fflush(stderr);
 }
 

@@ -2,6 +2,7 @@
 #include "ckpt/recovery_plan.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace ckpt::recovery {
 
@@ -120,7 +121,19 @@ void apply_handover(JobRecord& r, const Event& e, EventEffects& fx) {
 
 // An in-place recovery's phases on the record's clock: its failure is the detection, its decision the survivors'
 // agreement, its Slurm phase the new group's forming, its launch the first step.
-RecoveryClock in_place_clock(const InPlacePhases& p) {
+// The phases are the job owner's word and feed site-wide metrics: each is clamped into what the controller saw (after
+// the record was created, before the report arrived) and into order, so no report can claim a negative or longer
+// recovery than the time the controller watched the job.
+RecoveryClock in_place_clock(InPlacePhases p, double earliest, double now) {
+  double floor = earliest;
+  for (double* t : {&p.detected, &p.agreed, &p.last_words_done, &p.regrouped, &p.restored, &p.resumed}) {
+    if (*t <= 0 || !std::isfinite(*t)) {
+      *t = 0;  // not reported
+      continue;
+    }
+    *t = std::clamp(*t, floor, now);
+    floor = *t;
+  }
   RecoveryClock clock;
   clock.path = "in-place";
   clock.failed = p.detected;
@@ -134,7 +147,7 @@ RecoveryClock in_place_clock(const InPlacePhases& p) {
 
 }  // namespace
 
-void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx) {
+void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx, double now) {
   auto failed = expand_hostlist(e.failed_nodes);  // parse_event checked it
   const auto nodes = failed ? *failed : std::vector<std::string>{};
   fx.note = describe(e) + ": recovery " + std::to_string(e.generation) + " in place without " +
@@ -144,7 +157,7 @@ void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx) {
   // No failed node: ranks died on nodes whose other ranks went on (a process, not its node, failed).
   const Ending ending = nodes.empty() ? Ending::TaskCrash : Ending::NodeFailure;
   r.ending = ending;
-  r.clock = in_place_clock(e.phases);
+  r.clock = in_place_clock(e.phases, std::min(r.created, now), now);
   // The owner's word: it may exclude only the job's own nodes, never name (and raise alerts about) others.
   for (const auto& n : nodes) {
     if (std::find(r.nodes.begin(), r.nodes.end(), n) == r.nodes.end()) continue;
@@ -184,7 +197,7 @@ EventEffects apply_event(JobRecord& r, const Event& e, bool trusted, double now)
       fx.check_now = true;
       break;
     case EventType::Handover: apply_handover(r, e, fx); break;
-    case EventType::InPlace: apply_in_place(r, e, fx); break;
+    case EventType::InPlace: apply_in_place(r, e, fx, now); break;
   }
   return fx;
 }
@@ -276,7 +289,9 @@ std::vector<std::string> exclude_dead_nodes(std::vector<BadNode>& bad_nodes, con
 }
 
 double lost_work_s(double newest_checkpoint_time, double run_start, double failed) {
-  const double since = newest_checkpoint_time > 0 ? newest_checkpoint_time : run_start;
+  // The checkpoint's time is the manifest's, which the job owner writes: never before the run the controller saw.
+  double since = newest_checkpoint_time > 0 ? newest_checkpoint_time : run_start;
+  if (run_start > 0 && !(since >= run_start)) since = run_start;
   return since > 0 && failed > since ? failed - since : 0;
 }
 

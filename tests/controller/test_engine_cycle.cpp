@@ -251,7 +251,7 @@ rec::Event in_place_recovery(std::uint32_t generation) {
   e.failed_nodes = "n3";
   e.generation = generation;
   e.resume_step = 40;
-  e.phases = rec::InPlacePhases{900, 900.5, 901, 903, 904.5, 906};
+  e.phases = rec::InPlacePhases{1001, 1001.5, 1002, 1004, 1005.5, 1007};  // after the run started (1000)
   return e;
 }
 
@@ -267,11 +267,12 @@ std::string history_text(Harness& h) {
 TEST_CASE("engine cycle: a recovery in place is recorded, timed by phase and counted", "[controller][engine]") {
   Harness h;
   h.run_started(true);
+  h.now = 1010;  // the report arrives after the recovery it reports
   h.send(in_place_recovery(1));
   h.cycle();
   CHECK(h.in("running"));
   CHECK(h.job()["clock"]["path"] == "in-place");
-  CHECK(h.job()["clock"]["restored"] == 904.5);
+  CHECK(h.job()["clock"]["restored"] == 1005.5);
   CHECK(h.job()["ending"] == "node failure");
   CHECK(h.job()["budget"]["restarts"] == 1);
   CHECK(h.job()["exclude"] == nlohmann::json::array({"n3"}));
@@ -280,7 +281,7 @@ TEST_CASE("engine cycle: a recovery in place is recorded, timed by phase and cou
   CHECK(h.job()["last_recovery"]["phases_s"]["state_load"] == 1.5);
   const std::string history = history_text(h);
   CHECK(history.find("recovery 1 in place without n3, resuming from step 40") != std::string::npos);
-  CHECK(history.find("running again after 6.000 s (in-place): detected at 900.000; agreement 0.500 s, last words "
+  CHECK(history.find("running again after 6.000 s (in-place): detected at 1001.000; agreement 0.500 s, last words "
                      "0.500 s, reformation 2.000 s, state load 1.500 s, first step 1.500 s") != std::string::npos);
   const std::string metrics = h.engine->metrics_text(h.now);
   CHECK(metrics.find("ckpt_controller_restarts_total{ending=\"node failure\",path=\"in-place\"} 1\n") !=
@@ -297,7 +298,7 @@ TEST_CASE("engine cycle: a recovery in place is recorded, timed by phase and cou
   // The record and its clock survive the controller.
   h.crash_and_restart();
   CHECK(h.in("running"));
-  CHECK(h.job()["clock"]["last_words_done"] == 901);
+  CHECK(h.job()["clock"]["last_words_done"] == 1002);
 }
 
 TEST_CASE("engine cycle: a recovery in place past the budget gives the job up", "[controller][engine]") {
@@ -309,6 +310,7 @@ TEST_CASE("engine cycle: a recovery in place past the budget gives the job up", 
   start.max_restarts = 1;
   h.send(start);
   h.run_started(true);
+  h.now = 1010;  // the report arrives after the recovery it reports
   h.send(in_place_recovery(1));
   h.cycle();
   REQUIRE(h.in("running"));

@@ -8,6 +8,7 @@ tests/integration/test_torch_safe_restore.sh.
   earlier format (plain pickles) still restore; a value whose restore would need code is refused when saved.
 - A DistributedDataParallel model declares dp=<world> by itself (last words armed, no warning); a plain model
   with last words on and no layout gets one warning, from rank 0 only."""
+import ctypes
 import os
 import pickle
 import random
@@ -124,6 +125,19 @@ class SafeRestore(unittest.TestCase):
         cmd = f"touch {self.marker}"
         self.planted("extra", lambda step: pickle.dumps({"step": step, "rng": HiddenInStorage(cmd), "user": None}))
         self.assert_refused("system")
+
+    def test_a_manifest_shape_larger_than_its_bytes_allocates_nothing(self):
+        """A region whose manifest claims 64 GiB over 4 bytes, or names no dtype, is refused before any tensor is
+        made of it (it once allocated the manifest's shape first, then compared sizes)."""
+        view = memoryview(bytearray(4))
+        address = ctypes.addressof(ctypes.c_char.from_buffer(bytearray(4)))
+        for meta in ({"dtype": "float32", "shape": [2 ** 34]}, {"dtype": "float32", "shape": [2 ** 40, 2 ** 40]},
+                     {"dtype": "load", "shape": [1]}, {"dtype": "float32", "shape": [-1]},
+                     {"dtype": "float32", "shape": "4"}, {"dtype": "float32", "shape": [True]}, ["float32"]):
+            with self.subTest(meta=meta):
+                with self.assertRaises(slurm_ckpt.Error):
+                    sct._tensor_from((meta, view, address))
+        self.assertEqual(sct._tensor_from(({"dtype": "float32", "shape": [1]}, view, address)).shape, (1,))
 
     def test_extras_round_trip(self):
         model, opt = make()

@@ -42,3 +42,15 @@ TEST_CASE("clock helpers", "[clock]") {
   CHECK(elapsed >= 0);
   CHECK(elapsed < 5);
 }
+
+// User text in the controller's log and history (job events, request paths, reasons) cannot forge a line of its own
+// or drive an operator's terminal.
+TEST_CASE("user text in a log line", "[format][security]") {
+  CHECK(escape_controls("job 7: ok") == "job 7: ok");
+  CHECK(escape_controls("a\nfake: job 8 DOWN") == "a\\x0afake: job 8 DOWN");
+  CHECK(escape_controls("\x1b[31mred\x1b[0m\r\x7f") == "\\x1b[31mred\\x1b[0m\\x0d\\x7f");
+  CHECK(escape_controls(std::string(5000, 'x')).size() == 5000);  // a log line keeps its length
+  CHECK(printable(std::string(5000, 'x')) == std::string(300, 'x') + "...");
+  CHECK(printable("tab\there") == "tab\\x09here");
+  CHECK(escape_controls("gr\xc3\xbc\xc3\x9f") == "gr\xc3\xbc\xc3\x9f");  // UTF-8 stays as it is
+}

@@ -1,6 +1,8 @@
 // What the recovery controller does next: events applied to records, recovery plans, a requeue intent's steps.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "ckpt/recovery_plan.hpp"
 
 using namespace ckpt::recovery;
@@ -256,6 +258,25 @@ TEST_CASE("events: an in-place report excludes only the job's own nodes", "[reco
   CHECK(apply_event(r, e, false, 300).exclude.empty());
 }
 
+TEST_CASE("events: an in-place report's phase times are clamped to what the controller saw",
+          "[recovery][events][in-place][security]") {
+  JobRecord r = record(JobState::Running);
+  r.created = 50;
+  Event e = in_place();
+  e.phases = InPlacePhases{1.0, 1e300, 101, 90, std::nan(""), 1e18};  // the owner's word, made up
+  apply_event(r, e, false, 200);
+  CHECK(r.clock.failed == 50);          // not before the record existed
+  CHECK(r.clock.decided == 200);        // not after the report arrived
+  CHECK(r.clock.last_words_done == 200);
+  CHECK(r.clock.slurm_done == 200);     // in order
+  CHECK(r.clock.restored == 0);         // not a number: not reported
+  CHECK(r.clock.launched == 200);
+  for (const auto& phase : recovery_phases(r.clock)) {
+    CHECK(phase.seconds >= 0);
+    CHECK(phase.seconds <= 150);
+  }
+}
+
 TEST_CASE("events: a late exit from a node replaced in place is not a new failure", "[recovery][events][in-place]") {
   JobRecord r = record(JobState::Running);
   apply_event(r, in_place(), false, 200);
@@ -503,6 +524,7 @@ TEST_CASE("plan: dead nodes excluded once, lost work", "[recovery][plan]") {
   CHECK(lost_work_s(0, 50, 100) == 50);    // none: since the run started
   CHECK(lost_work_s(0, 0, 100) == 0);      // unknown
   CHECK(lost_work_s(120, 50, 100) == 0);   // a clock ahead of the failure
+  CHECK(lost_work_s(1, 50, 100) == 50);    // a manifest time before the run (the owner writes it): since the run
 }
 
 TEST_CASE("plan: a cancel and a clean exit are never restarted; a time-limit stop is", "[recovery][plan]") {

@@ -20,13 +20,13 @@ inline std::string format_number_exact(double value) {
   return buf;
 }
 
-// User text made safe for one log line: control characters (newlines, ANSI escapes) as \xNN, cut after 300
-// bytes with "...". Every log line, history row or error message that quotes what a user wrote goes through it.
-inline std::string printable(const std::string& value) {
+// Text made safe for one log line: control characters (newlines, ANSI escapes, DEL) as \xNN. Every log writer
+// passes its lines through it, so no user text can start a line of its own or drive a terminal.
+inline std::string escape_controls(const std::string& value) {
   static const char* hex = "0123456789abcdef";
   std::string out;
+  out.reserve(value.size());
   for (unsigned char c : value) {
-    if (out.size() > 300) return out.substr(0, 300) + "...";
     if (c < 0x20 || c == 0x7f) {
       out += "\\x";
       out += hex[c >> 4];
@@ -36,6 +36,12 @@ inline std::string printable(const std::string& value) {
     }
   }
   return out;
+}
+
+// A user's value quoted in a message: escape_controls(), cut after 300 bytes with "...".
+inline std::string printable(const std::string& value) {
+  std::string out = escape_controls(value.size() > 1200 ? value.substr(0, 1200) : value);
+  return out.size() > 300 ? out.substr(0, 300) + "..." : out;
 }
 
 }  // namespace ckpt

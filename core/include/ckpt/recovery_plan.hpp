@@ -54,7 +54,8 @@ EventEffects apply_event(JobRecord& record, const Event& event, bool trusted, do
 // spent from the budget as decide_restart() rules (the resume step is the newest complete checkpoint), and the
 // clock's phases with path "in-place". The record stays Running (a Failing or Relaunching one goes back to it: the
 // failure is over); when the budget is spent, `give_up` says why. A job that is not running only gets the note.
-void apply_in_place(JobRecord& record, const Event& event, EventEffects& effects);
+// `now`: when the controller got the report; the phases are clamped to the record's lifetime up to it.
+void apply_in_place(JobRecord& record, const Event& event, EventEffects& effects, double now);
 
 // One phase of a finished recovery, as history and /metrics name it.
 struct RecoveryPhase {

@@ -22,6 +22,7 @@ import functools
 import io
 import json
 import os
+import math
 import pickle
 import random
 import sys
@@ -210,12 +211,19 @@ def _stream_of(t):
 
 
 def _tensor_from(region):
-    """A new CPU tensor holding a region's bytes, with its recorded dtype and shape."""
+    """A new CPU tensor holding a region's bytes, with its recorded dtype and shape. The size the manifest's shape
+    and dtype imply is checked against the region's bytes before anything is allocated: a manifest cannot make the
+    restore allocate more than the checkpoint holds."""
     meta, view, address = region
-    out = torch.empty(meta["shape"], dtype=getattr(torch, meta["dtype"]))
-    nbytes = out.numel() * out.element_size()
+    dtype = getattr(torch, str(meta.get("dtype")), None) if isinstance(meta, dict) else None
+    shape = meta.get("shape") if isinstance(meta, dict) else None
+    if not isinstance(dtype, torch.dtype) or not isinstance(shape, list) or len(shape) > 64 or \
+            not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise Error(f"ckpt: region metadata {str(meta)[:200]} names no tensor (dtype, shape)")
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if nbytes != len(view):
-        raise Error(f"ckpt: region of {len(view)} bytes does not hold a {meta['dtype']} tensor of shape {meta['shape']}")
+        raise Error(f"ckpt: region of {len(view)} bytes does not hold a {meta['dtype']} tensor of shape {shape}")
+    out = torch.empty(shape, dtype=dtype)
     if nbytes:
         ctypes.memmove(out.data_ptr(), address, nbytes)
     return out
