@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "task_pool.hpp"
 
 namespace ckpt::controller {
 
@@ -71,20 +72,16 @@ inline std::optional<std::uint32_t> uid_of(const std::string& user) {
   return found->pw_uid;
 }
 
-// Like std::async, but the future's destructor does not wait: a record reset while a probe or a checkpoint read
-// is still running must not hold the engine's lock until it ends.
-template <class F>
-auto run_detached(F f) -> std::future<decltype(f())> {
-  auto promise = std::make_shared<std::promise<decltype(f())>>();
-  auto future = promise->get_future();
-  std::thread([promise, f = std::move(f)]() mutable {
-    try {
-      promise->set_value(f());
-    } catch (...) {
-      promise->set_exception(std::current_exception());
-    }
-  }).detach();
-  return future;
+// The pools the engine's off-thread work runs on (task_pool.hpp), made on first use and never destroyed (a
+// process that exits does not wait for a probe or a read in progress): at most 8 probes and 8 checkpoint reads
+// (each a child process) at a time, whatever the number of failing jobs.
+inline TaskPool& probe_pool() {
+  static auto* pool = new TaskPool(8);
+  return *pool;
+}
+inline TaskPool& reader_pool() {
+  static auto* pool = new TaskPool(8);
+  return *pool;
 }
 
 inline bool contains(const std::vector<std::string>& v, const std::string& s) {

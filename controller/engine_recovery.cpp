@@ -105,7 +105,7 @@ void Engine::start_probes(JobRecord& r, double now) {
   plan.ask = slurmd_ask_;
   plan.rpc_timeout_s = config_.slurmd_rpc_timeout_s;
   plan.hung_after_s = config_.hung_after_s;
-  rt.probe = run_detached([targets, plan] {
+  rt.probe = probe_pool().submit([targets, plan] {
     std::string summary;
     auto evidence = probe_silent_nodes(targets, plan, summary);
     return std::make_pair(std::move(evidence), std::move(summary));
@@ -121,7 +121,7 @@ std::optional<CheckpointView> Engine::checkpoint_view(JobRecord& r, double now) 
     const std::string trusted = r.trusted_dirs;
     const std::uint32_t uid = r.uid_known ? r.uid : 65534;  // nobody, while the owner is not known
     const std::uint32_t gid = r.uid_known ? r.gid : 65534;
-    rt.checkpoints = run_detached([dir, trusted, uid, gid] {
+    rt.checkpoints = reader_pool().submit([dir, trusted, uid, gid] {
       return read_checkpoints_as(dir, trusted, uid, gid, kCheckpointReadTimeout_s);
     });
     rt.checkpoints_started = true;

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -248,6 +252,7 @@ CheckpointView read_checkpoints(const std::string& dir) {
 
 namespace {
 
+constexpr rlim_t kReaderMemoryBytes = rlim_t{1} << 30;
 std::mutex g_reader_mutex;
 std::string g_reader_exe;
 
@@ -257,7 +262,11 @@ void reap(pid_t pid) {
     if (waitpid(pid, nullptr, WNOHANG) != 0) return;
     usleep(5000);
   }
-  std::thread([pid] { waitpid(pid, nullptr, 0); }).detach();
+  try {
+    std::thread([pid] { waitpid(pid, nullptr, 0); }).detach();
+  } catch (const std::system_error&) {
+    waitpid(pid, nullptr, 0);  // out of threads: this reader worker waits for it (SIGKILLed already)
+  }
 }
 
 }  // namespace
@@ -317,6 +326,9 @@ pid_t spawn_reader(const std::string& exe, const std::string& dir, const std::st
       dup2(null, STDIN_FILENO);
       dup2(null, STDERR_FILENO);
     }
+    // A reader that a hostile dir drives into a loop or a huge allocation stops at 1 GiB and its 10 s timeout.
+    const rlimit memory{kReaderMemoryBytes, kReaderMemoryBytes};
+    (void)setrlimit(RLIMIT_AS, &memory);
     if (setgroups(groups.size(), groups.data()) != 0 || setgid(gid) != 0 || setuid(uid) != 0 ||
         (uid != 0 && setuid(0) == 0)) {
       _exit(126);

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <system_error>
 #include <thread>
 
 extern "C" {
@@ -144,14 +145,20 @@ std::map<std::string, RpcCheck> check_rpcs(const std::vector<std::string>& nodes
   std::vector<RpcCheck> results(nodes.size());
   std::atomic<std::size_t> next{0};
   std::vector<std::thread> workers;
+  auto work = [&] {
+    for (std::size_t i = next++; i < nodes.size(); i = next++) {
+      results[i] = check_rpc(plan.ask, nodes[i], plan.rpc_timeout_s, plan.hung_after_s);
+    }
+  };
   const std::size_t n = std::min<std::size_t>(nodes.size(), 32);
-  for (std::size_t w = 0; w < n; ++w) {
-    workers.emplace_back([&] {
-      for (std::size_t i = next++; i < nodes.size(); i = next++) {
-        results[i] = check_rpc(plan.ask, nodes[i], plan.rpc_timeout_s, plan.hung_after_s);
-      }
-    });
+  for (std::size_t w = 1; w < n; ++w) {
+    try {
+      workers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // out of threads: the ones made so far and this one share the nodes
+    }
   }
+  work();
   for (auto& t : workers) t.join();
   std::map<std::string, RpcCheck> out;
   for (std::size_t i = 0; i < nodes.size(); ++i) out[nodes[i]] = results[i];
@@ -179,7 +186,12 @@ ckpt::recovery::NodeEvidence probe_silent_nodes(const std::vector<ProbeTarget>& 
   }
   // The RPC checks run while the refused and timed-out nodes get their second TCP probe.
   std::map<std::string, RpcCheck> rpc;
-  std::thread rpc_thread([&] { rpc = check_rpcs(accepted, plan); });
+  std::thread rpc_thread;
+  try {
+    rpc_thread = std::thread([&] { rpc = check_rpcs(accepted, plan); });
+  } catch (const std::system_error&) {
+    rpc = check_rpcs(accepted, plan);  // out of threads: one after the other
+  }
   std::vector<ProbeTarget> again;
   for (const auto& [node, result] : first) {
     if (result == ProbeResult::Alive) continue;
@@ -192,7 +204,7 @@ ckpt::recovery::NodeEvidence probe_silent_nodes(const std::vector<ProbeTarget>& 
     std::this_thread::sleep_for(std::chrono::duration<double>(plan.pause_s));
     for (auto& [node, result] : probe_nodes(again, plan.tcp_timeout_s)) second[node] = result;
   }
-  rpc_thread.join();
+  if (rpc_thread.joinable()) rpc_thread.join();
   summary.clear();
   for (auto& [node, result] : first) {
     if (auto it = rpc.find(node); it != rpc.end()) {
