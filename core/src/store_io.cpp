@@ -26,17 +26,29 @@ std::string step_path(const std::string& root, std::uint64_t step) {
   return join(root, step_dir_name(step));
 }
 
-// Opens the checkpoint dir so that no other user can have redirected it (ckpt/trusted_dir.hpp). Root's tools
-// (an admin's `ckpt ls`) open what root names; the plugin and the controller read users' dirs as their owner.
+// Opens the checkpoint dir so that no other user can have redirected it (ckpt/trusted_dir.hpp). A user opens it
+// under their own uid. Root (an admin's `ckpt ls` or `ckpt gc`) opens it under the rules of whoever owns the named
+// dir: a user's dir, or a user's symlink to another user's dir, is walked as that user would be, so that root never
+// gcs or reads through a user's redirection what that user could not.
 Result<Fd> open_root(const std::string& root) {
-  if (::geteuid() != 0) {
-    auto fd = fs::open_trusted_dir(root, fs::TrustRules{::geteuid(), fs::trusted_prefixes_from_env()}, false);
-    if (!fd) return Error{fd.error()};
-    return Fd(*fd);
+  std::string path = root;
+  if (!path.empty() && path[0] != '/') {
+    char cwd[4096];
+    if (::getcwd(cwd, sizeof cwd) == nullptr) return Error{"cannot open checkpoint dir '" + root + "': " + errno_text(errno)};
+    path = join(cwd, path);
   }
-  int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Error{"cannot open checkpoint dir '" + root + "': " + errno_text(errno)};
-  return Fd(fd);
+  uid_t uid = ::geteuid();
+  if (uid == 0) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return Error{"cannot open checkpoint dir '" + root + "': " + errno_text(errno)};
+    if (!S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode)) {
+      return Error{"cannot open checkpoint dir '" + root + "': " + errno_text(ENOTDIR)};
+    }
+    uid = st.st_uid;
+  }
+  auto fd = fs::open_trusted_dir(path, fs::TrustRules{uid, fs::trusted_prefixes_from_env()}, false);
+  if (!fd) return Error{fd.error()};
+  return Fd(*fd);
 }
 
 // Opens <root>/<step> without following a symlink. `err` receives errno on failure.

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 
+#include "ckpt/store.hpp"
 #include "ckpt/trusted_dir.hpp"
 
 namespace {
@@ -156,4 +157,24 @@ TEST_CASE("trusted dir: other users' components are refused", "[trusted_dir][sec
   SECTION("a relative path") {
     CHECK_THAT(open_as_user("site/alice", {}, true), Catch::Contains("not an absolute path"));
   }
+}
+
+// Root's own tools (`ckpt ls`, `ckpt gc` run by an admin) once opened any path as given: a user's symlink made
+// root list or clean another user's checkpoints. Root now walks a dir under the rules of the user who owns it.
+TEST_CASE("store as root: a user's symlink to another user's dir is refused", "[trusted_dir][store][security]") {
+  REQUIRE(::geteuid() == 0);
+  Scratch s;
+  make(s.path + "/site", 0, 0755);
+  make(s.path + "/site/bob/ckpt", kOther, 0700);
+  make(s.path + "/site/alice", kUser, 0755);
+  REQUIRE(::symlink((s.path + "/site/bob/ckpt").c_str(), (s.path + "/site/alice/ckpt").c_str()) == 0);
+  REQUIRE(::lchown((s.path + "/site/alice/ckpt").c_str(), kUser, kUser) == 0);
+  auto redirected = ckpt::store::scan(s.path + "/site/alice/ckpt");
+  CHECK_FALSE(redirected);
+  CHECK(redirected.error().find("bob") != std::string::npos);
+  CHECK(ckpt::store::scan(s.path + "/site/bob/ckpt"));  // bob's own dir, as root: read under bob's rules
+  make(s.path + "/site/alice/real", kUser, 0700);
+  REQUIRE(::symlink((s.path + "/site/alice/real").c_str(), (s.path + "/site/alice/mine").c_str()) == 0);
+  REQUIRE(::lchown((s.path + "/site/alice/mine").c_str(), kUser, kUser) == 0);
+  CHECK(ckpt::store::scan(s.path + "/site/alice/mine"));  // her symlink to her own dir
 }
