@@ -2,13 +2,16 @@
 ADDR:PORT given (the ranks' mailboxes, generation 0's store) it connects as a TCPStore client, which needs no
 secret, plants plans and rendezvous keys under the names torch and a naive design would use, tries to read the
 job's, and keeps its connections open until killed. To each spare:ADDR:PORT (an idle spare's claim socket) it sends
-a claim with a guessed token, then holds a silent connection. Prints one line per target.
+a claim with a guessed token, then holds a silent connection. Before that, every target gets malformed bytes on raw
+connections: a line of 5,000 `[` (RecursionError in a JSON parser), binary garbage, a store header claiming a 1 TiB
+key, and a line longer than any message. Prints one line per target.
 
     python3 store_stranger.py ADDR:PORT ... spare:ADDR:PORT ...
 """
 import datetime
 import json
 import socket
+import struct
 import sys
 import time
 
@@ -19,9 +22,28 @@ FORGED = {"world": 3, "addr": "10.6.6.6", "port": 6666, "root": 0, "lost": [0, 1
 NAMES = ["plan/1", "plan/2", "taken/1", "joined/0", "joined/1", "formed/0", "alive/0", "0", "1", "2"]
 
 
+MALFORMED = [b"[" * 5000 + b"\n", bytes(range(256)) * 64, b"\x00" + struct.pack("<Q", 1 << 40) + b"xx",
+             b"{" * 100000 + b"x" * (2 << 20)]
+
+
+def send_malformed(addr, port):
+    """Each malformed payload on a connection of its own; the peer may close early, which is its right."""
+    for payload in MALFORMED:
+        try:
+            with socket.create_connection((addr, port), timeout=3) as conn:
+                conn.sendall(payload)
+                time.sleep(0.05)
+        except OSError:
+            pass
+
+
 def main():
     clients = []
     for target in sys.argv[1:]:
+        host_port = target[len("spare:"):] if target.startswith("spare:") else target
+        m_addr, m_port = host_port.rsplit(":", 1)
+        send_malformed(m_addr, int(m_port))
+        print(f"{target}: sent {len(MALFORMED)} malformed payloads", flush=True)
         if target.startswith("spare:"):
             addr, port = target[len("spare:"):].rsplit(":", 1)
             with socket.create_connection((addr, int(port)), timeout=3) as conn:

@@ -121,12 +121,13 @@ done
 
 STRANGER=1 launch hostile 1 1 KILL 10
 [ "$(grep -c "planted 10 keys; read nothing" "$W/hostile/stranger.log")" = 4 ] &&
+  [ "$(grep -c ": sent 4 malformed payloads" "$W/hostile/stranger.log")" = 5 ] &&
   grep -q "^spare:.*guessed token; holding a silent connection" "$W/hostile/stranger.log" ||
   { cat "$W/hostile/stranger.log" >&2; fail "hostile: the stranger did not reach the mailboxes, the store and the spare"; }
 grep -q "spare h3.0 takes rank 1 over (generation 1)" "$W/hostile/log3" ||
   { tail -n 20 "$W/hostile"/log* >&2; fail "hostile: no recovery in place with a stranger on the stores"; }
 cmp -s "$W/reference/final" "$W/hostile/final" || fail "hostile: the final weights differ"
-echo "ok: a stranger on every mailbox, the store and the spare read nothing and planted nothing the job used; bitwise identical"
+echo "ok: a stranger on every mailbox, the store and the spare (malformed bytes first, then keys and claims) read nothing, planted nothing the job used and stopped nothing; bitwise identical"
 
 # DP2 x TP2 (train_dp_tp.py, which makes TP and DP subgroups): 2 "nodes" of 2 ranks and 1 spare. Rank 2's death
 # leaves rank 3 blocked in a TP collective and ranks 0 and 1 in DP ones: the watchdog must shut the subgroups'
