@@ -69,8 +69,7 @@ std::string coarse(double seconds) {
 double duration_option(const std::string& what, const std::string& text) {
   auto value = ckpt::parse_seconds(text);
   if (!value) {
-    throw InputError{what + ": invalid value '" + text + "': " + value.error() +
-                     "; a duration looks like 30s, 2m, 6h, 1d12h, 0.25s or 120ms"};
+    throw InputError{what + ": invalid value '" + text + "': " + value.error()};
   }
   return *value;
 }

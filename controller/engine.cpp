@@ -73,6 +73,9 @@ Verdict Engine::submit(const Event& event, std::uint32_t cred_uid, double wait_s
   request->kind = Request::Kind::Event;
   request->event = event;
   request->uid = cred_uid;
+  // The plugin signs every job's events as root: its share is the job's owner, as it names them. Anyone else's is
+  // their own uid, whatever their events claim.
+  request->share = trusted_uids_.count(cred_uid) != 0 ? event.uid : cred_uid;
   return enqueue(request, wait_s);
 }
 
@@ -82,6 +85,7 @@ Verdict Engine::admin(const std::string& op, const std::string& arg, std::uint32
   request->op = op;
   request->arg = arg;
   request->uid = cred_uid;
+  request->share = cred_uid;
   return enqueue(request, wait_s);
 }
 
@@ -89,7 +93,15 @@ Verdict Engine::enqueue(std::shared_ptr<Request> request, double wait_s) {
   auto future = request->promise.get_future();
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
-    if (queue_.size() >= 100000) return Verdict{503, "the controller's queue is full"};
+    if (queue_.size() >= kQueuedMax) return Verdict{503, "the controller's queue is full"};
+    std::size_t& mine = queued_by_user_[request->share];
+    if (mine >= kPerUserQueued) {
+      return Verdict{503, "uid " + std::to_string(request->share) + " has " + std::to_string(mine) +
+                              " requests waiting already; try again"};
+    }
+    // A user whose requests queue up gets no verdict to wait for: the intake's workers go on to the others.
+    if (mine >= kMinSharePerCycle) wait_s = 0;
+    ++mine;
     queue_.push_back(std::move(request));
   }
   queue_cv_.notify_one();
@@ -101,6 +113,11 @@ Verdict Engine::enqueue(std::shared_ptr<Request> request, double wait_s) {
 }
 
 void Engine::wake() { queue_cv_.notify_one(); }
+
+std::size_t Engine::queued() const {
+  std::lock_guard<std::mutex> lock(queue_mutex_);
+  return queue_.size();
+}
 
 void Engine::run(const std::atomic<bool>& stop) {
   while (!stop.load()) {
@@ -122,13 +139,34 @@ void Engine::run(const std::atomic<bool>& stop) {
   }
 }
 
-void Engine::cycle(double now, bool force_reconcile) {
-  std::vector<std::shared_ptr<Request>> requests;
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    requests.swap(queue_);
+// This cycle's fair share of the queue (fair_batch), taken out of it in arrival order.
+std::vector<std::shared_ptr<Engine::Request>> Engine::take_fair_batch() {
+  std::lock_guard<std::mutex> lock(queue_mutex_);
+  std::vector<std::uint32_t> users;
+  users.reserve(queue_.size());
+  for (const auto& r : queue_) users.push_back(r->share);
+  const auto take = rec::fair_batch(users, kBatchPerCycle, kMinSharePerCycle);
+  std::vector<std::shared_ptr<Request>> batch;
+  std::deque<std::shared_ptr<Request>> rest;
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < queue_.size(); ++i) {
+    if (next < take.size() && take[next] == i) {
+      ++next;
+      if (--queued_by_user_[queue_[i]->share] == 0) queued_by_user_.erase(queue_[i]->share);
+      batch.push_back(std::move(queue_[i]));
+    } else {
+      rest.push_back(std::move(queue_[i]));
+    }
   }
+  queue_.swap(rest);
+  return batch;
+}
+
+void Engine::cycle(double now, bool force_reconcile) {
+  auto requests = take_fair_batch();
   std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Verdict> verdicts;
+  verdicts.reserve(requests.size());
   for (auto& request : requests) {
     Verdict v;
     try {
@@ -137,9 +175,10 @@ void Engine::cycle(double now, bool force_reconcile) {
       v = Verdict{503, std::string("internal error: ") + e.what()};
       log_error(v.message);
     }
-    flush();  // an accepted event is durable before it is acknowledged
-    request->promise.set_value(v);
+    verdicts.push_back(v);
   }
+  flush();  // the batch's accepted events are durable (one commit for all of them) before any is acknowledged
+  for (std::size_t i = 0; i < requests.size(); ++i) requests[i]->promise.set_value(verdicts[i]);
   if (force_reconcile || now >= next_reconcile_) {
     reconcile(now);
     next_reconcile_ = now + config_.reconcile_s;
@@ -220,17 +259,23 @@ Verdict Engine::authorize(const Event& e, std::uint32_t uid, JobRecord* r, doubl
   if (r != nullptr && r->uid_known) {
     owner = r->uid;
   } else {
-    // Events for made-up ids cost one lookup per id per 10 s, however many arrive.
+    // Events for made-up ids, or for another user's untracked job, cost one lookup per id per 10 s.
     if (unknown_jobs_.known_unknown(e.job_id, now)) return Verdict{403, unknown};
-    auto slurm = backend_.load_job(e.job_id);
-    if (!slurm) return Verdict{503, "cannot ask Slurm who owns job " + std::to_string(e.job_id) + ": " + slurm.error()};
-    if (!*slurm) {
-      unknown_jobs_.remember(e.job_id, now);
-      return Verdict{403, unknown};
+    const auto cached = r == nullptr ? unknown_jobs_.known_owner(e.job_id, now) : std::nullopt;
+    std::optional<SlurmJob> found;
+    if (!cached) {
+      auto slurm = backend_.load_job(e.job_id);
+      if (!slurm) return Verdict{503, "cannot ask Slurm who owns job " + std::to_string(e.job_id) + ": " + slurm.error()};
+      if (!*slurm) {
+        unknown_jobs_.remember(e.job_id, now);
+        return Verdict{403, unknown};
+      }
+      found = **slurm;
     }
-    owner = (*slurm)->user_id;
-    if (r != nullptr) {
-      check_reuse(*r, **slurm, now);
+    owner = cached ? *cached : found->user_id;
+    if (r == nullptr && !cached) unknown_jobs_.remember_owner(e.job_id, owner, now);
+    if (r != nullptr && found) {
+      check_reuse(*r, *found, now);
       r->uid = owner;
       r->uid_known = true;
     }

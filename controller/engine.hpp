@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <future>
 #include <map>
 #include <memory>
@@ -59,6 +60,8 @@ class Engine {
   // One decision cycle at `now`: queued requests, due jobs, and a reconciliation with Slurm when one is due
   // (or when `force_reconcile`). The benchmark calls this directly.
   void cycle(double now, bool force_reconcile = false);
+  // Requests waiting for a cycle (all users).
+  std::size_t queued() const;
   void wake();
 
   // What a reader whose credential carried `uid` may see (nullopt: no credential).
@@ -81,7 +84,14 @@ class Engine {
   using JobState = ckpt::recovery::JobState;
   using Ending = ckpt::recovery::Ending;
 
+  // The intake's bounds (see queue_ below).
+  static constexpr std::size_t kQueuedMax = 100000;
+  static constexpr std::size_t kPerUserQueued = 20000;  // a 16,384-rank job's task exits fit
+  static constexpr std::size_t kMinSharePerCycle = 16;
+  static constexpr std::size_t kBatchPerCycle = 256;
+
   Verdict enqueue(std::shared_ptr<Request> request, double wait_s);
+  std::vector<std::shared_ptr<Request>> take_fair_batch();
   Verdict handle(const Request& request, double now);
   Verdict handle_event(const Event& event, std::uint32_t uid, double now);
   void carry_out(JobRecord& r, const Event& e, std::uint32_t uid, const ckpt::recovery::EventEffects& fx, double now);
@@ -152,14 +162,19 @@ class Engine {
   std::set<std::uint32_t> trusted_uids_;
   std::set<std::uint32_t> admin_uids_;
   std::set<std::string> crash_points_;
-  ckpt::recovery::NegativeCache unknown_jobs_{4096, 10.0};  // job ids Slurm did not know: asked once per 10 s
+  // Untracked job ids: unknown to Slurm, or whose owner it named; asked once per id per 10 s, however many arrive.
+  ckpt::recovery::NegativeCache unknown_jobs_{4096, 10.0};
   // Rejected events of jobs Slurm knows, newest last: shown by history, never stored (anyone can cause them).
   std::map<std::uint32_t, std::vector<HistoryLine>> rejected_;
   double next_prune_ = 0;
 
-  std::mutex queue_mutex_;
+  // Requests in arrival order; a cycle takes a fair batch of them (fair_batch: each user's share of
+  // kBatchPerCycle), and each user may have at most kPerUserQueued waiting, so one user's flood neither fills the
+  // queue nor delays another user's report by more than one cycle, and is committed once per cycle, not per event.
+  mutable std::mutex queue_mutex_;
   std::condition_variable queue_cv_;
-  std::vector<std::shared_ptr<Request>> queue_;
+  std::deque<std::shared_ptr<Request>> queue_;
+  std::map<std::uint32_t, std::size_t> queued_by_user_;
 };
 
 }  // namespace ckpt::controller

@@ -31,7 +31,8 @@ struct Engine::Request {
   enum class Kind { Event, Admin } kind = Kind::Event;
   Event event;
   std::string op, arg;
-  std::uint32_t uid = 0;
+  std::uint32_t uid = 0;    // the credential's
+  std::uint32_t share = 0;  // the user whose share of the intake it takes (Engine::submit)
   std::promise<Verdict> promise;
 };
 

@@ -187,8 +187,8 @@ void name_section(Page& page, const std::string& prog, const std::string& what) 
 }
 
 void durations_paragraph(Page& page) {
-  page.paragraph("A DURATION is a number with a unit: 90s, 15m, 2h, 1h30m, 3d; fractions and milliseconds are "
-                 "accepted where a command says so (0.25s, 120ms).");
+  page.paragraph("A DURATION is a number with a unit: 90s, 15m, 2h, 1h30m, 3d; one fraction in any unit and "
+                 "milliseconds are accepted where a command says so (1.8h, 1.5m, 0.25s, 120ms).");
 }
 
 // ---- ckpt(1) ----------------------------------------------------------------------------------------------------

@@ -11,11 +11,13 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 
 extern "C" {
 #include <slurm/slurm.h>
@@ -91,11 +93,10 @@ bool encode(const std::string& payload, std::string& credential) {
 
 std::size_t discard(char*, std::size_t size, std::size_t count, void*) { return size * count; }
 
-void post(const std::string& url, const std::string& credential) {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+// One POST of the credential; the HTTP status (0 when none came).
+long post_once(const std::string& url, const std::string& credential) {
   CURL* curl = curl_easy_init();
-  if (curl == nullptr) return;
+  if (curl == nullptr) return 0;
   const long timeout = unix_seconds() < g_degraded_until.load() ? kDegradedTimeoutMs : kTimeoutMs;
   curl_slist* headers = curl_slist_append(nullptr, "Content-Type: text/plain");
   headers = curl_slist_append(headers, "Expect:");
@@ -117,9 +118,22 @@ void post(const std::string& url, const std::string& credential) {
   if (rc != CURLE_OK) {
     g_degraded_until = unix_seconds() + 30;
     slurm_verbose("ckpt: controller %s unreachable: %s", url.c_str(), curl_easy_strerror(rc));
-  } else if (status >= 300) {
-    slurm_verbose("ckpt: controller %s answered HTTP %ld", url.c_str(), status);
   }
+  return status;
+}
+
+// Posts the credential. A controller that answers "busy" (503, 429: its intake is full, as another user's flood
+// can make it) is asked again after 100, 200 and 400 ms, so a report is not dropped for a moment's load; one that
+// does not answer is not (it is down or cut off, and slurmstepd must not wait on it).
+void post(const std::string& url, const std::string& credential) {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  long status = post_once(url, credential);
+  for (int retry = 0; (status == 503 || status == 429) && retry < 3; ++retry) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 << retry));
+    status = post_once(url, credential);
+  }
+  if (status >= 300) slurm_verbose("ckpt: controller %s answered HTTP %ld", url.c_str(), status);
 }
 
 // Writes the credential as <dir>/<time>-<pid>-<random>.ev, atomically (ckpt/posix.hpp): the controller reads

@@ -86,6 +86,10 @@ write_config() {
     echo "settle = 200ms"
     echo "reconcile_interval = 1s"
     echo "log_level = debug"
+    # The scenarios time requeues through the DOWN path: a node crashed while its slurmd restarted can leave its
+    # port accepting with no slurmd behind it (RPC silence), which only the site's opt-in marks DOWN; the default
+    # (exclude only, security_slurmd_flood) leaves it to SlurmdTimeout.
+    echo "down_hung_nodes = yes"
     for line in "$@"; do echo "$line"; done
   } > "$SCRATCH/controller.conf"
 }

@@ -149,10 +149,22 @@ bool LogLimiter::allow(const std::string& kind, double now, std::uint64_t& suppr
 
 bool NegativeCache::known_unknown(std::uint32_t job_id, double now) const {
   auto it = when_.find(job_id);
-  return it != when_.end() && now - it->second < ttl_s_ && now >= it->second;
+  return it != when_.end() && !it->second.owner && now - it->second.when < ttl_s_ && now >= it->second.when;
 }
 
-void NegativeCache::remember(std::uint32_t job_id, double now) {
+std::optional<std::uint32_t> NegativeCache::known_owner(std::uint32_t job_id, double now) const {
+  auto it = when_.find(job_id);
+  if (it == when_.end() || now - it->second.when >= ttl_s_ || now < it->second.when) return std::nullopt;
+  return it->second.owner;
+}
+
+void NegativeCache::remember(std::uint32_t job_id, double now) { put(job_id, Entry{now, std::nullopt}); }
+
+void NegativeCache::remember_owner(std::uint32_t job_id, std::uint32_t owner, double now) {
+  put(job_id, Entry{now, owner});
+}
+
+void NegativeCache::put(std::uint32_t job_id, Entry entry) {
   forget(job_id);
   while (!when_.empty() && when_.size() >= capacity_) {
     auto oldest = by_time_.begin();
@@ -160,14 +172,14 @@ void NegativeCache::remember(std::uint32_t job_id, double now) {
     by_time_.erase(oldest);
   }
   if (capacity_ == 0) return;
-  when_[job_id] = now;
-  by_time_.emplace(now, job_id);
+  by_time_.emplace(entry.when, job_id);
+  when_[job_id] = entry;
 }
 
 void NegativeCache::forget(std::uint32_t job_id) {
   auto it = when_.find(job_id);
   if (it == when_.end()) return;
-  auto range = by_time_.equal_range(it->second);
+  auto range = by_time_.equal_range(it->second.when);
   for (auto b = range.first; b != range.second; ++b) {
     if (b->second == job_id) {
       by_time_.erase(b);
@@ -175,6 +187,17 @@ void NegativeCache::forget(std::uint32_t job_id) {
     }
   }
   when_.erase(it);
+}
+
+std::vector<std::size_t> fair_batch(const std::vector<std::uint32_t>& users, std::size_t batch, std::size_t min_share) {
+  std::set<std::uint32_t> waiting(users.begin(), users.end());
+  const std::size_t share = waiting.empty() ? 0 : std::max(min_share, (batch + waiting.size() - 1) / waiting.size());
+  std::vector<std::size_t> take;
+  std::map<std::uint32_t, std::size_t> taken;
+  for (std::size_t i = 0; i < users.size() && take.size() < batch; ++i) {
+    if (taken[users[i]]++ < share) take.push_back(i);
+  }
+  return take;
 }
 
 // ---- probes of silent nodes ---------------------------------------------------------------------------------------

@@ -78,13 +78,17 @@ Result<std::uint64_t> parse_positive_duration(std::string_view text) {
 
 Result<double> parse_seconds(std::string_view text) {
   if (auto whole = parse_duration(text)) return static_cast<double>(*whole);
+  // One decimal number and one unit: "0.25s", "120ms", "1.5m", "1.8h", "0.5d"; bare digits are seconds.
   std::string_view number = text;
   double scale = 1;
   if (number.ends_with("ms")) {
     number.remove_suffix(2);
     scale = 1e-3;
-  } else if (number.ends_with("s")) {
+  } else if (!number.empty() && (number.back() == 's' || number.back() == 'm' || number.back() == 'h' ||
+                                 number.back() == 'd')) {
+    const char unit = number.back();
     number.remove_suffix(1);
+    scale = unit == 'm' ? 60 : unit == 'h' ? 3600 : unit == 'd' ? 86400 : 1;
   }
   const auto dot = number.find('.');
   std::string_view integer = number.substr(0, dot);
@@ -93,7 +97,7 @@ Result<double> parse_seconds(std::string_view text) {
     return !s.empty() && s.size() <= 15 && s.find_first_not_of("0123456789") == std::string_view::npos;
   };
   if (!all_digits(integer) || (dot != std::string_view::npos && !all_digits(fraction))) {
-    return Error{"not a duration (like 30s, 1h30m, 0.25s or 120ms)"};
+    return Error{"not a duration (like 30s, 1h30m, 1.8h, 0.25s or 120ms)"};
   }
   double value = 0;
   for (char c : integer) value = value * 10 + (c - '0');

@@ -47,9 +47,12 @@ void apply_job_start(JobRecord& r, const Event& e, bool trusted, double now, Eve
   }
   if (e.max_restarts) r.budget.max_restarts = *e.max_restarts;
   if (e.needs_checkpoint) r.needs_checkpoint = true;
+  // The record is rewritten with every change and its owner names the steps and nodes: bounded, keeping the newest
+  // steps (the batch step has the highest id and stays) and the first nodes of each.
+  if (r.steps.count(e.step_id) == 0 && r.steps.size() >= kMaxStepsPerRecord) r.steps.erase(r.steps.begin());
   auto& step = r.steps[e.step_id];
   step.in_allocation = step.in_allocation || e.in_allocation;
-  if (!contains(step.nodes, e.node)) step.nodes.push_back(e.node);
+  if (!contains(step.nodes, e.node) && step.nodes.size() < kMaxNodesPerStep) step.nodes.push_back(e.node);
   fx.note = describe(e) + (e.in_allocation ? " under ckpt-run" : "");
   if (r.clock.failed > 0 && r.clock.slurm_done == 0 && r.clock.path == "requeue") r.clock.slurm_done = now;
   const bool step_started = e.step_id != kBatchStep;
@@ -91,7 +94,7 @@ void apply_task_exit(JobRecord& r, const Event& e, double now, EventEffects& fx)
   f.signal = e.signal;
   f.time = now;
   if (r.failures.size() < 4096) r.failures.push_back(f);
-  if (!contains(r.reporters, e.node)) r.reporters.push_back(e.node);
+  if (!contains(r.reporters, e.node) && r.reporters.size() < kMaxNodesPerStep) r.reporters.push_back(e.node);
   fx.note = describe(e) + ": rank " + std::to_string(e.rank) +
             (e.signal ? " killed by signal " + std::to_string(e.signal) : " exited " + std::to_string(e.exit_code));
   // A relaunching job fails again only in a step after the one ckpt-run replaces.

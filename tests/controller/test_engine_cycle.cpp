@@ -322,3 +322,37 @@ TEST_CASE("engine cycle: a recovery in place past the budget gives the job up", 
   CHECK(h.engine->metrics_text(h.now).find("ckpt_controller_gave_up_total{ending=\"node failure\"} 1\n") !=
         std::string::npos);
 }
+
+// One user's flood of their own signed events does not hold back another user's failure report: the first cycle
+// takes a fair share of the flood and the report, and commits them once (the flood once cost a commit per event).
+TEST_CASE("engine cycle: another user's flood delays a failure report by one cycle at most", "[controller][security]") {
+  Harness h;
+  h.run_started();
+  constexpr std::uint32_t kFlooder = 101;
+  rec::SlurmJob theirs = h.slurm.jobs[kJob];
+  theirs.job_id = kFlooder;
+  theirs.user_id = 2000;
+  h.slurm.jobs[kFlooder] = theirs;
+  for (int i = 0; i < 3000; ++i) {
+    rec::Event e;
+    e.type = rec::EventType::JobStart;
+    e.job_id = kFlooder;
+    e.step_id = static_cast<std::uint32_t>(i % 50);
+    e.node = "n1";
+    h.engine->submit(e, 2000, 0);  // signed by its owner, uid 2000
+  }
+  // The plugin's report of the victim's failure (signed by root, for the job of uid 1000), after the flood.
+  rec::Event exit;
+  exit.type = rec::EventType::TaskExit;
+  exit.job_id = kJob;
+  exit.step_id = 0;
+  exit.node = "n2";
+  exit.exit_code = 1;
+  exit.uid = 1000;
+  h.engine->submit(exit, 0, 0);
+  CHECK(h.engine->queued() == 3001);
+  h.cycle();
+  CHECK(h.in("failing"));                      // handled in the first cycle
+  CHECK(h.engine->queued() >= 3001 - 256);     // while most of the flood waits its turn
+  CHECK(h.cycle_until([&] { return h.engine->queued() == 0; }));  // and none of it is lost
+}

@@ -2,6 +2,10 @@
 // ids, the weighing of probes, read access, and the bounds on numbers from events.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <map>
+#include <vector>
+
 #include "ckpt/controller_limits.hpp"
 #include "ckpt/recovery.hpp"
 
@@ -86,6 +90,47 @@ TEST_CASE("negative cache: one lookup per unknown id per ttl, bounded", "[contro
   cache.forget(8);
   CHECK_FALSE(cache.known_unknown(8, 103));
   CHECK(cache.size() == 1);
+}
+
+TEST_CASE("negative cache: another user's untracked job is looked up once per ttl", "[controller][cache][security]") {
+  NegativeCache cache(4, 10.0);
+  CHECK_FALSE(cache.known_owner(7, 100));
+  cache.remember_owner(7, 1234, 100);
+  CHECK(cache.known_owner(7, 105) == 1234u);
+  CHECK_FALSE(cache.known_unknown(7, 105));  // known, with an owner
+  CHECK_FALSE(cache.known_owner(7, 110.5));  // expired: ask again
+  cache.remember(8, 100);
+  CHECK_FALSE(cache.known_owner(8, 101));    // unknown to Slurm has no owner
+  CHECK(cache.known_unknown(8, 101));
+  cache.remember_owner(8, 99, 102);          // Slurm knows it now
+  CHECK_FALSE(cache.known_unknown(8, 103));
+  CHECK(cache.known_owner(8, 103) == 99u);
+}
+
+// One engine cycle's share of the intake: a user's flood cannot hold another user's report back by more than a cycle.
+TEST_CASE("fair batch: FIFO alone, a fair share under a flood", "[controller][intake][security]") {
+  SECTION("one user: the whole batch, in arrival order") {
+    CHECK(fair_batch({5, 5, 5, 5}, 3, 1) == std::vector<std::size_t>{0, 1, 2});
+    CHECK(fair_batch({}, 256, 16).empty());
+  }
+  SECTION("a flood of 1,000 from user 7, one report of user 8 at the end: it is in this cycle") {
+    std::vector<std::uint32_t> users(1000, 7);
+    users.push_back(8);
+    auto take = fair_batch(users, 256, 16);
+    CHECK(take.size() == 129);   // 128 of the flood's (half the batch), and user 8's
+    CHECK(take.back() == 1000);
+    CHECK(take.front() == 0);    // in arrival order
+    CHECK(std::is_sorted(take.begin(), take.end()));
+  }
+  SECTION("many users: at least the minimum share each") {
+    std::vector<std::uint32_t> users;
+    for (std::uint32_t u = 0; u < 100; ++u) users.insert(users.end(), 20, u);
+    auto take = fair_batch(users, 256, 16);
+    CHECK(take.size() == 256);
+    std::map<std::uint32_t, int> per;
+    for (auto i : take) ++per[users[i]];
+    for (const auto& [u, n] : per) CHECK(n <= 16);
+  }
 }
 
 TEST_CASE("probe evidence: only a confirmed refusal or Slurm's state marks a node down", "[controller][probe]") {

@@ -36,11 +36,15 @@ TEST_CASE("parse_seconds", "[parse]") {
   CHECK(*parse_seconds("1.5") == Approx(1.5));
   CHECK(*parse_seconds("120ms") == Approx(0.12));
   CHECK(*parse_seconds("0ms") == 0);
-  for (const char* bad : {"", "-0.5s", ".5s", "5.s", "1.5h", "1.2.3s", "ms", "s", "0x10s", "1e3s", "5 ms"}) {
+  CHECK(*parse_seconds("1.8h") == Approx(6480));  // a fraction in any unit
+  CHECK(*parse_seconds("1.5m") == Approx(90));
+  CHECK(*parse_seconds("0.5d") == Approx(43200));
+  for (const char* bad : {"", "-0.5s", ".5s", "5.s", "1.5hm", "1.2.3s", "ms", "s", "h", "0x10s", "1e3s", "5 ms",
+                          "1.5x", "1h.5m"}) {
     INFO(bad);
     CHECK_FALSE(parse_seconds(bad).ok());
   }
-  CHECK(parse_seconds("abc").error() == "not a duration (like 30s, 1h30m, 0.25s or 120ms)");
+  CHECK(parse_seconds("abc").error() == "not a duration (like 30s, 1h30m, 1.8h, 0.25s or 120ms)");
 }
 
 TEST_CASE("parse_duration", "[parse]") {

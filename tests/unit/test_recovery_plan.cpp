@@ -258,6 +258,21 @@ TEST_CASE("events: an in-place report excludes only the job's own nodes", "[reco
   CHECK(apply_event(r, e, false, 300).exclude.empty());
 }
 
+// A record is rewritten with each change and its owner's events name its steps and nodes: bounded.
+TEST_CASE("events: a job record stays bounded whatever its owner reports", "[recovery][events][security]") {
+  JobRecord r = record(JobState::Running);
+  apply_event(r, event(EventType::JobStart, kBatchStep), false, 10);
+  for (std::uint32_t step = 0; step < 1000; ++step) apply_event(r, event(EventType::JobStart, step), false, 11);
+  CHECK(r.steps.size() == kMaxStepsPerRecord);
+  CHECK(r.steps.count(kBatchStep) == 1);  // the batch step, the highest id, stays
+  CHECK(r.steps.count(999) == 1);         // the newest steps stay
+  for (int n = 0; n < 20000; ++n) apply_event(r, event(EventType::JobStart, 999, "x" + std::to_string(n)), false, 12);
+  CHECK(r.steps[999].nodes.size() == kMaxNodesPerStep);
+  for (int n = 0; n < 20000; ++n) apply_event(r, event(EventType::TaskExit, 999, "y" + std::to_string(n)), false, 13);
+  CHECK(r.reporters.size() == kMaxNodesPerStep);
+  CHECK(r.failures.size() <= 4096);
+}
+
 TEST_CASE("events: an in-place report's phase times are clamped to what the controller saw",
           "[recovery][events][in-place][security]") {
   JobRecord r = record(JobState::Running);

@@ -68,23 +68,40 @@ class LogLimiter {
 
 // ---- job ids Slurm did not know ---------------------------------------------------------------------------------
 
-// Remembers job ids Slurm answered "unknown" for, so that a flood of events for made-up ids costs at most one
-// lookup per id per `ttl_s`. Holds at most `capacity` ids; the oldest is forgotten first.
+// Remembers what Slurm answered about job ids the controller does not track: "unknown", or the job's owner. A flood
+// of events for made-up ids, or for another user's untracked job, then costs at most one lookup per id per
+// `ttl_s`. Holds at most `capacity` ids; the oldest is forgotten first.
 class NegativeCache {
  public:
   NegativeCache(std::size_t capacity, double ttl_s) : capacity_(capacity), ttl_s_(ttl_s) {}
   // True when `job_id` was found unknown less than ttl ago: do not ask Slurm again.
   bool known_unknown(std::uint32_t job_id, double now) const;
-  void remember(std::uint32_t job_id, double now);
+  // The owner Slurm named for `job_id` less than ttl ago; nullopt when none is cached (or it was unknown).
+  std::optional<std::uint32_t> known_owner(std::uint32_t job_id, double now) const;
+  void remember(std::uint32_t job_id, double now);                        // unknown to Slurm
+  void remember_owner(std::uint32_t job_id, std::uint32_t owner, double now);
   void forget(std::uint32_t job_id);
   std::size_t size() const { return when_.size(); }
 
  private:
+  struct Entry {
+    double when = 0;
+    std::optional<std::uint32_t> owner;  // nullopt: unknown to Slurm
+  };
+  void put(std::uint32_t job_id, Entry entry);
   std::size_t capacity_;
   double ttl_s_;
-  std::map<std::uint32_t, double> when_;
+  std::map<std::uint32_t, Entry> when_;
   std::multimap<double, std::uint32_t> by_time_;
 };
+
+// ---- fair intake ----------------------------------------------------------------------------------------------------
+
+// Which of the queued requests (each with the user it is for, in arrival order) one engine cycle takes: in arrival
+// order, at most `batch` in all and at most a fair share of them per user: batch / the users waiting, and never
+// less than `min_share`. One user alone gets the whole batch (plain FIFO); under one user's flood every other
+// user's requests are in the next cycle.
+std::vector<std::size_t> fair_batch(const std::vector<std::uint32_t>& users, std::size_t batch, std::size_t min_share);
 
 // ---- probes of silent nodes ---------------------------------------------------------------------------------------
 

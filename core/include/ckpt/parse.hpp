@@ -23,8 +23,8 @@ Result<std::uint64_t> parse_duration(std::string_view text);
 // parse_duration, and more than zero seconds.
 Result<std::uint64_t> parse_positive_duration(std::string_view text);
 
-// A duration as parse_duration reads it, or a fraction of a second or more written as decimal seconds or
-// milliseconds: "0.25s", "1.5s", "120ms". For measured costs, where whole seconds are too coarse.
+// A duration as parse_duration reads it, or one decimal number with one unit: "0.25s", "120ms", "1.5m", "1.8h",
+// "0.5d" (bare digits are seconds). For measured costs and MTBFs, where whole units are too coarse.
 Result<double> parse_seconds(std::string_view text);
 
 // The pieces of `text` between separators, empty ones included: "a,,b" -> {"a", "", "b"}, "" -> {""}.

@@ -26,6 +26,10 @@ inline constexpr int kExitPeerLost = 75;
 // Slurm's step id of a batch script (SLURM_BATCH_SCRIPT).
 inline constexpr std::uint32_t kBatchStep = 0xfffffffbU;
 
+// A job record's bounds: what its owner's events can add to it (steps, their nodes, the failure's reporters).
+inline constexpr std::size_t kMaxStepsPerRecord = 256;
+inline constexpr std::size_t kMaxNodesPerStep = 16384;
+
 // ---- hostlists ---------------------------------------------------------------------------------------------
 
 // Expands a Slurm hostlist ("n[1-3,5],gpu07") into names, in order. Refuses more than `limit` names.
