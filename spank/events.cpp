@@ -93,7 +93,8 @@ bool encode(const std::string& payload, std::string& credential) {
 
 std::size_t discard(char*, std::size_t size, std::size_t count, void*) { return size * count; }
 
-// One POST of the credential; the HTTP status (0 when none came).
+// One POST of the credential; the HTTP status, 0 when none came, -1 when the controller took the connection and
+// dropped it (its connection limit under load: worth asking again, unlike a refusal or a timeout).
 long post_once(const std::string& url, const std::string& credential) {
   CURL* curl = curl_easy_init();
   if (curl == nullptr) return 0;
@@ -115,6 +116,7 @@ long post_once(const std::string& url, const std::string& credential) {
   if (rc == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
   curl_slist_free_all(headers);
   curl_easy_cleanup(curl);
+  if (rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR) return -1;
   if (rc != CURLE_OK) {
     g_degraded_until = unix_seconds() + 30;
     slurm_verbose("ckpt: controller %s unreachable: %s", url.c_str(), curl_easy_strerror(rc));
@@ -123,17 +125,18 @@ long post_once(const std::string& url, const std::string& credential) {
 }
 
 // Posts the credential. A controller that answers "busy" (503, 429: its intake is full, as another user's flood
-// can make it) is asked again after 100, 200 and 400 ms, so a report is not dropped for a moment's load; one that
-// does not answer is not (it is down or cut off, and slurmstepd must not wait on it).
+// can make it) or drops the connection is asked again after 100, 200 and 400 ms, so a report is not dropped for a
+// moment's load; one that does not answer is not (it is down or cut off, and slurmstepd must not wait on it).
 void post(const std::string& url, const std::string& credential) {
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   long status = post_once(url, credential);
-  for (int retry = 0; (status == 503 || status == 429) && retry < 3; ++retry) {
+  for (int retry = 0; (status == 503 || status == 429 || status < 0) && retry < 3; ++retry) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100 << retry));
     status = post_once(url, credential);
   }
   if (status >= 300) slurm_verbose("ckpt: controller %s answered HTTP %ld", url.c_str(), status);
+  if (status < 0) slurm_verbose("ckpt: controller %s dropped the report 4 times", url.c_str());
 }
 
 // Writes the credential as <dir>/<time>-<pid>-<random>.ev, atomically (ckpt/posix.hpp): the controller reads
