@@ -102,4 +102,36 @@ sleep 0.5
 srun -N1 -w n3 hostname | grep -qx n3 || fail "n3 does not run steps after its revival"
 pass "crash-node n3 ended every process of its namespace; revive-node returned it to service"
 kill "$sleeper" 2> /dev/null || true
+
+# Restart in place across the hosts, beside Debian's hosts file, with GLOO_SOCKET_IFNAME=eth0 as a user sets it: 3
+# training nodes and a spare; n2 crashes mid-run; the spare takes its rank over and the final weights equal an
+# uninterrupted run's. (Before the one address rule every rank timed out on rank 0's store at 127.0.1.1.)
+STEPS=40
+cat > "$SCRATCH/inplace.sbatch" <<JOB
+#!/bin/bash
+#SBATCH --no-kill --ckpt-last-words=on
+export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s GLOO_SOCKET_IFNAME=eth0
+$CKPT_BUILD_DIR/controller/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
+  --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 "\$@"
+JOB
+inplace_run() {  # NAME [CRASH_NODE]: one run into $SCRATCH/NAME
+  mkdir -p "$SCRATCH/$1"
+  local job
+  job=$(sbatch --parsable -N4 -J "netns-$1" -o "$SCRATCH/$1/log" --ckpt-dir="$SCRATCH/$1/ckpt" \
+    "$SCRATCH/inplace.sbatch" --out "$SCRATCH/$1/final")
+  if [ -n "${2:-}" ]; then
+    for _ in $(seq 1500); do grep -q "^train_ddp: step 15 " "$SCRATCH/$1/log" 2>/dev/null && break; sleep 0.05; done
+    grep -q "^train_ddp: step 15 " "$SCRATCH/$1/log" || { cat "$SCRATCH/$1/log" >&2; fail "$1: training never reached step 15"; }
+    "$CLUSTER" crash-node "$2" 2> /dev/null
+  fi
+  for _ in $(seq 1500); do [ -s "$SCRATCH/$1/final" ] && break; squeue -h -j "$job" | grep -q . || break; sleep 0.1; done
+  [ -s "$SCRATCH/$1/final" ] || { tail -30 "$SCRATCH/$1/log" >&2; fail "$1: no final weights"; }
+  scancel "$job" 2> /dev/null || true
+}
+inplace_run reference
+inplace_run crashed n2
+grep -q "takes rank 1 over" "$SCRATCH/crashed/log" || { tail -30 "$SCRATCH/crashed/log" >&2; fail "the spare did not take n2's rank over in place"; }
+cmp -s "$SCRATCH/reference/final" "$SCRATCH/crashed/final" || fail "the weights after the in-place recovery differ"
+"$CLUSTER" revive-node n2 2> /dev/null || true
+pass "restart in place across hosts (debian hosts files, GLOO_SOCKET_IFNAME=eth0): n2 crashed, the spare took its rank over, bitwise identical"
 finish
