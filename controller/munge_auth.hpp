@@ -1,6 +1,7 @@
 #pragma once
 // MUNGE credentials: the payload of every event and privileged request, and the only uid the controller trusts.
 // munged rejects a credential that is replayed, expired or made with another key.
+#include <cctype>
 #include <cstdint>
 #include <string>
 
@@ -23,6 +24,11 @@ Result<MungePayload> munge_decode_credential(const std::string& credential, cons
 // "GET <path>": the controller shows each user only their own jobs.
 inline constexpr const char* kCredentialHeader = "X-Ckpt-Credential";
 inline std::string read_credential_payload(const std::string& path) { return "GET " + path; }
+// A header's name as the header maps hold it (the server's request heads, HttpResponse::headers): lower case.
+inline std::string header_key(std::string name) {
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
 
 // The controller's answer to such a read carries, in this header, a MUNGE credential of its own (made as root or
 // SlurmUser) whose payload binds it to that request's credential and to the answer's body: a process that took the

@@ -37,13 +37,13 @@ extern "C" {
 #include <nlohmann/json.hpp>
 
 #include "ckpt/clock.hpp"
+#include "ckpt/format.hpp"
 #include "ckpt/options.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
 #include "ckpt/srun_cmdline.hpp"
 #include "http.hpp"
 #include "log.hpp"
-#include "ckpt/format.hpp"
 #include "munge_auth.hpp"
 #include "run_options.hpp"
 #include "run_report.hpp"

@@ -172,11 +172,9 @@ std::uint32_t slurm_user_uid() {
 
 namespace {
 
+// A name for srun's --exclude: a node name as events carry them, and never one that reads as an option.
 bool host_name_ok(const std::string& n) {
-  return !n.empty() && n.size() <= 255 && std::isalnum(static_cast<unsigned char>(n[0])) &&
-         std::all_of(n.begin(), n.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
-  });
+  return rec::safe_node_name(n) && std::isalnum(static_cast<unsigned char>(n[0]));
 }
 
 }  // namespace
@@ -230,9 +228,7 @@ std::optional<JobView> read_job_view(const std::string& url, const std::string& 
   req.headers.emplace_back(kCredentialHeader, *cred);
   HttpResponse res = http_request(req);
   if (!res.ok()) return std::nullopt;
-  std::string header = kReplyCredentialHeader;
-  for (char& c : header) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  auto sig = res.headers.find(header);
+  auto sig = res.headers.find(header_key(kReplyCredentialHeader));
   if (Status s = check_reply_credential(sig == res.headers.end() ? "" : sig->second, *cred, res.body, slurm_uid, socket);
       !s) {
     log_limited(LogLevel::Warning, "reply-credential",

@@ -30,6 +30,7 @@
 #include "log.hpp"
 #include "munge_auth.hpp"
 #include "status_page.hpp"
+#include "task_pool.hpp"
 
 namespace ckpt::controller {
 
@@ -160,58 +161,6 @@ Response page_reply(Engine& engine, const std::string& path, const rec::ReadAcce
   return Response{200, "text/html; charset=utf-8", std::move(*html), kStatusPageHeaders};
 }
 
-// A fixed number of threads and a bounded queue. submit() refuses when the queue is full.
-class WorkerPool {
- public:
-  WorkerPool(std::size_t threads, std::size_t limit) : limit_(limit) {
-    for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
-  }
-  ~WorkerPool() { stop(); }
-  WorkerPool(const WorkerPool&) = delete;
-  WorkerPool& operator=(const WorkerPool&) = delete;
-  bool submit(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stop_ || queue_.size() >= limit_) return false;
-      queue_.push_back(std::move(task));
-    }
-    cv_.notify_one();
-    return true;
-  }
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-    threads_.clear();
-  }
-
- private:
-  void work() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task();
-    }
-  }
-  std::size_t limit_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  std::vector<std::thread> threads_;
-};
-
 struct Connection {
   int fd = -1;
   double accepted = 0;
@@ -232,8 +181,8 @@ struct Server::Impl {
   std::atomic<bool> stopping{false};
   std::thread thread;
   std::list<Connection> connections;
-  WorkerPool events;
-  WorkerPool others;
+  TaskPool events;  // bounded: a full queue answers 503
+  TaskPool others;
 
   void loop();
   void accept_all();
@@ -352,7 +301,7 @@ void Server::Impl::dispatch(Connection& c) {
     }
     write_and_close(fd, serialize(r), kWriteDeadline_s);
   };
-  if (!(event ? events : others).submit(task)) {
+  if (!(event ? events : others).post(task)) {
     log_limited(LogLevel::Warning, "queue", std::string("request refused (HTTP 503): the ") +
                                                 (event ? "event" : "read") + " queue is full");
     const std::string data = serialize(error_reply(503, "busy; try again"));
@@ -362,9 +311,7 @@ void Server::Impl::dispatch(Connection& c) {
 }
 
 std::optional<std::uint32_t> Server::Impl::reader_uid(const rec::HttpHead& head, std::string& error) {
-  std::string name = kCredentialHeader;
-  for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  auto it = head.headers.find(name);
+  auto it = head.headers.find(header_key(kCredentialHeader));
   if (it == head.headers.end()) return std::nullopt;
   auto decoded = munge_decode_credential(it->second, socket);
   if (!decoded) {
@@ -382,9 +329,7 @@ std::optional<std::uint32_t> Server::Impl::reader_uid(const rec::HttpHead& head,
 // to the body (munge_auth.hpp): ckpt-run on a compute node believes no answer without it.
 Response Server::Impl::handle_signed_read(const rec::HttpHead& head) {
   Response r = handle_read(head);
-  std::string name = kCredentialHeader;
-  for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  auto it = head.headers.find(name);
+  auto it = head.headers.find(header_key(kCredentialHeader));
   if (it == head.headers.end()) return r;
   auto signature = munge_encode_payload(reply_credential_payload(it->second, r.body), socket);
   if (!signature) {

@@ -1,17 +1,21 @@
 #pragma once
-// A fixed set of threads for work the engine does off its own thread (probes of silent nodes, checkpoint reads as
-// a job's owner). It bounds what runs at once across all jobs (a flood of failing jobs queues, it does not fork a
-// thread and a reader child per job), and it makes its threads once, at start: a thread that cannot be created then
-// leaves fewer workers (none: work runs on the caller's thread), never a std::terminate later.
-// Call order: (engine thread) submit(); (workers) run the task; (engine thread) the future's wait_for/get. The
-// future's destructor does not wait, so a record reset while its task runs does not hold the engine's lock.
+// A fixed set of threads and a queue: the one pool of the controller. The HTTP endpoint runs its requests on two of
+// them (bounded queues: a full one answers 503), the engine its off-thread work on two more (probes of silent
+// nodes, checkpoint reads as a job's owner: a flood of failing jobs queues, it does not fork a thread and a reader
+// child per job). Threads are made once, at construction: one that cannot be created leaves fewer workers (none:
+// work runs on the caller's thread), never a std::terminate later.
+// Call order: (any thread) post() or submit(); (workers) run the task; (the caller) the future's wait_for/get, whose
+// destructor does not wait, so a record reset while its task runs does not hold the engine's lock; (owner) stop(),
+// which runs what is queued, then joins.
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
 #include <future>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -21,7 +25,9 @@ namespace ckpt::controller {
 
 class TaskPool {
  public:
-  explicit TaskPool(std::size_t threads) {
+  static constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
+
+  explicit TaskPool(std::size_t threads, std::size_t max_queued = kUnbounded) : max_queued_(max_queued) {
     for (std::size_t i = 0; i < threads; ++i) {
       try {
         workers_.emplace_back([this] { work(); });
@@ -30,41 +36,58 @@ class TaskPool {
       }
     }
   }
-  ~TaskPool() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
+  ~TaskPool() { stop(); }
   TaskPool(const TaskPool&) = delete;
   TaskPool& operator=(const TaskPool&) = delete;
 
   std::size_t threads() const { return workers_.size(); }
 
-  // Runs f() on a worker; its result or its exception comes through the future.
+  // Queues `task`; false (and nothing runs) when the pool is stopped or `max_queued` tasks wait already. Without
+  // workers it runs on the caller's thread.
+  bool post(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_ || queue_.size() >= max_queued_) return false;
+      if (!workers_.empty()) {
+        queue_.push_back(std::move(task));
+        task = nullptr;
+      }
+    }
+    if (task) {
+      task();
+      return true;
+    }
+    wake_.notify_one();
+    return true;
+  }
+
+  // Runs f() on a worker; its result or its exception comes through the future (a refused post: an exception).
   template <class F>
   auto submit(F f) -> std::future<decltype(f())> {
     auto promise = std::make_shared<std::promise<decltype(f())>>();
     auto future = promise->get_future();
-    std::function<void()> task = [promise, f = std::move(f)]() mutable {
+    const bool queued = post([promise, f = std::move(f)]() mutable {
       try {
         promise->set_value(f());
       } catch (...) {
         promise->set_exception(std::current_exception());
       }
-    };
-    if (workers_.empty()) {
-      task();
-      return future;
-    }
+    });
+    if (!queued) promise->set_exception(std::make_exception_ptr(std::runtime_error("the task pool is full or stopped")));
+    return future;
+  }
+
+  // Refuses new tasks, runs the queued ones, and joins the workers.
+  void stop() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(std::move(task));
+      stopping_ = true;
     }
-    wake_.notify_one();
-    return future;
+    wake_.notify_all();
+    for (auto& t : workers_) {
+      if (t.joinable()) t.join();
+    }
+    workers_.clear();
   }
 
  private:
@@ -74,7 +97,7 @@ class TaskPool {
       {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (stopping_) return;  // what is still queued is dropped: its futures report a broken promise
+        if (queue_.empty()) return;  // stopping, and everything queued has run
         task = std::move(queue_.front());
         queue_.pop_front();
       }
@@ -82,6 +105,7 @@ class TaskPool {
     }
   }
 
+  std::size_t max_queued_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;

@@ -263,7 +263,7 @@ int remote_user_init(spank_t sp) {
   // Who continues a job stopped at its time limit: the site's recovery controller, or the job itself.
   export_env(sp, "CKPT_REQUEUE", state.policy.controller.empty() ? "self" : "controller");
   // ckpt-run asks the site's controller, never one it guesses (a port on the node's loopback anyone may bind).
-  if (state.policy.controller.rfind("http://", 0) == 0 || state.policy.controller.rfind("https://", 0) == 0) {
+  if (ckpt::controller_is_url(state.policy.controller)) {
     export_env(sp, "CKPT_CONTROLLER_URL", state.policy.controller);
   }
   // Steps of a requeued batch job report a restart count of 0; the job's environment has the real one.

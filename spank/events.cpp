@@ -211,7 +211,7 @@ void report_event(const std::string& destination, const rec::Event& event) noexc
     if (destination.empty()) return;
     std::string credential;
     if (!encode(rec::to_json(event), credential)) return;
-    if (destination.rfind("http://", 0) == 0 || destination.rfind("https://", 0) == 0) {
+    if (ckpt::controller_is_url(destination)) {
       std::string url = destination;
       while (!url.empty() && url.back() == '/') url.pop_back();
       post(url + "/v1/events", credential);

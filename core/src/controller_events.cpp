@@ -118,6 +118,10 @@ Result<std::vector<std::string>> expand_hostlist(std::string_view list, std::siz
   return out;
 }
 
+bool safe_node_name(const std::string& name) {
+  return !name.empty() && name.size() <= kMaxHostName && std::all_of(name.begin(), name.end(), name_char);
+}
+
 std::string join_nodes(const std::vector<std::string>& nodes) {
   std::string out;
   for (const auto& n : nodes) {
@@ -145,10 +149,6 @@ namespace {
 constexpr std::size_t kMaxEventBytes = 16 * 1024;
 constexpr std::size_t kMaxFailedNodes = 4096;   // nodes one in-place recovery may name
 constexpr double kLatestTime = 4102444800.0;    // 2100-01-01: a later "unix time" is garbage
-
-bool safe_node_name(const std::string& name) {
-  return !name.empty() && name.size() <= 255 && std::all_of(name.begin(), name.end(), name_char);
-}
 
 bool safe_text(const std::string& text, std::size_t max) {
   return text.size() <= max && std::none_of(text.begin(), text.end(), [](char c) {

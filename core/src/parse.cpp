@@ -10,6 +10,13 @@ namespace {
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
+// The units a duration is written in, largest first: the order parse_duration wants its groups in.
+struct Unit {
+  char name;
+  std::uint64_t seconds;
+};
+constexpr std::array<Unit, 4> kUnits{{{'d', 86400}, {'h', 3600}, {'m', 60}, {'s', 1}}};
+
 }  // namespace
 
 Result<std::uint64_t> parse_uint(std::string_view text) {
@@ -26,11 +33,6 @@ Result<std::uint64_t> parse_uint(std::string_view text) {
 
 Result<std::uint64_t> parse_duration(std::string_view text) {
   if (text.empty()) return Error{"empty value"};
-  struct Unit {
-    char name;
-    std::uint64_t seconds;
-  };
-  static constexpr std::array<Unit, 4> units{{{'d', 86400}, {'h', 3600}, {'m', 60}, {'s', 1}}};
   constexpr std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
 
   std::uint64_t total = 0;
@@ -48,13 +50,13 @@ Result<std::uint64_t> parse_duration(std::string_view text) {
     } else {
       char unit = text[pos++];
       std::size_t i = next_unit;
-      while (i < units.size() && units[i].name != unit) ++i;
-      if (i == units.size()) {
+      while (i < kUnits.size() && kUnits[i].name != unit) ++i;
+      if (i == kUnits.size()) {
         bool known = unit == 'd' || unit == 'h' || unit == 'm' || unit == 's';
         return Error{known ? "units out of order or repeated" : std::string("unknown unit '") + unit + "'"};
       }
       next_unit = i + 1;
-      scale = units[i].seconds;
+      scale = kUnits[i].seconds;
     }
     if (*number > max / scale) return Error{"duration too large"};
     std::uint64_t part = *number * scale;
@@ -84,11 +86,13 @@ Result<double> parse_seconds(std::string_view text) {
   if (number.ends_with("ms")) {
     number.remove_suffix(2);
     scale = 1e-3;
-  } else if (!number.empty() && (number.back() == 's' || number.back() == 'm' || number.back() == 'h' ||
-                                 number.back() == 'd')) {
-    const char unit = number.back();
-    number.remove_suffix(1);
-    scale = unit == 'm' ? 60 : unit == 'h' ? 3600 : unit == 'd' ? 86400 : 1;
+  } else if (!number.empty()) {
+    for (const Unit& unit : kUnits) {
+      if (number.back() != unit.name) continue;
+      number.remove_suffix(1);
+      scale = static_cast<double>(unit.seconds);
+      break;
+    }
   }
   const auto dot = number.find('.');
   std::string_view integer = number.substr(0, dot);

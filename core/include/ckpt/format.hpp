@@ -1,6 +1,7 @@
 #pragma once
 // Numbers as text, two ways: short for what people read (messages, reports), exact for what programs read back
 // (Prometheus samples). Everything that prints a bare double uses one of these, so one kind of output prints alike.
+// And user text made safe to quote (core/src/format.cpp).
 #include <cstdio>
 #include <string>
 
@@ -22,26 +23,9 @@ inline std::string format_number_exact(double value) {
 
 // Text made safe for one log line: control characters (newlines, ANSI escapes, DEL) as \xNN. Every log writer
 // passes its lines through it, so no user text can start a line of its own or drive a terminal.
-inline std::string escape_controls(const std::string& value) {
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  out.reserve(value.size());
-  for (unsigned char c : value) {
-    if (c < 0x20 || c == 0x7f) {
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
+std::string escape_controls(const std::string& value);
 
 // A user's value quoted in a message: escape_controls(), cut after 300 bytes with "...".
-inline std::string printable(const std::string& value) {
-  std::string out = escape_controls(value.size() > 1200 ? value.substr(0, 1200) : value);
-  return out.size() > 300 ? out.substr(0, 300) + "..." : out;
-}
+std::string printable(const std::string& value);
 
 }  // namespace ckpt

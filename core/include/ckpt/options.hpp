@@ -80,6 +80,11 @@ struct SitePolicy {
   std::uint64_t max_spares = 4;
 };
 
+// Whether a site's `controller=` is the controller's http(s) URL (else it is a spool directory).
+inline bool controller_is_url(const std::string& controller) {
+  return controller.rfind("http://", 0) == 0 || controller.rfind("https://", 0) == 0;
+}
+
 // The site's allowed dirs that contain `dir` (absolute, normalized): the prefixes below which every component of
 // the checkpoint dir must belong to root or the job's user (ckpt/trusted_dir.hpp). Empty: check from "/".
 std::vector<std::string> trusted_prefixes_of(const std::string& dir, const SitePolicy& policy);

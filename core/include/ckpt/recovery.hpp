@@ -34,6 +34,8 @@ inline constexpr std::size_t kMaxNodesPerStep = 16384;
 
 // Expands a Slurm hostlist ("n[1-3,5],gpu07") into names, in order. Refuses more than `limit` names.
 Result<std::vector<std::string>> expand_hostlist(std::string_view list, std::size_t limit = 65536);
+// A node name as events carry it: 1 to 255 bytes of letters, digits, '.', '-' and '_'.
+bool safe_node_name(const std::string& name);
 // Joins names with commas: what ExcNodeList and srun --exclude accept.
 std::string join_nodes(const std::vector<std::string>& nodes);
 

@@ -1,0 +1,31 @@
+// User text in messages and log lines (ckpt/format.hpp).
+#include "ckpt/format.hpp"
+
+namespace ckpt {
+
+std::string escape_controls(const std::string& value) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(value.size());
+  for (unsigned char c : value) {
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string printable(const std::string& value) {
+  std::string out = escape_controls(value.size() > 1200 ? value.substr(0, 1200) : value);
+  if (out.size() > 300) {
+    out.resize(300);
+    out += "...";
+  }
+  return out;
+}
+
+}  // namespace ckpt
