@@ -22,7 +22,7 @@ for i in $(seq "$N"); do
   mkdir -p "$run"
   at=$((10 + RANDOM % 25))
   victim=n$((1 + RANDOM % 4))
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) srun -N4 -n4 -J "bench-lw-$i" --ckpt-interval=1000steps \
+  MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) srun -N4 -n4 -J "bench-lw-$i" --ckpt-interval=1000steps \
     --ckpt-last-words=on --ckpt-dir="$run/ckpt" "$PY" "$SRC/slurm-examples/train_dp_tp.py" --steps 80 \
     --step-sleep 0.2 --out "$run/final" > "$run/log" 2>&1 &
   pid=$!

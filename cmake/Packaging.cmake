@@ -183,7 +183,7 @@ set(CPACK_RPM_DEV_PACKAGE_REQUIRES \"slurm-ckpt-libs = \${CPACK_PACKAGE_VERSION}
 set(CPACK_RPM_COMPONENT_INSTALL ON)
 set(CPACK_RPM_FILE_NAME RPM-DEFAULT)
 set(CPACK_RPM_PACKAGE_RELEASE 1)
-set(CPACK_RPM_PACKAGE_LICENSE "Unspecified")
+set(CPACK_RPM_PACKAGE_LICENSE "Apache-2.0")
 set(CPACK_RPM_PACKAGE_GROUP "System Environment/Base")
 foreach(ckpt_comp node controller python runtime dev)
   # The summary is the first line of the component's description.

@@ -118,7 +118,8 @@ class Engine {
   void relaunch(JobRecord& r, const ckpt::recovery::RecoveryPlan& plan, double now);
   void start_requeue(JobRecord& r, const ckpt::recovery::RecoveryPlan& plan, double now);
   void decide(JobRecord& r, Ending ending, const SlurmJob& slurm, const std::vector<std::string>& dead,
-              const std::vector<std::string>& mark_down, const CheckpointView& ckpts, double now, bool slurm_requeued);
+              const std::vector<std::string>& mark_down, const CheckpointView& ckpts, double now, bool slurm_requeued,
+              const std::vector<std::string>& hung = {});
   void give_up(JobRecord& r, const std::string& reason, const SlurmJob* slurm, double now);
   void housekeeping(double now);
   void drive_intent(JobRecord& r, double now);

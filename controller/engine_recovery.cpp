@@ -71,6 +71,24 @@ void Engine::check_failing(JobRecord& r, double now) {
   facts.failures = r.failures;
   facts.dead_nodes = lost.dead;
   const auto ending = rec::ending_of_failure(r, facts, now);
+  if (!ending && rec::survivors_reported(r)) {
+    // Survivors said their peers were lost, yet the probed nodes live: the lost ranks may hang there, and then the
+    // step never ends by itself. Their record names the nodes (hung_nodes).
+    auto ckpts = checkpoint_view(r, now);
+    if (!ckpts) {
+      rt.next_check = now + 0.02;
+      return;
+    }
+    const auto hung = rec::hung_nodes(r, ckpts->peer_lost, lost.dead);
+    if (!hung.empty()) {
+      note(r, "decision", "the survivors lost the ranks on " + list(hung) + ", whose slurmd answers: hung there; " +
+                              "the run is ended and goes on without them (not marked DOWN)", now);
+      auto dead = lost.dead;
+      dead.insert(dead.end(), hung.begin(), hung.end());
+      decide(r, Ending::NodeFailure, s, dead, lost.mark_down, *ckpts, now, false, hung);
+      return;
+    }
+  }
   if (!ending) {
     // Ranks failed on live nodes and Slurm still runs the job: its script decides. Look again soon; the
     // batch step's end is reported by the plugin and brings the check forward.
@@ -154,8 +172,9 @@ void Engine::give_up(JobRecord& r, const std::string& reason, const SlurmJob* sl
 
 void Engine::decide(JobRecord& r, Ending ending, const SlurmJob& s, const std::vector<std::string>& dead,
                     const std::vector<std::string>& mark_down, const CheckpointView& ckpts, double now,
-                    bool slurm_requeued) {
+                    bool slurm_requeued, const std::vector<std::string>& hung) {
   rec::RecoveryFacts facts;
+  facts.hung = hung;
   facts.ending = ending;
   facts.slurm = s;
   facts.dead = dead;

@@ -237,6 +237,9 @@ CheckpointView read_checkpoints(const std::string& dir) {
       return view;
     }
     view.time_limit_stop = read_time_limit_stop(dir);
+    if (auto lost = ckpt::store::read_control_file(dir, ckpt::recovery::kPeerLostFile); lost && *lost) {
+      view.peer_lost = ckpt::recovery::parse_peer_lost(**lost);
+    }
     auto candidates = ckpt::store::resume_candidates(*entries);
     if (candidates.empty()) return view;
     view.newest_complete = candidates.front();
@@ -283,6 +286,8 @@ int checkpoint_reader_main(const std::string& dir, const std::string& trusted_di
   nlohmann::json j = {{"newest_complete", v.newest_complete ? nlohmann::json(*v.newest_complete) : nlohmann::json(nullptr)},
                       {"newest_wall_time", v.newest_wall_time},
                       {"time_limit_stop", stop_json(v.time_limit_stop)},
+                      {"peer_lost", v.peer_lost ? nlohmann::json::parse(ckpt::recovery::to_json(*v.peer_lost))
+                                                : nlohmann::json(nullptr)},
                       {"error", v.error}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
@@ -376,6 +381,7 @@ CheckpointView parse_reader_answer(const std::string& text) {
     stop.step = t["step"].get<std::uint64_t>();
     view.time_limit_stop = stop;
   }
+  if (const auto& lost = j["peer_lost"]; lost.is_object()) view.peer_lost = ckpt::recovery::parse_peer_lost(lost.dump());
   return view;
 }
 

@@ -90,6 +90,7 @@ struct CheckpointView {
   double newest_wall_time = 0;  // when it was committed (manifest), 0 when unknown
   std::string error;            // set when the dir could not be read
   std::optional<ckpt::recovery::TimeLimitStop> time_limit_stop;  // the last run's record, when there is one
+  std::optional<ckpt::recovery::PeerLost> peer_lost;  // the survivors' record of lost peers, when there is one
 };
 // Reads in this process, with this process's permissions.
 CheckpointView read_checkpoints(const std::string& dir);

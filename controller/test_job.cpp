@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/address.hpp"
 #include "ckpt/clock.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/store.hpp"
@@ -59,17 +60,30 @@ struct Options {
   std::string fail_runs = "all";
 };
 
-// Rank 0 publishes its port in a file under the checkpoint dir, unique to this job, run and step.
+// Rank 0 publishes its address and port in a file under the checkpoint dir, unique to this job, run and step.
 std::string rendezvous_file(const std::string& dir) {
   return dir + "/.test-job-rdv-" + env("SLURM_JOB_ID", "0") + "-" + env("SLURM_RESTART_COUNT", "0") + "-" +
          env("SLURM_STEP_ID", "0");
 }
 
-int listen_any(int& port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+// The address rank 0 publishes and binds (ckpt/address.hpp: its node's, not a loopback).
+std::string own_address(int rank) {
+  auto chosen = ckpt::net::publish_address();
+  if (!chosen) die(rank, chosen.error());
+  return chosen->address;
+}
+
+sockaddr_in ipv4(const std::string& address, int port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (inet_pton(AF_INET, address.c_str(), &addr.sin_addr) != 1) addr.sin_addr.s_addr = htonl(INADDR_NONE);
+  return addr;
+}
+
+int listen_on(const std::string& address, int& port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr = ipv4(address, 0);
   socklen_t len = sizeof addr;
   if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, 256) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
@@ -79,12 +93,9 @@ int listen_any(int& port) {
   return fd;
 }
 
-int connect_port(int port) {
+int connect_to(const std::string& address, int port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  sockaddr_in addr = ipv4(address, port);
   if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     if (fd >= 0) close(fd);
     return -1;
@@ -136,12 +147,13 @@ Peers rendezvous(int rank, int world, const std::string& dir) {
   const std::string file = rendezvous_file(dir);
   if (rank == 0) {
     int port = 0;
-    int lfd = listen_any(port);
-    if (lfd < 0) die(rank, "cannot listen");
+    const std::string address = own_address(rank);
+    int lfd = listen_on(address, port);
+    if (lfd < 0) die(rank, "cannot listen on " + address);
     const std::string tmp = file + ".tmp";
     FILE* f = std::fopen(tmp.c_str(), "w");
     if (f == nullptr) die(rank, "cannot write " + tmp);
-    std::fprintf(f, "%d\n", port);
+    std::fprintf(f, "%s %d\n", address.c_str(), port);
     std::fclose(f);
     std::rename(tmp.c_str(), file.c_str());
     const double deadline = ckpt::unix_seconds() + 60;
@@ -160,12 +172,13 @@ Peers rendezvous(int rank, int world, const std::string& dir) {
     while (fd < 0) {
       if (ckpt::unix_seconds() > deadline) die(rank, "rank 0 did not publish its port");
       FILE* f = std::fopen(file.c_str(), "r");
+      char address[64] = {0};
       int port = 0;
       if (f != nullptr) {
-        if (std::fscanf(f, "%d", &port) != 1) port = 0;
+        if (std::fscanf(f, "%63s %d", address, &port) != 2) port = 0;
         std::fclose(f);
       }
-      if (port > 0) fd = connect_port(port);
+      if (port > 0) fd = connect_to(address, port);
       if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     peers.fds.push_back(fd);

@@ -17,7 +17,6 @@ again to continue.
 import argparse
 import hashlib
 import os
-import subprocess
 import sys
 import time
 
@@ -45,24 +44,6 @@ def parse_args():
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--log-time", action="store_true", help="end each step line with t=<unix seconds> (benchmarks)")
     return p.parse_args()
-
-
-def rendezvous():
-    """Rank, world size and the master address from torchrun-style variables, else from srun's."""
-    if "RANK" in os.environ:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    rank, world = int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
-    if world > 1 and "MASTER_ADDR" not in os.environ:
-        nodes = os.environ.get("SLURM_JOB_NODELIST", "")
-        try:
-            first = subprocess.run(["scontrol", "show", "hostnames", nodes], check=True, capture_output=True,
-                                   text=True).stdout.split()[0]
-        except (OSError, subprocess.CalledProcessError, IndexError):
-            first = "127.0.0.1"
-        os.environ["MASTER_ADDR"] = first
-    if world > 1 and "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000)
-    return rank, world
 
 
 class TinyTransformer(torch.nn.Module):
@@ -174,9 +155,7 @@ def main():
         # Started by `ckpt-run --spares N`: run() forms the group, and forms it again after a peer dies, with a
         # spare in the dead rank's place; train() is re-entered in this same process.
         return slurm_ckpt.torch.run(train, args, in_place=True, warm=lambda: build(args))
-    rank, world = rendezvous()
-    if world > 1:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+    _, world = slurm_ckpt.torch.init_process_group("gloo")  # rank 0's host: MASTER_ADDR, else the step's first
     status = train(args)
     if world > 1:
         dist.barrier()

@@ -132,10 +132,7 @@ def main():
         # Started by `ckpt-run --spares N`: run() forms the group, and forms it again with a spare in a dead rank's
         # place; train() is re-entered in this same process.
         return slurm_ckpt.torch.run(train, args, in_place=True)
-    rank, world = int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    slurm_ckpt.torch.init_process_group("gloo", alone=True)  # rank 0's host: MASTER_ADDR, else the step's first
     status = train(args)
     if status == 0:
         dist.destroy_process_group()

@@ -4,18 +4,24 @@
 # processes started here are ever stopped (by the pids they wrote).
 #
 #   cluster.sh up | down | status | env
+#   cluster.sh on nX CMD...      run CMD on nX's network (its namespace; in one-host mode, here)
+#   cluster.sh addr [nX]         the address nX has for its peers (without nX: this host's, as the nodes reach it:
+#                                where a controller or a fake one listens for the plugin and ckpt-run)
 #   cluster.sh crash-node nX     SIGKILL nX's slurmd, its slurmstepds and their tasks (a dead host)
 #   cluster.sh freeze-node nX    SIGSTOP the same set (a silent host: only timeouts can tell)
+#   cluster.sh hang-tasks nX     SIGSTOP only the job tasks on nX (a hung rank): slurmd and slurmstepd answer on
 #   cluster.sh revive-node nX    bring nX back (SIGCONT, or restart slurmd) and return it to service
 #   cluster.sh partition-node nX cut nX's link (namespace mode only): its processes live on, nobody reaches them
 #   cluster.sh heal-node nX      bring the link back
 #
-# CKPT_CLUSTER_NET=netns makes each node a host of its own: a network namespace with its own IPv4 address on a
-# bridge (10.<CKPT_CLUSTER_SUBNET, 77>.0.0/24, the bridge .1 in this namespace for slurmctld and controllers,
+# Each node is a host of its own (CKPT_CLUSTER_NET=netns, the default where namespaces are allowed): a network
+# namespace with its own IPv4 address on a bridge (10.<CKPT_CLUSTER_SUBNET, 77>.0.0/24, the bridge .1 in this namespace for slurmctld and controllers,
 # nodes .11-.14), its own host name (a UTS namespace) and its own /etc/hosts (bind-mounted):
 # CKPT_CLUSTER_HOSTS=plain (names resolve to the nodes' addresses) or debian (each node's own name on 127.0.1.1
 # first, as Debian's installer writes it). munge and the checkpoint dirs stay shared, as on a real cluster. A
-# node's processes are those in its namespace (ip netns pids), never found by scanning the host.
+# node's processes are those in its namespace (ip netns pids), never found by scanning the host. Where namespaces
+# are refused (no root, no iproute2), or with CKPT_CLUSTER_NET=host, the four slurmd share this host and 127.0.0.1;
+# `up` says so once. The mode chosen is kept in $D/net for the other commands and the tests.
 set -euo pipefail
 
 D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
@@ -26,7 +32,8 @@ SOURCE_DIR=${CKPT_SOURCE_DIR:-$(dirname "$HERE")}
 PLUGIN=${CKPT_SPANK_PLUGIN:-${CKPT_BUILD_DIR:-$SOURCE_DIR/build}/spank/spank_ckpt.so}
 TEST_USER=${CKPT_TEST_USER:-ckptuser}
 export SLURM_CONF=$D/etc/slurm.conf
-NET=${CKPT_CLUSTER_NET:-host}
+NET=${CKPT_CLUSTER_NET:-auto}
+[ "$NET" = auto ] && [ -f "$D/net" ] && NET=$(cat "$D/net")
 HOSTS_MODE=${CKPT_CLUSTER_HOSTS:-plain}
 SUBNET=10.${CKPT_CLUSTER_SUBNET:-77}.0
 BRIDGE=ckbr${CKPT_CLUSTER_SUBNET:-77}
@@ -256,13 +263,20 @@ wait_for_nodes() {
   die "only $n of $want nodes are up (logs in $D/log)"
 }
 
+netns_allowed() { command -v ip > /dev/null && ip netns add ckpt-probe-$$ 2> /dev/null && ip netns del ckpt-probe-$$; }
+
 cmd_up() {
-  write_configs
-  if [ "$NET" = netns ]; then
-    command -v ip > /dev/null && ip netns add ckpt-probe-$$ 2> /dev/null && ip netns del ckpt-probe-$$ ||
-      die "CKPT_CLUSTER_NET=netns: network namespaces are refused here (needs root and iproute2)"
-    make_network
+  if [ "$NET" = auto ]; then
+    if netns_allowed; then NET=netns; else
+      NET=host
+      say "network namespaces are refused here (needs root and iproute2): the four nodes share this host and 127.0.0.1"
+    fi
+  elif [ "$NET" = netns ]; then
+    netns_allowed || die "CKPT_CLUSTER_NET=netns: network namespaces are refused here (needs root and iproute2)"
   fi
+  write_configs
+  echo "$NET" > "$D/net"
+  [ "$NET" = netns ] && make_network
   ensure_test_user
   start_munged
   start_slurmctld
@@ -305,6 +319,7 @@ cmd_down() {
   stop_pid_file "$D/run/slurmctld.pid"
   stop_pid_file "$D/munge/munged.pid"
   [ "$NET" = netns ] && remove_network
+  rm -f "$D/net"
   say "down (logs kept in $D/log)"
 }
 
@@ -359,6 +374,25 @@ cmd_freeze_node() {
   say "froze $node (pids $(echo $pids))"
 }
 
+# The job tasks on a node: its processes but slurmd and slurmstepd (and, in one-host mode, those under its stepds).
+task_pids_of_node() {
+  local pid comm
+  for pid in $(node_pids "$1" | sort -u); do
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
+    case $comm in slurmd | slurmstepd) ;; *) echo "$pid" ;; esac
+  done
+}
+
+cmd_hang_tasks() {
+  local node=$1 pids
+  pids=$(task_pids_of_node "$node")
+  [ -n "$pids" ] || die "hang-tasks: no job task runs on $node"
+  echo "$pids" > "$D/run/frozen-$node"
+  # shellcheck disable=SC2086
+  kill -STOP $pids 2>/dev/null || true
+  say "hung the tasks on $node (pids $(echo $pids)); its slurmd and slurmstepd answer on"
+}
+
 cmd_revive_node() {
   local node=$1
   if [ -f "$D/run/frozen-$node" ]; then
@@ -375,15 +409,37 @@ cmd_revive_node() {
   die "revive-node: $node did not come back"
 }
 
+cmd_on() {
+  local node=${1:?node}
+  shift
+  case $node in n[1-4]) ;; *) die "on: no node $node" ;; esac
+  [ "$NET" = netns ] || exec "$@"
+  exec nsenter --net="/run/netns/$(netns_of "$node")" "$@"
+}
+
+cmd_addr() {
+  if [ "$NET" = auto ]; then  # not up yet: the mode `up` will choose
+    if netns_allowed; then NET=netns; else NET=host; fi
+  fi
+  if [ "$NET" != netns ]; then echo 127.0.0.1
+  elif [ -z "$1" ]; then echo "$BRIDGE_ADDR"
+  else
+    case $1 in n[1-4]) addr_of "$1" ;; *) die "addr: no node $1" ;; esac
+  fi
+}
+
 case ${1:-} in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
   env) echo "export SLURM_CONF=$SLURM_CONF" ;;
+  addr) cmd_addr "${2:-}" ;;
+  on) shift; cmd_on "$@" ;;
   crash-node) cmd_crash_node "${2:?node}" ;;
   freeze-node) cmd_freeze_node "${2:?node}" ;;
+  hang-tasks) cmd_hang_tasks "${2:?node}" ;;
   revive-node) cmd_revive_node "${2:?node}" ;;
   partition-node) cmd_partition_node "${2:?node}" ;;
   heal-node) cmd_heal_node "${2:?node}" ;;
-  *) echo "usage: $0 up|down|status|env|crash-node NODE|freeze-node NODE|revive-node NODE|partition-node NODE|heal-node NODE" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|addr [NODE]|on NODE CMD...|crash-node NODE|freeze-node NODE|hang-tasks NODE|revive-node NODE|partition-node NODE|heal-node NODE" >&2; exit 2 ;;
 esac

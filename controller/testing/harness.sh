@@ -8,7 +8,8 @@ TEST_JOB=$CKPT_BUILD_DIR/controller/ckpt-test-job
 CTL_PORT=${CKPT_CONTROLLER_TEST_PORT:-16840}
 REST_PORT=$((CTL_PORT + 1))
 HOOK_PORT=$((CTL_PORT + 2))
-CTL_URL=http://127.0.0.1:$CTL_PORT
+CTL_ADDR=$("$CLUSTER" addr)  # where the nodes reach this host
+CTL_URL=http://$CTL_ADDR:$CTL_PORT
 BACKEND=${BACKEND:-libslurm}
 JOBS_STARTED=()
 CRASHED_NODES=()
@@ -75,7 +76,7 @@ stop_restd() {
 # write_config [extra lines...]: the controller's config for $BACKEND.
 write_config() {
   {
-    echo "listen = 127.0.0.1:$CTL_PORT"
+    echo "listen = $CTL_ADDR:$CTL_PORT"
     echo "database = $SCRATCH/controller.db"
     echo "munge_socket = $D/munge/munge.socket"
     echo "backend = $BACKEND"

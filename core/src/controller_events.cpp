@@ -525,4 +525,35 @@ Result<JobRecord> parse_job_record(std::string_view input) {
   }
 }
 
+// ---- the survivors' record of lost peers --------------------------------------------------------------------------
+
+std::string to_json(const PeerLost& lost) {
+  return json{{"job_id", lost.job_id}, {"restart_count", lost.restart_count}, {"nodes", lost.nodes},
+              {"time", lost.time}}.dump();
+}
+
+std::optional<PeerLost> parse_peer_lost(std::string_view input) {
+  if (input.size() > kMaxEventBytes * 64) return std::nullopt;
+  json j = json::parse(input.begin(), input.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  const json& id = j["job_id"];
+  const json& count = j["restart_count"];
+  const json& nodes = j["nodes"];
+  if (!id.is_string() || !count.is_number_unsigned() || !nodes.is_array() || nodes.size() > kMaxNodesPerStep) {
+    return std::nullopt;
+  }
+  PeerLost lost;
+  lost.job_id = id.get<std::string>();
+  if (!safe_text(lost.job_id, 64) || count.get<std::uint64_t>() > kMaxRestartCount) return std::nullopt;
+  lost.restart_count = static_cast<std::uint32_t>(count.get<std::uint64_t>());
+  for (const auto& n : nodes) {
+    if (!n.is_string() || !safe_node_name(n.get<std::string>())) return std::nullopt;
+    if (std::find(lost.nodes.begin(), lost.nodes.end(), n.get<std::string>()) == lost.nodes.end()) {
+      lost.nodes.push_back(n.get<std::string>());
+    }
+  }
+  if (j["time"].is_number() && std::isfinite(j["time"].get<double>())) lost.time = j["time"].get<double>();
+  return lost;
+}
+
 }  // namespace ckpt::recovery

@@ -279,6 +279,26 @@ LostNodes lost_nodes(const NodeEvidence& probes, bool down_hung_nodes, const std
   return lost;
 }
 
+bool survivors_reported(const JobRecord& r) {
+  return std::any_of(r.failures.begin(), r.failures.end(),
+                     [](const TaskFailure& f) { return f.signal == 0 && f.exit_code == kExitPeerLost; });
+}
+
+std::vector<std::string> hung_nodes(const JobRecord& r, const std::optional<PeerLost>& lost,
+                                    const std::vector<std::string>& dead) {
+  std::vector<std::string> hung;
+  if (!lost || !survivors_reported(r) || lost->job_id != std::to_string(r.job_id) ||
+      lost->restart_count != r.restart_count || lost->time + kPeerLostFreshness_s < r.clock.failed) {
+    return hung;  // of another run, or of an earlier failure of this one (an in-place recovery's)
+  }
+  for (const auto& n : lost->nodes) {
+    if (contains(r.nodes, n) && !contains(r.reporters, n) && !contains(dead, n) && !contains(hung, n)) {
+      hung.push_back(n);
+    }
+  }
+  return hung;
+}
+
 std::vector<std::string> exclude_dead_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& dead,
                                             std::uint32_t job_id, double now, double ttl_s) {
   std::vector<std::string> fresh;
@@ -380,7 +400,7 @@ RecoveryPlan plan_recovery(const JobRecord& r, const RecoveryFacts& f, const Rec
   auto step = r.steps.find(failed_step);
   const bool in_allocation = step != r.steps.end() && step->second.in_allocation &&
                              f.slurm.state == SlurmState::Running && !r.handover && !f.slurm_requeued &&
-                             ending == Ending::NodeFailure && !contains(f.dead, r.batch_host);
+                             ending == Ending::NodeFailure && !contains(f.dead, r.batch_host) && f.hung.empty();
   if (in_allocation) {
     plan.action = RecoveryPlan::Action::Relaunch;
     plan.relaunch_step = failed_step;

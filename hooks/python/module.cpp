@@ -8,6 +8,7 @@
 
 #include "ckpt/address.hpp"
 #include "ckpt/hooks.hpp"
+#include "ckpt/recovery.hpp"
 
 namespace py = pybind11;
 using ckpt::hooks::Checkpointer;
@@ -202,6 +203,11 @@ PYBIND11_MODULE(_native, m) {
     return py::make_tuple(chosen->address, chosen->how, chosen->warning);
   }, "(address, how, warning): the address this process publishes to its peers and binds (ckpt/address.hpp); "
      "raises Error when CKPT_ADDR or the named interface cannot be had.");
+  m.def("expand_hostlist", [](const std::string& list) {
+    auto names = ckpt::recovery::expand_hostlist(list);
+    if (!names) throw CkptError(names.error());
+    return *names;
+  }, py::arg("list"), "A Slurm hostlist (\"n[1-3],gpu07\") as names, in order; raises Error on a malformed one.");
   m.def("option_keys", [] {
     py::list out;
     for (const auto& k : ckpt::hooks::option_keys()) out.append(py::make_tuple(k.key, k.env, k.expected));

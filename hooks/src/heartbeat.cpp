@@ -553,6 +553,11 @@ overlay::Gone Mesh::gone() const {
   return impl_->gone;
 }
 
+std::string Mesh::node_of(int peer) const {
+  if (peer < 0 || peer >= impl_->settings.world_size) return "";
+  return impl_->read_node(peer);
+}
+
 std::vector<int> Mesh::died() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<int> out;

@@ -110,7 +110,7 @@ class Mesh {
  public:
   // Reads (or creates) the job's secret, listens on an ephemeral port of `address` (empty: the one rule of
   // ckpt/address.hpp: CKPT_ADDR, CKPT_IFNAME / GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, never a host name on
-  // loopback), publishes "<address> <port>" in rendezvous_dir, dials its up neighbour, accepts its down ones, and
+  // loopback), publishes "<address> <port> <node>" in rendezvous_dir, dials its up neighbour, accepts its down ones, and
   // returns once every rank of the job joined (counted up the tree, announced down it); fails when that does not
   // happen within connect_timeout, or when the rendezvous dir or the secret is not the user's own and private.
   static Result<std::unique_ptr<Mesh>> start(const Settings& settings, Handler handler);
@@ -134,6 +134,9 @@ class Mesh {
   std::vector<int> died() const;
   // How many ranks this rank has a link with now.
   std::size_t link_count() const;
+  // The node a peer runs on, as it published it (SLURMD_NODENAME, else its host name); empty when not known.
+  // Reads the peer's address file: for the few ranks a failure names, not for the whole job.
+  std::string node_of(int peer) const;
 
  private:
   struct Impl;

@@ -21,14 +21,17 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "ckpt/address.hpp"
+#include "ckpt/recovery.hpp"
 #include "ckpt/posix.hpp"
 #include "ckpt/store.hpp"
 #include "heartbeat_impl.hpp"
@@ -279,9 +282,21 @@ std::uint32_t this_host_tag() {
   return h == 0 ? 1 : h;
 }
 
+// The node this rank runs on, as Slurm names it (SLURMD_NODENAME), else the host name; "" when neither is a safe
+// node name (it is only information for the controller).
+std::string this_node_name() {
+  std::string name;
+  if (const char* v = std::getenv("SLURMD_NODENAME"); v != nullptr) name = v;
+  if (name.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0) name = host;
+  }
+  return ckpt::recovery::safe_node_name(name) ? name : "";
+}
+
 }  // namespace
 
-// The rendezvous dir, the secret, the listener, and "<address> <port>" published as rank-<me>.addr (a temporary
+// The rendezvous dir, the secret, the listener, and "<address> <port> <node>" published as rank-<me>.addr (a temporary
 // file renamed over it).
 Status Mesh::Impl::prepare() {
   auto dir = open_private_dir(settings.rendezvous_dir);
@@ -315,12 +330,16 @@ Status Mesh::Impl::prepare() {
     return Status::failure("ckpt: heartbeat: cannot listen on " + host + ": " + errno_text(errno));
   }
   address = host + " " + std::to_string(ntohs(addr.sin_port));
+  const std::string node = this_node_name();
 
   // Read only while the mesh forms: not worth an fsync on a shared file system.
   posix::AtomicWriteOptions publish;
   publish.durable = false;
   const std::string name = addr_name(settings.rank);
-  if (Status s = posix::write_file_atomic(dirfd, name, address + "\n", posix::join(settings.rendezvous_dir, name),
+  std::string line = address;
+  if (!node.empty()) line.append(" ").append(node);
+  line.push_back('\n');
+  if (Status s = posix::write_file_atomic(dirfd, name, line, posix::join(settings.rendezvous_dir, name),
                                           publish);
       !s) {
     return Status::failure("ckpt: heartbeat: cannot publish its address: " + s.error());
@@ -328,16 +347,34 @@ Status Mesh::Impl::prepare() {
   return Status::success();
 }
 
-std::optional<std::pair<std::string, std::string>> Mesh::Impl::read_address(int peer) const {
+namespace {
+
+// "<address> <port> [<node>]" of a peer's address file, or nothing while it has not published.
+std::optional<std::vector<std::string>> address_fields(int dirfd, int peer) {
   Fd in(::openat(dirfd, addr_name(peer).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (!in.valid()) return std::nullopt;
-  char buf[128] = {};
+  char buf[384] = {};
   ssize_t n = ::read(in.get(), buf, sizeof buf - 1);
   if (n <= 0) return std::nullopt;
   std::stringstream text(std::string(buf, static_cast<std::size_t>(n)));
-  std::string host, port;
-  if (!(text >> host >> port)) return std::nullopt;
-  return std::pair{host, port};
+  std::vector<std::string> fields;
+  for (std::string f; fields.size() < 3 && text >> f;) fields.push_back(f);
+  if (fields.size() < 2) return std::nullopt;
+  return fields;
+}
+
+}  // namespace
+
+std::optional<std::pair<std::string, std::string>> Mesh::Impl::read_address(int peer) const {
+  auto fields = address_fields(dirfd, peer);
+  if (!fields) return std::nullopt;
+  return std::pair{(*fields)[0], (*fields)[1]};
+}
+
+std::string Mesh::Impl::read_node(int peer) const {
+  auto fields = address_fields(dirfd, peer);
+  if (!fields || fields->size() < 3 || !ckpt::recovery::safe_node_name((*fields)[2])) return "";
+  return (*fields)[2];
 }
 
 Result<PeerId> Mesh::Impl::dial_handshake(int fd, int peer, const std::string& dialed) {

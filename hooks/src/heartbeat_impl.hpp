@@ -124,6 +124,8 @@ struct Mesh::Impl {
   void unpublish();
   // "<address> <port>" of a peer, or nothing while it has not published.
   std::optional<std::pair<std::string, std::string>> read_address(int peer) const;
+  // The third field of a peer's address file: its node; empty when absent.
+  std::string read_node(int peer) const;
   // The dialer's side of the handshake on a connected socket; the peer's hello value, or why it failed.
   Result<PeerId> dial_handshake(int fd, int peer, const std::string& address);
   // This host and pid namespace, as a 32-bit tag (heartbeat_handshake.cpp).

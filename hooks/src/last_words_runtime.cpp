@@ -12,6 +12,7 @@
 
 #include "ckpt/clock.hpp"
 #include "ckpt/recovery.hpp"
+#include "ckpt/store.hpp"
 
 #include "coordinator.hpp"
 #include "heartbeat.hpp"
@@ -567,6 +568,8 @@ struct LastWords::Impl {
 
   void finish() {
     std::string lost;
+    std::vector<int> lost_ranks;
+    bool decider = false;
     {
       std::lock_guard<std::mutex> lock(mu);
       outcome.done = true;
@@ -575,9 +578,37 @@ struct LastWords::Impl {
       outcome.lost = died_before_outcome;
       std::sort(outcome.lost.begin(), outcome.lost.end());
       for (int p : died) lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(p);
+      lost_ranks = died;
+      decider = decision_root == rank;
     }
+    if (decider && !lost_ranks.empty()) record_lost_peers(lost_ranks);
     cv.notify_all();
     if (!lost.empty() && timing.exit_grace.count() > 0) end_process_after(timing.exit_grace, rank, lost);
+  }
+
+  // The decider tells the recovery controller where the lost ranks ran (.control/peer-lost.json, kPeerLostFile):
+  // a rank that hangs on a live host never reports, and its step never ends by itself (recovery::hung_nodes).
+  // Before the survivors exit, so the record is there when their exits are reported.
+  void record_lost_peers(const std::vector<int>& ranks) {
+    auto* m = published.load();
+    if (config.dir.empty() || m == nullptr) return;
+    ckpt::recovery::PeerLost record;
+    record.job_id = config.job_id;
+    record.restart_count = static_cast<std::uint32_t>(config.restart_count);
+    record.time = unix_seconds();
+    for (int p : ranks) {
+      std::string node = m->node_of(p);
+      if (!node.empty() && std::find(record.nodes.begin(), record.nodes.end(), node) == record.nodes.end()) {
+        record.nodes.push_back(std::move(node));
+      }
+    }
+    if (record.nodes.empty()) return;
+    const store::Fence fence{config.job_id, config.restart_count, config.generation};
+    if (Status st = store::write_control_file(config.dir, ckpt::recovery::kPeerLostFile,
+                                              ckpt::recovery::to_json(record) + "\n", fence);
+        !st) {
+      log::warn(rank, "last words: cannot record the lost peers' nodes: " + st.error());
+    }
   }
 
   ~Impl() {

@@ -1,13 +1,14 @@
 # The recovery controller for a test or a benchmark on the local cluster (sourced; needs CKPT_SOURCE_DIR and
 # CKPT_BUILD_DIR). controller_up DIR PORT brings the cluster up with the plugin reporting to a controller on
-# 127.0.0.1:PORT (libslurm backend, quick settle and reconcile) whose config, database and log live in DIR;
+# this host's address on the cluster's network, port PORT (libslurm backend, quick settle and reconcile) whose config, database and log live in DIR;
 # controller_down stops it and puts plugstack.conf back as tests/cluster.sh writes it. CKPT_CONTROLLER_CONF_EXTRA
 # holds more lines for its config (a site's opt-ins).
 controller_up() {
-  local dir=$1 port=$2
-  CKPT_CLUSTER_PLUGIN_ARGS="controller=http://127.0.0.1:$port" "$CKPT_SOURCE_DIR/tests/cluster.sh" up
+  local dir=$1 port=$2 addr
+  addr=$("$CKPT_SOURCE_DIR/tests/cluster.sh" addr)  # where the nodes reach this host
+  CKPT_CLUSTER_PLUGIN_ARGS="controller=http://$addr:$port" "$CKPT_SOURCE_DIR/tests/cluster.sh" up
   cat > "$dir/controller.conf" <<CONF
-listen = 127.0.0.1:$port
+listen = $addr:$port
 database = $dir/controller.db
 munge_socket = ${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}/munge/munge.socket
 backend = libslurm
@@ -17,7 +18,7 @@ ${CKPT_CONTROLLER_CONF_EXTRA:-}
 CONF
   setsid "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$dir/controller.conf" run > "$dir/controller.log" 2>&1 &
   CONTROLLER_PID=$!
-  CONTROLLER_URL=http://127.0.0.1:$port
+  CONTROLLER_URL=http://$addr:$port
   for _ in $(seq 100); do
     curl -sf "$CONTROLLER_URL/healthz" > /dev/null && return 0
     sleep 0.1

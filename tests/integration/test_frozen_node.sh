@@ -64,7 +64,7 @@ pass "slurmd of a loaded host answers the controller's RPC (slowest of 3: $(prin
 
 # The reference: the same training, uninterrupted.
 mkdir -p "$SCRATCH/straight"
-MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) \
+MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) \
   srun -N4 -n4 -J "fz-straight-$tag" --ckpt-interval=1000steps --ckpt-last-words=on --ckpt-dir="$SCRATCH/straight/ckpt" \
   "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_dp_tp.py" --steps $STEPS --out "$SCRATCH/straight/final" \
   > "$SCRATCH/straight.log" 2>&1 || { cat "$SCRATCH/straight.log" >&2; fail "the uninterrupted run failed"; }

@@ -23,7 +23,7 @@ hooks=$CKPT_SOURCE_DIR/tests/hooks
 rank1=$!
 for _ in $(seq 200); do [ -s "$mesh/rank-1.addr" ] && break; sleep 0.05; done
 [ -s "$mesh/rank-1.addr" ] || fail "rank 1 published no address"
-read -r address port <"$mesh/rank-1.addr"
+read -r address port _ <"$mesh/rank-1.addr"  # the third field: its node
 [ "$address" != 0.0.0.0 ] || fail "rank 1 listens on every address"
 [ "$(stat -c %a "$mesh")" = 700 ] || fail "the mesh dir is mode $(stat -c %a "$mesh")"
 [ "$(stat -c %a "$mesh/secret")" = 600 ] && [ "$(stat -c %s "$mesh/secret")" = 32 ] \

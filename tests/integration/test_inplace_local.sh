@@ -34,7 +34,7 @@ launch() {
     env -u SLURM_JOB_ID -u SLURM_STEP_ID -u SLURM_PROCID CKPT_DIR="$d/ckpt" CKPT_LAST_WORDS=on CKPT_HEARTBEAT_TIMEOUT=1s \
       CKPT_INPLACE_ID="local.$name" CKPT_INPLACE_WORLD=3 SLURM_PROCID=0 SLURM_LOCALID=0 SLURMD_NODENAME="h$i" \
       CKPT_INPLACE_JOIN_TIMEOUT=5 "${role[@]}" \
-      "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py" --steps 30 --ckpt-interval-steps 5 --step-sleep 0.05 \
+      "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py" --steps 30 --ckpt-interval-steps 5 --step-sleep "${STEP_SLEEP:-0.05}" \
       --log-every 1 --out "$d/final" > "$d/log$i" 2>&1 &
     pids+=($!)
   done
@@ -119,7 +119,8 @@ for case in "crash 2 KILL" "freeze 1 STOP"; do
   echo "ok: $name of rank $victim: the spare took it over in place; bitwise identical ($(grep -ho '"first_step": [0-9.]*' "$W/$name"/log* | head -1))"
 done
 
-STRANGER=1 launch hostile 1 1 KILL 10
+# Slower steps: the stranger's attack (its start, then every mailbox, store and spare) must end before the run does.
+STRANGER=1 STEP_SLEEP=0.4 launch hostile 1 1 KILL 10
 [ "$(grep -c "planted 10 keys; read nothing" "$W/hostile/stranger.log")" = 4 ] &&
   [ "$(grep -c ": sent 4 malformed payloads" "$W/hostile/stranger.log")" = 5 ] &&
   grep -q "^spare:.*guessed token; holding a silent connection" "$W/hostile/stranger.log" ||

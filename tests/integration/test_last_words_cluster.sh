@@ -43,7 +43,7 @@ train() {
   local name=$1 interval=$2
   shift 2
   mkdir -p "$SCRATCH/$name"
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) \
+  MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) \
     srun -N4 -n4 -J "lw-$name-$tag" --ckpt-interval="$interval" --ckpt-last-words=on \
     --ckpt-dir="$SCRATCH/$name/ckpt" \
     "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_dp_tp.py" --steps $STEPS --out "$SCRATCH/$name/final" "$@"

@@ -9,11 +9,11 @@
 # removed (conffile and state kept) and everything is purged (conffile and state gone, the user's checkpoints
 # untouched). Every package lists exactly the files it should.
 #
-# Its own cluster dir and ports (CKPT_PACKAGE_CLUSTER_DIR, CKPT_PACKAGE_CLUSTER_PORT), so the main test cluster is
+# Its own cluster dir, ports and subnet (CKPT_PACKAGE_CLUSTER_DIR, _PORT, CKPT_PACKAGE_SUBNET), so the main cluster is
 # left alone. On any exit the packages are purged and its cluster is stopped: later tests use the build tree.
 set -euo pipefail
 export CKPT_CLUSTER_DIR=${CKPT_PACKAGE_CLUSTER_DIR:-/tmp/slurm-ckpt-pkg-cluster}
-export CKPT_CLUSTER_PORT=${CKPT_PACKAGE_CLUSTER_PORT:-16917}
+export CKPT_CLUSTER_PORT=${CKPT_PACKAGE_CLUSTER_PORT:-16917} CKPT_CLUSTER_SUBNET=${CKPT_PACKAGE_SUBNET:-76}
 export SLURM_CONF=$CKPT_CLUSTER_DIR/etc/slurm.conf
 mkdir -p "$CKPT_CLUSTER_DIR/ckpt" && chmod 1777 "$CKPT_CLUSTER_DIR/ckpt"
 source "$(dirname "$0")/lib.sh"
@@ -179,12 +179,13 @@ pass "every package lists exactly its files; $PLUGIN_DIR/spank_ckpt.so, /usr/sbi
 # ---- the cluster and the controller, from installed paths only ------------------------------------------------
 step "local cluster in $CKPT_CLUSTER_DIR (ports $CKPT_CLUSTER_PORT-$((CKPT_CLUSTER_PORT + 4))), plugstack: 'required spank_ckpt.so ...'"
 "$CLUSTER" down > /dev/null 2>&1 || true
-CKPT_CLUSTER_PLUGSTACK_PLUGIN=spank_ckpt.so CKPT_CLUSTER_PLUGIN_ARGS="controller=http://127.0.0.1:$PORT" \
+ADDR=$("$CLUSTER" addr)  # where the nodes reach this host, the controller's
+CKPT_CLUSTER_PLUGSTACK_PLUGIN=spank_ckpt.so CKPT_CLUSTER_PLUGIN_ARGS="controller=http://$ADDR:$PORT" \
   "$CLUSTER" up > "$SCRATCH/cluster.log" 2>&1 || { cat "$SCRATCH/cluster.log" >&2; fail "the cluster did not come up"; }
 grep -q '^required spank_ckpt.so ' "$CKPT_CLUSTER_DIR/etc/plugstack.conf" || fail "plugstack.conf does not name the installed plugin"
 
 # The site's edits to the packaged conffile: this cluster's port and MUNGE socket, quick settle and reconcile.
-sed -i -e "s|^listen = .*|listen = 127.0.0.1:$PORT|" -e 's|^settle = .*|settle = 200ms|' \
+sed -i -e "s|^listen = .*|listen = $ADDR:$PORT|" -e 's|^settle = .*|settle = 200ms|' \
   -e 's|^reconcile_interval = .*|reconcile_interval = 1s|' "$CONF"
 echo "munge_socket = $CKPT_CLUSTER_DIR/munge/munge.socket" >> "$CONF"
 conf_sum=$(md5sum < "$CONF")
@@ -202,7 +203,7 @@ start_controller() {  # as systemd would: ExecStartPre, then ExecStart (SLURM_CO
   setsid $start >> "$SCRATCH/controller.log" 2>&1 &
   CONTROLLER_PID=$!
   for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$PORT/healthz" > /dev/null && return 0
+    curl -sf "http://$ADDR:$PORT/healthz" > /dev/null && return 0
     sleep 0.1
   done
   fail "the controller did not start: $(tail -5 "$SCRATCH/controller.log")"
@@ -228,7 +229,7 @@ cat > "$APP/train.sbatch" <<JOB
 #SBATCH -N3 --ntasks-per-node=1 --ckpt-interval=10steps --ckpt-keep=2 --requeue --open-mode=append
 unset PYTHONPATH
 cd $APP
-export MASTER_ADDR=127.0.0.1
+export MASTER_ADDR=$([ "$ADDR" = 127.0.0.1 ] && echo 127.0.0.1)
 export MASTER_PORT=\$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST, resuming from step \${CKPT_RESUME_STEP:-none}"
 srun /usr/bin/python3 -c 'import slurm_ckpt; print("module", slurm_ckpt.__file__)' | sort -u

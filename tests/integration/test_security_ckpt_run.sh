@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ckpt-run trusts only the real controller (docs/security.md). It runs on compute nodes, where any user may bind the
-# controller's port on the node's loopback. A stranger's fake controller there answers the job owner's ckpt-run with
+# controller's port on the node's loopback (here n1's). A stranger's fake controller there answers the job owner's ckpt-run with
 # "gave-up" (which once killed the step), with a relaunch decision naming a step and nodes, with a view signed by
 # the stranger's own MUNGE credential, and with mistyped fields (which once crashed ckpt-run). In every case the
 # step runs to its end and the job succeeds: ckpt-run believes only answers signed by root or SlurmUser, bound to
@@ -19,10 +19,10 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 for mode in gave-up relaunch self-signed mistyped; do
   port=$(free_port)
-  (cd /tmp && exec runuser -u nobody -- python3 "$CKPT_SOURCE_DIR/tests/integration/fake_controller.py" \
+  (cd /tmp && exec "$CLUSTER" on n1 runuser -u nobody -- python3 "$CKPT_SOURCE_DIR/tests/integration/fake_controller.py" \
     "$port" "$mode" "$MUNGE_SOCKET") > "$SCRATCH/fake-$mode.log" 2>&1 &
   fake=$!
-  for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$port/healthz" && break; sleep 0.1; done
+  for _ in $(seq 50); do "$CLUSTER" on n1 curl -s -o /dev/null "http://127.0.0.1:$port/healthz" && break; sleep 0.1; done
   out=$SCRATCH/$mode.out
   install -o "$TEST_USER" -m 644 /dev/null "$out"
   cat > "$SCRATCH/$mode.sbatch" <<JOB
@@ -31,7 +31,7 @@ export CKPT_CONTROLLER_URL=http://127.0.0.1:$port
 exec $RUN srun -N1 -n1 bash -c 'sleep 4; echo step-finished'
 JOB
   chmod 755 "$SCRATCH/$mode.sbatch"
-  job=$(cd /tmp && runuser -u "$TEST_USER" -- sbatch --parsable -N1 -J "fake-$mode" -o "$out" --open-mode=append \
+  job=$(cd /tmp && runuser -u "$TEST_USER" -- sbatch --parsable -N1 -w n1 -J "fake-$mode" -o "$out" --open-mode=append \
     "$SCRATCH/$mode.sbatch")
   wait_job_state "$job" '^(COMPLETED|FAILED|CANCELLED|TIMEOUT)$' 60
   state=$(scontrol show job "$job" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')

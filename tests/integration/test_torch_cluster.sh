@@ -15,7 +15,7 @@ train() {
   local name=$1
   shift
   mkdir -p "$SCRATCH/$name"
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) \
+  MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) \
     srun -N4 -n4 --mpi=pmix -J "hooks-$name-$tag" --ckpt-interval=10steps --ckpt-dir="$SCRATCH/$name/ckpt" \
     "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py" --steps $STEPS --out "$SCRATCH/$name/final.bin" "$@"
 }

@@ -6,6 +6,13 @@ export PYTHONPATH=$CKPT_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}
 # True when torch and the built slurm_ckpt import.
 have_torch() { "$PY" -c 'import torch, slurm_ckpt.torch'; }
 
+# MASTER_ADDR for a step on the local cluster: empty where each node is a host of its own (the training program
+# then takes its step's first host, slurm_ckpt.torch.init_process_group), 127.0.0.1 where the nodes share this one.
+rendezvous_addr() {
+  local here; here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  [ "$("$here/tests/cluster.sh" addr)" != 127.0.0.1 ] || echo 127.0.0.1
+}
+
 # A TCP port free on 127.0.0.1 right now: a rendezvous port for MASTER_PORT.
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -19,7 +26,7 @@ write_train_sbatch() {
   cat > "$file" <<JOB
 #!/bin/bash
 #SBATCH $options --requeue --open-mode=append
-export MASTER_ADDR=127.0.0.1
+export MASTER_ADDR=$(rendezvous_addr)
 export MASTER_PORT=\$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST, resuming from step \${CKPT_RESUME_STEP:-none}"
 srun $PY ${CKPT_SOURCE_DIR:?}/slurm-examples/$script $* "\$@"

@@ -589,6 +589,74 @@ TEST_CASE("plan: relaunch inside the allocation only for a node failure under ck
         RecoveryPlan::Action::Requeue);
 }
 
+TEST_CASE("plan: a hung node ends its run through a requeue that leaves it out, never marked DOWN",
+          "[recovery][plan]") {
+  JobRecord r = under_ckpt_run();
+  RecoveryFacts f = facts(Ending::NodeFailure, SlurmState::Running, {"n2"});
+  f.mark_down = {};
+  f.hung = {"n2"};
+  auto plan = plan_recovery(r, f, {});
+  REQUIRE(plan.action == RecoveryPlan::Action::Requeue);  // its step never ends for ckpt-run to relaunch
+  CHECK(plan.intent.exclude == std::vector<std::string>{"n2"});
+  CHECK(plan.intent.mark_down.empty());
+}
+
+// A 3-node run whose survivors on n1 and n3 exited kExitPeerLost while n2 stayed silent.
+JobRecord survivors_reported_from(std::vector<std::string> reporters) {
+  JobRecord r = record(JobState::Failing);
+  r.clock.failed = 1000;
+  for (const auto& n : reporters) {
+    TaskFailure f = failure_in(0, n);
+    f.exit_code = kExitPeerLost;
+    r.failures.push_back(f);
+  }
+  r.reporters = std::move(reporters);
+  return r;
+}
+
+TEST_CASE("hung nodes: named by this run's survivors, live, silent, of the allocation", "[recovery][plan]") {
+  JobRecord r = survivors_reported_from({"n1", "n3"});
+  PeerLost lost{"7", 0, {"n2"}, 998};
+  CHECK(survivors_reported(r));
+  CHECK(hung_nodes(r, lost, {}) == std::vector<std::string>{"n2"});
+  CHECK(hung_nodes(r, std::nullopt, {}).empty());            // no record: the batch script decides, as before
+  CHECK(hung_nodes(r, lost, {"n2"}).empty());                // found dead: a node failure already
+  CHECK(hung_nodes(r, PeerLost{"8", 0, {"n2"}, 998}, {}).empty());   // another job's record
+  CHECK(hung_nodes(r, PeerLost{"7", 1, {"n2"}, 998}, {}).empty());   // another run's
+  CHECK(hung_nodes(r, PeerLost{"7", 0, {"n2"}, 900}, {}).empty());   // an earlier failure's (in place)
+  CHECK(hung_nodes(r, PeerLost{"7", 0, {"n3"}, 998}, {}).empty());   // n3 reported: alive and well
+  CHECK(hung_nodes(r, PeerLost{"7", 0, {"n9"}, 998}, {}).empty());   // not of this job: never touched
+  CHECK(hung_nodes(r, PeerLost{"7", 0, {"n2", "n2"}, 998}, {}) == std::vector<std::string>{"n2"});
+
+  // Without a survivor's kExitPeerLost (a plain crash on n1), the record is not the failure's.
+  JobRecord crash = record(JobState::Failing);
+  crash.failures = {failure_in(0, "n1")};
+  crash.reporters = {"n1"};
+  CHECK_FALSE(survivors_reported(crash));
+  CHECK(hung_nodes(crash, lost, {}).empty());
+}
+
+TEST_CASE("hung nodes: the survivors' record is parsed strictly", "[recovery][plan][security]") {
+  PeerLost lost{"41", 2, {"n2", "gpu-07"}, 1234.5};
+  auto back = parse_peer_lost(to_json(lost));
+  REQUIRE(back);
+  CHECK(back->job_id == "41");
+  CHECK(back->restart_count == 2);
+  CHECK(back->nodes == lost.nodes);
+  CHECK(back->time == 1234.5);
+  for (const char* bad : {"", "[]", "{}", R"({"job_id":41,"restart_count":0,"nodes":[]})",
+                          R"({"job_id":"41","restart_count":-1,"nodes":[]})",
+                          R"({"job_id":"41","restart_count":0,"nodes":["n1;rm -rf /"]})",
+                          R"({"job_id":"41","restart_count":0,"nodes":[7]})",
+                          R"({"job_id":"41","restart_count":0,"nodes":"n1"})"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_peer_lost(bad));
+  }
+  std::string many = R"({"job_id":"41","restart_count":0,"nodes":[)";
+  for (std::size_t i = 0; i <= kMaxNodesPerStep; ++i) many += (i ? ",\"n" : "\"n") + std::to_string(i) + "\"";
+  CHECK_FALSE(parse_peer_lost(many + "]}"));
+}
+
 TEST_CASE("plan: a hand-over after a relaunch decision does not spend the budget again", "[recovery][plan]") {
   JobRecord r = under_ckpt_run();
   r.handover = true;

@@ -164,6 +164,21 @@ struct TimeLimitStop {
   std::uint64_t step = 0;
 };
 
+// What the survivors of a run recorded in <CKPT_DIR>/.control/peer-lost.json once their last words ended after
+// peers died or fell silent (the hooks' decider writes it, then the survivors exit kExitPeerLost): the run and the
+// lost ranks' nodes, as those ranks published them. The job's owner writes it, so it may only ever leave nodes out
+// of that owner's own job (hung_nodes() in recovery_plan.hpp), never mark one DOWN.
+inline constexpr const char* kPeerLostFile = "peer-lost.json";
+struct PeerLost {
+  std::string job_id;
+  std::uint32_t restart_count = 0;
+  std::vector<std::string> nodes;  // the lost ranks' nodes, each once, at most kMaxNodesPerStep
+  double time = 0;                 // when it was written, seconds since the epoch
+};
+std::string to_json(const PeerLost& lost);
+// Never throws; nullopt for anything malformed: no object, a missing run, bad node names, too many nodes.
+std::optional<PeerLost> parse_peer_lost(std::string_view text);
+
 // The ending of a run that Slurm saw end cleanly: TimeLimit when that very run (same job, same restart count)
 // stopped for its time limit after a terminal checkpoint, so the training goes on in a new allocation; else
 // CleanExit. The record lives in the user's dir and says only what happens to the user's own job.

@@ -100,6 +100,19 @@ struct LostNodes {
 };
 LostNodes lost_nodes(const NodeEvidence& probes, bool down_hung_nodes, const std::vector<std::string>& slurm_down);
 
+// The nodes of a run whose ranks hang while their hosts live (a stuck kernel, a collective that never returns, a
+// stopped process): a survivor of the run reported its peers lost (a TaskExit with kExitPeerLost), the survivors'
+// record of that very run (job id and restart count) and failure (kPeerLostFreshness_s) names the nodes, and each is of the run's allocation, sent
+// no report of its own in this failure and is not among the `dead` the probes found. The run cannot end by itself
+// (srun waits for the hung tasks), so the recovery ends it. The record is the owner's word: these nodes are only
+// left out of the owner's own job, never marked DOWN.
+// A record written longer than this before the failure's first report is of an earlier failure.
+inline constexpr double kPeerLostFreshness_s = 60;
+std::vector<std::string> hung_nodes(const JobRecord& record, const std::optional<PeerLost>& peer_lost,
+                                    const std::vector<std::string>& dead);
+// Whether a failure's reports include a survivor's "peer lost" (then the survivors' record is worth reading).
+bool survivors_reported(const JobRecord& record);
+
 // Adds `dead` to a job's bad nodes for `ttl_s`; returns those that were not excluded already.
 std::vector<std::string> exclude_dead_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& dead,
                                             std::uint32_t job_id, double now, double ttl_s);
@@ -122,6 +135,7 @@ struct RecoveryFacts {
   SlurmJob slurm;                      // what Slurm said then
   std::vector<std::string> dead;       // the job's nodes to leave out of its next runs
   std::vector<std::string> mark_down;  // of those, the ones with evidence enough to mark them DOWN
+  std::vector<std::string> hung;       // of those, the ones whose ranks hang (hung_nodes): only a requeue ends them
   std::optional<std::uint64_t> newest_complete;
   std::optional<TimeLimitStop> time_limit_stop;
   bool slurm_requeued = false;         // Slurm requeued the job on its own
@@ -143,7 +157,8 @@ struct RecoveryPlan {
 
 // Decides a recovery: never for a user's cancel or a clean exit; for the rest, the restart budget (a hand-over after
 // a relaunch decision spent it already); then a relaunch inside the allocation when the failed step runs under
-// ckpt-run, the batch host lives and only nodes failed; else a requeue, when the job and the backend allow one.
+// ckpt-run, the batch host lives, only nodes failed and none of them hangs (a hung step does not end for ckpt-run
+// to relaunch it); else a requeue, when the job and the backend allow one.
 RecoveryPlan plan_recovery(const JobRecord& record, const RecoveryFacts& facts, const RecoveryPolicy& policy);
 
 // When the controller gives up on a job Slurm requeued on its own, the job is held: it must not run again until an

@@ -492,11 +492,29 @@ def _recover(members, mailbox, generation, rank, world, failure, current):
     return plan, store, phases
 
 
-def _run_plain(train, backend, args, kwargs):
+def init_process_group(backend="gloo", alone=False, **kwargs):
+    """dist.init_process_group from torchrun's variables or srun's: the rank and world size from RANK/WORLD_SIZE,
+    else SLURM_PROCID/SLURM_NTASKS; MASTER_ADDR, when unset or empty, the first host of the step (where srun
+    starts rank 0); MASTER_PORT, when unset, one derived from the job id. A world of one forms a group only with
+    alone=True (on this host's loopback: nobody else joins). Returns (rank, world)."""
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world)
+    if (world > 1 or alone) and not dist.is_initialized():
+        if not os.environ.get("MASTER_ADDR"):
+            nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+            if world == 1:
+                os.environ["MASTER_ADDR"] = "127.0.0.1"
+            elif not nodes:
+                raise RuntimeError("ckpt: set MASTER_ADDR (or run under srun): rank 0's host is not known")
+            else:
+                os.environ["MASTER_ADDR"] = _native.expand_hostlist(nodes)[0]
+        os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+        dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
+    return rank, world
+
+
+def _run_plain(train, backend, args, kwargs):
+    init_process_group(backend)
     try:
         return train(*args, **kwargs)
     finally:

@@ -487,4 +487,4 @@ class Checkpointer:
 # Restart in place (slurm_ckpt/restart.py): imported last, as it reads the Checkpointers this module makes.
 from .restart import note_checkpointer as _note_checkpointer  # noqa: E402
 from .restart import note_phase as _note_phase  # noqa: E402
-from .restart import run  # noqa: E402,F401
+from .restart import init_process_group, run  # noqa: E402,F401
