@@ -11,7 +11,8 @@
 #   cluster.sh freeze-node nX    SIGSTOP the same set (a silent host: only timeouts can tell)
 #   cluster.sh hang-tasks nX     SIGSTOP only the job tasks on nX (a hung rank): slurmd and slurmstepd answer on
 #   cluster.sh revive-node nX    bring nX back (SIGCONT, or restart slurmd) and return it to service
-#   cluster.sh partition-node nX cut nX's link (namespace mode only): its processes live on, nobody reaches them
+#   cluster.sh partition-node nX [SIDE]  cut nX's link (namespace mode only): its processes live on; nobody reaches
+#                                them but the nodes cut to the same SIDE
 #   cluster.sh heal-node nX      bring the link back
 #
 # Each node is a host of its own (CKPT_CLUSTER_NET=netns, the default where namespaces are allowed): a network
@@ -250,6 +251,7 @@ remove_network() {
     ip link del "$(link_of "$n")" 2> /dev/null || true
   done
   ip link del "$BRIDGE" 2> /dev/null || true
+  for n in 1 2 3 4 5 6 7 8 9; do ip link del "$(side_bridge "$n")" 2> /dev/null || true; done
 }
 
 wait_for_nodes() {
@@ -343,13 +345,27 @@ cmd_status() {
 
 # Namespace mode: a cut link. The node's processes run on and keep the shared file system; nobody reaches them
 # and they reach nobody (connects and RPCs time out, nothing is refused).
+# With a SIDE (a small number), the node's link moves to that side's own bridge instead: nodes cut to the same side
+# reach each other and nothing else (a symmetric split: partition-node n3 1; partition-node n4 1).
+side_bridge() { echo "ckbr${CKPT_CLUSTER_SUBNET:-77}s$1"; }
 cmd_partition_node() {
   [ "$NET" = netns ] || die "partition-node needs CKPT_CLUSTER_NET=netns"
-  ip link set "$(link_of "$1")" down
-  say "cut $1 off the network ($(addr_of "$1")); its processes run on"
+  local node=$1 side=${2:-} link
+  link=$(link_of "$node")
+  if [ -z "$side" ]; then
+    ip link set "$link" down
+    say "cut $node off the network ($(addr_of "$node")); its processes run on"
+    return 0
+  fi
+  case $side in [1-9]) ;; *) die "partition-node: side '$side' is not 1-9" ;; esac
+  ip link show "$(side_bridge "$side")" > /dev/null 2>&1 || ip link add "$(side_bridge "$side")" type bridge
+  ip link set "$(side_bridge "$side")" up
+  ip link set "$link" master "$(side_bridge "$side")"
+  say "cut $node ($(addr_of "$node")) to side $side: it reaches only the nodes cut to that side"
 }
 cmd_heal_node() {
   [ "$NET" = netns ] || die "heal-node needs CKPT_CLUSTER_NET=netns"
+  ip link set "$(link_of "$1")" master "$BRIDGE"
   ip link set "$(link_of "$1")" up
   say "healed $1's link"
 }
@@ -439,7 +455,7 @@ case ${1:-} in
   freeze-node) cmd_freeze_node "${2:?node}" ;;
   hang-tasks) cmd_hang_tasks "${2:?node}" ;;
   revive-node) cmd_revive_node "${2:?node}" ;;
-  partition-node) cmd_partition_node "${2:?node}" ;;
+  partition-node) cmd_partition_node "${2:?node}" "${3:-}" ;;
   heal-node) cmd_heal_node "${2:?node}" ;;
-  *) echo "usage: $0 up|down|status|env|addr [NODE]|on NODE CMD...|crash-node NODE|freeze-node NODE|hang-tasks NODE|revive-node NODE|partition-node NODE|heal-node NODE" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|addr [NODE]|on NODE CMD...|crash-node NODE|freeze-node NODE|hang-tasks NODE|revive-node NODE|partition-node NODE [SIDE]|heal-node NODE" >&2; exit 2 ;;
 esac

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <optional>
 #include <string>
@@ -148,6 +149,34 @@ Status write_control_file(const std::string& root, std::string_view name, std::s
   } catch (const std::exception& e) {
     return Status::failure(std::string("cannot write a control file: ") + e.what());
   }
+}
+
+Result<bool> claim_control_file(const std::string& root, std::string_view name, std::string_view content,
+                                const std::optional<Fence>& fence) {
+  try {
+    if (!is_safe_name(name)) return Error{"not a safe control file name: '" + std::string(name) + "'"};
+    auto root_fd = open_root(root);
+    if (!root_fd) return Error{root_fd.error()};
+    auto control = open_control_dir(root_fd->get(), /*create=*/true);
+    if (!control.ok()) return Error{join(root, control.error.message)};
+    posix::ExclusiveOptions exclusive;
+    exclusive.write.hooks.before_publish = [&] { return check_fence_fd(root_fd->get(), fence); };
+    bool existed = false;
+    const std::string what = join(kControlDir, std::string(name));
+    if (Status s = posix::create_file_exclusive(control.value->get(), name, content, what, exclusive, &existed); !s) {
+      return Error{s.error()};
+    }
+    return !existed;
+  } catch (const std::exception& e) {
+    return Error{std::string("cannot claim a control file: ") + e.what()};
+  }
+}
+
+std::string last_words_claim_name(const Fence& run) {
+  std::string job;
+  for (char c : run.job_id) job += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return "last-words-" + (job.empty() ? std::string("nojob") : job) + "-" + std::to_string(run.epoch) + "-" +
+         std::to_string(run.generation) + ".claim";
 }
 
 Result<std::optional<std::string>> read_control_file(const std::string& root, std::string_view name) {

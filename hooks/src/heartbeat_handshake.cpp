@@ -264,8 +264,10 @@ Handshake Mesh::Impl::handshake(std::uint32_t type) const {
 
 namespace {
 
-// This kernel's boot id and this pid namespace, hashed (FNV-1a): two ranks with the same tag see each other's
-// processes in /proc.
+// This kernel's boot id, this pid namespace and this network namespace, hashed (FNV-1a): two ranks with the same
+// tag see each other's processes in /proc and are on one host. Ranks in other network namespaces count as other
+// hosts even where /proc is shared (containers, the test cluster's nodes): a link between them can be cut while
+// both processes run, so a peer's live process there says nothing about whether it can still be reached.
 std::uint32_t this_host_tag() {
   std::string id;
   if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
@@ -273,9 +275,11 @@ std::uint32_t this_host_tag() {
     if (std::fgets(buf, sizeof buf, f) != nullptr) id = buf;
     std::fclose(f);
   }
-  char ns[64] = {};
-  ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
-  if (n > 0) id.append(ns, static_cast<std::size_t>(n));
+  for (const char* link : {"/proc/self/ns/pid", "/proc/self/ns/net"}) {
+    char ns[64] = {};
+    ssize_t n = ::readlink(link, ns, sizeof ns - 1);
+    if (n > 0) id.append(ns, static_cast<std::size_t>(n));
+  }
   if (id.empty()) return 0;
   std::uint32_t h = 2166136261u;
   for (unsigned char c : id) h = (h ^ c) * 16777619u;

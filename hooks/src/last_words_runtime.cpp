@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "ckpt/clock.hpp"
+#include "ckpt/format.hpp"
 #include "ckpt/recovery.hpp"
 #include "ckpt/store.hpp"
 
@@ -412,6 +413,7 @@ struct LastWords::Impl {
     for (const std::string& why : unable) log::info(rank, "last words: " + why);
     for (const std::string& why : plan.reasons) log::info(rank, "last words: " + why);
     bool write_it = plan.write;
+    if (write_it && !claim_terminal(plan)) write_it = false;
     if (write_it && store::read_manifest(config.dir, plan.step)) {
       log::info(rank, "last words: step " + std::to_string(plan.step) + " is committed already; nothing to write");
       write_it = false;
@@ -427,6 +429,29 @@ struct LastWords::Impl {
     stages.resize(static_cast<std::size_t>(std::max(config.layout.pp, 1)), -1);
     send_decision_locked(-1);
     cv.notify_all();
+    return true;
+  }
+
+  // At most one side of a partition writes: each side sees the other die, and in pure data parallelism both may
+  // hold a whole replica. The decider of each side claims the run's terminal checkpoint in the shared checkpoint
+  // dir (store::claim_control_file: the first creator wins on every host); a side that finds the claim taken
+  // writes nothing and its ranks leave as for any decision not to write. No checkpoint can mix both sides' shards.
+  bool claim_terminal(const last_words::Plan& plan) {
+    const store::Fence run{config.job_id, config.restart_count, config.generation};
+    const std::string content = "{\"rank\":" + std::to_string(rank) + ",\"step\":" + std::to_string(plan.step) +
+                                ",\"time\":" + std::to_string(unix_seconds()) + "}";
+    auto won = store::claim_control_file(config.dir, store::last_words_claim_name(run), content, run);
+    if (!won) {
+      log::warn(rank, "last words: cannot claim the terminal checkpoint (" + won.error() + "); not writing");
+      return false;
+    }
+    if (!*won) {
+      auto other = store::read_control_file(config.dir, store::last_words_claim_name(run));
+      log::warn(rank, "last words: the terminal checkpoint of this run is claimed already (by the other side of a "
+                      "partition: " + (other && *other ? ckpt::printable(other->value().substr(0, 200)) : std::string("?")) +
+                      "); not writing");
+      return false;
+    }
     return true;
   }
 

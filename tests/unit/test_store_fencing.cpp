@@ -222,3 +222,28 @@ TEST_CASE("a new job in a dir fences the job that used it before", "[store][fenc
   CHECK(s.error().find("job 42 (run 0) has started") != std::string::npos);
   CHECK(save(dir.path(), 6, Fence{"42", 0}).ok());
 }
+
+TEST_CASE("a run's terminal checkpoint is claimed once: one side of a partition writes", "[store][fencing]") {
+  TempDir dir;
+  const std::string root = dir.path();
+  REQUIRE(raise_epoch(root, kRun0, "42.r0").ok());
+  const std::string name = last_words_claim_name(kRun0);
+  CHECK(name == "last-words-42-0-0.claim");
+  CHECK(last_words_claim_name(Fence{"4/2", 3, 1}) == "last-words-4_2-3-1.claim");
+  auto first = claim_control_file(root, name, "{\"rank\":0}", kRun0);
+  REQUIRE(first);
+  CHECK(*first);
+  auto second = claim_control_file(root, name, "{\"rank\":2}", kRun0);  // the other side, a moment later
+  REQUIRE(second);
+  CHECK_FALSE(*second);
+  auto kept = read_control_file(root, name);
+  REQUIRE(kept);
+  CHECK(**kept == "{\"rank\":0}");
+  // The next run claims its own; the old run's claim, once it is fenced, is refused.
+  REQUIRE(raise_epoch(root, kRun1, "42.r1").ok());
+  auto next = claim_control_file(root, last_words_claim_name(kRun1), "{}", kRun1);
+  REQUIRE(next);
+  CHECK(*next);
+  CHECK_FALSE(claim_control_file(root, "last-words-42-0-9.claim", "{}", kRun0));
+  CHECK_FALSE(claim_control_file(root, "../escape", "{}", kRun1));
+}

@@ -376,6 +376,13 @@ Status discard_incomplete(const std::string& root, std::uint64_t step,
 Status write_control_file(const std::string& root, std::string_view name, std::string_view content,
                           const std::optional<Fence>& fence = std::nullopt);
 Result<std::optional<std::string>> read_control_file(const std::string& root, std::string_view name);
+// Creates the control file `name` only when nobody has: the first of racing creators (on any host that shares the
+// dir) wins and gets true; every later one gets false and the winner's file stays as it was. A fenced run's claim
+// is refused. Last words claim their run's terminal checkpoint with it: one side of a partition writes, never two.
+Result<bool> claim_control_file(const std::string& root, std::string_view name, std::string_view content,
+                                const std::optional<Fence>& fence = std::nullopt);
+// The claim's name for one run (job id, restart count, in-place generation).
+std::string last_words_claim_name(const Fence& run);
 
 // The control file that holds the dir's EpochRecord.
 inline constexpr std::string_view kEpochName = "epoch.json";
