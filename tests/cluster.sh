@@ -220,7 +220,7 @@ start_slurmd() {
 make_network() {
   local n ns link
   ip link show "$BRIDGE" > /dev/null 2>&1 || ip link add "$BRIDGE" type bridge
-  ip addr show dev "$BRIDGE" | grep -q "inet $BRIDGE_ADDR/" || ip addr add "$BRIDGE_ADDR/24" dev "$BRIDGE"
+  ip addr replace "$BRIDGE_ADDR/24" dev "$BRIDGE"  # replace: idempotent, as every step here
   ip link set "$BRIDGE" up
   for n in "${NODES[@]}"; do
     ns=$(netns_of "$n") link=$(link_of "$n")
@@ -233,7 +233,7 @@ make_network() {
     fi
     ip link set "$link" up
     ip netns exec "$ns" sh -c "ip link set lo up; ip link set eth0 up
-      ip addr show dev eth0 | grep -q 'inet $(addr_of "$n")/' || ip addr add $(addr_of "$n")/24 dev eth0
+      ip addr replace $(addr_of "$n")/24 dev eth0
       ip route replace default via $BRIDGE_ADDR"
     {
       [ "$HOSTS_MODE" = debian ] && echo "127.0.1.1 $n"

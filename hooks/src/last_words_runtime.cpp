@@ -407,13 +407,14 @@ struct LastWords::Impl {
     }
     // This rank is the root: it decides, once.
     std::vector<last_words::RankReport> rankreports = early ? std::vector<last_words::RankReport>{} : current_reports();
+    const int alive = config.world_size - static_cast<int>(gone.size());
     lock.unlock();
     last_words::Plan plan = early ? std::move(*early) : last_words::plan(config.layout, rankreports);
     log::info(rank, plan.summary);  // "last words: writing ..." or "last words: not writing ..."
     for (const std::string& why : unable) log::info(rank, "last words: " + why);
     for (const std::string& why : plan.reasons) log::info(rank, "last words: " + why);
     bool write_it = plan.write;
-    if (write_it && !claim_terminal(plan)) write_it = false;
+    if (write_it && !claim_terminal(plan, alive)) write_it = false;
     if (write_it && store::read_manifest(config.dir, plan.step)) {
       log::info(rank, "last words: step " + std::to_string(plan.step) + " is committed already; nothing to write");
       write_it = false;
@@ -436,8 +437,16 @@ struct LastWords::Impl {
   // hold a whole replica. The decider of each side claims the run's terminal checkpoint in the shared checkpoint
   // dir (store::claim_control_file: the first creator wins on every host); a side that finds the claim taken
   // writes nothing and its ranks leave as for any decision not to write. No checkpoint can mix both sides' shards.
-  bool claim_terminal(const last_words::Plan& plan) {
+  // A side without a strict majority of the ranks claims dead_after later, so that the majority side, which goes on
+  // (restart in place) or holds the job's batch step, wins the race; a lone survivor of a real death still writes.
+  bool claim_terminal(const last_words::Plan& plan, int alive) {
     const store::Fence run{config.job_id, config.restart_count, config.generation};
+    if (2 * alive <= config.world_size) {
+      log::info(rank, "last words: " + std::to_string(alive) + " of " + std::to_string(config.world_size) +
+                          " ranks on this side, no majority: claiming the terminal checkpoint after " +
+                          std::to_string(timing.dead_after.count()) + " ms");
+      std::this_thread::sleep_for(timing.dead_after);
+    }
     const std::string content = "{\"rank\":" + std::to_string(rank) + ",\"step\":" + std::to_string(plan.step) +
                                 ",\"time\":" + std::to_string(unix_seconds()) + "}";
     auto won = store::claim_control_file(config.dir, store::last_words_claim_name(run), content, run);

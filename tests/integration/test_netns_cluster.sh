@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The namespace cluster (tests/cluster.sh with CKPT_CLUSTER_NET=netns): four hosts, each a network namespace with an
-# address, a host name and a hosts file of its own, on a private bridge. In Debian's hosts-file mode (each node's own
-# name on 127.0.1.1 first):
+# The namespace cluster (tests/cluster.sh, as every slurm test uses it) in Debian's hosts-file mode (each node's own
+# name on 127.0.1.1 first; the fixture clusters use plain hosts files): four hosts, each a network namespace with an
+# address, a host name and a hosts file of its own, on a private bridge.
 #  - `cluster.sh status` shows four hosts with four addresses;
 #  - a step on all four runs, each task on its own host name, and the address each rank would publish to its peers
 #    (slurm_ckpt.inplace.address(), the native rule of ckpt/address.hpp) is its node's, never 127.0.1.1: with
@@ -9,7 +9,8 @@
 #  - a 4-rank gloo all_reduce runs across the hosts;
 #  - partition-node cuts n4 off while its task runs on: the task still writes the shared file system, a connect
 #    to its slurmd times out (nothing refuses); heal-node brings it back;
-#  - crash-node ends every process of n3's namespace, and revive-node returns it to service.
+#  - crash-node ends every process of n3's namespace, and revive-node returns it to service;
+#  - restart in place with a spare after a crash, a freeze and a partition of n2 (see below).
 # Its own cluster dir, ports and subnet, so the fixture clusters are left alone.
 set -euo pipefail
 export CKPT_CLUSTER_DIR=${CKPT_NETNS_CLUSTER_DIR:-/tmp/slurm-ckpt-netns}
@@ -104,34 +105,56 @@ pass "crash-node n3 ended every process of its namespace; revive-node returned i
 kill "$sleeper" 2> /dev/null || true
 
 # Restart in place across the hosts, beside Debian's hosts file, with GLOO_SOCKET_IFNAME=eth0 as a user sets it: 3
-# training nodes and a spare; n2 crashes mid-run; the spare takes its rank over and the final weights equal an
-# uninterrupted run's. (Before the one address rule every rank timed out on rank 0's store at 127.0.1.1.)
+# training nodes and a spare; n2 fails mid-run by a crash, a freeze (every process of it stopped) or a partition
+# (its link cut, its processes live on); the spare takes its rank over, the first step after the fault comes within
+# 3 s, and the final weights equal an uninterrupted run's. The frozen node thaws and the cut one is healed after
+# the run: their stale rank changes nothing in the checkpoint dir. (Before the one address rule every rank timed
+# out on rank 0's store at 127.0.1.1.)
 STEPS=40
+FIRST_STEP_BOUND_S=3
 cat > "$SCRATCH/inplace.sbatch" <<JOB
 #!/bin/bash
 #SBATCH --no-kill --ckpt-last-words=on
 export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s GLOO_SOCKET_IFNAME=eth0
 $CKPT_BUILD_DIR/controller/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
-  --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 "\$@"
+  --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 --log-time "\$@"
 JOB
-inplace_run() {  # NAME [CRASH_NODE]: one run into $SCRATCH/NAME
-  mkdir -p "$SCRATCH/$1"
-  local job
-  job=$(sbatch --parsable -N4 -J "netns-$1" -o "$SCRATCH/$1/log" --ckpt-dir="$SCRATCH/$1/ckpt" \
-    "$SCRATCH/inplace.sbatch" --out "$SCRATCH/$1/final")
-  if [ -n "${2:-}" ]; then
-    for _ in $(seq 1500); do grep -q "^train_ddp: step 15 " "$SCRATCH/$1/log" 2>/dev/null && break; sleep 0.05; done
-    grep -q "^train_ddp: step 15 " "$SCRATCH/$1/log" || { cat "$SCRATCH/$1/log" >&2; fail "$1: training never reached step 15"; }
-    "$CLUSTER" crash-node "$2" 2> /dev/null
+resolution() { "$CKPT_BUILD_DIR/cli/ckpt" latest "$1" 2>&1 | head -1; }
+inplace_run() {  # NAME [FAULT]: one run into $SCRATCH/NAME; FAULT (crash-node, freeze-node, partition-node) hits n2
+  local name=$1 fault=${2:-} job fault_t first_t took before
+  mkdir -p "$SCRATCH/$name"
+  job=$(sbatch --parsable -N4 -J "netns-$name" -o "$SCRATCH/$name/log" --ckpt-dir="$SCRATCH/$name/ckpt" \
+    "$SCRATCH/inplace.sbatch" --out "$SCRATCH/$name/final")
+  if [ -n "$fault" ]; then
+    for _ in $(seq 1500); do grep -q "^train_ddp: step 15 " "$SCRATCH/$name/log" 2>/dev/null && break; sleep 0.05; done
+    grep -q "^train_ddp: step 15 " "$SCRATCH/$name/log" || { cat "$SCRATCH/$name/log" >&2; fail "$name: training never reached step 15"; }
+    fault_t=$(date +%s.%N)
+    "$CLUSTER" "$fault" n2 2> /dev/null
   fi
-  for _ in $(seq 1500); do [ -s "$SCRATCH/$1/final" ] && break; squeue -h -j "$job" | grep -q . || break; sleep 0.1; done
-  [ -s "$SCRATCH/$1/final" ] || { tail -30 "$SCRATCH/$1/log" >&2; fail "$1: no final weights"; }
+  for _ in $(seq 1500); do [ -s "$SCRATCH/$name/final" ] && break; squeue -h -j "$job" | grep -q . || break; sleep 0.1; done
+  [ -s "$SCRATCH/$name/final" ] || { tail -30 "$SCRATCH/$name/log" >&2; fail "$name: no final weights"; }
   scancel "$job" 2> /dev/null || true
+  [ -n "$fault" ] || return 0
+  grep -q "takes rank 1 over" "$SCRATCH/$name/log" || { tail -30 "$SCRATCH/$name/log" >&2; fail "$name: the spare did not take n2's rank over in place"; }
+  # The first step completed after the spare joined: the step lines after the recovery's, t= on rank 0's clock.
+  first_t=$(awk '/takes rank 1 over|in-place recovery 1/ { after = 1 } after && /^train_ddp: step / { sub(/.*t=/, ""); print; exit }' "$SCRATCH/$name/log")
+  [ -n "$first_t" ] || { tail -30 "$SCRATCH/$name/log" >&2; fail "$name: no step after the recovery"; }
+  took=$(awk -v a="$fault_t" -v b="$first_t" 'BEGIN { printf "%.2f", b - a }')
+  awk -v t="$took" -v b="$FIRST_STEP_BOUND_S" 'BEGIN { exit !(t <= b) }' || fail "$name: the first step came $took s after the fault (bound $FIRST_STEP_BOUND_S s)"
+  cmp -s "$SCRATCH/reference/final" "$SCRATCH/$name/final" || fail "$name: the weights after the in-place recovery differ"
+  # The stale side wakes (thaw, heal): nothing it does changes which checkpoint a restart would use.
+  before=$(resolution "$SCRATCH/$name/ckpt")
+  [ "$fault" != partition-node ] || "$CLUSTER" heal-node n2 2> /dev/null
+  "$CLUSTER" revive-node n2 2> /dev/null || true
+  for _ in $(seq 30); do
+    [ "$(resolution "$SCRATCH/$name/ckpt")" = "$before" ] || fail "$name: the stale rank of n2 changed the checkpoint dir: '$before' -> '$(resolution "$SCRATCH/$name/ckpt")'"
+    sleep 0.1
+  done
+  "$CKPT_BUILD_DIR/cli/ckpt" verify "$SCRATCH/$name/ckpt" > /dev/null 2>&1 || fail "$name: ckpt verify failed after n2 came back"
+  pass "restart in place across hosts ($fault of n2, debian hosts files, GLOO_SOCKET_IFNAME=eth0): first step $took s after the fault (<= $FIRST_STEP_BOUND_S s), bitwise identical; n2 back, the dir unchanged ($before)"
 }
 inplace_run reference
-inplace_run crashed n2
-grep -q "takes rank 1 over" "$SCRATCH/crashed/log" || { tail -30 "$SCRATCH/crashed/log" >&2; fail "the spare did not take n2's rank over in place"; }
-cmp -s "$SCRATCH/reference/final" "$SCRATCH/crashed/final" || fail "the weights after the in-place recovery differ"
-"$CLUSTER" revive-node n2 2> /dev/null || true
-pass "restart in place across hosts (debian hosts files, GLOO_SOCKET_IFNAME=eth0): n2 crashed, the spare took its rank over, bitwise identical"
+inplace_run crashed crash-node
+inplace_run frozen freeze-node
+inplace_run cut partition-node
 finish
