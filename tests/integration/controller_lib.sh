@@ -1,13 +1,14 @@
 # The recovery controller for a test or a benchmark on the local cluster (sourced; needs CKPT_SOURCE_DIR and
 # CKPT_BUILD_DIR). controller_up DIR PORT brings the cluster up with the plugin reporting to a controller on
 # this host's address on the cluster's network, port PORT (libslurm backend, quick settle and reconcile) whose config, database and log live in DIR;
-# controller_down stops it and puts plugstack.conf back as tests/cluster.sh writes it. CKPT_CONTROLLER_CONF_EXTRA
+# ctl runs its client commands; controller_down stops it and puts plugstack.conf back as tests/cluster.sh writes it. CKPT_CONTROLLER_CONF_EXTRA
 # holds more lines for its config (a site's opt-ins).
 controller_up() {
   local dir=$1 port=$2 addr
   addr=$("$CKPT_SOURCE_DIR/tests/cluster.sh" addr)  # where the nodes reach this host
   CKPT_CLUSTER_PLUGIN_ARGS="controller=http://$addr:$port" "$CKPT_SOURCE_DIR/tests/cluster.sh" up
-  cat > "$dir/controller.conf" <<CONF
+  CONTROLLER_CONF=$dir/controller.conf
+  cat > "$CONTROLLER_CONF" <<CONF
 listen = $addr:$port
 database = $dir/controller.db
 munge_socket = ${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}/munge/munge.socket
@@ -26,6 +27,9 @@ CONF
   echo "the controller did not start: $(tail -5 "$dir/controller.log")" >&2
   return 1
 }
+
+# ctl ARGS...: the controller's client commands against the controller controller_up started.
+ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$CONTROLLER_CONF" "$@"; }
 
 # controller_get PATH: a read with a MUNGE credential naming the page (the controller shows each user their jobs).
 controller_get() {

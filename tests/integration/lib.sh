@@ -43,6 +43,12 @@ wait_job_state() {
   fail "job $job is '$state', expected $want"
 }
 
+# now: this host's clock, seconds since the epoch; since A B: B - A in seconds, one decimal.
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+# The cluster's SlurmdTimeout, in seconds.
+slurmd_timeout() { scontrol show config | sed -n 's/^SlurmdTimeout *= *\([0-9]*\) sec.*/\1/p'; }
+
 finish() {
   rm -rf "$SCRATCH"
   echo "PASS: $TEST_NAME"

@@ -29,7 +29,6 @@ cleanup() {
 trap cleanup EXIT
 controller_up "$DEMO" "$PORT" || die "no controller"
 mkdir -p "$DEMO/reference" "$DEMO/job"
-ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$DEMO/controller.conf" "$@"; }
 
 # One training job: 3 nodes, one rank each, a checkpoint every 10 steps.
 write_train_sbatch "$DEMO/train.sbatch" "-N3 --ntasks-per-node=1 --ckpt-interval=10steps --ckpt-keep=2" \

@@ -23,7 +23,6 @@ PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 40 ))
 job=""
 victim=""
 
-slurmd_timeout() { scontrol show config | sed -n 's/^SlurmdTimeout *= *\([0-9]*\) sec.*/\1/p'; }
 cleanup() {
   [ -n "$job" ] && scancel "$job" 2>/dev/null || true
   [ -n "$victim" ] && "$CLUSTER" revive-node "$victim" > /dev/null 2>&1 || true
@@ -38,9 +37,6 @@ CKPT_CONTROLLER_CONF_EXTRA="down_hung_nodes = yes" CKPT_CLUSTER_SLURMD_TIMEOUT=1
 scontrol reconfigure
 for _ in $(seq 50); do [ "$(slurmd_timeout)" = 120 ] && break; sleep 0.2; done
 [ "$(slurmd_timeout)" = 120 ] || fail "SlurmdTimeout is $(slurmd_timeout), not 120"
-ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" "$@"; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
 same_weights() {
   cmp -s "$SCRATCH/straight/final.tp0" "$SCRATCH/$1/final.tp0" && cmp -s "$SCRATCH/straight/final.tp1" "$SCRATCH/$1/final.tp1"

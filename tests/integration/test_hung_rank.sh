@@ -27,9 +27,6 @@ cleanup() {
 }
 trap cleanup EXIT
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
-ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" "$@"; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 resolution() { "$CKPT_BUILD_DIR/cli/ckpt" latest "$SCRATCH/hung/ckpt" 2>&1 | head -1; }
 
 mkdir -p "$SCRATCH/straight" "$SCRATCH/hung"

@@ -24,7 +24,6 @@ cleanup() {
 }
 trap cleanup EXIT
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
-ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" "$@"; }
 
 cat > "$SCRATCH/job.sbatch" <<JOB
 #!/bin/bash

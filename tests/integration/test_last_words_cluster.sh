@@ -36,7 +36,6 @@ cleanup() {
 trap cleanup EXIT
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 
-now() { date +%s.%N; }
 
 # train NAME INTERVAL [train_dp_tp args...]: one 4-node job writing into $SCRATCH/NAME.
 train() {

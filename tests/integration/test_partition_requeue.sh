@@ -24,10 +24,7 @@ cleanup() {
 }
 trap cleanup EXIT
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
-ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" "$@"; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
-timeout_s=$(scontrol show config | sed -n 's/^SlurmdTimeout *= *\([0-9]*\) sec.*/\1/p')
+timeout_s=$(slurmd_timeout)
 BOUND_S=$((timeout_s + 10))
 
 mkdir -p "$SCRATCH/straight" "$SCRATCH/cut"
@@ -72,11 +69,8 @@ term=$(sed -n 's/^run 1 on .*, resuming from step \([0-9]*\)$/\1/p' "$SCRATCH/cu
 [ -n "$term" ] && [ "$term" -ge $((seen - 1)) ] || fail "resumed from step '$term'; the run was at step $seen"
 pass "running again $took s after the cut (bound $BOUND_S s), from the terminal checkpoint of step $term (cut at ~$seen); $victim excluded, the new run elsewhere; a node failure"
 
-for _ in $(seq 900); do
-  state=$(scontrol show job "$job" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
-  [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
-  sleep 0.2
-done
+wait_job_state "$job" '^(COMPLETED|FAILED|CANCELLED)$' 180
+state=$(scontrol show job "$job" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
 [ "$state" = COMPLETED ] || { tail -30 "$SCRATCH/cut.log" >&2; fail "the recovered job ended $state"; }
 restarts=$(scontrol show job "$job" | sed -n 's/.*Restarts=\([0-9]*\).*/\1/p')
 [ "$restarts" = 1 ] || { ctl history "$job" >&2; fail "the job ran $((restarts + 1)) times; one new run expected"; }

@@ -20,7 +20,6 @@ cleanup() {
   controller_down
 }
 trap cleanup EXIT
-ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" "$@"; }
 
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 install -d -o "$TEST_USER" -m 755 "$SCRATCH/flooder" "$SCRATCH/victim-out"

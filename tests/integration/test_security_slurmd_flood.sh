@@ -18,7 +18,6 @@ cleanup() {
   scontrol update nodename=n2 state=resume > /dev/null 2>&1 || true
 }
 trap cleanup EXIT
-ctl() { "$CKPT_BUILD_DIR/controller/ckpt-controller" -c "$SCRATCH/controller.conf" "$@"; }
 
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 grep -q down_hung_nodes "$SCRATCH/controller.conf" && fail "the test needs the default down_hung_nodes"
