@@ -11,6 +11,7 @@ extern "C" {
 }
 
 #include "backend.hpp"
+#include "slurm_handles.hpp"
 
 namespace ckpt::controller {
 
@@ -78,21 +79,18 @@ class LibslurmBackend final : public SlurmBackend {
 
   Result<std::vector<SlurmJob>> load_jobs() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    job_info_msg_t* msg = nullptr;
-    if (slurm_load_jobs(0, &msg, SHOW_ALL) != SLURM_SUCCESS || msg == nullptr) {
-      return Error{"slurm_load_jobs: " + slurm_error_text()};
-    }
+    auto msg = ckpt::toolkit::load_jobs();
+    if (!msg) return Error{"slurm_load_jobs: " + slurm_error_text()};
     std::vector<SlurmJob> jobs;
     jobs.reserve(msg->record_count);
     for (std::uint32_t i = 0; i < msg->record_count; ++i) jobs.push_back(convert(msg->job_array[i]));
-    slurm_free_job_info_msg(msg);
     return jobs;
   }
 
   Result<std::optional<SlurmJob>> load_job(std::uint32_t job_id) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    job_info_msg_t* msg = nullptr;
-    if (slurm_load_job(&msg, job_id, SHOW_ALL) != SLURM_SUCCESS || msg == nullptr) {
+    auto msg = ckpt::toolkit::load_jobs(job_id);
+    if (!msg) {
       if (slurm_get_errno() == ESLURM_INVALID_JOB_ID) return std::optional<SlurmJob>{};
       return Error{"slurm_load_job " + std::to_string(job_id) + ": " + slurm_error_text()};
     }
@@ -100,7 +98,6 @@ class LibslurmBackend final : public SlurmBackend {
     for (std::uint32_t i = 0; i < msg->record_count; ++i) {
       if (msg->job_array[i].job_id == job_id) job = convert(msg->job_array[i]);
     }
-    slurm_free_job_info_msg(msg);
     return job;
   }
 
@@ -174,21 +171,17 @@ class LibslurmBackend final : public SlurmBackend {
 
   std::optional<std::uint32_t> slurm_user_uid() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    slurm_conf_t* conf = nullptr;
-    if (slurm_load_ctl_conf(0, &conf) != SLURM_SUCCESS || conf == nullptr) return std::nullopt;
-    std::uint32_t uid = conf->slurm_user_id;
-    slurm_free_ctl_conf(conf);
-    return uid;
+    auto conf = ckpt::toolkit::load_ctl_conf();
+    if (!conf) return std::nullopt;
+    return conf->slurm_user_id;
   }
 
   std::optional<std::string> proctrack_type() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    slurm_conf_t* conf = nullptr;
-    if (slurm_load_ctl_conf(0, &conf) != SLURM_SUCCESS || conf == nullptr) return std::nullopt;
-    std::optional<std::string> type;
-    if (conf->proctrack_type != nullptr) type = conf->proctrack_type;
-    slurm_free_ctl_conf(conf);
-    return type;
+    auto conf = ckpt::toolkit::load_ctl_conf();
+    if (!conf) return std::nullopt;
+    if (conf->proctrack_type == nullptr) return std::optional<std::string>{};
+    return std::optional<std::string>(conf->proctrack_type);
   }
 
  private:

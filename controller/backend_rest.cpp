@@ -20,6 +20,7 @@
 #include "log.hpp"
 
 namespace ckpt::controller {
+using namespace ckpt::toolkit;  // MUNGE, HTTP
 
 namespace {
 

@@ -36,6 +36,7 @@
 namespace {
 
 using namespace ckpt::controller;
+using namespace ckpt::toolkit;  // MUNGE, HTTP
 using nlohmann::json;
 namespace rec = ckpt::recovery;
 
@@ -202,13 +203,7 @@ struct Client {
   ckpt::Result<std::string> admin(const std::string& op, const std::string& arg) const {
     auto cred = munge_encode_payload(json{{"op", op}, {"arg", arg}}.dump(), munge_socket);
     if (!cred) return ckpt::Error{cred.error()};
-    HttpRequest req;
-    req.method = "POST";
-    req.url = url + "/v1/admin";
-    req.body = *cred;
-    req.content_type = "text/plain";
-    req.timeout_s = 40;
-    HttpResponse res = http_request(req);
+    HttpResponse res = post_credential(url + "/v1/admin", *cred, 40, /*retries=*/0);
     if (!res.error.empty()) return ckpt::Error{"cannot reach the controller at " + url + ": " + res.error};
     json body = json::parse(res.body, nullptr, false);
     if (body.is_discarded()) return ckpt::Error{"HTTP " + std::to_string(res.status)};

@@ -21,12 +21,14 @@
 
 #include "ckpt/controller_limits.hpp"
 #include "ckpt/format.hpp"
+#include "ckpt/posix.hpp"
 #include "ckpt/recovery_plan.hpp"
 #include "ckpt/store.hpp"
 #include "http.hpp"
 #include "log.hpp"
 
 namespace ckpt::controller {
+using namespace ckpt::toolkit;  // MUNGE, HTTP
 
 namespace {
 
@@ -334,31 +336,11 @@ pid_t spawn_reader(const std::string& exe, const std::string& dir, const std::st
     // A reader that a hostile dir drives into a loop or a huge allocation stops at 1 GiB and its 10 s timeout.
     const rlimit memory{kReaderMemoryBytes, kReaderMemoryBytes};
     (void)setrlimit(RLIMIT_AS, &memory);
-    if (setgroups(groups.size(), groups.data()) != 0 || setgid(gid) != 0 || setuid(uid) != 0 ||
-        (uid != 0 && setuid(0) == 0)) {
-      _exit(126);
-    }
+    if (!ckpt::posix::drop_privileges(uid, gid, groups.data(), groups.size())) _exit(126);
     execve(exe.c_str(), argv, const_cast<char* const*>(kReaderEnv));
     _exit(127);
   }
   return pid;
-}
-
-// Reads `fd` to its end into `text` (up to 64 KiB kept) for at most `timeout_s`; false when the time ran out.
-bool read_all_within(int fd, double timeout_s, std::string& text) {
-  const double end = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() + timeout_s;
-  for (;;) {
-    const double left = end - std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    int n = poll(&p, 1, static_cast<int>(left * 1000) + 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) continue;
-    char buf[4096];
-    ssize_t got = read(fd, buf, sizeof buf);
-    if (got <= 0) return true;
-    if (text.size() < 65536) text.append(buf, static_cast<std::size_t>(got));
-  }
 }
 
 // The view the reader printed (checkpoint_reader_main's JSON).
@@ -415,7 +397,7 @@ CheckpointView read_checkpoints_as(const std::string& dir, const std::string& tr
     return view;
   }
   std::string text;
-  const bool timed_out = !read_all_within(out[0], timeout_s, text);
+  const bool timed_out = !ckpt::posix::read_within(out[0], timeout_s, 65536, text);
   close(out[0]);
   if (timed_out) {
     kill(pid, SIGKILL);

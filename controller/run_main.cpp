@@ -8,7 +8,11 @@
 // budget); ckpt-run polls it, kills the failed step and starts `srun --overlap --exclude=<bad nodes> ...` on the
 // healthy nodes of the allocation, -N reduced only when --min-nodes allows. When too few healthy nodes remain it
 // hands over to a requeue of the whole job. Without a reachable controller it runs srun once and returns its status.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -36,8 +40,10 @@ extern "C" {
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/address.hpp"
 #include "ckpt/clock.hpp"
 #include "ckpt/format.hpp"
+#include "ckpt/inplace.hpp"
 #include "ckpt/options.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
@@ -51,6 +57,7 @@ extern "C" {
 namespace {
 
 using namespace ckpt::controller;
+using namespace ckpt::toolkit;  // MUNGE, HTTP
 using nlohmann::json;
 namespace rec = ckpt::recovery;
 
@@ -420,7 +427,7 @@ ckpt::Result<std::vector<NodeStep>> plan_node_steps(const Run& run) {
   return steps;
 }
 
-constexpr int kExitPeerLost = 75;  // a survivor that could not go on (slurm_ckpt's EXIT_PEER_LOST)
+constexpr int kExitPeerLost = ckpt::inplace::kExitPeerLost;  // a survivor that could not go on
 
 void kill_node_steps(std::vector<NodeStep>& steps) {
   for (std::size_t i = 0; i < steps.size(); ++i) {
@@ -428,35 +435,106 @@ void kill_node_steps(std::vector<NodeStep>& steps) {
   }
 }
 
-// The recoveries the program makes in place, read from its files as they complete, for the controller.
+// Where the steps tell ckpt-run to look at the run's records now: a listener on the address the nodes reach,
+// named to them in CKPT_INPLACE_NOTIFY. A notice is a connection that carries nothing: a stranger who connects
+// makes ckpt-run read a few small records sooner, never act; the records decide. Without notices (none could be
+// sent, or no listener) the records are read every kLookEvery_s.
+class Notices {
+ public:
+  // The listener; an empty address when none could be made (a warning says why).
+  void open() {
+    auto chosen = ckpt::net::publish_address();
+    if (!chosen) {
+      log_error("no in-place notices (the records are read every 2 s): " + chosen.error());
+      return;
+    }
+    ckpt::posix::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    socklen_t len = sizeof a;
+    if (!fd.valid() || ::inet_pton(AF_INET, chosen->address.c_str(), &a.sin_addr) != 1 ||
+        ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd.get(), 64) != 0 ||
+        ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      log_error("no in-place notices (the records are read every 2 s): cannot listen on " + chosen->address + ": " +
+                std::strerror(errno));
+      return;
+    }
+    listener_ = std::move(fd);
+    address_ = chosen->address + ":" + std::to_string(ntohs(a.sin_port));
+  }
+  const std::string& address() const { return address_; }
+
+  // Waits up to `timeout_ms` for a notice; true when one or more came (each connection is accepted and closed).
+  bool wait(int timeout_ms) {
+    if (!listener_.valid()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+      return false;
+    }
+    pollfd p{listener_.get(), POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) return false;
+    bool any = false;
+    for (int n = 0; n < 256; ++n) {  // bounded: a flood of connections cannot keep ckpt-run here
+      int c = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) break;
+      ::close(c);
+      any = true;
+    }
+    return any;
+  }
+
+ private:
+  ckpt::posix::Fd listener_;
+  std::string address_;
+};
+
+constexpr double kLookEvery_s = 2.0;
+
+// The recoveries the program makes in place, read from its records when a step says so, for the controller.
 struct InPlaceWatch {
   std::string dir;                       // $CKPT_DIR/.control/inplace-<id>; empty: CKPT_DIR unknown, not watched
   std::map<int, std::string> node_of_rank;
   std::uint32_t next = 1;                // the next recovery's generation
   double next_view = 0;                  // when to look at the controller's view of the job again
+  double next_look = 0;                  // when to read the records without a notice
+  bool look_now = false;                 // a notice came
+  bool finished = false, abandoned = false;  // the markers, as last read
 };
+
+// Reads the markers; once the first process made the dir.
+void read_markers(InPlaceWatch& watch) {
+  if (watch.dir.empty()) return;
+  auto records = ckpt::inplace::Records::open(watch.dir, /*create=*/false);
+  if (!records) return;
+  watch.finished = records->marked("finished");
+  watch.abandoned = records->marked("abandoned");
+}
 
 // Reports each recovery made in place once its first step is done; true when the controller gave up on the job
 // (its restart budget is spent), which ends the steps.
 bool watch_in_place(const Run& run, InPlaceWatch& watch) {
   if (watch.dir.empty()) return false;
-  struct stat st {};
-  const std::string phases = watch.dir + "/gen-" + std::to_string(watch.next) + ".phases";
-  if (::stat(phases.c_str(), &st) == 0) {
-    if (auto r = read_in_place_phases(watch.dir, watch.next, watch.node_of_rank)) {
-      std::string ranks;
-      for (int rank : r->lost_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
-      std::fprintf(stderr, "ckpt-run: in-place recovery %u: ranks %s replaced (failed nodes: %s); training ran again "
-                   "%.3f s after the failure was detected\n", r->generation, ranks.c_str(),
-                   r->failed_nodes.empty() ? "none" : rec::join_nodes(r->failed_nodes).c_str(),
-                   r->phases.resumed - r->phases.detected);
-      if (!run.s.url.empty()) report_in_place(run.s.url, run.job_id, *r);
-      for (const auto& [rank, node] : r->replacement_node) watch.node_of_rank[rank] = node;
-      watch.next_view = ckpt::unix_seconds() + 0.5;
-    } else {
-      log_error("cannot read in-place recovery " + std::to_string(watch.next) + " in " + watch.dir);
+  if (watch.look_now || ckpt::unix_seconds() >= watch.next_look) {
+    watch.look_now = false;
+    watch.next_look = ckpt::unix_seconds() + kLookEvery_s;
+    read_markers(watch);
+    auto records = ckpt::inplace::Records::open(watch.dir, /*create=*/false);
+    if (records && records->read_phases(watch.next)) {
+      if (auto r = read_in_place_phases(watch.dir, watch.next, watch.node_of_rank)) {
+        std::string ranks;
+        for (int rank : r->lost_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
+        std::fprintf(stderr, "ckpt-run: in-place recovery %u: ranks %s replaced (failed nodes: %s); training ran "
+                     "again %.3f s after the failure was detected\n", r->generation, ranks.c_str(),
+                     r->failed_nodes.empty() ? "none" : rec::join_nodes(r->failed_nodes).c_str(),
+                     r->phases.resumed - r->phases.detected);
+        if (!run.s.url.empty()) report_in_place(run.s.url, run.job_id, *r);
+        for (const auto& [rank, node] : r->replacement_node) watch.node_of_rank[rank] = node;
+        watch.next_view = ckpt::unix_seconds() + 0.5;
+      } else {
+        log_error("cannot read in-place recovery " + std::to_string(watch.next) + " in " + watch.dir);
+      }
+      ++watch.next;
+      watch.look_now = true;  // the next recovery may be done already
     }
-    ++watch.next;
   }
   if (run.s.url.empty() || watch.next == 1 || ckpt::unix_seconds() < watch.next_view) return false;
   watch.next_view = ckpt::unix_seconds() + 2;
@@ -466,24 +544,12 @@ bool watch_in_place(const Run& run, InPlaceWatch& watch) {
   return true;
 }
 
-// Whether the survivors gave up recovering in place (they write `abandoned`); true when the dir is unknown.
-bool in_place_abandoned(const InPlaceWatch& watch) {
-  struct stat st {};
-  return watch.dir.empty() || ::stat((watch.dir + "/abandoned").c_str(), &st) == 0;
-}
-
-// Whether training ended (rank 0 writes `finished` once train() returned): the steps of nodes that lost a rank
-// on the way exit non-zero, and the job is done all the same.
-bool in_place_finished(const InPlaceWatch& watch) {
-  struct stat st {};
-  return !watch.dir.empty() && ::stat((watch.dir + "/finished").c_str(), &st) == 0;
-}
-
 // Waits for the per-node steps. Training is done once `wanted` of them exited 0 (the training nodes, or spares in
 // a dead node's place) or rank 0 marked it finished: what is left then (a dead node's step Slurm has not ended yet;
 // idle spares leave on their own within a second) gets 3 s and is killed.
 // A step that exits 75 holds survivors that could not recover in place (no spare left): the job goes to a requeue.
-int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t wanted, InPlaceWatch& watch) {
+int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t wanted, InPlaceWatch& watch,
+                    Notices& notices) {
   std::uint64_t zeros = 0;
   std::optional<int> failure;
   bool handed_over = false;
@@ -507,7 +573,8 @@ int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t 
       if (!failure) failure = code;
       // 75 hands over when the survivors gave up (they mark it); a stale rank that thawed after a recovery in
       // place exits 75 too, and the job goes on without it.
-      if (code == kExitPeerLost && !handed_over && !g_stopping && in_place_abandoned(watch)) {
+      if (code == kExitPeerLost) read_markers(watch);  // a marker is written before its writer exits
+      if (code == kExitPeerLost && !handed_over && !g_stopping && (watch.dir.empty() || watch.abandoned)) {
         handed_over = true;
         log_info("survivors on " + steps[i].node + " could not recover in place; handing over to a requeue");
         if (!run.s.url.empty()) hand_over(run.s, run.job_id, "no spare left for a recovery in place");
@@ -519,14 +586,15 @@ int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t 
       handed_over = true;  // not to a requeue: the controller gave up; the status says the job failed
     }
     // Done: training ended, or it was handed over (idle spares and stuck steps have nothing left to do).
-    if (done_at == 0 && (zeros >= wanted || handed_over || in_place_finished(watch))) done_at = ckpt::unix_seconds();
+    if (done_at == 0 && (zeros >= wanted || handed_over || watch.finished)) done_at = ckpt::unix_seconds();
     if (done_at > 0 && ckpt::unix_seconds() - done_at > 3) {
       kill_node_steps(steps);
       done_at = 1e300;  // once
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (notices.wait(50)) watch.look_now = true;
   }
-  if ((zeros >= wanted || in_place_finished(watch)) && !handed_over) return 0;
+  read_markers(watch);
+  if ((zeros >= wanted || watch.finished) && !handed_over) return 0;
   return failure.value_or(1);
 }
 
@@ -541,6 +609,8 @@ int inplace_loop(Run& run) {
   const std::uint64_t wanted = *run.nodes_wanted;
   const char* restarts = std::getenv("SLURM_RESTART_COUNT");
   const std::string id = run.job + ".r" + (restarts ? restarts : "0") + "." + std::to_string(getpid());
+  Notices notices;
+  notices.open();
   for (std::size_t i = 0; i < steps.size(); ++i) {
     NodeStep& step = steps[i];
     // --ntasks: the batch script's SLURM_NTASKS (sbatch --ntasks-per-node) counts the whole allocation's tasks,
@@ -550,7 +620,8 @@ int inplace_loop(Run& run) {
     argv.insert(argv.end(), run.line.options.begin(), run.line.options.end());
     argv.insert(argv.end(), run.line.command.begin(), run.line.command.end());
     std::vector<std::pair<std::string, std::string>> env = {
-        {"CKPT_INPLACE_ID", id}, {"CKPT_INPLACE_WORLD", std::to_string(wanted * *per_node)}};
+        {"CKPT_INPLACE_ID", id}, {"CKPT_INPLACE_WORLD", std::to_string(wanted * *per_node)},
+        {"CKPT_INPLACE_NOTIFY", notices.address()}};
     if (step.spare) {
       env.emplace_back("CKPT_INPLACE_SPARE", "1");
     } else {
@@ -578,7 +649,7 @@ int inplace_loop(Run& run) {
       watch.node_of_rank[static_cast<int>(i * *per_node + k)] = steps[i].node;
     }
   }
-  return wait_node_steps(run, steps, wanted, watch);
+  return wait_node_steps(run, steps, wanted, watch, notices);
 }
 
 }  // namespace

@@ -16,21 +16,21 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/clock.hpp"
+#include "ckpt/inplace.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/posix.hpp"
 #include "http.hpp"
 #include "log.hpp"
 #include "munge_auth.hpp"
+#include "slurm_handles.hpp"
 
 namespace ckpt::controller {
+using namespace ckpt::toolkit;  // MUNGE, HTTP
 
 namespace rec = ckpt::recovery;
 using nlohmann::json;
 
 namespace {
-
-// A plan names a rendezvous address and a spare per lost rank: far below this even at 16k ranks.
-constexpr std::size_t kMaxControlFileBytes = 4 * 1024 * 1024;
 
 // An event of this job as sent from this node, by this run, now.
 rec::Event event_from_here(rec::EventType type, std::uint32_t job) {
@@ -54,51 +54,17 @@ void post_event(const std::string& url, const rec::Event& e, const std::string& 
     log_error("cannot tell the controller about " + what + ": " + cred.error());
     return;
   }
-  HttpRequest req;
-  req.method = "POST";
-  req.url = url + "/v1/events";
-  req.body = *cred;
-  req.content_type = "text/plain";
-  req.timeout_s = 2;
-  HttpResponse res = http_request(req);
+  HttpResponse res = post_credential(url + "/v1/events", *cred, 2);
   if (!res.ok()) log_error("the controller did not take " + what + ": " + (res.error.empty() ? res.body : res.error));
 }
 
-// A JSON object from a file of the control dir; nullopt when missing, too large or not an object.
-std::optional<json> read_json_object(int dir_fd, const std::string& name) {
-  auto text = ckpt::posix::read_small_file(dir_fd, name, kMaxControlFileBytes);
-  if (!text.ok()) return std::nullopt;
-  json j = json::parse(*text.value, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return std::nullopt;
-  return j;
-}
-
-// A time of the phases file: 0 when absent or null (the root did not get there), nullopt when not a time.
-std::optional<double> time_of(const json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return 0.0;
-  if (!it->is_number()) return std::nullopt;
-  const double t = it->get<double>();
-  if (!std::isfinite(t) || t < 0) return std::nullopt;
-  return t;
-}
-
-bool generation_is(const json& j, std::uint32_t generation) {
-  auto it = j.find("generation");
-  return it != j.end() && it->is_number_unsigned() && it->get<std::uint64_t>() == generation;
-}
-
-// The plan's lost ranks, and the nodes that lost all their ranks; false when the list is malformed or a rank has
-// no known node. A node whose other ranks train on is alive: a process failed there, not the node.
-bool read_lost(const json& plan, const std::map<int, std::string>& node_of_rank, InPlaceRecovery& r) {
-  auto lost = plan.find("lost");
-  if (lost == plan.end() || !lost->is_array() || lost->empty()) return false;
-  for (const auto& rank : *lost) {
-    if (!rank.is_number_integer()) return false;
-    const auto value = rank.get<std::int64_t>();
-    if (value < 0 || value > std::numeric_limits<int>::max()) return false;
-    if (node_of_rank.count(static_cast<int>(value)) == 0) return false;
-    r.lost_ranks.push_back(static_cast<int>(value));
+// The plan's lost ranks, and the nodes that lost all their ranks; false when none is listed or a rank has no known
+// node. A node whose other ranks train on is alive: a process failed there, not the node.
+bool read_lost(const ckpt::inplace::Plan& plan, const std::map<int, std::string>& node_of_rank, InPlaceRecovery& r) {
+  if (plan.lost.empty()) return false;
+  for (int rank : plan.lost) {
+    if (node_of_rank.count(rank) == 0) return false;
+    r.lost_ranks.push_back(rank);
   }
   for (int rank : r.lost_ranks) {
     const std::string& node = node_of_rank.at(rank);
@@ -113,61 +79,16 @@ bool read_lost(const json& plan, const std::map<int, std::string>& node_of_rank,
   return true;
 }
 
-// The plan's takeover ({"<rank>": "<node>.<local id>"}) as rank -> node; false when malformed.
-bool read_takeover(const json& plan, InPlaceRecovery& r) {
-  auto takeover = plan.find("takeover");
-  if (takeover == plan.end() || !takeover->is_object()) return false;
-  for (const auto& [rank_text, slot] : takeover->items()) {
-    auto rank = ckpt::parse_uint(rank_text);
-    if (!rank || *rank > static_cast<std::uint64_t>(std::numeric_limits<int>::max()) || !slot.is_string()) return false;
-    const std::string text = slot.get<std::string>();
-    const std::string node = text.substr(0, text.rfind('.'));
-    auto names = rec::expand_hostlist(node, 1);
-    if (!names || names->size() != 1 || (*names)[0] != node) return false;
-    r.replacement_node[static_cast<int>(*rank)] = node;
-  }
-  return true;
-}
-
-// The phases file's times and step; false when one is malformed or detection or the first step is missing.
-bool read_phases(const json& phases, InPlaceRecovery& r) {
-  const std::pair<const char*, double rec::InPlacePhases::*> fields[] = {
-      {"detect", &rec::InPlacePhases::detected},   {"decided", &rec::InPlacePhases::agreed},
-      {"last_words_done", &rec::InPlacePhases::last_words_done}, {"group", &rec::InPlacePhases::regrouped},
-      {"restored", &rec::InPlacePhases::restored}, {"first_step", &rec::InPlacePhases::resumed}};
-  for (const auto& [key, field] : fields) {
-    auto t = time_of(phases, key);
-    if (!t) return false;
-    r.phases.*field = *t;
-  }
-  if (r.phases.detected == 0 || r.phases.resumed == 0) return false;
-  auto step = phases.find("step");
-  if (step != phases.end() && !step->is_null()) {
-    if (!step->is_number_unsigned()) return false;
-    r.resume_step = step->get<std::uint64_t>();
-  }
-  return true;
-}
-
 }  // namespace
 
 std::string munge_socket_from_slurm() {
-  slurm_conf_t* conf = nullptr;
-  if (slurm_load_ctl_conf(0, &conf) != SLURM_SUCCESS || conf == nullptr) return {};
-  std::string info = conf->authinfo ? conf->authinfo : "";
-  slurm_free_ctl_conf(conf);
-  auto pos = info.find("socket=");
-  if (pos == std::string::npos) return {};
-  auto end = info.find(',', pos);
-  return info.substr(pos + 7, end == std::string::npos ? std::string::npos : end - pos - 7);
+  auto conf = load_ctl_conf();
+  return conf ? ckpt::authinfo_socket(conf->authinfo ? conf->authinfo : "") : std::string();
 }
 
 std::uint32_t slurm_user_uid() {
-  slurm_conf_t* conf = nullptr;
-  if (slurm_load_ctl_conf(0, &conf) != SLURM_SUCCESS || conf == nullptr) return 0;
-  const std::uint32_t uid = conf->slurm_user_id;
-  slurm_free_ctl_conf(conf);
-  return uid;
+  auto conf = load_ctl_conf();
+  return conf ? conf->slurm_user_id : 0;
 }
 
 namespace {
@@ -255,23 +176,19 @@ void report_in_place(const std::string& url, std::uint32_t job, const InPlaceRec
 
 std::optional<InPlaceRecovery> read_in_place_phases(const std::string& inplace_dir, std::uint32_t generation,
                                                     const std::map<int, std::string>& node_of_rank) {
-  ckpt::posix::Fd dir(::open(inplace_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!dir.valid()) return std::nullopt;
-  const std::string name = "gen-" + std::to_string(generation);
-  try {
-    auto plan = read_json_object(dir.get(), name + ".plan");
-    auto phases = read_json_object(dir.get(), name + ".phases");
-    if (!plan || !phases || plan->contains("abandon")) return std::nullopt;
-    if (!generation_is(*plan, generation) || !generation_is(*phases, generation)) return std::nullopt;
-    InPlaceRecovery r;
-    r.generation = generation;
-    if (!read_lost(*plan, node_of_rank, r) || !read_takeover(*plan, r) || !read_phases(*phases, r)) {
-      return std::nullopt;
-    }
-    return r;
-  } catch (const std::exception&) {
-    return std::nullopt;  // a value of a type the checks above let through but json cannot convert
-  }
+  auto records = ckpt::inplace::Records::open(inplace_dir, /*create=*/false);
+  if (!records) return std::nullopt;
+  auto plan = records->read_plan(generation);
+  auto phases = records->read_phases(generation);
+  if (!plan || !phases || plan->abandons()) return std::nullopt;
+  InPlaceRecovery r;
+  r.generation = generation;
+  if (!read_lost(*plan, node_of_rank, r)) return std::nullopt;
+  for (const auto& [rank, slot] : plan->takeover) r.replacement_node[rank] = ckpt::inplace::parse_slot(slot)->first;
+  r.phases = phases->as_report();
+  if (r.phases.detected == 0 || r.phases.resumed == 0) return std::nullopt;
+  r.resume_step = phases->step;
+  return r;
 }
 
 }  // namespace ckpt::controller

@@ -33,6 +33,7 @@
 #include "task_pool.hpp"
 
 namespace ckpt::controller {
+using namespace ckpt::toolkit;  // MUNGE, HTTP
 
 using nlohmann::json;
 namespace rec = ckpt::recovery;

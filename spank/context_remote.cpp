@@ -29,6 +29,7 @@ extern "C" {
 #include "ckpt/trusted_dir.hpp"
 #include "events.hpp"
 #include "plugin_state.hpp"
+#include "slurm_handles.hpp"
 
 namespace ckpt::spank {
 
@@ -47,15 +48,9 @@ constexpr int kHelperTimeoutS = 120;
 // instead of failing the step.
 constexpr int kResolveDeadlineS = kHelperTimeoutS / 2;
 
-// Drops every privilege for good: supplementary groups, gid, uid. Returns false when it could not. The groups come
-// from Slurm: initgroups() would query NSS in a child forked from a multithreaded slurmstepd.
+// The groups come from Slurm: initgroups() would query NSS in a child forked from a multithreaded slurmstepd.
 bool become_user(const JobIds& ids) {
-  if (geteuid() != 0 && getuid() == 0 && seteuid(0) != 0) return false;  // privileges were only set aside
-  if (geteuid() == 0) {
-    if (setgroups(ids.groups.size(), ids.groups.data()) != 0) return false;
-    if (setgid(ids.gid) != 0 || setuid(ids.uid) != 0) return false;
-  }
-  return getuid() == ids.uid && geteuid() == ids.uid;
+  return ckpt::posix::drop_privileges(ids.uid, ids.gid, ids.groups.data(), ids.groups.size());
 }
 
 struct ChildReport {
@@ -89,23 +84,8 @@ std::string owner_work(const JobIds& ids, const std::string& dir, const std::vec
   return out;
 }
 
-// Reads the child's report until EOF or the deadline. False on timeout.
-bool read_report(int fd, std::string& text) {
-  const auto deadline = std::time(nullptr) + kHelperTimeoutS;
-  char buf[4096];
-  for (;;) {
-    int left_ms = static_cast<int>(deadline - std::time(nullptr)) * 1000;
-    if (left_ms <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    int r = poll(&p, 1, left_ms);
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) return false;
-    ssize_t n = read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return true;
-    text.append(buf, static_cast<std::size_t>(n));
-  }
-}
+// Reads the child's report until EOF or the deadline (at most 1 MiB of it). False on timeout.
+bool read_report(int fd, std::string& text) { return ckpt::posix::read_within(fd, kHelperTimeoutS, 1 << 20, text); }
 
 // Runs the file-system work as the job's owner in a child and reads its report through a pipe.
 ChildReport run_as_owner(const JobIds& ids, const std::string& dir, const std::vector<std::string>& trusted) {
@@ -177,22 +157,16 @@ std::vector<gid_t> job_groups(spank_t sp) {
 
 // Seconds since the epoch at which the job's time limit ends; 0 when unknown or unlimited.
 std::time_t job_end_time(std::uint32_t job_id) {
-  job_info_msg_t* info = nullptr;
-  if (slurm_load_job(&info, job_id, SHOW_ALL) != 0 || info == nullptr) return 0;
-  std::time_t end = 0;
-  if (info->record_count > 0) end = info->job_array[0].end_time;
-  slurm_free_job_info_msg(info);
-  return end;
+  auto info = ckpt::toolkit::load_jobs(job_id);
+  if (!info || info->record_count == 0) return 0;
+  return info->job_array[0].end_time;
 }
 
 // Slurm's KillWait in seconds (SIGTERM to SIGKILL when a step is cancelled); 0 when unknown. Last words size
 // their deadline to fit inside it.
 unsigned kill_wait_s() {
-  slurm_conf_t* conf = nullptr;
-  if (slurm_load_ctl_conf(0, &conf) != 0 || conf == nullptr) return 0;
-  unsigned seconds = conf->kill_wait;
-  slurm_free_ctl_conf(conf);
-  return seconds;
+  auto conf = ckpt::toolkit::load_ctl_conf();
+  return conf ? conf->kill_wait : 0;
 }
 
 // proctrack/linuxproc ends a step by walking slurmstepd's process tree, which loses a process whose parent died:

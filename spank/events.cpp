@@ -2,9 +2,7 @@
 // (user_init); either way the MUNGE credential carries the true uid and the controller checks it.
 #include "events.hpp"
 
-#include <curl/curl.h>
 #include <fcntl.h>
-#include <munge.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +24,8 @@ extern "C" {
 #include "ckpt/clock.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/posix.hpp"
+#include "http.hpp"
+#include "munge_auth.hpp"
 #include "plugin_state.hpp"
 
 namespace ckpt::spank {
@@ -38,19 +38,10 @@ constexpr long kTimeoutMs = 1000;        // the most one report may take
 constexpr long kDegradedTimeoutMs = 200; // after a failure: the controller is likely down or hung
 std::atomic<double> g_degraded_until{0};
 
-// "socket=/path" from AuthInfo (a comma-separated list), or "" for libmunge's default.
+// The MUNGE socket AuthInfo names, or "" for libmunge's default.
 std::string munge_socket() {
   if (&slurm_conf == nullptr || slurm_conf.authinfo == nullptr) return {};
-  std::string info = slurm_conf.authinfo;
-  std::size_t pos = 0;
-  while (pos <= info.size()) {
-    auto comma = info.find(',', pos);
-    if (comma == std::string::npos) comma = info.size();
-    std::string item = info.substr(pos, comma - pos);
-    if (item.rfind("socket=", 0) == 0) return item.substr(7);
-    pos = comma + 1;
-  }
-  return {};
+  return ckpt::authinfo_socket(slurm_conf.authinfo);
 }
 
 // In user_init slurmstepd runs with its effective uid set to the job's user (its real uid stays root). munged
@@ -74,69 +65,27 @@ class SignAsPlugin {
 
 bool encode(const std::string& payload, std::string& credential) {
   SignAsPlugin as_plugin;
-  munge_ctx_t ctx = munge_ctx_create();
-  if (ctx == nullptr) return false;
-  const std::string socket = munge_socket();
-  if (!socket.empty()) munge_ctx_set(ctx, MUNGE_OPT_SOCKET, socket.c_str());
-  char* cred = nullptr;
-  munge_err_t err = munge_encode(&cred, ctx, payload.data(), static_cast<int>(payload.size()));
-  munge_ctx_destroy(ctx);
-  if (err != EMUNGE_SUCCESS || cred == nullptr) {
-    if (cred != nullptr) std::free(cred);
-    slurm_verbose("ckpt: cannot encode a job event: %s", munge_strerror(err));
+  auto cred = ckpt::toolkit::munge_encode_payload(payload, munge_socket());
+  if (!cred) {
+    slurm_verbose("ckpt: cannot encode a job event: %s", cred.error().c_str());
     return false;
   }
-  credential = cred;
-  std::free(cred);
+  credential = std::move(cred).value();
   return true;
 }
 
-std::size_t discard(char*, std::size_t size, std::size_t count, void*) { return size * count; }
-
-// One POST of the credential; the HTTP status, 0 when none came, -1 when the controller took the connection and
-// dropped it (its connection limit under load: worth asking again, unlike a refusal or a timeout).
-long post_once(const std::string& url, const std::string& credential) {
-  CURL* curl = curl_easy_init();
-  if (curl == nullptr) return 0;
-  const long timeout = unix_seconds() < g_degraded_until.load() ? kDegradedTimeoutMs : kTimeoutMs;
-  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: text/plain");
-  headers = curl_slist_append(headers, "Expect:");
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, credential.c_str());
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(credential.size()));
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, timeout);
-  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, timeout);
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // never SIGALRM inside slurmstepd
-  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
-  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, discard);
-  CURLcode rc = curl_easy_perform(curl);
-  long status = 0;
-  if (rc == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-  curl_slist_free_all(headers);
-  curl_easy_cleanup(curl);
-  if (rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR) return -1;
-  if (rc != CURLE_OK) {
-    g_degraded_until = unix_seconds() + 30;
-    slurm_verbose("ckpt: controller %s unreachable: %s", url.c_str(), curl_easy_strerror(rc));
-  }
-  return status;
-}
-
-// Posts the credential. A controller that answers "busy" (503, 429: its intake is full, as another user's flood
-// can make it) or drops the connection is asked again after 100, 200 and 400 ms, so a report is not dropped for a
-// moment's load; one that does not answer is not (it is down or cut off, and slurmstepd must not wait on it).
+// Posts the credential (toolkit's post_credential: asked again while the controller is busy, never waited on
+// when it does not answer). After a controller that did not answer, the next reports wait 200 ms, not 1 s, for
+// 30 s: it is likely down or hung, and slurmstepd must not be held up by it.
 void post(const std::string& url, const std::string& credential) {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-  long status = post_once(url, credential);
-  for (int retry = 0; (status == 503 || status == 429 || status < 0) && retry < 3; ++retry) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100 << retry));
-    status = post_once(url, credential);
+  const long timeout_ms = unix_seconds() < g_degraded_until.load() ? kDegradedTimeoutMs : kTimeoutMs;
+  auto res = ckpt::toolkit::post_credential(url, credential, static_cast<double>(timeout_ms) / 1000);
+  if (!res.error.empty() && !res.dropped) {
+    g_degraded_until = unix_seconds() + 30;
+    slurm_verbose("ckpt: controller %s unreachable: %s", url.c_str(), res.error.c_str());
   }
-  if (status >= 300) slurm_verbose("ckpt: controller %s answered HTTP %ld", url.c_str(), status);
-  if (status < 0) slurm_verbose("ckpt: controller %s dropped the report 4 times", url.c_str());
+  if (res.status >= 300) slurm_verbose("ckpt: controller %s answered HTTP %ld", url.c_str(), res.status);
+  if (res.dropped) slurm_verbose("ckpt: controller %s dropped the report 4 times", url.c_str());
 }
 
 // Writes the credential as <dir>/<time>-<pid>-<random>.ev, atomically (ckpt/posix.hpp): the controller reads

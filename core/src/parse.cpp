@@ -138,6 +138,13 @@ std::string format_duration(std::uint64_t seconds) {
   return out;
 }
 
+std::string authinfo_socket(std::string_view authinfo) {
+  for (const std::string& item : split(authinfo, ',')) {
+    if (item.rfind("socket=", 0) == 0) return item.substr(7);
+  }
+  return {};
+}
+
 Result<bool> parse_on_off(std::string_view text) {
   if (text == "on" || text == "yes" || text == "true" || text == "1") return true;
   if (text == "off" || text == "no" || text == "false" || text == "0") return false;

@@ -2,6 +2,8 @@
 #include "ckpt/posix.hpp"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
 #include <sys/random.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <sstream>
 #include <system_error>
 
 namespace ckpt::posix {
@@ -210,6 +213,101 @@ Status create_file_exclusive(int dir_fd, std::string_view name, std::string_view
     }
   }
   return published(dir_fd, what, options.write);
+}
+
+bool read_within(int fd, double timeout_s, std::size_t max_bytes, std::string& text) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    if (n < 0 && errno != EINTR) return true;  // nothing more can come
+    if (n <= 0) continue;
+    const ssize_t got = ::read(fd, buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return true;
+    if (text.size() < max_bytes) text.append(buf, std::min(static_cast<std::size_t>(got), max_bytes - text.size()));
+  }
+}
+
+bool drop_privileges(uid_t uid, gid_t gid, const gid_t* groups, std::size_t group_count) {
+  if (::geteuid() != 0 && ::getuid() == 0 && ::seteuid(0) != 0) return false;  // privileges were only set aside
+  if (::geteuid() == 0) {
+    if (::setgroups(group_count, groups) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) return false;
+  }
+  if (uid != 0 && ::setuid(0) == 0) return false;
+  return ::getuid() == uid && ::geteuid() == uid && ::getgid() == gid && ::getegid() == gid;
+}
+
+bool random_bytes(void* out, std::size_t size) {
+  char* p = static_cast<char*>(out);
+  while (size > 0) {
+    ssize_t n = ::getrandom(p, size, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+namespace {
+std::string mode_text(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
+}  // namespace
+
+Status make_private_dirs(const std::string& path) {
+  std::string partial;
+  std::stringstream in(path);
+  std::string part;
+  if (!path.empty() && path[0] != '/') partial = ".";
+  while (std::getline(in, part, '/')) {
+    if (part.empty()) continue;
+    partial += "/" + part;
+    if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
+      return Status::failure("cannot create " + partial + ": " + errno_text(errno));
+    }
+  }
+  return Status::success();
+}
+
+Result<Fd> open_private_dir(const std::string& path) {
+  if (Status s = make_private_dirs(path); !s) return Error{s.error()};
+  Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return Error{"cannot open " + path + ": " + errno_text(errno)};
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+    return Error{path + " is owned by uid " + std::to_string(st.st_uid) + " with mode " + mode_text(st.st_mode) +
+                 "; it must be uid " + std::to_string(::geteuid()) + "'s own with mode 0700"};
+  }
+  return fd;
+}
+
+Result<Secret> private_secret(int dir_fd, const std::string& name, const std::string& path) {
+  Fd in(::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!in.valid() && errno == ENOENT) {
+    Secret fresh{};
+    if (!random_bytes(fresh.data(), fresh.size())) return Error{"getrandom: " + errno_text(errno)};
+    const std::string_view bytes(reinterpret_cast<const char*>(fresh.data()), fresh.size());
+    if (Status s = create_file_exclusive(dir_fd, name, bytes, path); !s) return Error{s.error()};
+    in.reset(::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  }
+  if (!in.valid()) return Error{"cannot open " + path + ": " + errno_text(errno)};
+  struct stat st {};
+  Secret secret{};
+  if (::fstat(in.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
+      st.st_size != static_cast<off_t>(secret.size())) {
+    return Error{path + " is not a private 32-byte file of uid " + std::to_string(::geteuid()) + " (uid " +
+                 std::to_string(st.st_uid) + ", mode " + mode_text(st.st_mode) + ", " + std::to_string(st.st_size) +
+                 " bytes)"};
+  }
+  if (Status s = read_exactly(in.get(), secret.data(), secret.size(), path); !s) return Error{s.error()};
+  return secret;
 }
 
 }  // namespace ckpt::posix

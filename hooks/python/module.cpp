@@ -14,6 +14,7 @@ namespace py = pybind11;
 using ckpt::hooks::Checkpointer;
 
 void bind_group_unblock(py::module& m);  // group_unblock.cpp
+void bind_inplace(py::module& m);        // inplace_binding.cpp
 
 namespace {
 
@@ -196,6 +197,7 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "slurm-ckpt's training-side hooks (libckpt); see slurm_ckpt.torch for the PyTorch helper";
   py::register_exception<CkptError>(m, "Error", PyExc_RuntimeError);
   bind_group_unblock(m);
+  bind_inplace(m);
 
   m.def("publish_address", [] {
     auto chosen = ckpt::net::publish_address();

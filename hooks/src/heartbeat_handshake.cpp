@@ -43,6 +43,7 @@ namespace {
 
 using posix::errno_text;
 using posix::Fd;
+using posix::random_bytes;
 
 std::string addr_name(int rank) { return "rank-" + std::to_string(rank) + ".addr"; }
 
@@ -51,85 +52,6 @@ constexpr const char* kSecretName = "secret";
 // stranger that connects and says nothing holds one slot for this long, never the mesh.
 constexpr auto kHandshakeLimit = std::chrono::seconds(5);
 constexpr std::size_t kMaxPending = 64;
-
-Status make_dirs(const std::string& path) {
-  std::string partial;
-  std::stringstream in(path);
-  std::string part;
-  while (std::getline(in, part, '/')) {
-    if (part.empty()) continue;
-    partial += "/" + part;
-    if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
-      return Status::failure("ckpt: cannot create " + partial + ": " + errno_text(errno));
-    }
-  }
-  return Status::success();
-}
-
-std::string mode_text(mode_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
-  return buf;
-}
-
-// The rendezvous dir, created 0700 where missing, opened without following a symlink; it must be this user's own
-// and closed to everyone else (it holds the job's secret).
-Result<int> open_private_dir(const std::string& path) {
-  if (Status s = make_dirs(path); !s) return Error{s.error()};
-  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return Error{"ckpt: heartbeat: cannot open " + path + ": " + errno_text(errno)};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
-    ::close(fd);
-    return Error{"ckpt: heartbeat: " + path + " is owned by uid " + std::to_string(st.st_uid) + " with mode " +
-                 mode_text(st.st_mode) + "; the mesh needs it to be uid " + std::to_string(::geteuid()) +
-                 "'s own with mode 0700"};
-  }
-  return fd;
-}
-
-bool random_bytes(void* out, std::size_t size) {
-  char* p = static_cast<char*>(out);
-  while (size > 0) {
-    ssize_t n = ::getrandom(p, size, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-// The job's secret: the first rank to get here creates it (a temporary file created exclusively with mode 0600,
-// fsynced, then linked to its name, which fails when another rank won); every rank reads the one that won. The
-// file must be a regular file of this user's, closed to everyone else, of exactly 32 bytes.
-Result<Secret> job_secret(int dirfd, const std::string& dir) {
-  const std::string path = dir + "/" + kSecretName;
-  int fd = ::openat(dirfd, kSecretName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT) {
-    Secret fresh{};
-    if (!random_bytes(fresh.data(), fresh.size())) return Error{"ckpt: heartbeat: getrandom: " + errno_text(errno)};
-    const std::string_view bytes(reinterpret_cast<const char*>(fresh.data()), fresh.size());
-    if (Status s = posix::create_file_exclusive(dirfd, kSecretName, bytes, path); !s) {
-      return Error{"ckpt: heartbeat: " + s.error()};
-    }
-    fd = ::openat(dirfd, kSecretName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  }
-  if (fd < 0) return Error{"ckpt: heartbeat: cannot open " + path + ": " + errno_text(errno)};
-  Fd in(fd);
-  struct stat st {};
-  if (::fstat(in.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
-      st.st_size != static_cast<off_t>(kSecretBytes)) {
-    return Error{"ckpt: heartbeat: " + path + " is not a private 32-byte file of uid " + std::to_string(::geteuid()) +
-                 " (uid " + std::to_string(st.st_uid) + ", mode " + mode_text(st.st_mode) + ", " +
-                 std::to_string(st.st_size) + " bytes)"};
-  }
-  Secret secret{};
-  if (Status s = posix::read_exactly(in.get(), secret.data(), secret.size(), path); !s) {
-    return Error{"ckpt: heartbeat: " + s.error()};
-  }
-  return secret;
-}
 
 std::string numeric(const sockaddr_in& a) {
   char buf[INET_ADDRSTRLEN] = {};
@@ -303,11 +225,11 @@ std::string this_node_name() {
 // The rendezvous dir, the secret, the listener, and "<address> <port> <node>" published as rank-<me>.addr (a temporary
 // file renamed over it).
 Status Mesh::Impl::prepare() {
-  auto dir = open_private_dir(settings.rendezvous_dir);
-  if (!dir) return Status::failure(dir.error());
-  dirfd = *dir;
-  auto key = job_secret(dirfd, settings.rendezvous_dir);
-  if (!key) return Status::failure(key.error());
+  auto dir = posix::open_private_dir(settings.rendezvous_dir);
+  if (!dir) return Status::failure("ckpt: heartbeat: " + dir.error());
+  dirfd = dir->release();
+  auto key = posix::private_secret(dirfd, kSecretName, posix::join(settings.rendezvous_dir, kSecretName));
+  if (!key) return Status::failure("ckpt: heartbeat: " + key.error());
   secret = *key;
   refusals.reset(new RefusalLog(settings.rank));
   host_tag = this_host_tag();

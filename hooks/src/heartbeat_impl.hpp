@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/posix.hpp"
 #include "heartbeat.hpp"
 
 namespace ckpt::hooks::heartbeat {
@@ -28,10 +29,9 @@ namespace ckpt::hooks::heartbeat {
 using Clock = std::chrono::steady_clock;
 
 inline constexpr std::uint32_t kMagic = 0x636b7074;  // "ckpt", in the pad field of every frame
-inline constexpr std::size_t kSecretBytes = 32;
 // A peer that is slow rather than dead (starved of CPU, or a dial that times out) gets this many silence limits.
 inline constexpr int kSlowFactor = 10;
-using Secret = std::array<std::uint8_t, kSecretBytes>;
+using Secret = posix::Secret;
 
 // Refused connections, logged at most once per peer address per 10 s (heartbeat_handshake.cpp).
 class RefusalLog;

@@ -1,6 +1,7 @@
-"""slurm_ckpt.inplace, the files of a recovery in place, alone (no torch, no Slurm): who is a spare, claims,
-plans, the markers that release idle spares, the spares' claim mailboxes and their file fallback, the back-off,
-and refusals of bad launcher input. Run by tests/integration/test_inplace_local.sh."""
+"""slurm_ckpt.inplace, the records of a recovery in place as Python sees them, alone (no torch, no Slurm): who is a
+spare, claims, plans, the markers that release idle spares, the spares' claim mailboxes and their record fallback,
+the back-off, and refusals of bad launcher input. The records' own rules are unit-tested in C++
+(tests/unit/test_inplace.cpp). Run by tests/integration/test_inplace_local.sh."""
 import itertools
 import json
 import os
@@ -9,9 +10,34 @@ import tempfile
 import threading
 import time
 import unittest
-from unittest import mock
 
-from slurm_ckpt import inplace
+from slurm_ckpt import _native, inplace
+
+_core = _native.inplace
+
+
+def plan_of(generation, world=4, lost=(), takeover=None):
+    plan = _core.Plan()
+    plan.generation, plan.world, plan.addr, plan.port = generation, world, "127.0.0.1", 1
+    plan.lost, plan.takeover = list(lost), dict(takeover or {})
+    return plan
+
+
+class Counting:
+    """A proxy that counts the calls of one method of `inner`."""
+
+    def __init__(self, inner, name):
+        self.inner, self.name, self.calls = inner, name, 0
+
+    def __getattr__(self, attr):
+        value = getattr(self.inner, attr)
+        if attr != self.name:
+            return value
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return value(*args, **kwargs)
+        return counted
 
 
 def env(root, **extra):
@@ -67,11 +93,13 @@ class MembershipTest(unittest.TestCase):
         b.register_spare()
         root = self.members()
         self.assertEqual(root.free_spares(), ["n4.0", "n5.0"])
-        plan = root.write_plan(1, {"world": 4, "lost": [2], "takeover": {"2": "n4.0"}}, claims=[("n4.0", 2)])
-        self.assertEqual(plan["generation"], 1)
+        plan = root.write_plan(plan_of(1, lost=[2], takeover={2: "n4.0"}), claims=[("n4.0", 2)])
+        self.assertEqual(plan.generation, 1)
+        self.assertGreater(plan.written_unix, 0)
         self.assertEqual(root.free_spares(), ["n5.0"])
-        self.assertEqual(a.wait_claim(), {"generation": 1, "rank": 2})
-        self.assertEqual(root.wait_plan(1, 1)["lost"], [2])
+        claim, through_mailbox = a.wait_claim()
+        self.assertEqual((claim.generation, claim.rank, through_mailbox), (1, 2, None))
+        self.assertEqual(root.wait_plan(1, 1).lost, [2])
 
     def test_plan_that_never_comes(self):
         t0 = time.monotonic()
@@ -92,24 +120,28 @@ class MembershipTest(unittest.TestCase):
 
     def test_plan_poll_backs_off(self):
         m = self.members(slow_poll_s=0.1)
-        real = os.path.exists
-        with mock.patch.object(inplace.os.path, "exists", side_effect=real) as exists:
-            self.assertIsNone(m.wait_plan(3, 0.6))
+        m.records = reads = Counting(m.records, "read_plan")
+        self.assertIsNone(m.wait_plan(3, 0.6))
         # 1, 2, 4 ... 64 ms, then 0.1 s: about a dozen looks in 0.6 s, not 600.
-        self.assertLess(exists.call_count, 20)
+        self.assertGreater(reads.calls, 3)
+        self.assertLess(reads.calls, 20)
 
     def test_slow_fallback_polls_once_per_interval(self):
         m = self.members(slow_poll_s=0.1)
-        threading.Timer(0.25, lambda: m.write_plan(4, {"world": 4})).start()
-        with mock.patch.object(inplace.os.path, "exists", side_effect=os.path.exists) as exists:
-            self.assertEqual(m.wait_plan(4, 2, slow=True)["generation"], 4)
-        self.assertLessEqual(exists.call_count, 5)
+        writer = self.members()
+        threading.Timer(0.25, lambda: writer.write_plan(plan_of(4))).start()
+        m.records = reads = Counting(m.records, "read_plan")
+        self.assertEqual(m.wait_plan(4, 2, slow=True).generation, 4)
+        self.assertLessEqual(reads.calls, 5)
 
     def test_phases_are_recorded(self):
         m = self.members()
-        m.write_phases(2, {"generation": 2, "detect": 1.0, "first_step": 2.0})
+        phases = _core.Phases()
+        phases.generation, phases.detect, phases.first_step = 2, 1.0, 2.0
+        m.write_phases(phases)
         with open(os.path.join(m.dir, "gen-2.phases")) as f:
             self.assertEqual(json.load(f)["first_step"], 2.0)
+        self.assertEqual(m.records.read_phases(2).first_step, 2.0)
 
 
 class SecretTest(unittest.TestCase):
@@ -127,24 +159,24 @@ class SecretTest(unittest.TestCase):
         self.assertEqual(b.secret(), secret)
         st = os.stat(os.path.join(a.dir, "secret"))
         self.assertEqual(st.st_mode & 0o777, 0o600)
-        self.assertEqual([n for n in os.listdir(a.dir) if ".tmp." in n], [])
+        self.assertEqual([n for n in os.listdir(a.dir) if n.endswith(".tmp")], [])
 
     def test_a_readable_or_short_secret_is_refused(self):
         m = self.members()
         path = os.path.join(m.dir, "secret")
         m.secret()
         os.chmod(path, 0o644)
-        with self.assertRaisesRegex(RuntimeError, "private 32-byte secret"):
+        with self.assertRaisesRegex(RuntimeError, "private 32-byte"):
             m.secret()
         os.unlink(path)
         with open(path, "wb") as f:
             f.write(b"short")
         os.chmod(path, 0o600)
-        with self.assertRaisesRegex(RuntimeError, "private 32-byte secret"):
+        with self.assertRaisesRegex(RuntimeError, "private 32-byte"):
             m.secret()
 
     def test_seal_needs_the_secret_and_the_label(self):
-        secret, plan = b"s" * 32, {"world": 4, "addr": "10.0.0.1", "port": 5}
+        secret, plan = b"s" * 32, plan_of(3).to_json().replace("127.0.0.1", "10.0.0.1")
         text = inplace.seal(secret, "plan/3", plan)
         self.assertEqual(inplace.unseal(secret, "plan/3", text), plan)
         self.assertIsNone(inplace.unseal(b"t" * 32, "plan/3", text))
@@ -152,7 +184,7 @@ class SecretTest(unittest.TestCase):
         tampered = json.loads(text)
         tampered["body"] = tampered["body"].replace("10.0.0.1", "10.6.6.6")
         self.assertIsNone(inplace.unseal(secret, "plan/3", json.dumps(tampered)))
-        for junk in ("", "[]", "{}", '{"body": 1, "mac": 2}', "\x00" * 10):
+        for junk in ("", "[]", "{}", '{"body": 1, "mac": 2}', "\x00" * 10, json.dumps({"body": [], "mac": "x"})):
             self.assertIsNone(inplace.unseal(secret, "plan/3", junk))
 
     def test_keys_differ_by_secret_and_name(self):
@@ -193,23 +225,36 @@ class SpareMailboxTest(unittest.TestCase):
         spare, box = self.spare("n4", slow_poll_s=30)  # a file poll would take 30 s: this one must not wait
         t, got = self.claim_in_thread(spare, box)
         root = self.members()
-        plan = root.write_plan(1, {"world": 4, "lost": [2], "takeover": {"2": "n4.0"}}, claims=[("n4.0", 2)])
+        plan = root.write_plan(plan_of(1, lost=[2], takeover={2: "n4.0"}), claims=[("n4.0", 2)])
         t0 = time.monotonic()
         self.assertEqual(root.deliver_claims(plan, [("n4.0", 2)]), [])
         t.join(5)
         self.assertFalse(t.is_alive())
         self.assertLess(got["at"] - t0, 2)
-        self.assertEqual((got["claim"]["generation"], got["claim"]["rank"]), (1, 2))
-        self.assertEqual(got["claim"]["plan"], plan)
-        self.assertNotIn("token", got["claim"])
+        claim, through_mailbox = got["claim"]
+        self.assertEqual((claim.generation, claim.rank), (1, 2))
+        self.assertEqual(through_mailbox.to_json(), plan.to_json())
+
+    def test_a_claim_message_is_checked(self):
+        plan = plan_of(2).to_json()
+        self.assertIsNone(inplace.claim_of({"generation": "2", "rank": 1}))
+        self.assertIsNone(inplace.claim_of({"generation": 2, "rank": -1}))
+        self.assertIsNone(inplace.claim_of(["not", "a", "claim"]))
+        claim, carried = inplace.claim_of({"generation": 2, "rank": 1, "plan": "{"})
+        self.assertEqual((claim.rank, carried), (1, None))  # a plan that does not parse: the record is read
+        _, carried = inplace.claim_of({"generation": 3, "rank": 1, "plan": plan})
+        self.assertIsNone(carried)  # a plan of another generation than the claim's
+        _, carried = inplace.claim_of({"generation": 2, "rank": 1, "plan": plan})
+        self.assertEqual(carried.generation, 2)
 
     def test_unreachable_mailbox_leaves_the_claim_file(self):
         spare, box = self.spare("n4", slow_poll_s=0.05)
         box.close()  # the root cannot reach it
         root = self.members()
-        plan = root.write_plan(2, {"world": 4, "lost": [1]}, claims=[("n4.0", 1)])
+        plan = root.write_plan(plan_of(2, lost=[1], takeover={1: "n4.0"}), claims=[("n4.0", 1)])
         self.assertEqual(root.deliver_claims(plan, [("n4.0", 1)]), ["n4.0"])
-        self.assertEqual(spare.wait_claim(), {"generation": 2, "rank": 1})
+        claim, through_mailbox = spare.wait_claim()
+        self.assertEqual((claim.generation, claim.rank, through_mailbox), (2, 1, None))
 
     def test_a_message_without_the_token_is_ignored(self):
         _, box = self.spare("n4", slow_poll_s=0.05)
@@ -271,8 +316,8 @@ class SpareMailboxTest(unittest.TestCase):
         m = self.members()
         self.assertIsNone(m.mailbox(2))
         m.publish_mailbox(2, 1, "10.0.0.7", 4242)
-        self.assertEqual({k: v for k, v in m.mailbox(2).items() if k != "pid"},
-                         {"rank": 2, "generation": 1, "addr": "10.0.0.7", "port": 4242})
+        box = m.mailbox(2)
+        self.assertEqual((box.rank, box.generation, box.addr, box.port, box.pid), (2, 1, "10.0.0.7", 4242, os.getpid()))
         self.assertEqual(m.free_spares(), [])
 
 

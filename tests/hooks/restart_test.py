@@ -2,7 +2,6 @@
 generation's Checkpointer reports, never on the previous one's; a stranger connected to a root's mailbox store
 can neither steer nor stall a survivor's wait for the plan. Run by tests/integration/test_inplace_local.sh."""
 import datetime
-import math
 import os
 import secrets
 import subprocess
@@ -14,9 +13,22 @@ import unittest
 
 import torch.distributed as dist
 
-from slurm_ckpt import inplace, restart
+from slurm_ckpt import _native, inplace, restart
 
+_core = _native.inplace
 SECRET = secrets.token_bytes(32)
+
+
+def plan_of(generation, world, lost=(), takeover=None, step=None):
+    plan = _core.Plan()
+    plan.generation, plan.world, plan.addr, plan.port, plan.root = generation, world, "127.0.0.1", 1, 0
+    plan.lost, plan.takeover, plan.step = list(lost), dict(takeover or {}), step
+    return plan
+
+
+def failed_generation():
+    """What a survivor knows of the generation that failed (0, no takeover)."""
+    return plan_of(0, 1)
 
 
 class FakeCheckpointer:
@@ -43,8 +55,9 @@ def wait_until(condition, timeout_s=5.0):
 
 class WatchdogTest(unittest.TestCase):
     def form(self):
-        store, plan = restart._store_master(1)
-        return restart._Group("gloo", dict(plan, generation=0), 0, SECRET, *store)
+        plan = plan_of(0, 1)
+        store = restart._store_master(plan)
+        return restart._Group("gloo", plan, 0, SECRET, *store)
 
     def test_previous_generation_loss_does_not_shut_the_new_group(self):
         stale = FakeCheckpointer({"armed": True, "lost_peer": True, "lost": [1]})
@@ -110,67 +123,45 @@ class MailboxTest(unittest.TestCase):
         self.members = inplace.Membership(inplace.Launch(env), slow_poll_s=0.05)
         self.box = restart._Mailbox(self.members.secret())
         self.members.publish_mailbox(0, 0, self.box.addr, self.box.port)
-        self.plan = self.members.write_plan(1, {"world": 3, "addr": "127.0.0.1", "port": 1, "root": 0, "lost": [2],
-                                                "step": 5, "takeover": {"2": "h3.0"}})
+        self.plan = self.members.write_plan(plan_of(1, 3, lost=[2], takeover={2: "h3.0"}, step=5))
         self.stranger = dist.TCPStore(self.box.addr, self.box.port, None, False, datetime.timedelta(seconds=5))
 
     def tearDown(self):
         self.tmp.cleanup()
 
     def wait(self, timeout_s=3.0):
-        current = {"generation": 0, "takeover": {}}
-        return restart._plan_from_mailboxes(self.members, self.members.secret(), 1, 1, [0], current, timeout_s)
+        plan = restart._plan_from_mailboxes(self.members, self.members.secret(), 1, 1, [0], failed_generation(),
+                                            timeout_s)
+        return plan.to_json() if plan is not None else None
 
     def test_plan_is_signed_and_under_a_secret_name(self):
         self.box.post(1, self.plan)
-        self.assertEqual(self.wait(), self.plan)
+        self.assertEqual(self.wait(), self.plan.to_json())
         with self.assertRaises(RuntimeError):  # the obvious name holds nothing
             self.stranger.wait(["plan/1"], datetime.timedelta(milliseconds=200))
 
     def test_stranger_keys_do_not_reach_the_survivor(self):
-        forged = dict(self.plan, addr="10.6.6.6", port=6666)
+        forged = self.plan.to_json().replace("127.0.0.1", "10.6.6.6")
         for name in ("plan/1", "taken/1", "plan/1/0"):
             self.stranger.set(name, inplace.seal(secrets.token_bytes(32), "plan/1", forged))
         self.box.post(1, self.plan)
-        self.assertEqual(self.wait(), self.plan)
+        self.assertEqual(self.wait(), self.plan.to_json())
 
     def test_unsigned_plan_under_the_right_name_is_refused(self):
         # What a process listening on a dead root's port could serve: the right key (learnt somehow), no secret.
         label = "plan/1"
-        forged = dict(self.plan, addr="10.6.6.6", port=6666)
+        forged = self.plan.to_json().replace("127.0.0.1", "10.6.6.6")
         self.stranger.set(inplace.key(self.members.secret(), label), inplace.seal(b"x" * 32, label, forged))
         started = time.monotonic()
-        self.assertEqual(self.wait(), self.plan)  # from the plan file, the record
+        self.assertEqual(self.wait(), self.plan.to_json())  # from the plan record
         self.assertLess(time.monotonic() - started, 2.5)
 
 
-class PlanTreeTest(unittest.TestCase):
-    def test_every_survivor_once_within_the_fanout(self):
-        for world, lost, root, fanout in ((4, [2], 0, 16), (24, [11], 8, 16), (1000, [5, 77], 3, 16),
-                                          (7, [], 6, 2), (10, [0, 1], 2, 3)):
-            survivors = [r for r in range(world) if r not in lost]
-            parents, depth = {}, {root: 0}
-            for r in survivors:
-                parent, children = restart._plan_tree(world, lost, root, r, fanout)
-                self.assertEqual(parent is None, r == root)
-                self.assertLessEqual(len(children), fanout)
-                for c in children:
-                    self.assertNotIn(c, parents)
-                    self.assertNotIn(c, lost)
-                    parents[c] = r
-            self.assertEqual(sorted(parents), sorted(r for r in survivors if r != root))
-            for r in survivors:  # every survivor reaches the root, in log_fanout(N) hops
-                hops, at = 0, r
-                while at != root:
-                    at, hops = parents[at], hops + 1
-                self.assertLessEqual(hops, max(1, math.ceil(math.log(len(survivors), fanout))))
-
-    def test_a_lost_rank_waits_on_the_root(self):
-        self.assertEqual(restart._plan_tree(4, [2], 0, 2), (0, []))
-
-
 class PlanRelayTest(unittest.TestCase):
-    """Seven survivors, a fan-out of 2: the root posts the plan in its mailbox alone, and the others relay it."""
+    """Seven survivors of eight ranks in groups of two (the tree of ckpt/overlay.hpp, unit-tested in
+    tests/unit/test_inplace.cpp): the root posts the plan in its mailbox alone, and the others relay it down."""
+
+    GROUP = 2
 
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
@@ -183,16 +174,20 @@ class PlanRelayTest(unittest.TestCase):
             self.members[r] = inplace.Membership(inplace.Launch(env), slow_poll_s=0.05)
             self.boxes[r] = restart._Mailbox(self.members[r].secret())
             self.members[r].publish_mailbox(r, 0, self.boxes[r].addr, self.boxes[r].port)
-        self.plan = {"world": 8, "addr": "127.0.0.1", "port": 1, "root": 0, "lost": [3], "step": 5,
-                     "takeover": {"3": "h9.0"}, "generation": 1, "written_unix": 1.0}
+        self.plan = plan_of(1, 8, lost=[3], takeover={3: "h9.0"}, step=5)
+        self.failure = _core.Failure()
+        self.failure.lost, self.failure.root = [3], 0
 
-    def relay(self, survivors, fanout=2):
+    def role(self, r):
+        return _core.recovery_role(8, self.failure, r, False, group_size=self.GROUP)
+
+    def relay(self, survivors):
         got = {}
 
         def take(r):
-            parent = restart._plan_tree(8, [3], 0, r, fanout)[0]
-            got[r] = restart._plan_of_tree(self.members[r], self.boxes[r], 1, r, parent, 0,
-                                           {"generation": 0, "takeover": {}}, 5.0)
+            plan = restart._plan_of_tree(self.members[r], self.boxes[r], 1, r, self.role(r).sources,
+                                         failed_generation(), 5.0)
+            got[r] = plan.to_json() if plan is not None else None
         threads = [threading.Thread(target=take, args=(r,)) for r in survivors]
         for t in threads:
             t.start()
@@ -203,21 +198,21 @@ class PlanRelayTest(unittest.TestCase):
 
     def test_plan_reaches_every_survivor_through_the_tree(self):
         survivors = [1, 2, 4, 5, 6, 7]
+        self.assertEqual(self.role(7).sources, [6, 0])  # rank 7 hears from 6, which hears from 2, then the root
+        self.assertEqual(self.role(6).sources, [2, 0])
         started = time.monotonic()
         got = self.relay(survivors)
         self.assertLess(time.monotonic() - started, 0.9)  # no wait ran out: each took it from its parent
-        self.assertEqual(got, {r: self.plan for r in survivors})
-        # no plan file was written: rank 7 (parent 2, grandparent 1) had it from rank 2's mailbox
-        self.assertFalse(self.members[0].has_plan(1))
-        self.assertEqual(restart._plan_tree(8, [3], 0, 7, 2)[0], 2)
+        self.assertEqual(got, {r: self.plan.to_json() for r in survivors})
+        self.assertFalse(self.members[0].has_plan(1))  # no plan record was written: it came down the tree
 
     def test_a_dead_parent_sends_its_children_to_the_root(self):
-        # rank 1's process is gone (its port closed): its children 2 and 4 wait on the root instead
-        self.boxes[1].store = None
-        self.boxes.pop(1)
+        # rank 2's process is gone (its port closed): its children 6 (and, below it, 7) wait on the root instead
+        self.boxes[2].store = None
+        self.boxes.pop(2)
         time.sleep(0.1)
-        got = self.relay([2, 4])
-        self.assertEqual(got, {2: self.plan, 4: self.plan})
+        got = self.relay([6, 7])
+        self.assertEqual(got, {6: self.plan.to_json(), 7: self.plan.to_json()})
 
 
 if __name__ == "__main__":

@@ -74,6 +74,14 @@ TEST_CASE("parse_duration", "[parse]") {
   }
 }
 
+TEST_CASE("authinfo_socket: the MUNGE socket of Slurm's AuthInfo", "[parse]") {
+  CHECK(authinfo_socket("socket=/run/munge/munge.socket.2") == "/run/munge/munge.socket.2");
+  CHECK(authinfo_socket("cred_expire=120,socket=/tmp/m.sock,ttl=5") == "/tmp/m.sock");
+  CHECK(authinfo_socket("cred_expire=120") == "");
+  CHECK(authinfo_socket("") == "");
+  CHECK(authinfo_socket("xsocket=/nope") == "");
+}
+
 TEST_CASE("parse_interval", "[options]") {
   SECTION("good inputs") {
     CHECK(format_interval(*parse_interval("auto")) == "auto");

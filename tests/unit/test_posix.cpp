@@ -3,7 +3,10 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
 
 #include <filesystem>
 #include <string>
@@ -104,4 +107,49 @@ TEST_CASE("posix: errno_text and join", "[posix]") {
   CHECK(posix::errno_text(ENOENT) == "No such file or directory");
   CHECK(posix::join("/a", "b") == "/a/b");
   CHECK(posix::join("/a/", "b") == "/a/b");
+}
+
+TEST_CASE("posix: read_within reads a child's pipe to its end, within its time and cap", "[posix]") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  SECTION("to the end, capped") {
+    REQUIRE(::write(fds[1], "hello world", 11) == 11);
+    ::close(fds[1]);
+    std::string text;
+    CHECK(posix::read_within(fds[0], 5, 5, text));
+    CHECK(text == "hello");
+  }
+  SECTION("a writer that never closes runs out the time") {
+    std::string text;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_FALSE(posix::read_within(fds[0], 0.2, 100, text));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+    ::close(fds[1]);
+  }
+  ::close(fds[0]);
+}
+
+TEST_CASE("posix: drop_privileges leaves a child no way back to root", "[posix][security]") {
+  if (::geteuid() != 0) {
+    WARN("not root: privileges cannot be dropped here");
+    return;
+  }
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const gid_t groups[] = {65534};
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const bool dropped = posix::drop_privileges(65534, 65534, groups, 1);
+    char report[3] = {dropped ? 'd' : '-', ::setuid(0) == 0 ? 'r' : '-', ::seteuid(0) == 0 ? 'e' : '-'};
+    (void)::write(fds[1], report, sizeof report);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string text;
+  CHECK(posix::read_within(fds[0], 10, 16, text));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(text == "d--");  // dropped, and neither setuid(0) nor seteuid(0) works afterwards
 }

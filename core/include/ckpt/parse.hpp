@@ -33,6 +33,10 @@ std::vector<std::string> split(std::string_view text, char sep);
 // The shortest spelling parse_duration reads back to the same value: 5400 -> "1h30m", 0 -> "0s".
 std::string format_duration(std::uint64_t seconds);
 
+// The MUNGE socket Slurm's AuthInfo names ("socket=/path" in its comma-separated list); empty for libmunge's
+// default.
+std::string authinfo_socket(std::string_view authinfo);
+
 // "on|yes|true|1" or "off|no|false|0".
 Result<bool> parse_on_off(std::string_view text);
 

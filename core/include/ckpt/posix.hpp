@@ -10,7 +10,9 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -113,5 +115,30 @@ struct ExclusiveOptions {
 };
 Status create_file_exclusive(int dir_fd, std::string_view name, std::string_view content, const std::string& what,
                              const ExclusiveOptions& options = {}, bool* existed = nullptr);
+
+// Fills `out` from the kernel's random source (getrandom); false with errno set when it cannot.
+bool random_bytes(void* out, std::size_t size);
+
+// Creates the directories of `path` that are missing, each with mode 0700. The error names the one that failed.
+Status make_private_dirs(const std::string& path);
+// `path`, created 0700 where missing, opened without following a symlink; refused unless it is this uid's own and
+// closed to everyone else (it holds a job's secret). The error says whose it is and with what mode.
+Result<Fd> open_private_dir(const std::string& path);
+
+// Reads `fd` (a child's pipe) to its end into `text`, keeping at most `max_bytes`, for at most `timeout_s` of the
+// steady clock; false when the time ran out first.
+bool read_within(int fd, double timeout_s, std::size_t max_bytes, std::string& text);
+
+// Drops every privilege for good, for a child that works as a job's owner: supplementary groups (given: the caller
+// resolves them before a fork, as NSS may not be called after one), gid, uid; root set aside with seteuid is taken
+// back first. False when any step failed or root could be regained. Async-signal-safe.
+bool drop_privileges(uid_t uid, gid_t gid, const gid_t* groups, std::size_t group_count);
+
+// A job's secret: 32 random bytes in `name` of dir_fd, made whole by the first process that needs it (created
+// exclusively and linked into place, so racers never replace each other and a reader never sees part of it) and
+// read by every other. Refused unless it is a regular file of this uid, closed to everyone else, of exactly 32
+// bytes. The errors name `path`.
+using Secret = std::array<std::uint8_t, 32>;
+Result<Secret> private_secret(int dir_fd, const std::string& name, const std::string& path);
 
 }  // namespace ckpt::posix

@@ -2,21 +2,9 @@
 
 `ckpt-run --spares N` starts one step per node: the training nodes' processes (CKPT_INPLACE_RANK_BASE + their
 SLURM_PROCID is their rank) and the spares' (CKPT_INPLACE_SPARE=1), which wait, framework imported, to take a dead
-rank over. They meet in one directory of the checkpoint dir's control area, `.control/inplace-<CKPT_INPLACE_ID>/`:
-
-  spare-<node>.<local>   a spare, ready, and the address and token of its claim mailbox (written once, at its start)
-  claim-<node>.<local>   that spare's rank and generation (written by the recovery's root before the plan)
-  gen-<G>.plan           generation G: its world, the address of its rendezvous store, who replaced whom
-  gen-<G>.phases         when each phase of recovery G ended, written once training completed a step again
-  mailbox-<rank>         the address of the store where that rank, as a recovery's root, posts the plan (written
-                         once per process, when it first formed a group)
-  secret                 32 random bytes, mode 0600, made by the first process to start: the keys of the stores
-                         below are derived from it and the plans posted there are signed with it
-  finished | abandoned   training ended (idle spares leave with 0) or handed over to a requeue (they leave with 75)
-
-Every file is written whole and renamed into place, so a reader sees all of it or nothing. Generation 0's plan is
-written by rank 0; a later one by the rank that decided the last words (the root among the survivors), from what
-they agreed: the dead ranks, and the terminal checkpoint every rank resumes from.
+rank over. They meet in one directory of the checkpoint dir's control area, `.control/inplace-<CKPT_INPLACE_ID>/`,
+whose records (spares, claims, plans, phases, mailboxes, the secret, the markers) are written and read by the
+native code only (_native.inplace, ckpt/inplace.hpp lists them): a torn or foreign record reads as absent.
 
 The files are the record; the news travels over TCP, so that nobody polls the shared file system on a hot path.
 The root hands each claimed spare its claim and the plan through the spare's mailbox (SpareMailbox), and posts
@@ -38,25 +26,11 @@ import socket
 import sys
 import time
 
-EXIT_PEER_LOST = 75  # a survivor that cannot go on: the requeue path takes over (the controller reads it so)
+from . import _native
 
+_core = _native.inplace
 
-def _write_atomic(path, data, durable=True):
-    """`durable=False`: renamed into place without fsyncs, for what matters only while its writer lives."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.rename(tmp, path)
-    if not durable:
-        return
-    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+EXIT_PEER_LOST = _core.EXIT_PEER_LOST  # a survivor that cannot go on: the requeue path takes over
 
 
 _MESSAGE_MAX = 1 << 20  # a claim with its plan, or a plan file: a few hundred bytes per lost rank
@@ -103,16 +77,6 @@ def parse_bounded(data):
         return None
 
 
-def _read_json(path):
-    try:
-        with open(path, "rb") as f:
-            data = f.read(_MESSAGE_MAX + 1)
-    except OSError:
-        return None
-    value = parse_bounded(data)
-    return value if isinstance(value, dict) else None
-
-
 _address = None
 
 
@@ -122,7 +86,6 @@ def address():
     warning, if any, is printed once."""
     global _address
     if _address is None:
-        from . import _native
         addr, _how, warning = _native.publish_address()
         if warning:
             print(warning, file=sys.stderr, flush=True)
@@ -143,25 +106,23 @@ def key(secret, name):
     return hmac.new(secret, f"key:{name}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
-def seal(secret, label, value):
-    """`value` (JSON) as text that unseal() accepts only with the same secret and label."""
-    body = json.dumps(value, sort_keys=True)
+def seal(secret, label, body):
+    """`body` (text: a record's JSON) as text that unseal() accepts only with the same secret and label."""
     mac = hmac.new(secret, f"seal:{label}\n{body}".encode(), hashlib.sha256).hexdigest()
     return json.dumps({"body": body, "mac": mac})
 
 
 def unseal(secret, label, text):
-    """What seal() sealed, or None when `text` was not sealed with this secret and label."""
+    """The body seal() sealed, or None when `text` was not sealed with this secret and label."""
     try:
         sealed = parse_bounded(text)
         body, mac = sealed["body"], sealed["mac"]
         expected = hmac.new(secret, f"seal:{label}\n{body}".encode(), hashlib.sha256).hexdigest()
-        if not (isinstance(mac, str) and hmac.compare_digest(mac, expected)):
+        if not (isinstance(body, str) and isinstance(mac, str) and hmac.compare_digest(mac, expected)):
             return None
-        return parse_bounded(body)
+        return body
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-
 
 
 class SpareMailbox:
@@ -173,6 +134,12 @@ class SpareMailbox:
         self.token = secrets.token_hex(16)
         self._sock = socket.create_server((host, 0), backlog=64)
         self.address = {"addr": host, "port": self._sock.getsockname()[1], "token": self.token}
+
+    def record(self):
+        """The address as the spare's record holds it."""
+        box = _core.SpareMailbox()
+        box.addr, box.port, box.token = self.address["addr"], self.address["port"], self.token
+        return box
 
     def receive(self, timeout_s):
         """The first message with this mailbox's token within timeout_s, without its token; None when none came."""
@@ -217,13 +184,41 @@ def _read_line(conn, timeout_s):
 
 
 def send_to_spare(address, message, timeout_s=2.0):
-    """Hands `message` to the spare whose mailbox is `address` (its spare file's); False when it cannot be reached
-    (the spare then finds its claim file)."""
+    """Hands `message` to the spare whose mailbox is `address` ({addr, port, token}, or its record's
+    SpareMailbox); False when it cannot be reached (the spare then finds its claim file)."""
+    if isinstance(address, _core.SpareMailbox):
+        address = {"addr": address.addr, "port": address.port, "token": address.token}
     try:
         with socket.create_connection((address["addr"], address["port"]), timeout=timeout_s) as conn:
             conn.sendall(json.dumps(dict(message, token=address["token"])).encode() + b"\n")
         return True
     except (OSError, KeyError, TypeError):
+        return False
+
+
+def claim_of(message):
+    """(claim, plan or None) from a claim message ({generation, rank, plan: the plan's JSON}); None when the
+    message is no claim."""
+    if not isinstance(message, dict):
+        return None
+    claim = _core.Claim.parse(json.dumps({"generation": message.get("generation"), "rank": message.get("rank")}))
+    if claim is None:
+        return None
+    plan = message.get("plan")
+    plan = _core.Plan.parse(plan) if isinstance(plan, str) else None
+    return claim, (plan if plan is not None and plan.generation == claim.generation else None)
+
+
+def notify_launcher(env=os.environ):
+    """Tells ckpt-run to read the records now (CKPT_INPLACE_NOTIFY, "<addr>:<port>"): a connection that carries
+    nothing, tried once for a second at most. Without it ckpt-run reads them every 2 s."""
+    host, _, port = env.get("CKPT_INPLACE_NOTIFY", "").rpartition(":")
+    if not host or not port.isdigit():
+        return False
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+        return True
+    except OSError:
         return False
 
 
@@ -254,113 +249,84 @@ class Launch:
 
 
 class Membership:
-    """The files of one in-place run (see the module's doc)."""
+    """This process's view of the run's records (see the module's doc), and the waits on them."""
 
     def __init__(self, launch, poll_s=0.005, slow_poll_s=1.0):
         self.launch = launch
         self.dir = launch.dir
         self.poll_s = poll_s  # the first interval of a back-off
         self.slow_poll_s = slow_poll_s  # a file fallback's interval, and the back-off's longest
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
-
-    def _path(self, name):
-        return os.path.join(self.dir, name)
+        self.records = _core.Records(launch.dir)
 
     def secret(self):
-        """The job's secret (see the module's doc): read, or made whole by the first process that needs it (a
-        private file linked into place, so that a reader never sees part of it)."""
-        path = self._path("secret")
-        if not os.path.exists(path):
-            tmp = self._path(f"secret.tmp.{os.getpid()}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, secrets.token_bytes(32))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(tmp, path)
-            except FileExistsError:  # another process made it first: theirs is the job's
-                pass
-            finally:
-                os.unlink(tmp)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            st = os.fstat(fd)
-            value = os.read(fd, 64)
-        finally:
-            os.close(fd)
-        if st.st_uid != os.getuid() or st.st_mode & 0o077 or len(value) != 32:
-            raise RuntimeError(f"ckpt: {path}: not this user's private 32-byte secret; refusing to use it")
-        return value
+        """The job's secret: read, or made whole by the first process that needs it."""
+        return self.records.secret()
 
     # ---- spares --------------------------------------------------------------------------------------------------
 
     def register_spare(self, mailbox=None):
-        entry = {"node": self.launch.node, "local": self.launch.local, "pid": os.getpid(), "ready_unix": time.time()}
+        spare = _core.Spare()
+        spare.node, spare.local, spare.pid, spare.ready_unix = self.launch.node, self.launch.local, os.getpid(), time.time()
         if mailbox is not None:
-            entry["mailbox"] = mailbox.address
-        _write_atomic(self._path(f"spare-{self.launch.slot}"), json.dumps(entry))
+            spare.mailbox = mailbox.record()
+        self.records.write_spare(spare)
+
+    def ended(self):
+        """Whether training ended (`finished`) or was handed over (`abandoned`)."""
+        return self.records.marked("finished") or self.records.marked("abandoned")
 
     def wait_claim(self, mailbox=None):
-        """A spare waits here: its claim ({generation, rank}, and the plan when it came through `mailbox`), or None
-        when training ended without it. Between waits of slow_poll_s in the mailbox: the claim file (in case the
-        root could not reach the mailbox) and the markers, three stats."""
-        claim = self._path(f"claim-{self.launch.slot}")
-        ended = (self._path("finished"), self._path("abandoned"))
+        """A spare waits here: (its claim, the plan when it came through `mailbox`), or None when training ended
+        without it. Between waits of slow_poll_s in the mailbox: the claim file (in case the root could not reach
+        the mailbox) and the markers."""
+        slot = self.launch.slot
         while True:
             if mailbox is not None:
                 message = mailbox.receive(self.slow_poll_s)
-                if message is not None:
-                    return message
+                got = claim_of(message) if message is not None else None
+                if got is not None:
+                    return got
             else:
                 time.sleep(self.slow_poll_s)
-            value = _read_json(claim) if os.path.exists(claim) else None
-            if value is not None:
-                return value
-            if any(os.path.exists(p) for p in ended):
+            claim = self.records.read_claim(slot)
+            if claim is not None:
+                return claim, None
+            if self.ended():
                 return None
 
     def deliver_claims(self, plan, claims):
         """At the root, after write_plan: hands each claimed spare its claim and the plan through its mailbox (one
-        read of its spare file, one connection). Returns the slots it could not reach: they find their claim file."""
+        read of its record, one connection). Returns the slots it could not reach: they find their claim file."""
         missed = []
+        text = plan.to_json()
         for slot, rank in claims:
-            entry = _read_json(self._path(f"spare-{slot}")) or {}
-            message = {"generation": plan["generation"], "rank": rank, "plan": plan}
-            if not send_to_spare(entry.get("mailbox"), message):
+            spare = self.records.read_spare(slot)
+            message = {"generation": plan.generation, "rank": rank, "plan": text}
+            if spare is None or spare.mailbox is None or not send_to_spare(spare.mailbox, message):
                 missed.append(slot)
         return missed
 
     def free_spares(self):
-        """Ready spares no plan claimed, in a stable order: whole nodes first."""
-        names = sorted(os.listdir(self.dir))
-        claimed = {n[len("claim-"):] for n in names if n.startswith("claim-")}
-        slots = [n[len("spare-"):] for n in names if n.startswith("spare-") and ".tmp." not in n]
-        return [s for s in slots if s not in claimed]
+        """Ready spares no plan claimed, sorted."""
+        return self.records.free_spares()
 
     # ---- plans ---------------------------------------------------------------------------------------------------
 
-    def write_plan(self, generation, plan, claims=()):
-        for slot, rank in claims:
-            _write_atomic(self._path(f"claim-{slot}"), json.dumps({"generation": generation, "rank": rank}))
-        plan = dict(plan, generation=generation, written_unix=time.time())
-        _write_atomic(self._path(f"gen-{generation}.plan"), json.dumps(plan, sort_keys=True))
-        return plan
+    def write_plan(self, plan, claims=()):
+        """Writes the claims, then the plan (stamped with the time); returns the plan as written."""
+        return self.records.write_plan(plan, list(claims))
 
     def has_plan(self, generation):
-        return os.path.exists(self._path(f"gen-{generation}.plan"))
+        return self.records.has_plan(generation)
 
     def wait_plan(self, generation, timeout_s, slow=False):
-        """The plan file of `generation` once it exists, or None after timeout_s. Polls backing off from poll_s to
-        slow_poll_s; with `slow`, at slow_poll_s from the start (a fallback)."""
-        path = self._path(f"gen-{generation}.plan")
+        """The plan of `generation` once its record exists, or None after timeout_s. Polls backing off from
+        poll_s to slow_poll_s; with `slow`, at slow_poll_s from the start (a fallback)."""
         deadline = time.monotonic() + timeout_s
         for delay in backoff(self.slow_poll_s if slow else self.poll_s, self.slow_poll_s):
-            if os.path.exists(path):
-                plan = _read_json(path)
-                if plan is not None:
-                    return plan
+            plan = self.records.read_plan(generation)
+            if plan is not None:
+                return plan
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -369,20 +335,21 @@ class Membership:
     # ---- the ranks' mailbox stores -------------------------------------------------------------------------------
 
     def publish_mailbox(self, rank, generation, addr, port):
-        """mailbox-<rank>: where this process, as a recovery's root, posts the plan. Needed only while it lives:
-        no fsync."""
-        _write_atomic(self._path(f"mailbox-{rank}"),
-                      json.dumps({"rank": rank, "generation": generation, "addr": addr, "port": port,
-                                  "pid": os.getpid()}), durable=False)
+        """mailbox-<rank>: where this process, as a recovery's root, posts the plan."""
+        box = _core.Mailbox()
+        box.rank, box.generation, box.addr, box.port, box.pid = rank, generation, addr, port, os.getpid()
+        self.records.publish_mailbox(box)
 
     def mailbox(self, rank):
-        """The address rank `rank` published ({rank, generation, addr, port}), or None."""
-        return _read_json(self._path(f"mailbox-{rank}"))
+        """The mailbox rank `rank` published, or None."""
+        return self.records.read_mailbox(rank)
 
-    def write_phases(self, generation, phases):
-        """gen-<G>.phases: when each phase of recovery G ended (unix seconds), written at its first step."""
-        _write_atomic(self._path(f"gen-{generation}.phases"), json.dumps(phases, sort_keys=True))
+    def write_phases(self, phases):
+        """gen-<G>.phases: when each phase of recovery G ended, written at its first step."""
+        self.records.write_phases(phases)
+        notify_launcher()
 
     def mark(self, name, why=""):
-        """`finished` or `abandoned`: tells the idle spares to leave."""
-        _write_atomic(self._path(name), json.dumps({"why": why, "unix": time.time()}))
+        """`finished` or `abandoned`: tells the idle spares to leave, and ckpt-run that the run ended."""
+        self.records.mark(name, why)
+        notify_launcher()

@@ -19,6 +19,11 @@ Under `ckpt-run --spares N` (one step per node, see slurm_ckpt.inplace), one gen
 Without a spare (or with last words off, or when the plan does not come) the survivors exit with status 75,
 and the requeue path takes over as before.
 
+Every decision on the way (who writes the plan, who hands it to whom, what follows the end of train() or a
+generation that did not form) and every record are native (_native.inplace, ckpt/inplace.hpp, unit-tested
+there); this module keeps the effects: stores, gloo, sockets. A process follows the public state machine of
+ckpt/inplace.hpp: waiting (a spare) -> forming -> training -> recovering -> forming ... -> finished, or left.
+
 Outside ckpt-run (srun, torchrun) run() forms the group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (or srun's
 variables) and calls train() once.
 """
@@ -35,14 +40,15 @@ import torch.distributed as dist
 
 from . import _native, inplace
 
-_PLAN_FANOUT = 16  # how many survivors wait for a plan in one process's mailbox
+_core = _native.inplace  # the decisions and records (ckpt/inplace.hpp); this module keeps the effects
+
 _PLAN_TIMEOUT_S = float(os.environ.get("CKPT_INPLACE_PLAN_TIMEOUT", "20"))
 # How long the ranks of a generation wait for each other at its store before the missing ones count as lost.
 _JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("CKPT_INPLACE_JOIN_TIMEOUT", "15")))
 
 # The Checkpointer's error when a rank never joined its heartbeat mesh.
 _MESH_FAILED = "not every rank joined the mesh"
-_state = {"checkpointer": None, "phases": None, "group": None}
+_state = {"checkpointer": None, "recovery": None, "group": None}
 
 
 def _say(line):
@@ -50,7 +56,8 @@ def _say(line):
 
 
 def _leave(line, status=inplace.EXIT_PEER_LOST):
-    _say(line)
+    if line:
+        _say(line)
     sys.stdout.flush()
     os._exit(status)  # the failed group's threads may still wait on the dead peer: no interpreter teardown
 
@@ -63,22 +70,16 @@ def note_checkpointer(cp):
 
 def note_phase(name, step=None):
     """restore() (with the step it resumed from) and the first after_step() of a recovered generation stamp their
-    time; the recovery's root prints the whole breakdown at the first step."""
-    phases = _state["phases"]
-    if phases is None or name in phases:
+    time; the recovery's root prints the whole breakdown at the first step and records it for ckpt-run."""
+    recovery = _state["recovery"]
+    if recovery is None or getattr(recovery.phases, name):
         return
-    phases[name] = time.time()
+    setattr(recovery.phases, name, time.time())
     if step is not None:
-        phases["step"] = step
+        recovery.phases.step = step
     if name == "first_step":
-        _state["phases"] = None
-        members = phases.pop("members", None)
-        if phases.pop("report", False):
-            _say("in-place recovery " + json.dumps(phases, sort_keys=True))
-            try:  # for ckpt-run, which reports the recovery to the controller
-                members.write_phases(phases["generation"], phases)
-            except OSError as e:
-                _say(f"cannot record the phases of in-place recovery {phases['generation']}: {e}")
+        _state["recovery"] = None
+        recovery.finish()
 
 
 def _last_words():
@@ -171,12 +172,12 @@ def _missing(plan, rank, secret):
     reached."""
     wait_s = _JOIN_TIMEOUT.total_seconds() + 2
     try:
-        client = dist.TCPStore(plan["addr"], plan["port"], None, False, datetime.timedelta(seconds=wait_s))
-        store = _keyspace(secret, plan["generation"], client)
+        client = dist.TCPStore(plan.addr, plan.port, None, False, datetime.timedelta(seconds=wait_s))
+        store = _keyspace(secret, plan.generation, client)
         store.add(f"alive/{rank}", 1)
 
         def absent():  # add(key, 0) reads a counter without waiting for it
-            return [r for r in range(plan["world"]) if store.add(f"alive/{r}", 0) == 0]
+            return [r for r in range(plan.world) if store.add(f"alive/{r}", 0) == 0]
 
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and absent():
@@ -193,18 +194,18 @@ class _Group:
 
     def __init__(self, backend, plan, rank, secret, store=None, before=None, keep_port=None):
         before = _sockets() if before is None else before  # the master's: taken before its store was made
-        self.store_port = plan["port"]
-        world = plan["world"]
+        self.store_port = plan.port
+        world = plan.world
         if store is None:
-            store = dist.TCPStore(plan["addr"], plan["port"], None, False, _JOIN_TIMEOUT)
-        store = _keyspace(secret, plan["generation"], store)
+            store = dist.TCPStore(plan.addr, plan.port, None, False, _JOIN_TIMEOUT)
+        store = _keyspace(secret, plan.generation, store)
         self.store = store
         try:
             # Everyone checks in first, then gloo connects. A rank that died after checking in leaves gloo's
             # connect retrying, GIL held, for its whole collective timeout: a native timer shuts its sockets.
             store.set(f"joined/{rank}", str(os.getpid()))
             store.wait([f"joined/{r}" for r in range(world)], _JOIN_TIMEOUT)
-            unblock = _native.GroupUnblock(_JOIN_TIMEOUT.total_seconds(), before, plan["port"])
+            unblock = _native.GroupUnblock(_JOIN_TIMEOUT.total_seconds(), before, plan.port)
             # torch names groups by a process-wide count, which is the prefix of their keys in the store; a
             # generation whose gloo connect failed counted its group without registering it, and the next one
             # would look for its peers under another name than a fresh spare does.
@@ -276,12 +277,12 @@ def _new_group_of_generation(*args, **kwargs):
             group.adopt(before)
 
 
-def _store_master(world):
-    """The generation's store, hosted here: (the store and the sockets before it, for _Group), and the plan's
-    part that names it."""
+def _store_master(plan):
+    """The generation's store, hosted here and named in `plan`: (the store, the sockets before it), for _Group."""
     before = _sockets()
     store = dist.TCPStore(inplace.address(), 0, None, True, _JOIN_TIMEOUT, wait_for_workers=False)
-    return (store, before), {"world": world, "addr": inplace.address(), "port": store.port}
+    plan.addr, plan.port = inplace.address(), store.port
+    return store, before
 
 
 class _Mailbox:
@@ -304,12 +305,12 @@ class _Mailbox:
         try:
             members.publish_mailbox(rank, generation, self.addr, self.port)
             self.published = True
-        except OSError as e:  # the survivors of a recovery this rank roots then read the plan file, slowly
+        except RuntimeError as e:  # the survivors of a recovery this rank roots then read the plan record, slowly
             _say(f"rank {rank}: cannot publish its mailbox: {e}")
 
     def post(self, generation, plan):
         label = f"plan/{generation}"
-        self.store.set(inplace.key(self.secret, label), inplace.seal(self.secret, label, plan))
+        self.store.set(inplace.key(self.secret, label), inplace.seal(self.secret, label, plan.to_json()))
 
     def wait_taken(self, generation, count, timeout_s):
         """A process that abandons stays until its `count` children took the plan (or timeout_s passed): its store
@@ -321,35 +322,22 @@ class _Mailbox:
 
 
 def _mailbox_of(members, rank, current):
-    """Rank `rank`'s mailbox address (one file read), or None when it is unknown or stale. `current` is the plan of
-    the generation that failed: a process that took a rank over in it may not have published its mailbox yet."""
+    """Rank `rank`'s mailbox (one record read), or None when it is unknown or stale. `current` is the plan of the
+    generation that failed: a process that took a rank over in it may not have published its mailbox yet."""
     entry = members.mailbox(rank)
-    if not entry or entry.get("rank") != rank or not isinstance(entry.get("port"), int):
+    if entry is None:
         return None
-    if str(rank) in current.get("takeover", {}) and entry.get("generation", -1) < current.get("generation", 0):
+    if rank in current.takeover and entry.generation < current.generation:
         return None  # the dead predecessor's address
     return entry
-
-
-def _plan_tree(world, lost, root, rank, fanout=None):
-    """Who hands survivor `rank` the plan, and who takes it from `rank`: the survivors in rank order from the root,
-    each the parent of the next `fanout`, so that no mailbox serves more than `fanout` survivors and the plan
-    reaches N of them in log_fanout(N) hops (4 at 16,384 ranks). (None, children) at the root."""
-    fanout = fanout or _PLAN_FANOUT
-    lost = set(lost)
-    order = [root] + [r for r in range(world) if r != root and r not in lost]
-    if rank not in order:
-        return root, []
-    i = order.index(rank)
-    return (order[(i - 1) // fanout] if i > 0 else None), order[i * fanout + 1:(i + 1) * fanout + 1]
 
 
 def _plan_from_mailboxes(members, secret, generation, rank, sources, current, timeout_s):
     """A survivor's wait for plan `generation`, blocked in a mailbox store: its parent's in the plan tree, and when
     that fails or times out, the root's. None after timeout_s. The waits last 1, 2, 4 ... s, with one look at the
-    plan file after each (a survivor that named another root than the one that wrote the plan still finds it) and
-    a fresh connection (a timed-out wait leaves torch's client out of step). Once no store can be reached, or one
-    holds a plan the job did not sign, the file alone, once a second."""
+    plan record after each (a survivor that named another root than the one that wrote the plan still finds it)
+    and a fresh connection (a timed-out wait leaves torch's client out of step). Once no store can be reached, or
+    one holds a plan the job did not sign, the record alone, once a second."""
     deadline = time.monotonic() + timeout_s
     label = f"plan/{generation}"
     key = inplace.key(secret, label)
@@ -365,15 +353,16 @@ def _plan_from_mailboxes(members, secret, generation, rank, sources, current, ti
         t0 = time.monotonic()
         if entry is not None:
             try:
-                store = dist.TCPStore(entry["addr"], entry["port"], None, False, datetime.timedelta(seconds=slice_s))
+                store = dist.TCPStore(entry.addr, entry.port, None, False, datetime.timedelta(seconds=slice_s))
                 store.wait([key], datetime.timedelta(seconds=slice_s))
-                plan = inplace.unseal(secret, label, store.get(key))
-                if plan is not None:
-                    if plan.get("abandon"):  # the abandoning process waits for this before it leaves
+                body = inplace.unseal(secret, label, store.get(key))
+                plan = _core.Plan.parse(body) if body is not None else None
+                if plan is not None and plan.generation == generation:
+                    if plan.abandons:  # the abandoning process waits for this before it leaves
                         store.add(inplace.key(secret, f"taken/{generation}"), 1)
                     return plan
-                _say(f"rank {rank}: the plan at {entry['addr']}:{entry['port']} is not signed with the job's "
-                     f"secret; reading the plan file instead")
+                _say(f"rank {rank}: the plan at {entry.addr}:{entry.port} is not signed with the job's "
+                     f"secret; reading the plan record instead")
                 sources, entry = [], None
             except (RuntimeError, OSError, ValueError, AttributeError):  # a connect's timeout is an OSError
                 store = None  # closes a client whose wait timed out
@@ -386,6 +375,19 @@ def _plan_from_mailboxes(members, secret, generation, rank, sources, current, ti
             return plan
 
 
+def _plan_of_tree(members, mailbox, generation, rank, sources, current, timeout_s=None):
+    """A survivor's plan, taken from its parent in the plan tree or the root (`sources`, in that order), or the
+    record, and posted in its own mailbox for its children."""
+    timeout_s = _PLAN_TIMEOUT_S if timeout_s is None else timeout_s
+    if not sources:  # the tree's top, after the plan was written (a rank that recovers twice as the root)
+        plan = members.wait_plan(generation, timeout_s)
+    else:
+        plan = _plan_from_mailboxes(members, mailbox.secret, generation, rank, sources, current, timeout_s)
+    if plan is not None:
+        mailbox.post(generation, plan)
+    return plan
+
+
 def _set_rank_env(rank, world, launch, generation):
     # CKPT_INPLACE_GENERATION fences earlier generations out of the checkpoint dir: a frozen rank that thaws
     # cannot commit there any more.
@@ -396,100 +398,248 @@ def _set_rank_env(rank, world, launch, generation):
         os.environ.pop("CKPT_RESUME_PATH", None)
 
 
-# ---- recovery -----------------------------------------------------------------------------------------------------
-
-def _next_plan(members, mailbox, generation, rank, failure, world):
-    """At the recovery's root: a spare per lost rank, claimed, and the plan; or a plan that abandons. Written to
-    the files first (the record, and the fallback), then handed to the spares and posted for the survivors."""
-    lost = failure["lost"]
-    free = members.free_spares()
-    if len(free) < len(lost):
-        why = f"{len(lost)} ranks lost, {len(free)} spares ready"
-        members.mark("abandoned", why)
-        plan = members.write_plan(generation, {"abandon": why})
-        mailbox.post(generation, plan)
-        return None, plan
-    store, plan = _store_master(world)
-    takeover = dict(zip(lost, free))
-    plan.update(root=rank, lost=lost, step=failure["step"], takeover={str(r): slot for r, slot in takeover.items()},
-                detect_unix=failure["detect_unix"])
-    claims = [(slot, r) for r, slot in takeover.items()]
-    plan = members.write_plan(generation, plan, claims=claims)
-    missed = members.deliver_claims(plan, claims)
-    if missed:
-        _say(f"spares {missed} cannot be reached: they find their claim files")
-    mailbox.post(generation, plan)
-    return store, plan
-
-
-def _peer_loss(cp, rank):
+def _peer_loss():
     """After train() of a generation a peer of which died: what the last words agreed on."""
-    if cp is not None:
-        try:
-            cp.abort()  # waits for the last words to end (idempotent after close)
-        except Exception:  # noqa: BLE001 - the checkpoint in flight failed with the group; the library said so
-            pass
     lw = _last_words()
-    if lw.get("counted_dead"):
-        _leave(f"rank {rank}: the other ranks count this rank as dead; leaving")
+    failure = _core.Failure()
+    failure.lost = sorted(lw.get("lost", []))
+    failure.root = lw.get("root", -1)
     # The step is the terminal checkpoint's when one was committed; else the newest complete one is resumed from.
-    step = lw.get("step") if lw.get("committed") else None
-    return {"lost": lw.get("lost", []), "root": lw.get("root", -1), "step": step,
-            "detect_unix": lw.get("detect_unix"), "decided_unix": lw.get("decided_unix"),
-            "done_unix": lw.get("done_unix")}
+    failure.step = lw.get("step") if lw.get("committed") else None
+    failure.detect_unix = lw.get("detect_unix") or 0.0
+    failure.decided_unix = lw.get("decided_unix") or 0.0
+    failure.done_unix = lw.get("done_unix") or 0.0
+    return failure
 
 
-def _join_failure(plan, missing):
-    """A generation that did not form: its missing ranks are lost; it resumes from the same checkpoint."""
-    now = time.time()
-    root = plan["root"] if plan["root"] not in missing else -1
-    return {"lost": missing, "root": root, "step": plan.get("step"), "detect_unix": now, "decided_unix": now,
-            "done_unix": now}
+class _Recovery:
+    """One in-place recovery as this rank lived it: the phases its root reports at the first step."""
+
+    def __init__(self, members, generation, failure, plan, report):
+        self.members, self.report = members, report
+        p = self.phases = _core.Phases()
+        p.generation, p.detect, p.decided, p.last_words_done = (generation, failure.detect_unix, failure.decided_unix,
+                                                                failure.done_unix)
+        p.plan, p.step, p.lost = plan.written_unix, plan.step, plan.lost
+
+    def finish(self):
+        if not self.report:
+            return
+        _say("in-place recovery " + self.phases.to_json())
+        try:  # for ckpt-run, which reports the recovery to the controller
+            self.members.write_phases(self.phases)
+        except RuntimeError as e:
+            _say(f"cannot record the phases of in-place recovery {self.phases.generation}: {e}")
 
 
-def _plan_of_tree(members, mailbox, generation, rank, parent, root, current, timeout_s):
-    """A survivor's plan, taken from its parent in the plan tree (or the file) and posted in its own mailbox for
-    its children."""
-    if parent is None:  # the root, after the plan was written (a rank that recovers twice as the root)
-        plan = members.wait_plan(generation, timeout_s)
-    else:
-        plan = _plan_from_mailboxes(members, mailbox.secret, generation, rank, [parent, root], current, timeout_s)
-    if plan is not None:
-        mailbox.post(generation, plan)
-    return plan
+class _Run:
+    """One process of an in-place run: its state machine (_native.inplace.Machine, whose table is public), and the
+    effects each state needs. run() calls on_start() once, then the handler of each state until training ends or
+    the process leaves (os._exit: the failed group's threads may still wait on a dead peer)."""
 
+    def __init__(self, launch, backend):
+        self.launch, self.backend = launch, backend
+        self.world = launch.world
+        self.members = inplace.Membership(launch)
+        self.mailbox = _Mailbox()
+        self.machine = None
+        self.rank = self.plan = self.secret = None
+        self.store = None  # (the generation's store, the sockets before it) where this rank hosts it
+        self.recovery = None
+        self.group = None
+        self.result = None
 
-def _recover(members, mailbox, generation, rank, world, failure, current):
-    """This rank's plan for generation `generation` after `failure` of the generation `current` planned, with the
-    master store when this rank hosts it. Leaves the process when it cannot go on."""
-    lost = failure["lost"]
-    root = failure["root"] if failure["root"] >= 0 else min(r for r in range(world) if r not in lost)
-    if members.has_plan(generation + 1):
-        # A rank that was frozen through a recovery and thaws now: the job went on without it.
-        _leave(f"rank {rank}: generation {generation + 1} runs already; this process is stale and leaves")
-    parent, children = _plan_tree(world, lost, root, rank)
-    store = None
-    if rank == root and not members.has_plan(generation):
-        store, plan = _next_plan(members, mailbox, generation, rank, failure, world)
-    else:
-        plan = _plan_of_tree(members, mailbox, generation, rank, parent, root, current, _PLAN_TIMEOUT_S)
-    if plan is None:
-        members.mark("abandoned", f"no plan for generation {generation}")  # the idle spares leave too
-        _leave(f"rank {rank}: no plan for generation {generation} within {_PLAN_TIMEOUT_S:g} s; "
-               f"handing over to a requeue")
-    if plan.get("abandon"):
-        mailbox.wait_taken(generation, len(children), 5)
-        _leave(f"rank {rank}: cannot recover in place ({plan['abandon']}); handing over to a requeue")
-    if rank in plan["lost"]:
-        _leave(f"rank {rank}: counted as lost by generation {generation}; leaving")
-    phases = {"generation": generation, "detect": failure["detect_unix"], "decided": failure["decided_unix"],
-              "last_words_done": failure["done_unix"], "plan": plan["written_unix"], "step": plan["step"],
-              "lost": plan["lost"], "report": rank == plan["root"], "members": members}
-    if rank == plan["root"]:
-        _say(f"in-place recovery {generation}: ranks {plan['lost']} lost; spares {sorted(plan['takeover'].values())}"
-             f" take them over; resuming from " +
-             (f"step {plan['step']}" if plan["step"] is not None else "the newest complete checkpoint"))
-    return plan, store, phases
+    @property
+    def generation(self):
+        return self.machine.generation
+
+    def _leave(self, line, status=inplace.EXIT_PEER_LOST):
+        if self.machine.state != _core.State.LEFT:
+            self.machine.on(_core.Event.HANDED_OVER if status else _core.Event.UNNEEDED)
+        _leave(line, status)
+
+    # ---- start ---------------------------------------------------------------------------------------------------
+
+    def on_start(self, warm, kwargs):
+        """A training rank enters generation 0 (rank 0 hosts its store and writes its plan); a spare warms up,
+        registers as ready and waits for its claim, and leaves when training ends without it."""
+        if self.launch.spare:
+            self.machine = _core.Machine(_core.State.WAITING)
+            self._wait_as_spare(warm, kwargs)
+        else:
+            self.machine = _core.Machine(_core.State.FORMING)
+            _warm_up(warm, kwargs)
+            self.rank = self.launch.rank
+            if self.rank == 0:
+                self.members.secret()  # made before generation 0's plan, which every other process waits for
+                plan = _core.Plan()
+                plan.world, plan.root = self.world, 0
+                self.store = _store_master(plan)
+                self.plan = self.members.write_plan(plan)
+            else:
+                # Rank 0's address is known only from its plan: polled, backing off from 5 ms to 1 s.
+                self.plan = self.members.wait_plan(0, max(_PLAN_TIMEOUT_S, 120))
+                if self.plan is None:
+                    self._leave(f"rank {self.rank}: rank 0 did not start generation 0")
+        # Rank 0 made the run's secret before generation 0's plan, which every process has seen by now: one read
+        # each, not a creation race of every process in the shared dir at the job's start.
+        self.secret = self.mailbox.secret = self.members.secret()
+
+    def _wait_as_spare(self, warm, kwargs):
+        took = _warm_up(warm, kwargs)
+        slot = self.launch.slot
+        if took is not None:
+            _say(f"spare {slot}: warm in {took:.2f} s; ready")
+        spare_box = inplace.SpareMailbox(inplace.address())
+        self.members.register_spare(spare_box)
+        got = self.members.wait_claim(spare_box)
+        spare_box.close()
+        if got is None:
+            abandoned = self.members.records.marked("abandoned")
+            self._leave(None, inplace.EXIT_PEER_LOST if abandoned else 0)  # the job's own lines say why
+        claim, plan = got
+        self.machine.on(_core.Event.CLAIMED, claim.generation)
+        self.rank = claim.rank
+        # Through the mailbox the plan came with the claim; a claim record precedes its plan record by a moment.
+        self.plan = plan or self.members.wait_plan(claim.generation, _PLAN_TIMEOUT_S)
+        if self.plan is None or self.plan.abandons:  # (the plan counts the rank the spare takes over as lost)
+            self._leave(f"spare {slot}: no usable plan for generation {claim.generation}")
+        _say(f"spare {slot} takes rank {self.rank} over (generation {claim.generation})")
+
+    # ---- forming -------------------------------------------------------------------------------------------------
+
+    def on_forming(self):
+        _set_rank_env(self.rank, self.world, self.launch, self.generation)
+        try:
+            self.group = _Group(self.backend, self.plan, self.rank, self.secret, *(self.store or (None, None)),
+                                keep_port=self.mailbox.port)
+        except (_JoinFailed, RuntimeError) as e:
+            missing = e.missing if isinstance(e, _JoinFailed) else None
+            self._on_join_failed(missing, e, why=f"generation {self.generation} did not form: {e}")
+            return
+        self.machine.on(_core.Event.FORMED)
+        if self.recovery is not None:
+            self.recovery.phases.group = time.time()
+        self.mailbox.publish(self.members, self.rank, self.generation)
+        _state["recovery"] = self.recovery
+        _state["group"] = self.group
+
+    def _on_join_failed(self, missing, error, why):
+        """Ranks went missing while the generation formed (or before its mesh did): plan the next one without them,
+        hand over, or raise, as the core decides."""
+        after = _core.after_join_failure(self.generation, missing)
+        if after == _core.AfterJoinFailure.RAISE:
+            self.machine.on(_core.Event.FAILED)
+            raise error
+        if after == _core.AfterJoinFailure.HAND_OVER:
+            self.members.mark("abandoned", why)
+            self._leave(f"rank {self.rank}: {why}; handing over to a requeue")
+        _say(f"rank {self.rank}: {why}")
+        _abandon(self.store)
+        failed_plan = self.plan
+        self.machine.on(_core.Event.JOIN_FAILED)
+        self._recover(_core.join_failure(failed_plan, missing, time.time()), failed_plan)
+
+    # ---- training ------------------------------------------------------------------------------------------------
+
+    def on_training(self, train, args, kwargs):
+        error = None
+        try:
+            self.result = train(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - a dead peer surfaces as any error of the training code
+            error = e
+        cp = _state["checkpointer"]
+        lw = _last_words()
+        if cp is not None and ((error is not None and lw.get("armed")) or lw.get("lost_peer")
+                               or lw.get("counted_dead")):
+            try:
+                cp.abort()  # waits for the last words to end: they tell whether a peer died, and what was saved
+            except Exception:  # noqa: BLE001 - the periodic checkpoint in flight failed with the group; said already
+                pass
+            lw = _last_words()
+        after = _core.after_train(self.generation, raised=error is not None,
+                                  mesh_failed=error is not None and _MESH_FAILED in str(error),
+                                  lost_peer=bool(lw.get("lost_peer")), counted_dead=bool(lw.get("counted_dead")))
+        if after == _core.AfterTrain.RETURN:
+            self.group.leave(failed=False)
+            self.machine.on(_core.Event.RETURNED)
+            if self.rank == 0:
+                self.members.mark("finished")
+            return
+        if after == _core.AfterTrain.RAISE:
+            self.group.leave(failed=True)
+            self.machine.on(_core.Event.FAILED)
+            raise error
+        self.group.leave(failed=True)
+        if after == _core.AfterTrain.LEAVE:
+            self._leave(f"rank {self.rank}: the other ranks count this rank as dead; leaving")
+        if after == _core.AfterTrain.ROLL_CALL:
+            # A replacement died after the group formed, before the heartbeat mesh did: every live rank fails here
+            # alike, and answers the roll call.
+            missing = _missing(self.plan, self.rank, self.secret)
+            if not missing:
+                self.machine.on(_core.Event.FAILED)
+                raise error
+            self._on_join_failed(missing, error,
+                                 why=f"generation {self.generation} lost ranks {missing} before its first step")
+            return
+        failed_plan = self.plan
+        self.machine.on(_core.Event.PEER_LOST)
+        self._recover(_peer_loss(), failed_plan)
+
+    # ---- recovering ----------------------------------------------------------------------------------------------
+
+    def _recover(self, failure, current):
+        """This rank's plan for the generation the machine entered, after `failure` of the one `current` planned;
+        Forming again once it has one. Leaves the process when it cannot go on."""
+        generation, rank = self.generation, self.rank
+        if self.members.has_plan(generation + 1):
+            # A rank that was frozen through a recovery and thaws now: the job went on without it.
+            self._leave(f"rank {rank}: generation {generation + 1} runs already; this process is stale and leaves")
+        role = _core.recovery_role(self.world, failure, rank, self.members.has_plan(generation))
+        # The failed generation's store (where this rank hosted it) stays up until the plan is out: the other
+        # survivors' roll call may still need it.
+        store = None
+        if role.writes_plan:
+            plan, store = self._write_plan(failure, role.root)
+        else:
+            plan = _plan_of_tree(self.members, self.mailbox, self.generation, rank, role.sources, current)
+        verdict = _core.verdict(plan, rank)
+        if verdict == _core.Verdict.NO_PLAN:
+            self.members.mark("abandoned", f"no plan for generation {generation}")  # the idle spares leave too
+            self._leave(f"rank {rank}: no plan for generation {generation} within {_PLAN_TIMEOUT_S:g} s; "
+                        f"handing over to a requeue")
+        if verdict == _core.Verdict.ABANDONED:
+            self.mailbox.wait_taken(generation, len(role.children), 5)
+            self._leave(f"rank {rank}: cannot recover in place ({plan.abandon}); handing over to a requeue")
+        if verdict == _core.Verdict.COUNTED_LOST:
+            self._leave(f"rank {rank}: counted as lost by generation {generation}; leaving")
+        self.plan, self.store = plan, store
+        self.recovery = _Recovery(self.members, generation, failure, plan, report=rank == plan.root)
+        if rank == plan.root:
+            _say(f"in-place recovery {generation}: ranks {plan.lost} lost; spares {sorted(plan.takeover.values())}"
+                 f" take them over; resuming from " +
+                 (f"step {plan.step}" if plan.step is not None else "the newest complete checkpoint"))
+        self.machine.on(_core.Event.PLANNED)
+
+    def _write_plan(self, failure, root):
+        """At the recovery's root: a spare per lost rank, claimed, and the plan (with the new generation's store,
+        hosted here); or a plan that abandons. Written to the records first (the record, and the fallback), then
+        handed to the spares and posted for the survivors."""
+        generation = self.generation
+        plan = _core.plan_generation(generation, self.world, root, failure, self.members.free_spares())
+        store = None
+        if plan.abandons:
+            self.members.mark("abandoned", plan.abandon)
+        else:
+            store = _store_master(plan)
+        claims = [(slot, r) for r, slot in sorted(plan.takeover.items())]
+        plan = self.members.write_plan(plan, claims)
+        missed = self.members.deliver_claims(plan, claims)
+        if missed:
+            _say(f"spares {missed} cannot be reached: they find their claim records")
+        self.mailbox.post(generation, plan)
+        return plan, store
 
 
 def init_process_group(backend="gloo", alone=False, **kwargs):
@@ -532,39 +682,6 @@ def _warm_up(warm, kwargs):
     return time.monotonic() - t0
 
 
-def _first_generation(launch, members, warm, kwargs):
-    """Where this process starts: (generation, rank, plan, store). A training rank starts generation 0 (rank 0
-    hosts its store); a spare warms up, registers as ready, waits for its claim, and leaves when training ends
-    without it."""
-    if launch.spare:
-        took = _warm_up(warm, kwargs)
-        if took is not None:
-            _say(f"spare {launch.slot}: warm in {took:.2f} s; ready")
-        spare_box = inplace.SpareMailbox(inplace.address())
-        members.register_spare(spare_box)
-        claim = members.wait_claim(spare_box)
-        spare_box.close()
-        if claim is None:
-            os._exit(inplace.EXIT_PEER_LOST if os.path.exists(os.path.join(members.dir, "abandoned")) else 0)
-        generation, rank = claim["generation"], claim["rank"]
-        # Through the mailbox the plan came with the claim; a claim file precedes its plan file by a moment.
-        plan = claim.get("plan") or members.wait_plan(generation, _PLAN_TIMEOUT_S)
-        if plan is None or plan.get("abandon"):
-            _leave(f"spare {launch.slot}: no usable plan for generation {generation}")
-        _say(f"spare {launch.slot} takes rank {rank} over (generation {generation})")
-        return generation, rank, plan, None
-    _warm_up(warm, kwargs)
-    if launch.rank == 0:
-        members.secret()  # made before generation 0's plan, which every other process waits for
-        store, plan = _store_master(launch.world)
-        return 0, 0, members.write_plan(0, dict(plan, root=0, lost=[], step=None)), store
-    # Rank 0's address is known only from its plan: polled, backing off from 5 ms to 1 s.
-    plan = members.wait_plan(0, max(_PLAN_TIMEOUT_S, 120))
-    if plan is None:
-        _leave(f"rank {launch.rank}: rank 0 did not start generation 0")
-    return 0, launch.rank, plan, None
-
-
 def run(train, *args, backend="gloo", warm=None, **kwargs):
     """Calls train(*args, **kwargs) with the default process group formed, again after each in-place recovery.
     Returns what the last call returned. A spare that was never needed exits 0 when training ends.
@@ -581,67 +698,11 @@ def run(train, *args, backend="gloo", warm=None, **kwargs):
         return _run_plain(train, backend, args, kwargs)
     os.environ["CKPT_EXIT_GRACE"] = "0s"  # this process leaves the failed group itself: the library must not end it
     dist.new_group = dist.distributed_c10d.new_group = _new_group_of_generation  # new_subgroups calls it too
-    members = inplace.Membership(launch)
-    mailbox = _Mailbox()
-    world, phases = launch.world, None
-    generation, rank, plan, store = _first_generation(launch, members, warm, kwargs)
-    # Rank 0 made the run's secret before generation 0's plan, which every process has seen by now: one read each,
-    # not a creation race of every process in the shared dir at the job's start.
-    secret = mailbox.secret = members.secret()
-    while True:
-        _set_rank_env(rank, world, launch, generation)
-        try:
-            group = _Group(backend, plan, rank, secret, *(store or (None, None)), keep_port=mailbox.port)
-        except (_JoinFailed, RuntimeError) as e:
-            if generation == 0:
-                raise
-            missing = e.missing if isinstance(e, _JoinFailed) else None
-            if not missing:  # the store itself is gone (its host died), or everyone answered: no way forward
-                members.mark("abandoned", f"generation {generation} did not form: {e}")
-                _leave(f"rank {rank}: generation {generation} did not form ({e}); handing over to a requeue")
-            _say(f"rank {rank}: generation {generation} did not form: {e}")
-            _abandon(store)
-            generation += 1
-            plan, store, phases = _recover(members, mailbox, generation, rank, world, _join_failure(plan, missing),
-                                           plan)
-            continue
-        if phases is not None:
-            phases["group"] = time.time()
-        mailbox.publish(members, rank, generation)
-        _state["phases"] = phases
-        _state["group"] = group
-        error, result = None, None
-        try:
-            result = train(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - a dead peer surfaces as any error of the training code
-            error = e
-        cp = _state["checkpointer"]
-        lw = _last_words()
-        if error is not None and lw.get("armed") and cp is not None:
-            try:
-                cp.abort()  # a collective failed: the last words tell whether a peer died
-            except Exception:  # noqa: BLE001 - the periodic checkpoint in flight failed with the group; said already
-                pass
-            lw = _last_words()
-        if generation > 0 and error is not None and _MESH_FAILED in str(error) and not lw.get("lost_peer"):
-            # A replacement died after the group formed, before the Checkpointer's heartbeat mesh did: every live
-            # rank fails here alike, and answers the roll call.
-            group.leave(failed=True)
-            missing = _missing(plan, rank, secret)
-            if missing:
-                _say(f"rank {rank}: generation {generation} lost ranks {missing} before its first step")
-                generation += 1
-                plan, store, phases = _recover(members, mailbox, generation, rank, world,
-                                               _join_failure(plan, missing), plan)
-                continue
-            raise error
-        if not (lw.get("lost_peer") or lw.get("counted_dead")):
-            group.leave(failed=error is not None)
-            if error is not None:
-                raise error
-            if rank == 0:
-                members.mark("finished")
-            return result
-        group.leave(failed=True)
-        generation += 1
-        plan, store, phases = _recover(members, mailbox, generation, rank, world, _peer_loss(cp, rank), plan)
+    process = _Run(launch, backend)
+    process.on_start(warm, kwargs)
+    while process.machine.state != _core.State.FINISHED:
+        if process.machine.state == _core.State.FORMING:
+            process.on_forming()
+        else:  # TRAINING: every other state is passed through within a handler, or leaves the process
+            process.on_training(train, args, kwargs)
+    return process.result

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-namespace ckpt::controller {
+namespace ckpt::toolkit {
 
 namespace {
 
@@ -101,4 +101,4 @@ Status check_reply_credential(const std::string& reply_credential, const std::st
   return Status::success();
 }
 
-}  // namespace ckpt::controller
+}  // namespace ckpt::toolkit

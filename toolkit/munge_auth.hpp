@@ -7,7 +7,7 @@
 
 #include "ckpt/result.hpp"
 
-namespace ckpt::controller {
+namespace ckpt::toolkit {
 
 struct MungePayload {
   std::string payload;
@@ -41,4 +41,4 @@ std::string reply_credential_payload(const std::string& request_credential, cons
 Status check_reply_credential(const std::string& reply_credential, const std::string& request_credential,
                               const std::string& body, std::uint32_t slurm_user_uid, const std::string& socket);
 
-}  // namespace ckpt::controller
+}  // namespace ckpt::toolkit

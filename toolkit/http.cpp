@@ -3,11 +3,13 @@
 #include <curl/curl.h>
 
 #include <cctype>
+#include <chrono>
+#include <thread>
 #include <map>
 #include <mutex>
 #include <string>
 
-namespace ckpt::controller {
+namespace ckpt::toolkit {
 
 namespace {
 
@@ -84,6 +86,7 @@ HttpResponse http_request(const HttpRequest& request) {
   CURLcode rc = curl_easy_perform(curl);
   if (rc != CURLE_OK) {
     response.error = error[0] ? error : curl_easy_strerror(rc);
+    response.dropped = rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR;
   } else {
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.status);
   }
@@ -92,4 +95,20 @@ HttpResponse http_request(const HttpRequest& request) {
   return response;
 }
 
-}  // namespace ckpt::controller
+HttpResponse post_credential(const std::string& url, const std::string& credential, double timeout_s, int retries) {
+  HttpRequest request;
+  request.method = "POST";
+  request.url = url;
+  request.body = credential;
+  request.content_type = "text/plain";
+  request.timeout_s = timeout_s;
+  HttpResponse response = http_request(request);
+  for (int retry = 0; retry < retries; ++retry) {
+    if (!(response.dropped || response.status == 503 || response.status == 429)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 << retry));
+    response = http_request(request);
+  }
+  return response;
+}
+
+}  // namespace ckpt::toolkit

@@ -1,0 +1,267 @@
+#pragma once
+// Restart in place (slurm_ckpt.torch.run under `ckpt-run --spares N`): every decision a process makes, generation
+// by generation, as pure functions and one public state machine; and the records of a run in its control dir,
+// written and read here only. slurm_ckpt.restart keeps the effects (stores, gloo, sockets) and reaches this
+// through _native; ckpt-run reads the same records with the same parsers.
+//
+// The records live in `.control/inplace-<CKPT_INPLACE_ID>/` of the checkpoint dir (mode 0700):
+//   spare-<node>.<local>   a ready spare and the address and token of its claim mailbox
+//   claim-<node>.<local>   the rank and generation that spare takes over (written before the plan)
+//   gen-<G>.plan           generation G: its world, the address of its rendezvous store, who replaced whom
+//   gen-<G>.phases         when each phase of recovery G ended, written at its first step
+//   mailbox-<rank>         where that rank, as a recovery's root, posts the plan (not durable: needed while it lives)
+//   secret                 32 random bytes, 0600: the keys of the job's TCP stores derive from it
+//   finished | abandoned   training ended, or was handed over to a requeue (the idle spares leave)
+// Every file is written whole and renamed into place (posix::write_file_atomic); a reader sees all of it or nothing,
+// and a file that does not parse as its record is treated as absent.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ckpt/overlay.hpp"
+#include "ckpt/posix.hpp"
+#include "ckpt/recovery.hpp"
+#include "ckpt/result.hpp"
+
+namespace ckpt::inplace {
+
+// A survivor that cannot go on in place exits so: the requeue path takes over.
+inline constexpr int kExitPeerLost = recovery::kExitPeerLost;
+
+// ---- one process's life: a public state machine -------------------------------------------------------------------
+
+enum class State {
+  Waiting,     // a spare, warm, waiting for a claim
+  Forming,     // joining generation G's group
+  Training,    // train() runs
+  Recovering,  // a peer was lost: waiting for (or writing) generation G+1's plan
+  Finished,    // train() returned: the caller gets its result
+  Left,        // the process leaves (exit 0 for an unneeded spare, 75 for a hand-over) or raises
+};
+
+enum class Event {
+  Claimed,     // Waiting -> Forming: the spare takes a lost rank over
+  Unneeded,    // Waiting -> Left: training ended without this spare
+  Formed,      // Forming -> Training
+  JoinFailed,  // Forming -> Recovering: the roll call found ranks missing
+  Returned,    // Training -> Finished
+  PeerLost,    // Training -> Recovering
+  Planned,     // Recovering -> Forming: the next generation's plan came
+  Failed,      // Forming | Training -> Left: an error that is no peer's loss, raised to the caller
+  HandedOver,  // Forming | Training | Recovering -> Left: no way on in place; a requeue takes over
+};
+
+const char* to_string(State state);
+const char* to_string(Event event);
+
+// The transition table; nullopt for a pair that is not in it.
+std::optional<State> next_state(State from, Event event);
+
+// A process's state and generation. JoinFailed and PeerLost start the next generation; Claimed enters the one the
+// claim names.
+class Machine {
+ public:
+  explicit Machine(State start, std::uint32_t generation = 0) : state_(start), generation_(generation) {}
+  State state() const { return state_; }
+  std::uint32_t generation() const { return generation_; }
+  // Applies `event`; an error naming both when the table has no such transition (nothing changes then).
+  Status on(Event event, std::optional<std::uint32_t> claimed_generation = std::nullopt);
+
+ private:
+  State state_;
+  std::uint32_t generation_;
+};
+
+// ---- what a failed generation tells the next ----------------------------------------------------------------------
+
+// What the survivors agreed on when a generation failed.
+struct Failure {
+  std::vector<int> lost;              // the lost ranks, ascending
+  int root = -1;                      // the rank that decided the last words; -1 when none did
+  std::optional<std::uint64_t> step;  // the terminal checkpoint's step; none: resume from the newest complete one
+  double detect_unix = 0, decided_unix = 0, done_unix = 0;
+};
+
+// The plan of one generation, or its abandonment (`abandon` non-empty: the fields but generation are unset).
+struct Plan {
+  std::uint32_t generation = 0;
+  int world = 0;
+  std::string addr;                   // the generation's rendezvous store
+  int port = 0;
+  int root = 0;                       // who wrote it (generation 0: rank 0)
+  std::vector<int> lost;              // the ranks the spares replace
+  std::optional<std::uint64_t> step;  // the checkpoint every rank resumes from; none: the newest complete one
+  std::map<int, std::string> takeover;  // lost rank -> the spare slot ("<node>.<local id>") that takes it over
+  double detect_unix = 0;
+  double written_unix = 0;            // set by Records::write_plan
+  std::string abandon;                // why the run cannot go on in place
+
+  bool abandons() const { return !abandon.empty(); }
+};
+
+// How train() of a generation ended, as run() sees it.
+struct TrainOutcome {
+  bool raised = false;        // train() raised
+  bool mesh_failed = false;   // the error is the Checkpointer's "not every rank joined the mesh"
+  bool lost_peer = false;     // the last words report a lost peer
+  bool counted_dead = false;  // the other ranks count this one as dead
+};
+
+enum class AfterTrain {
+  Return,    // training is over: return train()'s result
+  Raise,     // an error of the program's own: raise it
+  RollCall,  // a replacement died before the heartbeat mesh formed: count the ranks still there
+  Recover,   // a peer was lost: plan the next generation
+  Leave,     // the others went on without this rank: leave (75)
+};
+const char* to_string(AfterTrain next);
+AfterTrain after_train(std::uint32_t generation, const TrainOutcome& outcome);
+
+enum class AfterJoinFailure {
+  Raise,     // generation 0 did not form: the launch failed, nothing to recover
+  HandOver,  // the store is gone, or nobody is missing: no way on in place
+  Recover,   // the missing ranks are lost: plan the next generation without them
+};
+const char* to_string(AfterJoinFailure next);
+// After generation `generation` failed to form, or lost a rank before its mesh formed (the roll call's result:
+// nullopt when the store could not be reached).
+AfterJoinFailure after_join_failure(std::uint32_t generation, const std::optional<std::vector<int>>& missing);
+
+// The failure a generation that did not form (or lost ranks before its first step) hands on: its missing ranks
+// are lost, and it resumes from the same checkpoint.
+Failure join_failure(const Plan& plan, std::vector<int> missing, double now_unix);
+
+// ---- recovery: who writes the plan, who hands it to whom ------------------------------------------------------
+
+// The recovery's root: the last words' decider when it survived, else the lowest surviving rank.
+int recovery_root(int world, const Failure& failure);
+
+// A rank's part in handing generation G's plan out. The plan travels down the heartbeat network's tree
+// (overlay.hpp, with the lost ranks gone), so no mailbox serves more than a constant number of survivors.
+struct Role {
+  int root = 0;               // the recovery's root
+  bool writes_plan = false;   // the root, when no plan of G exists yet
+  bool lost = false;          // this rank is among the lost
+  std::vector<int> sources;   // whose mailboxes to wait on for the plan, in order (tree parent, then the root)
+  std::vector<int> children;  // who waits on this rank's mailbox
+};
+Role recovery_role(int world, const Failure& failure, int rank, bool plan_exists,
+                   int group_size = overlay::kGroupSize);
+
+// The root's plan for generation `generation`: a free spare per lost rank (in the order given), or an abandonment
+// when there are too few. The rendezvous address is the caller's to fill in.
+Plan plan_generation(std::uint32_t generation, int world, int root, const Failure& failure,
+                     const std::vector<std::string>& free_spares);
+
+// The ready spares no claim names, sorted, from a listing of the run's dir.
+std::vector<std::string> free_spares(std::vector<std::string> names);
+
+enum class Verdict {
+  Go,           // form the next generation
+  NoPlan,       // none came in time: hand over
+  Abandoned,    // the root found no way on in place: hand over
+  CountedLost,  // the plan counts this rank as lost: leave
+};
+const char* to_string(Verdict verdict);
+Verdict verdict(const std::optional<Plan>& plan, int rank);
+
+// ---- records --------------------------------------------------------------------------------------------------
+
+// When each phase of recovery `generation` ended (unix seconds; 0 where the root did not get there).
+struct Phases {
+  std::uint32_t generation = 0;
+  double detect = 0, decided = 0, last_words_done = 0, plan = 0, group = 0, restored = 0, first_step = 0;
+  std::optional<std::uint64_t> step;
+  std::vector<int> lost;
+
+  recovery::InPlacePhases as_report() const;
+};
+
+struct Claim {
+  std::uint32_t generation = 0;
+  int rank = 0;
+};
+
+// Where a spare's claim mailbox listens, and the token a claim must carry.
+struct SpareMailbox {
+  std::string addr;
+  int port = 0;
+  std::string token;
+};
+
+struct Spare {
+  std::string node;
+  int local = 0;
+  std::int64_t pid = 0;
+  double ready_unix = 0;
+  std::optional<SpareMailbox> mailbox;
+
+  std::string slot() const { return node + "." + std::to_string(local); }
+};
+
+// Where rank `rank` (as it was in generation `generation`) posts the plans it roots or relays.
+struct Mailbox {
+  int rank = 0;
+  std::uint32_t generation = 0;
+  std::string addr;
+  int port = 0;
+  std::int64_t pid = 0;
+};
+
+// The records as JSON: parse_* never throws and refuses a record with a missing, mistyped or out-of-range field
+// (ranks outside [0, world), a slot that is no "<host>.<local id>", a negative or non-finite time).
+std::string to_json(const Plan& plan);
+Result<Plan> parse_plan(std::string_view text);
+std::string to_json(const Phases& phases);
+Result<Phases> parse_phases(std::string_view text);
+std::string to_json(const Claim& claim);
+Result<Claim> parse_claim(std::string_view text);
+std::string to_json(const Spare& spare);
+Result<Spare> parse_spare(std::string_view text);
+std::string to_json(const Mailbox& mailbox);
+Result<Mailbox> parse_mailbox(std::string_view text);
+
+// A slot's node and local id ("n3.0" -> n3, 0); nullopt when it is not a host name, a dot and a number.
+std::optional<std::pair<std::string, int>> parse_slot(std::string_view slot);
+
+// The run's dir: every record's write and read.
+class Records {
+ public:
+  // Opens the run's dir, creating it (0700) and its parents as needed unless `create` is false (a reader that
+  // must not make it: the launcher, before the first process started).
+  static Result<Records> open(const std::string& dir, bool create = true);
+
+  const std::string& dir() const { return path_; }
+
+  // Writes each claim ({generation, rank}, to claim-<slot>), then the plan, stamped with the time; returns it.
+  Result<Plan> write_plan(Plan plan, const std::vector<std::pair<std::string, int>>& claims = {});
+  std::optional<Plan> read_plan(std::uint32_t generation) const;
+  bool has_plan(std::uint32_t generation) const;
+  Status write_phases(const Phases& phases);
+  std::optional<Phases> read_phases(std::uint32_t generation) const;
+  Status write_spare(const Spare& spare);
+  std::optional<Spare> read_spare(const std::string& slot) const;
+  std::optional<Claim> read_claim(const std::string& slot) const;
+  std::vector<std::string> free_spares() const;
+  Status publish_mailbox(const Mailbox& mailbox);
+  std::optional<Mailbox> read_mailbox(int rank) const;
+  // `finished` or `abandoned` (why, and when); the idle spares leave once either exists.
+  Status mark(std::string_view marker, std::string_view why);
+  bool marked(std::string_view marker) const;
+  // The run's secret (posix::private_secret): made by the first process that needs it.
+  Result<posix::Secret> secret() const;
+
+ private:
+  Records(posix::Fd dir, std::string path) : dir_(std::move(dir)), path_(std::move(path)) {}
+  std::optional<std::string> read(const std::string& name) const;
+  Status write(const std::string& name, const std::string& content, bool durable = true);
+
+  posix::Fd dir_;
+  std::string path_;
+};
+
+}  // namespace ckpt::inplace

@@ -1,0 +1,228 @@
+// Restart in place: the state machine and the decisions of each generation (inplace.hpp).
+#include "ckpt/inplace.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "ckpt/overlay.hpp"
+
+namespace ckpt::inplace {
+
+const char* to_string(State state) {
+  switch (state) {
+    case State::Waiting: return "waiting";
+    case State::Forming: return "forming";
+    case State::Training: return "training";
+    case State::Recovering: return "recovering";
+    case State::Finished: return "finished";
+    case State::Left: return "left";
+  }
+  return "unknown";
+}
+
+const char* to_string(Event event) {
+  switch (event) {
+    case Event::Claimed: return "claimed";
+    case Event::Unneeded: return "unneeded";
+    case Event::Formed: return "formed";
+    case Event::JoinFailed: return "join-failed";
+    case Event::Returned: return "returned";
+    case Event::PeerLost: return "peer-lost";
+    case Event::Planned: return "planned";
+    case Event::Failed: return "failed";
+    case Event::HandedOver: return "handed-over";
+  }
+  return "unknown";
+}
+
+namespace {
+
+struct Transition {
+  State from;
+  Event event;
+  State to;
+};
+
+// The whole table: what is not here is an error.
+constexpr Transition kTransitions[] = {
+    {State::Waiting, Event::Claimed, State::Forming},
+    {State::Waiting, Event::Unneeded, State::Left},
+    {State::Waiting, Event::HandedOver, State::Left},
+    {State::Forming, Event::Formed, State::Training},
+    {State::Forming, Event::JoinFailed, State::Recovering},
+    {State::Forming, Event::Failed, State::Left},
+    {State::Forming, Event::HandedOver, State::Left},
+    {State::Training, Event::Returned, State::Finished},
+    {State::Training, Event::PeerLost, State::Recovering},
+    {State::Training, Event::JoinFailed, State::Recovering},  // the roll call after a mesh that never formed
+    {State::Training, Event::Failed, State::Left},
+    {State::Training, Event::HandedOver, State::Left},
+    {State::Recovering, Event::Planned, State::Forming},
+    {State::Recovering, Event::HandedOver, State::Left},
+};
+
+}  // namespace
+
+std::optional<State> next_state(State from, Event event) {
+  for (const Transition& t : kTransitions) {
+    if (t.from == from && t.event == event) return t.to;
+  }
+  return std::nullopt;
+}
+
+Status Machine::on(Event event, std::optional<std::uint32_t> claimed_generation) {
+  auto to = next_state(state_, event);
+  if (!to) {
+    return Status::failure(std::string("ckpt: restart in place: no transition from ") + to_string(state_) + " on " +
+                           to_string(event));
+  }
+  if (event == Event::Claimed) {
+    if (!claimed_generation) return Status::failure("ckpt: restart in place: a claim names no generation");
+    generation_ = *claimed_generation;
+  }
+  if (*to == State::Recovering) ++generation_;
+  state_ = *to;
+  return Status::success();
+}
+
+const char* to_string(AfterTrain next) {
+  switch (next) {
+    case AfterTrain::Return: return "return";
+    case AfterTrain::Raise: return "raise";
+    case AfterTrain::RollCall: return "roll-call";
+    case AfterTrain::Recover: return "recover";
+    case AfterTrain::Leave: return "leave";
+  }
+  return "unknown";
+}
+
+AfterTrain after_train(std::uint32_t generation, const TrainOutcome& outcome) {
+  // A replacement that died after the group formed, before the heartbeat mesh did: every live rank fails alike,
+  // with no loss reported, and only a roll call tells who is gone. Generation 0 has no replacement to lose.
+  if (generation > 0 && outcome.raised && outcome.mesh_failed && !outcome.lost_peer) return AfterTrain::RollCall;
+  if (outcome.counted_dead) return AfterTrain::Leave;
+  if (outcome.lost_peer) return AfterTrain::Recover;
+  return outcome.raised ? AfterTrain::Raise : AfterTrain::Return;
+}
+
+const char* to_string(AfterJoinFailure next) {
+  switch (next) {
+    case AfterJoinFailure::Raise: return "raise";
+    case AfterJoinFailure::HandOver: return "hand-over";
+    case AfterJoinFailure::Recover: return "recover";
+  }
+  return "unknown";
+}
+
+AfterJoinFailure after_join_failure(std::uint32_t generation, const std::optional<std::vector<int>>& missing) {
+  if (generation == 0) return AfterJoinFailure::Raise;
+  if (!missing || missing->empty()) return AfterJoinFailure::HandOver;
+  return AfterJoinFailure::Recover;
+}
+
+Failure join_failure(const Plan& plan, std::vector<int> missing, double now_unix) {
+  std::sort(missing.begin(), missing.end());
+  missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+  Failure f;
+  f.root = std::binary_search(missing.begin(), missing.end(), plan.root) ? -1 : plan.root;
+  f.lost = std::move(missing);
+  f.step = plan.step;
+  f.detect_unix = f.decided_unix = f.done_unix = now_unix;
+  return f;
+}
+
+namespace {
+
+overlay::Gone gone_of(int world, const std::vector<int>& lost) {
+  overlay::Gone gone(static_cast<std::size_t>(std::max(world, 0)), 0);
+  for (int r : lost) {
+    if (r >= 0 && r < world) gone[static_cast<std::size_t>(r)] = 1;
+  }
+  return gone;
+}
+
+bool is_lost(const Failure& failure, int rank) {
+  return std::find(failure.lost.begin(), failure.lost.end(), rank) != failure.lost.end();
+}
+
+}  // namespace
+
+int recovery_root(int world, const Failure& failure) {
+  if (failure.root >= 0 && failure.root < world && !is_lost(failure, failure.root)) return failure.root;
+  for (int r = 0; r < world; ++r) {
+    if (!is_lost(failure, r)) return r;
+  }
+  return 0;
+}
+
+Role recovery_role(int world, const Failure& failure, int rank, bool plan_exists, int group_size) {
+  Role role;
+  role.root = recovery_root(world, failure);
+  role.lost = is_lost(failure, rank);
+  role.writes_plan = rank == role.root && !plan_exists;
+  if (role.lost) {  // a rank counted as lost that is still here asks the root, and relays to nobody
+    role.sources = {role.root};
+    return role;
+  }
+  const overlay::Shape shape{world, std::max(group_size, 1)};
+  const overlay::Links links = overlay::links_of(shape, rank, gone_of(world, failure.lost));
+  if (links.up && *links.up != rank) role.sources.push_back(*links.up);
+  if (rank != role.root && std::find(role.sources.begin(), role.sources.end(), role.root) == role.sources.end()) {
+    role.sources.push_back(role.root);
+  }
+  role.children = links.down;
+  return role;
+}
+
+Plan plan_generation(std::uint32_t generation, int world, int root, const Failure& failure,
+                     const std::vector<std::string>& free_spares) {
+  Plan plan;
+  plan.generation = generation;
+  if (free_spares.size() < failure.lost.size()) {
+    plan.abandon = std::to_string(failure.lost.size()) + " ranks lost, " + std::to_string(free_spares.size()) +
+                   " spares ready";
+    return plan;
+  }
+  plan.world = world;
+  plan.root = root;
+  plan.lost = failure.lost;
+  plan.step = failure.step;
+  plan.detect_unix = failure.detect_unix;
+  for (std::size_t i = 0; i < failure.lost.size(); ++i) plan.takeover[failure.lost[i]] = free_spares[i];
+  return plan;
+}
+
+std::vector<std::string> free_spares(std::vector<std::string> names) {
+  static constexpr std::string_view kSpare = "spare-", kClaim = "claim-";
+  std::set<std::string> claimed;
+  std::vector<std::string> spares;
+  for (const std::string& n : names) {
+    if (n.compare(0, kClaim.size(), kClaim) == 0) claimed.insert(n.substr(kClaim.size()));
+    if (n.compare(0, kSpare.size(), kSpare) == 0 && parse_slot(n.substr(kSpare.size()))) {
+      spares.push_back(n.substr(kSpare.size()));
+    }
+  }
+  std::sort(spares.begin(), spares.end());
+  spares.erase(std::remove_if(spares.begin(), spares.end(), [&](const std::string& s) { return claimed.count(s); }),
+               spares.end());
+  return spares;
+}
+
+const char* to_string(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::Go: return "go";
+    case Verdict::NoPlan: return "no-plan";
+    case Verdict::Abandoned: return "abandoned";
+    case Verdict::CountedLost: return "counted-lost";
+  }
+  return "unknown";
+}
+
+Verdict verdict(const std::optional<Plan>& plan, int rank) {
+  if (!plan) return Verdict::NoPlan;
+  if (plan->abandons()) return Verdict::Abandoned;
+  if (std::find(plan->lost.begin(), plan->lost.end(), rank) != plan->lost.end()) return Verdict::CountedLost;
+  return Verdict::Go;
+}
+
+}  // namespace ckpt::inplace

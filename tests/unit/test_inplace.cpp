@@ -1,0 +1,323 @@
+// Restart in place (ckpt/inplace.hpp): the state machine's table, every decision of a generation, the plan's way
+// down the tree, and the run's records (what a reader refuses, what a writer leaves).
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "ckpt/inplace.hpp"
+#include "ckpt/overlay.hpp"
+
+using namespace ckpt::inplace;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/ckpt-inplace-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+Failure failure_of(std::vector<int> lost, int root = -1, std::optional<std::uint64_t> step = std::nullopt) {
+  Failure f;
+  f.lost = std::move(lost);
+  f.root = root;
+  f.step = step;
+  f.detect_unix = 100;
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("the generation state machine follows its table", "[inplace]") {
+  SECTION("a training rank's life through two recoveries") {
+    Machine m(State::Forming);
+    REQUIRE(m.on(Event::Formed));
+    REQUIRE(m.on(Event::PeerLost));
+    CHECK(m.state() == State::Recovering);
+    CHECK(m.generation() == 1);
+    REQUIRE(m.on(Event::Planned));
+    REQUIRE(m.on(Event::JoinFailed));  // a replacement died before the group formed
+    CHECK(m.generation() == 2);
+    REQUIRE(m.on(Event::Planned));
+    REQUIRE(m.on(Event::Formed));
+    REQUIRE(m.on(Event::Returned));
+    CHECK(m.state() == State::Finished);
+  }
+  SECTION("a spare enters the generation its claim names") {
+    Machine m(State::Waiting);
+    CHECK_FALSE(m.on(Event::Claimed));  // no generation: refused, nothing changes
+    CHECK(m.state() == State::Waiting);
+    REQUIRE(m.on(Event::Claimed, 3u));
+    CHECK(m.state() == State::Forming);
+    CHECK(m.generation() == 3);
+  }
+  SECTION("an unneeded spare leaves") {
+    Machine m(State::Waiting);
+    REQUIRE(m.on(Event::Unneeded));
+    CHECK(m.state() == State::Left);
+  }
+  SECTION("what is not in the table is an error naming both") {
+    Machine m(State::Finished);
+    auto s = m.on(Event::PeerLost);
+    CHECK_FALSE(s);
+    CHECK_THAT(s.error(), Catch::Contains("from finished on peer-lost"));
+    CHECK_FALSE(next_state(State::Recovering, Event::Formed));
+    CHECK_FALSE(next_state(State::Waiting, Event::Returned));
+    CHECK_FALSE(next_state(State::Left, Event::Planned));
+  }
+  SECTION("nothing leaves Finished or Left") {
+    for (Event e : {Event::Claimed, Event::Unneeded, Event::Formed, Event::JoinFailed, Event::Returned,
+                    Event::PeerLost, Event::Planned, Event::Failed, Event::HandedOver}) {
+      CHECK_FALSE(next_state(State::Finished, e));
+      CHECK_FALSE(next_state(State::Left, e));
+    }
+  }
+}
+
+TEST_CASE("what run() does after train() of a generation", "[inplace]") {
+  TrainOutcome o;
+  CHECK(after_train(0, o) == AfterTrain::Return);
+  o.raised = true;
+  CHECK(after_train(0, o) == AfterTrain::Raise);
+  o.mesh_failed = true;
+  CHECK(after_train(0, o) == AfterTrain::Raise);  // generation 0 has no replacement to lose
+  CHECK(after_train(2, o) == AfterTrain::RollCall);
+  o.lost_peer = true;
+  CHECK(after_train(2, o) == AfterTrain::Recover);  // the loss is known: no roll call
+  o = {};
+  o.lost_peer = true;
+  CHECK(after_train(0, o) == AfterTrain::Recover);
+  o.counted_dead = true;
+  CHECK(after_train(0, o) == AfterTrain::Leave);
+}
+
+TEST_CASE("a generation that did not form", "[inplace]") {
+  CHECK(after_join_failure(0, std::vector<int>{1}) == AfterJoinFailure::Raise);
+  CHECK(after_join_failure(1, std::nullopt) == AfterJoinFailure::HandOver);  // the store's host is gone
+  CHECK(after_join_failure(1, std::vector<int>{}) == AfterJoinFailure::HandOver);
+  CHECK(after_join_failure(1, std::vector<int>{3}) == AfterJoinFailure::Recover);
+
+  Plan plan;
+  plan.generation = 4;
+  plan.root = 2;
+  plan.step = 40;
+  Failure f = join_failure(plan, {5, 3, 5}, 7.5);
+  CHECK(f.lost == std::vector<int>{3, 5});
+  CHECK(f.root == 2);
+  CHECK(f.step == std::optional<std::uint64_t>(40));
+  CHECK(f.detect_unix == 7.5);
+  CHECK(join_failure(plan, {2}, 1).root == -1);  // the plan's root is among the missing
+}
+
+TEST_CASE("the recovery's root and the plan's way down the tree", "[inplace]") {
+  SECTION("the decider when it survived, else the lowest survivor") {
+    CHECK(recovery_root(8, failure_of({3}, 5)) == 5);
+    CHECK(recovery_root(8, failure_of({0, 1})) == 2);
+    CHECK(recovery_root(8, failure_of({0}, 0)) == 1);  // a decider counted as lost is no root
+  }
+  SECTION("every survivor is handed the plan once, by a live parent, with constant fan-out") {
+    for (int world : {2, 7, 64, 1000}) {
+      for (const std::vector<int>& lost : {std::vector<int>{1}, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7},
+                                           std::vector<int>{world - 1}}) {
+        const Failure f = failure_of(lost);
+        const int root = recovery_root(world, f);
+        std::map<int, int> handed;  // survivor -> times a parent lists it
+        std::size_t widest = 0;
+        for (int r = 0; r < world; ++r) {
+          Role role = recovery_role(world, f, r, false);
+          CAPTURE(world, r);
+          if (role.lost) {
+            CHECK(role.sources == std::vector<int>{root});
+            CHECK(role.children.empty());
+            continue;
+          }
+          CHECK(role.writes_plan == (r == root));
+          if (r != root) CHECK_FALSE(role.sources.empty());
+          for (int s : role.sources) CHECK(std::find(lost.begin(), lost.end(), s) == lost.end());
+          for (int c : role.children) ++handed[c];
+          widest = std::max(widest, role.children.size());
+        }
+        CAPTURE(world);
+        CHECK(widest <= static_cast<std::size_t>(ckpt::overlay::kGroupSize + 2));
+        for (int r = 0; r < world; ++r) {
+          const bool survivor = std::find(lost.begin(), lost.end(), r) == lost.end();
+          if (survivor && r != root) CHECK(handed[r] == 1);
+          if (!survivor || r == root) CHECK(handed[r] == 0);
+        }
+      }
+    }
+  }
+  SECTION("the root waits on its parent when the plan exists already; the tree's top asks the writer") {
+    const Failure f = failure_of({3}, 9);  // the decider is not the tree's top (rank 0)
+    Role top = recovery_role(16, f, 0, false);
+    CHECK(top.sources == std::vector<int>{9});
+    Role again = recovery_role(16, f, 9, true);
+    CHECK_FALSE(again.writes_plan);
+    CHECK_FALSE(again.sources.empty());
+  }
+}
+
+TEST_CASE("the root's plan: a spare per lost rank, or an abandonment", "[inplace]") {
+  const Failure f = failure_of({1, 4}, 0, 12);
+  Plan p = plan_generation(3, 6, 0, f, {"n5.0", "n6.0", "n7.0"});
+  CHECK_FALSE(p.abandons());
+  CHECK(p.generation == 3);
+  CHECK(p.world == 6);
+  CHECK(p.lost == std::vector<int>{1, 4});
+  CHECK(p.takeover == std::map<int, std::string>{{1, "n5.0"}, {4, "n6.0"}});
+  CHECK(p.step == std::optional<std::uint64_t>(12));
+  Plan short_of = plan_generation(3, 6, 0, f, {"n5.0"});
+  CHECK(short_of.abandons());
+  CHECK(short_of.abandon == "2 ranks lost, 1 spares ready");
+
+  CHECK(verdict(std::nullopt, 0) == Verdict::NoPlan);
+  CHECK(verdict(short_of, 0) == Verdict::Abandoned);
+  CHECK(verdict(p, 4) == Verdict::CountedLost);
+  CHECK(verdict(p, 2) == Verdict::Go);
+}
+
+TEST_CASE("free spares: ready, unclaimed, well named, sorted", "[inplace]") {
+  CHECK(free_spares({"spare-n5.0", "claim-n4.0", "spare-n4.0", ".spare-n6.0.x1.tmp", "spare-n3.1", "gen-0.plan",
+                     "spare-bad name.0", "spare-n7"}) == std::vector<std::string>{"n3.1", "n5.0"});
+  CHECK(parse_slot("n12.3") == std::optional<std::pair<std::string, int>>({"n12", 3}));
+  CHECK_FALSE(parse_slot("n12"));
+  CHECK_FALSE(parse_slot(".3"));
+  CHECK_FALSE(parse_slot("n1/../x.0"));
+  CHECK_FALSE(parse_slot("n1.-1"));
+}
+
+TEST_CASE("records parse what they wrote and refuse the rest", "[inplace][security]") {
+  SECTION("good records round-trip") {
+    Plan p = plan_generation(2, 4, 0, failure_of({3}, 0, 9), {"n4.0"});
+    p.addr = "10.0.0.1";
+    p.port = 4000;
+    p.written_unix = 5;
+    auto back = parse_plan(to_json(p));
+    REQUIRE(back);
+    CHECK(back->takeover == p.takeover);
+    CHECK(back->step == p.step);
+    CHECK(back->addr == "10.0.0.1");
+    Plan gone;
+    gone.generation = 2;
+    gone.abandon = "1 ranks lost, 0 spares ready";
+    auto abandon = parse_plan(to_json(gone));
+    REQUIRE(abandon);
+    CHECK(abandon->abandons());
+    Phases ph;
+    ph.generation = 2;
+    ph.detect = 1;
+    ph.first_step = 3;
+    ph.lost = {3};
+    auto phb = parse_phases(to_json(ph));
+    REQUIRE(phb);
+    CHECK(phb->as_report().resumed == 3);
+    CHECK_FALSE(phb->step);
+    Spare s{"n4", 0, 77, 1.5, SpareMailbox{"10.0.0.4", 5000, "abc"}};
+    auto sb = parse_spare(to_json(s));
+    REQUIRE(sb);
+    CHECK(sb->mailbox->token == "abc");
+    CHECK(parse_mailbox(to_json(Mailbox{3, 2, "10.0.0.3", 6000, 9})));
+    CHECK(parse_claim(to_json(Claim{2, 3}))->rank == 3);
+  }
+  SECTION("bad records: one line naming the field") {
+    const std::string base = R"("generation":1,"world":4,"addr":"a","port":5,"root":0,"step":null,"detect_unix":1,)"
+                             R"("written_unix":1)";
+    CHECK(parse_plan("{" + base + R"(,"lost":[1],"takeover":{"1":"n4.0"}})"));
+    CHECK_THAT(parse_plan("{" + base + R"(,"lost":[4],"takeover":{}})").error(), Catch::Contains("'lost'"));
+    CHECK_THAT(parse_plan("{" + base + R"(,"lost":[-1],"takeover":{}})").error(), Catch::Contains("'lost'"));
+    CHECK_THAT(parse_plan("{" + base + R"(,"lost":[1],"takeover":{"1":"../x"}})").error(),
+               Catch::Contains("'takeover'"));
+    CHECK_THAT(parse_plan("{" + base + R"(,"lost":[1],"takeover":{"9":"n4.0"}})").error(),
+               Catch::Contains("'takeover'"));
+    CHECK_THAT(parse_plan(R"({"generation":1,"world":4,"lost":[]})").error(), Catch::Contains("is missing"));
+    CHECK_THAT(parse_plan(R"({"generation":-1,"abandon":"x"})").error(), Catch::Contains("'generation'"));
+    CHECK_THAT(parse_plan(R"({"generation":1,"abandon":""})").error(), Catch::Contains("'abandon'"));
+    CHECK_THAT(parse_plan("[1]").error(), Catch::Contains("not a JSON object"));
+    CHECK_THAT(parse_plan(std::string(5 << 20, ' ')).error(), Catch::Contains("too large"));
+    CHECK_THAT(parse_phases(R"({"generation":1,"detect":-3})").error(), Catch::Contains("'detect'"));
+    CHECK_THAT(parse_phases(R"({"generation":1,"detect":"now"})").error(), Catch::Contains("'detect'"));
+    CHECK_THAT(parse_spare(R"({"node":"n 1","local":0,"pid":1,"ready_unix":1})").error(), Catch::Contains("'node'"));
+    CHECK_THAT(parse_spare(R"({"node":"n1","local":0,"pid":1,"ready_unix":1,"mailbox":{"addr":"a"}})").error(),
+               Catch::Contains("'mailbox'"));
+    CHECK_THAT(parse_mailbox(R"({"rank":1,"generation":0,"addr":"a","port":70000,"pid":1})").error(),
+               Catch::Contains("'port'"));
+    std::string deep(100000, '[');
+    CHECK_FALSE(parse_plan(deep));  // never recurses into a crash
+  }
+}
+
+TEST_CASE("the run's dir: private, written whole, stale or torn records unread", "[inplace][security]") {
+  TempDir t;
+  const std::string dir = t.path + "/.control/inplace-j1";
+  auto opened = Records::open(dir);
+  REQUIRE(opened);
+  Records& r = opened.value();
+  struct stat st {};
+  REQUIRE(::stat(dir.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+
+  SECTION("a plan with its claims; claimed spares are not free") {
+    REQUIRE(r.write_spare(Spare{"n4", 0, 1, 1, std::nullopt}));
+    REQUIRE(r.write_spare(Spare{"n5", 0, 2, 1, std::nullopt}));
+    CHECK(r.free_spares() == std::vector<std::string>{"n4.0", "n5.0"});
+    Plan p = plan_generation(1, 4, 0, failure_of({2}), r.free_spares());
+    p.addr = "10.0.0.1";
+    p.port = 4000;
+    auto written = r.write_plan(p, {{"n4.0", 2}});
+    REQUIRE(written);
+    CHECK(written->written_unix > 0);
+    CHECK(r.free_spares() == std::vector<std::string>{"n5.0"});
+    CHECK(r.read_claim("n4.0")->rank == 2);
+    CHECK(r.has_plan(1));
+    CHECK(r.read_plan(1)->takeover.at(2) == "n4.0");
+    CHECK_FALSE(r.read_plan(2));
+  }
+  SECTION("a torn or foreign record reads as absent") {
+    write_file(dir + "/gen-3.plan", R"({"generation":3,"world":)");
+    CHECK_FALSE(r.read_plan(3));
+    write_file(dir + "/gen-4.plan", R"({"generation":5,"abandon":"x","written_unix":1})");
+    CHECK_FALSE(r.read_plan(4));  // a plan of another generation under this name
+    write_file(dir + "/mailbox-2", R"({"rank":3,"generation":0,"addr":"a","port":5,"pid":1})");
+    CHECK_FALSE(r.read_mailbox(2));
+    REQUIRE(::symlink("/etc/passwd", (dir + "/gen-6.plan").c_str()) == 0);
+    CHECK_FALSE(r.read_plan(6));
+    CHECK_FALSE(r.read_spare("../../x.0"));
+  }
+  SECTION("markers") {
+    CHECK_FALSE(r.marked("finished"));
+    REQUIRE(r.mark("abandoned", "no spare"));
+    CHECK(r.marked("abandoned"));
+    CHECK_THAT(read_file(dir + "/abandoned"), Catch::Contains("no spare"));
+    CHECK_FALSE(r.mark("../evil", "x"));
+  }
+  SECTION("one private secret for every process; a readable one is refused") {
+    auto a = r.secret();
+    auto b = Records::open(dir)->secret();
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(*a == *b);
+    REQUIRE(::chmod((dir + "/secret").c_str(), 0644) == 0);
+    CHECK_THAT(r.secret().error(), Catch::Contains("private 32-byte"));
+  }
+  SECTION("a dir another user could enter is refused") {
+    REQUIRE(::chmod(dir.c_str(), 0755) == 0);
+    CHECK_THAT(Records::open(dir).error(), Catch::Contains("mode 0755"));
+  }
+}
