@@ -42,6 +42,7 @@ extern "C" {
 
 #include "ckpt/address.hpp"
 #include "ckpt/clock.hpp"
+#include "ckpt/env_contract.hpp"
 #include "ckpt/format.hpp"
 #include "ckpt/inplace.hpp"
 #include "ckpt/options.hpp"
@@ -206,13 +207,14 @@ std::optional<int> prepare(Run& run, const std::vector<std::string>& srun_args) 
     const char* value = std::getenv(name);
     return value ? std::optional<std::string_view>(value) : std::nullopt;
   };
-  auto spares = ckpt::run_spares(run.s.spares, env_view("CKPT_SPARES"), env_view("CKPT_MAX_SPARES"));
+  auto spares = ckpt::run_spares(run.s.spares, env_view(ckpt::env::name_of("spares").c_str()),
+                                   env_view(ckpt::env::name_of("max_spares").c_str()));
   if (!spares) return usage(spares.error());
   if (!run.s.spares && *spares) run.s.spares_source = "--ckpt-spares";
   run.s.spares = *spares;
   if (run.s.url.empty()) {
     // The plugin exports the site's controller= URL to the job: never a guess from a config file.
-    const char* env = std::getenv("CKPT_CONTROLLER_URL");
+    const char* env = std::getenv(ckpt::env::name_of("controller_url").c_str());
     run.s.url = env ? env : "";
   }
   while (!run.s.url.empty() && run.s.url.back() == '/') run.s.url.pop_back();
@@ -370,7 +372,8 @@ int relaunch_loop(Run& run) {
     auto launch = next_launch(run);
     if (!launch) return 1;
     const double started = ckpt::unix_seconds();
-    pid_t pid = spawn(launch->argv, {{"CKPT_RUN", "1"}, {"CKPT_RUN_ATTEMPT", std::to_string(run.attempt)}});
+    pid_t pid = spawn(launch->argv, {{ckpt::env::name_of("relaunched"), "1"},
+                                            {ckpt::env::name_of("run_attempt"), std::to_string(run.attempt)}});
     if (pid < 0) {
       log_error(std::string("cannot fork: ") + std::strerror(errno));
       return 1;
@@ -619,15 +622,16 @@ int inplace_loop(Run& run) {
                                      "--nodelist=" + step.node};
     argv.insert(argv.end(), run.line.options.begin(), run.line.options.end());
     argv.insert(argv.end(), run.line.command.begin(), run.line.command.end());
-    std::vector<std::pair<std::string, std::string>> env = {
-        {"CKPT_INPLACE_ID", id}, {"CKPT_INPLACE_WORLD", std::to_string(wanted * *per_node)},
-        {"CKPT_INPLACE_NOTIFY", notices.address()}};
+    namespace env = ckpt::env;
+    std::vector<std::pair<std::string, std::string>> vars = {
+        {env::name_of("inplace_id"), id}, {env::name_of("inplace_world"), std::to_string(wanted * *per_node)},
+        {env::name_of("inplace_notify"), notices.address()}};
     if (step.spare) {
-      env.emplace_back("CKPT_INPLACE_SPARE", "1");
+      vars.emplace_back(env::name_of("inplace_spare"), "1");
     } else {
-      env.emplace_back("CKPT_INPLACE_RANK_BASE", std::to_string(i * *per_node));
+      vars.emplace_back(env::name_of("inplace_rank_base"), std::to_string(i * *per_node));
     }
-    step.pid = spawn(argv, env);  // without CKPT_RUN: the controller does not relaunch these steps
+    step.pid = spawn(argv, vars);  // without CKPT_RUN: the controller does not relaunch these steps
     if (step.pid < 0) {
       log_error(std::string("cannot fork: ") + std::strerror(errno));
       return 1;
@@ -641,7 +645,7 @@ int inplace_loop(Run& run) {
   std::fprintf(stderr, "ckpt-run: %llu nodes train, %s (in-place id %s)\n", static_cast<unsigned long long>(wanted),
                spares.empty() ? "no spare" : ("spares " + spares).c_str(), id.c_str());
   InPlaceWatch watch;
-  if (const char* dir = std::getenv("CKPT_DIR"); dir != nullptr && *dir == '/') {
+  if (const char* dir = std::getenv(ckpt::env::name_of("dir").c_str()); dir != nullptr && *dir == '/') {
     watch.dir = std::string(dir) + "/.control/inplace-" + id;
   }
   for (std::size_t i = 0; i < steps.size(); ++i) {

@@ -23,6 +23,7 @@ extern "C" {
 }
 
 #include "ckpt/parse.hpp"
+#include "ckpt/env_contract.hpp"
 #include "ckpt/posix.hpp"
 #include "ckpt/recovery.hpp"
 #include "ckpt/store.hpp"
@@ -66,7 +67,7 @@ std::string owner_work(const JobIds& ids, const std::string& dir, const std::vec
   if (!fd) return "E " + fd.error() + "\n";
   close(*fd);
   // The store opens its root under the same rules (ckpt/trusted_dir.hpp).
-  setenv("CKPT_TRUSTED_DIRS", ckpt::join_trusted_prefixes(trusted).c_str(), 1);
+  setenv(ckpt::env::name_of("trusted_dirs").c_str(), ckpt::join_trusted_prefixes(trusted).c_str(), 1);
   std::string out;
   try {
     // Manifests and records only: each rank checks the bytes it loads, so the checkpoint is read once, not once per
@@ -232,30 +233,32 @@ int remote_user_init(spank_t sp) {
   if (!report.error.empty()) return fail_tasks(report.error);
 
   for (const auto& [name, value] : ckpt::settings_environment(*settings)) export_env(sp, name, value);
-  export_env(sp, "CKPT_JOB_ID", job.job_id);
-  export_env(sp, "CKPT_TRUSTED_DIRS", ckpt::join_trusted_prefixes(trusted));
+  export_env(sp, ckpt::env::name_of("job_id"), job.job_id);
+  export_env(sp, ckpt::env::name_of("trusted_dirs"), ckpt::join_trusted_prefixes(trusted));
   // Who continues a job stopped at its time limit: the site's recovery controller, or the job itself.
-  export_env(sp, "CKPT_REQUEUE", state.policy.controller.empty() ? "self" : "controller");
+  export_env(sp, ckpt::env::name_of("requeue"), state.policy.controller.empty() ? "self" : "controller");
   // ckpt-run asks the site's controller, never one it guesses (a port on the node's loopback anyone may bind).
   if (ckpt::controller_is_url(state.policy.controller)) {
-    export_env(sp, "CKPT_CONTROLLER_URL", state.policy.controller);
+    export_env(sp, ckpt::env::name_of("controller_url"), state.policy.controller);
   }
   // Steps of a requeued batch job report a restart count of 0; the job's environment has the real one.
   if (auto count = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); count && *count > restarts) {
     restarts = static_cast<std::uint32_t>(*count);
   }
-  export_env(sp, "CKPT_RESTART_COUNT", std::to_string(restarts));
-  if (std::time_t end = job_end_time(ids.job_id); end > 0) export_env(sp, "CKPT_END_TIME", std::to_string(end));
-  if (unsigned wait = kill_wait_s(); wait > 0) export_env(sp, "CKPT_KILL_WAIT", std::to_string(wait) + "s");
+  export_env(sp, ckpt::env::name_of("restart_count"), std::to_string(restarts));
+  if (std::time_t end = job_end_time(ids.job_id); end > 0) {
+    export_env(sp, ckpt::env::name_of("end_time"), std::to_string(end));
+  }
+  if (unsigned wait = kill_wait_s(); wait > 0) export_env(sp, ckpt::env::name_of("kill_wait"), std::to_string(wait) + "s");
 
   for (const auto& line : report.resume.log) slurm_info("ckpt: job %u.%u: %s", ids.job_id, step_id, line.c_str());
   if (report.resume.step) {
-    export_env(sp, "CKPT_RESUME_STEP", std::to_string(*report.resume.step));
-    export_env(sp, "CKPT_RESUME_PATH", report.resume.path);
+    export_env(sp, ckpt::env::name_of("resume_step"), std::to_string(*report.resume.step));
+    export_env(sp, ckpt::env::name_of("resume_path"), report.resume.path);
   } else {
     // A stale value from the submitting shell must not make a fresh job resume.
-    spank_unsetenv(sp, "CKPT_RESUME_STEP");
-    spank_unsetenv(sp, "CKPT_RESUME_PATH");
+    spank_unsetenv(sp, ckpt::env::name_of("resume_step").c_str());
+    spank_unsetenv(sp, ckpt::env::name_of("resume_path").c_str());
   }
   report_job_start(sp, *settings);
   return 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ckpt/env_contract.hpp"
 #include "ckpt/format.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/site_keys.hpp"
@@ -361,18 +362,19 @@ Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& poli
 }
 
 std::vector<std::pair<std::string, std::string>> settings_environment(const Settings& s) {
+  const auto seconds = [](std::uint64_t v) { return std::to_string(v) + "s"; };
   return {
-      {"CKPT_DIR", s.dir},
-      {"CKPT_INTERVAL", format_interval(s.interval)},
-      {"CKPT_KEEP", std::to_string(s.keep)},
-      {"CKPT_LAST_WORDS", s.last_words ? "on" : "off"},
-      {"CKPT_MTBF", std::to_string(s.mtbf_s) + "s"},
-      {"CKPT_GRACE", std::to_string(s.grace_s) + "s"},
-      {"CKPT_MAX_RESTARTS", std::to_string(s.max_restarts)},
-      {"CKPT_MIN_INTERVAL", std::to_string(s.min_interval_s) + "s"},
-      {"CKPT_MAX_INTERVAL", std::to_string(s.max_interval_s) + "s"},
-      {"CKPT_SPARES", std::to_string(s.spares)},
-      {"CKPT_MAX_SPARES", std::to_string(s.max_spares)},
+      {env::name_of("dir"), s.dir},
+      {env::name_of("interval"), format_interval(s.interval)},
+      {env::name_of("keep"), std::to_string(s.keep)},
+      {env::name_of("last_words"), s.last_words ? "on" : "off"},
+      {env::name_of("mtbf"), seconds(s.mtbf_s)},
+      {env::name_of("grace"), seconds(s.grace_s)},
+      {env::name_of("max_restarts"), std::to_string(s.max_restarts)},
+      {env::name_of("min_interval"), seconds(s.min_interval_s)},
+      {env::name_of("max_interval"), seconds(s.max_interval_s)},
+      {env::name_of("spares"), std::to_string(s.spares)},
+      {env::name_of("max_spares"), std::to_string(s.max_spares)},
   };
 }
 

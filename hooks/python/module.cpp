@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ckpt/address.hpp"
+#include "ckpt/env_contract.hpp"
 #include "ckpt/hooks.hpp"
 #include "ckpt/recovery.hpp"
 
@@ -210,6 +211,11 @@ PYBIND11_MODULE(_native, m) {
     if (!names) throw CkptError(names.error());
     return *names;
   }, py::arg("list"), "A Slurm hostlist (\"n[1-3],gpu07\") as names, in order; raises Error on a malformed one.");
+  m.def("env_names", [] {
+    py::dict out;
+    for (const auto& v : ckpt::env::contract()) out[py::str(v.key)] = py::str(v.name);
+    return out;
+  }, "The environment contract (ckpt/env_contract.hpp): setting key -> variable name.");
   m.def("option_keys", [] {
     py::list out;
     for (const auto& k : ckpt::hooks::option_keys()) out.append(py::make_tuple(k.key, k.env, k.expected));

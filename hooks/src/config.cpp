@@ -4,6 +4,7 @@
 #include <map>
 #include <thread>
 
+#include "ckpt/env_contract.hpp"
 #include "ckpt/hooks.hpp"
 #include "ckpt/log_level.hpp"
 #include "ckpt/parse.hpp"
@@ -19,41 +20,26 @@ struct KeySpec {
   std::vector<const char*> envs;
 };
 
+// The settings the hooks read, in the order --help lists them. Their variables, fallbacks and the text of their
+// error lines come from the environment contract (ckpt/env_contract.hpp), which the plugin exports by.
+constexpr const char* kHookKeys[] = {
+    "dir", "interval", "keep", "last_words", "mtbf", "grace", "min_interval", "max_interval", "max_restarts",
+    "restart_count", "job_id", "generation", "resume_step", "resume_path", "end_time", "kill_wait", "exit_grace",
+    "requeue", "heartbeat_timeout", "rank", "world_size", "local_rank", "coordinator", "copy_threads",
+    "commit_timeout", "agree_lead", "signals", "run_id", "log", "layout", "coord"};
+
 const std::vector<KeySpec>& key_specs() {
-  static const std::vector<KeySpec> specs = {
-      {{"dir", "CKPT_DIR", "an absolute path"}, {"CKPT_DIR"}},
-      {{"interval", "CKPT_INTERVAL", "auto, a duration like 15m, or <N>steps"}, {"CKPT_INTERVAL"}},
-      {{"keep", "CKPT_KEEP", "a whole number >= 1"}, {"CKPT_KEEP"}},
-      {{"last_words", "CKPT_LAST_WORDS", "on or off"}, {"CKPT_LAST_WORDS"}},
-      {{"mtbf", "CKPT_MTBF", "a positive duration like 24h"}, {"CKPT_MTBF"}},
-      {{"grace", "CKPT_GRACE", "a duration like 120s"}, {"CKPT_GRACE"}},
-      {{"min_interval", "CKPT_MIN_INTERVAL", "a positive duration like 1m"}, {"CKPT_MIN_INTERVAL"}},
-      {{"max_interval", "CKPT_MAX_INTERVAL", "a duration like 6h (0s: none)"}, {"CKPT_MAX_INTERVAL"}},
-      {{"max_restarts", "CKPT_MAX_RESTARTS", "a whole number"}, {"CKPT_MAX_RESTARTS"}},
-      {{"restart_count", "CKPT_RESTART_COUNT", "a whole number"}, {"CKPT_RESTART_COUNT", "SLURM_RESTART_COUNT"}},
-      {{"job_id", "CKPT_JOB_ID", "a job id"}, {"CKPT_JOB_ID", "SLURM_JOB_ID"}},
-      {{"generation", "CKPT_INPLACE_GENERATION", "a whole number"}, {"CKPT_INPLACE_GENERATION"}},
-      {{"resume_step", "CKPT_RESUME_STEP", "a whole number"}, {"CKPT_RESUME_STEP"}},
-      {{"resume_path", "CKPT_RESUME_PATH", "an absolute path to a step dir"}, {"CKPT_RESUME_PATH"}},
-      {{"end_time", "CKPT_END_TIME", "unix seconds"}, {"CKPT_END_TIME", "SLURM_JOB_END_TIME"}},
-      {{"kill_wait", "CKPT_KILL_WAIT", "a positive duration like 30s"}, {"CKPT_KILL_WAIT"}},
-      {{"exit_grace", "CKPT_EXIT_GRACE", "a duration like 3s (0s: never end the program)"}, {"CKPT_EXIT_GRACE"}},
-      {{"requeue", "CKPT_REQUEUE", "controller, self or off"}, {"CKPT_REQUEUE"}},
-      {{"heartbeat_timeout", "CKPT_HEARTBEAT_TIMEOUT", "a duration from 200ms to 60s like 1500ms"},
-       {"CKPT_HEARTBEAT_TIMEOUT"}},
-      {{"rank", "RANK", "a whole number below world_size"}, {"RANK", "SLURM_PROCID"}},
-      {{"world_size", "WORLD_SIZE", "a whole number >= 1"}, {"WORLD_SIZE", "SLURM_NTASKS"}},
-      {{"local_rank", "LOCAL_RANK", "a whole number"}, {"LOCAL_RANK", "SLURM_LOCALID"}},
-      {{"coordinator", "CKPT_COORDINATOR", "auto, single, file or pmix"}, {"CKPT_COORDINATOR"}},
-      {{"copy_threads", "CKPT_COPY_THREADS", "a whole number from 0 to 64"}, {"CKPT_COPY_THREADS"}},
-      {{"commit_timeout", "CKPT_COMMIT_TIMEOUT", "a positive duration like 10m"}, {"CKPT_COMMIT_TIMEOUT"}},
-      {{"agree_lead", "CKPT_AGREE_LEAD", "a whole number from 1 to 1000"}, {"CKPT_AGREE_LEAD"}},
-      {{"signals", "CKPT_SIGNALS", "on or off"}, {"CKPT_SIGNALS"}},
-      {{"run_id", "CKPT_RUN_ID", "letters, digits, '.', '_' or '-'"}, {"CKPT_RUN_ID"}},
-      {{"log", "CKPT_LOG", kLogLevelsAccepted}, {"CKPT_LOG"}},
-      {{"layout", "CKPT_LAYOUT", "dp=<n>,tp=<n>,pp=<n>[,zero1=on|off] with dp*tp*pp = world_size"}, {"CKPT_LAYOUT"}},
-      {{"coord", "CKPT_COORD", "dp=<i>,tp=<i>,pp=<i> inside the layout"}, {"CKPT_COORD"}},
-  };
+  static const std::vector<KeySpec> specs = [] {
+    std::vector<KeySpec> out;
+    for (const char* key : kHookKeys) {
+      const env::Var* v = env::by_key(key);  // every key is in the contract (test_hooks_config checks it)
+      if (v == nullptr) continue;
+      KeySpec spec{{v->key, v->name, v->expected}, {v->name}};
+      spec.envs.insert(spec.envs.end(), v->fallbacks.begin(), v->fallbacks.end());
+      out.push_back(std::move(spec));
+    }
+    return out;
+  }();
   return specs;
 }
 

@@ -1,10 +1,13 @@
 #include <catch2/catch.hpp>
 
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 
+#include "ckpt/env_contract.hpp"
 #include "ckpt/hooks.hpp"
+#include "ckpt/options.hpp"
 #include "hooks_test_util.hpp"
 
 using namespace ckpt;
@@ -216,4 +219,54 @@ TEST_CASE("without a checkpoint dir every call is a no-op", "[hooks][config]") {
   CHECK(cp->before_update().ok());
   CHECK_FALSE(*cp->after_step(1));
   CHECK(cp->close().ok());
+}
+
+TEST_CASE("the environment contract: what the plugin exports reads back as the same settings", "[hooks][config]") {
+  Settings s;
+  s.dir = "/scratch/alice/ckpt/77";
+  s.keep = 7;
+  s.last_words = true;
+  s.mtbf_s = 3 * 3600;
+  s.max_restarts = 9;
+  s.grace_s = 240;
+  s.min_interval_s = 30;
+  s.max_interval_s = 7200;
+  for (const Interval& interval : {Interval{Interval::Kind::Auto, 0}, Interval{Interval::Kind::Seconds, 900},
+                                   Interval{Interval::Kind::Steps, 500}}) {
+    s.interval = interval;
+    std::map<std::string, std::string> env;
+    for (const auto& [name, value] : settings_environment(s)) {
+      CAPTURE(name);
+      CHECK(env::by_name(name) != nullptr);
+      CHECK(env::by_name(name)->set_by == env::SetBy::Plugin);
+      env[name] = value;
+    }
+    auto c = load(env);
+    REQUIRE(c);
+    CHECK(c->dir == s.dir);
+    CHECK(c->interval == s.interval);
+    CHECK(c->keep == s.keep);
+    CHECK(c->last_words == s.last_words);
+    CHECK(c->mtbf_s == s.mtbf_s);
+    CHECK(c->grace_s == s.grace_s);
+    CHECK(c->min_interval_s == s.min_interval_s);
+    CHECK(c->max_interval_s == s.max_interval_s);
+    CHECK(c->max_restarts == s.max_restarts);
+  }
+}
+
+TEST_CASE("the environment contract: one row per key and per variable; every hooks setting in it", "[hooks][config]") {
+  std::set<std::string> keys, names;
+  for (const env::Var& v : env::contract()) {
+    CHECK(keys.insert(v.key).second);
+    CHECK(names.insert(v.name).second);
+    CHECK(std::string(v.expected).size() > 0);
+  }
+  for (const OptionKey& k : option_keys()) {
+    CAPTURE(k.key);
+    REQUIRE(env::by_key(k.key) != nullptr);
+    CHECK(std::string(k.env) == env::by_key(k.key)->name);
+  }
+  CHECK(option_keys().size() == 31);  // every key of config.cpp's list found in the contract
+  CHECK(env::name_of("no-such-key").empty());
 }

@@ -29,6 +29,7 @@ import time
 from . import _native
 
 _core = _native.inplace
+ENV = _native.env_names()  # setting key -> variable (ckpt/env_contract.hpp)
 
 EXIT_PEER_LOST = _core.EXIT_PEER_LOST  # a survivor that cannot go on: the requeue path takes over
 
@@ -212,7 +213,7 @@ def claim_of(message):
 def notify_launcher(env=os.environ):
     """Tells ckpt-run to read the records now (CKPT_INPLACE_NOTIFY, "<addr>:<port>"): a connection that carries
     nothing, tried once for a second at most. Without it ckpt-run reads them every 2 s."""
-    host, _, port = env.get("CKPT_INPLACE_NOTIFY", "").rpartition(":")
+    host, _, port = env.get(ENV["inplace_notify"], "").rpartition(":")
     if not host or not port.isdigit():
         return False
     try:
@@ -226,22 +227,22 @@ class Launch:
     """What the launcher told this process (None when it was not started for in-place recovery)."""
 
     def __init__(self, env):
-        self.id = env["CKPT_INPLACE_ID"]
-        self.world = int(env["CKPT_INPLACE_WORLD"])
-        self.spare = env.get("CKPT_INPLACE_SPARE") == "1"
+        self.id = env[ENV["inplace_id"]]
+        self.world = int(env[ENV["inplace_world"]])
+        self.spare = env.get(ENV["inplace_spare"]) == "1"
         self.local = int(env.get("SLURM_LOCALID", "0"))
         self.node = env.get("SLURMD_NODENAME") or socket.gethostname()
-        self.rank = None if self.spare else int(env["CKPT_INPLACE_RANK_BASE"]) + int(env.get("SLURM_PROCID", "0"))
-        root = env.get("CKPT_DIR")
+        self.rank = None if self.spare else int(env[ENV["inplace_rank_base"]]) + int(env.get("SLURM_PROCID", "0"))
+        root = env.get(ENV["dir"])
         if not root:
-            raise RuntimeError("ckpt: in-place recovery needs a checkpoint dir (CKPT_DIR)")
+            raise RuntimeError(f"ckpt: in-place recovery needs a checkpoint dir ({ENV['dir']})")
         if not all(c.isalnum() or c in "._-" for c in self.id) or self.id.startswith("."):
-            raise RuntimeError(f"ckpt: CKPT_INPLACE_ID='{self.id}': expected letters, digits, '.', '_' or '-'")
+            raise RuntimeError(f"ckpt: {ENV['inplace_id']}='{self.id}': expected letters, digits, '.', '_' or '-'")
         self.dir = os.path.join(root, ".control", f"inplace-{self.id}")
 
     @staticmethod
     def from_env(env=os.environ):
-        return Launch(env) if env.get("CKPT_INPLACE_ID") else None
+        return Launch(env) if env.get(ENV["inplace_id"]) else None
 
     @property
     def slot(self):

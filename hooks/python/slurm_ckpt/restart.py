@@ -42,9 +42,10 @@ from . import _native, inplace
 
 _core = _native.inplace  # the decisions and records (ckpt/inplace.hpp); this module keeps the effects
 
-_PLAN_TIMEOUT_S = float(os.environ.get("CKPT_INPLACE_PLAN_TIMEOUT", "20"))
+_ENV = inplace.ENV
+_PLAN_TIMEOUT_S = float(os.environ.get(_ENV["inplace_plan_timeout"], "20"))
 # How long the ranks of a generation wait for each other at its store before the missing ones count as lost.
-_JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("CKPT_INPLACE_JOIN_TIMEOUT", "15")))
+_JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get(_ENV["inplace_join_timeout"], "15")))
 
 # The Checkpointer's error when a rank never joined its heartbeat mesh.
 _MESH_FAILED = "not every rank joined the mesh"
@@ -391,11 +392,11 @@ def _plan_of_tree(members, mailbox, generation, rank, sources, current, timeout_
 def _set_rank_env(rank, world, launch, generation):
     # CKPT_INPLACE_GENERATION fences earlier generations out of the checkpoint dir: a frozen rank that thaws
     # cannot commit there any more.
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(launch.local),
-                      CKPT_RUN_ID=f"{launch.id}.g{generation}", CKPT_INPLACE_GENERATION=str(generation))
+    os.environ.update({_ENV["rank"]: str(rank), _ENV["world_size"]: str(world), _ENV["local_rank"]: str(launch.local),
+                       _ENV["run_id"]: f"{launch.id}.g{generation}", _ENV["generation"]: str(generation)})
     if generation > 0:  # the plugin's choice was for generation 0: resume from the newest checkpoint instead
-        os.environ.pop("CKPT_RESUME_STEP", None)
-        os.environ.pop("CKPT_RESUME_PATH", None)
+        os.environ.pop(_ENV["resume_step"], None)
+        os.environ.pop(_ENV["resume_path"], None)
 
 
 def _peer_loss():
@@ -647,8 +648,8 @@ def init_process_group(backend="gloo", alone=False, **kwargs):
     else SLURM_PROCID/SLURM_NTASKS; MASTER_ADDR, when unset or empty, the first host of the step (where srun
     starts rank 0); MASTER_PORT, when unset, one derived from the job id. A world of one forms a group only with
     alone=True (on this host's loopback: nobody else joins). Returns (rank, world)."""
-    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    world = int(os.environ.get(_ENV["world_size"], os.environ.get("SLURM_NTASKS", "1")))
+    rank = int(os.environ.get(_ENV["rank"], os.environ.get("SLURM_PROCID", "0")))
     if (world > 1 or alone) and not dist.is_initialized():
         if not os.environ.get("MASTER_ADDR"):
             nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
@@ -696,7 +697,7 @@ def run(train, *args, backend="gloo", warm=None, **kwargs):
     if launch is None:
         _warm_up(warm, kwargs)
         return _run_plain(train, backend, args, kwargs)
-    os.environ["CKPT_EXIT_GRACE"] = "0s"  # this process leaves the failed group itself: the library must not end it
+    os.environ[_ENV["exit_grace"]] = "0s"  # this process leaves the failed group itself: the library must not end it
     dist.new_group = dist.distributed_c10d.new_group = _new_group_of_generation  # new_subgroups calls it too
     process = _Run(launch, backend)
     process.on_start(warm, kwargs)

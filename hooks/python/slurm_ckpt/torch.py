@@ -282,7 +282,7 @@ class Checkpointer:
 
     def __init__(self, model, optimizer=None, extra=None, dir=None, interval=None, layout=None, coord=None,
                  **settings):
-        if layout is None and "layout" not in settings and not os.environ.get("CKPT_LAYOUT"):
+        if layout is None and "layout" not in settings and not os.environ.get(_native.env_names()["layout"]):
             layout = _ddp_layout(model, settings)
         if layout is not None:
             settings["layout"] = _pairs(layout)
