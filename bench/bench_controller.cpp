@@ -159,7 +159,7 @@ bool run_cycles(Engine& engine, TableBackend& slurm, Timings& t) {
 int main(int argc, char** argv) {
   const std::uint32_t count = argc > 1 ? static_cast<std::uint32_t>(std::atoi(argv[1])) : 10000;
   const std::uint32_t failed_pct = argc > 2 ? static_cast<std::uint32_t>(std::atoi(argv[2])) : 1;
-  set_log_level("error");
+  ckpt::toolkit::set_log_level("error");
   const auto dir = std::filesystem::temp_directory_path() / ("bench_controller." + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   const std::string db_path = (dir / "controller.db").string();

@@ -104,7 +104,7 @@ cat > "$W/train-inplace.sbatch" <<JOB
 #SBATCH -N$((NODES + SPARE_NODES)) --ntasks-per-node=$PER_NODE --no-kill --requeue --open-mode=append
 export CKPT_CONTROLLER_URL=$CONTROLLER_URL
 echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST, resuming from step \${CKPT_RESUME_STEP:-none}"
-$BUILD/controller/ckpt-run --spares $SPARE_NODES srun -N$NODES --ntasks-per-node=$PER_NODE \
+$BUILD/ckpt-run/ckpt-run --spares $SPARE_NODES srun -N$NODES --ntasks-per-node=$PER_NODE \
   $PY $SRC/slurm-examples/train_dp_tp.py ${TRAIN_ARGS[*]} "\$@"
 JOB
 

@@ -52,7 +52,7 @@ foreach(ckpt_pkg slurm-ckpt slurm-ckpt-controller python3-slurm-ckpt libckpt0 li
           COMPONENT ${ckpt_comp} EXCLUDE_FROM_ALL)
 endforeach()
 # Admins' starting points, next to the package that uses them.
-install(FILES ${PROJECT_SOURCE_DIR}/slurm-examples/plugstack.conf
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/host/plugstack.conf
         DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/slurm-ckpt/examples COMPONENT node EXCLUDE_FROM_ALL)
 
 # ---- common -------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include "log.hpp"
 
 namespace ckpt::controller {
+using namespace ckpt::toolkit;  // the log
 
 using namespace engine_detail;
 

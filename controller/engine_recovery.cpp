@@ -8,6 +8,7 @@
 #include "probe.hpp"
 
 namespace ckpt::controller {
+using namespace ckpt::toolkit;  // the log
 
 using namespace engine_detail;
 

@@ -3,7 +3,7 @@
 //   ckpt(1)             the CLI11 definitions of the ckpt commands (cli/commands.hpp), walked in process
 //   ckpt-controller(8)  `ckpt-controller --help-all` (its CLI11 definitions, as the program prints them) and the
 //                       config keys parse_controller_config accepts (with their meaning from kControllerKeys)
-//   ckpt-run(1)         ckpt-run's option table (controller/run_options.hpp)
+//   ckpt-run(1)         ckpt-run's option table (ckpt-run/run_options.hpp)
 //   spank_ckpt(8)       core's option table, site key table, built-in defaults and exported variables
 //
 //   ckpt-mangen PAGE [HELP_FILE] > PAGE    (PAGE: ckpt.1, ckpt-run.1, ckpt-controller.8 or spank_ckpt.8)
@@ -332,7 +332,7 @@ std::string page_run() {
   name_section(page, "ckpt-run", "relaunch a job step inside its allocation when a node fails");
   page.section("SYNOPSIS");
   std::string line = bold("ckpt-run");
-  for (const auto& o : ckpt::controller::kRunOptions) line += " [" + bold(o.name) + " " + italic(o.arg) + "]";
+  for (const auto& o : ckpt::run::kRunOptions) line += " [" + bold(o.name) + " " + italic(o.arg) + "]";
   page.raw(line + " [" + bold("--") + "] " + bold("srun") + " [" + italic("srun options") + "] " + italic("command") +
            " [" + italic("args") + "]");
   page.section("DESCRIPTION");
@@ -344,7 +344,7 @@ std::string page_run() {
                  "nodes remain, it hands the job over to the controller for a requeue of the whole job.");
   page.paragraph("Give the allocation spare nodes, and --no-kill so that it outlives a node's failure.");
   page.section("OPTIONS");
-  for (const auto& o : ckpt::controller::kRunOptions) {
+  for (const auto& o : ckpt::run::kRunOptions) {
     page.item(bold(o.name) + " " + italic(o.arg), std::string(o.usage) + ".");
   }
   durations_paragraph(page);

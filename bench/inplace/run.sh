@@ -45,7 +45,7 @@ cat > "$WORK/job.sbatch" <<JOB
 #SBATCH --no-kill --requeue --open-mode=append
 export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=$HB CKPT_CONTROLLER_URL=$CONTROLLER_URL
 echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
-$CKPT_BUILD_DIR/controller/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $SRC/slurm-examples/train_ddp.py \\
+$CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $SRC/slurm-examples/train_ddp.py \\
   --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 --log-time "\$@"
 JOB
 

@@ -41,7 +41,7 @@ struct Harness {
   double now = 1000;
 
   Harness() {
-    ckpt::controller::set_log_level("error");
+    ckpt::toolkit::set_log_level("error");
     std::string templ = (std::filesystem::temp_directory_path() / "engine_cycle.XXXXXX").string();
     REQUIRE(mkdtemp(templ.data()) != nullptr);
     dir = templ;

@@ -13,7 +13,7 @@
 
 namespace {
 
-using ckpt::controller::read_in_place_phases;
+using ckpt::run::read_in_place_phases;
 
 const std::map<int, std::string> kNodeOfRank = {{0, "n1"}, {1, "n1"}, {2, "n2"}, {3, "n2"}, {4, "n3"}, {5, "n3"}};
 
@@ -142,7 +142,7 @@ TEST_CASE("ckpt-run refuses an in-place recovery it cannot read whole", "[contro
 // The controller's view of a job as ckpt-run takes it: a field of the wrong type or range drops the whole view (a
 // mistyped field once threw out of ckpt-run and crashed it), and node names must be host names (they go into -x).
 TEST_CASE("ckpt-run type-checks every field of the controller's view", "[controller][security]") {
-  using ckpt::controller::parse_job_view;
+  using ckpt::run::parse_job_view;
   using nlohmann::json;
   SECTION("good inputs") {
     auto v = parse_job_view(json::parse(

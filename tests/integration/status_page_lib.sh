@@ -88,8 +88,8 @@ check_status_page() {
 
   curl -sf "$CONTROLLER_URL/metrics" > "$SCRATCH/metrics" || fail "no /metrics"
   python3 "$CKPT_SOURCE_DIR/tests/ops/check_dashboards.py" --metrics "$SCRATCH/metrics" \
-    --dashboard "$CKPT_SOURCE_DIR/slurm-examples/grafana-dashboard.json" \
-    --rules "$CKPT_SOURCE_DIR/slurm-examples/prometheus-alerts.yml" \
+    --dashboard "$CKPT_SOURCE_DIR/packaging/host/grafana-dashboard.json" \
+    --rules "$CKPT_SOURCE_DIR/packaging/host/prometheus-alerts.yml" \
     --require-samples ckpt_controller_restarts_total,ckpt_controller_recovery_seconds_count \
     || fail "the dashboard or the alerts use what /metrics lacks after a recovery (above)"
 }

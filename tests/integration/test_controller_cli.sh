@@ -4,7 +4,7 @@
 # Needs no daemons.
 source "$(dirname "$0")/lib.sh"
 CTL=$CKPT_BUILD_DIR/controller/ckpt-controller
-CKPT_RUN=$CKPT_BUILD_DIR/controller/ckpt-run
+CKPT_RUN=$CKPT_BUILD_DIR/ckpt-run/ckpt-run
 [ -x "$CTL" ] && [ -x "$CKPT_RUN" ] || { echo "SKIP: controller not built" >&2; exit 77; }
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 

@@ -3,8 +3,8 @@
 # once and runs again, and nothing recorded before the kill is lost (libslurm backend, a real node crash).
 source "$(dirname "$0")/lib.sh"
 BACKEND=libslurm
-source "$CKPT_SOURCE_DIR/controller/testing/harness.sh"
-source "$CKPT_SOURCE_DIR/controller/testing/scenarios.sh"
+source "$CKPT_SOURCE_DIR/tests/integration/controller_harness.sh"
+source "$CKPT_SOURCE_DIR/tests/integration/controller_scenarios.sh"
 
 use_controller_in_plugstack
 write_config

@@ -4,8 +4,8 @@
 # through a spool dir as well as over HTTP.
 source "$(dirname "$0")/lib.sh"
 BACKEND=libslurm
-source "$CKPT_SOURCE_DIR/controller/testing/harness.sh"
-source "$CKPT_SOURCE_DIR/controller/testing/scenarios.sh"
+source "$CKPT_SOURCE_DIR/tests/integration/controller_harness.sh"
+source "$CKPT_SOURCE_DIR/tests/integration/controller_scenarios.sh"
 
 start_webhook
 write_config "webhook_url = http://127.0.0.1:$HOOK_PORT/alerts" "spool_dir = $SCRATCH/spool"

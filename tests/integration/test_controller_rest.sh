@@ -4,8 +4,8 @@
 # failures are requeued by Slurm itself and expedited by the controller; other endings cannot be requeued.
 source "$(dirname "$0")/lib.sh"
 BACKEND=rest
-source "$CKPT_SOURCE_DIR/controller/testing/harness.sh"
-source "$CKPT_SOURCE_DIR/controller/testing/scenarios.sh"
+source "$CKPT_SOURCE_DIR/tests/integration/controller_harness.sh"
+source "$CKPT_SOURCE_DIR/tests/integration/controller_scenarios.sh"
 command -v slurmrestd >/dev/null || { echo "SKIP: slurmrestd is not installed" >&2; exit 77; }
 
 use_controller_in_plugstack

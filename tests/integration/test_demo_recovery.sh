@@ -86,7 +86,7 @@ cat > "$DEMO/inplace.sbatch" <<JOB
 #!/bin/bash
 #SBATCH -N4 --no-kill --requeue --open-mode=append --ckpt-last-words=on --ckpt-interval=10steps
 export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s CKPT_CONTROLLER_URL=$CONTROLLER_URL
-$CKPT_BUILD_DIR/controller/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $SRC/slurm-examples/train_ddp.py \\
+$CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $SRC/slurm-examples/train_ddp.py \\
   --steps $STEPS --log-every 20 "\$@"
 JOB
 sbatch -W -o "$DEMO/inplace-reference/out" --ckpt-dir="$DEMO/inplace-reference/ckpt" "$DEMO/inplace.sbatch" \

@@ -3,7 +3,7 @@
 # man -l, and each names every option and key its program has, as the program itself knows them:
 #   ckpt(1)             every option and command of `ckpt --help` and `ckpt COMMAND --help`
 #   ckpt-controller(8)  every option and command of `ckpt-controller --help-all`, and every key
-#                       parse_controller_config handles (core/src/controller_config.cpp)
+#                       parse_controller_config handles (core/src/controller/config.cpp)
 #   ckpt-run(1)         every option of `ckpt-run --help`, and each of them is one ckpt-run parses
 #   spank_ckpt(8)       every --ckpt-* option and plugstack.conf key the plugin registers and parses
 #                       (core/src/options.cpp), and each CKPT_* variable the plugin exports
@@ -55,9 +55,9 @@ commands=$(sed -n '/^Subcommands:/,$p' "$SCRATCH/controller.help" | awk 'NR > 1 
 [ -n "$commands" ] || fail "ckpt-controller --help-all lists no commands"
 for c in $commands; do in_page ckpt-controller.8 "ckpt-controller $c" "command"; done
 # The keys the parser handles: the names in its table of keys (`{"name", "what it expects",` in kKeys).
-keys=$(sed -n '/^const ConfigKey kKeys\[\] = {/,/^};/p' "$CKPT_SOURCE_DIR/core/src/controller_config.cpp" |
+keys=$(sed -n '/^const ConfigKey kKeys\[\] = {/,/^};/p' "$CKPT_SOURCE_DIR/core/src/controller/config.cpp" |
   grep -oE '^ +\{"[a-z_]+",' | sed 's/.*"\(.*\)".*/\1/' | sort -u)
-[ "$(echo "$keys" | wc -l)" -ge 10 ] || fail "found only $(echo "$keys" | wc -l) keys in controller_config.cpp"
+[ "$(echo "$keys" | wc -l)" -ge 10 ] || fail "found only $(echo "$keys" | wc -l) keys in core/src/controller/config.cpp"
 for k in $keys; do
   grep -qE "^ +$k = " "$SCRATCH/ckpt-controller.8.txt" || fail "ckpt-controller(8) does not document config key '$k' (add it to kControllerKeys in man/mangen.cpp)"
 done
@@ -68,13 +68,13 @@ done
 pass "ckpt-controller(8): $n options, $(echo $commands | wc -w) commands, $(echo "$keys" | wc -l) config keys"
 
 # ---- ckpt-run(1) ----------------------------------------------------------------------------------------------
-"$BIN/controller/ckpt-run" --help > "$SCRATCH/run.help" 2>&1 || fail "ckpt-run --help failed"
+"$BIN/ckpt-run/ckpt-run" --help > "$SCRATCH/run.help" 2>&1 || fail "ckpt-run --help failed"
 options=$(help_options < "$SCRATCH/run.help")
 [ "$(echo "$options" | wc -w)" -ge 4 ] || fail "ckpt-run --help lists only: $options"
 for o in $options; do
   in_page ckpt-run.1 "$o" "option"
   # Each one is an option ckpt-run parses: given a value, the command line is only refused for the allocation.
-  env -u SLURM_JOB_ID "$BIN/controller/ckpt-run" "$o" 1 -- srun true > /dev/null 2> "$SCRATCH/run.err" || true
+  env -u SLURM_JOB_ID "$BIN/ckpt-run/ckpt-run" "$o" 1 -- srun true > /dev/null 2> "$SCRATCH/run.err" || true
   grep -q "not inside a Slurm allocation" "$SCRATCH/run.err" || { cat "$SCRATCH/run.err" >&2; fail "ckpt-run does not parse $o, which its help lists"; }
 done
 pass "ckpt-run(1): $(echo $options | wc -w) options, each parsed by ckpt-run"

@@ -116,7 +116,7 @@ cat > "$SCRATCH/inplace.sbatch" <<JOB
 #!/bin/bash
 #SBATCH --no-kill --ckpt-last-words=on
 export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s GLOO_SOCKET_IFNAME=eth0
-$CKPT_BUILD_DIR/controller/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
+$CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
   --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 --log-time "\$@"
 JOB
 resolution() { "$CKPT_BUILD_DIR/cli/ckpt" latest "$1" 2>&1 | head -1; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Grafana dashboard and the Prometheus alerting rules of slurm-examples/ against a real controller:
+# The Grafana dashboard and the Prometheus alerting rules of packaging/host/ against a real controller:
 #   - promtool checks the rules and replays tests/ops/prometheus-alerts.test.yml through them;
 #   - the dashboard passes a check of what Grafana needs to import it, and every metric name and label the
 #     dashboard and the rules use is in the /metrics of a ckpt-controller started here (no Slurm needed);
@@ -11,10 +11,10 @@ CTL=$CKPT_BUILD_DIR/controller/ckpt-controller
 SRC=$CKPT_SOURCE_DIR
 [ -x "$CTL" ] || fail "ckpt-controller is not built"
 command -v promtool > /dev/null || fail "promtool is not installed (Debian's prometheus; scripts/install-deps.sh)"
-CHECK=(python3 "$SRC/tests/ops/check_dashboards.py" --dashboard "$SRC/slurm-examples/grafana-dashboard.json"
-       --rules "$SRC/slurm-examples/prometheus-alerts.yml")
+CHECK=(python3 "$SRC/tests/ops/check_dashboards.py" --dashboard "$SRC/packaging/host/grafana-dashboard.json"
+       --rules "$SRC/packaging/host/prometheus-alerts.yml")
 
-promtool check rules "$SRC/slurm-examples/prometheus-alerts.yml" > "$SCRATCH/check.out" 2>&1 \
+promtool check rules "$SRC/packaging/host/prometheus-alerts.yml" > "$SCRATCH/check.out" 2>&1 \
   || { cat "$SCRATCH/check.out" >&2; fail "promtool check rules failed"; }
 grep -E 'SUCCESS' "$SCRATCH/check.out"
 (cd "$SRC/tests/ops" && promtool test rules prometheus-alerts.test.yml) > "$SCRATCH/test.out" 2>&1 \
@@ -31,9 +31,9 @@ for _ in $(seq 100); do curl -sf "$CONTROLLER_URL/metrics" > "$SCRATCH/metrics" 
 # The checker must catch a misspelled metric and a misspelled label.
 sed -e 's/ckpt_controller_lost_work_seconds_total/ckpt_controller_lost_work_total/' \
     -e 's/sum by (ending) (increase(ckpt_controller_restarts_total/sum by (endng) (increase(ckpt_controller_restarts_total/' \
-    "$SRC/slurm-examples/grafana-dashboard.json" > "$SCRATCH/broken.json"
+    "$SRC/packaging/host/grafana-dashboard.json" > "$SCRATCH/broken.json"
 if python3 "$SRC/tests/ops/check_dashboards.py" --metrics "$SCRATCH/metrics" --dashboard "$SCRATCH/broken.json" \
-     --rules "$SRC/slurm-examples/prometheus-alerts.yml" > "$SCRATCH/broken.out"; then
+     --rules "$SRC/packaging/host/prometheus-alerts.yml" > "$SCRATCH/broken.out"; then
   fail "the checker passed a dashboard with a misspelled metric and label"
 fi
 assert_contains "$SCRATCH/broken.out" "metric ckpt_controller_lost_work_total is not in /metrics"

@@ -37,7 +37,7 @@ done
 [ -f "$CKPT_BUILD_DIR/CMakeCache.txt" ] || fail "no configured build in $CKPT_BUILD_DIR"
 prefix=$(sed -n 's/^CMAKE_INSTALL_PREFIX:PATH=//p' "$CKPT_BUILD_DIR/CMakeCache.txt")
 [ "$prefix" = /usr ] || fail "$CKPT_BUILD_DIR is configured with CMAKE_INSTALL_PREFIX=$prefix; packages are made from a /usr build (scripts/build.sh configures one)"
-for built in spank/spank_ckpt.so cli/ckpt controller/ckpt-controller controller/ckpt-run man/ckpt.1.gz; do
+for built in spank/spank_ckpt.so cli/ckpt controller/ckpt-controller ckpt-run/ckpt-run man/ckpt.1.gz; do
   [ -e "$CKPT_BUILD_DIR/$built" ] || fail "$CKPT_BUILD_DIR/$built is not built"
 done
 ls "$CKPT_BUILD_DIR"/python/slurm_ckpt/_native*.so > /dev/null 2>&1 || fail "the slurm_ckpt module is not built"

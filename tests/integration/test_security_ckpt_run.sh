@@ -6,7 +6,7 @@
 # step runs to its end and the job succeeds: ckpt-run believes only answers signed by root or SlurmUser, bound to
 # its request and to the body.
 source "$(dirname "$0")/lib.sh"
-RUN=$CKPT_BUILD_DIR/controller/ckpt-run
+RUN=$CKPT_BUILD_DIR/ckpt-run/ckpt-run
 [ -x "$RUN" ] || fail "ckpt-run is not built"
 MUNGE_SOCKET=$CKPT_CLUSTER_DIR/munge/munge.socket
 fake="" job=""

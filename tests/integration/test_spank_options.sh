@@ -59,7 +59,7 @@ pass "--ckpt-spares reaches the batch script"
 
 # ckpt-run in that script: CKPT_SPARES picks restart in place without --spares (2 nodes: one trains, one is the
 # spare), and an explicit --spares above CKPT_MAX_SPARES is a usage error.
-RUN=$CKPT_BUILD_DIR/controller/ckpt-run
+RUN=$CKPT_BUILD_DIR/ckpt-run/ckpt-run
 [ -x "$RUN" ] || fail "ckpt-run is not built"
 cat > "$SCRATCH/spares-run.sh" <<JOB
 #!/bin/bash

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks slurm-examples/grafana-dashboard.json and prometheus-alerts.yml against a real controller's /metrics.
+"""Checks packaging/host/grafana-dashboard.json and prometheus-alerts.yml against a real controller's /metrics.
 
     check_dashboards.py --metrics FILE [--dashboard FILE] [--rules FILE] [--require-samples NAME,...]
 
@@ -183,8 +183,8 @@ def check_names(queries, families, samples, problems):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--metrics", required=True)
-    ap.add_argument("--dashboard", default="slurm-examples/grafana-dashboard.json")
-    ap.add_argument("--rules", default="slurm-examples/prometheus-alerts.yml")
+    ap.add_argument("--dashboard", default="packaging/host/grafana-dashboard.json")
+    ap.add_argument("--rules", default="packaging/host/prometheus-alerts.yml")
     ap.add_argument("--require-samples", default="")
     args = ap.parse_args()
     problems = []

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/store.hpp"
-#include "store_io.hpp"
+#include "io.hpp"
 
 namespace ckpt::store {
 

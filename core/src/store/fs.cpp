@@ -1,6 +1,6 @@
 // The store's reading side: scan, verify, mark FAILED, resolve, read manifests and records back.
-// The helpers live in store_io.cpp; writing in store_writer.cpp; deleting, control files and fencing in
-// store_control.cpp.
+// The helpers live in io.cpp; writing in writer.cpp; deleting, control files and fencing in
+// control.cpp.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include <new>
 
 #include "ckpt/store.hpp"
-#include "store_io.hpp"
+#include "io.hpp"
 
 namespace ckpt::store {
 

@@ -5,7 +5,7 @@
 
 #include "ckpt/log_level.hpp"
 
-namespace ckpt::controller {
+namespace ckpt::toolkit {
 
 using LogLevel = ckpt::LogLevel;
 
@@ -22,4 +22,4 @@ inline void log_debug(const std::string& line) { log(LogLevel::Debug, line); }
 // says how many were held back.
 void log_limited(LogLevel level, const std::string& kind, const std::string& line);
 
-}  // namespace ckpt::controller
+}  // namespace ckpt::toolkit

@@ -12,7 +12,7 @@
 #include "ckpt/recovery.hpp"
 #include "run_settings.hpp"
 
-namespace ckpt::controller {
+namespace ckpt::run {
 
 // One in-place recovery, as its root wrote it into the run's control dir (gen-<G>.plan and gen-<G>.phases).
 struct InPlaceRecovery {
@@ -57,4 +57,4 @@ void report_in_place(const std::string& url, std::uint32_t job, const InPlaceRec
 std::optional<InPlaceRecovery> read_in_place_phases(const std::string& inplace_dir, std::uint32_t generation,
                                                     const std::map<int, std::string>& node_of_rank);
 
-}  // namespace ckpt::controller
+}  // namespace ckpt::run

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "ckpt/store.hpp"
-#include "store_io.hpp"
+#include "io.hpp"
 
 namespace ckpt::store {
 

@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-namespace ckpt::controller {
+namespace ckpt::run {
 
 struct Settings {
   std::string url;
@@ -16,4 +16,4 @@ struct Settings {
   std::string spares_source = "--spares";  // what asked for spares, for messages: or --ckpt-spares (CKPT_SPARES)
 };
 
-}  // namespace ckpt::controller
+}  // namespace ckpt::run

@@ -1,5 +1,5 @@
 // The store's file-system helpers: the checkpoint dir's opens, listings and names (the generic ones are the POSIX
-// layer's, ckpt/posix.hpp). See store_io.hpp.
+// layer's, ckpt/posix.hpp). See io.hpp.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 
 #include "ckpt/store.hpp"
 #include "ckpt/trusted_dir.hpp"
-#include "store_io.hpp"
+#include "io.hpp"
 
 namespace ckpt::store {
 

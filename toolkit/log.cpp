@@ -8,7 +8,7 @@
 #include "ckpt/controller_limits.hpp"
 #include "ckpt/format.hpp"
 
-namespace ckpt::controller {
+namespace ckpt::toolkit {
 
 namespace {
 
@@ -49,4 +49,4 @@ void log_limited(LogLevel level, const std::string& kind, const std::string& lin
   log(level, suppressed == 0 ? line : line + " (" + std::to_string(suppressed) + " similar lines held back)");
 }
 
-}  // namespace ckpt::controller
+}  // namespace ckpt::toolkit

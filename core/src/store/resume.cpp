@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "ckpt/store.hpp"
-#include "store_io.hpp"
+#include "io.hpp"
 
 namespace ckpt::store {
 

@@ -24,7 +24,7 @@
 #include "munge_auth.hpp"
 #include "slurm_handles.hpp"
 
-namespace ckpt::controller {
+namespace ckpt::run {
 using namespace ckpt::toolkit;  // MUNGE, HTTP
 
 namespace rec = ckpt::recovery;
@@ -191,4 +191,4 @@ std::optional<InPlaceRecovery> read_in_place_phases(const std::string& inplace_d
   return r;
 }
 
-}  // namespace ckpt::controller
+}  // namespace ckpt::run

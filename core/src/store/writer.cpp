@@ -17,7 +17,7 @@
 #include <utility>
 
 #include "ckpt/store.hpp"
-#include "store_io.hpp"
+#include "io.hpp"
 
 namespace ckpt::store {
 
@@ -380,7 +380,7 @@ Status write_manifest_and_latest(int root_fd, int fd, Manifest m, const PhaseObs
   hooks.temp_written = [&] { notify(observer, SavePhase::ManifestTempWritten); };
   hooks.published = [&] { notify(observer, SavePhase::ManifestRenamed); };
   // The manifest is durable in its temp file; the last check before it becomes visible. A run that commits
-  // also writes its own epoch back when the record names an older one (store_control.cpp says when).
+  // also writes its own epoch back when the record names an older one (control.cpp says when).
   hooks.before_publish = [&] { return fence ? reassert_epoch_fd(root_fd, *fence) : Status::success(); };
   if (Status s = write_file_atomic(fd, kManifestName, text, std::string(kManifestName), manifest_write); !s) {
     return Status::failure(at + s.error());

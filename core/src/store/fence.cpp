@@ -1,5 +1,5 @@
 // Fencing of stale runs: the epoch record and the decisions over it. Pure; the store's file-system side
-// (store_control.cpp) reads and writes the record and asks these.
+// (control.cpp) reads and writes the record and asks these.
 #include <optional>
 #include <string>
 

@@ -4,7 +4,7 @@
 #include <array>
 #include <string_view>
 
-namespace ckpt::controller {
+namespace ckpt::run {
 
 struct RunOptionSpec {
   const char* name;   // "--min-nodes"
@@ -41,4 +41,4 @@ inline const RunOptionSpec* run_option(std::string_view name) {
   return nullptr;
 }
 
-}  // namespace ckpt::controller
+}  // namespace ckpt::run

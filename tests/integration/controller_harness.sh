@@ -3,8 +3,8 @@
 # to a real ckpt-controller, which drives Slurm through libslurm or slurmrestd.
 D=$CKPT_CLUSTER_DIR
 CTL=$CKPT_BUILD_DIR/controller/ckpt-controller
-CKPT_RUN=$CKPT_BUILD_DIR/controller/ckpt-run
-TEST_JOB=$CKPT_BUILD_DIR/controller/ckpt-test-job
+CKPT_RUN=$CKPT_BUILD_DIR/ckpt-run/ckpt-run
+TEST_JOB=$CKPT_BUILD_DIR/tests/ckpt-test-job
 CTL_PORT=${CKPT_CONTROLLER_TEST_PORT:-16840}
 REST_PORT=$((CTL_PORT + 1))
 HOOK_PORT=$((CTL_PORT + 2))

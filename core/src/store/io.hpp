@@ -1,5 +1,5 @@
 #pragma once
-// Internal to the store: the file-system helpers its parts share (store_io.cpp; the generic ones are the POSIX
+// Internal to the store: the file-system helpers its parts share (io.cpp; the generic ones are the POSIX
 // layer's, ckpt/posix.hpp), and the operations one part needs from another. Not installed, not part of
 // ckpt/store.hpp.
 //
@@ -100,19 +100,19 @@ bool is_circumstantial(int err);
 std::optional<std::string> failed_reason(int step_fd);
 // The manifest of a step dir, checked against its step; err ENOENT when there is none.
 IoResult<Manifest> load_manifest(int step_fd, std::uint64_t step);
-// check_records on an opened root (store_resume.cpp).
+// check_records on an opened root (resume.cpp).
 VerifyOutcome check_records_fd(int root_fd, std::uint64_t step, Manifest* out);
-// resolve_resume with checksums off (store_resume.cpp).
+// resolve_resume with checksums off (resume.cpp).
 ResumeChoice resolve_records(int root_fd, const std::string& root, const ResolveOptions& options);
 // The records of the shards written so far in a step dir, sorted by rank.
 IoResult<std::vector<ShardRecord>> present_records_fd(int step_fd);
 
-// Fencing (store_control.cpp). Success when `fence` is absent, or when the dir's epoch record does not name a
+// Fencing (control.cpp). Success when `fence` is absent, or when the dir's epoch record does not name a
 // newer run than `fence`; otherwise the refusal line of fence_refusal. An unreadable record refuses too: a run
 // that cannot tell whether it is stale must not change the dir.
 Status check_fence_fd(int root_fd, const std::optional<Fence>& fence);
 // check_fence_fd for a run that is committing, which also writes its own epoch when the record is missing or
-// names an older epoch of its job (see the comment in store_control.cpp).
+// names an older epoch of its job (see the comment in control.cpp).
 Status reassert_epoch_fd(int root_fd, const Fence& fence);
 
 }  // namespace ckpt::store::detail

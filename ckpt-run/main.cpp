@@ -57,7 +57,7 @@ extern "C" {
 
 namespace {
 
-using namespace ckpt::controller;
+using namespace ckpt::run;
 using namespace ckpt::toolkit;  // MUNGE, HTTP
 using nlohmann::json;
 namespace rec = ckpt::recovery;
