@@ -296,4 +296,33 @@ std::string format_seconds(double seconds) {
   return format_duration(static_cast<std::uint64_t>(rounded));
 }
 
+void StepMeter::on_snapshot(double now_s, std::uint64_t persisted, std::uint64_t failed) {
+  measuring_ = true;
+  interference_s_ = 0;
+  step_end_s_ = now_s;  // the snapshot's stall is δ's stall part, not step time
+  persists_seen_ = persisted + failed;
+  persisted_seen_ = persisted;
+}
+
+std::optional<StepMeter::Measurement> StepMeter::on_step(double now_s, const Worker& worker) {
+  const double dt = std::max(0.0, now_s - step_end_s_ - guard_s_);
+  guard_s_ = 0;
+  step_end_s_ = now_s;
+  const bool finished = measuring_ && worker.pending == 0 && worker.persisted + worker.failed > persists_seen_;
+  if (measuring_ && !finished) {
+    if (!quiet_.empty()) {
+      std::vector<double> sorted(quiet_.begin(), quiet_.end());
+      std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
+      interference_s_ += std::max(0.0, dt - sorted[sorted.size() / 2]);
+    }
+  } else if (worker.pending == 0) {
+    quiet_.push_back(dt);
+    if (quiet_.size() > kQuietWindow) quiet_.pop_front();
+  }
+  if (!finished) return std::nullopt;
+  measuring_ = false;
+  if (worker.persisted <= persisted_seen_) return std::nullopt;
+  return Measurement{worker.last_stall_s, interference_s_, worker.last_persist_s};
+}
+
 }  // namespace ckpt::interval

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "checkpointer_impl.hpp"
+#include "ckpt/schedule.hpp"
 #include "log.hpp"
 #include "notice.hpp"
 
@@ -74,39 +75,36 @@ void Checkpointer::Impl::discard_incomplete_above(std::uint64_t step) {
   }
 }
 
+// The step's scheduling decision (ckpt/schedule.hpp) from this rank's clock, signals and coordinator.
 Decision Checkpointer::Impl::decide(std::uint64_t step) {
-  Decision d;
-  if (!notice_sent) {
-    int sig = config.signals && notice::count() > notices_seen ? notice::last_signal() : 0;
-    // Every rank has the same end time; rank 0 alone acts on it so that one request goes out.
-    bool time_up = rank == 0 && config.end_time &&
-                   unix_seconds() >= static_cast<double>(*config.end_time) - static_cast<double>(config.grace_s);
-    if (sig != 0 || time_up) {
-      notice_sent = true;
-      std::uint64_t at = step + lead();
-      if (sig == 0) time_limit_stop = at;  // continued in a new allocation once committed (continuation.hpp)
-      std::string why = sig != 0 ? "signal " + std::to_string(sig) : "the job's time limit is within the grace time";
-      log::info(rank, why + ": terminal checkpoint at step " + std::to_string(at) + ", then stop");
-      if (Status s = coord->request(at, store::Kind::Terminal); !s) log::error(rank, s.error());
-    }
+  schedule::Inputs in;
+  in.step = step;
+  in.rank = rank;
+  in.lead = lead();
+  in.interval = config.interval;
+  in.interval_s = interval_s;
+  in.auto_interval = auto_interval.has_value();
+  in.since_checkpoint_s = seconds_since(last_checkpoint_time);
+  in.persist_busy = in.auto_interval && in.since_checkpoint_s >= interval_s && persist_busy();  // a lock: when it counts
+  in.signal = config.signals && notice::count() > notices_seen ? notice::last_signal() : 0;
+  in.now_unix = unix_seconds();
+  in.end_time = config.end_time;
+  in.grace_s = config.grace_s;
+  const schedule::Requests asked = schedule::requests(in, schedule_state);
+  if (asked.terminal) {
+    if (asked.for_time_limit) time_limit_stop = *asked.terminal;  // continued in a new allocation once committed
+    log::info(rank, asked.why + ": terminal checkpoint at step " + std::to_string(*asked.terminal) + ", then stop");
+    if (Status s = coord->request(*asked.terminal, store::Kind::Terminal); !s) log::error(rank, s.error());
   }
-  if (config.interval.kind != Interval::Kind::Steps && rank == 0) {
-    if (time_request && *time_request < step) time_request.reset();
-    // The persist floor: with `auto`, no snapshot is asked for while the previous persist is running.
-    if (!time_request && seconds_since(last_checkpoint_time) >= interval_s && !(auto_interval && persist_busy())) {
-      time_request = step + lead();
-      if (Status s = coord->request(*time_request, store::Kind::Periodic); !s) log::error(rank, s.error());
-    }
+  if (asked.periodic) {
+    if (Status s = coord->request(*asked.periodic, store::Kind::Periodic); !s) log::error(rank, s.error());
   }
-  if (config.interval.kind == Interval::Kind::Steps && step % config.interval.value == 0) d.snapshot = true;
-  if (auto kind = coord->requested(step)) {
-    d.snapshot = true;
-    if (*kind == store::Kind::Terminal) {
-      d.kind = store::Kind::Terminal;
-      d.stop = true;
-    }
-  }
-  return d;
+  const schedule::Decision d = schedule::decision(step, config.interval, coord->requested(step));
+  Decision out;
+  out.snapshot = d.snapshot;
+  out.stop = d.stop;
+  out.kind = d.kind;
+  return out;
 }
 
 // ---- close --------------------------------------------------------------------------------------------------
@@ -339,7 +337,7 @@ Status Checkpointer::before_update() {
   double waited = m.guard();
   std::lock_guard<std::mutex> lock(m.mu);
   m.stats.last_stall_s += waited;
-  m.guard_s += waited;
+  m.meter.on_guard(waited);
   m.stats.total_stall_s += waited;
   return Status::success();
 }

@@ -3,9 +3,7 @@
 // are kept in <CKPT_DIR>/.control by a task on the worker thread.
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <mutex>
-#include <vector>
 
 #include "checkpointer_impl.hpp"
 #include "log.hpp"
@@ -77,43 +75,22 @@ void Checkpointer::Impl::save_auto_measurements() {
   });
 }
 
-// Once per step: the step's time (after_step to after_step, less the guard's stall) goes to the baseline when no
-// persist runs, and its excess over the baseline's median to the interference while one does. When the measured
-// checkpoint's persist is done, the interval is recomputed.
+// Once per step: the step's time into the meter (interval::StepMeter); when the measured checkpoint's persist is
+// done, its costs go to the auto interval, which is recomputed.
 void Checkpointer::Impl::observe_step() {
-  constexpr std::size_t kQuietWindow = 31;
-  double dt = std::max(0.0, seconds_since(step_end) - guard_s);
-  guard_s = 0;
-  int pending = 0;
-  std::uint64_t done = 0;
-  std::uint64_t persisted = 0;
-  double stall = 0;
-  double persist_s = 0;
+  interval::StepMeter::Worker worker;
   {
     std::lock_guard<std::mutex> lock(mu);
-    pending = persists_pending;
-    done = stats.persisted + stats.failed;
-    persisted = stats.persisted;
-    stall = stats.last_stall_s;
-    persist_s = stats.last_persist_s;
+    worker.pending = persists_pending;
+    worker.persisted = stats.persisted;
+    worker.failed = stats.failed;
+    worker.last_stall_s = stats.last_stall_s;
+    worker.last_persist_s = stats.last_persist_s;
   }
-  step_end = Clock::now();
-  bool finished = measuring && pending == 0 && done > persists_seen;
-  if (measuring && !finished) {
-    if (!quiet_steps.empty()) {
-      std::vector<double> sorted(quiet_steps.begin(), quiet_steps.end());
-      std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
-      interference_s += std::max(0.0, dt - sorted[sorted.size() / 2]);
-    }
-  } else if (pending == 0) {
-    quiet_steps.push_back(dt);
-    if (quiet_steps.size() > kQuietWindow) quiet_steps.pop_front();
-  }
-  if (!finished) return;
-  measuring = false;
-  // A failed persist measured nothing: its time is not the store's speed.
-  if (persisted <= persisted_seen) return;
-  if (Status s = auto_interval->observe_checkpoint(stall, interference_s, persist_s); !s) {
+  auto measured = meter.on_step(steady_seconds(), worker);
+  if (!measured) return;
+  if (Status s = auto_interval->observe_checkpoint(measured->stall_s, measured->interference_s, measured->persist_s);
+      !s) {
     log::warn(rank, "CKPT_INTERVAL=auto: " + s.error());
     return;
   }

@@ -27,6 +27,7 @@
 #include "ckpt/clock.hpp"
 #include "ckpt/hooks.hpp"
 #include "ckpt/interval.hpp"
+#include "ckpt/schedule.hpp"
 #include "coordinator.hpp"
 #include "device.hpp"
 #include "last_words_runtime.hpp"
@@ -107,25 +108,18 @@ struct Checkpointer::Impl {
   std::optional<std::pair<std::uint64_t, Decision>> cached;
   bool stopped = false;
   std::optional<std::uint64_t> time_limit_stop;  // rank 0: the terminal step taken for the time limit
-  bool notice_sent = false;
   bool closed = false;
   Status close_status;
   std::vector<RestoredRegion> restored;
   Clock::time_point last_checkpoint_time = Clock::now();
-  std::optional<std::uint64_t> time_request;  // the step rank 0 asked for by the clock, until it passes
+  schedule::State schedule_state;  // what the scheduling decision remembers from step to step (schedule.hpp)
   double interval_s = 0;
   Clock::time_point backpressure_logged;  // when the last back-pressure line went out
   // CKPT_INTERVAL=auto, on rank 0 only (it alone decides timed checkpoints): δ is the stall plus the interference,
-  // the extra step time while a persist runs over the median step time without one.
+  // the extra step time while a persist runs over the median step time without one (the meter measures both).
   std::optional<interval::AutoInterval> auto_interval;
   std::optional<Clock::time_point> auto_saved;  // when the measurements were last kept in .control
-  std::deque<double> quiet_steps;             // recent step times with no persist in flight
-  Clock::time_point step_end = Clock::now();  // when the last after_step returned
-  double guard_s = 0;                         // before_update stalls since then: not step time
-  double interference_s = 0;                  // of the checkpoint being measured
-  std::uint64_t persists_seen = 0;            // persisted + failed when that checkpoint started
-  std::uint64_t persisted_seen = 0;           // persisted then
-  bool measuring = false;
+  interval::StepMeter meter{steady_seconds()};
 
   // ---- staging: the worker's while it has tasks, the training thread's after wait_idle() ----
   HostBuffer host;

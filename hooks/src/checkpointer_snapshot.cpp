@@ -83,18 +83,13 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind) {
     start_copies(*job, plan);
   }
   last_checkpoint_time = t0;
-  if (auto_interval) {
-    measuring = true;
-    interference_s = 0;
-    step_end = Clock::now();  // the snapshot's stall is δ's stall part, not step time
-  }
+  const double snapshot_end = steady_seconds();
   double stall = seconds_since(t0);
   {
     std::lock_guard<std::mutex> lock(mu);
     ++stats.snapshots;
     stats.last_snapshot_step = step;
-    persists_seen = stats.persisted + stats.failed;
-    persisted_seen = stats.persisted;
+    if (auto_interval) meter.on_snapshot(snapshot_end, stats.persisted, stats.failed);
     stats.last_stall_s = stall;
     stats.total_stall_s += stall;
     if (waited_for_persist) {

@@ -282,3 +282,35 @@ TEST_CASE("AutoInterval measurements round-trip through JSON; bad input changes 
     CHECK(fresh.interval_s() == Approx(initial));
   }
 }
+
+TEST_CASE("StepMeter: a checkpoint's interference is its steps' excess over the quiet median", "[interval]") {
+  using ckpt::interval::StepMeter;
+  StepMeter meter(0);
+  StepMeter::Worker idle;
+  double t = 0;
+  for (int i = 0; i < 5; ++i) CHECK_FALSE(meter.on_step(t += 1.0, idle));  // quiet steps of 1 s
+  meter.on_guard(0.5);  // the guard stalled half a second: not step time
+  CHECK_FALSE(meter.on_step(t += 1.5, idle));
+  meter.on_snapshot(t += 0.2, /*persisted=*/0, /*failed=*/0);
+  StepMeter::Worker busy;
+  busy.pending = 1;
+  CHECK_FALSE(meter.on_step(t += 1.3, busy));  // 0.3 s over the median
+  CHECK_FALSE(meter.on_step(t += 1.1, busy));  // 0.1 s over
+  StepMeter::Worker done;
+  done.persisted = 1;
+  done.last_stall_s = 0.2;
+  done.last_persist_s = 2.5;
+  auto m = meter.on_step(t += 1.0, done);
+  REQUIRE(m);
+  CHECK(m->interference_s == Approx(0.4));
+  CHECK(m->stall_s == Approx(0.2));
+  CHECK(m->persist_s == Approx(2.5));
+  CHECK_FALSE(meter.on_step(t += 1.0, done));  // measured once
+
+  SECTION("a persist that failed measured nothing") {
+    meter.on_snapshot(t += 0.1, 1, 0);
+    StepMeter::Worker failed = done;
+    failed.failed = 1;
+    CHECK_FALSE(meter.on_step(t += 1.0, failed));
+  }
+}

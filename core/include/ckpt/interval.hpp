@@ -8,7 +8,9 @@
 //
 // All times are seconds as doubles. M may be +infinity (a job that never fails).
 #include <cstddef>
+#include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -138,5 +140,44 @@ const char* to_string(AutoInterval::Source source);
 
 // A human duration for a τ that may be fractional or infinite: "18m31s", "0.5s", "inf".
 std::string format_seconds(double seconds);
+
+// What CKPT_INTERVAL=auto measures a checkpoint's cost from, on rank 0's training thread: a step's time
+// (after_step to after_step, less what the guard stalled) goes to a quiet baseline while no persist runs, and its
+// excess over the baseline's median to the interference while the measured checkpoint's persist runs. Times are
+// steady-clock seconds handed in, so that the meter is tested without a clock.
+class StepMeter {
+ public:
+  // The persist thread's counts, read once per step.
+  struct Worker {
+    int pending = 0;                  // persists queued or running
+    std::uint64_t persisted = 0;      // persists done
+    std::uint64_t failed = 0;         // persists that failed
+    double last_stall_s = 0;          // the last snapshot's stall, guard waits included
+    double last_persist_s = 0;        // the last persist's time
+  };
+  // One checkpoint's costs, for AutoInterval::observe_checkpoint.
+  struct Measurement {
+    double stall_s = 0, interference_s = 0, persist_s = 0;
+  };
+
+  explicit StepMeter(double now_s) : step_end_s_(now_s) {}
+  // The training thread blocked `waited_s` in the guard: not step time.
+  void on_guard(double waited_s) { guard_s_ += waited_s; }
+  // A snapshot's stall ended at `now_s`; the worker's counts before its persist was queued.
+  void on_snapshot(double now_s, std::uint64_t persisted, std::uint64_t failed);
+  // Once per step, at `now_s`: the measured checkpoint's costs once its persist is done; nullopt before that,
+  // and for a persist that failed (its time is not the store's speed).
+  std::optional<Measurement> on_step(double now_s, const Worker& worker);
+
+ private:
+  static constexpr std::size_t kQuietWindow = 31;
+  std::deque<double> quiet_;        // recent step times with no persist in flight
+  double step_end_s_ = 0;           // when the last step ended
+  double guard_s_ = 0;              // guard stalls since then
+  double interference_s_ = 0;       // of the checkpoint being measured
+  std::uint64_t persists_seen_ = 0; // persisted + failed when it started
+  std::uint64_t persisted_seen_ = 0;
+  bool measuring_ = false;
+};
 
 }  // namespace ckpt::interval
