@@ -10,6 +10,10 @@
 #   cluster.sh crash-node nX     SIGKILL nX's slurmd, its slurmstepds and their tasks (a dead host)
 #   cluster.sh freeze-node nX    SIGSTOP the same set (a silent host: only timeouts can tell)
 #   cluster.sh hang-tasks nX     SIGSTOP only the job tasks on nX (a hung rank): slurmd and slurmstepd answer on
+#   cluster.sh slow-node nX FACTOR  give the job tasks on nX FACTOR of one CPU between them (the cgroup cpu
+#                                controller's quota), as a throttled or noisy node would; what they start later
+#                                inherits it
+#   cluster.sh unslow-node nX    lift it (revive-node and down lift it too)
 #   cluster.sh revive-node nX    bring nX back (SIGCONT, or restart slurmd) and return it to service
 #   cluster.sh partition-node nX [SIDE]  cut nX's link (namespace mode only): its processes live on; nobody reaches
 #                                them but the nodes cut to the same SIDE
@@ -308,6 +312,7 @@ cmd_down() {
   [ -d "$D" ] || { say "down: nothing at $D"; return 0; }
   local n pids
   for n in "${NODES[@]}"; do
+    cmd_unslow_node "$n"
     if [ "$NET" = netns ]; then
       pids=$(node_pids "$n")
     else
@@ -409,8 +414,54 @@ cmd_hang_tasks() {
   say "hung the tasks on $node (pids $(echo $pids)); its slurmd and slurmstepd answer on"
 }
 
+# The cpu controller: cgroup v1's hierarchy, or the unified one (v2) where that is all there is.
+cpu_root() {
+  if [ -f /sys/fs/cgroup/cpu/cgroup.procs ]; then echo /sys/fs/cgroup/cpu
+  elif [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then echo /sys/fs/cgroup
+  fi
+}
+slow_group() { echo "$(cpu_root)/ckpt-slow-$(basename "$D")-$1"; }  # one per cluster and node
+
+cmd_slow_node() {
+  local node=$1 factor=$2 root group pids pid quota
+  quota=$(awk -v f="$factor" 'BEGIN { if (f !~ /^[0-9]*[.]?[0-9]+$/ || f <= 0 || f > 64) exit 1; printf "%d", f * 100000 }') ||
+    die "slow-node: FACTOR '$factor': expected a fraction of one CPU above 0, like 0.5"
+  root=$(cpu_root)
+  [ -n "$root" ] || die "slow-node: no cgroup cpu controller under /sys/fs/cgroup"
+  pids=$(task_pids_of_node "$node")
+  [ -n "$pids" ] || die "slow-node: no job task runs on $node"
+  group=$(slow_group "$node")
+  mkdir -p "$group"
+  if [ -f "$group/cpu.max" ]; then
+    echo "$quota 100000" > "$group/cpu.max"
+  else
+    echo 100000 > "$group/cpu.cfs_period_us"
+    echo "$quota" > "$group/cpu.cfs_quota_us"
+  fi
+  for pid in $pids; do
+    # Where it was, to go back to; a task that ended meanwhile is skipped.
+    [ -f "$D/run/slow-$node.from" ] || awk -F: '$2 ~ /(^|,)cpu(,|$)/ || ($1 == 0 && $2 == "") { print $3; exit }' \
+      "/proc/$pid/cgroup" > "$D/run/slow-$node.from" 2>/dev/null || true
+    echo "$pid" > "$group/cgroup.procs" 2>/dev/null || true
+  done
+  say "slowed the tasks on $node to $factor of a CPU (pids $(echo $pids))"
+}
+
+cmd_unslow_node() {
+  local node=$1 group back pid
+  group=$(slow_group "$node")
+  [ -n "$(cpu_root)" ] && [ -d "$group" ] || return 0
+  back="$(cpu_root)$(cat "$D/run/slow-$node.from" 2>/dev/null || echo /)"
+  [ -f "$back/cgroup.procs" ] || back=$(cpu_root)
+  for pid in $(cat "$group/cgroup.procs" 2>/dev/null); do echo "$pid" > "$back/cgroup.procs" 2>/dev/null || true; done
+  rmdir "$group" 2>/dev/null || true
+  rm -f "$D/run/slow-$node.from"
+  say "lifted the CPU limit of the tasks on $node"
+}
+
 cmd_revive_node() {
   local node=$1
+  cmd_unslow_node "$node"
   if [ -f "$D/run/frozen-$node" ]; then
     # shellcheck disable=SC2046
     kill -CONT $(cat "$D/run/frozen-$node") 2>/dev/null || true
@@ -454,8 +505,10 @@ case ${1:-} in
   crash-node) cmd_crash_node "${2:?node}" ;;
   freeze-node) cmd_freeze_node "${2:?node}" ;;
   hang-tasks) cmd_hang_tasks "${2:?node}" ;;
+  slow-node) cmd_slow_node "${2:?node}" "${3:?factor}" ;;
+  unslow-node) cmd_unslow_node "${2:?node}" ;;
   revive-node) cmd_revive_node "${2:?node}" ;;
   partition-node) cmd_partition_node "${2:?node}" "${3:-}" ;;
   heal-node) cmd_heal_node "${2:?node}" ;;
-  *) echo "usage: $0 up|down|status|env|addr [NODE]|on NODE CMD...|crash-node NODE|freeze-node NODE|hang-tasks NODE|revive-node NODE|partition-node NODE [SIDE]|heal-node NODE" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|addr [NODE]|on NODE CMD...|crash-node NODE|freeze-node NODE|hang-tasks NODE|slow-node NODE FACTOR|unslow-node NODE|revive-node NODE|partition-node NODE [SIDE]|heal-node NODE" >&2; exit 2 ;;
 esac
