@@ -25,6 +25,7 @@
 #include <set>
 #include <thread>
 
+#include "coordination_frames.hpp"
 #include "coordinator.hpp"
 #include "heartbeat.hpp"
 #include "last_words_runtime.hpp"
@@ -88,11 +89,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
       std::lock_guard<std::mutex> lock(mu_);
       announced_.emplace(round, file);
       if (words_ == nullptr) return;
-      heartbeat::Frame f;
-      f.type = heartbeat::kRestoreFile;
-      f.a = static_cast<std::uint64_t>(round);
-      f.flags = file == RestoreFile::Plan ? 1 : 2;
-      words_->network().flood(f);
+      words_->network().flood(heartbeat::RestoreFileFrame{round, file}.to_frame());
     };
     tally.await = [this](int round, RestoreFile file, Clock::time_point deadline) {
       std::unique_lock<std::mutex> lock(mu_);
@@ -127,11 +124,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
       if (words != nullptr && !note_request_locked(step, kind)) return Status::success();
     }
     if (words == nullptr) return control_.request(step, kind);
-    heartbeat::Frame f;
-    f.type = heartbeat::kRequest;
-    f.a = step;
-    f.flags = kind == store::Kind::Terminal ? 1 : 0;
-    words->network().flood(f);
+    words->network().flood(heartbeat::RequestFrame{step, kind}.to_frame());
     return Status::success();
   }
 
@@ -155,13 +148,9 @@ class TreeCoordinator final : public ControlDirCoordinator {
   Status publish(std::uint64_t step, const Status& outcome) override {
     if (!outcome) {
       if (Status s = control_.report_failure(step, outcome.error()); !s) return s;
-      heartbeat::Frame f;
-      f.type = heartbeat::kShardFailed;
-      f.subject = config_.rank;
-      f.a = step;
       std::lock_guard<std::mutex> lock(mu_);
       failed_[step] = config_.rank;
-      if (words_ != nullptr) words_->network().send_up(f);
+      if (words_ != nullptr) words_->network().send_up(heartbeat::ShardFailedFrame{step, config_.rank}.to_frame());
       cv_.notify_all();
       return Status::success();
     }
@@ -235,10 +224,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
       if (!retired_seen_.insert(step).second) continue;
       remove_own_later_locked(step);
       if (words_ != nullptr) {
-        heartbeat::Frame f;
-        f.type = heartbeat::kRetired;
-        f.a = step;
-        words_->network().flood(f);
+        words_->network().flood(heartbeat::RetiredFrame{step}.to_frame());
       }
     }
   }
@@ -271,7 +257,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
     bool gathering = false;                    // the worker is gathering records; the count goes up after
     bool sent = false;
     std::uint64_t sent_total = 0;              // what went up, sent again on a recount
-    std::uint32_t sent_flags = 0;
+    bool sent_records_ready = false;
     std::uint64_t total = 0;                   // at the root: the job's count
   };
 
@@ -378,7 +364,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
     c.gathering = false;
     c.sent = true;
     c.sent_total = total;
-    c.sent_flags = records ? heartbeat::kRecordsReady : 0;
+    c.sent_records_ready = records.has_value();
     // Counts this rank passed on are kept a while for a recount; the oldest go (one that failed never completes).
     for (auto it = counts_.begin(); it != counts_.end() && it->first < step && counts_.size() > kKeptCounts;) {
       it = it->second.sent ? counts_.erase(it) : std::next(it);
@@ -395,12 +381,8 @@ class TreeCoordinator final : public ControlDirCoordinator {
 
   void send_count_locked(std::uint64_t step, const Count& c) {
     if (words_ == nullptr || !tree_.up) return;
-    heartbeat::Frame f;
-    f.type = heartbeat::kShardsDone;
-    f.a = step;
-    f.b = c.sent_total;
-    f.flags = c.sent_flags;
-    if (!words_->network().send(*tree_.up, f)) {  // its up neighbour died: the last words take over
+    const heartbeat::ShardsDoneFrame done{step, c.sent_total, c.sent_records_ready};
+    if (!words_->network().send(*tree_.up, done.to_frame())) {  // its up neighbour died: the last words take over
       log::debug(config_.rank, "the count of " + what(step) + " could not be sent to rank " + std::to_string(*tree_.up) +
                                   " (no link to it)");
     }
@@ -411,14 +393,11 @@ class TreeCoordinator final : public ControlDirCoordinator {
   // costs a recount, never a wait without end.
   void recount_locked(std::uint64_t step) {
     if (words_ == nullptr) return;
-    heartbeat::Frame f;
-    f.type = heartbeat::kRecount;
-    f.a = step;
-    f.b = ++recounts_;
-    recount_seen_.emplace(step, f.b);
+    const heartbeat::RecountFrame recount{step, ++recounts_};
+    recount_seen_.emplace(step, recount.recount);
     log::info(config_.rank, what(step) + ": not every count came within " +
                                 std::to_string(kRecountAfter.count() / 1000) + " s; asking every rank to send its count again");
-    words_->network().flood(f);
+    words_->network().flood(recount.to_frame());
   }
 
   // Which of this rank's subtrees have not counted `step` in: where a wait that never ends is stuck.
@@ -473,42 +452,48 @@ class TreeCoordinator final : public ControlDirCoordinator {
     std::lock_guard<std::mutex> lock(mu_);
     switch (f.type) {
       case heartbeat::kRequest: {
-        const store::Kind kind = f.flags == 1 ? store::Kind::Terminal : store::Kind::Periodic;
-        if (note_request_locked(f.a, kind) && words_ != nullptr) words_->network().flood(f, from);
+        const auto request = heartbeat::RequestFrame::from_frame(f);
+        if (note_request_locked(request.step, request.kind) && words_ != nullptr) words_->network().flood(f, from);
         break;
       }
-      case heartbeat::kShardsDone:
-        counts_[f.a].below[from] = f.b;
-        if ((f.flags & heartbeat::kRecordsReady) != 0) counts_[f.a].ready.insert(from);
-        count_up_locked(f.a);
+      case heartbeat::kShardsDone: {
+        const auto done = heartbeat::ShardsDoneFrame::from_frame(f);
+        counts_[done.step].below[from] = done.ranks;
+        if (done.records_ready) counts_[done.step].ready.insert(from);
+        count_up_locked(done.step);
         cv_.notify_all();
         break;
-      case heartbeat::kShardFailed:
-        failed_.emplace(f.a, f.subject);
+      }
+      case heartbeat::kShardFailed: {
+        const auto failed = heartbeat::ShardFailedFrame::from_frame(f);
+        failed_.emplace(failed.step, failed.rank);
         if (words_ != nullptr) words_->network().send_up(f);
         cv_.notify_all();
         break;
+      }
       case heartbeat::kRecount: {
-        if (!recount_seen_.emplace(f.a, f.b).second) break;
+        const auto recount = heartbeat::RecountFrame::from_frame(f);
+        if (!recount_seen_.emplace(recount.step, recount.recount).second) break;
         while (recount_seen_.size() > 64) recount_seen_.erase(recount_seen_.begin());
         if (words_ != nullptr) words_->network().flood(f, from);
-        auto it = counts_.find(f.a);
-        if (it != counts_.end() && it->second.sent) send_count_locked(f.a, it->second);
+        auto it = counts_.find(recount.step);
+        if (it != counts_.end() && it->second.sent) send_count_locked(recount.step, it->second);
         break;
       }
       case heartbeat::kRestoreFile: {
-        if (f.flags != 1 && f.flags != 2) break;
-        const RestoreFile file = f.flags == 1 ? RestoreFile::Plan : RestoreFile::Verdict;
-        if (!announced_.emplace(static_cast<int>(f.a), file).second) break;
+        const auto restore = heartbeat::RestoreFileFrame::from_frame(f);
+        if (!restore.valid || !announced_.emplace(restore.round, restore.file).second) break;
         if (words_ != nullptr) words_->network().flood(f, from);
         cv_.notify_all();
         break;
       }
-      case heartbeat::kRetired:
-        if (!retired_seen_.insert(f.a).second) break;
+      case heartbeat::kRetired: {
+        const auto retired = heartbeat::RetiredFrame::from_frame(f);
+        if (!retired_seen_.insert(retired.step).second) break;
         if (words_ != nullptr) words_->network().flood(f, from);
-        remove_own_later_locked(f.a);
+        remove_own_later_locked(retired.step);
         break;
+      }
       default:
         break;
     }
