@@ -1,7 +1,7 @@
 #pragma once
-// The last words' report (heartbeat::kReport) in typed form, so that neither its sender nor its readers handle the
-// frame's generic fields. The wire format is heartbeat::Frame's: subject = rank, a = step, b = packed coordinate,
-// flags = kReportMidUpdate | kReportCannotWrite.
+// The last words' frames in typed form, so that neither their senders nor their readers handle heartbeat::Frame's
+// generic fields; each struct says once which field carries what. from_frame() is given a frame of its type (the
+// caller switches on the type) and checks nothing else: ranks and stage indexes are the caller's to bound.
 #include <cstdint>
 
 #include "heartbeat.hpp"
@@ -39,6 +39,91 @@ struct ReportFrame {
     r.can_write = (f.flags & kReportCannotWrite) == 0;
     return r;
   }
+};
+
+// Flooded: last words started somewhere; subject = the rank that started them.
+struct AlarmFrame {
+  int started_by = -1;
+
+  Frame to_frame() const {
+    Frame f;
+    f.type = kAlarm;
+    f.subject = started_by;
+    return f;
+  }
+  static AlarmFrame from_frame(const Frame& f) { return {f.subject}; }
+};
+
+// Sent up: `rank`'s terminal shard of `step`; subject = rank, a = step, flags = 1 when it is durable.
+struct WroteFrame {
+  int rank = -1;
+  std::uint64_t step = 0;
+  bool durable = false;
+
+  Frame to_frame() const {
+    Frame f;
+    f.type = kWrote;
+    f.subject = rank;
+    f.a = step;
+    f.flags = durable ? 1 : 0;
+    return f;
+  }
+  static WroteFrame from_frame(const Frame& f) { return {f.subject, f.a, f.flags == 1}; }
+};
+
+// The root's decision, flooded: subject = root, a = step, b = how many pipeline stages follow (one StageFrame
+// each), flags = 1 when the survivors write.
+struct DecisionFrame {
+  int root = -1;
+  std::uint64_t step = 0;
+  std::uint64_t stages = 0;
+  bool write = false;
+
+  Frame to_frame() const {
+    Frame f;
+    f.type = kDecision;
+    f.subject = root;
+    f.a = step;
+    f.b = stages;
+    f.flags = write ? 1 : 0;
+    return f;
+  }
+  static DecisionFrame from_frame(const Frame& f) { return {f.subject, f.a, f.b, f.flags == 1}; }
+};
+
+// One stage of the decision, flooded: subject = stage, a = its writing dp index (negative: none, as two's
+// complement), b = step.
+struct StageFrame {
+  int stage = -1;
+  int writer = -1;
+  std::uint64_t step = 0;
+
+  Frame to_frame() const {
+    Frame f;
+    f.type = kStage;
+    f.subject = stage;
+    f.a = static_cast<std::uint64_t>(static_cast<std::int64_t>(writer));
+    f.b = step;
+    return f;
+  }
+  static StageFrame from_frame(const Frame& f) {
+    return {f.subject, static_cast<int>(static_cast<std::int64_t>(f.a)), f.b};
+  }
+};
+
+// The root's end of the last words, flooded: a = step, flags = 1 when the terminal checkpoint was committed.
+struct OutcomeFrame {
+  std::uint64_t step = 0;
+  bool committed = false;
+
+  Frame to_frame() const {
+    Frame f;
+    f.type = kOutcome;
+    f.a = step;
+    f.flags = committed ? 1 : 0;
+    return f;
+  }
+  static OutcomeFrame from_frame(const Frame& f) { return {f.a, f.flags == 1}; }
 };
 
 }  // namespace ckpt::hooks::heartbeat

@@ -122,39 +122,22 @@ struct LastWords::Impl {
       }
       if (alarm && !alarm_sent) {
         alarm_sent = true;
-        heartbeat::Frame f;
-        f.type = heartbeat::kAlarm;
-        f.subject = from < 0 ? rank : from;
-        net()->flood(f, from);
+        net()->flood(heartbeat::AlarmFrame{from < 0 ? rank : from}.to_frame(), from);
       }
     }
     cv.notify_all();
   }
 
   void send_decision_locked(int only) {
-    heartbeat::Frame head;
-    head.type = heartbeat::kDecision;
-    head.subject = decision_root;
-    head.a = decision_step;
-    head.b = stages.size();
-    head.flags = decision_write ? 1 : 0;
     auto out = [&](const heartbeat::Frame& f) { only >= 0 ? (void)net()->send(only, f) : net()->flood(f); };
-    out(head);
+    out(heartbeat::DecisionFrame{decision_root, decision_step, stages.size(), decision_write}.to_frame());
     for (std::size_t p = 0; p < stages.size(); ++p) {
-      heartbeat::Frame st;
-      st.type = heartbeat::kStage;
-      st.subject = static_cast<std::int32_t>(p);
-      st.a = static_cast<std::uint64_t>(static_cast<std::int64_t>(stages[p]));
-      st.b = decision_step;
-      out(st);
+      out(heartbeat::StageFrame{static_cast<int>(p), stages[p], decision_step}.to_frame());
     }
   }
 
   void send_outcome_locked(int only) {
-    heartbeat::Frame f;
-    f.type = heartbeat::kOutcome;
-    f.a = decision_step;
-    f.flags = ended_committed ? 1 : 0;
+    const heartbeat::Frame f = heartbeat::OutcomeFrame{decision_step, ended_committed}.to_frame();
     only >= 0 ? (void)net()->send(only, f) : net()->flood(f);
   }
 
@@ -206,22 +189,12 @@ struct LastWords::Impl {
         // A neighbour made by a failure: it learns what this rank knows, and reports go up again.
         std::lock_guard<std::mutex> lock(mu);
         if (!triggered) return;
-        heartbeat::Frame alarm;
-        alarm.type = heartbeat::kAlarm;
-        alarm.subject = rank;
-        net()->send(e.peer, alarm);
+        net()->send(e.peer, heartbeat::AlarmFrame{rank}.to_frame());
         if (decided) send_decision_locked(e.peer);
         if (ended) send_outcome_locked(e.peer);
         if (net()->links().up == e.peer) {
           for (const auto& [r, sent] : reports) net()->send(e.peer, sent.to_frame());
-          for (const auto& [r, ok] : wrote) {
-            heartbeat::Frame w;
-            w.type = heartbeat::kWrote;
-            w.subject = r;
-            w.a = decision_step;
-            w.flags = ok ? 1 : 0;
-            net()->send(e.peer, w);
-          }
+          for (const auto& [r, ok] : wrote) net()->send(e.peer, heartbeat::WroteFrame{r, decision_step, ok}.to_frame());
         }
         return;
       }
@@ -235,7 +208,8 @@ struct LastWords::Impl {
   void on_frame(const heartbeat::Frame& f, int from) {
     switch (f.type) {
       case heartbeat::kAlarm:
-        fire("rank " + std::to_string(f.subject) + " started its last words", true, from);
+        fire("rank " + std::to_string(heartbeat::AlarmFrame::from_frame(f).started_by) + " started its last words",
+             true, from);
         return;
       case heartbeat::kReport: {
         const ReportFrame got = ReportFrame::from_frame(f);
@@ -248,32 +222,35 @@ struct LastWords::Impl {
         break;
       }
       case heartbeat::kWrote: {
-        if (f.subject < 0 || f.subject >= config.world_size) return;
+        const auto got = heartbeat::WroteFrame::from_frame(f);
+        if (got.rank < 0 || got.rank >= config.world_size) return;
         std::lock_guard<std::mutex> lock(mu);
-        if (!wrote.emplace(f.subject, f.flags == 1).second) return;
+        if (!wrote.emplace(got.rank, got.durable).second) return;
         net()->send_up(f);
         cv.notify_all();
         break;
       }
       case heartbeat::kDecision: {
+        const auto got = heartbeat::DecisionFrame::from_frame(f);
         std::lock_guard<std::mutex> lock(mu);
-        if (decided || f.b != stages.size()) return;
+        if (decided || got.stages != stages.size()) return;
         decided = true;
-        decision_write = f.flags == 1;
-        decision_step = f.a;
-        decision_root = f.subject;
-        outcome.root = f.subject;
+        decision_write = got.write;
+        decision_step = got.step;
+        decision_root = got.root;
+        outcome.root = got.root;
         outcome.decided_unix = unix_seconds();
         net()->flood(f, from);
         cv.notify_all();
         break;
       }
       case heartbeat::kStage: {
+        const auto got = heartbeat::StageFrame::from_frame(f);
         std::lock_guard<std::mutex> lock(mu);
-        if (f.subject < 0 || static_cast<std::size_t>(f.subject) >= stages.size()) return;
-        int& d = stages[static_cast<std::size_t>(f.subject)];
+        if (got.stage < 0 || static_cast<std::size_t>(got.stage) >= stages.size()) return;
+        int& d = stages[static_cast<std::size_t>(got.stage)];
         if (d >= -1) return;
-        d = static_cast<int>(static_cast<std::int64_t>(f.a));
+        d = got.writer;
         net()->flood(f, from);
         cv.notify_all();
         break;
@@ -300,7 +277,7 @@ struct LastWords::Impl {
         std::lock_guard<std::mutex> lock(mu);
         if (ended) return;
         ended = true;
-        ended_committed = f.flags == 1;
+        ended_committed = heartbeat::OutcomeFrame::from_frame(f).committed;
         net()->flood(f, from);
         cv.notify_all();
         break;
@@ -494,11 +471,7 @@ struct LastWords::Impl {
     if (keys.empty()) return;
     Status s = write(step, keys);
     if (!s) log::error(rank, "last words: the terminal shard of step " + std::to_string(step) + " failed: " + s.error());
-    heartbeat::Frame done;
-    done.type = heartbeat::kWrote;
-    done.subject = rank;
-    done.a = step;
-    done.flags = s ? 1 : 0;
+    const heartbeat::Frame done = heartbeat::WroteFrame{rank, step, static_cast<bool>(s)}.to_frame();
     std::lock_guard<std::mutex> lock(mu);
     wrote.emplace(rank, static_cast<bool>(s));
     outcome.wrote = static_cast<bool>(s);
