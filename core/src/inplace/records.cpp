@@ -61,8 +61,7 @@ class Fields {
     return t;
   }
 
-  std::string text(const char* key, bool required = true) {
-    if (!required && !has(key)) return {};
+  std::string text(const char* key) {
     const json* v = find(key);
     if (!v) return {};
     if (!v->is_string()) return bad<std::string>(key, "not a string");
@@ -303,6 +302,15 @@ std::string phases_name(std::uint32_t g) { return "gen-" + std::to_string(g) + "
 
 bool is_marker(std::string_view name) { return name == "finished" || name == "abandoned"; }
 
+// A record read from `text` (absent: nullopt): parsed, and kept only when it is the one its name promises.
+template <class T, class Belongs>
+std::optional<T> record_of(std::optional<std::string> text, Result<T> (*parse)(std::string_view), Belongs belongs) {
+  if (!text) return std::nullopt;
+  auto record = parse(*text);
+  if (!record || !belongs(*record)) return std::nullopt;
+  return std::move(record).value();
+}
+
 }  // namespace
 
 Result<Records> Records::open(const std::string& dir, bool create) {
@@ -340,11 +348,7 @@ Result<Plan> Records::write_plan(Plan plan, const std::vector<std::pair<std::str
 }
 
 std::optional<Plan> Records::read_plan(std::uint32_t generation) const {
-  auto text = read(plan_name(generation));
-  if (!text) return std::nullopt;
-  auto plan = parse_plan(*text);
-  if (!plan || plan->generation != generation) return std::nullopt;
-  return std::move(plan).value();
+  return record_of(read(plan_name(generation)), parse_plan, [&](const Plan& p) { return p.generation == generation; });
 }
 
 bool Records::has_plan(std::uint32_t generation) const {
@@ -355,11 +359,8 @@ bool Records::has_plan(std::uint32_t generation) const {
 Status Records::write_phases(const Phases& phases) { return write(phases_name(phases.generation), to_json(phases)); }
 
 std::optional<Phases> Records::read_phases(std::uint32_t generation) const {
-  auto text = read(phases_name(generation));
-  if (!text) return std::nullopt;
-  auto phases = parse_phases(*text);
-  if (!phases || phases->generation != generation) return std::nullopt;
-  return std::move(phases).value();
+  return record_of(read(phases_name(generation)), parse_phases,
+                   [&](const Phases& p) { return p.generation == generation; });
 }
 
 Status Records::write_spare(const Spare& spare) {
@@ -369,20 +370,12 @@ Status Records::write_spare(const Spare& spare) {
 
 std::optional<Spare> Records::read_spare(const std::string& slot) const {
   if (!parse_slot(slot)) return std::nullopt;
-  auto text = read("spare-" + slot);
-  if (!text) return std::nullopt;
-  auto spare = parse_spare(*text);
-  if (!spare || spare->slot() != slot) return std::nullopt;
-  return std::move(spare).value();
+  return record_of(read("spare-" + slot), parse_spare, [&](const Spare& s) { return s.slot() == slot; });
 }
 
 std::optional<Claim> Records::read_claim(const std::string& slot) const {
   if (!parse_slot(slot)) return std::nullopt;
-  auto text = read("claim-" + slot);
-  if (!text) return std::nullopt;
-  auto claim = parse_claim(*text);
-  if (!claim) return std::nullopt;
-  return *claim;
+  return record_of(read("claim-" + slot), parse_claim, [](const Claim&) { return true; });
 }
 
 std::vector<std::string> Records::free_spares() const {
@@ -404,11 +397,8 @@ Status Records::publish_mailbox(const Mailbox& mailbox) {
 }
 
 std::optional<Mailbox> Records::read_mailbox(int rank) const {
-  auto text = read("mailbox-" + std::to_string(rank));
-  if (!text) return std::nullopt;
-  auto mailbox = parse_mailbox(*text);
-  if (!mailbox || mailbox->rank != rank) return std::nullopt;
-  return *mailbox;
+  return record_of(read("mailbox-" + std::to_string(rank)), parse_mailbox,
+                   [&](const Mailbox& m) { return m.rank == rank; });
 }
 
 Status Records::mark(std::string_view marker, std::string_view why) {
