@@ -351,6 +351,9 @@ class Membership:
         notify_launcher()
 
     def mark(self, name, why=""):
-        """`finished` or `abandoned`: tells the idle spares to leave, and ckpt-run that the run ended."""
+        """`finished` or `abandoned`: tells the idle spares to leave. ckpt-run is told of `finished` (rank 0 alone
+        writes it); `abandoned`, which every survivor may write at once, it reads when a step exits 75, so that a
+        hand-over costs it no connection per rank."""
         self.records.mark(name, why)
-        notify_launcher()
+        if name == "finished":
+            notify_launcher()
