@@ -96,6 +96,7 @@ class Engine {
   Verdict handle_event(const Event& event, std::uint32_t uid, double now);
   void carry_out(JobRecord& r, const Event& e, std::uint32_t uid, const ckpt::recovery::EventEffects& fx, double now);
   void note_running_again(JobRecord& r, double now);
+  void count_slow_node(const JobRecord& r, const ckpt::recovery::SlowNode& report, double now);
   Verdict handle_admin(const std::string& op, const std::string& arg, std::uint32_t uid, double now);
   Verdict authorize(const Event& event, std::uint32_t uid, JobRecord* record, double now);
   void reject(const Event& event, std::uint32_t uid, const Verdict& why, bool job_exists, double now);
@@ -114,7 +115,8 @@ class Engine {
   void start_probes(JobRecord& r, double now);
   void check_failing(JobRecord& r, double now);
   void record_ending(JobRecord& r, Ending ending, const SlurmJob& s, const CheckpointView& ckpts, double now);
-  void exclude_nodes(JobRecord& r, const std::vector<std::string>& dead, double now);
+  // Leaves `nodes` out of the job's next runs for bad_node_ttl, for `reason` (empty: slurmd did not answer).
+  void exclude_nodes(JobRecord& r, const std::vector<std::string>& nodes, double now, const std::string& reason = "");
   void relaunch(JobRecord& r, const ckpt::recovery::RecoveryPlan& plan, double now);
   void start_requeue(JobRecord& r, const ckpt::recovery::RecoveryPlan& plan, double now);
   void decide(JobRecord& r, Ending ending, const SlurmJob& slurm, const std::vector<std::string>& dead,

@@ -110,7 +110,8 @@ void Engine::carry_out(JobRecord& r, const Event& e, std::uint32_t uid, const re
     rt.probe_done = false;
   }
   if (fx.to) transition(r, *fx.to, fx.why, now);
-  if (!fx.exclude.empty()) exclude_nodes(r, fx.exclude, now);
+  if (!fx.exclude.empty()) exclude_nodes(r, fx.exclude, now, fx.exclude_reason);
+  if (fx.slow_node) count_slow_node(r, *fx.slow_node, now);
   if (fx.restarted) {
     metrics_.add("ckpt_controller_restarts_total",
                  "ending=\"" + std::string(rec::to_string(*fx.restarted)) + "\",path=\"" + r.clock.path + "\"");
@@ -136,6 +137,14 @@ void Engine::note_running_again(JobRecord& r, double now) {
   const std::string detected = path == "in-place" ? "detected at " + fmt_time(r.clock.failed) + "; " : "";
   note(r, "recovery", "running again after " + fmt_time(latency) + " s (" + r.clock.path + "): " + detected + phases,
        now);
+}
+
+// A slow-node report the record kept: counted by action, and an alert for the site (a node that slows jobs down
+// is worth a look, even when no job excludes it).
+void Engine::count_slow_node(const JobRecord& r, const rec::SlowNode& report, double now) {
+  metrics_.add("ckpt_controller_slow_node_events_total", "action=\"" + report.action + "\"");
+  alert(json{{"event", "slow_node"}, {"job_id", r.job_id}, {"node", report.node}, {"score", report.score},
+             {"action", report.action}, {"time", now}});
 }
 
 Verdict Engine::handle_admin(const std::string& op, const std::string& arg, std::uint32_t uid, double now) {

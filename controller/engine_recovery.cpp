@@ -257,13 +257,16 @@ void Engine::record_ending(JobRecord& r, Ending ending, const SlurmJob& s, const
        now);
 }
 
-// Adds `dead` to the job's excluded nodes (for bad_node_ttl); those not excluded already are counted and alerted once.
-void Engine::exclude_nodes(JobRecord& r, const std::vector<std::string>& dead, double now) {
-  const auto fresh = rec::exclude_dead_nodes(r.bad_nodes, dead, r.job_id, now, config_.bad_node_ttl_s);
+// Adds `nodes` to the job's excluded nodes (for bad_node_ttl); those not excluded already are counted and alerted once.
+void Engine::exclude_nodes(JobRecord& r, const std::vector<std::string>& nodes, double now, const std::string& reason) {
+  const auto fresh = reason.empty()
+                         ? rec::exclude_dead_nodes(r.bad_nodes, nodes, r.job_id, now, config_.bad_node_ttl_s)
+                         : rec::exclude_bad_nodes(r.bad_nodes, nodes, reason, now, config_.bad_node_ttl_s);
   for (const auto& n : fresh) {
     metrics_.add("ckpt_controller_excluded_nodes_total", "");
     alert(json{{"event", "node_excluded"}, {"job_id", r.job_id}, {"node", n},
-               {"reason", "slurmd did not answer after a failure"}, {"ttl_s", config_.bad_node_ttl_s}, {"time", now}});
+               {"reason", reason.empty() ? "slurmd did not answer after a failure" : reason},
+               {"ttl_s", config_.bad_node_ttl_s}, {"time", now}});
   }
   if (!fresh.empty()) note(r, "decision", "excluding " + list(fresh) + " from the job's next runs", now);
 }

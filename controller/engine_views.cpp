@@ -14,6 +14,15 @@ using namespace engine_detail;
 
 namespace {
 
+// The record's slow-node reports, oldest first, as the job's record has them in JSON.
+json slow_nodes(const std::vector<rec::SlowNode>& reports) {
+  json out = json::array();
+  for (const auto& s : reports) {
+    out.push_back(json{{"node", s.node}, {"score", s.score}, {"time", s.time}, {"action", s.action}});
+  }
+  return out;
+}
+
 json job_summary(const rec::JobRecord& r, double now) {
   return json{{"job_id", r.job_id},
               {"state", rec::to_string(r.state)},
@@ -23,6 +32,7 @@ json job_summary(const rec::JobRecord& r, double now) {
               {"max_restarts", r.budget.max_restarts},
               {"progress_step", r.budget.progress_step ? json(*r.budget.progress_step) : json(nullptr)},
               {"excluded_nodes", rec::active_bad_nodes(r.bad_nodes, now)},
+              {"slow_nodes", slow_nodes(r.slow_nodes)},
               {"ending", r.ending ? rec::to_string(*r.ending) : ""},
               {"reason", r.reason},
               {"updated", r.updated}};

@@ -234,6 +234,17 @@ std::string nodes_text(const json& list) {
   return out.empty() ? "-" : out;
 }
 
+// "n2:0.48,n4:0.61": the job's slow nodes with their speed relative to the job's best ("-" for none).
+std::string slow_text(const json& list) {
+  std::string out;
+  for (const auto& s : list) {
+    char score[32];
+    std::snprintf(score, sizeof score, "%.2f", s["score"].get<double>());
+    out += (out.empty() ? "" : ",") + s["node"].get<std::string>() + ":" + score;
+  }
+  return out.empty() ? "-" : out;
+}
+
 int cmd_status(const Client& c, bool as_json) {
   auto s = c.get("/v1/status");
   if (!s) return fail(s.error());
@@ -273,13 +284,15 @@ int cmd_jobs(const Client& c, bool as_json) {
     std::printf("%s\n", s->dump(2).c_str());
     return 0;
   }
-  std::printf("%-10s %-12s %-8s %-11s %-12s %s\n", "JOB", "STATE", "RESTARTS", "NO-PROGRESS", "EXCLUDED", "REASON");
+  std::printf("%-10s %-12s %-8s %-11s %-12s %-12s %s\n", "JOB", "STATE", "RESTARTS", "NO-PROGRESS", "EXCLUDED", "SLOW",
+              "REASON");
   for (const auto& j : *s) {
     std::string budget = std::to_string(j["restarts_without_progress"].get<std::uint64_t>()) + "/" +
                          std::to_string(j["max_restarts"].get<std::uint64_t>());
-    std::printf("%-10u %-12s %-8llu %-11s %-12s %s\n", j["job_id"].get<unsigned>(), j["state"].get<std::string>().c_str(),
-                static_cast<unsigned long long>(j["restarts"].get<std::uint64_t>()), budget.c_str(),
-                nodes_text(j["excluded_nodes"]).c_str(), j["reason"].get<std::string>().c_str());
+    std::printf("%-10u %-12s %-8llu %-11s %-12s %-12s %s\n", j["job_id"].get<unsigned>(),
+                j["state"].get<std::string>().c_str(), static_cast<unsigned long long>(j["restarts"].get<std::uint64_t>()),
+                budget.c_str(), nodes_text(j["excluded_nodes"]).c_str(),
+                slow_text(j.value("slow_nodes", json::array())).c_str(), j["reason"].get<std::string>().c_str());
   }
   return 0;
 }

@@ -38,7 +38,8 @@ const std::map<std::string, std::string>& help() {
       {"ckpt_controller_gave_up_total", "Jobs the controller stopped restarting, by ending"},
       {"ckpt_controller_lost_work_seconds_total", "Training time lost to failures (since the newest checkpoint)"},
       {"ckpt_controller_events_total", "Events received, by type and result"},
-      {"ckpt_controller_excluded_nodes_total", "Nodes excluded from a job after a failure"},
+      {"ckpt_controller_excluded_nodes_total", "Nodes excluded from a job after a failure or a slow-node report"},
+      {"ckpt_controller_slow_node_events_total", "Slow-node reports recorded, by action (report, exclude)"},
       {"ckpt_controller_slurm_errors_total", "Slurm calls that failed, by operation"},
   };
   return h;
@@ -60,6 +61,9 @@ Metrics::Metrics() {
     for (const char* path : {"requeue", "relaunch", "in-place"}) {
       counters_["ckpt_controller_restarts_total"][ending + ",path=\"" + path + "\""] = 0;
     }
+  }
+  for (const char* action : {ckpt::recovery::kSlowNodeReport, ckpt::recovery::kSlowNodeExclude}) {
+    counters_["ckpt_controller_slow_node_events_total"][std::string("action=\"") + action + "\""] = 0;
   }
   for (const char* path : {"requeue", "relaunch", "in-place"}) {
     recovery_[path].buckets.assign(recovery_buckets().size(), 0);

@@ -272,11 +272,28 @@ details { margin-top: 6px; } details table { font-size: 12px; }
     return s;
   }
 
+  // "n2 0.48 (exclude)": a slow node as the jobs table names it.
+  function slowText(s) { return s.node + " " + (+s.score).toFixed(2) + " (" + s.action + ")"; }
+  function slowNodes(sec, slow) {
+    if (!slow.length) return;
+    var t = add(sec, el("table", { "class": "slow-nodes" }));
+    var hr = add(t, el("tr"));
+    ["slow node", "of the job's best", "action", "reported"].forEach(function (c) { add(hr, el("th", {}, c)); });
+    slow.forEach(function (s) {
+      var tr = add(t, el("tr", { "data-node": s.node }));
+      add(tr, el("td", {}, s.node));
+      add(tr, el("td", { "class": "num" }, (+s.score).toFixed(2)));
+      add(tr, el("td", {}, s.action));
+      add(tr, el("td", {}, clock(s.time)));
+    });
+  }
+
   function jobSection(job, lines) {
     var sec = el("section", { "class": "job", id: "job-" + job.job_id, "data-job": job.job_id });
     var h = add(sec, el("h2", {}, "Job " + job.job_id + " "));
     add(h, el("span", { "class": "state st-" + job.state }, job.state));
     if (job.reason) add(sec, el("p", { "class": "sub" }, job.reason));
+    slowNodes(sec, job.slow_nodes || []);
     if (lines && lines.error) { add(sec, el("p", { "class": "empty" }, "history: " + lines.error)); return sec; }
     if (!lines || !lines.length) { add(sec, el("p", { "class": "empty" }, "no history")); return sec; }
     var m = model(lines, job, data.generated);
@@ -339,7 +356,7 @@ details { margin-top: 6px; } details table { font-size: 12px; }
     var t = add(page, el("table", { id: "jobs" }));
     var hr = add(t, el("tr"));
     ["job", "state", "run", "restarts", "budget (no progress / max)", "progress step", "ending", "excluded nodes",
-     "reason", "updated"].forEach(function (c) { add(hr, el("th", {}, c)); });
+     "slow nodes", "reason", "updated"].forEach(function (c) { add(hr, el("th", {}, c)); });
     data.jobs.forEach(function (j) {
       var tr = add(t, el("tr", { "data-job": j.job_id }));
       var a = add(add(tr, el("td")), el("a", { href: "#job-" + j.job_id }, j.job_id));
@@ -351,6 +368,7 @@ details { margin-top: 6px; } details table { font-size: 12px; }
       add(tr, el("td", { "class": "num" }, j.progress_step === null ? "-" : j.progress_step));
       add(tr, el("td", {}, j.ending || "-"));
       add(tr, el("td", {}, (j.excluded_nodes || []).join(",") || "-"));
+      add(tr, el("td", { "class": "slow" }, (j.slow_nodes || []).map(slowText).join(", ") || "-"));
       add(tr, el("td", {}, j.reason || ""));
       add(tr, el("td", {}, clock(j.updated)));
     });

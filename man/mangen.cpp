@@ -243,7 +243,9 @@ constexpr KeyDoc kControllerKeys[] = {
     {"rest_token_file", "FILE", "File holding the JWT for slurmrestd (mode 0600); else $SLURM_JWT"},
     {"munge_socket", "FILE", "The cluster's MUNGE socket, when it is not libmunge's default"},
     {"max_restarts", "N", "Restarts without checkpoint progress for a job that gives no --ckpt-max-restarts (default 3)"},
-    {"bad_node_ttl", "DURATION", "How long a node that failed a job stays excluded from it (default 1h)"},
+    {"bad_node_ttl", "DURATION",
+     "How long a node that failed a job, or that the job reported slow (action exclude), stays excluded from it "
+     "(default 1h)"},
     {"drain_bad_nodes", "yes|no",
      "Also drain excluded nodes through Slurm (default no; undo with ckpt-controller forget-node NODE)"},
     {"down_dead_nodes", "yes|no",
@@ -257,7 +259,7 @@ constexpr KeyDoc kControllerKeys[] = {
     {"reconcile_interval", "DURATION",
      "How often the controller compares its jobs with Slurm's, catching what no plugin could report (default 2s)"},
     {"completing_timeout", "DURATION", "Longest wait for a requeued job to leave COMPLETING (default 2m)"},
-    {"webhook_url", "URL", "Alerts: a JSON POST on give-up and on bad-node exclusion"},
+    {"webhook_url", "URL", "Alerts: a JSON POST on give-up, on bad-node exclusion and on a slow-node report"},
     {"webhook_timeout", "DURATION", "Timeout of one alert POST (default 5s)"},
     {"admin_users", "USER[,USER...]",
      "Who may release jobs and forget nodes, and read every job (default root; root and SlurmUser always may). "

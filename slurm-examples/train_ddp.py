@@ -117,8 +117,9 @@ def train(args, in_place=False, warm=None):
         if in_place:
             torch.manual_seed((args.seed + 1) * 1_000_003 + step * world + rank)
         tokens, targets = batch(args, step, rank, world)
-        loss = F.cross_entropy(model(tokens).reshape(-1, args.vocab), targets.reshape(-1))
-        loss.backward()
+        with cp.section():  # this rank's own work, timed to find a slow node (the all-reduce waits for it)
+            loss = F.cross_entropy(model(tokens).reshape(-1, args.vocab), targets.reshape(-1))
+            loss.backward()
         if world > 1:
             for p in params:  # one all-reduce per parameter, always in this order
                 dist.all_reduce(p.grad)

@@ -240,6 +240,9 @@ int remote_user_init(spank_t sp) {
   // ckpt-run asks the site's controller, never one it guesses (a port on the node's loopback anyone may bind).
   if (ckpt::controller_is_url(state.policy.controller)) {
     export_env(sp, ckpt::env::name_of("controller_url"), state.policy.controller);
+    if (const std::string socket = munge_socket(); !socket.empty()) {
+      export_env(sp, ckpt::env::name_of("munge_socket"), socket);
+    }
   }
   // Steps of a requeued batch job report a restart count of 0; the job's environment has the real one.
   if (auto count = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); count && *count > restarts) {

@@ -38,12 +38,6 @@ constexpr long kTimeoutMs = 1000;        // the most one report may take
 constexpr long kDegradedTimeoutMs = 200; // after a failure: the controller is likely down or hung
 std::atomic<double> g_degraded_until{0};
 
-// The MUNGE socket AuthInfo names, or "" for libmunge's default.
-std::string munge_socket() {
-  if (&slurm_conf == nullptr || slurm_conf.authinfo == nullptr) return {};
-  return ckpt::authinfo_socket(slurm_conf.authinfo);
-}
-
 // In user_init slurmstepd runs with its effective uid set to the job's user (its real uid stays root). munged
 // signs with the effective uid, and the controller trusts only what root or SlurmUser signed (the checkpoint dir
 // the plugin resolved), so the plugin's own events are signed with root's effective uid restored for the call.
@@ -154,6 +148,11 @@ bool reporting(const PluginState& state) {
 bool truthy(const std::string& v) { return v == "1" || v == "yes" || v == "true" || v == "on"; }
 
 }  // namespace
+
+std::string munge_socket() {
+  if (&slurm_conf == nullptr || slurm_conf.authinfo == nullptr) return {};
+  return ckpt::authinfo_socket(slurm_conf.authinfo);
+}
 
 void report_event(const std::string& destination, const rec::Event& event) noexcept {
   try {

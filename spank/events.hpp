@@ -13,6 +13,10 @@ extern "C" {
 
 namespace ckpt::spank {
 
+// The MUNGE socket Slurm's AuthInfo names, or "" for libmunge's default (exported to the ranks, which sign their
+// own reports with it).
+std::string munge_socket();
+
 // Sends one event to `destination` (a URL or a spool dir). Logs failures at verbose level only.
 void report_event(const std::string& destination, const ckpt::recovery::Event& event) noexcept;
 

@@ -10,10 +10,12 @@
 #   cluster.sh crash-node nX     SIGKILL nX's slurmd, its slurmstepds and their tasks (a dead host)
 #   cluster.sh freeze-node nX    SIGSTOP the same set (a silent host: only timeouts can tell)
 #   cluster.sh hang-tasks nX     SIGSTOP only the job tasks on nX (a hung rank): slurmd and slurmstepd answer on
+#   cluster.sh kill-tasks nX     SIGKILL only the job tasks on nX (a crashed rank on a healthy node)
 #   cluster.sh slow-node nX FACTOR  give the job tasks on nX FACTOR of one CPU between them (the cgroup cpu
 #                                controller's quota), as a throttled or noisy node would; what they start later
 #                                inherits it
 #   cluster.sh unslow-node nX    lift it (revive-node and down lift it too)
+#   cluster.sh task-cpu nX [SECONDS]  the CPUs the job tasks on nX use between them, measured over SECONDS (2)
 #   cluster.sh revive-node nX    bring nX back (SIGCONT, or restart slurmd) and return it to service
 #   cluster.sh partition-node nX [SIDE]  cut nX's link (namespace mode only): its processes live on; nobody reaches
 #                                them but the nodes cut to the same SIDE
@@ -414,6 +416,24 @@ cmd_hang_tasks() {
   say "hung the tasks on $node (pids $(echo $pids)); its slurmd and slurmstepd answer on"
 }
 
+cmd_task_cpu() {
+  local node=$1 seconds=${2:-2} pids a b t0 t1
+  pids=$(task_pids_of_node "$node")
+  [ -n "$pids" ] || die "task-cpu: no job task runs on $node"
+  ticks() { local t=0 pid; for pid in $pids; do t=$((t + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0))); done; echo $t; }
+  a=$(ticks); t0=$(date +%s.%N); sleep "$seconds"; b=$(ticks); t1=$(date +%s.%N)
+  awk -v d=$((b - a)) -v hz="$(getconf CLK_TCK)" -v t0="$t0" -v t1="$t1" 'BEGIN { printf "%.3f\n", d / hz / (t1 - t0) }'
+}
+
+cmd_kill_tasks() {
+  local node=$1 pids
+  pids=$(task_pids_of_node "$node")
+  [ -n "$pids" ] || die "kill-tasks: no job task runs on $node"
+  # shellcheck disable=SC2086
+  kill -KILL $pids 2>/dev/null || true
+  say "killed the tasks on $node (pids $(echo $pids))"
+}
+
 # The cpu controller: cgroup v1's hierarchy, or the unified one (v2) where that is all there is.
 cpu_root() {
   if [ -f /sys/fs/cgroup/cpu/cgroup.procs ]; then echo /sys/fs/cgroup/cpu
@@ -505,10 +525,12 @@ case ${1:-} in
   crash-node) cmd_crash_node "${2:?node}" ;;
   freeze-node) cmd_freeze_node "${2:?node}" ;;
   hang-tasks) cmd_hang_tasks "${2:?node}" ;;
+  kill-tasks) cmd_kill_tasks "${2:?node}" ;;
+  task-cpu) cmd_task_cpu "${2:?node}" "${3:-2}" ;;
   slow-node) cmd_slow_node "${2:?node}" "${3:?factor}" ;;
   unslow-node) cmd_unslow_node "${2:?node}" ;;
   revive-node) cmd_revive_node "${2:?node}" ;;
   partition-node) cmd_partition_node "${2:?node}" "${3:-}" ;;
   heal-node) cmd_heal_node "${2:?node}" ;;
-  *) echo "usage: $0 up|down|status|env|addr [NODE]|on NODE CMD...|crash-node NODE|freeze-node NODE|hang-tasks NODE|slow-node NODE FACTOR|unslow-node NODE|revive-node NODE|partition-node NODE [SIDE]|heal-node NODE" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|addr [NODE]|on NODE CMD...|crash-node NODE|freeze-node NODE|hang-tasks NODE|kill-tasks NODE|slow-node NODE FACTOR|unslow-node NODE|task-cpu NODE [SECONDS]|revive-node NODE|partition-node NODE [SIDE]|heal-node NODE" >&2; exit 2 ;;
 esac

@@ -20,6 +20,7 @@ const std::vector<Var>& contract() {
       {"max_restarts", "CKPT_MAX_RESTARTS", "a whole number", S::Plugin, {}},
       {"spares", "CKPT_SPARES", "a whole number", S::Plugin, {}},
       {"max_spares", "CKPT_MAX_SPARES", "a whole number", S::Plugin, {}},
+      {"straggler", "CKPT_STRAGGLER", "off, or a threshold with an optional action like 0.7,report", S::Plugin, {}},
       // The job's facts, as the plugin finds them at each step's start.
       {"restart_count", "CKPT_RESTART_COUNT", "a whole number", S::Plugin, {"SLURM_RESTART_COUNT"}},
       {"job_id", "CKPT_JOB_ID", "a job id", S::Plugin, {"SLURM_JOB_ID"}},
@@ -30,6 +31,7 @@ const std::vector<Var>& contract() {
       {"requeue", "CKPT_REQUEUE", "controller, self or off", S::Plugin, {}},
       {"trusted_dirs", "CKPT_TRUSTED_DIRS", "the site's allowed dirs, ':'-separated", S::Plugin, {}},
       {"controller_url", "CKPT_CONTROLLER_URL", "http://host:port", S::Plugin, {}},
+      {"munge_socket", "CKPT_MUNGE_SOCKET", "the path of munged's socket", S::Plugin, {}},
       // The launchers: ckpt-run for each step it starts, slurm_ckpt.torch.run for each generation.
       {"rank", "RANK", "a whole number below world_size", S::Launcher, {"SLURM_PROCID"}},
       {"world_size", "WORLD_SIZE", "a whole number >= 1", S::Launcher, {"SLURM_NTASKS"}},

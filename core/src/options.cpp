@@ -6,6 +6,7 @@
 #include "ckpt/format.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/site_keys.hpp"
+#include "ckpt/straggler.hpp"
 
 namespace ckpt {
 
@@ -90,6 +91,10 @@ const std::array<OptionSpec, kOptionCount>& option_specs() {
        "Spare nodes of the allocation that ckpt-run keeps warm to take a dead node's ranks over (restart in "
        "place); at most the site's max_spares",
        "a whole number of spare nodes"},
+      {OptionId::Straggler, "ckpt-straggler", "straggler", "off|THRESHOLD[,report|exclude]",
+       "Report a node whose ranks run below THRESHOLD of the job's fastest for 3 windows of 4 steps; exclude: "
+       "also leave it out of the job's next runs",
+       "off, or a fraction between 0 and 1 with an optional action: 0.7, 0.7,report or 0.6,exclude"},
   }};
   return specs;
 }
@@ -126,7 +131,7 @@ const OptionSpec& option_spec(OptionId id) {
 }
 
 bool JobOptions::any() const {
-  return interval || dir || keep || last_words || mtbf_s || max_restarts || grace_s || spares;
+  return interval || dir || keep || last_words || mtbf_s || max_restarts || grace_s || spares || straggler;
 }
 
 Status set_job_option(JobOptions& options, OptionId id, std::string_view value) {
@@ -140,6 +145,12 @@ Status set_job_option(JobOptions& options, OptionId id, std::string_view value) 
     case OptionId::MaxRestarts: return set_once(options.max_restarts, spec, value, parse_uint);
     case OptionId::Grace: return set_once(options.grace_s, spec, value, parse_duration);
     case OptionId::Spares: return set_once(options.spares, spec, value, parse_uint);
+    case OptionId::Straggler:
+      return set_once(options.straggler, spec, value, [](std::string_view text) -> Result<std::string> {
+        auto policy = straggler::parse_policy(text);
+        if (!policy) return Error{policy.error()};
+        return straggler::format_policy(*policy);
+      });
   }
   return Status::failure("unknown option");
 }
@@ -154,6 +165,7 @@ void clear_job_option(JobOptions& options, OptionId id) {
     case OptionId::MaxRestarts: options.max_restarts.reset(); break;
     case OptionId::Grace: options.grace_s.reset(); break;
     case OptionId::Spares: options.spares.reset(); break;
+    case OptionId::Straggler: options.straggler.reset(); break;
   }
 }
 
@@ -312,6 +324,7 @@ Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& poli
   s.max_restarts = user.max_restarts.value_or(site.max_restarts.value_or(BuiltinDefaults::max_restarts));
   s.grace_s = user.grace_s.value_or(site.grace_s.value_or(BuiltinDefaults::grace_s));
   s.spares = user.spares.value_or(site.spares.value_or(BuiltinDefaults::spares));
+  s.straggler = user.straggler.value_or(site.straggler.value_or(BuiltinDefaults::straggler));
   s.max_spares = policy.max_spares;
   s.min_interval_s = policy.min_interval_s;
   s.max_interval_s = policy.max_interval_s;
@@ -375,6 +388,7 @@ std::vector<std::pair<std::string, std::string>> settings_environment(const Sett
       {env::name_of("max_interval"), seconds(s.max_interval_s)},
       {env::name_of("spares"), std::to_string(s.spares)},
       {env::name_of("max_spares"), std::to_string(s.max_spares)},
+      {env::name_of("straggler"), s.straggler},
   };
 }
 

@@ -77,6 +77,8 @@ int ckpt_restored_region(const ckpt_checkpointer* cp, const char* name, const vo
 int ckpt_before_update(ckpt_checkpointer* cp);
 /* Call after each update with the number of completed updates; *stop becomes 1 when the loop must stop. */
 int ckpt_after_step(ckpt_checkpointer* cp, uint64_t step, int* stop);
+/* A section of this step's own work (no collective inside) took `seconds`: what straggler detection compares. */
+int ckpt_time_section(ckpt_checkpointer* cp, double seconds);
 /* Takes a checkpoint now (terminal: then stop); every rank must call it at the same step. */
 int ckpt_save(ckpt_checkpointer* cp, uint64_t step, int terminal);
 

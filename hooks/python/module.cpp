@@ -268,6 +268,8 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release release;
              return take(self.get().after_step(step));
            }, py::arg("step"), "Call after each update with the number of completed updates; True: stop the loop.")
+      .def("time_section", [](PyCheckpointer& self, double seconds) { self.get().time_section(seconds); },
+           py::arg("seconds"), "A section of this step's own work (no collective inside) took `seconds`.")
       .def("save", [](PyCheckpointer& self, std::uint64_t step, bool terminal) {
              py::gil_scoped_release release;
              check(self.get().save(step, terminal ? ckpt::store::Kind::Terminal : ckpt::store::Kind::Periodic));

@@ -161,6 +161,15 @@ int ckpt_after_step(ckpt_checkpointer* cp, uint64_t step, int* stop) {
   });
 }
 
+int ckpt_time_section(ckpt_checkpointer* cp, double seconds) {
+  return guarded("ckpt_time_section", [&] {
+    CKPT_NEED("ckpt_time_section", cp);
+    cp->impl->time_section(seconds);
+    g_error.clear();
+    return 0;
+  });
+}
+
 int ckpt_save(ckpt_checkpointer* cp, uint64_t step, int terminal) {
   return guarded("ckpt_save", [&] {
     CKPT_NEED("ckpt_save", cp);

@@ -137,6 +137,8 @@ Status Checkpointer::Impl::close(bool wait_for_peers) {
       }
     }
     coord->detach();  // the persist thread may still publish; the network goes now
+    last_words->set_pace(nullptr);
+    pace.reset();
     std::lock_guard<std::mutex> lock(words_mu);
     words_final = last_words->outcome();
     last_words.reset();
@@ -232,6 +234,10 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
         impl->words_armed = true;
       }
       impl->coord->attach(*impl->last_words);
+      if (config->straggler.enabled) {
+        impl->pace = std::make_shared<PaceTree>(*config, impl->last_words->network());
+        impl->last_words->set_pace([p = impl->pace](const heartbeat::Frame& f, int from) { p->on_frame(f, from); });
+      }
     } else if (config->last_words && !config->layout_declared && config->world_size > 1 && config->rank == 0) {
       // Without a layout the survivors cannot tell whether they hold a complete copy, so nothing is armed.
       log::warn(0, "last words are on but the job declared no layout, so they are off: declare it with "
@@ -329,6 +335,7 @@ const std::vector<RestoredRegion>& Checkpointer::restored() const { return impl_
 
 Status Checkpointer::before_update() {
   Impl& m = *impl_;
+  if (m.pace) m.update_started_s = steady_seconds();
   if (m.last_words && !m.tracker.enter_update()) {
     (void)m.last_words->wait_done(std::chrono::milliseconds(10000));
     return Status::failure("ckpt: training is stopped: " + m.last_words->outcome().summary);
@@ -363,6 +370,11 @@ Result<bool> Checkpointer::after_step(std::uint64_t step) {
   auto d = poll(step);
   if (!d) return Error{d.error()};
   m.tracker.finish_step(step);
+  if (m.pace) {
+    if (m.update_started_s >= 0) m.pace->on_work(steady_seconds() - m.update_started_s);
+    m.update_started_s = -1;
+    m.pace->on_step(step);
+  }
   if (m.last_words && m.device && !m.device_streams.empty()) {
     if (Status s = m.device->mark_updates(m.device_streams); !s) m.record_error(s.error());
   }
@@ -373,6 +385,10 @@ Result<bool> Checkpointer::after_step(std::uint64_t step) {
   if (d->snapshot) m.snapshot(step, d->kind);
   if (d->stop) m.stopped = true;
   return m.stopped;
+}
+
+void Checkpointer::time_section(double seconds) {
+  if (impl_->pace) impl_->pace->on_work(seconds);
 }
 
 Status Checkpointer::save(std::uint64_t step, store::Kind kind) {

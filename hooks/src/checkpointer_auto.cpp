@@ -78,16 +78,16 @@ void Checkpointer::Impl::save_auto_measurements() {
 // Once per step: the step's time into the meter (interval::StepMeter); when the measured checkpoint's persist is
 // done, its costs go to the auto interval, which is recomputed.
 void Checkpointer::Impl::observe_step() {
-  interval::StepMeter::Worker worker;
+  interval::StepMeter::Worker counts;
   {
     std::lock_guard<std::mutex> lock(mu);
-    worker.pending = persists_pending;
-    worker.persisted = stats.persisted;
-    worker.failed = stats.failed;
-    worker.last_stall_s = stats.last_stall_s;
-    worker.last_persist_s = stats.last_persist_s;
+    counts.pending = persists_pending;
+    counts.persisted = stats.persisted;
+    counts.failed = stats.failed;
+    counts.last_stall_s = stats.last_stall_s;
+    counts.last_persist_s = stats.last_persist_s;
   }
-  auto measured = meter.on_step(steady_seconds(), worker);
+  auto measured = meter.on_step(steady_seconds(), counts);
   if (!measured) return;
   if (Status s = auto_interval->observe_checkpoint(measured->stall_s, measured->interference_s, measured->persist_s);
       !s) {

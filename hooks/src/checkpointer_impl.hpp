@@ -31,6 +31,7 @@
 #include "coordinator.hpp"
 #include "device.hpp"
 #include "last_words_runtime.hpp"
+#include "pace.hpp"
 #include "nccl_watch.hpp"
 #include "restore_agreement.hpp"
 #include "staging.hpp"
@@ -90,6 +91,8 @@ struct Checkpointer::Impl {
   std::unique_ptr<DeviceBackend> device;  // created at the first device region
   UpdateTracker tracker;                  // step and mid-update, for the last words
   std::unique_ptr<LastWords> last_words;  // armed: see last_words_runtime.hpp; reset under words_mu
+  std::shared_ptr<PaceTree> pace;         // with last words and CKPT_STRAGGLER on: this rank's part (pace.hpp)
+  double update_started_s = -1;           // training thread: when before_update was called, for pace
   mutable std::mutex words_mu;            // last_words_report() from any thread while close() resets it
   bool words_armed = false;               // guarded by words_mu
   LastWordsOutcome words_final;           // guarded by words_mu: the outcome when close() ended the last words

@@ -26,7 +26,8 @@ constexpr const char* kHookKeys[] = {
     "dir", "interval", "keep", "last_words", "mtbf", "grace", "min_interval", "max_interval", "max_restarts",
     "restart_count", "job_id", "generation", "resume_step", "resume_path", "end_time", "kill_wait", "exit_grace",
     "requeue", "heartbeat_timeout", "rank", "world_size", "local_rank", "coordinator", "copy_threads",
-    "commit_timeout", "agree_lead", "signals", "run_id", "log", "layout", "coord"};
+    "commit_timeout", "agree_lead", "signals", "run_id", "log", "layout", "coord", "straggler", "controller_url",
+    "munge_socket"};
 
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = [] {
@@ -387,6 +388,12 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   if (Status e = read(lookup, "run_id", c.run_id, parse_run_id); !e) return Error{e.error()};
   if (c.run_id.empty()) c.run_id = derive_run_id(lookup, c);
   if (Status e = resolve_layout(lookup, c); !e) return Error{e.error()};
+  if (Status e = read(lookup, "straggler", c.straggler, [](std::string_view t) { return straggler::parse_policy(t); });
+      !e) {
+    return Error{e.error()};
+  }
+  if (auto s = lookup.get("controller_url")) c.controller_url = s->value;
+  if (auto s = lookup.get("munge_socket")) c.munge_socket = s->value;
   return c;
 }
 

@@ -70,6 +70,8 @@ enum FrameType : std::uint32_t {
   kRetired = 23,      // the writer retired step a (store::retire), flooded: each rank removes its own files of it
   kRestoreFile = 24,  // the leader wrote a restore round's file, flooded: a = round, flags = 1: plan, 2: verdict
   kRecount = 25,      // the root's count of step a is late, flooded (b: the root's recount number): send it again
+  // Stragglers (pace.cpp); delivered to the handler too.
+  kPace = 30,         // a subtree's pace of one window, sent up (PaceFrame, pace.hpp)
 };
 
 inline constexpr std::uint32_t kRecordsReady = 1;

@@ -88,6 +88,7 @@ struct LastWords::Impl {
   bool ended_committed = false;
   LastWordsOutcome outcome;                   // guarded by mu
   std::function<void(const heartbeat::Frame&, int)> coordination;  // guarded by mu
+  std::function<void(const heartbeat::Frame&, int)> pace;          // guarded by mu
   // Coordination frames that came before the handler was set (a neighbour that got "go" and counted its restore
   // before this rank attached its coordinator): delivered when it is set, never dropped. Guarded by mu.
   std::vector<std::pair<heartbeat::Frame, int>> early_coordination;
@@ -271,6 +272,15 @@ struct LastWords::Impl {
           }
         }
         to(f, from);
+        return;
+      }
+      case heartbeat::kPace: {
+        std::function<void(const heartbeat::Frame&, int)> to;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          to = pace;
+        }
+        if (to) to(f, from);
         return;
       }
       case heartbeat::kOutcome: {
@@ -701,6 +711,11 @@ LastWordsOutcome LastWords::outcome() const {
 void LastWords::leave() { impl_->mesh->say_bye(); }
 
 heartbeat::Mesh& LastWords::network() { return *impl_->mesh; }
+
+void LastWords::set_pace(std::function<void(const heartbeat::Frame&, int from)> handler) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->pace = std::move(handler);
+}
 
 void LastWords::set_coordination(std::function<void(const heartbeat::Frame&, int from)> handler) {
   std::vector<std::pair<heartbeat::Frame, int>> early;

@@ -134,6 +134,8 @@ class LastWords {
   // Frames of the periodic coordination (kRequest, kShardsDone, kShardFailed) go to `handler`, on the network's
   // threads, with the rank of the link they came on.
   void set_coordination(std::function<void(const heartbeat::Frame&, int from)> handler);
+  // Straggler frames (kPace) go to `handler` likewise; dropped while there is none.
+  void set_pace(std::function<void(const heartbeat::Frame&, int from)> handler);
 
  private:
   struct Impl;

@@ -356,3 +356,82 @@ TEST_CASE("engine cycle: another user's flood delays a failure report by one cyc
   CHECK(h.engine->queued() >= 3001 - 256);     // while most of the flood waits its turn
   CHECK(h.cycle_until([&] { return h.engine->queued() == 0; }));  // and none of it is lost
 }
+
+namespace {
+
+// The job's root rank reports `node` slow, signed by `uid` (1000: the job's owner).
+void report_slow(Harness& h, const std::string& node, const char* action, std::uint32_t uid = 1000) {
+  rec::Event e;
+  e.type = rec::EventType::SlowNode;
+  e.job_id = kJob;
+  e.step_id = 0;
+  e.node = "n1";
+  e.uid = 1000;
+  e.slow_node = node;
+  e.score = 0.5;
+  e.action = action;
+  e.detail = "0.5 of the job's best for 3 windows up to step 25 (rank 2)";
+  e.restart_count = h.slurm.jobs[kJob].restart_count;
+  h.engine->submit(e, uid, 0);
+}
+
+}  // namespace
+
+TEST_CASE("engine cycle: a slow node is recorded, counted, shown, and left out of the next requeue",
+          "[controller][engine][slow-nodes]") {
+  Harness h;
+  h.run_started();
+  report_slow(h, "n2", rec::kSlowNodeReport);
+  report_slow(h, "n3", rec::kSlowNodeExclude);
+  h.cycle();
+  CHECK(h.in("running"));  // not a failure: the job goes on, no restart spent
+  CHECK(h.job()["budget"]["restarts"] == 0);
+  const auto slow = h.job()["slow_nodes"];
+  REQUIRE(slow.size() == 2);
+  CHECK(slow[1] == nlohmann::json{{"node", "n3"}, {"score", 0.5}, {"time", h.now}, {"action", "exclude"}});
+  CHECK(h.job()["summary"]["slow_nodes"] == slow);  // what `jobs` and the status page show
+  CHECK(h.job()["exclude"] == nlohmann::json::array({"n3"}));
+  CHECK(h.job()["bad_nodes"][0]["reason"] == "reported slow by job 100 (0.5 of the job's best)");
+  const std::string history = history_text(h);
+  CHECK(history.find("slow node n2: 0.5 of the job's best (0.5 of the job's best for 3 windows up to step 25 "
+                     "(rank 2))") != std::string::npos);
+  CHECK(history.find("slow node n3: 0.5 of the job's best (0.5 of the job's best for 3 windows up to step 25 "
+                     "(rank 2)), excluding it from the job's next runs") != std::string::npos);
+  const std::string metrics = h.engine->metrics_text(h.now);
+  CHECK(metrics.find("ckpt_controller_slow_node_events_total{action=\"exclude\"} 1\n") != std::string::npos);
+  CHECK(metrics.find("ckpt_controller_slow_node_events_total{action=\"report\"} 1\n") != std::string::npos);
+  CHECK(metrics.find("ckpt_controller_events_total{type=\"slow_node\",result=\"accepted\"} 2\n") !=
+        std::string::npos);
+  CHECK(metrics.find("ckpt_controller_node_excluded{node=\"n3\"} 1\n") != std::string::npos);
+
+  // The record keeps them through a restart of the controller; the next requeue leaves n3 out, marks nothing DOWN.
+  h.crash_and_restart();
+  CHECK(h.job()["slow_nodes"].size() == 2);
+  h.every_rank_failed();
+  REQUIRE(h.cycle_until([&] { return h.in("pending"); }));
+  CHECK(h.slurm.last_exclude == std::vector<std::string>{"n3"});
+  CHECK(h.slurm.downed.empty());
+  CHECK(h.slurm.drained.empty());
+}
+
+TEST_CASE("engine cycle: a slow-node report by another user, or of another job's node, changes nothing",
+          "[controller][engine][slow-nodes][security]") {
+  Harness h;
+  h.run_started();
+  report_slow(h, "n3", rec::kSlowNodeExclude, 2000);  // forged by uid 2000 for uid 1000's job
+  h.cycle();
+  CHECK(h.job()["slow_nodes"].empty());
+  CHECK(h.job()["exclude"].empty());
+  CHECK(h.job()["bad_nodes"].empty());
+  CHECK(history_text(h).find("rejected") != std::string::npos);
+  const std::string metrics = h.engine->metrics_text(h.now);
+  CHECK(metrics.find("ckpt_controller_events_total{type=\"slow_node\",result=\"rejected\"} 1\n") !=
+        std::string::npos);
+  CHECK(metrics.find("ckpt_controller_slow_node_events_total{action=\"exclude\"} 0\n") != std::string::npos);
+
+  report_slow(h, "gpu9", rec::kSlowNodeExclude);  // the owner names a node outside the job's allocation
+  h.cycle();
+  CHECK(h.job()["slow_nodes"].empty());
+  CHECK(h.job()["exclude"].empty());
+  CHECK(history_text(h).find("slow node gpu9 is not a node of the job's allocation; ignored") != std::string::npos);
+}

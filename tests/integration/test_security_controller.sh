@@ -4,7 +4,8 @@
 #       slow requests and endless header lines keep the controller's peak RSS under 100 MiB while /healthz and a
 #       valid event are answered within 1 s.
 #   test_security_controller.sh slurm   (the local cluster): a second user cannot read another user's jobs or
-#       history; a ckpt_dir in an event signed by the job's user is ignored; a reused job id starts a fresh record.
+#       history; a ckpt_dir in an event signed by the job's user is ignored; another user's slow-node report is
+#       refused; a reused job id starts a fresh record.
 source "$(dirname "$0")/lib.sh"
 CTL=$CKPT_BUILD_DIR/controller/ckpt-controller
 [ -x "$CTL" ] || { echo "SKIP: controller not built" >&2; exit 77; }
@@ -44,6 +45,10 @@ post_event() {  # post_event USER JSON: prints the HTTP status
 }
 job_start() {  # job_start JOB DIR: a job-start event as the plugin sends it
   echo "{\"v\":1,\"type\":\"job_start\",\"job_id\":$1,\"step_id\":0,\"restart_count\":0,\"node\":\"n1\",\"uid\":0,\"time\":0,\"ckpt_dir\":\"$2\"}"
+}
+
+slow_node() {  # slow_node JOB NODE: a slow-node report that would exclude NODE from JOB's next runs
+  echo "{\"v\":1,\"type\":\"slow_node\",\"job_id\":$1,\"step_id\":0,\"restart_count\":0,\"node\":\"$2\",\"uid\":0,\"time\":0,\"slow_node\":\"$2\",\"score\":0.1,\"action\":\"exclude\",\"detail\":\"forged\"}"
 }
 
 flood() {
@@ -120,6 +125,16 @@ CONF
   assert_not_contains "$SCRATCH/job" '"ckpt_dir":"/root"'
   assert_contains "$SCRATCH/controller.log" "ckpt_dir '/root' from uid $user_uid ignored"
   pass "a ckpt_dir signed by the job's user is ignored"
+
+  # Another user's slow-node report for root's job is refused and changes nothing: no slow node, no exclusion.
+  local node; node=$(squeue -h -j "$mine" -o %N | cut -d, -f1)
+  [ "$(post_event "$TEST_USER" "$(slow_node "$mine" "${node:-n1}")")" = 403 ] ||
+    { cat "$SCRATCH/answer" >&2; fail "$TEST_USER's slow_node event for job $mine was not refused"; }
+  get_as root "/v1/jobs/$mine" > "$SCRATCH/job-mine"
+  assert_contains "$SCRATCH/job-mine" '"slow_nodes":[]'
+  assert_contains "$SCRATCH/job-mine" '"bad_nodes":[]'
+  assert_contains "$SCRATCH/controller.log" "rejected slow_node from ${node:-n1} (uid $user_uid) for job $mine"
+  pass "another user's slow-node report for a job is refused and excludes nothing"
 
   # A second user reads neither another user's job nor its history; their own, yes; root sees all.
   get_as "$TEST_USER" "/v1/jobs/$mine/history" > "$SCRATCH/h"

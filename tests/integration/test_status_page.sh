@@ -63,6 +63,7 @@ raw = [
 lines = [{"time": t0 + dt, "restart_count": r, "kind": k, "text": x} for dt, r, k, x in raw]
 job = {"job_id": 4242, "state": "completed", "restart_count": 2, "restarts": 2, "restarts_without_progress": 0,
        "max_restarts": 3, "progress_step": 70, "excluded_nodes": ["n3"], "ending": "clean exit",
+       "slow_nodes": [{"node": "n2", "score": 0.48, "time": t0 + 40, "action": "exclude"}],
        "reason": "ended cleanly " + hostile, "updated": t0 + 90}
 data = {"generated": t0 + 95, "viewer": {"uid": 0, "all": True},
         "status": {"backend": "libslurm", "uptime_s": 95, "jobs": {"completed": 1}, "gave_up": [],
@@ -82,6 +83,8 @@ dom_has status-page-sample 'recovery 1 (requeue): running again as run 1 after 1
 dom_has status-page-sample 'recovery 2 (requeue): running again as run 2 after 10.1 s = decision 3.00 s + slurm 7.00 s + launch 0.10 s'
 dom_has status-page-sample 'class="phase phase-slurm"'
 dom_has status-page-sample 'step 30'
+dom_has status-page-sample 'n2 0.48 (exclude)'
+dom_has status-page-sample '<table class="slow-nodes">'
 dom_has status-page-sample 'step 70'
 dom_has status-page-sample 'step 100'
 dom_has status-page-sample '&lt;/script&gt;&lt;img src=x onerror='

@@ -36,10 +36,10 @@ JOB
 # The step a checkpoint dir's `latest` names; 0 when it has none.
 latest_step() { [ -f "$1/latest" ] && sed 's/^0*//; s/^$/0/' "$1/latest" || echo 0; }
 
-# The last step train_dp_tp.py logged in LOG; empty before its first step.
-logged_step() { { sed -n 's/^train_dp_tp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
+# The last step train_dp_tp.py or train_ddp.py logged in LOG; empty before its first step.
+logged_step() { { sed -n 's/^train_\(dp_tp\|ddp\): step \([0-9]*\) .*/\2/p' "$1" 2>/dev/null || true; } | tail -1; }
 
-# wait_logged_step LOG STEP: waits (60 s at most) until train_dp_tp.py logged STEP or a later one in LOG; 1 if not.
+# wait_logged_step LOG STEP: waits (60 s at most) until the training logged STEP or a later one in LOG; 1 if not.
 wait_logged_step() {
   local s
   for _ in $(seq 1200); do

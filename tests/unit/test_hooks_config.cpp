@@ -151,6 +151,8 @@ TEST_CASE("hooks settings reject bad values with one clear line", "[hooks][confi
         {{"CKPT_SIGNALS", "sometimes"}},
         {{"CKPT_RUN_ID", "../x"}},
         {{"CKPT_LOG", "loud"}},
+        {{"CKPT_STRAGGLER", "1.5"}},
+        {{"CKPT_STRAGGLER", "0.7,swap"}},
         {{"RANK", "2"}, {"WORLD_SIZE", "2"}},
         {{"RANK", "0"}, {"WORLD_SIZE", "0"}},
         {{"RANK", "0"}},
@@ -231,6 +233,7 @@ TEST_CASE("the environment contract: what the plugin exports reads back as the s
   s.grace_s = 240;
   s.min_interval_s = 30;
   s.max_interval_s = 7200;
+  s.straggler = "0.55,exclude";
   for (const Interval& interval : {Interval{Interval::Kind::Auto, 0}, Interval{Interval::Kind::Seconds, 900},
                                    Interval{Interval::Kind::Steps, 500}}) {
     s.interval = interval;
@@ -252,7 +255,16 @@ TEST_CASE("the environment contract: what the plugin exports reads back as the s
     CHECK(c->min_interval_s == s.min_interval_s);
     CHECK(c->max_interval_s == s.max_interval_s);
     CHECK(c->max_restarts == s.max_restarts);
+    CHECK(c->straggler.enabled);
+    CHECK(c->straggler.threshold == Approx(0.55));
+    CHECK(c->straggler.action == straggler::Action::Exclude);
   }
+  // Without the variable (a job the plugin did not start), stragglers are reported at the built-in threshold.
+  auto plain = load({{"CKPT_DIR", "/scratch/x"}});
+  REQUIRE(plain);
+  CHECK(plain->straggler.enabled);
+  CHECK(plain->straggler.threshold == Approx(0.7));
+  CHECK(plain->straggler.action == straggler::Action::Report);
 }
 
 TEST_CASE("the environment contract: one row per key and per variable; every hooks setting in it", "[hooks][config]") {
@@ -267,6 +279,6 @@ TEST_CASE("the environment contract: one row per key and per variable; every hoo
     REQUIRE(env::by_key(k.key) != nullptr);
     CHECK(std::string(k.env) == env::by_key(k.key)->name);
   }
-  CHECK(option_keys().size() == 31);  // every key of config.cpp's list found in the contract
+  CHECK(option_keys().size() == 34);  // every key of config.cpp's list found in the contract
   CHECK(env::name_of("no-such-key").empty());
 }

@@ -214,6 +214,44 @@ TEST_CASE("site_key_specs: every key parses, with its example", "[options][confi
   }
 }
 
+TEST_CASE("set_job_option: --ckpt-straggler, and the site's straggler=", "[options]") {
+  SECTION("good inputs, kept in one spelling") {
+    JobOptions o;
+    REQUIRE(set_job_option(o, OptionId::Straggler, "0.6,exclude").ok());
+    CHECK(*o.straggler == "0.60,exclude");
+    CHECK(o.any());
+    CHECK(set_job_option(o, OptionId::Straggler, "0.60,exclude").ok());  // the same value again
+    JobOptions off;
+    REQUIRE(set_job_option(off, OptionId::Straggler, "off").ok());
+    CHECK(*off.straggler == "off");
+  }
+  SECTION("bad inputs name the option and the value") {
+    JobOptions o;
+    auto st = set_job_option(o, OptionId::Straggler, "0.7,evict");
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.error() == "--ckpt-straggler: invalid value '0.7,evict' (expected off, or a fraction between 0 and 1 "
+                        "with an optional action: 0.7, 0.7,report or 0.6,exclude)");
+    REQUIRE(set_job_option(o, OptionId::Straggler, "0.7").ok());
+    CHECK_FALSE(set_job_option(o, OptionId::Straggler, "0.8").ok());
+  }
+  SECTION("user over site over built-in") {
+    JobContext job{"alice", "1", "train", "", 2};
+    auto site = *parse_site_policy({"dir=/scratch/%u", "straggler=0.8,exclude"});
+    auto from_site = resolve_settings(JobOptions{}, site, job);
+    REQUIRE(from_site);
+    CHECK(from_site->straggler == "0.80,exclude");
+    JobOptions user;
+    REQUIRE(set_job_option(user, OptionId::Straggler, "off").ok());
+    CHECK(resolve_settings(user, site, job)->straggler == "off");
+    auto builtin = resolve_settings(JobOptions{}, *parse_site_policy({"dir=/scratch/%u"}), job);
+    CHECK(builtin->straggler == "0.70,report");
+    auto env = settings_environment(*from_site);
+    CHECK(std::count(env.begin(), env.end(), std::pair<std::string, std::string>{"CKPT_STRAGGLER", "0.80,exclude"}) ==
+          1);
+    CHECK_FALSE(parse_site_policy({"straggler=fast"}));
+  }
+}
+
 TEST_CASE("resolve_settings merges user over site over built-in", "[options]") {
   JobContext job{"alice", "1234", "train", "", 4};
   auto policy = *parse_site_policy({"dir=/scratch/%u/%j", "keep=5", "allowed_dirs=/scratch", "node_mtbf=400h"});

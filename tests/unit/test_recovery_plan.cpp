@@ -504,7 +504,10 @@ TEST_CASE("plan: endings classify() cannot see", "[recovery][plan]") {
   CHECK_FALSE(ending_of_failure(r, ef, 10));
   r.handover = true;
   CHECK(ending_of_failure(r, ef, 10) == Ending::TaskCrash);
-  r.bad_nodes = add_bad_nodes({}, {"n2"}, "dead", 5, 100);
+  // A node left out for being slow is no evidence of a node failure.
+  r.bad_nodes = add_bad_nodes({}, {"n3"}, std::string(kSlowNodeReason) + " by job 7 (0.4)", 5, 100);
+  CHECK(ending_of_failure(r, ef, 10) == Ending::TaskCrash);
+  r.bad_nodes = add_bad_nodes(r.bad_nodes, {"n2"}, "dead", 5, 100);
   CHECK(ending_of_failure(r, ef, 10) == Ending::NodeFailure);
   CHECK(ending_of_failure(r, ef, 200) == Ending::TaskCrash);  // the exclusion expired
   ef.slurm = slurm(SlurmState::Cancelled);

@@ -47,6 +47,7 @@ enum class EventType {
   JobEnd,    // the batch step ended on its node (the plugin's exit): reconcile the job now
   Handover,  // ckpt-run gives up relaunching inside the allocation: requeue the job
   InPlace,   // ckpt-run: the job recovered in place (survivors and spares went on in the same allocation)
+  SlowNode,  // the job's root rank: a node of the job ran slower than the job's best for several windows
 };
 const char* to_string(EventType type);
 
@@ -78,15 +79,25 @@ struct Event {
   bool in_allocation = false;          // JobStart: the step runs under ckpt-run (CKPT_RUN set)
   std::uint32_t nnodes = 0;            // JobStart: nodes in the step
   double time = 0;                     // sender's clock, seconds since the epoch
-  std::string detail;                  // free text (Handover: why)
+  std::string detail;                  // free text (Handover: why; SlowNode: what the rank measured)
   std::string failed_nodes;            // InPlace: hostlist of the nodes that were lost whole (may be empty)
   std::uint32_t generation = 0;        // InPlace: the recovery's number in its run (1, 2, ...)
   std::optional<std::uint64_t> resume_step;  // InPlace: the checkpoint step training resumed from
   InPlacePhases phases;                // InPlace: when each phase of the recovery ended
+  std::string slow_node;               // SlowNode: the slow node's name
+  double score = 0;                    // SlowNode: its speed relative to the job's fastest node, in (0, 1]
+  std::string action;                  // SlowNode: kSlowNodeReport or kSlowNodeExclude
 };
 
+// What a slow-node report asks: only to be recorded, or also to leave the node out of the job's next runs.
+inline constexpr const char* kSlowNodeReport = "report";
+inline constexpr const char* kSlowNodeExclude = "exclude";
+// How a bad node left out for being slow begins its reason: such a node is not evidence of a node failure.
+inline constexpr const char* kSlowNodeReason = "reported slow";
+
 std::string to_json(const Event& event);
-// Never throws. Rejects unknown types, missing ids, oversized input and names with odd characters.
+// Never throws. Rejects unknown types, missing ids, oversized input and names with odd characters; a SlowNode
+// without a slow node, a score in (0, 1] or an action of kSlowNodeReport or kSlowNodeExclude.
 Result<Event> parse_event(std::string_view text);
 
 // ---- what Slurm says about a job ------------------------------------------------------------------------------
@@ -280,6 +291,16 @@ const char* to_string(Intent::Phase phase);
 double credential_safe_start(double ended);
 std::optional<Intent::Phase> parse_intent_phase(std::string_view text);
 
+// A node of the job reported slow (EventType::SlowNode), as the record keeps it: the newest report per node.
+struct SlowNode {
+  std::string node;
+  double score = 0;    // its speed relative to the job's fastest node, in (0, 1]
+  double time = 0;     // when the controller got the report (seconds since the epoch)
+  std::string action;  // kSlowNodeReport or kSlowNodeExclude
+};
+// The slow nodes a record keeps (the oldest report goes first): the owner's reports cannot grow it without bound.
+inline constexpr std::size_t kMaxSlowNodesPerRecord = 64;
+
 // Timestamps of the current recovery, seconds since the epoch (0 when not reached).
 struct RecoveryClock {
   double failed = 0;     // first failure report or observation received
@@ -311,6 +332,7 @@ struct JobRecord {
   std::string batch_host;
   std::map<std::uint32_t, StepInfo> steps;  // of the current run
   std::vector<BadNode> bad_nodes;
+  std::vector<SlowNode> slow_nodes;      // the newest report per node, oldest first, at most kMaxSlowNodesPerRecord
   std::optional<Intent> intent;
   std::optional<std::uint32_t> relaunch_step;  // Relaunching: the failed step ckpt-run must replace
   bool handover = false;                 // ckpt-run asked for a requeue

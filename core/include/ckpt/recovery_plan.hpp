@@ -39,15 +39,18 @@ struct EventEffects {
   bool start_failing = false;      // a new failure: a new recovery clock, then settle, probe and decide
   bool running_again = false;      // the first step of a recovered run started (the clock says when)
   bool check_now = false;          // look at the job in this cycle
-  std::vector<std::string> exclude;   // InPlace: the lost nodes, left out of the job's next runs
+  std::vector<std::string> exclude;   // InPlace: the lost nodes, SlowNode: the slow one; out of the job's next runs
+  std::string exclude_reason;         // why, for the bad node and its alert (empty: slurmd did not answer)
+  std::optional<SlowNode> slow_node;  // SlowNode: the report recorded, to count and alert
   std::optional<Ending> restarted;    // InPlace: a restart was counted, for this ending
   std::optional<std::string> give_up; // InPlace: the budget is spent; why the controller gives up
 };
 
 // Applies an event of the record's current run: a JobStart's settings and step (and the end of a relaunch, or of a
 // failure the batch script handled), a TaskExit's failure, a JobEnd's request to ask Slurm, a Handover's request to
-// requeue, an InPlace recovery's node failure, restart and clock (apply_in_place below). `trusted`: the sender is
-// root or SlurmUser, the only ones that may name the checkpoint dir.
+// requeue, an InPlace recovery's node failure, restart and clock (apply_in_place below), a SlowNode report
+// (apply_slow_node below). `trusted`: the sender is root or SlurmUser, the only ones that may name the checkpoint
+// dir.
 EventEffects apply_event(JobRecord& record, const Event& event, bool trusted, double now);
 
 // An in-place recovery that ckpt-run reports: a node failure on the event's failed nodes (to exclude), a restart
@@ -56,6 +59,15 @@ EventEffects apply_event(JobRecord& record, const Event& event, bool trusted, do
 // failure is over); when the budget is spent, `give_up` says why. A job that is not running only gets the note.
 // `now`: when the controller got the report; the phases are clamped to the record's lifetime up to it.
 void apply_in_place(JobRecord& record, const Event& event, EventEffects& effects, double now);
+
+// A slow node that the job's root rank reports (the sender is the job's owner, or root): recorded in the record's
+// slow_nodes and its history, and with kSlowNodeExclude left out of the job's next runs (`exclude`, for the
+// bad-node TTL), never marked DOWN or drained. Not a failure: the state and the budget stay as they are. A node
+// outside the record's allocation is refused with a note naming it, and a finished job only gets the note.
+// `now`: when the controller got the report, the time the record keeps (the sender's clock is not believed).
+void apply_slow_node(JobRecord& record, const Event& event, EventEffects& effects, double now);
+// Keeps `report` as its node's newest, last in `slow_nodes`; past kMaxSlowNodesPerRecord the oldest report goes.
+void record_slow_node(std::vector<SlowNode>& slow_nodes, SlowNode report);
 
 // One phase of a finished recovery, as history and /metrics name it.
 struct RecoveryPhase {
@@ -113,7 +125,10 @@ std::vector<std::string> hung_nodes(const JobRecord& record, const std::optional
 // Whether a failure's reports include a survivor's "peer lost" (then the survivors' record is worth reading).
 bool survivors_reported(const JobRecord& record);
 
-// Adds `dead` to a job's bad nodes for `ttl_s`; returns those that were not excluded already.
+// Adds `nodes` to a job's bad nodes for `ttl_s`, with `reason`; returns those that were not excluded already.
+std::vector<std::string> exclude_bad_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& nodes,
+                                           const std::string& reason, double now, double ttl_s);
+// exclude_bad_nodes() with the reason of a failure's dead nodes.
 std::vector<std::string> exclude_dead_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& dead,
                                             std::uint32_t job_id, double now, double ttl_s);
 

@@ -140,6 +140,7 @@ const char* to_string(EventType type) {
     case EventType::JobEnd: return "job_end";
     case EventType::Handover: return "handover";
     case EventType::InPlace: return "in-place";
+    case EventType::SlowNode: return "slow_node";
   }
   return "?";
 }
@@ -229,6 +230,27 @@ Status read_in_place(const json& j, Event& e) {
   return Status::success();
 }
 
+// The slow-node fields, checked whatever the type as the in-place ones are; `slow` requires them.
+Status read_slow_node(const json& j, Event& e) {
+  const bool slow = e.type == EventType::SlowNode;
+  e.slow_node = text(j, "slow_node");
+  if ((slow || !e.slow_node.empty()) && !safe_node_name(e.slow_node)) {
+    return Status::failure(slow && e.slow_node.empty() ? "slow_node event has no slow_node"
+                                                       : "event has a bad slow_node name");
+  }
+  e.score = number<double>(j, "score", 0.0);
+  // !(x > 0) refuses a NaN too, should one ever get here (JSON has none; an overflowing number does not parse).
+  if ((slow || e.score != 0) && (!(e.score > 0) || e.score > 1)) {
+    return Status::failure("event score is not a number in (0, 1]");
+  }
+  e.action = text(j, "action");
+  if ((slow || !e.action.empty()) && e.action != kSlowNodeReport && e.action != kSlowNodeExclude) {
+    return Status::failure(std::string("event action is not '") + kSlowNodeReport + "' or '" + kSlowNodeExclude +
+                           "'");
+  }
+  return Status::success();
+}
+
 }  // namespace
 
 std::string to_json(const Event& e) {
@@ -259,6 +281,11 @@ std::string to_json(const Event& e) {
     if (e.resume_step) j["resume_step"] = *e.resume_step;
     for (const auto& [key, field] : kPhaseFields) j[key] = e.phases.*field;
   }
+  if (e.type == EventType::SlowNode) {
+    j["slow_node"] = e.slow_node;
+    j["score"] = e.score;
+    j["action"] = e.action;
+  }
   if (!e.detail.empty()) j["detail"] = e.detail;
   return j.dump();
 }
@@ -276,6 +303,7 @@ Result<Event> parse_event(std::string_view input) {
     else if (type == "job_end") e.type = EventType::JobEnd;
     else if (type == "handover") e.type = EventType::Handover;
     else if (type == "in-place") e.type = EventType::InPlace;
+    else if (type == "slow_node") e.type = EventType::SlowNode;
     else return Error{"unknown event type '" + type.substr(0, 32) + "'"};
     e.job_id = number<std::uint32_t>(j, "job_id", 0);
     if (e.job_id == 0) return Error{"event has no job_id"};
@@ -317,6 +345,7 @@ Result<Event> parse_event(std::string_view input) {
     e.detail = text(j, "detail");
     if (!safe_text(e.detail, 1024)) return Error{"event detail is too long or has control characters"};
     if (Status s = read_in_place(j, e); !s) return Error{s.error()};
+    if (Status s = read_slow_node(j, e); !s) return Error{s.error()};
     return e;
   } catch (const std::exception& ex) {
     return Error{std::string("bad event: ") + ex.what()};
@@ -335,6 +364,14 @@ std::vector<std::string> strings_of(const json& j, const char* key) {
   if (it == j.end() || it->is_null()) return out;
   if (!it->is_array()) throw std::runtime_error(std::string(key) + " is not an array");
   for (const auto& v : *it) out.push_back(v.get<std::string>());
+  return out;
+}
+
+json slow_nodes_json(const std::vector<SlowNode>& slow_nodes) {
+  json out = json::array();
+  for (const auto& s : slow_nodes) {
+    out.push_back({{"node", s.node}, {"score", s.score}, {"time", s.time}, {"action", s.action}});
+  }
   return out;
 }
 
@@ -376,6 +413,7 @@ std::string to_json(const JobRecord& r) {
     bad.push_back({{"node", b.node}, {"reason", b.reason}, {"since", b.since}, {"expires", b.expires}});
   }
   j["bad_nodes"] = bad;
+  j["slow_nodes"] = slow_nodes_json(r.slow_nodes);
   if (r.intent) {
     const Intent& i = *r.intent;
     j["intent"] = {{"id", i.id},           {"phase", to_string(i.phase)},    {"requeue", i.requeue},
@@ -437,6 +475,16 @@ void read_bad_nodes(const json& j, std::vector<BadNode>& bad_nodes) {
   for (const auto& b : *it) {
     bad_nodes.push_back(BadNode{text(b, "node"), text(b, "reason"), number<double>(b, "since", 0.0),
                                 number<double>(b, "expires", 0.0)});
+  }
+}
+
+// Absent from records stored before slow-node reports existed: none.
+void read_slow_nodes(const json& j, std::vector<SlowNode>& slow_nodes) {
+  auto it = j.find("slow_nodes");
+  if (it == j.end() || !it->is_array()) return;
+  for (const auto& s : *it) {
+    slow_nodes.push_back(SlowNode{text(s, "node"), number<double>(s, "score", 0.0), number<double>(s, "time", 0.0),
+                                  text(s, "action")});
   }
 }
 
@@ -507,6 +555,7 @@ Result<JobRecord> parse_job_record(std::string_view input) {
     r.batch_host = text(j, "batch_host");
     if (Status s = read_steps(j, r.steps); !s) return Error{s.error()};
     read_bad_nodes(j, r.bad_nodes);
+    read_slow_nodes(j, r.slow_nodes);
     if (Status s = read_intent(j, r.intent); !s) return Error{s.error()};
     if (j.contains("relaunch_step") && !j["relaunch_step"].is_null()) {
       r.relaunch_step = number<std::uint32_t>(j, "relaunch_step", 0);

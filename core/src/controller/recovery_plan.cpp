@@ -201,6 +201,7 @@ EventEffects apply_event(JobRecord& r, const Event& e, bool trusted, double now)
       break;
     case EventType::Handover: apply_handover(r, e, fx); break;
     case EventType::InPlace: apply_in_place(r, e, fx, now); break;
+    case EventType::SlowNode: apply_slow_node(r, e, fx, now); break;
   }
   return fx;
 }
@@ -258,7 +259,10 @@ SlurmNews news_of(const JobRecord& r, const SlurmJob& s, double now, int expedit
 std::optional<Ending> ending_of_failure(const JobRecord& r, const EndingFacts& facts, double now) {
   auto ending = classify(facts);
   if (!ending && r.handover) {
-    ending = active_bad_nodes(r.bad_nodes, now).empty() ? Ending::TaskCrash : Ending::NodeFailure;
+    // A node left out for being slow is the owner's word about speed, not a node that failed.
+    std::vector<BadNode> failed = r.bad_nodes;
+    std::erase_if(failed, [](const BadNode& b) { return b.reason.rfind(kSlowNodeReason, 0) == 0; });
+    ending = active_bad_nodes(failed, now).empty() ? Ending::TaskCrash : Ending::NodeFailure;
   }
   return ending;
 }
@@ -299,16 +303,21 @@ std::vector<std::string> hung_nodes(const JobRecord& r, const std::optional<Peer
   return hung;
 }
 
-std::vector<std::string> exclude_dead_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& dead,
-                                            std::uint32_t job_id, double now, double ttl_s) {
+std::vector<std::string> exclude_bad_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& nodes,
+                                           const std::string& reason, double now, double ttl_s) {
   std::vector<std::string> fresh;
   const auto active_before = active_bad_nodes(bad_nodes, now);
-  for (const auto& n : dead) {
+  for (const auto& n : nodes) {
     if (!contains(active_before, n)) fresh.push_back(n);
   }
-  bad_nodes = add_bad_nodes(bad_nodes, dead, "slurmd did not answer after a failure of job " + std::to_string(job_id),
-                            now, ttl_s);
+  bad_nodes = add_bad_nodes(bad_nodes, nodes, reason, now, ttl_s);
   return fresh;
+}
+
+std::vector<std::string> exclude_dead_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& dead,
+                                            std::uint32_t job_id, double now, double ttl_s) {
+  return exclude_bad_nodes(bad_nodes, dead, "slurmd did not answer after a failure of job " + std::to_string(job_id),
+                           now, ttl_s);
 }
 
 double lost_work_s(double newest_checkpoint_time, double run_start, double failed) {

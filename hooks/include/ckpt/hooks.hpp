@@ -32,6 +32,7 @@
 #include "ckpt/options.hpp"
 #include "ckpt/result.hpp"
 #include "ckpt/store.hpp"
+#include "ckpt/straggler.hpp"
 
 // libckpt is built with hidden visibility: CKPT_HOOKS_API marks what it exports of this header.
 #define CKPT_HOOKS_API __attribute__((visibility("default")))
@@ -102,6 +103,10 @@ struct Config {
   store::Layout layout;
   store::RankCoord coord;
   bool layout_declared = false;            // the job declared its layout: last words can judge completeness
+  // CKPT_STRAGGLER: what the root of the heartbeat network does about a slow node (ckpt/straggler.hpp).
+  straggler::Policy straggler = straggler::parse_policy(BuiltinDefaults::straggler).value();
+  std::string controller_url;              // CKPT_CONTROLLER_URL: where the root reports a slow node; empty: none
+  std::string munge_socket;                // CKPT_MUNGE_SOCKET: munged's socket for those reports; empty: default
 };
 
 // Resolves overrides over the environment. Ranks: an override, else RANK/WORLD_SIZE/LOCAL_RANK (torchrun), else
@@ -241,6 +246,10 @@ class Checkpointer {
   // Call after each update with the number of completed updates. Starts a checkpoint when one is due and
   // returns true when the loop should stop (a terminal checkpoint was taken). Steps must increase.
   CKPT_HOOKS_API Result<bool> after_step(std::uint64_t step);
+  // Training thread: a section of the current step's own work (no collective inside: a forward pass, a loss)
+  // took `seconds`. With the update between before_update and after_step, which is timed anyway, it is the pace
+  // the straggler detection compares across ranks (CKPT_STRAGGLER, ckpt/straggler.hpp).
+  CKPT_HOOKS_API void time_section(double seconds);
   // Takes a checkpoint of `step` now. Collective: every rank must call it at the same step.
   CKPT_HOOKS_API Status save(std::uint64_t step, store::Kind kind = store::Kind::Periodic);
   // Waits for the last persist and commit and stops the threads. Idempotent; returns the first persist error.

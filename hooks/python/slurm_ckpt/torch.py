@@ -17,6 +17,7 @@ names: the extras are a pickle that may name only the few globals of _SAFE_GLOBA
 raw bytes with their dtype and shape), read by an unpickler that refuses every other one.
 """
 import collections
+import contextlib
 import ctypes
 import functools
 import io
@@ -26,6 +27,7 @@ import math
 import pickle
 import random
 import sys
+import time
 import types
 
 import torch
@@ -305,6 +307,7 @@ class Checkpointer:
                                        and self._native.world_size > 1)
         if self._native.enabled:
             self._register()  # the model's staging is allocated and faulted in now, in the background
+            self._time_forward(model)
         _note_checkpointer(self)  # run() reads its last words when train() ends
 
     # ---- what the native side sees --------------------------------------------------------------------------
@@ -431,6 +434,36 @@ class Checkpointer:
         self._register()  # the optimizer's state tensors are new
         _note_phase("restored", step)
         return step
+
+    def _time_forward(self, model):
+        """A DistributedDataParallel model's own forward pass is local work (DDP's collectives run outside it, in
+        its wrapper and in backward): timed for the straggler detection without the program marking it."""
+        ddp = getattr(getattr(torch.nn, "parallel", None), "DistributedDataParallel", None)
+        if ddp is None or not isinstance(model, ddp):
+            return
+        started = []
+
+        def pre(_module, _inputs):
+            started.append(time.perf_counter())
+
+        def post(_module, _inputs, _output):
+            if started:
+                self._native.time_section(time.perf_counter() - started.pop())
+
+        model.module.register_forward_pre_hook(pre)
+        model.module.register_forward_hook(post)
+
+    @contextlib.contextmanager
+    def section(self):
+        """Times this step's own work for the straggler detection (CKPT_STRAGGLER): wrap what runs no collective,
+        e.g. the forward and backward passes when gradients are all-reduced after them. The update between
+        before_update() and after_step() is timed anyway."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._native.enabled:
+                self._native.time_section(time.perf_counter() - started)
 
     def before_update(self):
         """The guard: call right before optimizer.step() (and any other in-place change of saved state). Blocks

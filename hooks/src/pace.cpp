@@ -1,0 +1,212 @@
+// Straggler detection at run time (pace.hpp).
+#include "pace.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "ckpt/clock.hpp"
+#include "ckpt/format.hpp"
+#include "ckpt/parse.hpp"
+#include "ckpt/recovery.hpp"
+#include "http.hpp"
+#include "log.hpp"
+#include "munge_auth.hpp"
+
+namespace ckpt::hooks {
+
+namespace heartbeat {
+
+namespace {
+
+std::uint64_t micros(double seconds) {
+  if (!(seconds > 0)) return 0;
+  return static_cast<std::uint64_t>(std::min(seconds * 1e6, 4294967295.0));
+}
+
+}  // namespace
+
+Frame PaceFrame::to_frame() const {
+  Frame f;
+  f.type = kPace;
+  f.a = pace.window;
+  f.b = micros(pace.best_s) | (micros(pace.worst_s) << 32);
+  f.flags = static_cast<std::uint32_t>(pace.best_rank);
+  f.subject = pace.worst_rank;
+  f.spare = static_cast<std::uint32_t>(pace.ranks);
+  return f;
+}
+
+PaceFrame PaceFrame::from_frame(const Frame& f) {
+  PaceFrame p;
+  p.pace.window = f.a;
+  p.pace.best_s = static_cast<double>(f.b & 0xffffffffu) / 1e6;
+  p.pace.worst_s = static_cast<double>(f.b >> 32) / 1e6;
+  p.pace.best_rank = static_cast<int>(f.flags);
+  p.pace.worst_rank = f.subject;
+  p.pace.ranks = static_cast<int>(f.spare);
+  return p;
+}
+
+}  // namespace heartbeat
+
+namespace {
+
+// A window still open this many windows after this rank's own is closed goes up with what it has.
+constexpr std::uint64_t kWindowsLate = 2;
+constexpr std::size_t kMaxQueuedReports = 16;
+
+}  // namespace
+
+PaceTree::PaceTree(const Config& config, heartbeat::Mesh& mesh, OnFlag on_flag)
+    : config_(config),
+      mesh_(mesh),
+      on_flag_(std::move(on_flag)),
+      meter_(config.straggler.window_steps),
+      detector_(config.straggler) {
+  if (!on_flag_) on_flag_ = [this](const straggler::Flag& f, const std::string& node) { report(f, node); };
+  reporter_ = std::thread([this] { reporter_loop(); });
+}
+
+PaceTree::~PaceTree() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  reports_cv_.notify_all();
+  if (reporter_.joinable()) reporter_.join();
+}
+
+void PaceTree::on_work(double seconds) { meter_.on_work(seconds); }
+
+void PaceTree::on_step(std::uint64_t step) {
+  auto own = meter_.on_step(step, config_.rank);
+  if (!own) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  add_locked(*own, config_.rank);
+  const std::uint64_t w = own->window;
+  settle_locked(w >= kWindowsLate ? std::optional<std::uint64_t>(w - kWindowsLate + 1) : std::nullopt);
+}
+
+void PaceTree::on_frame(const heartbeat::Frame& frame, int from) {
+  const straggler::Pace p = heartbeat::PaceFrame::from_frame(frame).pace;
+  const auto in_world = [&](int r) { return r >= 0 && r < config_.world_size; };
+  if (!in_world(p.best_rank) || !in_world(p.worst_rank) || p.ranks < 1 || p.ranks > config_.world_size) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  add_locked(p, from);
+  settle_locked(std::nullopt);
+}
+
+int PaceTree::flags() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return flags_;
+}
+
+void PaceTree::add_locked(const straggler::Pace& pace, int from) {
+  if (settled_ && pace.window <= *settled_) return;  // late: its window went up without it
+  Tally& t = tallies_[pace.window];
+  if (from == config_.rank) {
+    if (t.own) return;
+    t.own = true;
+  } else {
+    if (std::find(t.from.begin(), t.from.end(), from) != t.from.end()) return;
+    t.from.push_back(from);
+  }
+  t.pace = straggler::merge(t.pace, pace);
+  t.pace.window = pace.window;
+}
+
+void PaceTree::settle_locked(std::optional<std::uint64_t> stale_before) {
+  const overlay::Links links = mesh_.links();
+  while (!tallies_.empty()) {
+    auto it = tallies_.begin();
+    const Tally& t = it->second;
+    const bool complete = t.own && std::all_of(links.down.begin(), links.down.end(), [&](int d) {
+      return std::find(t.from.begin(), t.from.end(), d) != t.from.end();
+    });
+    const bool stale = stale_before && it->first < *stale_before;
+    if (!complete && !stale) return;
+    const straggler::Pace pace = t.pace;
+    settled_ = it->first;
+    tallies_.erase(it);
+    if (links.is_root) {
+      judge(pace);
+    } else {
+      (void)mesh_.send_up(heartbeat::PaceFrame{pace}.to_frame());
+    }
+  }
+}
+
+void PaceTree::judge(const straggler::Pace& job) {
+  if (log::enabled(LogLevel::Debug)) {
+    // One line per window at the root only: what bench/straggler reads to compare rules on the same windows.
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "pace: window %llu: best %.6f s (rank %d), slowest %.6f s (rank %d), score %.3f, %d ranks",
+                  static_cast<unsigned long long>(job.window), job.best_s, job.best_rank, job.worst_s,
+                  job.worst_rank, straggler::score(job), job.ranks);
+    log::debug(config_.rank, line);
+  }
+  auto flag = detector_.on_window(job);
+  if (!flag) return;
+  ++flags_;
+  // node_of reads one address file: once per flag, never per window.
+  std::string node = mesh_.node_of(flag->rank);
+  if (node.empty()) node = "rank " + std::to_string(flag->rank) + "'s node";
+  on_flag_(*flag, node);
+}
+
+// The root, under mu_: the line now, the controller's report on the reporter thread.
+void PaceTree::report(const straggler::Flag& flag, const std::string& node) {
+  const std::string what = flag.describe(config_.straggler.window_steps);
+  const bool exclude = config_.straggler.action == straggler::Action::Exclude;
+  const bool told = !config_.controller_url.empty() && !config_.job_id.empty();
+  log::warn(config_.rank, "straggler: node " + ckpt::printable(node) + " runs at " + what +
+                              (told ? (exclude ? "; asking the controller to leave it out of the job's next runs"
+                                               : "; reported to the controller")
+                                    : ""));
+  if (!told || reports_.size() >= kMaxQueuedReports) return;
+  auto job = parse_uint(config_.job_id);
+  if (!job) return;
+  ckpt::recovery::Event e;
+  e.type = ckpt::recovery::EventType::SlowNode;
+  e.job_id = static_cast<std::uint32_t>(*job);
+  e.restart_count = static_cast<std::uint32_t>(config_.restart_count);
+  const char* here = std::getenv("SLURMD_NODENAME");
+  e.node = here != nullptr ? here : "unknown";
+  e.uid = static_cast<std::uint32_t>(getuid());
+  e.time = unix_seconds();
+  e.slow_node = node;
+  e.score = flag.score;
+  e.action = straggler::to_string(config_.straggler.action);
+  e.detail = what;
+  reports_.push_back(ckpt::recovery::to_json(e));
+  reports_cv_.notify_all();
+}
+
+void PaceTree::reporter_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    reports_cv_.wait(lock, [&] { return stopping_ || !reports_.empty(); });
+    if (reports_.empty()) return;
+    const std::string body = std::move(reports_.front());
+    reports_.pop_front();
+    lock.unlock();
+    auto cred = toolkit::munge_encode_payload(body, config_.munge_socket);
+    if (!cred) {
+      log::warn(config_.rank, "straggler: cannot sign the report to the controller: " + cred.error());
+    } else {
+      toolkit::HttpResponse res = toolkit::post_credential(config_.controller_url + "/v1/events", *cred, 2);
+      if (!res.ok()) {
+        log::warn(config_.rank, "straggler: the controller did not take the report: " +
+                                    ckpt::printable(res.error.empty() ? res.body : res.error));
+      }
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace ckpt::hooks
