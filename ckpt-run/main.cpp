@@ -646,7 +646,7 @@ int inplace_loop(Run& run) {
                spares.empty() ? "no spare" : ("spares " + spares).c_str(), id.c_str());
   InPlaceWatch watch;
   if (const char* dir = std::getenv(ckpt::env::name_of("dir").c_str()); dir != nullptr && *dir == '/') {
-    watch.dir = std::string(dir) + "/.control/inplace-" + id;
+    watch.dir = ckpt::inplace::records_dir(dir, id);
   }
   for (std::size_t i = 0; i < steps.size(); ++i) {
     for (std::uint64_t k = 0; !steps[i].spare && k < *per_node; ++k) {

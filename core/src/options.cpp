@@ -91,10 +91,10 @@ const std::array<OptionSpec, kOptionCount>& option_specs() {
        "Spare nodes of the allocation that ckpt-run keeps warm to take a dead node's ranks over (restart in "
        "place); at most the site's max_spares",
        "a whole number of spare nodes"},
-      {OptionId::Straggler, "ckpt-straggler", "straggler", "off|THRESHOLD[,report|exclude]",
+      {OptionId::Straggler, "ckpt-straggler", "straggler", "off|THRESHOLD[,report|exclude|swap]",
        "Report a node whose ranks run below THRESHOLD of the job's fastest for 3 windows of 4 steps; exclude: "
-       "also leave it out of the job's next runs",
-       "off, or a fraction between 0 and 1 with an optional action: 0.7, 0.7,report or 0.6,exclude"},
+       "also leave it out of the job's next runs; swap: under ckpt-run, hand its ranks to a warm spare in place",
+       "off, or a fraction between 0 and 1 with an optional action: 0.7, 0.7,report, 0.6,exclude or 0.6,swap"},
   }};
   return specs;
 }

@@ -7,13 +7,20 @@
 
 namespace ckpt::straggler {
 
-const char* to_string(Action action) { return action == Action::Exclude ? "exclude" : "report"; }
+const char* to_string(Action action) {
+  switch (action) {
+    case Action::Report: return "report";
+    case Action::Exclude: return "exclude";
+    case Action::Swap: return "swap";
+  }
+  return "report";
+}
 
 namespace {
 
 constexpr const char* kExpected =
     "expected off, or a fraction of the job's best speed between 0 and 1 with an optional action: 0.7, "
-    "0.7,report or 0.6,exclude";
+    "0.7,report, 0.6,exclude or 0.6,swap";
 
 Result<double> parse_threshold(std::string_view text) {
   // Digits and one dot only: no sign, exponent, spaces or "nan" for from_chars to take.
@@ -47,6 +54,8 @@ Result<Policy> parse_policy(std::string_view text, Policy base) {
     const std::string_view action = text.substr(comma + 1);
     if (action == "exclude") {
       base.action = Action::Exclude;
+    } else if (action == "swap") {
+      base.action = Action::Swap;
     } else if (action != "report") {
       return bad();
     }

@@ -145,6 +145,7 @@ void bind_inplace(py::module& parent) {
 
   // The GIL is released around file system calls: a slow shared file system holds up only the caller.
   using gil = py::call_guard<py::gil_scoped_release>;
+  m.def("records_dir", &ip::records_dir, py::arg("ckpt_dir"), py::arg("id"));
   py::class_<ip::Records>(m, "Records", "The run's dir (.control/inplace-<id>/), created 0700.")
       .def(py::init([](const std::string& dir) { return take(ip::Records::open(dir)); }), py::arg("dir"))
       .def_property_readonly("dir", &ip::Records::dir)

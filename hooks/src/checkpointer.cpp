@@ -1,12 +1,16 @@
 // The public API and the engine's lifecycle, all on the training thread: create, regions and blobs, restore's
 // entry, the per-step decision (poll, after_step, save), close. Checkpointer::Impl and the threading model are in
 // checkpointer_impl.hpp; its other jobs (worker, snapshot, auto interval, restore, last words) have their own files.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 
 #include "checkpointer_impl.hpp"
+#include "ckpt/recovery.hpp"
 #include "ckpt/schedule.hpp"
 #include "log.hpp"
 #include "notice.hpp"
@@ -374,6 +378,7 @@ Result<bool> Checkpointer::after_step(std::uint64_t step) {
     if (m.update_started_s >= 0) m.pace->on_work(steady_seconds() - m.update_started_s);
     m.update_started_s = -1;
     m.pace->on_step(step);
+    if (m.pace->leaving()) m.leave_for_spare(step);
   }
   if (m.last_words && m.device && !m.device_streams.empty()) {
     if (Status s = m.device->mark_updates(m.device_streams); !s) m.record_error(s.error());
@@ -385,6 +390,20 @@ Result<bool> Checkpointer::after_step(std::uint64_t step) {
   if (d->snapshot) m.snapshot(step, d->kind);
   if (d->stop) m.stopped = true;
   return m.stopped;
+}
+
+// Training thread, at the boundary after `step`: every update of this rank is done, and its peers (faster) wait in
+// the next step's collective, between updates, so their last words hold this very step. A persist in flight is
+// let finish first: the other ranks' commit counts this rank's shard.
+void Checkpointer::Impl::leave_for_spare(std::uint64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (persists_pending > 0) return;  // the next boundary, then
+  }
+  log::warn(rank, pace->leaving_why() + " (after step " + std::to_string(step) + "; exit " +
+                      std::to_string(ckpt::recovery::kExitSwappedOut) + ")");
+  std::fflush(nullptr);
+  ::_exit(ckpt::recovery::kExitSwappedOut);
 }
 
 void Checkpointer::time_section(double seconds) {

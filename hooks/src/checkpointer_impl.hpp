@@ -93,6 +93,8 @@ struct Checkpointer::Impl {
   std::unique_ptr<LastWords> last_words;  // armed: see last_words_runtime.hpp; reset under words_mu
   std::shared_ptr<PaceTree> pace;         // with last words and CKPT_STRAGGLER on: this rank's part (pace.hpp)
   double update_started_s = -1;           // training thread: when before_update was called, for pace
+  // Training thread: ends the process for a swap (pace.hpp), unless a persist is in flight (then a later step).
+  void leave_for_spare(std::uint64_t step);
   mutable std::mutex words_mu;            // last_words_report() from any thread while close() resets it
   bool words_armed = false;               // guarded by words_mu
   LastWordsOutcome words_final;           // guarded by words_mu: the outcome when close() ended the last words

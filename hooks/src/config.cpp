@@ -27,7 +27,7 @@ constexpr const char* kHookKeys[] = {
     "restart_count", "job_id", "generation", "resume_step", "resume_path", "end_time", "kill_wait", "exit_grace",
     "requeue", "heartbeat_timeout", "rank", "world_size", "local_rank", "coordinator", "copy_threads",
     "commit_timeout", "agree_lead", "signals", "run_id", "log", "layout", "coord", "straggler", "controller_url",
-    "munge_socket"};
+    "munge_socket", "inplace_id"};
 
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = [] {
@@ -394,6 +394,7 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   }
   if (auto s = lookup.get("controller_url")) c.controller_url = s->value;
   if (auto s = lookup.get("munge_socket")) c.munge_socket = s->value;
+  if (Status e = read(lookup, "inplace_id", c.inplace_id, parse_run_id); !e) return Error{e.error()};
   return c;
 }
 

@@ -72,6 +72,7 @@ enum FrameType : std::uint32_t {
   kRecount = 25,      // the root's count of step a is late, flooded (b: the root's recount number): send it again
   // Stragglers (pace.cpp); delivered to the handler too.
   kPace = 30,         // a subtree's pace of one window, sent up (PaceFrame, pace.hpp)
+  kSwap = 31,         // the root's word that a node's ranks hand over to a spare, flooded (SwapFrame, pace.hpp)
 };
 
 inline constexpr std::uint32_t kRecordsReady = 1;

@@ -274,7 +274,8 @@ struct LastWords::Impl {
         to(f, from);
         return;
       }
-      case heartbeat::kPace: {
+      case heartbeat::kPace:
+      case heartbeat::kSwap: {
         std::function<void(const heartbeat::Frame&, int)> to;
         {
           std::lock_guard<std::mutex> lock(mu);

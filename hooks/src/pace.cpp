@@ -8,7 +8,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <xxhash.h>
+
 #include "ckpt/clock.hpp"
+#include "ckpt/inplace.hpp"
 #include "ckpt/format.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
@@ -51,6 +54,18 @@ PaceFrame PaceFrame::from_frame(const Frame& f) {
   return p;
 }
 
+Frame SwapFrame::to_frame() const {
+  Frame f;
+  f.type = kSwap;
+  f.a = node_hash;
+  f.subject = rank;
+  return f;
+}
+
+SwapFrame SwapFrame::from_frame(const Frame& f) { return {f.a, f.subject}; }
+
+std::uint64_t node_hash(const std::string& node) { return XXH64(node.data(), node.size(), 0); }
+
 }  // namespace heartbeat
 
 namespace {
@@ -66,6 +81,7 @@ PaceTree::PaceTree(const Config& config, heartbeat::Mesh& mesh, OnFlag on_flag)
       mesh_(mesh),
       on_flag_(std::move(on_flag)),
       meter_(config.straggler.window_steps),
+      own_node_(mesh.node_of(config.rank)),
       detector_(config.straggler) {
   if (!on_flag_) on_flag_ = [this](const straggler::Flag& f, const std::string& node) { report(f, node); };
   reporter_ = std::thread([this] { reporter_loop(); });
@@ -92,12 +108,41 @@ void PaceTree::on_step(std::uint64_t step) {
 }
 
 void PaceTree::on_frame(const heartbeat::Frame& frame, int from) {
+  if (frame.type == heartbeat::kSwap) {
+    on_swap(heartbeat::SwapFrame::from_frame(frame), from);
+    return;
+  }
   const straggler::Pace p = heartbeat::PaceFrame::from_frame(frame).pace;
   const auto in_world = [&](int r) { return r >= 0 && r < config_.world_size; };
   if (!in_world(p.best_rank) || !in_world(p.worst_rank) || p.ranks < 1 || p.ranks > config_.world_size) return;
   std::lock_guard<std::mutex> lock(mu_);
   add_locked(p, from);
   settle_locked(std::nullopt);
+}
+
+void PaceTree::on_swap(const heartbeat::SwapFrame& swap, int from) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (swap_seen_) return;
+    swap_seen_ = true;
+    if (!own_node_.empty() && heartbeat::node_hash(own_node_) == swap.node_hash) {
+      leaving_why_ = "node " + ckpt::printable(own_node_) + " is slow (named by rank " + std::to_string(swap.rank) +
+                     "): ending this rank at the step boundary so that a warm spare takes it over";
+      leaving_ = true;
+    }
+  }
+  mesh_.flood(swap.to_frame(), from);
+}
+
+std::string PaceTree::leaving_why() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return leaving_why_;
+}
+
+bool PaceTree::spare_free() const {
+  if (config_.inplace_id.empty() || config_.dir.empty()) return false;
+  auto records = inplace::Records::open(inplace::records_dir(config_.dir, config_.inplace_id), false);
+  return records && !records->free_spares().empty();
 }
 
 int PaceTree::flags() const {
@@ -159,15 +204,32 @@ void PaceTree::judge(const straggler::Pace& job) {
   on_flag_(*flag, node);
 }
 
-// The root, under mu_: the line now, the controller's report on the reporter thread.
+// The root, under mu_: the line now (and the swap), the controller's report on the reporter thread.
 void PaceTree::report(const straggler::Flag& flag, const std::string& node) {
   const std::string what = flag.describe(config_.straggler.window_steps);
-  const bool exclude = config_.straggler.action == straggler::Action::Exclude;
+  const straggler::Action action = config_.straggler.action;
+  const bool exclude = action != straggler::Action::Report;
   const bool told = !config_.controller_url.empty() && !config_.job_id.empty();
-  log::warn(config_.rank, "straggler: node " + ckpt::printable(node) + " runs at " + what +
-                              (told ? (exclude ? "; asking the controller to leave it out of the job's next runs"
-                                               : "; reported to the controller")
-                                    : ""));
+  std::string then = told ? (exclude ? "; asking the controller to leave it out of the job's next runs"
+                                     : "; reported to the controller")
+                          : "";
+  bool swap = false;
+  if (action == straggler::Action::Swap) {
+    swap = spare_free();
+    then += swap ? "; its ranks hand over to a warm spare in place at their next step boundary"
+                 : "; no warm spare is free to take its ranks over, so it trains on";
+  }
+  log::warn(config_.rank, "straggler: node " + ckpt::printable(node) + " runs at " + what + then);
+  if (swap) {
+    const heartbeat::SwapFrame frame{heartbeat::node_hash(node), flag.rank};
+    swap_seen_ = true;  // the flood below is the only one
+    if (node == own_node_) {
+      leaving_why_ = "node " + ckpt::printable(node) + " is slow: ending this rank at the step boundary so that a "
+                     "warm spare takes it over";
+      leaving_ = true;
+    }
+    mesh_.flood(frame.to_frame());
+  }
   if (!told || reports_.size() >= kMaxQueuedReports) return;
   auto job = parse_uint(config_.job_id);
   if (!job) return;
@@ -181,7 +243,8 @@ void PaceTree::report(const straggler::Flag& flag, const std::string& node) {
   e.time = unix_seconds();
   e.slow_node = node;
   e.score = flag.score;
-  e.action = straggler::to_string(config_.straggler.action);
+  // The controller's vocabulary: a swapped node leaves the job too.
+  e.action = exclude ? ckpt::recovery::kSlowNodeExclude : ckpt::recovery::kSlowNodeReport;
   e.detail = what;
   reports_.push_back(ckpt::recovery::to_json(e));
   reports_cv_.notify_all();

@@ -11,7 +11,12 @@
 //   (the root)                     judges each complete window (straggler::Detector); a flag becomes one `ckpt:`
 //                                  line and, with a controller, a slow_node event (reporter thread: a slow or
 //                                  absent controller never holds training or the mesh up).
+//   With the swap action, in an in-place run with a free warm spare, the root also floods a SwapFrame naming the
+//   node; each rank on that node is then `leaving()`, and the training thread ends it at its next step boundary
+//   (after_step, kExitSwappedOut), where the survivors' state is a whole step: they recover in place from it as
+//   from a crash, and the spare takes the ranks over.
 // Runs only where the heartbeat network does: a job with last words armed.
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -39,6 +44,17 @@ struct PaceFrame {
   static PaceFrame from_frame(const Frame& f);
 };
 
+// A node's ranks are to hand over to a spare: a = XXH64 of the node's name (as the mesh publishes it), subject =
+// the slow rank that named it.
+struct SwapFrame {
+  std::uint64_t node_hash = 0;
+  int rank = -1;
+
+  Frame to_frame() const;
+  static SwapFrame from_frame(const Frame& f);
+};
+std::uint64_t node_hash(const std::string& node);
+
 }  // namespace heartbeat
 
 class PaceTree {
@@ -54,10 +70,14 @@ class PaceTree {
   // Training thread.
   void on_work(double seconds);
   void on_step(std::uint64_t step);
-  // Mesh threads: a kPace frame from the link to `from`.
+  // Mesh threads: a kPace or kSwap frame from the link to `from`.
   void on_frame(const heartbeat::Frame& frame, int from);
   // How many nodes the root flagged so far (0 elsewhere).
   int flags() const;
+  // Any thread: this rank's node was named for a swap; the training thread ends the process at a step boundary.
+  bool leaving() const { return leaving_.load(); }
+  // Why, for the line the process ends with.
+  std::string leaving_why() const;
 
  private:
   struct Tally {
@@ -70,12 +90,19 @@ class PaceTree {
   void settle_locked(std::optional<std::uint64_t> stale_before);
   void judge(const straggler::Pace& job);
   void report(const straggler::Flag& flag, const std::string& node);
+  // The root, for the swap action: whether a spare of this in-place run is free now (one read of its records).
+  bool spare_free() const;
+  void on_swap(const heartbeat::SwapFrame& swap, int from);
   void reporter_loop();
 
   Config config_;
   heartbeat::Mesh& mesh_;
   OnFlag on_flag_;
   straggler::PaceMeter meter_;  // training thread only
+  std::string own_node_;        // as the mesh published it
+  std::atomic<bool> leaving_{false};
+  std::string leaving_why_;     // guarded by mu_
+  bool swap_seen_ = false;      // guarded by mu_: a SwapFrame was flooded on once
 
   mutable std::mutex mu_;
   std::map<std::uint64_t, Tally> tallies_;       // guarded by mu_

@@ -152,7 +152,7 @@ TEST_CASE("hooks settings reject bad values with one clear line", "[hooks][confi
         {{"CKPT_RUN_ID", "../x"}},
         {{"CKPT_LOG", "loud"}},
         {{"CKPT_STRAGGLER", "1.5"}},
-        {{"CKPT_STRAGGLER", "0.7,swap"}},
+        {{"CKPT_STRAGGLER", "0.7,evict"}},
         {{"RANK", "2"}, {"WORLD_SIZE", "2"}},
         {{"RANK", "0"}, {"WORLD_SIZE", "0"}},
         {{"RANK", "0"}},
@@ -279,6 +279,6 @@ TEST_CASE("the environment contract: one row per key and per variable; every hoo
     REQUIRE(env::by_key(k.key) != nullptr);
     CHECK(std::string(k.env) == env::by_key(k.key)->name);
   }
-  CHECK(option_keys().size() == 34);  // every key of config.cpp's list found in the contract
+  CHECK(option_keys().size() == 35);  // every key of config.cpp's list found in the contract
   CHECK(env::name_of("no-such-key").empty());
 }

@@ -11,6 +11,7 @@
 
 #include "heartbeat.hpp"
 #include "hooks_test_util.hpp"
+#include "ckpt/inplace.hpp"
 #include "pace.hpp"
 
 using namespace ckpt;
@@ -31,7 +32,7 @@ struct Job {
   std::atomic<int> frames{0};
   std::vector<std::pair<straggler::Flag, std::string>> flags;  // guarded by mu
 
-  Job() {
+  explicit Job(straggler::Action action = straggler::Action::Report, const std::string& inplace_dir = "") {
     std::vector<std::thread> threads;
     for (int r = 0; r < kWorld; ++r) {
       threads.emplace_back([this, r] {
@@ -41,8 +42,9 @@ struct Job {
         s.rendezvous_dir = dir.sub("mesh");
         s.connect_timeout = 20s;
         auto m = heartbeat::Mesh::start(s, [this, r](const heartbeat::Event& e) {
-          if (e.kind != heartbeat::Event::Kind::Frame || e.frame.type != heartbeat::kPace) return;
-          ++frames;
+          if (e.kind != heartbeat::Event::Kind::Frame) return;
+          if (e.frame.type != heartbeat::kPace && e.frame.type != heartbeat::kSwap) return;
+          if (e.frame.type == heartbeat::kPace) ++frames;
           std::shared_ptr<PaceTree> to;
           {
             std::lock_guard<std::mutex> lock(mu);
@@ -60,11 +62,18 @@ struct Job {
       c.rank = r;
       c.world_size = kWorld;
       c.straggler.window_steps = 5;
+      c.straggler.action = action;
+      if (!inplace_dir.empty()) {
+        c.dir = inplace_dir;
+        c.inplace_id = "run1";
+      }
       trees[static_cast<std::size_t>(r)] = std::make_shared<PaceTree>(
-          c, *meshes[static_cast<std::size_t>(r)], [this](const straggler::Flag& f, const std::string& node) {
-            std::lock_guard<std::mutex> lock(mu);  // called with the tree's lock held: only record
-            flags.emplace_back(f, node);
-          });
+          c, *meshes[static_cast<std::size_t>(r)],
+          action == straggler::Action::Swap ? PaceTree::OnFlag()
+                                            : [this](const straggler::Flag& f, const std::string& node) {
+                                                std::lock_guard<std::mutex> lock(mu);  // the tree's lock is held
+                                                flags.emplace_back(f, node);
+                                              });
     }
     std::lock_guard<std::mutex> lock(mu);
     routes = trees;
@@ -158,4 +167,44 @@ TEST_CASE("pace frames: a subtree's pace survives the wire; frames naming ranks 
   job.run(0, 20, [&](int) { return 0.01; });
   std::this_thread::sleep_for(200ms);
   CHECK(job.flag_count() == 0);
+}
+
+TEST_CASE("pace swap: with a free spare, the root names the slow node and its ranks leave; without, none does",
+          "[straggler]") {
+  // Every in-process rank publishes this host as its node: all of them are "on the slow node".
+  for (bool spare : {true, false}) {
+    CAPTURE(spare);
+    TempDir ckpt;
+    auto records = inplace::Records::open(inplace::records_dir(ckpt.path(), "run1"));
+    REQUIRE(records);
+    if (spare) {
+      inplace::Spare s;
+      s.node = "n9";
+      s.pid = 4242;
+      s.ready_unix = 1;
+      REQUIRE(records->write_spare(s));
+    }
+    REQUIRE(records->free_spares().size() == (spare ? 1u : 0u));
+    LogCapture log;
+    Job job(straggler::Action::Swap, ckpt.path());
+    std::mt19937 rng(11);
+    std::lognormal_distribution<double> noise(0, 0.05);
+    job.run(0, 30, [&](int r) { return (r == 13 ? 0.03 : 0.01) * noise(rng); });
+    const bool all_leave = wait_for([&] {
+      for (const auto& t : job.trees) {
+        if (!t->leaving()) return false;
+      }
+      return true;
+    }, 3s);
+    CHECK(job.trees[0]->flags() == 1);
+    if (spare) {
+      CHECK(all_leave);
+      CHECK(job.trees[13]->leaving_why().find("is slow") != std::string::npos);
+      CHECK(log.has("its ranks hand over to a warm spare in place"));
+    } else {
+      CHECK_FALSE(all_leave);
+      for (const auto& t : job.trees) CHECK_FALSE(t->leaving());
+      CHECK(log.has("no warm spare is free"));
+    }
+  }
 }

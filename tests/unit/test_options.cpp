@@ -230,7 +230,7 @@ TEST_CASE("set_job_option: --ckpt-straggler, and the site's straggler=", "[optio
     auto st = set_job_option(o, OptionId::Straggler, "0.7,evict");
     REQUIRE_FALSE(st.ok());
     CHECK(st.error() == "--ckpt-straggler: invalid value '0.7,evict' (expected off, or a fraction between 0 and 1 "
-                        "with an optional action: 0.7, 0.7,report or 0.6,exclude)");
+                        "with an optional action: 0.7, 0.7,report, 0.6,exclude or 0.6,swap)");
     REQUIRE(set_job_option(o, OptionId::Straggler, "0.7").ok());
     CHECK_FALSE(set_job_option(o, OptionId::Straggler, "0.8").ok());
   }

@@ -44,6 +44,8 @@ TEST_CASE("straggler policy: thresholds and actions", "[straggler]") {
     CHECK(p.threshold == Approx(0.6));
     CHECK(format_policy(p) == "0.60,exclude");
     CHECK(format_policy(parse_policy("off").value()) == "off");
+    CHECK(parse_policy("0.5,swap").value().action == Action::Swap);
+    CHECK(format_policy(parse_policy("0.5,swap").value()) == "0.50,swap");
     for (const char* text : {"0.7", "0.55,exclude", "off", "0.9,report"}) {
       auto once = parse_policy(text).value();
       auto again = parse_policy(format_policy(once)).value();
@@ -54,7 +56,7 @@ TEST_CASE("straggler policy: thresholds and actions", "[straggler]") {
   }
   SECTION("bad inputs") {
     for (const char* bad : {"", "0", "1", "1.5", "-0.5", ".7", "7.", "0.7x", " 0.7", "nan", "inf", "0.7.1", "1e-1",
-                            "0.0000001", "0.7,", "0.7,swap", "exclude", ",exclude", "0.7,exclude,x", "Off"}) {
+                            "0.0000001", "0.7,", "0.7,evict", "exclude", ",exclude", "0.7,exclude,x", "Off"}) {
       INFO(bad);
       auto r = parse_policy(bad);
       REQUIRE_FALSE(r);

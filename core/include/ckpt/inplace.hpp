@@ -32,6 +32,9 @@ namespace ckpt::inplace {
 // A survivor that cannot go on in place exits so: the requeue path takes over.
 inline constexpr int kExitPeerLost = recovery::kExitPeerLost;
 
+// Where the records of in-place run `id` live: $CKPT_DIR/.control/inplace-<id>.
+std::string records_dir(const std::string& ckpt_dir, const std::string& id);
+
 // ---- one process's life: a public state machine -------------------------------------------------------------------
 
 enum class State {

@@ -23,6 +23,10 @@ inline constexpr int kExitNoRestart = 79;
 // reports it like any exit; the controller reads it as "a survivor", never as the failure's cause. 75: EX_TEMPFAIL.
 inline constexpr int kExitPeerLost = 75;
 
+// A rank of a node found slow ends with this code at a step boundary, so that a warm spare takes its ranks over
+// in place (--ckpt-straggler=...,swap): its peers recover as from a crash, from the step it ended after.
+inline constexpr int kExitSwappedOut = 76;
+
 // Slurm's step id of a batch script (SLURM_BATCH_SCRIPT).
 inline constexpr std::uint32_t kBatchStep = 0xfffffffbU;
 

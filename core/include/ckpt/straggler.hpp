@@ -31,6 +31,8 @@ namespace ckpt::straggler {
 enum class Action {
   Report,   // a `ckpt:` line, the controller's history, /metrics and status page
   Exclude,  // Report, and the controller leaves the node out of the job's next runs
+  Swap,     // Exclude; and under ckpt-run with a free warm spare, the node's ranks end at a step boundary so that
+            // the spare takes them over in place (kExitSwappedOut)
 };
 const char* to_string(Action action);
 
@@ -43,7 +45,7 @@ struct Policy {
 };
 
 // What --ckpt-straggler and CKPT_STRAGGLER take: "off", or a threshold with an optional action: "0.7",
-// "0.6,exclude". The error names the value and what is accepted; windows and window_steps come from `base`.
+// "0.6,exclude", "0.6,swap". The error names the value and what is accepted; windows and window_steps come from `base`.
 Result<Policy> parse_policy(std::string_view text, Policy base = {});
 // The spelling parse_policy reads back: "off", "0.7,report".
 std::string format_policy(const Policy& policy);

@@ -16,6 +16,10 @@
 
 namespace ckpt::inplace {
 
+std::string records_dir(const std::string& ckpt_dir, const std::string& id) {
+  return ckpt_dir + "/.control/inplace-" + id;
+}
+
 using nlohmann::json;
 
 namespace {

@@ -107,6 +107,7 @@ struct Config {
   straggler::Policy straggler = straggler::parse_policy(BuiltinDefaults::straggler).value();
   std::string controller_url;              // CKPT_CONTROLLER_URL: where the root reports a slow node; empty: none
   std::string munge_socket;                // CKPT_MUNGE_SOCKET: munged's socket for those reports; empty: default
+  std::string inplace_id;                  // CKPT_INPLACE_ID: the in-place run (ckpt-run --spares) this rank is of
 };
 
 // Resolves overrides over the environment. Ranks: an override, else RANK/WORLD_SIZE/LOCAL_RANK (torchrun), else

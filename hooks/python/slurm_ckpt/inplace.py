@@ -238,7 +238,7 @@ class Launch:
             raise RuntimeError(f"ckpt: in-place recovery needs a checkpoint dir ({ENV['dir']})")
         if not all(c.isalnum() or c in "._-" for c in self.id) or self.id.startswith("."):
             raise RuntimeError(f"ckpt: {ENV['inplace_id']}='{self.id}': expected letters, digits, '.', '_' or '-'")
-        self.dir = os.path.join(root, ".control", f"inplace-{self.id}")
+        self.dir = _core.records_dir(root, self.id)
 
     @staticmethod
     def from_env(env=os.environ):
