@@ -172,6 +172,7 @@ def _missing(plan, rank, secret):
     once its own connect gave up (within the join timeout); the others are missing. None when the store cannot be
     reached."""
     wait_s = _JOIN_TIMEOUT.total_seconds() + 2
+    missing = None
     try:
         client = dist.TCPStore(plan.addr, plan.port, None, False, datetime.timedelta(seconds=wait_s))
         store = _keyspace(secret, plan.generation, client)
@@ -181,13 +182,16 @@ def _missing(plan, rank, secret):
             return [r for r in range(plan.world) if store.add(f"alive/{r}", 0) == 0]
 
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and absent():
-            time.sleep(0.05)
         missing = absent()
+        while time.monotonic() < deadline and missing:
+            time.sleep(0.05)
+            missing = absent()
         _abandon(client, store)
         return missing
     except RuntimeError:
-        return None
+        # The store's host began its roll call first (its own connect failed at once), so its deadline came first
+        # and it moved on while this rank still waited for a dead one: the last answer read here stands.
+        return missing
 
 
 class _Group:
