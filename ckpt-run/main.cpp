@@ -625,7 +625,8 @@ int inplace_loop(Run& run) {
     namespace env = ckpt::env;
     std::vector<std::pair<std::string, std::string>> vars = {
         {env::name_of("inplace_id"), id}, {env::name_of("inplace_world"), std::to_string(wanted * *per_node)},
-        {env::name_of("inplace_notify"), notices.address()}};
+        {env::name_of("inplace_notify"), notices.address()},
+        {env::name_of("run_spares"), std::to_string(steps.size() - wanted)}};  // the controller's MinNodes
     if (step.spare) {
       vars.emplace_back(env::name_of("inplace_spare"), "1");
     } else {

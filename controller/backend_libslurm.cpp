@@ -134,7 +134,8 @@ class LibslurmBackend final : public SlurmBackend {
     return Status::success();
   }
 
-  Status expedite(std::uint32_t job_id, const std::vector<std::string>& exclude, bool release) override {
+  Status expedite(std::uint32_t job_id, const std::vector<std::string>& exclude, bool release,
+                  std::uint32_t min_nodes) override {
     std::lock_guard<std::mutex> lock(mutex_);
     job_desc_msg_t desc;
     slurm_init_job_desc_msg(&desc);
@@ -143,6 +144,7 @@ class LibslurmBackend final : public SlurmBackend {
     std::string excluded = ckpt::recovery::join_nodes(exclude);
     desc.exc_nodes = excluded.data();
     if (release) desc.priority = INFINITE;
+    if (min_nodes > 0) desc.min_nodes = min_nodes;  // max_nodes stays as submitted: the spares come back when free
     if (slurm_update_job(&desc) != SLURM_SUCCESS) {
       return Status::failure("slurm_update_job " + std::to_string(job_id) + ": " + slurm_error_text());
     }

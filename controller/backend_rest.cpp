@@ -145,9 +145,11 @@ class RestBackend final : public SlurmBackend {
     return Status::failure("slurmrestd openapi/v0.0.38 has no requeue operation");
   }
 
-  Status expedite(std::uint32_t job_id, const std::vector<std::string>& exclude, bool release) override {
+  Status expedite(std::uint32_t job_id, const std::vector<std::string>& exclude, bool release,
+                  std::uint32_t min_nodes) override {
     json body = {{"begin_time", "now"}, {"exclude_nodes", ckpt::recovery::join_nodes(exclude)}};
     if (release) body["hold"] = false;
+    if (min_nodes > 0) body["minimum_nodes"] = min_nodes;
     auto r = call("POST", "/slurm/v0.0.38/job/" + std::to_string(job_id), body.dump());
     if (!r) return Status::failure("update of job " + std::to_string(job_id) + ": " + r.error());
     return Status::success();

@@ -387,7 +387,7 @@ bool Engine::intent_requeue(JobRecord& r, SlurmJob& s, double now) {
 // StartTime=now and ExcNodeList: the job starts again at once, off the bad nodes.
 bool Engine::intent_expedite(JobRecord& r, const rec::IntentStep& step, double now) {
   Intent& i = *r.intent;
-  auto status = backend_.expedite(r.job_id, i.exclude, step.release);
+  auto status = backend_.expedite(r.job_id, i.exclude, step.release, i.min_nodes);
   if (!status) {
     metrics_.add("ckpt_controller_slurm_errors_total", "op=\"update\"");
     note(r, "action", "could not update the job: " + status.error(), now);
@@ -400,7 +400,9 @@ bool Engine::intent_expedite(JobRecord& r, const rec::IntentStep& step, double n
     return true;
   }
   crash_point("updated");
-  note(r, "action", std::string("StartTime=now ExcNodeList=") + rec::join_nodes(i.exclude) +
+  const std::string fewer =
+      i.min_nodes > 0 ? " MinNodes=" + std::to_string(i.min_nodes) + " (it may start with fewer spares)" : "";
+  note(r, "action", std::string("StartTime=now ExcNodeList=") + rec::join_nodes(i.exclude) + fewer +
                         (step.release ? " and released" : ""), now);
   i.phase = step.next;
   return true;

@@ -22,6 +22,7 @@ extern "C" {
 }
 
 #include "ckpt/clock.hpp"
+#include "ckpt/env_contract.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/posix.hpp"
 #include "http.hpp"
@@ -186,6 +187,11 @@ void report_job_start(spank_t sp, const ckpt::Settings& settings) noexcept {
     std::uint32_t nnodes = 0;
     spank_get_item(sp, S_JOB_NNODES, &nnodes);
     e.nnodes = nnodes;
+    // ckpt-run's steps say how many nodes of the allocation it keeps as spares: a requeue may do without them.
+    if (auto spares = ckpt::parse_uint(job_getenv(sp, ckpt::env::name_of("run_spares").c_str()));
+        spares && *spares <= 1024) {
+      e.spares = static_cast<std::uint32_t>(*spares);
+    }
     report_event(state.policy.controller, e);
   } catch (...) {
   }

@@ -41,6 +41,7 @@ const std::vector<Var>& contract() {
       {"exit_grace", "CKPT_EXIT_GRACE", "a duration like 3s (0s: never end the program)", S::Launcher, {}},
       {"relaunched", "CKPT_RUN", "1 (ckpt-run relaunches this step)", S::Launcher, {}},
       {"run_attempt", "CKPT_RUN_ATTEMPT", "a whole number", S::Launcher, {}},
+      {"run_spares", "CKPT_RUN_SPARES", "a whole number (the spare nodes ckpt-run keeps)", S::Launcher, {}},
       {"inplace_id", "CKPT_INPLACE_ID", "letters, digits, '.', '_' or '-'", S::Launcher, {}},
       {"inplace_world", "CKPT_INPLACE_WORLD", "a whole number >= 1", S::Launcher, {}},
       {"inplace_spare", "CKPT_INPLACE_SPARE", "1 for a spare's step", S::Launcher, {}},

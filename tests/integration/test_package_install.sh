@@ -168,6 +168,7 @@ expect_files python3-slurm-ckpt "$pydir/__init__.py" "$pydir/torch.py" "$pydir/i
 expect_files libckpt0 "/usr/lib/$MULTIARCH/$libv" "/usr/lib/$MULTIARCH/libckpt.so.0"
 expect_files libslurm-ckpt-dev "/usr/lib/$MULTIARCH/libckpt.so" /usr/include/ckpt.h /usr/include/ckpt/hooks.hpp \
   /usr/include/ckpt/options.hpp /usr/include/ckpt/result.hpp /usr/include/ckpt/store.hpp \
+  /usr/include/ckpt/straggler.hpp \
   "/usr/lib/$MULTIARCH/pkgconfig/slurm-ckpt.pc" "/usr/lib/$MULTIARCH/cmake/slurm_ckpt/slurm_ckptConfig.cmake" \
   "/usr/lib/$MULTIARCH/cmake/slurm_ckpt/slurm_ckptConfigVersion.cmake"
 [ "$(stat -c %a /var/lib/slurm-ckpt)" = 700 ] || fail "/var/lib/slurm-ckpt is not mode 0700 after install"
@@ -330,7 +331,7 @@ int main(int argc, char** argv) {
 }
 EOF
 (cd "$C" && cmake -S . -B build > cmake.log 2>&1 && cmake --build build > build.log 2>&1) \
-  || { tail -20 "$C"/*.log >&2; fail "the consumer project does not build against libslurm-ckpt-dev"; }
+  || { tail -n 20 "$C"/*.log >&2; fail "the consumer project does not build against libslurm-ckpt-dev"; }
 "$C/build/consumer" "$C/ckpt" || fail "the consumer program failed"
 [ "$(sed 's/^0*//' "$C/ckpt/latest" 2> /dev/null)" = 1 ] || fail "the consumer wrote no checkpoint of step 1"
 printf '#include <ckpt.h>\nint main(void) { return ckpt_rank(0) == -1 ? 0 : 1; }\n' > "$C/c.c"

@@ -22,6 +22,7 @@ class FakeBackend final : public SlurmBackend {
   std::size_t requeues = 0, updates = 0, holds = 0;
   std::vector<std::string> downed, drained, resumed;
   std::vector<std::string> last_exclude;  // the ExcNodeList of the last update
+  std::uint32_t last_min_nodes = 0;
   bool refuse_requeue = false;            // Slurm answers the requeue with an error
   bool crash_after_requeue = false;       // Slurm requeues, then the controller dies before it hears the answer
 
@@ -52,9 +53,11 @@ class FakeBackend final : public SlurmBackend {
     }
     return Status::success();
   }
-  Status expedite(std::uint32_t id, const std::vector<std::string>& exclude, bool release) override {
+  Status expedite(std::uint32_t id, const std::vector<std::string>& exclude, bool release,
+                  std::uint32_t min_nodes = 0) override {
     ++updates;
     last_exclude = exclude;
+    last_min_nodes = min_nodes;
     if (release) jobs[id].held = false;
     return Status::success();
   }

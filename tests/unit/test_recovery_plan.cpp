@@ -893,3 +893,49 @@ TEST_CASE("intent: a refused requeue that happened anyway goes on", "[recovery][
   CHECK_FALSE(requeue_happened_anyway(i, slurm(SlurmState::Running, 1)));
   CHECK(requeue_happened_anyway(i, slurm(SlurmState::Pending, 2)));
 }
+
+TEST_CASE("plan: a requeue may start without the spares its excluded nodes cost", "[recovery][plan]") {
+  JobRecord r = record(JobState::Failing);
+  r.nodes = {"n1", "n2", "n3", "n4"};
+  SECTION("the pure rule") {
+    CHECK(requeue_min_nodes(r, {"n2"}) == 0);  // no spares: as submitted
+    r.spares = 1;
+    CHECK(requeue_min_nodes(r, {}) == 0);               // nothing of the allocation excluded: all of it again
+    CHECK(requeue_min_nodes(r, {"n9"}) == 0);           // another node excluded: the same
+    CHECK(requeue_min_nodes(r, {"n2"}) == 3);           // one fewer, the spare's
+    CHECK(requeue_min_nodes(r, {"n2", "n3"}) == 3);     // never fewer than it trains on
+    r.spares = 2;
+    CHECK(requeue_min_nodes(r, {"n2", "n3"}) == 2);
+    r.spares = 4;                                        // a bogus count: nothing to train on is not asked
+    CHECK(requeue_min_nodes(r, {"n2"}) == 0);
+  }
+  SECTION("in the plan, and through the record") {
+    r.spares = 1;
+    auto plan = plan_recovery(r, facts(Ending::NodeFailure, SlurmState::Running, {"n1"}), {});
+    REQUIRE(plan.action == RecoveryPlan::Action::Requeue);
+    CHECK(plan.intent.min_nodes == 3);
+    r.intent = plan.intent;
+    auto back = parse_job_record(to_json(r));
+    REQUIRE(back);
+    CHECK(back->spares == 1);
+    REQUIRE(back->intent);
+    CHECK(back->intent->min_nodes == 3);
+  }
+  SECTION("ckpt-run's steps say how many spares it keeps") {
+    Event e;
+    e.type = EventType::JobStart;
+    e.job_id = 7;
+    e.node = "n2";
+    e.ckpt_dir = "/scratch/x";
+    e.spares = 1;
+    auto back = parse_event(to_json(e));
+    REQUIRE(back);
+    CHECK(back->spares == 1);
+    JobRecord running = record(JobState::Running);
+    apply_event(running, *back, true, 10);
+    CHECK(running.spares == 1);
+    auto bad = to_json(e);
+    bad.replace(bad.find("\"spares\":1"), 10, "\"spares\":99999");
+    CHECK_FALSE(parse_event(bad));
+  }
+}

@@ -82,6 +82,7 @@ struct Event {
   bool needs_checkpoint = false;       // JobStart: CKPT_REQUIRE_CHECKPOINT=yes; never restart from scratch
   bool in_allocation = false;          // JobStart: the step runs under ckpt-run (CKPT_RUN set)
   std::uint32_t nnodes = 0;            // JobStart: nodes in the step
+  std::uint32_t spares = 0;            // JobStart: spare nodes ckpt-run keeps in the allocation (CKPT_RUN_SPARES)
   double time = 0;                     // sender's clock, seconds since the epoch
   std::string detail;                  // free text (Handover: why; SlowNode: what the rank measured)
   std::string failed_nodes;            // InPlace: hostlist of the nodes that were lost whole (may be empty)
@@ -283,6 +284,9 @@ struct Intent {
   std::vector<std::string> exclude;       // ExcNodeList
   std::vector<std::string> mark_down;     // nodes to mark DOWN (their slurmd did not answer)
   std::vector<std::string> drain;         // nodes to drain (opt-in)
+  // MinNodes for the next run (0: as submitted): a job whose allocation held spares may start without them
+  // when its excluded nodes leave fewer than it asked for (requeue_min_nodes).
+  std::uint32_t min_nodes = 0;
   std::string reason;
   double created = 0;
   // Earliest StartTime=now: nodes revoke the old run's credential when it ends, with one-second resolution, and
@@ -335,6 +339,7 @@ struct JobRecord {
   std::vector<std::string> nodes;        // the current run's allocation
   std::string batch_host;
   std::map<std::uint32_t, StepInfo> steps;  // of the current run
+  std::uint32_t spares = 0;              // the spare nodes ckpt-run kept in the allocation (its steps' JobStart)
   std::vector<BadNode> bad_nodes;
   std::vector<SlowNode> slow_nodes;      // the newest report per node, oldest first, at most kMaxSlowNodesPerRecord
   std::optional<Intent> intent;

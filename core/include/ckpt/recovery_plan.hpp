@@ -125,6 +125,12 @@ std::vector<std::string> hung_nodes(const JobRecord& record, const std::optional
 // Whether a failure's reports include a survivor's "peer lost" (then the survivors' record is worth reading).
 bool survivors_reported(const JobRecord& record);
 
+// MinNodes for a requeue that leaves `excluded` out: a job whose allocation held spares (ckpt-run's, r.spares)
+// may start with fewer of them, one fewer per excluded node of its allocation, never fewer than it trains on; 0
+// (as submitted) for a job without spares or when none of its nodes is excluded. Without it a -N4 job with one
+// spare, one node excluded on a 4-node cluster, would wait for a fourth node it does not need, for good.
+std::uint32_t requeue_min_nodes(const JobRecord& r, const std::vector<std::string>& excluded);
+
 // Adds `nodes` to a job's bad nodes for `ttl_s`, with `reason`; returns those that were not excluded already.
 std::vector<std::string> exclude_bad_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& nodes,
                                            const std::string& reason, double now, double ttl_s);

@@ -274,6 +274,7 @@ std::string to_json(const Event& e) {
     j["needs_checkpoint"] = e.needs_checkpoint;
     j["in_allocation"] = e.in_allocation;
     j["nnodes"] = e.nnodes;
+    if (e.spares > 0) j["spares"] = e.spares;
   }
   if (e.type == EventType::InPlace) {
     j["failed_nodes"] = e.failed_nodes;
@@ -342,6 +343,8 @@ Result<Event> parse_event(std::string_view input) {
     e.needs_checkpoint = flag(j, "needs_checkpoint");
     e.in_allocation = flag(j, "in_allocation");
     e.nnodes = number<std::uint32_t>(j, "nnodes", 0);
+    e.spares = number<std::uint32_t>(j, "spares", 0);
+    if (e.spares > kMaxNodesPerStep) return Error{"event has " + std::to_string(e.spares) + " spares"};
     e.detail = text(j, "detail");
     if (!safe_text(e.detail, 1024)) return Error{"event detail is too long or has control characters"};
     if (Status s = read_in_place(j, e); !s) return Error{s.error()};
@@ -389,6 +392,7 @@ std::string to_json(const JobRecord& r) {
   j["trusted_dirs"] = r.trusted_dirs;
   j["needs_checkpoint"] = r.needs_checkpoint;
   j["restart_count"] = r.restart_count;
+  if (r.spares > 0) j["spares"] = r.spares;
   j["budget"] = {{"max_restarts", r.budget.max_restarts},
                  {"restarts", r.budget.restarts},
                  {"without_progress", r.budget.without_progress},
@@ -419,7 +423,7 @@ std::string to_json(const JobRecord& r) {
     j["intent"] = {{"id", i.id},           {"phase", to_string(i.phase)},    {"requeue", i.requeue},
                    {"expected_restart", i.expected_restart}, {"exclude", i.exclude}, {"mark_down", i.mark_down},
                    {"drain", i.drain},     {"reason", i.reason},             {"created", i.created},
-                   {"not_before", i.not_before}};
+                   {"not_before", i.not_before}, {"min_nodes", i.min_nodes}};
   }
   if (r.relaunch_step) j["relaunch_step"] = *r.relaunch_step;
   j["handover"] = r.handover;
@@ -504,6 +508,7 @@ Status read_intent(const json& j, std::optional<Intent>& intent) {
   i.reason = text(*it, "reason");
   i.created = number<double>(*it, "created", 0.0);
   i.not_before = number<double>(*it, "not_before", 0.0);
+  i.min_nodes = number<std::uint32_t>(*it, "min_nodes", 0);
   intent = i;
   return Status::success();
 }
@@ -547,6 +552,7 @@ Result<JobRecord> parse_job_record(std::string_view input) {
     r.trusted_dirs = text(j, "trusted_dirs");
     r.needs_checkpoint = flag(j, "needs_checkpoint");
     r.restart_count = number<std::uint32_t>(j, "restart_count", 0);
+    r.spares = std::min(number<std::uint32_t>(j, "spares", 0), static_cast<std::uint32_t>(kMaxNodesPerStep));
     read_budget(j, r.budget);
     read_failures(j, r.failures);
     r.reporters = strings_of(j, "reporters");

@@ -47,6 +47,7 @@ void apply_job_start(JobRecord& r, const Event& e, bool trusted, double now, Eve
   }
   if (e.max_restarts) r.budget.max_restarts = *e.max_restarts;
   if (e.needs_checkpoint) r.needs_checkpoint = true;
+  if (e.spares > 0) r.spares = e.spares;
   // The record is rewritten with every change and its owner names the steps and nodes: bounded, keeping the newest
   // steps (the batch step has the highest id and stays) and the first nodes of each.
   if (r.steps.count(e.step_id) == 0 && r.steps.size() >= kMaxStepsPerRecord) r.steps.erase(r.steps.begin());
@@ -327,6 +328,15 @@ double lost_work_s(double newest_checkpoint_time, double run_start, double faile
   return since > 0 && failed > since ? failed - since : 0;
 }
 
+std::uint32_t requeue_min_nodes(const JobRecord& r, const std::vector<std::string>& excluded) {
+  const auto held = static_cast<std::uint32_t>(r.nodes.size());
+  if (r.spares == 0 || held <= r.spares) return 0;
+  const auto lost = static_cast<std::uint32_t>(
+      std::count_if(r.nodes.begin(), r.nodes.end(), [&](const std::string& n) { return contains(excluded, n); }));
+  if (lost == 0) return 0;  // the allocation's own nodes stay available: ask for them all again
+  return held - std::min(lost, r.spares);
+}
+
 namespace {
 
 // The requeue part of a plan: the intent, or a give-up when the job or the backend cannot be requeued.
@@ -338,6 +348,7 @@ void plan_requeue(const JobRecord& r, const RecoveryFacts& f, const RecoveryPoli
   i.reason = plan.reason;
   i.created = f.now;
   i.exclude = excluded;
+  i.min_nodes = requeue_min_nodes(r, excluded);
   // A requeued job stays COMPLETING until every node of its old run answers; a dead node never does, and slurmctld
   // would wait SlurmdTimeout to declare it down. Only on evidence nobody but the node can give (refused twice, or
   // Slurm's own state): a timeout is not.
