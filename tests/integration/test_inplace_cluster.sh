@@ -5,7 +5,9 @@
 #     over, and training goes on in the same processes, with no requeue and no relaunch: at most one step lost,
 #     final weights bitwise identical to an uninterrupted run, and the controller records the recovery with the
 #     path "in-place" and its phases.
-#  2. A training node freezes (SIGSTOP: only missed heartbeats tell): the same.
+#  2. A training node freezes (SIGSTOP: only missed heartbeats tell): the same. And a rank hangs while its node is
+#     fine (cluster.sh hang-tasks: only its task stopped, slurmd answers): the same; woken afterwards, the stale
+#     process leaves and changes nothing.
 #  3. No spare left (a 3-node allocation): the survivors exit 75, ckpt-run hands the job over, the controller
 #     requeues it off the dead node, and it resumes from the terminal checkpoint, still bitwise identical.
 # The batch host (n1) is never the victim: its failure ends the batch script, and any Slurm job with it.
@@ -53,7 +55,7 @@ wait_weights() {
   cat "$SCRATCH/$1/log" >&2
   fail "$1: no final weights"
 }
-# fail_node NAME MODE NODE: waits for a step between 15 and 30, then crashes or freezes NODE; sets `seen`.
+# fail_node NAME MODE NODE: waits for a step between 15 and 30, then crashes, freezes or hangs NODE; sets `seen`.
 fail_node() {
   local at=$((15 + RANDOM % 15))
   for _ in $(seq 1500); do
@@ -63,7 +65,10 @@ fail_node() {
   seen=$(logged "$SCRATCH/$1/log")
   [ -n "$seen" ] && [ "$seen" -lt "$STEPS" ] || fail "$1: training did not reach step $at: $(tail -3 "$SCRATCH/$1/log")"
   victim=$3
-  "$CLUSTER" "$2-node" "$3" > /dev/null
+  case $2 in
+    hang) "$CLUSTER" hang-tasks "$3" > /dev/null ;;
+    *) "$CLUSTER" "$2-node" "$3" > /dev/null ;;
+  esac
 }
 same_weights() { cmp -s "$SCRATCH/reference/final" "$SCRATCH/$1/final"; }
 
@@ -73,7 +78,7 @@ wait_gone reference
 assert_contains "$SCRATCH/reference/log" "ckpt-run: 3 nodes train, spares n4"
 pass "uninterrupted run: 3 nodes train, n4 waits as the spare"
 
-for mode in crash freeze; do
+for mode in crash freeze hang; do
   name=$mode
   node=n$((2 + RANDOM % 2))
   submit "$name" 4
