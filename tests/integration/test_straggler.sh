@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A straggler without a spare: slurm-examples/train_ddp.py (DP over gloo, its forward and backward passes timed as
 # the rank's own work) runs on three nodes as a requeueable batch job under the recovery controller, with last
-# words on and --ckpt-straggler=0.7,exclude. One node of the three is held to half the CPU its task used
+# words on and --ckpt-straggler=0.5,exclude. One node of the three is held to half the CPU its task used
 # (cluster.sh slow-node), its daemons not.
 #  - Before the slowdown nothing is flagged. After it, the root of the heartbeat tree names that node within 20
 #    steps, in one `ckpt:` line, and reports it to the controller.
@@ -30,9 +30,11 @@ controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 mkdir -p "$SCRATCH/slow"
 write_train_sbatch "$SCRATCH/slow.sbatch" "-N3 -n3" train_ddp.py --steps 100000 --log-every 1 --d-model 96 \
   --out "$SCRATCH/slow/final"
-# CKPT_LAYOUT declares the pure data parallelism, which arms last words and with them the heartbeat network.
+# CKPT_LAYOUT declares the pure data parallelism, which arms last words and with them the heartbeat network. The
+# threshold is 0.5, below the default 0.7: under CI's load a healthy rank read 0.69 for 3 windows once, and false
+# flags are bench/straggler's to measure; a node at half its CPU scores 0.25 to 0.4.
 job=$(CKPT_LAYOUT=dp=3 sbatch --parsable -J "straggler-$tag" -o "$SCRATCH/slow.log" --ckpt-interval=1000steps \
-  --ckpt-last-words=on --ckpt-straggler=0.7,exclude --ckpt-dir="$SCRATCH/slow/ckpt" "$SCRATCH/slow.sbatch")
+  --ckpt-last-words=on --ckpt-straggler=0.5,exclude --ckpt-dir="$SCRATCH/slow/ckpt" "$SCRATCH/slow.sbatch")
 wait_logged_step "$SCRATCH/slow.log" 25 || { cat "$SCRATCH/slow.log" >&2; fail "the job did not reach step 25"; }
 mapfile -t nodes < <(scontrol show hostnames "$(squeue -h -j "$job" -o %N)")
 [ "${#nodes[@]}" = 3 ] || fail "the first run is not on 3 nodes: ${nodes[*]}"
@@ -72,7 +74,7 @@ controller_get "/v1/jobs/$job" > "$SCRATCH/job.json" || fail "GET /v1/jobs/$job 
 import json, sys
 job = json.load(open(sys.argv[1]))
 slow = [s for s in job.get("slow_nodes", []) if s.get("node") == sys.argv[2]]
-assert slow and 0 < slow[0]["score"] < 0.7 and slow[0]["action"] == "exclude", job.get("slow_nodes")
+assert slow and 0 < slow[0]["score"] < 0.5 and slow[0]["action"] == "exclude", job.get("slow_nodes")
 excluded = job.get("excluded_nodes", job.get("exclude", []))
 assert sys.argv[2] in excluded, excluded
 PYCHECK

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A straggler with a spare: slurm-examples/train_ddp.py on 3 nodes and one spare under `ckpt-run --spares 1` and
-# the recovery controller, with --ckpt-straggler=0.7,swap. One training node is held to half the CPU its task used
+# the recovery controller, with --ckpt-straggler=0.5,swap. One training node is held to half the CPU its task used
 # (cluster.sh slow-node), its daemons not.
 #  - The root names it within 20 steps and, a spare being free, floods the swap; the slow node's rank ends at its
 #    next step boundary (exit 76), the survivors' last words hold that very step, and the spare takes the rank
@@ -27,7 +27,7 @@ controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 
 cat > "$SCRATCH/job.sbatch" <<JOB
 #!/bin/bash
-#SBATCH --no-kill --requeue --open-mode=append --ckpt-last-words=on --ckpt-straggler=0.7,swap
+#SBATCH --no-kill --requeue --open-mode=append --ckpt-last-words=on --ckpt-straggler=0.5,swap
 export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s CKPT_CONTROLLER_URL=$CONTROLLER_URL
 echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
 $CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
