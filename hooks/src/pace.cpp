@@ -125,13 +125,17 @@ void PaceTree::on_swap(const heartbeat::SwapFrame& swap, int from) {
     std::lock_guard<std::mutex> lock(mu_);
     if (swap_seen_) return;
     swap_seen_ = true;
-    if (!own_node_.empty() && heartbeat::node_hash(own_node_) == swap.node_hash) {
-      leaving_why_ = "node " + ckpt::printable(own_node_) + " is slow (named by rank " + std::to_string(swap.rank) +
-                     "): ending this rank at the step boundary so that a warm spare takes it over";
-      leaving_ = true;
-    }
+    leave_if_named_locked(swap);
   }
   mesh_.flood(swap.to_frame(), from);
+}
+
+// Under mu_: the rank on the node a swap names (the root's own included) is to end at its next step boundary.
+void PaceTree::leave_if_named_locked(const heartbeat::SwapFrame& swap) {
+  if (own_node_.empty() || heartbeat::node_hash(own_node_) != swap.node_hash) return;
+  leaving_why_ = "node " + ckpt::printable(own_node_) + " is slow (named by rank " + std::to_string(swap.rank) +
+                 "): ending this rank at the step boundary so that a warm spare takes it over";
+  leaving_ = true;
 }
 
 std::string PaceTree::leaving_why() const {
@@ -223,11 +227,7 @@ void PaceTree::report(const straggler::Flag& flag, const std::string& node) {
   if (swap) {
     const heartbeat::SwapFrame frame{heartbeat::node_hash(node), flag.rank};
     swap_seen_ = true;  // the flood below is the only one
-    if (node == own_node_) {
-      leaving_why_ = "node " + ckpt::printable(node) + " is slow: ending this rank at the step boundary so that a "
-                     "warm spare takes it over";
-      leaving_ = true;
-    }
+    leave_if_named_locked(frame);
     mesh_.flood(frame.to_frame());
   }
   if (!told || reports_.size() >= kMaxQueuedReports) return;

@@ -93,6 +93,7 @@ class PaceTree {
   // The root, for the swap action: whether a spare of this in-place run is free now (one read of its records).
   bool spare_free() const;
   void on_swap(const heartbeat::SwapFrame& swap, int from);
+  void leave_if_named_locked(const heartbeat::SwapFrame& swap);
   void reporter_loop();
 
   Config config_;
