@@ -9,3 +9,5 @@ inline constexpr const char* kCkptAbout = "ckpt: inspect and maintain slurm-ckpt
 // ls, verify, latest and gc over a checkpoint dir.
 void add_store_commands(CLI::App& app, int& exit_code);
 void add_interval_commands(CLI::App& app, int& exit_code);  // interval and simulate: the interval model.
+// export: a checkpoint's model weights as safetensors or a torch.save file.
+void add_export_commands(CLI::App& app, int& exit_code);

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   add_store_commands(app, exit_code);
   add_interval_commands(app, exit_code);
+  add_export_commands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

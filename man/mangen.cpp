@@ -197,6 +197,7 @@ std::string page_ckpt() {
   int exit_code = 0;
   add_store_commands(app, exit_code);
   add_interval_commands(app, exit_code);
+  add_export_commands(app, exit_code);
   const Cmd cmd = from_app(app);
   Page page("CKPT", 1, CKPT_VERSION);
   name_section(page, "ckpt", strip_program(cmd.desc, "ckpt"));

@@ -10,7 +10,7 @@ packages=(
   slurm-wlm slurmrestd slurm-wlm-jwt-plugin libslurm-dev munge libmunge-dev libpmix-dev libpmix-bin
   # libraries
   libcurl4-openssl-dev catch2 libsqlite3-dev sqlite3 nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
-  libxxhash-dev liburing-dev pybind11-dev python3-dev libcpp-httplib-dev libssl-dev
+  libxxhash-dev liburing-dev pybind11-dev python3-dev libcpp-httplib-dev libssl-dev zlib1g-dev
   # training side
   python3-torch python3-numpy
   # test helpers

@@ -31,6 +31,29 @@ Result<std::uint64_t> parse_uint(std::string_view text) {
   return value;
 }
 
+Result<std::uint64_t> parse_bytes(std::string_view text) {
+  struct Unit {
+    std::string_view name;
+    std::uint64_t bytes;
+  };
+  static constexpr std::array<Unit, 14> kByteUnits{{{"", 1}, {"B", 1}, {"KB", 1000}, {"MB", 1000'000},
+      {"GB", 1000'000'000}, {"TB", 1000'000'000'000}, {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30},
+      {"TiB", 1ull << 40}, {"K", 1ull << 10}, {"M", 1ull << 20}, {"G", 1ull << 30}, {"T", 1ull << 40}}};
+  std::size_t digits = 0;
+  while (digits < text.size() && is_digit(text[digits])) ++digits;
+  if (digits == 0) return Error{text.empty() ? "empty value" : "expected a number of bytes"};
+  auto number = parse_uint(text.substr(0, digits));
+  if (!number) return Error{number.error()};
+  std::string_view unit = text.substr(digits);
+  std::uint64_t scale = 0;
+  for (const Unit& u : kByteUnits) {
+    if (u.name == unit) scale = u.bytes;
+  }
+  if (scale == 0) return Error{"unknown unit '" + std::string(unit) + "' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"};
+  if (*number > std::numeric_limits<std::uint64_t>::max() / scale) return Error{"size too large"};
+  return *number * scale;
+}
+
 Result<std::uint64_t> parse_duration(std::string_view text) {
   if (text.empty()) return Error{"empty value"};
   constexpr std::uint64_t max = std::numeric_limits<std::uint64_t>::max();

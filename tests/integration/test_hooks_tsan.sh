@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the hooks stress test with ThreadSanitizer in a scratch build dir and runs it; a TSAN report fails it.
 # First a control run without the guard must produce a report: proof that this harness would see a real one.
-# Then the unit tests of the threads the stress test does not start run under TSAN too: the last words (heartbeat
-# mesh, agreement, terminal writes, with a rank SIGKILLed in a child process) and the NCCL watcher.
+# Then the unit tests of the threads the stress test does not start run under TSAN too (ckpt_thread_tests): the last
+# words (heartbeat mesh, agreement, terminal writes, with a rank SIGKILLed in a child process), the NCCL watcher and
+# the pace tree of the straggler detector.
 set -euo pipefail
 # Its build and its runs are CPU work with no time bound: at the lowest priority they take what the cluster tests
 # running beside it (ctest -j) leave, and never slow those.
@@ -16,7 +17,7 @@ cmake -S "$SRC" -B "$SCRATCH" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
   -DCKPT_BUILD_SPANK=OFF -DCKPT_WITH_CUDA=OFF -DCKPT_BUILD_PYTHON=OFF >"$SCRATCH/configure.log" 2>&1 ||
   { cat "$SCRATCH/configure.log" >&2; exit 1; }
-cmake --build "$SCRATCH" --target hooks_stress ckpt_unit_tests -j"$(nproc)" >"$SCRATCH/build.log" 2>&1 ||
+cmake --build "$SCRATCH" --target hooks_stress ckpt_thread_tests -j"$(nproc)" >"$SCRATCH/build.log" 2>&1 ||
   { tail -50 "$SCRATCH/build.log" >&2; exit 1; }
 BIN=$SCRATCH/tests/hooks_stress
 # grep -c reads all its input: grep -q would close the pipe early and pipefail would report nm's SIGPIPE.
@@ -45,7 +46,7 @@ echo "test_hooks_tsan: control run without the guard reported a race, as it must
 "$BIN" --dir "$work/notice" --ranks 2 --steps 100000 --mib 1 --interval 20steps --notice-at 60 --min-checkpoints 3
 "$BIN" --dir "$work/inline" --ranks 1 --steps 40 --mib 1 --interval 3steps --copy-threads 0 --min-checkpoints 13
 # die_after_fork=0: the last-words tests fork a child that plays the rank to be killed; it starts threads of its own.
-TSAN_OPTIONS="$TSAN_OPTIONS die_after_fork=0" "$SCRATCH/tests/ckpt_unit_tests" "[last_words],[nccl]" >"$work/unit.log" 2>&1 ||
-  { tail -60 "$work/unit.log" >&2; echo "test_hooks_tsan: the last-words and NCCL unit tests failed under TSAN" >&2; exit 1; }
+TSAN_OPTIONS="$TSAN_OPTIONS die_after_fork=0" "$SCRATCH/tests/ckpt_thread_tests" >"$work/unit.log" 2>&1 ||
+  { tail -60 "$work/unit.log" >&2; echo "test_hooks_tsan: the last-words, NCCL and pace unit tests failed under TSAN" >&2; exit 1; }
 tail -2 "$work/unit.log"
 echo "test_hooks_tsan: no ThreadSanitizer report"

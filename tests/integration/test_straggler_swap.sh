@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A straggler with a spare: slurm-examples/train_ddp.py on 3 nodes and one spare under `ckpt-run --spares 1` and
-# the recovery controller, with --ckpt-straggler=0.5,swap. One training node is held to half the CPU its task used
-# (cluster.sh slow-node), its daemons not.
-#  - The root names it within 20 steps and, a spare being free, floods the swap; the slow node's rank ends at its
+# the recovery controller, with --ckpt-straggler=0.5,swap. One training node is held to a quarter of the CPU its
+# task used (cluster.sh slow-node), its daemons not.
+#  - The root names it within 24 steps and, a spare being free, floods the swap; the slow node's rank ends at its
 #    next step boundary (exit 76), the survivors' last words hold that very step, and the spare takes the rank
 #    over in place: no step lost, no requeue.
 #  - The step rate after the swap is clearly above the slow one and near the rate before the slowdown (0.98 of it
@@ -14,7 +14,7 @@ source "$(dirname "$0")/torch_lib.sh"
 have_torch || fail "needs python3-torch and a built slurm_ckpt"
 [ -x "$CKPT_BUILD_DIR/ckpt-run/ckpt-run" ] || fail "ckpt-run is not built"
 STEPS=100
-DETECT_BOUND_STEPS=20
+DETECT_BOUND_STEPS=24
 PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 70 ))
 job="" slow=""
 cleanup() {
@@ -59,11 +59,11 @@ log=$SCRATCH/swap/log
 wait_logged_step "$log" 20 || { cat "$log" >&2; fail "the job did not reach step 20"; }
 slow=n2
 share=$("$CLUSTER" task-cpu "$slow" 2) || fail "cannot measure the CPU of $slow's task"
-"$CLUSTER" slow-node "$slow" "$(awk -v s="$share" 'BEGIN { f = s / 2; if (f < 0.05) f = 0.05; printf "%.3f", f }')" \
+"$CLUSTER" slow-node "$slow" "$(awk -v s="$share" 'BEGIN { f = s / 4; if (f < 0.05) f = 0.05; printf "%.3f", f }')" \
   > /dev/null || fail "slow-node failed"
 slowed_at=$(logged_step "$log")
 before=$(rate "$log" 5 "$slowed_at") || fail "no step rate before the slowdown"
-echo "$slow's task used $share of a CPU; held to half of it from step ~$slowed_at; $before steps/s before"
+echo "$slow's task used $share of a CPU; held to a quarter of it from step ~$slowed_at; $before steps/s before"
 
 for _ in $(seq 1200); do grep -q "^train_ddp: resumed from step" "$log" && break; sleep 0.05; done
 line=$(grep -m1 "ckpt: .*straggler: node " "$log") || { tail -30 "$log" >&2; fail "no straggler was reported"; }

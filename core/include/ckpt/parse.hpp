@@ -16,6 +16,10 @@ Result<std::uint64_t> parse_uint(std::string_view text);
 // parse_uint, and at least 1.
 Result<std::uint64_t> parse_positive_uint(std::string_view text);
 
+// A byte count: digits and an optional unit. KB, MB, GB, TB are powers of 1000 (as Hugging Face's shard sizes are
+// written: "5GB"); KiB, MiB, GiB, TiB and Slurm's K, M, G, T are powers of 1024. "B" or no unit: bytes.
+Result<std::uint64_t> parse_bytes(std::string_view text);
+
 // A duration made of <number><unit> groups, units d, h, m, s in that order, each at most once:
 // "90s", "15m", "2h", "1h30m", "1d12h". A bare number is seconds. Returns whole seconds.
 Result<std::uint64_t> parse_duration(std::string_view text);

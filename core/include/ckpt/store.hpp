@@ -334,6 +334,13 @@ struct ShardReadOptions {
 ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRecord& record, void* dest,
                      const ShardReadOptions& options = {});
 
+// Reads `record`'s shard of `step` in file order through `sink`, in chunks of at most 8 MiB (their offset in the
+// file, their bytes), with the size and checksum checks of read_shard: the sink sees every byte once, and only a
+// success says they were the checkpoint's. A sink that returns false ends the read (a failure, not definite).
+using ShardSink = std::function<bool(std::uint64_t offset, const char* data, std::size_t size)>;
+ShardRead stream_shard(const std::string& root, std::uint64_t step, const ShardRecord& record, const ShardSink& sink,
+                       const ShardReadOptions& options = {});
+
 // Reads a shard's records back for a restore; the caller verifies first (see verify / resolve_resume).
 Result<std::vector<ShardRecord>> read_records(const std::string& root, std::uint64_t step);
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "ckpt/store.hpp"
 #include "io.hpp"
@@ -41,10 +42,13 @@ bool is_transient(int err) {
 // set to an errno for read_shard to retry or report.
 class ShardReader {
  public:
-  ShardReader(int root_fd, std::uint64_t step, const ShardRecord& record, void* dest,
+  // Reads into `dest` (record.size bytes), or through `sink` in chunks when dest is null.
+  ShardReader(int root_fd, std::uint64_t step, const ShardRecord& record, void* dest, const ShardSink* sink,
               const ShardReadOptions& options, XXH3_state_t* state)
-      : root_fd_(root_fd), step_(step), record_(record), dest_(static_cast<char*>(dest)), options_(options),
-        state_(state) {}
+      : root_fd_(root_fd), step_(step), record_(record), dest_(static_cast<char*>(dest)), sink_(sink),
+        options_(options), state_(state) {
+    if (dest_ == nullptr) chunk_.resize(static_cast<std::size_t>(std::min(record_.size, kReadChunk)));
+  }
 
   // Opens the shard unless it is open, and checks its size against the record.
   std::optional<std::string> open(int& err) {
@@ -79,14 +83,19 @@ class ShardReader {
     while (done_ < record_.size) {
       if ((err = inject("read")) != 0) return std::nullopt;
       std::uint64_t want = std::min(record_.size - done_, kReadChunk);
-      ssize_t n = ::pread(file_.get(), dest_ + done_, static_cast<std::size_t>(want), static_cast<off_t>(done_));
+      char* to = dest_ != nullptr ? dest_ + done_ : chunk_.data();
+      ssize_t n = ::pread(file_.get(), to, static_cast<std::size_t>(want), static_cast<off_t>(done_));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
         err = errno;
         return std::nullopt;
       }
       if (n == 0) return "read " + std::to_string(done_) + " bytes, manifest says " + std::to_string(record_.size);
-      XXH3_64bits_update(state_, dest_ + done_, static_cast<std::size_t>(n));
+      XXH3_64bits_update(state_, to, static_cast<std::size_t>(n));
+      if (sink_ != nullptr && !(*sink_)(done_, to, static_cast<std::size_t>(n))) {
+        stopped_ = true;
+        return std::string("stopped by its reader");
+      }
       done_ += static_cast<std::uint64_t>(n);
       bytes += static_cast<std::uint64_t>(n);
     }
@@ -95,6 +104,8 @@ class ShardReader {
 
   // Drops the file; the next open() opens it again and the read goes on at the same offset.
   void close() { file_.reset(); }
+  // The sink refused a chunk: the read ended there, the shard is not at fault.
+  bool stopped() const { return stopped_; }
 
  private:
   int inject(std::string_view op) const { return options_.inject ? options_.inject(op) : 0; }
@@ -103,10 +114,13 @@ class ShardReader {
   const std::uint64_t step_;
   const ShardRecord& record_;
   char* const dest_;
+  const ShardSink* const sink_;
   const ShardReadOptions& options_;
   XXH3_state_t* const state_;
+  std::vector<char> chunk_;  // the sink's bounce buffer
   Fd file_;
   std::uint64_t done_ = 0;
+  bool stopped_ = false;
 };
 
 }  // namespace
@@ -242,8 +256,10 @@ Result<ShardRecord> read_record(const std::string& root, std::uint64_t step, int
   }
 }
 
-ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRecord& record, void* dest,
-                     const ShardReadOptions& options) {
+namespace {
+
+ShardRead read_shard_to(const std::string& root, std::uint64_t step, const ShardRecord& record, void* dest,
+                        const ShardSink* sink, const ShardReadOptions& options) {
   ShardRead out;
   const std::string at = "step " + std::to_string(step) + ": " + shard_label(record) + ": ";
   auto fail = [&](std::string why, bool definite) {
@@ -260,7 +276,7 @@ ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRec
     std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
     if (!state) return fail("out of memory", false);
     XXH3_64bits_reset(state.get());
-    ShardReader reader(root_fd->get(), step, record, dest, options, state.get());
+    ShardReader reader(root_fd->get(), step, record, dest, sink, options, state.get());
     auto pause = options.backoff;
     for (;;) {
       int err = 0;
@@ -268,7 +284,7 @@ ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRec
       if (auto why = reader.open(err)) return fail(*why, true);
       if (err == 0) {
         doing = "read failed: ";
-        if (auto why = reader.read_rest(err, out.bytes)) return fail(*why, true);
+        if (auto why = reader.read_rest(err, out.bytes)) return fail(*why, !reader.stopped());
       }
       if (err == 0) break;
       if (!is_transient(err) || out.retries >= options.retries) {
@@ -294,6 +310,18 @@ ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRec
   } catch (const std::exception& e) {
     return fail(e.what(), false);
   }
+}
+
+}  // namespace
+
+ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRecord& record, void* dest,
+                     const ShardReadOptions& options) {
+  return read_shard_to(root, step, record, dest, nullptr, options);
+}
+
+ShardRead stream_shard(const std::string& root, std::uint64_t step, const ShardRecord& record, const ShardSink& sink,
+                       const ShardReadOptions& options) {
+  return read_shard_to(root, step, record, nullptr, &sink, options);
 }
 
 }  // namespace ckpt::store
