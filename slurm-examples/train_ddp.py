@@ -43,12 +43,17 @@ def parse_args():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--log-time", action="store_true", help="end each step line with t=<unix seconds> (benchmarks)")
+    p.add_argument("--extra-mib", type=int, default=0,
+                   help="MiB of float32 parameters more, trained like the rest (benchmarks at realistic state sizes)")
     return p.parse_args()
 
 
 class TinyTransformer(torch.nn.Module):
-    def __init__(self, vocab, d_model, layers, seq_len):
+    def __init__(self, vocab, d_model, layers, seq_len, extra_mib=0):
         super().__init__()
+        # State of a realistic size: a parameter that joins the loss with a tiny weight, so that it has a gradient,
+        # is all-reduced and updated (with AdamW's two moments, three times its size in the checkpoint).
+        self.extra = torch.nn.Parameter(torch.zeros(extra_mib << 18)) if extra_mib else None
         self.embed = torch.nn.Embedding(vocab, d_model)
         self.pos = torch.nn.Parameter(torch.zeros(seq_len, d_model))
         layer = torch.nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=2 * d_model, dropout=0.1,
@@ -60,7 +65,8 @@ class TinyTransformer(torch.nn.Module):
 
     def forward(self, tokens):
         h = self.embed(tokens) + self.pos[: tokens.shape[1]]
-        return self.head(self.encoder(h, mask=self.mask))
+        out = self.head(self.encoder(h, mask=self.mask))
+        return out if self.extra is None else out + 1e-9 * self.extra.sum()
 
 
 def batch(args, step, rank, world):
@@ -79,7 +85,7 @@ def build(args):
     torch.set_num_threads(1)  # one thread: the same reduction order inside every kernel, every run
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = TinyTransformer(args.vocab, args.d_model, args.layers, args.seq_len)
+    model = TinyTransformer(args.vocab, args.d_model, args.layers, args.seq_len, args.extra_mib)
     return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
 
 

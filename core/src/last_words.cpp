@@ -378,6 +378,10 @@ Plan commit_or_refuse(Plan out, const Layout& layout, const Attempt& used, std::
 
 }  // namespace
 
+bool update_finishes_alone(const Layout& layout) {
+  return layout.dp >= 1 && layout.tp == 1 && layout.pp == 1 && !layout.zero1;
+}
+
 Plan plan(const Layout& layout, const std::vector<RankReport>& reports) {
   Plan out;
   if (layout.dp < 1 || layout.tp < 1 || layout.pp < 1) {

@@ -168,6 +168,39 @@ constexpr std::uint64_t kAlign = 64;
 
 bool entry_needs_zip64(const ZipEntry& e) { return e.size >= kZip32Max || e.offset >= kZip32Max; }
 
+// The end of central directory record, and zip64's record and locator before it where counts or offsets need them.
+std::string zip_end(std::uint64_t count, std::uint64_t size, std::uint64_t directory_offset) {
+  const bool zip64 = count >= 0xffff || size >= kZip32Max || directory_offset >= kZip32Max;
+  std::string end;
+  if (zip64) {
+    const std::uint64_t record_at = directory_offset + size;
+    put_u32(end, 0x06064b50);
+    put_u64(end, 44);
+    put_u16(end, 45);
+    put_u16(end, 45);
+    put_u32(end, 0);
+    put_u32(end, 0);
+    put_u64(end, count);
+    put_u64(end, count);
+    put_u64(end, size);
+    put_u64(end, directory_offset);
+    put_u32(end, 0x07064b50);  // the locator
+    put_u32(end, 0);
+    put_u64(end, record_at);
+    put_u32(end, 1);
+  }
+  put_u32(end, 0x06054b50);
+  put_u16(end, 0);
+  put_u16(end, 0);
+  put_u16(end, zip64 ? 0xffff : count);
+  put_u16(end, zip64 ? 0xffff : count);
+  put_u32(end, zip64 ? kZip32Max : size);
+  put_u32(end, zip64 ? kZip32Max : directory_offset);
+  put_u16(end, 0);
+  return end;
+}
+
+
 }  // namespace
 
 const DType* dtype_named(std::string_view name) {
@@ -385,35 +418,7 @@ std::string zip_directory(const std::vector<ZipEntry>& entries, std::uint64_t di
     dir += e.name;
     dir += extra;
   }
-  const std::uint64_t size = dir.size(), count = entries.size();
-  const bool zip64 = count >= 0xffff || size >= kZip32Max || directory_offset >= kZip32Max;
-  std::string end;
-  if (zip64) {
-    const std::uint64_t record_at = directory_offset + size;
-    put_u32(end, 0x06064b50);
-    put_u64(end, 44);
-    put_u16(end, 45);
-    put_u16(end, 45);
-    put_u32(end, 0);
-    put_u32(end, 0);
-    put_u64(end, count);
-    put_u64(end, count);
-    put_u64(end, size);
-    put_u64(end, directory_offset);
-    put_u32(end, 0x07064b50);  // the locator
-    put_u32(end, 0);
-    put_u64(end, record_at);
-    put_u32(end, 1);
-  }
-  put_u32(end, 0x06054b50);
-  put_u16(end, 0);
-  put_u16(end, 0);
-  put_u16(end, zip64 ? 0xffff : count);
-  put_u16(end, zip64 ? 0xffff : count);
-  put_u32(end, zip64 ? kZip32Max : size);
-  put_u32(end, zip64 ? kZip32Max : directory_offset);
-  put_u16(end, 0);
-  return dir + end;
+  return dir + zip_end(entries.size(), dir.size(), directory_offset);
 }
 
 }  // namespace ckpt::weights

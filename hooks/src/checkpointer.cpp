@@ -373,15 +373,17 @@ Result<bool> Checkpointer::after_step(std::uint64_t step) {
   if (!m.enabled) return false;
   auto d = poll(step);
   if (!d) return Error{d.error()};
+  // The device's update events first: last words may be waiting for this update to end, and copy the device
+  // state as soon as finish_step() says it has.
+  if (m.last_words && m.device && !m.device_streams.empty()) {
+    if (Status s = m.device->mark_updates(m.device_streams); !s) m.record_error(s.error());
+  }
   m.tracker.finish_step(step);
   if (m.pace) {
     if (m.update_started_s >= 0) m.pace->on_work(steady_seconds() - m.update_started_s);
     m.update_started_s = -1;
     m.pace->on_step(step);
     if (m.pace->leaving()) m.leave_for_spare(step);
-  }
-  if (m.last_words && m.device && !m.device_streams.empty()) {
-    if (Status s = m.device->mark_updates(m.device_streams); !s) m.record_error(s.error());
   }
   m.cached.reset();
   if (m.auto_interval) m.observe_step();

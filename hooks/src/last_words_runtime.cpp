@@ -315,9 +315,29 @@ struct LastWords::Impl {
     return true;
   }
 
+  // No update starts from here on. Under pure data parallelism an update in progress needs no peer, so it is let
+  // end (a third of the deadline at most, leaving the device copy and the commit theirs): this rank then reports
+  // the step it ended, whole, rather than being disqualified as caught mid-update.
+  UpdateTracker::Progress freeze_training(Clock::time_point t0) {
+    if (!last_words::update_finishes_alone(config.layout)) return tracker->freeze();
+    const UpdateTracker::Progress before = tracker->progress();
+    UpdateTracker::Progress me = tracker->freeze(t0 + timing.deadline / 3);
+    char line[160];
+    if (before.mid_update && !me.mid_update) {
+      std::snprintf(line, sizeof line, "last words: let the update of step %llu end before reporting, %.3f s after "
+                    "the trigger", static_cast<unsigned long long>(me.step), seconds_since(t0));
+      log::info(rank, line);
+    } else if (me.mid_update) {
+      std::snprintf(line, sizeof line, "last words: the update in progress did not end within %.3f s; reporting it "
+                    "caught mid-update", std::chrono::duration<double>(timing.deadline / 3).count());
+      log::info(rank, line);
+    }
+    return me;
+  }
+
   // Phase 1: training frozen, the device state readied, this rank's report sent up.
   void report(Clock::time_point t0) {
-    UpdateTracker::Progress me = tracker->freeze();
+    UpdateTracker::Progress me = freeze_training(t0);
     bool ready = true;
     if (prepare && !me.mid_update) {
       // Half the deadline at most: the write and the commit need the rest.

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,13 +59,16 @@ class UpdateTracker {
   bool enter_update();
   // Training thread, after the update of `step` (and at restore, with the resume step).
   void finish_step(std::uint64_t step);
-  // Any thread: no update starts after this; returns where training stands.
-  Progress freeze();
+  // Any thread: no update starts after this; returns where training stands. With `finish_by`, an update in
+  // progress is let end first (until then at most): the training thread's finish_step() then gives the step it
+  // ended.
+  Progress freeze(std::optional<std::chrono::steady_clock::time_point> finish_by = std::nullopt);
   Progress progress() const;
   bool frozen() const;
 
  private:
   mutable std::mutex mu_;
+  std::condition_variable finished_;
   // Until restore() or the first after_step() the state is no step's (restore may be copying a checkpoint in):
   // last words must not write it as one.
   Progress progress_{0, true};

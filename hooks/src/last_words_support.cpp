@@ -46,13 +46,17 @@ bool UpdateTracker::enter_update() {
 }
 
 void UpdateTracker::finish_step(std::uint64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
-  progress_ = {step, false};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    progress_ = {step, false};
+  }
+  finished_.notify_all();
 }
 
-UpdateTracker::Progress UpdateTracker::freeze() {
-  std::lock_guard<std::mutex> lock(mu_);
+UpdateTracker::Progress UpdateTracker::freeze(std::optional<std::chrono::steady_clock::time_point> finish_by) {
+  std::unique_lock<std::mutex> lock(mu_);
   frozen_ = true;
+  if (finish_by) finished_.wait_until(lock, *finish_by, [&] { return !progress_.mid_update; });
   return progress_;
 }
 

@@ -251,6 +251,28 @@ TEST_CASE("the update tracker freezes training outside an update", "[hooks][last
   CHECK(mid.freeze().mid_update);
 }
 
+TEST_CASE("the update tracker lets an update in progress end when asked, until a deadline", "[hooks][last_words]") {
+  UpdateTracker t;
+  t.finish_step(7);
+  REQUIRE(t.enter_update());
+  std::thread trainer([&] {
+    std::this_thread::sleep_for(100ms);
+    t.finish_step(8);
+  });
+  UpdateTracker::Progress p = t.freeze(std::chrono::steady_clock::now() + 5s);
+  trainer.join();
+  CHECK(p.step == 8);
+  CHECK_FALSE(p.mid_update);
+  CHECK_FALSE(t.enter_update());  // the next update does not start
+  UpdateTracker stuck;
+  stuck.finish_step(3);
+  REQUIRE(stuck.enter_update());
+  const auto t0 = std::chrono::steady_clock::now();
+  UpdateTracker::Progress q = stuck.freeze(t0 + 200ms);
+  CHECK(q.mid_update);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 200ms);
+}
+
 TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after the limit", "[hooks][last_words]") {
   TempDir dir;
   std::mutex mu;
@@ -529,6 +551,41 @@ TEST_CASE("last words: survivors of a DP2xTP2 job commit a terminal checkpoint t
   }
   CHECK(logs.has("loading the shard of rank 1"));
   for (Rank& r : again) CHECK(r.cp->close());
+}
+
+TEST_CASE("last words: pure DP survivors caught mid-update end the update and write that step",
+          "[hooks][last_words]") {
+  TempDir dir;
+  LogCapture logs;
+  {
+    Child child = spawn(dir.path(), 3, "dp=3", "lwmid", {2}, 7);
+    std::vector<Rank> ranks = make_ranks(dir.path(), 3, "dp=3", "lwmid", {0, 1});
+    for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+    REQUIRE(train(ranks, 0, 7));
+    // Both survivors are inside the update of step 8 when their peer dies: neither holds a step whole yet.
+    for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->before_update());
+    kill_child(child);
+    std::this_thread::sleep_for(300ms);
+    for (int r : {0, 1}) {
+      Rank& me = ranks[static_cast<std::size_t>(r)];
+      std::fill(me.state.begin(), me.state.end(), value_of(me.cp->config().coord, 8));
+      REQUIRE(me.cp->after_step(8));
+    }
+    REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{8}; }, 10s));
+    CHECK(store::read_manifest(dir.path(), 8)->kind == store::Kind::Terminal);
+    CHECK(logs.has("last words: let the update of step 8 end before reporting"));
+    CHECK(logs.has("last words: writing a terminal checkpoint at step 8"));
+    CHECK_FALSE(ranks[0].cp->before_update());  // training is stopped
+    for (Rank& r : ranks) {
+      if (r.cp) (void)r.cp->close();
+    }
+  }
+  std::vector<Rank> again = make_ranks(dir.path(), 3, "dp=3", "lwmid2");
+  for (const auto& got : restore_all(again)) CHECK(got.value() == 8);
+  for (Rank& r : again) {
+    CHECK(r.state.front() == value_of(r.cp->config().coord, 8));
+    CHECK(r.cp->close());
+  }
 }
 
 TEST_CASE("last words: a lost pipeline stage writes nothing", "[hooks][last_words]") {

@@ -305,6 +305,15 @@ TEST_CASE("last words: other layouts", "[last_words]") {
   }
 }
 
+TEST_CASE("last words: an update ends alone only under pure data parallelism", "[last_words]") {
+  CHECK(last_words::update_finishes_alone({4, 1, 1, false}));
+  CHECK(last_words::update_finishes_alone({1, 1, 1, false}));
+  CHECK_FALSE(last_words::update_finishes_alone({2, 2, 1, false}));  // a global gradient norm may span the TP group
+  CHECK_FALSE(last_words::update_finishes_alone({2, 1, 2, false}));  // or the stages
+  CHECK_FALSE(last_words::update_finishes_alone({4, 1, 1, true}));   // ZeRO-1 all-gathers the updated shards
+  CHECK_FALSE(last_words::update_finishes_alone({0, 1, 1, false}));
+}
+
 TEST_CASE("last words: bad reports write nothing", "[last_words]") {
   const Layout l{2, 2, 2, false};
   SECTION("good inputs") { CHECK(last_words::plan(l, healthy(l)).write); }

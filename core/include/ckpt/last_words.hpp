@@ -36,6 +36,13 @@ struct Plan {
   std::string summary;                // one line: the decision and its main reason
 };
 
+// Whether a survivor caught inside its update may finish it and report the step it ends, rather than be
+// disqualified as mid-update: its update must need no collective with a lost peer. True for pure data parallelism,
+// where every rank updates its own whole replica; false with tensor or pipeline parallelism or ZeRO-1, whose updates
+// may wait on a peer (a global gradient norm, the all-gather of updated shards). The wait is bounded; a survivor
+// whose update does not end in time reports mid-update as before.
+bool update_finishes_alone(const store::Layout& layout);
+
 // Decides. Reports must name distinct ranks in [0, world_size) with distinct coordinates inside the layout;
 // otherwise nothing is written and the reason names the bad report. Election is deterministic: for each stage the
 // lowest dp index whose group qualifies; every required state key is written exactly once.
