@@ -22,6 +22,7 @@
 #include "http.hpp"
 #include "log.hpp"
 #include "munge_auth.hpp"
+#include "events.hpp"
 #include "slurm_handles.hpp"
 
 namespace ckpt::run {
@@ -34,28 +35,16 @@ namespace {
 
 // An event of this job as sent from this node, by this run, now.
 rec::Event event_from_here(rec::EventType type, std::uint32_t job) {
-  rec::Event e;
-  e.type = type;
-  e.job_id = job;
   const char* restarts = std::getenv("SLURM_RESTART_COUNT");
   auto count = ckpt::parse_uint(restarts ? restarts : "0");
-  e.restart_count = count ? static_cast<std::uint32_t>(*count) : 0;
-  const char* node = std::getenv("SLURMD_NODENAME");
-  e.node = node ? node : "unknown";
-  e.uid = getuid();
-  e.time = ckpt::unix_seconds();
-  return e;
+  return ckpt::toolkit::event_from_here(type, job, count && *count <= 0xffffffffULL ? static_cast<std::uint32_t>(*count) : 0);
 }
 
-// Signs the event with MUNGE and POSTs it; `what` names it in the error lines.
+// Signs the event with MUNGE and POSTs it; `what` names it in the error line.
 void post_event(const std::string& url, const rec::Event& e, const std::string& what) {
-  auto cred = munge_encode_payload(rec::to_json(e), munge_socket_from_slurm());
-  if (!cred) {
-    log_error("cannot tell the controller about " + what + ": " + cred.error());
-    return;
+  if (Status s = ckpt::toolkit::post_event(url, e, munge_socket_from_slurm()); !s) {
+    log_error("cannot tell the controller about " + what + ": " + s.error());
   }
-  HttpResponse res = post_credential(url + "/v1/events", *cred, 2);
-  if (!res.ok()) log_error("the controller did not take " + what + ": " + (res.error.empty() ? res.body : res.error));
 }
 
 // The plan's lost ranks, and the nodes that lost all their ranks; false when none is listed or a rank has no known

@@ -1,14 +1,16 @@
 // ckpt export: a checkpoint's model weights as safetensors or a torch.save file, for tools that are not ours.
 //
-// The export streams: each shard it needs is read once, in file order, its checksum computed over the bytes as
-// they pass, and each tensor's bytes are written where the format puts them. Nothing is published unless every
-// checksum matched: the output is written under a temporary name beside OUT and renamed to OUT at the end, never
-// over an existing OUT. Memory stays at one read chunk whatever the checkpoint's size.
+// The export streams: it reads each model tensor's own range of its shard, checked against the range's checksum
+// (in a checkpoint whose ranges have none, the whole shard once, in file order, against the shard's), and writes
+// the bytes where the format puts them. Nothing is published unless every checksum matched: the output is
+// written under a temporary name beside OUT and renamed to OUT at the end, never over an existing OUT. Memory
+// stays at one read chunk whatever the checkpoint's size.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -71,41 +73,75 @@ ckpt::Result<posix::Fd> create_file(const std::string& path) {
   return posix::Fd(fd);
 }
 
-// Reads every shard the tensors come from once, writing each tensor's bytes to its placement. Fails on the first
-// shard whose size or checksum is wrong, or on a write error.
+// Writes the bytes of tensors `mine` (in file order) that a chunk of their shard holds to their placements.
+class Copier {
+ public:
+  Copier(const std::vector<weights::Tensor>& tensors, const std::vector<Placement>& placements,
+         std::vector<std::size_t> mine, std::string what)
+      : tensors_(tensors), placements_(placements), mine_(std::move(mine)), what_(std::move(what)) {}
+
+  bool on_chunk(std::uint64_t offset, const char* data, std::size_t size) {
+    const std::uint64_t end = offset + size;
+    for (std::size_t k = next_; k < mine_.size(); ++k) {
+      const weights::Tensor& t = tensors_[mine_[k]];
+      if (t.offset >= end) break;
+      const std::uint64_t from = std::max(offset, t.offset), to = std::min(end, t.offset + t.length);
+      if (from < to) {
+        const Placement& p = placements_[mine_[k]];
+        const char* bytes = data + (from - offset);
+        written_ = write_at(p.fd, bytes, to - from, p.at + (from - t.offset), what_);
+        if (!written_) return false;
+        if (p.entry != nullptr) {
+          p.entry->crc32 = static_cast<std::uint32_t>(
+              ::crc32_z(p.entry->crc32, reinterpret_cast<const Bytef*>(bytes), static_cast<z_size_t>(to - from)));
+        }
+      }
+      if (t.offset + t.length <= end && k == next_) ++next_;
+    }
+    return true;
+  }
+  const Status& written() const { return written_; }
+
+ private:
+  const std::vector<weights::Tensor>& tensors_;
+  const std::vector<Placement>& placements_;
+  const std::vector<std::size_t> mine_;
+  const std::string what_;
+  std::size_t next_ = 0;
+  Status written_;
+};
+
+// Reads what the tensors need of each shard they come from, once: the tensors' own ranges where each records its
+// checksum (none of the rest of the shard is read), else the whole shard in file order, its checksum computed as
+// it passes. Fails on the first range or shard whose size or checksum is wrong, or on a write error.
 Status copy_tensors(const std::string& dir, const store::Manifest& manifest, const std::vector<weights::Tensor>& tensors,
-                    const std::vector<Placement>& placements, const std::string& what) {
+                    const std::vector<Placement>& placements, const std::string& what, std::uint64_t& bytes_read) {
   for (std::size_t shard : weights::shards_read(tensors)) {
     const store::ShardRecord& record = manifest.shards[shard];
     std::vector<std::size_t> mine;  // in file order (model_tensors sorts each shard's tensors by offset)
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       if (tensors[i].shard == shard) mine.push_back(i);
     }
-    std::size_t next = 0;
-    Status written;
+    Copier copier(tensors, placements, mine, what);
     store::ShardSink sink = [&](std::uint64_t offset, const char* data, std::size_t size) {
-      const std::uint64_t end = offset + size;
-      for (std::size_t k = next; k < mine.size(); ++k) {
-        const weights::Tensor& t = tensors[mine[k]];
-        if (t.offset >= end) break;
-        const std::uint64_t from = std::max(offset, t.offset), to = std::min(end, t.offset + t.length);
-        if (from < to) {
-          const Placement& p = placements[mine[k]];
-          const char* bytes = data + (from - offset);
-          written = write_at(p.fd, bytes, to - from, p.at + (from - t.offset), what);
-          if (!written) return false;
-          if (p.entry != nullptr) {
-            p.entry->crc32 = static_cast<std::uint32_t>(
-                ::crc32_z(p.entry->crc32, reinterpret_cast<const Bytef*>(bytes), static_cast<z_size_t>(to - from)));
-          }
-        }
-        if (t.offset + t.length <= end && k == next) ++next;
-      }
-      return true;
+      return copier.on_chunk(offset, data, size);
     };
-    store::ShardRead read = store::stream_shard(dir, manifest.step, record, sink);
-    if (!written) return written;
-    if (!read.status) return read.status;
+    const bool by_range = std::all_of(mine.begin(), mine.end(), [&](std::size_t i) { return tensors[i].checksum; });
+    if (!by_range) {
+      store::ShardRead read = store::stream_shard(dir, manifest.step, record, sink);
+      bytes_read += read.bytes;
+      if (!copier.written()) return copier.written();
+      if (!read.status) return read.status;
+      continue;
+    }
+    for (std::size_t i : mine) {
+      const weights::Tensor& t = tensors[i];
+      const store::StateRange range{std::string(weights::kModelPrefix) + t.name, t.offset, t.length, {}, t.checksum};
+      store::ShardRead read = store::stream_range(dir, manifest.step, record, range, sink);
+      bytes_read += read.bytes;
+      if (!copier.written()) return copier.written();
+      if (!read.status) return read.status;
+    }
   }
   return Status::success();
 }
@@ -125,7 +161,7 @@ Status sync_dir(const std::string& path) {
 // safetensors: OUT is a directory of one file or of several and their index.
 Status export_safetensors(const std::string& dir, const store::Manifest& manifest,
                           const std::vector<weights::Tensor>& tensors, std::uint64_t max_file,
-                          const std::string& temp, std::size_t& files_written) {
+                          const std::string& temp, std::size_t& files_written, std::uint64_t& bytes_read) {
   if (::mkdir(temp.c_str(), 0755) != 0) return Status::failure("cannot create " + temp + ": " + posix::errno_text(errno));
   const std::vector<std::pair<std::string, std::string>> metadata = {
       {"format", "pt"}, {"step", std::to_string(manifest.step)}, {"source", "slurm-ckpt"}};
@@ -148,7 +184,7 @@ Status export_safetensors(const std::string& dir, const store::Manifest& manifes
     }
     fds.push_back(std::move(fd).value());
   }
-  if (Status s = copy_tensors(dir, manifest, tensors, placements, "the safetensors output"); !s) return s;
+  if (Status s = copy_tensors(dir, manifest, tensors, placements, "the safetensors output", bytes_read); !s) return s;
   for (std::size_t f = 0; f < fds.size(); ++f) {
     if (Status s = sync_and_close(fds[f], files[f].name); !s) return s;
   }
@@ -165,7 +201,7 @@ Status export_safetensors(const std::string& dir, const store::Manifest& manifes
 
 // torch: OUT is one file in torch.save's zip layout.
 Status export_torch(const std::string& dir, const store::Manifest& manifest, const std::vector<weights::Tensor>& tensors,
-                    const std::string& temp) {
+                    const std::string& temp, std::uint64_t& bytes_read) {
   auto fd = create_file(temp);
   if (!fd) return Status::failure(fd.error());
   const std::string archive = "archive/";
@@ -191,7 +227,7 @@ Status export_torch(const std::string& dir, const store::Manifest& manifest, con
   if (Status s = write_at(fd->get(), version.data(), version.size(), data_at(entries.back()), "version"); !s) return s;
   std::vector<Placement> placements(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) placements[i] = {fd->get(), data_at(entries[i + 1]), &entries[i + 1]};
-  if (Status s = copy_tensors(dir, manifest, tensors, placements, "the torch output"); !s) return s;
+  if (Status s = copy_tensors(dir, manifest, tensors, placements, "the torch output", bytes_read); !s) return s;
   // The headers last, now that every CRC is known (a header's length does not depend on its CRC).
   for (const weights::ZipEntry& e : entries) {
     std::string header = weights::zip_local_header(e);
@@ -263,25 +299,30 @@ int run_export(const ExportArgs& args) {
   }
   const std::string temp = args.out + ".partial-" + posix::random_suffix();
   std::size_t files = 1;
+  std::uint64_t bytes_read = 0;
   Status done = args.format == "safetensors"
-                    ? export_safetensors(args.dir, *manifest, *tensors, max_file, temp, files)
-                    : export_torch(args.dir, *manifest, *tensors, temp);
+                    ? export_safetensors(args.dir, *manifest, *tensors, max_file, temp, files, bytes_read)
+                    : export_torch(args.dir, *manifest, *tensors, temp, bytes_read);
   if (done && std::filesystem::exists(args.out, ec)) done = Status::failure(args.out + " appeared meanwhile");
   if (done && ::rename(temp.c_str(), args.out.c_str()) != 0) {
     done = Status::failure("cannot rename " + temp + " to " + args.out + ": " + posix::errno_text(errno));
   }
   if (!done) {
     std::filesystem::remove_all(temp, ec);
-    error_line("export: step " + std::to_string(manifest->step) + ": " + done.error() + "; nothing written");
+    error_line("export: " + done.error() + "; nothing written");  // the store's errors name the step
     return kExitNo;
   }
   std::filesystem::path parent = std::filesystem::absolute(args.out, ec).parent_path();
   (void)sync_dir(parent.string());
   std::uint64_t bytes = 0;
   for (const weights::Tensor& t : *tensors) bytes += t.length;
-  std::printf("exported step %llu: %zu tensors, %llu bytes, %s in %zu file%s: %s\n",
+  std::uint64_t total = 0;
+  for (const store::ShardRecord& r : manifest->shards) total += r.size;
+  std::printf("exported step %llu: %zu tensors, %llu bytes, %s in %zu file%s: %s (read %llu of the checkpoint's %llu "
+              "bytes)\n",
               static_cast<unsigned long long>(manifest->step), tensors->size(), static_cast<unsigned long long>(bytes),
-              args.format.c_str(), files, files == 1 ? "" : "s", args.out.c_str());
+              args.format.c_str(), files, files == 1 ? "" : "s", args.out.c_str(),
+              static_cast<unsigned long long>(bytes_read), static_cast<unsigned long long>(total));
   return 0;
 }
 

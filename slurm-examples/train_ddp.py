@@ -43,6 +43,8 @@ def parse_args():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--log-time", action="store_true", help="end each step line with t=<unix seconds> (benchmarks)")
+    p.add_argument("--zero1", action="store_true",
+                   help="shard the optimizer state across ranks (torch's ZeroRedundancyOptimizer over AdamW)")
     p.add_argument("--extra-mib", type=int, default=0,
                    help="MiB of float32 parameters more, trained like the rest (benchmarks at realistic state sizes)")
     return p.parse_args()
@@ -86,6 +88,11 @@ def build(args):
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = TinyTransformer(args.vocab, args.d_model, args.layers, args.seq_len, args.extra_mib)
+    if args.zero1:  # each rank keeps AdamW's state of its own partition of the parameters (ZeRO-1)
+        if not dist.is_initialized():
+            raise SystemExit("train_ddp: --zero1 needs the process group first (not with ckpt-run --spares)")
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=3e-3)
     return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
 
 

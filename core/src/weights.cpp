@@ -76,6 +76,7 @@ Result<Tensor> tensor_of(const store::StateRange& range, std::size_t shard, std:
   t.shard = shard;
   t.offset = range.offset;
   t.length = range.length;
+  t.checksum = range.checksum;
   return t;
 }
 

@@ -1,12 +1,9 @@
 // Straggler detection at run time (pace.hpp).
 #include "pace.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 
 #include <xxhash.h>
 
@@ -15,9 +12,8 @@
 #include "ckpt/format.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
-#include "http.hpp"
+#include "events.hpp"
 #include "log.hpp"
-#include "munge_auth.hpp"
 
 namespace ckpt::hooks {
 
@@ -233,20 +229,15 @@ void PaceTree::report(const straggler::Flag& flag, const std::string& node) {
   if (!told || reports_.size() >= kMaxQueuedReports) return;
   auto job = parse_uint(config_.job_id);
   if (!job) return;
-  ckpt::recovery::Event e;
-  e.type = ckpt::recovery::EventType::SlowNode;
-  e.job_id = static_cast<std::uint32_t>(*job);
-  e.restart_count = static_cast<std::uint32_t>(config_.restart_count);
-  const char* here = std::getenv("SLURMD_NODENAME");
-  e.node = here != nullptr ? here : "unknown";
-  e.uid = static_cast<std::uint32_t>(getuid());
-  e.time = unix_seconds();
+  ckpt::recovery::Event e = toolkit::event_from_here(ckpt::recovery::EventType::SlowNode,
+                                                     static_cast<std::uint32_t>(*job),
+                                                     static_cast<std::uint32_t>(config_.restart_count));
   e.slow_node = node;
   e.score = flag.score;
   // The controller's vocabulary: a swapped node leaves the job too.
   e.action = exclude ? ckpt::recovery::kSlowNodeExclude : ckpt::recovery::kSlowNodeReport;
   e.detail = what;
-  reports_.push_back(ckpt::recovery::to_json(e));
+  reports_.push_back(std::move(e));
   reports_cv_.notify_all();
 }
 
@@ -255,18 +246,11 @@ void PaceTree::reporter_loop() {
   for (;;) {
     reports_cv_.wait(lock, [&] { return stopping_ || !reports_.empty(); });
     if (reports_.empty()) return;
-    const std::string body = std::move(reports_.front());
+    const ckpt::recovery::Event event = std::move(reports_.front());
     reports_.pop_front();
     lock.unlock();
-    auto cred = toolkit::munge_encode_payload(body, config_.munge_socket);
-    if (!cred) {
-      log::warn(config_.rank, "straggler: cannot sign the report to the controller: " + cred.error());
-    } else {
-      toolkit::HttpResponse res = toolkit::post_credential(config_.controller_url + "/v1/events", *cred, 2);
-      if (!res.ok()) {
-        log::warn(config_.rank, "straggler: the controller did not take the report: " +
-                                    ckpt::printable(res.error.empty() ? res.body : res.error));
-      }
+    if (Status s = toolkit::post_event(config_.controller_url, event, config_.munge_socket); !s) {
+      log::warn(config_.rank, "straggler: the report to the controller failed: " + ckpt::printable(s.error()));
     }
     lock.lock();
   }

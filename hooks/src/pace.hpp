@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "ckpt/hooks.hpp"
+#include "ckpt/recovery.hpp"
 #include "ckpt/straggler.hpp"
 #include "heartbeat.hpp"
 
@@ -112,7 +113,7 @@ class PaceTree {
   int flags_ = 0;                                // guarded by mu_
 
   std::condition_variable reports_cv_;
-  std::deque<std::string> reports_;              // guarded by mu_: events' JSON, for the reporter thread
+  std::deque<ckpt::recovery::Event> reports_;    // guarded by mu_: slow-node events, for the reporter thread
   bool stopping_ = false;                        // guarded by mu_
   std::thread reporter_;
 };

@@ -8,11 +8,14 @@ and an empty tensor, trained a few steps with Adam and checkpointed by slurm_ckp
 - torch: stock torch.load(weights_only=True), then load_state_dict: bitwise equal, keys in the model's order.
 - An older step by --step; a byte flipped in a model tensor's bytes refused with one "ckpt:" line and nothing
   written; an existing OUT never replaced; an incomplete step refused.
+- Only the weights' own ranges are read, each against its own checksum: a byte flipped in the optimizer state
+  does not stop the export (--verify-all does); a checkpoint whose ranges have no checksums is read whole.
 - A checkpoint of 290 MiB exports through a process held to 160 MiB of address space (it streams)."""
 import ctypes
 import glob
 import json
 import os
+import re
 import resource
 import struct
 import subprocess
@@ -181,19 +184,7 @@ class Export(unittest.TestCase):
         self.assertIn("--format 'onnx'", r.stderr)
 
     def test_a_flipped_byte_is_refused(self):
-        root = os.path.join(self.tmp, "flipped")
-        subprocess.run(["cp", "-a", self.root, root], check=True)
-        step_dir = os.path.join(root, "%012d" % 6)
-        with open(os.path.join(step_dir, "MANIFEST.json")) as f:
-            manifest = json.load(f)
-        shard = manifest["shards"][0]
-        region = next(s for s in shard["states"] if s["name"] == "model/lin.weight")
-        path = os.path.join(step_dir, shard["file"])
-        with open(path, "r+b") as f:
-            f.seek(region["offset"] + 5)
-            b = f.read(1)
-            f.seek(region["offset"] + 5)
-            f.write(bytes([b[0] ^ 0x10]))
+        root, _ = self.flipped_copy("flipped", "model/lin.weight")
         for fmt, out in (("safetensors", "flip-st"), ("torch", "flip.pt")):
             r = run_cli("export", root, "--step", "6", "--format", fmt, "-o", self.out(out))
             self.assertEqual(r.returncode, 1, r.stderr)
@@ -202,6 +193,60 @@ class Export(unittest.TestCase):
             self.assertIn("nothing written", r.stderr)
             self.assertFalse(os.path.exists(self.out(out)))
             self.assertEqual(glob.glob(self.out(out) + ".partial-*"), [])
+
+    def flipped_copy(self, name, region_name):
+        """A copy of the checkpoint with one byte of `region_name` in rank 0's shard of step 6 flipped."""
+        root = os.path.join(self.tmp, name)
+        subprocess.run(["cp", "-a", self.root, root], check=True)
+        step_dir = os.path.join(root, "%012d" % 6)
+        with open(os.path.join(step_dir, "MANIFEST.json")) as f:
+            shard = json.load(f)["shards"][0]
+        region = next(s for s in shard["states"] if s["name"] == region_name)
+        with open(os.path.join(step_dir, shard["file"]), "r+b") as f:
+            f.seek(region["offset"] + region["length"] // 2)
+            b = f.read(1)
+            f.seek(region["offset"] + region["length"] // 2)
+            f.write(bytes([b[0] ^ 0x10]))
+        return root, shard
+
+    def test_only_the_weights_are_read(self):
+        """Each tensor's range is checked on its own: the optimizer state is not read, and a byte flipped there
+        does not stop an export of intact weights; --verify-all refuses it."""
+        optim = next(s["name"] for s in self.flipped_copy("probe", "model/lin.weight")[1]["states"]
+                     if s["name"].startswith("optim/") and s["length"] > 16)
+        root, shard = self.flipped_copy("optim-flipped", optim)
+        r = run_cli("export", root, "--format", "torch", "-o", self.out("intact.pt"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        read, total = map(int, re.search(r"read (\d+) of the checkpoint's (\d+) bytes", r.stdout).groups())
+        weights = sum(len(raw(t)) for t in self.saved[6].values())
+        self.assertEqual(read, weights)
+        self.assertLess(read, total)
+        self.assert_bitwise(torch.load(self.out("intact.pt"), weights_only=True), 6)
+        r = run_cli("export", root, "--verify-all", "--format", "torch", "-o", self.out("all.pt"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("checksum mismatch", r.stderr)
+        self.assertFalse(os.path.exists(self.out("all.pt")))
+
+    def test_a_checkpoint_without_range_checksums_is_read_whole(self):
+        root = os.path.join(self.tmp, "older")
+        subprocess.run(["cp", "-a", self.root, root], check=True)
+        step_dir = os.path.join(root, "%012d" % 6)
+        for name in os.listdir(step_dir):
+            if name == "MANIFEST.json" or name.endswith(".rec"):
+                path = os.path.join(step_dir, name)
+                with open(path) as f:
+                    doc = json.load(f)
+                for shard in doc.get("shards", [doc]):
+                    for s in shard["states"]:
+                        s.pop("checksum", None)
+                with open(path, "w") as f:
+                    json.dump(doc, f)
+        r = run_cli("export", root, "--step", "6", "--format", "torch", "-o", self.out("older.pt"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        read, _ = map(int, re.search(r"read (\d+) of the checkpoint's (\d+) bytes", r.stdout).groups())
+        with open(os.path.join(step_dir, "MANIFEST.json")) as f:
+            self.assertEqual(read, json.load(f)["shards"][0]["size"])
+        self.assert_bitwise(torch.load(self.out("older.pt"), weights_only=True), 6)
 
     def test_larger_than_its_address_space(self):
         """About 290 MiB of weights through an export held to 160 MiB of address space."""

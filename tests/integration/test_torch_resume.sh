@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Real training resumes bitwise: slurm-examples/train_ddp.py on 2 local ranks (torchrun-style environment, gloo on
 # CPU) runs uninterrupted; a second run in a fresh dir is SIGKILLed (both ranks) after a checkpoint has committed,
-# then run again to the end. The final weights of both runs must be identical, byte for byte.
+# then run again to the end. The final weights of both runs must be identical, byte for byte. Twice: with AdamW on
+# every rank, and with ZeRO-1 (--zero1: torch's ZeroRedundancyOptimizer), where each rank's shard must hold the
+# optimizer state of its own partition only.
 set -euo pipefail
 SRC=${CKPT_SOURCE_DIR:?}
 : "${CKPT_BUILD_DIR:?}"
@@ -49,47 +51,66 @@ wait_ranks() {
 }
 
 
-mkdir -p "$work/straight" "$work/killed"
+# resume_round LABEL [train_ddp args...]: the uninterrupted run, the killed one, its rerun, the weights compared.
+resume_round() {
+  mkdir -p "$work/$1-straight" "$work/$1-killed"
 
-echo "test_torch_resume: uninterrupted run of $STEPS steps"
-start_ranks straight
-wait_ranks straight
-[ -s "$work/straight/final.bin" ] || { echo "test_torch_resume: the uninterrupted run wrote no weights" >&2; exit 1; }
+  echo "test_torch_resume: $1: uninterrupted run of $STEPS steps"
+  start_ranks "$1-straight" "${@:2}"
+  wait_ranks "$1-straight"
+  [ -s "$work/$1-straight/final.bin" ] || { echo "test_torch_resume: $1: the uninterrupted run wrote no weights" >&2; exit 1; }
 
-echo "test_torch_resume: second run, SIGKILLed after a checkpoint has committed"
-start_ranks killed --step-sleep 0.1
-deadline=$((SECONDS + 240))
-until [ "$(latest_step "$work/killed/ckpt")" -ge 20 ]; do
-  if [ $SECONDS -ge $deadline ]; then echo "test_torch_resume: no checkpoint committed in time" >&2; exit 1; fi
-  sleep 0.1
-done
-kill -9 "${pids[@]}"
-{ wait "${pids[@]}"; } 2>/dev/null || true
-for p in "${pids[@]}"; do
-  if kill -0 "$p" 2>/dev/null; then echo "test_torch_resume: rank pid $p survived SIGKILL" >&2; exit 1; fi
-done
-pids=()
-killed_at=$(latest_step "$work/killed/ckpt")
-if [ -e "$work/killed/final.bin" ] || [ "$killed_at" -ge $STEPS ]; then
-  echo "test_torch_resume: the run finished before it was killed; nothing was tested" >&2
-  exit 1
-fi
-[ -f "$work/killed/ckpt/$(cat "$work/killed/ckpt/latest")/MANIFEST.json" ] ||
-  { echo "test_torch_resume: latest names a checkpoint without a manifest" >&2; exit 1; }
-echo "test_torch_resume: killed with step $killed_at committed"
+  echo "test_torch_resume: $1: second run, SIGKILLed after a checkpoint has committed"
+  start_ranks "$1-killed" --step-sleep 0.1 "${@:2}"
+  deadline=$((SECONDS + 240))
+  until [ "$(latest_step "$work/$1-killed/ckpt")" -ge 20 ]; do
+    if [ $SECONDS -ge $deadline ]; then echo "test_torch_resume: $1: no checkpoint committed in time" >&2; exit 1; fi
+    sleep 0.1
+  done
+  kill -9 "${pids[@]}"
+  { wait "${pids[@]}"; } 2>/dev/null || true
+  for p in "${pids[@]}"; do
+    if kill -0 "$p" 2>/dev/null; then echo "test_torch_resume: $1: rank pid $p survived SIGKILL" >&2; exit 1; fi
+  done
+  pids=()
+  killed_at=$(latest_step "$work/$1-killed/ckpt")
+  if [ -e "$work/$1-killed/final.bin" ] || [ "$killed_at" -ge $STEPS ]; then
+    echo "test_torch_resume: $1: the run finished before it was killed; nothing was tested" >&2
+    exit 1
+  fi
+  [ -f "$work/$1-killed/ckpt/$(cat "$work/$1-killed/ckpt/latest")/MANIFEST.json" ] ||
+    { echo "test_torch_resume: $1: latest names a checkpoint without a manifest" >&2; exit 1; }
+  echo "test_torch_resume: $1: killed with step $killed_at committed"
 
-echo "test_torch_resume: rerun to the end"
-start_ranks killed
-wait_ranks killed
-resumed=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\).*/\1/p' "$work/killed/rank0.log")
-if [ -z "$resumed" ] || [ "$resumed" -lt "$killed_at" ]; then
-  echo "test_torch_resume: the rerun did not resume from step $killed_at (log says '${resumed:-nothing}')" >&2
-  cat "$work/killed/rank0.log" >&2
-  exit 1
-fi
+  echo "test_torch_resume: $1: rerun to the end"
+  start_ranks "$1-killed" "${@:2}"
+  wait_ranks "$1-killed"
+  resumed=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\).*/\1/p' "$work/$1-killed/rank0.log")
+  if [ -z "$resumed" ] || [ "$resumed" -lt "$killed_at" ]; then
+    echo "test_torch_resume: $1: the rerun did not resume from step $killed_at (log says '${resumed:-nothing}')" >&2
+    cat "$work/$1-killed/rank0.log" >&2
+    exit 1
+  fi
 
-if ! cmp "$work/straight/final.bin" "$work/killed/final.bin"; then
-  echo "test_torch_resume: final weights differ after a kill and resume from step $resumed" >&2
-  exit 1
-fi
-echo "test_torch_resume: resumed from step $resumed; final weights identical ($(cat "$work/killed/final.bin.sha256"))"
+  if ! cmp "$work/$1-straight/final.bin" "$work/$1-killed/final.bin"; then
+    echo "test_torch_resume: $1: final weights differ after a kill and resume from step $resumed" >&2
+    exit 1
+  fi
+  echo "test_torch_resume: $1: resumed from step $resumed; final weights identical ($(cat "$work/$1-killed/final.bin.sha256"))"
+}
+
+resume_round adamw
+
+resume_round zero1 --zero1
+# ZeRO-1: the manifest says so, and the two shards split AdamW's state between them, none holding all of it.
+"$PY" - "$work/zero1-killed/ckpt" <<'PYCHECK' || { echo "test_torch_resume: zero1: the shards do not split the optimizer state" >&2; exit 1; }
+import json, os, sys
+root = sys.argv[1]
+m = json.load(open(os.path.join(root, open(os.path.join(root, "latest")).read().strip(), "MANIFEST.json")))
+assert m["layout"]["zero1"] is True, m["layout"]
+optim = [sum(s["length"] for s in shard["states"] if s["name"].startswith("optim/")) for shard in m["shards"]]
+model = sum(s["length"] for s in m["shards"][0]["states"] if s["name"].startswith("model/") and s["meta"].get("kind") == "param")
+assert len(optim) == 2 and all(0 < o < 2 * model for o in optim), (optim, model)
+assert sum(optim) >= 2 * model, (optim, model)  # exp_avg and exp_avg_sq of every parameter, across both
+print(f"test_torch_resume: zero1: optimizer state {optim[0]} + {optim[1]} bytes across the ranks, parameters {model}")
+PYCHECK

@@ -17,8 +17,8 @@ ShardRecord sample_record(int rank) {
   r.file = shard_file_name(rank);
   r.size = 300;
   r.checksum = 0xfedcba9876543210ULL;
-  r.states = {{"model", 0, 100, {{"dtype", "bf16"}, {"shape", {10, 5}}}},
-              {"optim", 100, 200, nlohmann::json::object()}};
+  r.states = {{"model", 0, 100, {{"dtype", "bf16"}, {"shape", {10, 5}}}, 0x0123456789abcdefULL},
+              {"optim", 100, 200, nlohmann::json::object(), std::nullopt}};
   r.covers = {"model/pp0/tp0", "optim/pp0/tp0"};
   return r;
 }
@@ -84,6 +84,8 @@ TEST_CASE("shard records round-trip and reject bad input", "[store][records]") {
     REQUIRE(back->states.size() == 2);
     CHECK(back->states[0].name == "model");
     CHECK(back->states[0].meta["shape"] == nlohmann::json({10, 5}));
+    CHECK(back->states[0].checksum == 0x0123456789abcdefULL);  // a range's own checksum
+    CHECK_FALSE(back->states[1].checksum);                       // none: an older record
     CHECK(back->states[1].offset == 100);
     CHECK(back->covers == r.covers);
   }
@@ -101,6 +103,7 @@ TEST_CASE("shard records round-trip and reject bad input", "[store][records]") {
         {"checksum", [](auto& j) { j["checksum"] = "xyz"; }},
         {"checksum", [](auto& j) { j["checksum"] = "FEDCBA9876543210"; }},
         {"checksum", [](auto& j) { j["checksum"] = 12; }},
+        {"states[0].checksum", [](auto& j) { j["states"][0]["checksum"] = "0123"; }},
         {"past the shard size", [](auto& j) { j["states"][1]["length"] = 201; }},
         {"past the shard size", [](auto& j) { j["states"][1]["offset"] = 18446744073709551615ULL; }},
         {"duplicate", [](auto& j) { j["states"][1]["name"] = "model"; }},

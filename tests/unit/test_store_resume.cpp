@@ -210,6 +210,68 @@ TEST_CASE("read_shard reads each byte once and checks it as it reads", "[store][
   }
 }
 
+TEST_CASE("read_range and stream_range read one range, checked against its own checksum", "[store][resume]") {
+  TempDir t;
+  const std::string root = t.path();
+  std::vector<char> a(300'000, 'a'), b(500'000);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<char>(i % 253);
+  {
+    auto w = ShardWriter::open(root, 5, 0);
+    REQUIRE(w.ok());
+    REQUIRE(w->append("optim", a.data(), a.size()).ok());
+    REQUIRE(w->append("model", b.data(), b.size()).ok());
+    REQUIRE(w->finish().ok());
+    Manifest m;
+    m.step = 5;
+    m.ranks = {m.layout.coord_of(0)};
+    REQUIRE(commit(root, m).ok());
+  }
+  ShardRecord record = read_manifest(root, 5)->shards.at(0);
+  REQUIRE(record.states.size() == 2);
+  const StateRange& model = record.states[1];
+  REQUIRE(model.checksum);
+  CHECK(parse_shard_record(to_json(record))->states[1].checksum == model.checksum);  // recorded, read back
+  std::vector<char> into(model.length);
+
+  SECTION("its bytes, and no other byte of the shard read") {
+    std::uint64_t before = thread_rchar();
+    ShardRead read = read_range(root, 5, record, model, into.data());
+    REQUIRE(read.status.ok());
+    CHECK(read.bytes == model.length);
+    CHECK(thread_rchar() - before < model.length + 1024);
+    CHECK(into == b);
+  }
+  SECTION("a byte flipped inside it fails it; one flipped in another range does not") {
+    flip_byte(shard_path(t, 5, 0), 1000);  // in "optim"
+    CHECK(read_range(root, 5, record, model, into.data()).status.ok());
+    CHECK_FALSE(read_shard(root, 5, record, std::vector<char>(record.size).data()).status.ok());
+    flip_byte(shard_path(t, 5, 0), model.offset + 4242);
+    ShardRead read = read_range(root, 5, record, model, into.data());
+    CHECK(read.definite);
+    CHECK_THAT(read.status.error(), Catch::Contains("range 'model': checksum mismatch"));
+  }
+  SECTION("streamed in chunks at their offsets in the file") {
+    std::vector<char> got;
+    std::uint64_t expect = model.offset;
+    ShardRead read = stream_range(root, 5, record, model, [&](std::uint64_t offset, const char* data, std::size_t n) {
+      CHECK(offset == expect);
+      expect += n;
+      got.insert(got.end(), data, data + n);
+      return true;
+    });
+    REQUIRE(read.status.ok());
+    CHECK(got == b);
+  }
+  SECTION("a range without a checksum of its own (an older checkpoint) is refused, not trusted") {
+    StateRange older = model;
+    older.checksum.reset();
+    ShardRead read = read_range(root, 5, record, older, into.data());
+    CHECK_FALSE(read.status.ok());
+    CHECK_FALSE(read.definite);
+    CHECK_THAT(read.status.error(), Catch::Contains("no checksum of its own"));
+  }
+}
+
 TEST_CASE("read_record: one rank's record, checked against its name", "[store][resume]") {
   TempDir t;
   save(t.path(), 100);

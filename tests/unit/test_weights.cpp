@@ -21,7 +21,7 @@ store::StateRange tensor(std::string name, std::uint64_t offset, const char* dty
                          std::uint64_t element) {
   std::uint64_t length = element;
   for (int d : shape) length *= static_cast<std::uint64_t>(d);
-  return {std::move(name), offset, length, {{"dtype", dtype}, {"shape", shape}, {"kind", "param"}}};
+  return {std::move(name), offset, length, {{"dtype", dtype}, {"shape", shape}, {"kind", "param"}}, std::nullopt};
 }
 
 // A DP=3 checkpoint: every rank holds the whole model (w 2x3 float32, b 3 bf16) and its optimizer state, the
@@ -39,7 +39,7 @@ store::Manifest dp3() {
     s.size = 4096;
     s.states = {tensor("model/b", 24, "bfloat16", {3}, 2), tensor("model/w", 0, "float32", {2, 3}, 4),
                 tensor("optim/0/exp_avg", 64, "float32", {2, 3}, 4),
-                {"extra", 200, 10, json::object()}};
+                {"extra", 200, 10, json::object(), std::nullopt}};
     s.covers = {"model/pp0/tp0", "optim/pp0/tp0"};
     m.shards.push_back(s);
   }

@@ -34,6 +34,9 @@ struct StateRange {
   std::uint64_t offset = 0;
   std::uint64_t length = 0;
   nlohmann::json meta = nlohmann::json::object();
+  // XXH3-64 of the range's own bytes: a reader of some ranges of a shard checks what it read without reading the
+  // rest (read_range). Absent in checkpoints written before it existed.
+  std::optional<std::uint64_t> checksum;
 };
 
 // What one writer put in one shard file.
@@ -334,12 +337,22 @@ struct ShardReadOptions {
 ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRecord& record, void* dest,
                      const ShardReadOptions& options = {});
 
+// Reads one range of `record`'s shard of `step` into `dest` (range.length bytes) and checks it against the range's
+// own checksum; the shard's size is checked against the record too. A range without a checksum (an older
+// checkpoint) is refused: only the whole shard's checksum can vouch for it (read_shard, stream_shard).
+ShardRead read_range(const std::string& root, std::uint64_t step, const ShardRecord& record, const StateRange& range,
+                     void* dest, const ShardReadOptions& options = {});
+
 // Reads `record`'s shard of `step` in file order through `sink`, in chunks of at most 8 MiB (their offset in the
 // file, their bytes), with the size and checksum checks of read_shard: the sink sees every byte once, and only a
 // success says they were the checkpoint's. A sink that returns false ends the read (a failure, not definite).
 using ShardSink = std::function<bool(std::uint64_t offset, const char* data, std::size_t size)>;
 ShardRead stream_shard(const std::string& root, std::uint64_t step, const ShardRecord& record, const ShardSink& sink,
                        const ShardReadOptions& options = {});
+// One range of the shard through `sink` (offsets in the file), checked against the range's own checksum, as
+// read_range reads it.
+ShardRead stream_range(const std::string& root, std::uint64_t step, const ShardRecord& record, const StateRange& range,
+                       const ShardSink& sink, const ShardReadOptions& options = {});
 
 // Reads a shard's records back for a restore; the caller verifies first (see verify / resolve_resume).
 Result<std::vector<ShardRecord>> read_records(const std::string& root, std::uint64_t step);

@@ -17,6 +17,7 @@
 //                its pickle an OrderedDict of torch._utils._rebuild_tensor_v2 calls that
 //                torch.load(weights_only=True) accepts.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,7 @@ struct Tensor {
   std::size_t shard = 0;             // index into Manifest::shards
   std::uint64_t offset = 0;          // in the shard file
   std::uint64_t length = 0;          // bytes: the product of the shape times the element size
+  std::optional<std::uint64_t> checksum;  // the region's own, where the checkpoint records one
 };
 
 // The model tensors of a checkpoint, in each shard's file order (shards in rank order). An error names what

@@ -120,7 +120,9 @@ std::uint64_t parse_hex64(const std::string& text, const std::string& what) {
 json record_to_json(const ShardRecord& r) {
   json states = json::array();
   for (const StateRange& s : r.states) {
-    states.push_back({{"name", s.name}, {"offset", s.offset}, {"length", s.length}, {"meta", s.meta}});
+    json range = {{"name", s.name}, {"offset", s.offset}, {"length", s.length}, {"meta", s.meta}};
+    if (s.checksum) range["checksum"] = hex64(*s.checksum);
+    states.push_back(std::move(range));
   }
   return {{"rank", r.rank},   {"file", r.file},     {"size", r.size}, {"checksum", hex64(r.checksum)},
           {"states", states}, {"covers", r.covers}};
@@ -151,6 +153,7 @@ ShardRecord record_from_json(const json& j, const std::string& where) {
       fail(at + " '" + range.name + "': range ends past the shard size " + std::to_string(r.size));
     }
     if (auto meta = s.find("meta"); meta != s.end()) range.meta = *meta;
+    if (s.contains("checksum")) range.checksum = parse_hex64(get_string(s, "checksum", at), at + "checksum");
     r.states.push_back(std::move(range));
   }
   std::set<std::string> keys;

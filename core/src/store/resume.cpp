@@ -42,12 +42,12 @@ bool is_transient(int err) {
 // set to an errno for read_shard to retry or report.
 class ShardReader {
  public:
-  // Reads into `dest` (record.size bytes), or through `sink` in chunks when dest is null.
+  // Reads bytes [begin, end) of the shard into `dest`, or through `sink` in chunks when dest is null.
   ShardReader(int root_fd, std::uint64_t step, const ShardRecord& record, void* dest, const ShardSink* sink,
-              const ShardReadOptions& options, XXH3_state_t* state)
+              const ShardReadOptions& options, XXH3_state_t* state, std::uint64_t begin, std::uint64_t end)
       : root_fd_(root_fd), step_(step), record_(record), dest_(static_cast<char*>(dest)), sink_(sink),
-        options_(options), state_(state) {
-    if (dest_ == nullptr) chunk_.resize(static_cast<std::size_t>(std::min(record_.size, kReadChunk)));
+        options_(options), state_(state), begin_(begin), end_(end), done_(begin) {
+    if (dest_ == nullptr) chunk_.resize(static_cast<std::size_t>(std::min(end_ - begin_, kReadChunk)));
   }
 
   // Opens the shard unless it is open, and checks its size against the record.
@@ -80,10 +80,10 @@ class ShardReader {
 
   // Reads and hashes from where the last read stopped to the end; adds the bytes it read to `bytes`.
   std::optional<std::string> read_rest(int& err, std::uint64_t& bytes) {
-    while (done_ < record_.size) {
+    while (done_ < end_) {
       if ((err = inject("read")) != 0) return std::nullopt;
-      std::uint64_t want = std::min(record_.size - done_, kReadChunk);
-      char* to = dest_ != nullptr ? dest_ + done_ : chunk_.data();
+      std::uint64_t want = std::min(end_ - done_, kReadChunk);
+      char* to = dest_ != nullptr ? dest_ + (done_ - begin_) : chunk_.data();
       ssize_t n = ::pread(file_.get(), to, static_cast<std::size_t>(want), static_cast<off_t>(done_));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
@@ -117,9 +117,10 @@ class ShardReader {
   const ShardSink* const sink_;
   const ShardReadOptions& options_;
   XXH3_state_t* const state_;
+  const std::uint64_t begin_, end_;
   std::vector<char> chunk_;  // the sink's bounce buffer
   Fd file_;
-  std::uint64_t done_ = 0;
+  std::uint64_t done_;
   bool stopped_ = false;
 };
 
@@ -258,10 +259,12 @@ Result<ShardRecord> read_record(const std::string& root, std::uint64_t step, int
 
 namespace {
 
+// The whole shard, or one of its ranges (checked against the range's own checksum).
 ShardRead read_shard_to(const std::string& root, std::uint64_t step, const ShardRecord& record, void* dest,
-                        const ShardSink* sink, const ShardReadOptions& options) {
+                        const ShardSink* sink, const ShardReadOptions& options, const StateRange* range = nullptr) {
   ShardRead out;
-  const std::string at = "step " + std::to_string(step) + ": " + shard_label(record) + ": ";
+  const std::string at = "step " + std::to_string(step) + ": " + shard_label(record) +
+                         (range != nullptr ? ", range '" + range->name + "'" : std::string()) + ": ";
   auto fail = [&](std::string why, bool definite) {
     out.status = Status::failure(at + why);
     out.definite = definite;
@@ -276,7 +279,14 @@ ShardRead read_shard_to(const std::string& root, std::uint64_t step, const Shard
     std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
     if (!state) return fail("out of memory", false);
     XXH3_64bits_reset(state.get());
-    ShardReader reader(root_fd->get(), step, record, dest, sink, options, state.get());
+    if (range != nullptr && !range->checksum) return fail("no checksum of its own (an older checkpoint)", false);
+    if (range != nullptr && (range->offset > record.size || range->length > record.size - range->offset)) {
+      return fail("lies past the end of the shard", true);
+    }
+    const std::uint64_t begin = range != nullptr ? range->offset : 0;
+    const std::uint64_t end = range != nullptr ? range->offset + range->length : record.size;
+    const std::uint64_t expected = range != nullptr ? *range->checksum : record.checksum;
+    ShardReader reader(root_fd->get(), step, record, dest, sink, options, state.get(), begin, end);
     auto pause = options.backoff;
     for (;;) {
       int err = 0;
@@ -299,10 +309,10 @@ ShardRead read_shard_to(const std::string& root, std::uint64_t step, const Shard
       pause *= 2;
     }
     std::uint64_t sum = XXH3_64bits_digest(state.get());
-    if (sum != record.checksum) {
+    if (sum != expected) {
       char buf[96];
       std::snprintf(buf, sizeof buf, "checksum mismatch (manifest %016llx, file %016llx)",
-                    static_cast<unsigned long long>(record.checksum), static_cast<unsigned long long>(sum));
+                    static_cast<unsigned long long>(expected), static_cast<unsigned long long>(sum));
       return fail(buf, true);
     }
     out.status = Status::success();
@@ -322,6 +332,16 @@ ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRec
 ShardRead stream_shard(const std::string& root, std::uint64_t step, const ShardRecord& record, const ShardSink& sink,
                        const ShardReadOptions& options) {
   return read_shard_to(root, step, record, nullptr, &sink, options);
+}
+
+ShardRead stream_range(const std::string& root, std::uint64_t step, const ShardRecord& record, const StateRange& range,
+                       const ShardSink& sink, const ShardReadOptions& options) {
+  return read_shard_to(root, step, record, nullptr, &sink, options, &range);
+}
+
+ShardRead read_range(const std::string& root, std::uint64_t step, const ShardRecord& record, const StateRange& range,
+                     void* dest, const ShardReadOptions& options) {
+  return read_shard_to(root, step, record, dest, nullptr, options, &range);
 }
 
 }  // namespace ckpt::store

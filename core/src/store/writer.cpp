@@ -276,10 +276,16 @@ Status ShardWriter::append(std::string_view name, const void* data, std::uint64_
     const char* bytes = static_cast<const char*>(data);
     auto total = static_cast<std::size_t>(length);
     std::size_t first = w.half_reported ? total : total / 2;
+    // The shard's running checksum and the range's own (for readers of some ranges only, read_range), hashed in a
+    // thread beside the writes for a large region.
+    std::uint64_t range_sum = 0;
     Joiner hasher;
     if (w.direct && total >= kParallelHash) {
       try {
-        hasher.thread = std::thread([state = w.hash.get(), bytes, total] { XXH3_64bits_update(state, bytes, total); });
+        hasher.thread = std::thread([state = w.hash.get(), bytes, total, &range_sum] {
+          XXH3_64bits_update(state, bytes, total);
+          range_sum = XXH3_64bits(bytes, total);
+        });
       } catch (const std::system_error&) {
         // no thread to spare: hashed below, after the writes
       }
@@ -300,9 +306,12 @@ Status ShardWriter::append(std::string_view name, const void* data, std::uint64_
       w.broken = true;
       return s;
     }
-    if (total > 0 && !hashing) XXH3_64bits_update(w.hash.get(), bytes, total);
+    if (!hashing) {
+      if (total > 0) XXH3_64bits_update(w.hash.get(), bytes, total);
+      range_sum = XXH3_64bits(bytes, total);
+    }
     w.names.insert(key);
-    w.record.states.push_back(StateRange{key, w.record.size, length, std::move(meta)});
+    w.record.states.push_back(StateRange{key, w.record.size, length, std::move(meta), range_sum});
     w.record.size += length;
     return Status::success();
   } catch (const std::exception& e) {

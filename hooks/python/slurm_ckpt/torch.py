@@ -270,6 +270,24 @@ def _ddp_layout(model, settings):
     return f"dp={int(world)}"
 
 
+def _zero(optimizer):
+    """The ZeroRedundancyOptimizer (ZeRO-1) `optimizer` is, else None."""
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:  # a build without torch.distributed
+        return None
+    return optimizer if isinstance(optimizer, ZeroRedundancyOptimizer) else None
+
+
+def _layout_of(model, optimizer, settings):
+    """The layout a program need not declare: ZeRO-1 over the optimizer's world (each rank holds the state of its
+    own partition of the parameters, and only that), else what _ddp_layout finds."""
+    zero = _zero(optimizer)
+    if zero is not None:
+        return f"dp={int(zero.world_size)},zero1=on"
+    return _ddp_layout(model, settings)
+
+
 def _has_state_dict(obj):
     return hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
 
@@ -285,7 +303,7 @@ class Checkpointer:
     def __init__(self, model, optimizer=None, extra=None, dir=None, interval=None, layout=None, coord=None,
                  **settings):
         if layout is None and "layout" not in settings and not os.environ.get(_native.env_names()["layout"]):
-            layout = _ddp_layout(model, settings)
+            layout = _layout_of(model, optimizer, settings)
         if layout is not None:
             settings["layout"] = _pairs(layout)
         if coord is not None:
@@ -297,6 +315,10 @@ class Checkpointer:
         self._native = _native.Checkpointer(**settings)
         self.model = model
         self.optimizer = optimizer
+        # The optimizer whose state this rank saves and loads: ZeRO-1's local one holds this rank's partition (its
+        # state_dict() would need a collective to gather every rank's).
+        zero = _zero(optimizer)
+        self._state_optimizer = zero.optim if zero is not None else optimizer
         self.extra = extra
         self._signature = None
         self._first_step = True
@@ -342,7 +364,7 @@ class Checkpointer:
             regions.append(self._region(_MODEL + name, t.detach(), sync=not is_param,
                                         kind="param" if is_param else "buffer"))
         if self.optimizer is not None:
-            for index, entry in self.optimizer.state_dict()["state"].items():
+            for index, entry in self._state_optimizer.state_dict()["state"].items():
                 for key, value in entry.items():
                     if torch.is_tensor(value):
                         # Small tensors (Adam's step) are copied inside after_step: cheaper than a copy task.
@@ -364,7 +386,7 @@ class Checkpointer:
             self._signature = signature
 
     def _optimizer_meta(self):
-        sd = self.optimizer.state_dict()
+        sd = self._state_optimizer.state_dict()
         state = {index: {key: (_Ref(f"{_OPTIM}{index}/{key}") if torch.is_tensor(value) else value)
                          for key, value in entry.items()}
                  for index, entry in sd["state"].items()}
@@ -418,7 +440,11 @@ class Checkpointer:
             state = {index: {key: (_tensor_from(need(value.name)) if isinstance(value, _Ref) else value)
                              for key, value in entry.items()}
                      for index, entry in meta["state"].items()}
-            self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+            self._state_optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+            zero = _zero(self.optimizer)
+            if zero is not None:  # the exposed groups (which LR schedulers change) from the loaded local ones
+                for exposed, local in zip(zero.param_groups, zero.optim.param_groups):
+                    exposed.update({k: v for k, v in local.items() if k != "params"})
         _set_rng_state(extras["rng"])
         user = extras["user"]
         if self.extra is not None and user is not None:
