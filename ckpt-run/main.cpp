@@ -503,13 +503,15 @@ struct InPlaceWatch {
   bool finished = false, abandoned = false;  // the markers, as last read
 };
 
+void read_markers(const ckpt::inplace::Records& records, InPlaceWatch& watch) {
+  watch.finished = records.marked("finished");
+  watch.abandoned = records.marked("abandoned");
+}
+
 // Reads the markers; once the first process made the dir.
 void read_markers(InPlaceWatch& watch) {
   if (watch.dir.empty()) return;
-  auto records = ckpt::inplace::Records::open(watch.dir, /*create=*/false);
-  if (!records) return;
-  watch.finished = records->marked("finished");
-  watch.abandoned = records->marked("abandoned");
+  if (auto records = ckpt::inplace::Records::open(watch.dir, /*create=*/false)) read_markers(*records, watch);
 }
 
 // Reports each recovery made in place once its first step is done; true when the controller gave up on the job
@@ -519,10 +521,13 @@ bool watch_in_place(const Run& run, InPlaceWatch& watch) {
   if (watch.look_now || ckpt::unix_seconds() >= watch.next_look) {
     watch.look_now = false;
     watch.next_look = ckpt::unix_seconds() + kLookEvery_s;
-    read_markers(watch);
+    // One look: the dir opened once, the markers and the next recovery's phases read from it.
     auto records = ckpt::inplace::Records::open(watch.dir, /*create=*/false);
-    if (records && records->read_phases(watch.next)) {
-      if (auto r = read_in_place_phases(watch.dir, watch.next, watch.node_of_rank)) {
+    if (records) read_markers(*records, watch);
+    std::optional<ckpt::inplace::Phases> phases;
+    if (records) phases = records->read_phases(watch.next);
+    if (phases) {
+      if (auto r = read_in_place_phases(*records, watch.next, *phases, watch.node_of_rank)) {
         std::string ranks;
         for (int rank : r->lost_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
         std::fprintf(stderr, "ckpt-run: in-place recovery %u: ranks %s replaced (failed nodes: %s); training ran "

@@ -167,16 +167,23 @@ std::optional<InPlaceRecovery> read_in_place_phases(const std::string& inplace_d
                                                     const std::map<int, std::string>& node_of_rank) {
   auto records = ckpt::inplace::Records::open(inplace_dir, /*create=*/false);
   if (!records) return std::nullopt;
-  auto plan = records->read_plan(generation);
   auto phases = records->read_phases(generation);
-  if (!plan || !phases || plan->abandons()) return std::nullopt;
+  if (!phases) return std::nullopt;
+  return read_in_place_phases(*records, generation, *phases, node_of_rank);
+}
+
+std::optional<InPlaceRecovery> read_in_place_phases(const ckpt::inplace::Records& records, std::uint32_t generation,
+                                                    const ckpt::inplace::Phases& phases,
+                                                    const std::map<int, std::string>& node_of_rank) {
+  auto plan = records.read_plan(generation);
+  if (!plan || plan->abandons()) return std::nullopt;
   InPlaceRecovery r;
   r.generation = generation;
   if (!read_lost(*plan, node_of_rank, r)) return std::nullopt;
   for (const auto& [rank, slot] : plan->takeover) r.replacement_node[rank] = ckpt::inplace::parse_slot(slot)->first;
-  r.phases = phases->as_report();
+  r.phases = phases.as_report();
   if (r.phases.detected == 0 || r.phases.resumed == 0) return std::nullopt;
-  r.resume_step = phases->step;
+  r.resume_step = phases.step;
   return r;
 }
 

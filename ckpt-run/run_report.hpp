@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/inplace.hpp"
 #include "ckpt/recovery.hpp"
 #include "run_settings.hpp"
 
@@ -55,6 +56,10 @@ void report_in_place(const std::string& url, std::uint32_t job, const InPlaceRec
 // files are there); nullopt when a file is missing, too large or malformed, the plan abandons the recovery, or a
 // lost rank has no node in `node_of_rank`.
 std::optional<InPlaceRecovery> read_in_place_phases(const std::string& inplace_dir, std::uint32_t generation,
+                                                    const std::map<int, std::string>& node_of_rank);
+// The same from records opened already and the phases read from them: one look at the dir.
+std::optional<InPlaceRecovery> read_in_place_phases(const ckpt::inplace::Records& records, std::uint32_t generation,
+                                                    const ckpt::inplace::Phases& phases,
                                                     const std::map<int, std::string>& node_of_rank);
 
 }  // namespace ckpt::run

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   # build
-  build-essential cmake pkg-config clang libclang-rt-14-dev
+  build-essential cmake pkg-config clang libclang-rt-14-dev ccache
   # Slurm, PMIx, munge (the real cluster the tests run on)
   slurm-wlm slurmrestd slurm-wlm-jwt-plugin libslurm-dev munge libmunge-dev libpmix-dev libpmix-bin
   # libraries

@@ -245,11 +245,13 @@ PYBIND11_MODULE(_native, m) {
            "Replaces every region: a list of (name, ptr, size, device, sync, meta, stream).")
       .def("put_blob", &PyCheckpointer::put_blob, py::arg("name"), py::arg("data"), py::arg("meta") = "{}",
            "Copies a small bytes-like value now; later checkpoints save its latest value.")
-      .def("restore", [](PyCheckpointer& self, bool copy) {
+      .def("restore", [](PyCheckpointer& self, bool copy, const std::vector<std::string>& reshard_prefixes) {
              py::gil_scoped_release release;
-             return take(self.get().restore(copy));
+             return take(self.get().restore(copy, reshard_prefixes));
            },
-           py::arg("copy_into_regions") = true, "Loads the newest complete checkpoint; returns its step, 0 if none.")
+           py::arg("copy_into_regions") = true, py::arg("reshard_prefixes") = std::vector<std::string>{},
+           "Loads the newest complete checkpoint; returns its step, 0 if none. A ZeRO-1 checkpoint of another world "
+           "size also yields the ranges of other shards named by reshard_prefixes.")
       .def("restored", &PyCheckpointer::restored,
            "The loaded checkpoint's regions as (name, meta_json, memoryview, address); valid until the next snapshot.")
       .def("before_update", [](PyCheckpointer& self) {

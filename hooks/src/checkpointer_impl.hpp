@@ -116,6 +116,9 @@ struct Checkpointer::Impl {
   bool closed = false;
   Status close_status;
   std::vector<RestoredRegion> restored;
+  std::vector<std::string> reshard_prefixes;     // restore(): what a resharded ZeRO-1 rank reads of other shards
+  std::deque<std::vector<std::byte>> reshard_ranges;  // their bytes, which restored lists
+  bool resharded = false;                        // the last load was such a one
   Clock::time_point last_checkpoint_time = Clock::now();
   schedule::State schedule_state;  // what the scheduling decision remembers from step to step (schedule.hpp)
   double interval_s = 0;
@@ -237,6 +240,8 @@ struct Checkpointer::Impl {
   // the checkpoint is bad.
   Status load(const RestorePlan& plan, bool& definite);
   Result<std::uint64_t> restore(bool copy_into_regions);
+  // A resharded ZeRO-1 load: the ranges of other shards this rank's new partition needs, read and checked.
+  Status load_reshard_ranges(const std::string& root, const store::Manifest& m, int source, bool& definite);
 };
 
 }  // namespace ckpt::hooks

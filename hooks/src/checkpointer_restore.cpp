@@ -51,8 +51,40 @@ RestorePlan Checkpointer::Impl::choose(const std::vector<std::uint64_t>& failed,
   return {resolved.step, config.dir, resolved.manifest->kind, resolved.manifest->world_size};
 }
 
+Status Checkpointer::Impl::load_reshard_ranges(const std::string& root, const store::Manifest& m, int source,
+                                               bool& definite) {
+  std::optional<std::size_t> loaded;
+  for (std::size_t i = 0; i < m.shards.size(); ++i) {
+    if (m.shards[i].rank == source) loaded = i;
+  }
+  auto ranges = store::locate_ranges(m, reshard_prefixes, loaded);
+  if (!ranges) {
+    definite = true;
+    return Status::failure("step " + std::to_string(m.step) + ": " + ranges.error());
+  }
+  std::uint64_t bytes = 0;
+  for (const auto& [shard, range] : *ranges) {
+    std::vector<std::byte>& into = reshard_ranges.emplace_back(static_cast<std::size_t>(range.length));
+    store::ShardRead read = store::read_range(root, m.step, m.shards[shard], range, into.data());
+    if (!read.status) {
+      definite = read.definite;
+      return Status::failure(read.status.error());
+    }
+    bytes += read.bytes;
+    restored.push_back({range.name, range.meta.dump(), into.data(), into.size()});
+  }
+  log::info(rank, "step " + std::to_string(m.step) + ": ZeRO-1 state of " + std::to_string(m.world_size) +
+                      " ranks resharded onto " + std::to_string(config.world_size) + ": read " +
+                      std::to_string(ranges->size()) + " ranges (" + std::to_string(bytes) +
+                      " bytes) of the other shards");
+  return Status::success();
+}
+
 Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
   definite = false;
+  resharded = false;
+  reshard_ranges.clear();
+  std::optional<store::Manifest> reshard_manifest;
   const std::uint64_t step = *plan.step;
   const std::string at = "step " + std::to_string(step) + ": ";
   store::ShardRecord record;
@@ -79,9 +111,10 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
                           std::to_string(source.rank) + " (it covers " +
                           store::state_keys_of_rank(config.layout, config.coord).front() + ")");
     }
-    for (store::ShardRecord& r : m->shards) {
-      if (r.rank == source.rank) record = std::move(r);
+    for (const store::ShardRecord& r : m->shards) {
+      if (r.rank == source.rank) record = r;
     }
+    if (source.reshard) reshard_manifest = std::move(m).value();
   }
   if (Status s = grow_host(static_cast<std::size_t>(record.size)); !s) return s;
   (void)ask_staging(host.size(), 0);
@@ -101,6 +134,12 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
       return Status::failure(at + "region '" + s.name + "' lies outside its shard");
     }
     restored.push_back({s.name, s.meta.dump(), host.data() + s.offset, static_cast<std::size_t>(s.length)});
+  }
+  if (reshard_manifest) {
+    resharded = true;
+    // The loaded shard holds the model and its writer's old partition; the ranges of this rank's new partition
+    // that other shards hold follow.
+    return load_reshard_ranges(plan.root, *reshard_manifest, record.rank, definite);
   }
   return Status::success();
 }
@@ -162,6 +201,11 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
     failed.push_back(*plan.step);
   }
   const std::uint64_t step = loaded ? *plan.step : 0;
+  if (copy_into_regions && loaded && resharded) {
+    return Error{"ckpt: step " + std::to_string(step) + " holds ZeRO-1 state of another number of ranks; the "
+                 "registered regions hold this run's partition, so they are not filled from it (restore with the "
+                 "new partition's prefixes and copy_into_regions off)"};
+  }
   if (copy_into_regions && loaded) {
     for (const RegionSpec& r : regions) {
       auto it = std::find_if(restored.begin(), restored.end(), [&](const RestoredRegion& x) { return x.name == r.name; });

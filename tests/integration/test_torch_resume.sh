@@ -3,7 +3,7 @@
 # CPU) runs uninterrupted; a second run in a fresh dir is SIGKILLed (both ranks) after a checkpoint has committed,
 # then run again to the end. The final weights of both runs must be identical, byte for byte. Twice: with AdamW on
 # every rank, and with ZeRO-1 (--zero1: torch's ZeroRedundancyOptimizer), where each rank's shard must hold the
-# optimizer state of its own partition only.
+# optimizer state of its own partition only. Then ZeRO-1 from 4 ranks onto 2, against AdamW (below).
 set -euo pipefail
 SRC=${CKPT_SOURCE_DIR:?}
 : "${CKPT_BUILD_DIR:?}"
@@ -21,15 +21,15 @@ cleanup() {
 trap cleanup EXIT
 
 
-# start_ranks NAME [train_ddp args...]: starts rank 0 and 1 in the background; their pids land in `pids`.
+# start_ranks NAME [train_ddp args...]: starts ranks 0..WORLD-1 (2) in the background; their pids land in `pids`.
 start_ranks() {
-  local name=$1 port
+  local name=$1 port world=${WORLD:-2}
   shift
   port=$(free_port)
   pids=()
-  for r in 0 1; do
+  for r in $(seq 0 $((world - 1))); do
     # No wrapper process: the pid must be the rank itself, for the SIGKILL below (ctest's timeout bounds a hang).
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r \
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r \
       "$PY" "$SRC/slurm-examples/train_ddp.py" --steps $STEPS --ckpt-interval-steps $INTERVAL \
       --ckpt-dir "$work/$name/ckpt" --out "$work/$name/final.bin" "$@" >"$work/$name/rank$r.log" 2>&1 &
     pids+=($!)
@@ -114,3 +114,25 @@ assert len(optim) == 2 and all(0 < o < 2 * model for o in optim), (optim, model)
 assert sum(optim) >= 2 * model, (optim, model)  # exp_avg and exp_avg_sq of every parameter, across both
 print(f"test_torch_resume: zero1: optimizer state {optim[0]} + {optim[1]} bytes across the ranks, parameters {model}")
 PYCHECK
+
+# ZeRO-1 onto another number of ranks: 4 ranks train to step 20, then 2 go on from their checkpoint to the end,
+# each reading its new partition's state from the shards of its old owners. The reference is the same with AdamW
+# on every rank, whose whole state any rank restores (a pure data-parallel replica): ZeRO-1's arithmetic is AdamW's,
+# so the weights must be the same, bit for bit.
+onto_two() {  # LABEL [train_ddp args...]
+  mkdir -p "$work/$1"
+  WORLD=4 start_ranks "$1" --steps 20 "${@:2}"
+  wait_ranks "$1"
+  start_ranks "$1" "${@:2}"
+  wait_ranks "$1"
+  grep -q "^train_ddp: resumed from step 20 " "$work/$1/rank0.log" ||
+    { cat "$work/$1/rank0.log" >&2; echo "test_torch_resume: $1: 2 ranks did not resume from step 20" >&2; exit 1; }
+}
+onto_two reshard-ref
+onto_two reshard --zero1
+grep -q "ZeRO-1 state of 4 ranks resharded onto 2: read" "$work/reshard/rank1.log" ||
+  { cat "$work/reshard/rank1.log" >&2; echo "test_torch_resume: reshard: rank 1 read no other shard" >&2; exit 1; }
+cmp "$work/reshard-ref/final.bin" "$work/reshard/final.bin" ||
+  { echo "test_torch_resume: ZeRO-1 resharded from 4 ranks onto 2 ended with other weights than AdamW" >&2; exit 1; }
+echo "test_torch_resume: ZeRO-1 from 4 ranks onto 2: $(grep -o "read [0-9]* ranges ([0-9]* bytes)" "$work/reshard/rank1.log") \
+of the other shards on rank 1; final weights identical to AdamW's ($(cat "$work/reshard/final.bin.sha256"))"

@@ -272,6 +272,31 @@ TEST_CASE("read_range and stream_range read one range, checked against its own c
   }
 }
 
+TEST_CASE("locate_ranges: the ranges of other shards a resharded rank reads, each in one shard", "[store][resume]") {
+  Manifest m;
+  for (int r = 0; r < 3; ++r) {
+    ShardRecord s;
+    s.rank = r;
+    s.file = shard_file_name(r);
+    s.size = 1000;
+    s.states = {{"model/w", 0, 100, {}, 1}, {"optim/" + std::to_string(2 * r) + "/exp_avg", 100, 10, {}, 2},
+                {"optim/" + std::to_string(2 * r + 1) + "/exp_avg", 110, 10, {}, 3},
+                {"optim/1" + std::to_string(r) + "/exp_avg", 120, 10, {}, 4}};
+    m.shards.push_back(s);
+  }
+  auto got = locate_ranges(m, {"optim/1/", "optim/4/", "optim/9/"});
+  REQUIRE(got);
+  REQUIRE(got->size() == 2);
+  CHECK((*got)[0].first == 0);
+  CHECK((*got)[0].second.name == "optim/1/exp_avg");  // not optim/10/...: a prefix ends at its slash
+  CHECK((*got)[1].first == 2);
+  CHECK((*got)[1].second.offset == 100);
+  CHECK(locate_ranges(m, {"optim/1/"}, 0)->empty());  // the shard loaded whole is passed over
+  CHECK(locate_ranges(m, {""})->empty());
+  m.shards[2].states[1].name = "optim/1/exp_avg";
+  CHECK_THAT(locate_ranges(m, {"optim/1/"}).error(), Catch::Contains("is in rank-00000.shard and rank-00002.shard"));
+}
+
 TEST_CASE("read_record: one rank's record, checked against its name", "[store][resume]") {
   TempDir t;
   save(t.path(), 100);
@@ -319,6 +344,12 @@ TEST_CASE("restore_source: which shard a rank loads", "[store][resume]") {
     RestoreSource dp = restore_source(m, 6, 5, Layout{6, 1, 1, false}, {5, 5, 0, 0});
     CHECK(dp.rank == 1);
     CHECK(dp.replica);
+    CHECK_FALSE(dp.reshard);
+    m.layout = Layout{4, 1, 1, true};  // ZeRO-1: the replica holds the model, the partitions are resharded
+    RestoreSource zero = restore_source(m, 2, 1, Layout{2, 1, 1, true}, {1, 1, 0, 0});
+    CHECK(zero.rank == 1);
+    CHECK(zero.replica);
+    CHECK(zero.reshard);
   }
   SECTION("a periodic checkpoint without the rank's shard is bad") {
     m.shards.pop_back();

@@ -306,12 +306,23 @@ struct RestoreSource {
   std::string error;
   bool definite = false;  // the checkpoint is at fault (walk back past it), not the shape of this run
   bool replica = false;   // another world size: a data-parallel replica is loaded
+  // A ZeRO-1 checkpoint of another world size: the replica holds the model, not this rank's optimizer partition,
+  // whose ranges lie in the shards of their owners then (locate_ranges).
+  bool reshard = false;
 };
 // Its own shard in a checkpoint of the same world size; the replica of rank % world_size of a pure data-parallel
-// checkpoint of another size; in a terminal checkpoint without its shard, the one shard covering all its state
-// keys (`layout` and `coord` are this run's, and must be the checkpoint's layout).
+// checkpoint of another size, ZeRO-1 included (`reshard`); in a terminal checkpoint without its shard, the one
+// shard covering all its state keys (`layout` and `coord` are this run's, and must be the checkpoint's layout).
 RestoreSource restore_source(const Manifest& manifest, int world_size, int rank, const Layout& layout,
                              const RankCoord& coord);
+
+// The ranges of a checkpoint whose names start with one of `prefixes`, each with the index of its shard in
+// manifest.shards, in manifest order; a shard listed in `skip` (the one a rank loaded whole) is passed over. What
+// a rank of a resharded ZeRO-1 job reads of the other shards: "optim/<parameter>/" for each parameter of its new
+// partition. An error when two shards hold a range of one name (the owner of a partition is one rank).
+Result<std::vector<std::pair<std::size_t, StateRange>>> locate_ranges(const Manifest& manifest,
+                                                                      const std::vector<std::string>& prefixes,
+                                                                      std::optional<std::size_t> skip = std::nullopt);
 
 // One rank's record of a committed step (rank-<r>.rec): what a rank that loads its own shard needs, without
 // reading the manifest's record of every rank.

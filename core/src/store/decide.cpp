@@ -175,7 +175,7 @@ RestoreSource restore_source(const Manifest& m, int world_size, int rank, const 
     // Pure data parallelism: every shard holds a full replica, so a job relaunched on fewer or more nodes can go
     // on from any of them.
     const Layout& l = m.layout;
-    if (l.tp != 1 || l.pp != 1 || l.zero1 || m.world_size < 1) {
+    if (l.tp != 1 || l.pp != 1 || m.world_size < 1) {
       return refuse("written by " + std::to_string(m.world_size) + " ranks (tp " + std::to_string(l.tp) + ", pp " +
                         std::to_string(l.pp) + (l.zero1 ? ", ZeRO-1" : "") + "); this run has " +
                         std::to_string(world_size),
@@ -183,6 +183,7 @@ RestoreSource restore_source(const Manifest& m, int world_size, int rank, const 
     }
     source = rank % m.world_size;
     out.replica = true;
+    out.reshard = l.zero1;
   }
   for (const ShardRecord& r : m.shards) {
     if (r.rank == source) out.rank = source;
@@ -211,6 +212,28 @@ RestoreSource restore_source(const Manifest& m, int world_size, int rank, const 
     }
   }
   out.rank = record->rank;
+  return out;
+}
+
+Result<std::vector<std::pair<std::size_t, StateRange>>> locate_ranges(const Manifest& manifest,
+                                                                      const std::vector<std::string>& prefixes,
+                                                                      std::optional<std::size_t> skip) {
+  std::vector<std::pair<std::size_t, StateRange>> out;
+  std::map<std::string, std::size_t> seen;
+  for (std::size_t i = 0; i < manifest.shards.size(); ++i) {
+    if (skip && *skip == i) continue;
+    for (const StateRange& range : manifest.shards[i].states) {
+      const bool wanted = std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) {
+        return !p.empty() && range.name.compare(0, p.size(), p) == 0;
+      });
+      if (!wanted) continue;
+      if (auto [it, fresh] = seen.emplace(range.name, i); !fresh) {
+        return Error{"range '" + range.name + "' is in " + manifest.shards[it->second].file + " and " +
+                     manifest.shards[i].file};
+      }
+      out.emplace_back(i, range);
+    }
+  }
   return out;
 }
 

@@ -236,6 +236,13 @@ class Checkpointer {
   // same name (a missing one or a size mismatch is an error). Returns the step to resume from, 0 when none.
   // Must come before the first after_step.
   CKPT_HOOKS_API Result<std::uint64_t> restore(bool copy_into_regions = true);
+  // A ZeRO-1 checkpoint written by another number of ranks is restored from the replica of rank % its world size
+  // (the model); this rank's new partition of the optimizer state lies in the shards of its old owners. restore()
+  // with `reshard_prefixes` reads the ranges of the other shards whose names start with one of them too (each
+  // against its own checksum: "optim/<parameter>/" for each parameter of the new partition) and lists them in
+  // restored(), in the same agreement as the rest: a bad range walks every rank back. Copying into the regions is
+  // refused then (they are another partition's); the Python module builds the partition's state itself.
+  CKPT_HOOKS_API Result<std::uint64_t> restore(bool copy_into_regions, const std::vector<std::string>& reshard_prefixes);
   // The regions of the checkpoint the last restore() loaded (blobs included), in shard order.
   CKPT_HOOKS_API const std::vector<RestoredRegion>& restored() const;
 

@@ -319,6 +319,7 @@ class Checkpointer:
         # state_dict() would need a collective to gather every rank's).
         zero = _zero(optimizer)
         self._state_optimizer = zero.optim if zero is not None else optimizer
+        self._global_index = None  # ZeRO-1: each local parameter's index among all of them (_optim_region)
         self.extra = extra
         self._signature = None
         self._first_step = True
@@ -368,9 +369,60 @@ class Checkpointer:
                 for key, value in entry.items():
                     if torch.is_tensor(value):
                         # Small tensors (Adam's step) are copied inside after_step: cheaper than a copy task.
-                        regions.append(self._region(f"{_OPTIM}{index}/{key}", value.detach(),
+                        regions.append(self._region(self._optim_region(index, key), value.detach(),
                                                     sync=value.numel() * value.element_size() < 4096, kind="optim"))
         return regions
+
+    def _global_indices(self):
+        """ZeRO-1: the index among all of the model's parameters of each parameter of this rank's partition."""
+        zero = _zero(self.optimizer)
+        if self._global_index is None:
+            position = {id(p): i for i, p in enumerate(p for g in zero.param_groups for p in g["params"])}
+            self._global_index = [position[id(p)] for g in zero.optim.param_groups for p in g["params"]]
+        return self._global_index
+
+    def _load_partition(self, meta, regions, step):
+        """ZeRO-1: loads this rank's partition of the optimizer state from the ranges named by its parameters'
+        global indices, the same whether the checkpoint was written by this many ranks or another number (the
+        restore then read them from their old owners' shards). `meta` is the loaded shard's: its non-tensor
+        values and its groups' hyperparameters."""
+        zero = _zero(self.optimizer)
+        values = {}  # global index -> the non-tensor entries the loaded shard's writer held for it
+        for entry in meta["state"].values():
+            refs = [v.name for v in entry.values() if isinstance(v, _Ref)]
+            if refs:
+                values[int(refs[0][len(_OPTIM):].split("/", 1)[0])] = {
+                    k: v for k, v in entry.items() if not isinstance(v, _Ref)}
+        state = {}
+        for local, g in enumerate(self._global_indices()):
+            prefix = f"{_OPTIM}{g}/"
+            entry = {name[len(prefix):]: _tensor_from(region) for name, region in regions.items()
+                     if name.startswith(prefix)}
+            if not entry:
+                continue  # no state yet (never updated)
+            if g in values:
+                entry.update(values[g])
+            elif any(values.values()):
+                raise Error(f"ckpt: the checkpoint of step {step} holds optimizer values that are not tensors, "
+                            f"which another number of ranks cannot take over (parameter {g})")
+            state[local] = entry
+        groups = self._state_optimizer.state_dict()["param_groups"]
+        if len(groups) != len(meta["param_groups"]):
+            raise Error(f"ckpt: the checkpoint of step {step} has {len(meta['param_groups'])} parameter groups; "
+                        f"the optimizer has {len(groups)}")
+        for group, saved in zip(groups, meta["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self._state_optimizer.load_state_dict({"state": state, "param_groups": groups})
+        for exposed, local in zip(zero.param_groups, zero.optim.param_groups):  # what LR schedulers change
+            exposed.update({k: v for k, v in local.items() if k != "params"})
+
+    def _optim_region(self, index, key):
+        """The region of optimizer state entry `key` of parameter `index` (the state_dict's). Under ZeRO-1 the
+        index is the parameter's among all of the model's, not among this rank's partition: the name means the
+        same on every rank and at every world size, which a restore onto another partition needs."""
+        if _zero(self.optimizer) is not None:
+            index = self._global_indices()[index]
+        return f"{_OPTIM}{index}/{key}"
 
     @staticmethod
     def _region(name, t, sync, kind):
@@ -387,7 +439,7 @@ class Checkpointer:
 
     def _optimizer_meta(self):
         sd = self._state_optimizer.state_dict()
-        state = {index: {key: (_Ref(f"{_OPTIM}{index}/{key}") if torch.is_tensor(value) else value)
+        state = {index: {key: (_Ref(self._optim_region(index, key)) if torch.is_tensor(value) else value)
                          for key, value in entry.items()}
                  for index, entry in sd["state"].items()}
         return {"state": state, "param_groups": sd["param_groups"]}
@@ -415,7 +467,10 @@ class Checkpointer:
         n = self._native
         if not n.enabled:
             return 0
-        step = n.restore(copy_into_regions=False)
+        zero = _zero(self.optimizer)
+        # ZeRO-1: the ranges of this rank's partition, wherever they lie (another world size: other ranks' shards).
+        prefixes = [f"{_OPTIM}{g}/" for g in self._global_indices()] if zero is not None else []
+        step = n.restore(copy_into_regions=False, reshard_prefixes=prefixes)
         if step == 0:
             self._register()
             _note_phase("restored", 0)
@@ -436,15 +491,13 @@ class Checkpointer:
         target = self.model.state_dict(keep_vars=True)
         loaded = {name: _tensor_from(need(_MODEL + name)) for name in target}
         self.model.load_state_dict(loaded)
-        if meta is not None:
+        if meta is not None and zero is not None:
+            self._load_partition(meta, regions, step)
+        elif meta is not None:
             state = {index: {key: (_tensor_from(need(value.name)) if isinstance(value, _Ref) else value)
                              for key, value in entry.items()}
                      for index, entry in meta["state"].items()}
             self._state_optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-            zero = _zero(self.optimizer)
-            if zero is not None:  # the exposed groups (which LR schedulers change) from the loaded local ones
-                for exposed, local in zip(zero.param_groups, zero.optim.param_groups):
-                    exposed.update({k: v for k, v in local.items() if k != "params"})
         _set_rng_state(extras["rng"])
         user = extras["user"]
         if self.extra is not None and user is not None:
