@@ -7,14 +7,8 @@
 #   bench/last_words_crashes.sh [N]     (cluster up; CKPT_BUILD_DIR set or build/ in the source tree)
 set -euo pipefail
 N=${1:-20}
-SRC=$(cd "$(dirname "$0")/.." && pwd)
-export CKPT_BUILD_DIR=${CKPT_BUILD_DIR:-$SRC/build}
-D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
-export SLURM_CONF=${SLURM_CONF:-$D/etc/slurm.conf}
-source "$SRC/tests/integration/torch_lib.sh"
-WORK=$(mktemp -d "$D/ckpt/bench-lw.XXXXXX")
-victim=""
-trap '[ -n "$victim" ] && "$SRC/tests/cluster.sh" revive-node "$victim" > /dev/null 2>&1 || true' EXIT
+source "$(dirname "$0")/crash_lib.sh"
+WORK=$(bench_work lw)
 
 printf '%4s %5s %10s %10s %12s %10s\n' run node crash_at detect_ms committed_ms steps_lost > "$WORK/table"
 for i in $(seq "$N"); do

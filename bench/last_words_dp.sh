@@ -13,14 +13,8 @@
 set -euo pipefail
 MIB=${1:-256}
 N=${2:-20}
-SRC=$(cd "$(dirname "$0")/.." && pwd)
-export CKPT_BUILD_DIR=${CKPT_BUILD_DIR:-$SRC/build}
-D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
-export SLURM_CONF=${SLURM_CONF:-$D/etc/slurm.conf}
-source "$SRC/tests/integration/torch_lib.sh"
-WORK=$(mktemp -d "$D/ckpt/bench-lwdp.XXXXXX")
-victim=""
-trap '[ -n "$victim" ] && "$SRC/tests/cluster.sh" revive-node "$victim" > /dev/null 2>&1 || true' EXIT
+source "$(dirname "$0")/crash_lib.sh"
+WORK=$(bench_work lwdp)
 
 printf '%4s %5s %9s %9s %6s %9s %7s\n' run node reached terminal lost finished caught > "$WORK/table"
 for i in $(seq "$N"); do
