@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # Restart in place on the real local cluster (a benchmark, not a test): slurm-examples/train_ddp.py on 3 nodes
 # plus 1 spare under `ckpt-run --spares 1` (one step per node, --no-kill) and the recovery controller. Each run
-# kills (crash: SIGKILL) or freezes (SIGSTOP) one training node at a random step; the survivors stay alive, the
-# spare takes the dead node's rank over, and training goes on in the same processes. The baseline, mode
+# kills (crash: SIGKILL), freezes (SIGSTOP) or cuts off (partition: its link down, its processes running on; the
+# namespace cluster only) one training node at a random step; the survivors stay alive, the spare takes the lost
+# node's rank over, and training goes on in the same processes. A cut-off node's link comes back once training
+# ended: its rank must change nothing. The baseline, mode
 # `requeue`, is the same crash without a spare (a 3-node allocation): the survivors hand over, and the controller
 # requeues the job off the dead node. Prints per run and as medians the time from the failure to the first
 # completed step after it, split (in place) into detection, agreement, last words, group re-formation, state load
 # and first step; the floors (the heartbeat timeout, one step); the steps lost; and whether the final weights
 # are bitwise identical to an uninterrupted run's.
-#   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze requeue"] [-t HEARTBEAT_TIMEOUT] [-o DIR]
+#   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze partition requeue"] [-t HEARTBEAT_TIMEOUT]
+#                        [-o DIR]
 # (cluster up; CKPT_BUILD_DIR set or build/ in the source tree). The batch host (n1) is never the victim: its
 # failure ends the batch script, and with it any Slurm job; that case takes the requeue path.
 set -euo pipefail
-RUNS=10 REQUEUE_RUNS=3 MODES="crash freeze requeue" HB=1s OUT=""
+RUNS=10 REQUEUE_RUNS=3 MODES="crash freeze partition requeue" HB=1s OUT=""
 while getopts "n:r:m:t:o:" o; do
   case $o in
     n) RUNS=$OPTARG ;; r) REQUEUE_RUNS=$OPTARG ;; m) MODES=$OPTARG ;; t) HB=$OPTARG ;; o) OUT=$OPTARG ;;
-    *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,16p' "$0" >&2; exit 2 ;;
   esac
 done
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,10 +34,15 @@ WORK=${OUT:-$(mktemp -d "$D/ckpt/bench-inplace.XXXXXX")}
 mkdir -p "$WORK"
 chmod 755 "$WORK"
 STEPS=60
-victim="" job=""
+victim="" job="" mode=""
+# Brings the victim back: its link first when it was cut off, then its daemons and its state in Slurm.
+restore_victim() {
+  [ "$mode" = partition ] && "$SRC/tests/cluster.sh" heal-node "$victim" > /dev/null 2>&1
+  "$SRC/tests/cluster.sh" revive-node "$victim" > /dev/null 2>&1
+}
 cleanup() {
   [ -n "$job" ] && scancel "$job" 2>/dev/null || true
-  [ -n "$victim" ] && "$SRC/tests/cluster.sh" revive-node "$victim" > /dev/null 2>&1 || true
+  [ -n "$victim" ] && restore_victim || true
   controller_down
 }
 trap cleanup EXIT
@@ -74,8 +82,8 @@ for mode in $MODES; do
     name=$mode$i
     at=$((15 + RANDOM % 20))
     victim=n$((2 + RANDOM % 2))
-    nodes=4 action=$mode
-    [ "$mode" = requeue ] && nodes=3 action=crash victim=n3  # no spare; Slurm gives n1..n3
+    nodes=4 action=$mode-node
+    [ "$mode" = requeue ] && nodes=3 action=crash-node victim=n3  # no spare; Slurm gives n1..n3
     submit "$name" $nodes
     for _ in $(seq 1200); do
       s=$(logged "$WORK/$name/log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break
@@ -83,7 +91,7 @@ for mode in $MODES; do
     done
     seen=$(logged "$WORK/$name/log")
     t0=$(date +%s.%N)
-    "$SRC/tests/cluster.sh" "$action-node" "$victim" > /dev/null 2>&1
+    "$SRC/tests/cluster.sh" "$action" "$victim" > /dev/null 2>&1
     echo "{\"mode\": \"$mode\", \"victim\": \"$victim\", \"failed_unix\": $t0, \"step_at_failure\": ${seen:-0}, \"heartbeat_timeout\": \"$HB\"}" \
       > "$WORK/$name/failure.json"
     # Training ends before Slurm has given up on the victim: revive it then, so the job can complete.
@@ -91,7 +99,7 @@ for mode in $MODES; do
       [ -s "$WORK/$name/final.sha256" ] || ! squeue -h -j "$job" 2>/dev/null | grep -q . && break
       sleep 0.2
     done
-    "$SRC/tests/cluster.sh" revive-node "$victim" > /dev/null 2>&1
+    restore_victim
     wait_done || echo "$name: the job did not end in 120 s" >&2
     victim=""
     echo "$name: $(grep -c '^train_ddp: step' "$WORK/$name/log") step lines, $(grep -o 'in-place recovery [0-9]*:.*' "$WORK/$name/log" | head -1)"
