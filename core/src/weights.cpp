@@ -169,6 +169,21 @@ constexpr std::uint64_t kAlign = 64;
 
 bool entry_needs_zip64(const ZipEntry& e) { return e.size >= kZip32Max || e.offset >= kZip32Max; }
 
+// The fields a local header and a central directory entry share, from "version needed" to the extra field's length:
+// a stored entry, UTF-8 names, the sizes as 0xffffffff when `big_size` puts them in the zip64 extra field.
+void put_entry_fields(std::string& out, bool zip64, const ZipEntry& e, bool big_size, std::size_t extra_size) {
+  put_u16(out, zip64 ? 45 : 20);  // version needed
+  put_u16(out, kUtf8Names);
+  put_u16(out, 0);  // stored
+  put_u16(out, 0);  // time
+  put_u16(out, kDosDate);
+  put_u32(out, e.crc32);
+  put_u32(out, big_size ? kZip32Max : e.size);  // compressed
+  put_u32(out, big_size ? kZip32Max : e.size);
+  put_u16(out, e.name.size());
+  put_u16(out, extra_size);
+}
+
 // The end of central directory record, and zip64's record and locator before it where counts or offsets need them.
 std::string zip_end(std::uint64_t count, std::uint64_t size, std::uint64_t directory_offset) {
   const bool zip64 = count >= 0xffff || size >= kZip32Max || directory_offset >= kZip32Max;
@@ -371,16 +386,7 @@ std::string zip_local_header(const ZipEntry& entry) {
   extra.append(pad, 'Z');
   std::string h;
   put_u32(h, 0x04034b50);
-  put_u16(h, zip64 ? 45 : 20);
-  put_u16(h, kUtf8Names);
-  put_u16(h, 0);  // stored
-  put_u16(h, 0);
-  put_u16(h, kDosDate);
-  put_u32(h, entry.crc32);
-  put_u32(h, zip64 ? kZip32Max : entry.size);
-  put_u32(h, zip64 ? kZip32Max : entry.size);
-  put_u16(h, entry.name.size());
-  put_u16(h, extra.size());
+  put_entry_fields(h, zip64, entry, zip64, extra.size());
   return h + entry.name + extra;
 }
 
@@ -401,16 +407,7 @@ std::string zip_directory(const std::vector<ZipEntry>& entries, std::uint64_t di
     const bool zip64 = !extra.empty();
     put_u32(dir, 0x02014b50);
     put_u16(dir, zip64 ? 45 : 20);  // made by
-    put_u16(dir, zip64 ? 45 : 20);  // needed
-    put_u16(dir, kUtf8Names);
-    put_u16(dir, 0);
-    put_u16(dir, 0);
-    put_u16(dir, kDosDate);
-    put_u32(dir, e.crc32);
-    put_u32(dir, big_size ? kZip32Max : e.size);
-    put_u32(dir, big_size ? kZip32Max : e.size);
-    put_u16(dir, e.name.size());
-    put_u16(dir, extra.size());
+    put_entry_fields(dir, zip64, e, big_size, extra.size());
     put_u16(dir, 0);  // comment
     put_u16(dir, 0);  // disk
     put_u16(dir, 0);  // internal attributes

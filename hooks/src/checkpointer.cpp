@@ -323,14 +323,11 @@ Status Checkpointer::put_blob(std::string_view name, const void* data, std::size
   return Status::success();
 }
 
+Result<std::uint64_t> Checkpointer::restore(bool copy_into_regions) { return restore(copy_into_regions, {}); }
+
 Result<std::uint64_t> Checkpointer::restore(bool copy_into_regions, const std::vector<std::string>& reshard_prefixes) {
   if (!impl_->enabled) return std::uint64_t{0};
-  impl_->reshard_prefixes = reshard_prefixes;
-  return restore(copy_into_regions);
-}
-
-Result<std::uint64_t> Checkpointer::restore(bool copy_into_regions) {
-  if (!impl_->enabled) return std::uint64_t{0};
+  impl_->reshard_prefixes = reshard_prefixes;  // this restore's only: a later one without them must not reuse them
   if (impl_->closed) return Error{"ckpt: restore() after close()"};
   try {
     auto step = impl_->restore(copy_into_regions);
