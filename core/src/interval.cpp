@@ -309,7 +309,9 @@ std::optional<StepMeter::Measurement> StepMeter::on_step(double now_s, const Wor
   guard_s_ = 0;
   step_end_s_ = now_s;
   const bool finished = measuring_ && worker.pending == 0 && worker.persisted + worker.failed > persists_seen_;
-  if (measuring_ && !finished) {
+  // The step in which the persist ended ran beside it too: a persist shorter than a step ends inside the first
+  // step after the snapshot, and that step's excess is all of its interference.
+  if (measuring_) {
     if (!quiet_.empty()) {
       std::vector<double> sorted(quiet_.begin(), quiet_.end());
       std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());

@@ -560,7 +560,7 @@ struct LastWords::Impl {
       if (!all) {
         log::warn(rank, "last words: the terminal checkpoint of step " + std::to_string(step) + " is not committed");
       } else if (Status s = store::commit(config.dir, last_words_manifest(config, step, store::Kind::Terminal),
-                                          nullptr, run_fence(config));
+                                          nullptr, run_fence(config), writers);
                  !s) {
         log::error(rank, "last words: not committed: " + s.error());
       } else {

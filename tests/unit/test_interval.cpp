@@ -307,6 +307,21 @@ TEST_CASE("StepMeter: a checkpoint's interference is its steps' excess over the 
   CHECK(m->persist_s == Approx(2.5));
   CHECK_FALSE(meter.on_step(t += 1.0, done));  // measured once
 
+  SECTION("a persist shorter than a step: the step it ended in is its interference, not a quiet step") {
+    meter.on_snapshot(t += 0.1, 1, 0);
+    StepMeter::Worker again = done;
+    again.persisted = 2;
+    auto short_one = meter.on_step(t += 1.25, again);
+    REQUIRE(short_one);
+    CHECK(short_one->interference_s == Approx(0.25));
+    // The quiet median is still 1 s: the slow step did not join the baseline.
+    meter.on_snapshot(t += 0.1, 2, 0);
+    again.persisted = 3;
+    auto next = meter.on_step(t += 1.5, again);
+    REQUIRE(next);
+    CHECK(next->interference_s == Approx(0.5));
+  }
+
   SECTION("a persist that failed measured nothing") {
     meter.on_snapshot(t += 0.1, 1, 0);
     StepMeter::Worker failed = done;

@@ -213,6 +213,44 @@ TEST_CASE("terminal checkpoints: complete when every state key is covered once",
   CHECK(mf->shards.size() == 2);
 }
 
+TEST_CASE("a terminal commit counts only its writers: a cut-short periodic persist of the step stays out",
+          "[store][fs]") {
+  TempDir t;
+  Layout layout{2, 2, 1, false};
+  Manifest m;
+  m.step = 83;
+  m.kind = Kind::Terminal;
+  m.world_size = 4;
+  m.layout = layout;
+  m.ranks = {{0, 0, 0, 0}, {1, 0, 1, 0}, {2, 1, 0, 0}, {3, 1, 1, 0}};
+  auto write = [&](int rank) {
+    auto w = ShardWriter::open(t.path(), 83, rank);
+    REQUIRE(w.ok());
+    auto data = bytes_for(83, rank, 1000);
+    REQUIRE(w->append("all", data.data(), data.size()).ok());
+    w->add_covers(state_keys_of_rank(layout, m.ranks[static_cast<std::size_t>(rank)]));
+    REQUIRE(w->finish().ok());
+  };
+  write(0);  // rank 0 persisted its periodic shard of step 83, then rank 1 died: replica dp1 writes last words
+  write(2);
+  write(3);
+  CHECK_THAT(commit(t.path(), m).error(), Catch::Contains("model/pp0/tp0 covered by ranks 0 and 2"));
+  REQUIRE(commit(t.path(), m, nullptr, std::nullopt, std::vector<int>{2, 3}).ok());
+  CHECK(verify(t.path(), 83).ok());
+  auto mf = read_manifest(t.path(), 83);
+  REQUIRE(mf.ok());
+  REQUIRE(mf->shards.size() == 2);
+  CHECK(mf->shards[0].rank == 2);
+  CHECK(mf->shards[1].rank == 3);
+  SECTION("a writer that is missing still leaves it incomplete") {
+    TempDir u;
+    auto w = ShardWriter::open(u.path(), 83, 0);
+    REQUIRE(w.ok());
+    REQUIRE(w->finish().ok());
+    CHECK_FALSE(commit(u.path(), m, nullptr, std::nullopt, std::vector<int>{2, 3}).ok());
+  }
+}
+
 TEST_CASE("shard writer contract", "[store][fs]") {
   TempDir t;
   auto w = ShardWriter::open(t.path(), 7, 0);

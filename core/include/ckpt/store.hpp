@@ -259,8 +259,13 @@ class ShardWriter {
 // MANIFEST.json atomically (exclusive temp, fsync, rename, fsync dir), then replaces `latest` atomically.
 // Fails without writing a manifest when the checkpoint is not complete, or when `fence` is fenced (checked before
 // each of the two renames; a record below the fence's epoch is raised again first).
+//
+// `writers`, when given, are the only ranks whose records count. Last words name theirs: a periodic persist of
+// the same step that was cut short may have left other ranks' records in the step dir, and a terminal checkpoint
+// must not take a state key from two of them. The others' files stay where they are, out of the manifest.
 Status commit(const std::string& root, const Manifest& manifest_without_shards, PhaseObserver observer = nullptr,
-              const std::optional<Fence>& fence = std::nullopt);
+              const std::optional<Fence>& fence = std::nullopt,
+              const std::optional<std::vector<int>>& writers = std::nullopt);
 
 // Commits with records its caller gathered (every one durable before it was passed on): checks decide_commit over
 // `manifest.shards` and writes the manifest and `latest` as commit does, without listing the step dir or reading

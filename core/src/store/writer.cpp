@@ -425,7 +425,7 @@ Result<CommitTarget> open_commit_target(const std::string& root, std::uint64_t s
 }  // namespace
 
 Status commit(const std::string& root, const Manifest& manifest_without_shards, PhaseObserver observer,
-              const std::optional<Fence>& fence) {
+              const std::optional<Fence>& fence, const std::optional<std::vector<int>>& writers) {
   const Manifest& m0 = manifest_without_shards;
   const std::string at = "cannot commit step " + std::to_string(m0.step) + ": ";
   try {
@@ -439,6 +439,14 @@ Status commit(const std::string& root, const Manifest& manifest_without_shards, 
     }
     auto records = present_records_fd(fd);
     if (!records.ok()) return Status::failure(at + records.error.message);
+    if (writers) {
+      std::vector<ShardRecord>& all = *records.value;
+      all.erase(std::remove_if(all.begin(), all.end(),
+                               [&](const ShardRecord& r) {
+                                 return std::find(writers->begin(), writers->end(), r.rank) == writers->end();
+                               }),
+                all.end());
+    }
     CommitDecision decision = decide_commit(m0.kind, m0.layout, m0.world_size, *records.value);
     if (!decision.complete) return Status::failure(at + "not complete: " + decision.reason);
     Manifest m = m0;
