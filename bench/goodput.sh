@@ -15,7 +15,8 @@
 # job's steps times the step time of a run without checkpoints or failures, and the wall time runs from the first
 # step to the last. It then asks `ckpt simulate` for its prediction of the same run: the same failure times
 # (--failure-times), with the checkpoint cost δ and the restart cost R measured across all runs (medians; the
-# in-place restart R_in from the in-place recoveries, the spares counted in ranks), and for the expected goodput
+# in-place restart R_in from the in-place recoveries, the spares counted in ranks; the fraction of failures the
+# last words caught, pooled over the runs with them on), and for the expected goodput
 # over many failures (Monte Carlo). The table and the acceptance checks go to stdout and to <work dir>/report.
 #
 #   bench/goodput.sh [--mtbf SECONDS] [--work SECONDS] [--fixed LIST] [--seed N] [--step-sleep S] [--report DIR]
@@ -225,6 +226,9 @@ DELTA=$(get "f\"{max(d['cost_s'], 0.0001):.4f}\"")  # the simulator needs a cost
 RESTART=$(get "f\"{d['restart_s']:.3f}\"")
 RESTART_IN=$(get "f\"{d['inplace_restart_s']:.3f}\"")
 STEP_SEEN=$(get "f\"{d['step_seen_s']:.4f}\"")
+# The fraction of failures the last words caught, pooled over the runs that had them on: a simulator input measured
+# like δ and R. A failure can tear the state (DP x TP: one tensor-parallel rank past the update, its peer not).
+CATCH=$(get "(lambda rs: f\"{sum(r['terminal_checkpoints'] for r in rs) / max(1, sum(r['failures'] for r in rs)):.3f}\")([r for r in d['runs'] if r['name'] in ('last-words', 'in-place')])")
 SIM_WORK=$(awk -v n="$STEPS" -v s="$STEP_SEEN" 'BEGIN { printf "%.3f", n * s }')
 AUTO_LINE=$(grep "CKPT_INTERVAL=auto: interval" "$W/auto.out" | tail -1 | sed 's/.*CKPT_INTERVAL=auto: //')
 
@@ -238,7 +242,7 @@ predict() {  # name interval failure-times
     in-place) fixed=(--in-place-restart "${RESTART_IN}s" --spares "$SPARE_RANKS"); row=in-place ;;
     *) row=last-words ;;
   esac
-  local args=(simulate --cost "${DELTA}s" --restart "${RESTART}s" --mtbf "${MTBF}s" --catchable 1 "${fixed[@]}" --json)
+  local args=(simulate --cost "${DELTA}s" --restart "${RESTART}s" --mtbf "${MTBF}s" --catchable "$CATCH" "${fixed[@]}" --json)
   local pick="import json, sys; print(next(p['goodput'] for p in json.load(sys.stdin)['policies'] if p['policy'] == '$row') * $STEP_S / $STEP_SEEN)"
   replay=$("$CKPT" "${args[@]}" --work "${SIM_WORK}s" --failure-times "${trace:-none}" | "$PY" -c "$pick")
   expected=$("$CKPT" "${args[@]}" | "$PY" -c "$pick")
@@ -250,7 +254,7 @@ predict() {  # name interval failure-times
   echo "$STEPS steps of ${STEP_S}s without checkpointing, ${STEP_SEEN}s with it (median); a failure SIGKILLs one random rank;"
   echo "the controller requeues; in place, $SPARE_RANKS spare ranks on $SPARE_NODES more node(s) take the first failures of an allocation over"
   echo "measured across the runs: checkpoint cost δ ${DELTA}s (median per run), restart R ${RESTART}s (median), in place"
-  echo "R_in ${RESTART_IN}s (median); simulator inputs"
+  echo "R_in ${RESTART_IN}s (median), last words caught a fraction $CATCH of the failures; simulator inputs"
   echo "auto's last choice: $AUTO_LINE"
   printf '%-16s %8s %8s %6s %6s %9s %9s %9s %7s\n' policy wall_s failures ckpts words measured predicted expected diff
   n=0

@@ -23,6 +23,10 @@ PHASES = [("detection", "failed_unix", "detect"), ("agreement", "detect", "decid
           ("state load", "group", "restored"), ("first step", "restored", "first_step")]
 LINE = re.compile(r"in-place recovery (\{.*\})")
 STEP_TIME = re.compile(r"^train_ddp: step (\d+) loss \S+ t=([0-9.]+)", re.M)
+# Each rank's restore: what it read from the checkpoint dir and what it found in memory (a run restores once, after
+# the failure: its first start has nothing to restore).
+RESTORED = re.compile(r"^ckpt: rank \d+: restored step \d+ from .* \((\d+) bytes read, (\d+) found in memory\)$", re.M)
+MIB = 1 << 20
 
 
 def read_run(path, reference):
@@ -31,7 +35,11 @@ def read_run(path, reference):
     with open(os.path.join(path, "log"), errors="replace") as f:
         log = f.read()
     m = LINE.search(log)
-    row = {"name": os.path.basename(path), "mode": failure["mode"], "victim": failure["victim"]}
+    mode = failure["mode"] + ("" if failure.get("state", "memory") == "memory" else f" ({failure['state']})")
+    row = {"name": os.path.basename(path), "mode": mode, "victim": failure["victim"]}
+    restores = [(int(a), int(b)) for a, b in RESTORED.findall(log)]
+    row["read_mib"] = sum(a for a, _ in restores) / MIB
+    row["memory_mib"] = sum(b for _, b in restores) / MIB
     digest = ""
     if os.path.exists(os.path.join(path, "final.sha256")):
         with open(os.path.join(path, "final.sha256")) as f:
@@ -62,15 +70,17 @@ def main():
                   key=lambda d: (re.sub(r"\d+", "", d), int(re.sub(r"\D+", "", d) or 0)))
     rows = [read_run(os.path.join(work, d), reference) for d in runs]
     names = [p[0] for p in PHASES]
-    print(f"{'run':10s} {'node':4s} " + " ".join(f"{n:>12s}" for n in names) + f" {'total':>8s} {'lost':>4s} bitwise")
+    print(f"{'run':10s} {'node':4s} " + " ".join(f"{n:>12s}" for n in names) +
+          f" {'total':>8s} {'lost':>4s} {'read MiB':>9s} {'mem MiB':>8s} bitwise")
     for r in rows:
         if not r["recovered"]:
             took = f"{r['first_step_after']:.3f} s" if r["first_step_after"] is not None else "never"
             print(f"{r['name']:10s} {r['victim']:4s} not in place ({'requeued' if r['requeued'] else 'no requeue'}): "
-                  f"first step after the failure {took}; bitwise {r['bitwise']}")
+                  f"first step after the failure {took}; read {r['read_mib']:.1f} MiB; bitwise {r['bitwise']}")
             continue
         print(f"{r['name']:10s} {r['victim']:4s} " + " ".join(f"{r['phases'][n]:12.3f}" for n in names) +
-              f" {r['total']:8.3f} {r['steps_lost'] if r['steps_lost'] is not None else '?':>4} {r['bitwise']}")
+              f" {r['total']:8.3f} {r['steps_lost'] if r['steps_lost'] is not None else '?':>4}"
+              f" {r['read_mib']:9.1f} {r['memory_mib']:8.1f} {r['bitwise']}")
     for mode in sorted({r["mode"] for r in rows}):
         done = [r for r in rows if r["mode"] == mode and r["recovered"]]
         all_runs = [r for r in rows if r["mode"] == mode]
@@ -78,14 +88,15 @@ def main():
             took = [r["first_step_after"] for r in all_runs if r["first_step_after"] is not None]
             print(f"{mode}: no run recovered in place ({len(all_runs)} runs, {sum(r['requeued'] for r in all_runs)} "
                   f"requeued); median failure -> first step {statistics.median(took) if took else float('nan'):.3f} s; "
-                  f"bitwise {sum(r['bitwise'] for r in all_runs)}/{len(all_runs)}")
+                  f"read {statistics.median(r['read_mib'] for r in all_runs):.1f} MiB (median); bitwise {sum(r['bitwise'] for r in all_runs)}/{len(all_runs)}")
             continue
         med = {n: statistics.median(r["phases"][n] for r in done) for n in names}
         total = statistics.median(r["total"] for r in done)
         lost = [r["steps_lost"] for r in done if r["steps_lost"] is not None]
         print(f"{mode}: {len(done)}/{len(all_runs)} recovered in place; median failure -> first step {total:.3f} s "
               f"(max {max(r['total'] for r in done):.3f}); " + ", ".join(f"{n} {med[n]:.3f}" for n in names) +
-              f"; steps lost max {max(lost) if lost else '?'}; bitwise {sum(r['bitwise'] for r in all_runs)}"
+              f"; steps lost max {max(lost) if lost else '?'}; read {statistics.median(r['read_mib'] for r in done):.2f}"
+              f" MiB, in memory {statistics.median(r['memory_mib'] for r in done):.1f} MiB (medians); bitwise {sum(r['bitwise'] for r in all_runs)}"
               f"/{len(all_runs)}")
 
 

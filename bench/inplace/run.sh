@@ -9,17 +9,21 @@
 # requeues the job off the dead node. Prints per run and as medians the time from the failure to the first
 # completed step after it, split (in place) into detection, agreement, last words, group re-formation, state load
 # and first step; the floors (the heartbeat timeout, one step); the steps lost; and whether the final weights
-# are bitwise identical to an uninterrupted run's.
+# are bitwise identical to an uninterrupted run's; and the bytes the ranks read from the checkpoint dir at the
+# restore, against those they found in memory (-s runs each mode once per state source: `memory`, the default,
+# where a recovered generation takes the survivors' state from memory, and `files`, every rank reading its shard;
+# -x adds MiB of parameters per rank: train_ddp.py --extra-mib, three times that with AdamW's state).
 #   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze partition requeue"] [-t HEARTBEAT_TIMEOUT]
-#                        [-o DIR]
+#                        [-s "memory files"] [-x EXTRA_MIB] [-o DIR]
 # (cluster up; CKPT_BUILD_DIR set or build/ in the source tree). The batch host (n1) is never the victim: its
 # failure ends the batch script, and with it any Slurm job; that case takes the requeue path.
 set -euo pipefail
-RUNS=10 REQUEUE_RUNS=3 MODES="crash freeze partition requeue" HB=1s OUT=""
-while getopts "n:r:m:t:o:" o; do
+RUNS=10 REQUEUE_RUNS=3 MODES="crash freeze partition requeue" HB=1s OUT="" STATES=memory EXTRA=0
+while getopts "n:r:m:t:o:s:x:" o; do
   case $o in
     n) RUNS=$OPTARG ;; r) REQUEUE_RUNS=$OPTARG ;; m) MODES=$OPTARG ;; t) HB=$OPTARG ;; o) OUT=$OPTARG ;;
-    *) sed -n '2,16p' "$0" >&2; exit 2 ;;
+    s) STATES=$OPTARG ;; x) EXTRA=$OPTARG ;;
+    *) sed -n '2,20p' "$0" >&2; exit 2 ;;
   esac
 done
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -54,13 +58,13 @@ cat > "$WORK/job.sbatch" <<JOB
 export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=$HB CKPT_CONTROLLER_URL=$CONTROLLER_URL
 echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
 $CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $SRC/slurm-examples/train_ddp.py \\
-  --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 --log-time "\$@"
+  --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 --log-time --extra-mib $EXTRA "\$@"
 JOB
 
 # submit NAME NODES: the job into $WORK/NAME (log, ckpt, final weights); sets `job`.
 submit() {
   mkdir -p "$WORK/$1"
-  job=$(sbatch --parsable -N "$2" -J "bench-inplace-$1" -o "$WORK/$1/log" --ckpt-last-words=on \
+  job=$(CKPT_INPLACE_STATE=${state:-memory} sbatch --parsable -N "$2" -J "bench-inplace-$1" -o "$WORK/$1/log" --ckpt-last-words=on \
     --ckpt-dir="$WORK/$1/ckpt" "$WORK/job.sbatch" --out "$WORK/$1/final")
 }
 wait_done() {
@@ -75,11 +79,13 @@ wait_done
 [ -s "$WORK/reference/final.sha256" ] || { cat "$WORK/reference/log" >&2; echo "the uninterrupted run failed" >&2; exit 1; }
 echo "reference: $(cat "$WORK/reference/final.sha256")"
 
+for state in $STATES; do
 for mode in $MODES; do
   runs=$RUNS
   [ "$mode" = requeue ] && runs=$REQUEUE_RUNS
   for i in $(seq "$runs"); do
     name=$mode$i
+    [ "$STATES" = memory ] || name=$mode-$state$i
     at=$((15 + RANDOM % 20))
     victim=n$((2 + RANDOM % 2))
     nodes=4 action=$mode-node
@@ -92,7 +98,7 @@ for mode in $MODES; do
     seen=$(logged "$WORK/$name/log")
     t0=$(date +%s.%N)
     "$SRC/tests/cluster.sh" "$action" "$victim" > /dev/null 2>&1
-    echo "{\"mode\": \"$mode\", \"victim\": \"$victim\", \"failed_unix\": $t0, \"step_at_failure\": ${seen:-0}, \"heartbeat_timeout\": \"$HB\"}" \
+    echo "{\"mode\": \"$mode\", \"state\": \"$state\", \"extra_mib\": $EXTRA, \"victim\": \"$victim\", \"failed_unix\": $t0, \"step_at_failure\": ${seen:-0}, \"heartbeat_timeout\": \"$HB\"}" \
       > "$WORK/$name/failure.json"
     # Training ends before Slurm has given up on the victim: revive it then, so the job can complete.
     for _ in $(seq 600); do
@@ -104,5 +110,6 @@ for mode in $MODES; do
     victim=""
     echo "$name: $(grep -c '^train_ddp: step' "$WORK/$name/log") step lines, $(grep -o 'in-place recovery [0-9]*:.*' "$WORK/$name/log" | head -1)"
   done
+done
 done
 "$PY" "$SRC/bench/inplace/report.py" "$WORK"

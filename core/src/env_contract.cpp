@@ -62,6 +62,8 @@ const std::vector<Var>& contract() {
       {"ifname", "CKPT_IFNAME", "a network interface's name", S::Job, {}},
       {"inplace_plan_timeout", "CKPT_INPLACE_PLAN_TIMEOUT", "seconds", S::Job, {}},
       {"inplace_join_timeout", "CKPT_INPLACE_JOIN_TIMEOUT", "seconds", S::Job, {}},
+      {"inplace_state", "CKPT_INPLACE_STATE", "memory or files (where a restart in place takes the state from)", S::Job,
+       {}},
   };
   return table;
 }

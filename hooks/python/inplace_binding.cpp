@@ -135,6 +135,15 @@ void bind_inplace(py::module& parent) {
   m.def("after_train", [](std::uint32_t generation, bool raised, bool mesh_failed, bool lost_peer, bool counted_dead) {
     return ip::after_train(generation, ip::TrainOutcome{raised, mesh_failed, lost_peer, counted_dead});
   }, py::arg("generation"), py::arg("raised"), py::arg("mesh_failed"), py::arg("lost_peer"), py::arg("counted_dead"));
+  m.def("state_donors", [](const ip::Plan& p, const py::dict& layout) {
+    ckpt::store::Layout l;
+    l.dp = layout["dp"].cast<int>();
+    l.tp = layout["tp"].cast<int>();
+    l.pp = layout["pp"].cast<int>();
+    l.zero1 = layout["zero1"].cast<bool>();
+    return ip::state_donors(p, l);
+  }, py::arg("plan"), py::arg("layout"),
+        "Replacement rank -> the survivor that hands it its state (a Checkpointer config's layout dict).");
   m.def("after_join_failure", &ip::after_join_failure, py::arg("generation"), py::arg("missing"));
   m.def("join_failure", &ip::join_failure, py::arg("plan"), py::arg("missing"), py::arg("now_unix"));
   m.def("recovery_role", &ip::recovery_role, py::arg("world"), py::arg("failure"), py::arg("rank"),

@@ -163,6 +163,8 @@ py::dict stats_dict(const ckpt::hooks::Stats& s) {
   d["state_bytes"] = s.state_bytes;
   d["staging_bytes"] = s.staging_bytes;
   d["blob_bytes"] = s.blob_bytes;
+  d["restore_read_bytes"] = s.restore_read_bytes;
+  d["restore_live_bytes"] = s.restore_live_bytes;
   d["auto_interval_s"] = s.auto_interval_s;
   d["auto_cost_s"] = s.auto_cost_s;
   d["auto_stall_s"] = s.auto_stall_s;
@@ -245,13 +247,26 @@ PYBIND11_MODULE(_native, m) {
            "Replaces every region: a list of (name, ptr, size, device, sync, meta, stream).")
       .def("put_blob", &PyCheckpointer::put_blob, py::arg("name"), py::arg("data"), py::arg("meta") = "{}",
            "Copies a small bytes-like value now; later checkpoints save its latest value.")
-      .def("restore", [](PyCheckpointer& self, bool copy, const std::vector<std::string>& reshard_prefixes) {
+      .def("restore", [](PyCheckpointer& self, bool copy, const std::vector<std::string>& reshard_prefixes,
+                         const std::vector<std::tuple<std::string, std::uintptr_t, std::size_t>>& live) {
+             ckpt::hooks::RestoreOptions options;
+             options.copy_into_regions = copy;
+             options.reshard_prefixes = reshard_prefixes;
+             for (const auto& [name, ptr, size] : live) {
+               ckpt::hooks::RegionSpec r;
+               r.name = name;
+               r.data = reinterpret_cast<void*>(ptr);
+               r.size = size;
+               options.live.push_back(std::move(r));
+             }
              py::gil_scoped_release release;
-             return take(self.get().restore(copy, reshard_prefixes));
+             return take(self.get().restore(options));
            },
            py::arg("copy_into_regions") = true, py::arg("reshard_prefixes") = std::vector<std::string>{},
+           py::arg("live") = std::vector<std::tuple<std::string, std::uintptr_t, std::size_t>>{},
            "Loads the newest complete checkpoint; returns its step, 0 if none. A ZeRO-1 checkpoint of another world "
-           "size also yields the ranges of other shards named by reshard_prefixes.")
+           "size also yields the ranges of other shards named by reshard_prefixes. `live`: (name, address, size) of "
+           "host memory this rank holds already; ranges whose bytes there match their checksums are not read.")
       .def("restored", &PyCheckpointer::restored,
            "The loaded checkpoint's regions as (name, meta_json, memoryview, address); valid until the next snapshot.")
       .def("before_update", [](PyCheckpointer& self) {

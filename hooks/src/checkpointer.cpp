@@ -326,11 +326,24 @@ Status Checkpointer::put_blob(std::string_view name, const void* data, std::size
 Result<std::uint64_t> Checkpointer::restore(bool copy_into_regions) { return restore(copy_into_regions, {}); }
 
 Result<std::uint64_t> Checkpointer::restore(bool copy_into_regions, const std::vector<std::string>& reshard_prefixes) {
+  RestoreOptions options;
+  options.copy_into_regions = copy_into_regions;
+  options.reshard_prefixes = reshard_prefixes;
+  return restore(options);
+}
+
+Result<std::uint64_t> Checkpointer::restore(const RestoreOptions& options) {
   if (!impl_->enabled) return std::uint64_t{0};
-  impl_->reshard_prefixes = reshard_prefixes;  // this restore's only: a later one without them must not reuse them
+  // This restore's only: a later one without them must not reuse them.
+  impl_->reshard_prefixes = options.reshard_prefixes;
+  impl_->live.clear();
+  for (const RegionSpec& r : options.live) {
+    if (r.memory == Memory::Host) impl_->live.push_back({r.name, r.data, r.size});
+  }
   if (impl_->closed) return Error{"ckpt: restore() after close()"};
   try {
-    auto step = impl_->restore(copy_into_regions);
+    auto step = impl_->restore(options.copy_into_regions);
+    impl_->live.clear();
     if (step) impl_->tracker.finish_step(*step);
     return surfaced(std::move(step));
   } catch (const std::exception& e) {

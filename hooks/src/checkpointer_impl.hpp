@@ -117,6 +117,7 @@ struct Checkpointer::Impl {
   Status close_status;
   std::vector<RestoredRegion> restored;
   std::vector<std::string> reshard_prefixes;     // restore(): what a resharded ZeRO-1 rank reads of other shards
+  std::vector<store::LiveRange> live;            // restore(): memory this rank holds already (RestoreOptions::live)
   std::deque<std::vector<std::byte>> reshard_ranges;  // their bytes, which restored lists
   bool resharded = false;                        // the last load was such a one
   Clock::time_point last_checkpoint_time = Clock::now();
@@ -239,6 +240,13 @@ struct Checkpointer::Impl {
   // Reads this rank's shard of the candidate into host staging, checked as it is read; a definite error means
   // the checkpoint is bad.
   Status load(const RestorePlan& plan, bool& definite);
+  // The ranges `live` holds taken from there and the others read one by one; nullopt when nothing matched (or
+  // a range has no checksum of its own): load() then reads the whole shard.
+  std::optional<Status> load_with_live(const RestorePlan& plan, const store::ShardRecord& record, bool& definite);
+  // `restored` for `record`'s ranges: in host staging at their offsets, or in live memory where from_live says.
+  Status list_restored(std::uint64_t step, const store::ShardRecord& record,
+                       const std::vector<std::optional<std::size_t>>& from_live);
+  void set_restore_bytes(std::uint64_t read, std::uint64_t live_bytes);
   Result<std::uint64_t> restore(bool copy_into_regions);
   // A resharded ZeRO-1 load: the ranges of other shards this rank's new partition needs, read and checked.
   Status load_reshard_ranges(const std::string& root, const store::Manifest& m, int source, bool& definite);

@@ -73,10 +73,76 @@ Status Checkpointer::Impl::load_reshard_ranges(const std::string& root, const st
     bytes += read.bytes;
     restored.push_back({range.name, range.meta.dump(), into.data(), into.size()});
   }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.restore_read_bytes += bytes;
+  }
   log::info(rank, "step " + std::to_string(m.step) + ": ZeRO-1 state of " + std::to_string(m.world_size) +
                       " ranks resharded onto " + std::to_string(config.world_size) + ": read " +
                       std::to_string(ranges->size()) + " ranges (" + std::to_string(bytes) +
                       " bytes) of the other shards");
+  return Status::success();
+}
+
+Status Checkpointer::Impl::list_restored(std::uint64_t step, const store::ShardRecord& record,
+                                         const std::vector<std::optional<std::size_t>>& from_live) {
+  restored.clear();
+  for (std::size_t i = 0; i < record.states.size(); ++i) {
+    const store::StateRange& s = record.states[i];
+    if (s.offset > record.size || s.length > record.size - s.offset) {
+      return Status::failure("step " + std::to_string(step) + ": region '" + s.name + "' lies outside its shard");
+    }
+    const std::byte* data = host.data() + s.offset;
+    if (i < from_live.size() && from_live[i]) data = static_cast<const std::byte*>(live[*from_live[i]].data);
+    restored.push_back({s.name, s.meta.dump(), data, static_cast<std::size_t>(s.length)});
+  }
+  return Status::success();
+}
+
+void Checkpointer::Impl::set_restore_bytes(std::uint64_t read, std::uint64_t live_bytes) {
+  std::lock_guard<std::mutex> lock(mu);
+  stats.restore_read_bytes = read;
+  stats.restore_live_bytes = live_bytes;
+}
+
+std::optional<Status> Checkpointer::Impl::load_with_live(const RestorePlan& plan, const store::ShardRecord& record,
+                                                         bool& definite) {
+  const std::uint64_t step = *plan.step;
+  std::vector<std::optional<std::size_t>> from_live = store::match_live_ranges(record, live);
+  std::uint64_t live_bytes = 0, read_bytes = 0;
+  std::size_t matched = 0;
+  for (std::size_t i = 0; i < record.states.size(); ++i) {
+    if (from_live[i]) {
+      ++matched;
+      live_bytes += record.states[i].length;
+    } else if (!record.states[i].checksum) {
+      return std::nullopt;  // an older checkpoint: only the whole shard's checksum vouches for its ranges
+    }
+  }
+  if (matched == 0) return std::nullopt;  // nothing held here (a spare, another step): one sequential read
+  for (std::size_t i = 0; i < record.states.size(); ++i) {
+    const store::StateRange& range = record.states[i];
+    if (from_live[i] || range.length == 0) continue;
+    if (range.offset > record.size || range.length > record.size - range.offset) {
+      definite = true;
+      return Status::failure("step " + std::to_string(step) + ": region '" + range.name + "' lies outside its shard");
+    }
+    store::ShardRead read = store::read_range(plan.root, step, record, range, host.data() + range.offset);
+    if (!read.status) {
+      definite = read.definite;
+      return read.status;
+    }
+    read_bytes += read.bytes;
+  }
+  if (Status s = list_restored(step, record, from_live); !s) {
+    definite = true;
+    return s;
+  }
+  set_restore_bytes(read_bytes, live_bytes);
+  log::info(rank, "step " + std::to_string(step) + ": " + std::to_string(matched) + " of " +
+                      std::to_string(record.states.size()) + " ranges (" + std::to_string(live_bytes) +
+                      " bytes) were in this rank's memory, checked against their checksums; read " +
+                      std::to_string(read_bytes) + " bytes of " + record.file);
   return Status::success();
 }
 
@@ -118,6 +184,9 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
   }
   if (Status s = grow_host(static_cast<std::size_t>(record.size)); !s) return s;
   (void)ask_staging(host.size(), 0);
+  if (!reshard_manifest && !live.empty()) {
+    if (std::optional<Status> s = load_with_live(plan, record, definite)) return *s;
+  }
   store::ShardRead read = store::read_shard(plan.root, step, record, host.data());
   if (!read.status) {
     definite = read.definite;
@@ -127,14 +196,11 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
     log::info(rank, "step " + std::to_string(step) + ": " + record.file + " read after " +
                         std::to_string(read.retries) + " transient errors");
   }
-  restored.clear();
-  for (const store::StateRange& s : record.states) {
-    if (s.offset > record.size || s.length > record.size - s.offset) {
-      definite = true;
-      return Status::failure(at + "region '" + s.name + "' lies outside its shard");
-    }
-    restored.push_back({s.name, s.meta.dump(), host.data() + s.offset, static_cast<std::size_t>(s.length)});
+  if (Status s = list_restored(step, record, {}); !s) {
+    definite = true;
+    return s;
   }
+  set_restore_bytes(read.bytes, 0);
   if (reshard_manifest) {
     resharded = true;
     // The loaded shard holds the model and its writer's old partition; the ranges of this rank's new partition
@@ -218,13 +284,18 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
       }
       if (r.size == 0) continue;
       if (r.memory == Memory::Host) {
-        std::memcpy(r.data, it->data, r.size);
+        if (r.data != it->data) std::memcpy(r.data, it->data, r.size);  // live memory may be the region itself
       } else if (Status s = device->upload(r.data, it->data, r.size); !s) {
         return Error{s.error()};
       }
     }
   }
-  if (loaded) log::info(rank, "restored step " + std::to_string(step) + " from " + plan.root);
+  if (loaded) {
+    Stats s = stats_copy();
+    log::info(rank, "restored step " + std::to_string(step) + " from " + plan.root + " (" +
+                        std::to_string(s.restore_read_bytes) + " bytes read, " +
+                        std::to_string(s.restore_live_bytes) + " found in memory)");
+  }
   start(step);
   return step;
 }

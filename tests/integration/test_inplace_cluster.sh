@@ -4,7 +4,8 @@
 #  1. A training node crashes (SIGKILL): the survivors write a terminal checkpoint, the spare takes the dead rank
 #     over, and training goes on in the same processes, with no requeue and no relaunch: at most one step lost,
 #     final weights bitwise identical to an uninterrupted run, and the controller records the recovery with the
-#     path "in-place" and its phases.
+#     path "in-place" and its phases. Every rank takes its state from memory, checked against the checkpoint's
+#     checksums (a survivor its own, the replacement what a survivor sent it): only small blobs are read.
 #  2. A training node freezes (SIGSTOP: only missed heartbeats tell): the same. And a rank hangs while its node is
 #     fine (cluster.sh hang-tasks: only its task stopped, slurmd answers): the same; woken afterwards, the stale
 #     process leaves and changes nothing.
@@ -36,6 +37,19 @@ $CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $C
   --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 "\$@"
 JOB
 logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
+# state_from_memory LOG STEP: at the restore of STEP in place, each survivor found its weights and optimizer state
+# in its own memory and the replacement in what a survivor sent it, each checked against the checkpoint's
+# checksums: only the small blobs were read from the checkpoint dir.
+state_from_memory() {
+  local r line read_b live_b
+  for r in 0 1 2; do
+    line=$(grep "ckpt: rank $r: restored step $2 from .* bytes read, .* found in memory)" "$1" | tail -1)
+    read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
+    live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
+    echo "rank $r: step $2: ${read_b:-?} bytes read, ${live_b:-?} found in memory" >&2
+    [ -n "$read_b" ] && [ -n "$live_b" ] && [ "$live_b" -gt 100000 ] && [ "$read_b" -lt 65536 ] || return 1
+  done
+}
 # submit NAME NODES: the job, into $SCRATCH/NAME; sets `job`.
 submit() {
   mkdir -p "$SCRATCH/$1"
@@ -95,6 +109,7 @@ for mode in crash freeze hang; do
   [ -n "$resumed" ] && [ "$resumed" -ge $((seen - 1)) ] ||
     fail "$mode of $node at step $seen: resumed from step ${resumed:-?} (more than one step lost)"
   same_weights "$name" || fail "$mode of $node: the final weights differ from the uninterrupted run's"
+  state_from_memory "$log" "$resumed" || fail "$mode of $node: the state was read from the checkpoint dir"
   took=$(sed -n 's/.*ckpt-run: in-place recovery 1: .* training ran again \([0-9.]*\) s after.*/\1/p' "$log")
   [ -n "$took" ] || { cat "$log" >&2; fail "$mode: ckpt-run did not see the recovery complete"; }
   for _ in $(seq 50); do ctl history "$job" 2>/dev/null | grep -q "(in-place)" && break; sleep 0.2; done

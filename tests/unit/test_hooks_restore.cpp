@@ -320,3 +320,69 @@ TEST_CASE("a shard that does not load walks every rank back to the same step, ma
     CHECK_THAT(ranks[0].step.error(), Catch::Contains("give each launch its own CKPT_RUN_ID"));
   }
 }
+
+TEST_CASE("a survivor's own memory is used where it holds the checkpoint's bytes; only the rest is read",
+          "[hooks][restore]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  train(dir.path(), 3);
+  std::vector<unsigned char> held_a = state_at(1 << 20, 3), held_b = state_at(100, 3);
+  auto restore_holding = [&](std::vector<RegionSpec> live) {
+    Restored r;
+    r.a.assign(1 << 20, 0);
+    r.b.assign(100, 0);
+    auto cp = test::make(test::options({{"dir", dir.path()}}));
+    REQUIRE(cp->register_region({"a", r.a.data(), r.a.size()}).ok());
+    REQUIRE(cp->register_region({"b", r.b.data(), r.b.size()}).ok());
+    RestoreOptions options;
+    options.live = std::move(live);
+    r.step = cp->restore(options);
+    for (const RestoredRegion& x : cp->restored()) {
+      if (x.name == "extra") r.extra.assign(reinterpret_cast<const char*>(x.data), x.size);
+    }
+    Stats s = cp->stats();
+    REQUIRE(cp->close().ok());
+    return std::pair{r, s};
+  };
+  SECTION("what it holds is taken from memory, checked; the blob it does not hold is read") {
+    auto [r, s] = restore_holding({{"a", held_a.data(), held_a.size()}, {"b", held_b.data(), held_b.size()}});
+    REQUIRE(r.step.ok());
+    CHECK(*r.step == 3);
+    CHECK((r.a == state_at(1 << 20, 3)));
+    CHECK((r.b == state_at(100, 3)));
+    CHECK(r.extra == "step 3");
+    CHECK(s.restore_live_bytes == (1u << 20) + 100);
+    CHECK(s.restore_read_bytes == std::string("step 3").size());
+    CHECK(log.has("2 of 3 ranges"));
+  }
+  SECTION("a byte of it that differs: that range is read from the checkpoint") {
+    held_a[777] ^= 0x10;
+    auto [r, s] = restore_holding({{"a", held_a.data(), held_a.size()}, {"b", held_b.data(), held_b.size()}});
+    REQUIRE(r.step.ok());
+    CHECK((r.a == state_at(1 << 20, 3)));
+    CHECK(s.restore_live_bytes == 100);
+    CHECK(s.restore_read_bytes == (1u << 20) + std::string("step 3").size());
+  }
+  SECTION("the state of another step matches nothing: the whole shard is read") {
+    auto older = state_at(1 << 20, 2);
+    auto [r, s] = restore_holding({{"a", older.data(), older.size()}});
+    REQUIRE(r.step.ok());
+    CHECK((r.a == state_at(1 << 20, 3)));
+    CHECK(s.restore_live_bytes == 0);
+    CHECK(s.restore_read_bytes >= (1u << 20));
+  }
+  SECTION("the memory may be the registered region itself") {
+    Restored r;
+    r.a = held_a;
+    r.b.assign(100, 0);
+    auto cp = test::make(test::options({{"dir", dir.path()}}));
+    REQUIRE(cp->register_region({"a", r.a.data(), r.a.size()}).ok());
+    REQUIRE(cp->register_region({"b", r.b.data(), r.b.size()}).ok());
+    RestoreOptions options;
+    options.live = {{"a", r.a.data(), r.a.size()}};
+    REQUIRE(*cp->restore(options) == 3);
+    CHECK((r.a == state_at(1 << 20, 3)));
+    CHECK((r.b == state_at(100, 3)));
+    REQUIRE(cp->close().ok());
+  }
+}

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -319,5 +320,51 @@ TEST_CASE("the run's dir: private, written whole, stale or torn records unread",
   SECTION("a dir another user could enter is refused") {
     REQUIRE(::chmod(dir.c_str(), 0755) == 0);
     CHECK_THAT(Records::open(dir).error(), Catch::Contains("mode 0755"));
+  }
+}
+
+TEST_CASE("state_donors: a survivor holding the same replica hands its state to each replacement, in turn",
+          "[inplace]") {
+  Plan p;
+  p.world = 8;
+  p.step = 40;
+  p.lost = {5, 1};
+  ckpt::store::Layout dp{8, 1, 1, false};
+  auto donors = state_donors(p, dp);
+  REQUIRE(donors.size() == 2);
+  CHECK(donors.at(1) == 0);  // the survivors in rank order, one replacement each
+  CHECK(donors.at(5) == 2);
+  for (auto [to, from] : donors) CHECK(std::find(p.lost.begin(), p.lost.end(), from) == p.lost.end());
+
+  SECTION("more replacements than replicas: none serves more than its share") {
+    p.world = 4;
+    p.lost = {0, 1, 2};
+    auto d = state_donors(p, {4, 1, 1, false});
+    REQUIRE(d.size() == 3);
+    for (auto [to, from] : d) CHECK(from == 3);  // the only survivor: ceil(3 / 1)
+    p.lost = {0, 2};
+    d = state_donors(p, {4, 1, 1, false});
+    CHECK(d.at(0) == 1);
+    CHECK(d.at(2) == 3);
+  }
+  SECTION("tensor parallelism: a donor of the same tensor-parallel rank") {
+    p.world = 4;
+    p.lost = {0};
+    ckpt::store::Layout dp2tp2{2, 2, 1, false};  // ranks 0, 1 replica dp0 (tp0, tp1); 2, 3 replica dp1
+    auto d = state_donors(p, dp2tp2);
+    REQUIRE(d.size() == 1);
+    CHECK(d.at(0) == 2);
+    p.lost = {0, 2};  // tp0 lost in both replicas: nobody holds it
+    CHECK(state_donors(p, dp2tp2).empty());
+  }
+  SECTION("nothing to hand over") {
+    Plan newest = p;
+    newest.step.reset();  // the newest complete checkpoint: the survivors hold a later step
+    CHECK(state_donors(newest, dp).empty());
+    CHECK(state_donors(p, {8, 1, 1, true}).empty());  // ZeRO-1: each partition is its own
+    CHECK(state_donors(p, {4, 1, 1, false}).empty());  // a layout of another world
+    Plan abandoned = p;
+    abandoned.abandon = "too few spares";
+    CHECK(state_donors(abandoned, dp).empty());
   }
 }

@@ -629,3 +629,34 @@ TEST_CASE("control files: atomic, read back whole, never through a symlink", "[s
   CHECK_FALSE(write_control_file(other.path(), "x", "y").ok());
   CHECK_FALSE(fs::exists(other / "real/x"));
 }
+
+TEST_CASE("match_live_ranges: memory that holds a range's bytes exactly, by name, length and checksum",
+          "[store][fs]") {
+  ShardRecord record;
+  std::vector<unsigned char> a(4096, 7), b(64, 9);
+  StateRange ra;
+  ra.name = "a";
+  ra.length = a.size();
+  ra.checksum = XXH3_64bits(a.data(), a.size());
+  StateRange rb;
+  rb.name = "b";
+  rb.offset = a.size();
+  rb.length = b.size();
+  rb.checksum = XXH3_64bits(b.data(), b.size());
+  StateRange old;  // written before ranges had checksums
+  old.name = "old";
+  old.length = b.size();
+  record.states = {ra, rb, old};
+  std::vector<unsigned char> b2 = b;
+  b2[3] = 0;
+  auto m = match_live_ranges(record, {{"b", b.data(), b.size()}, {"a", a.data(), a.size()}, {"old", b.data(), b.size()}});
+  REQUIRE(m.size() == 3);
+  CHECK(m[0] == std::optional<std::size_t>(1));
+  CHECK(m[1] == std::optional<std::size_t>(0));
+  CHECK_FALSE(m[2]);  // no checksum of its own: never taken from memory
+  m = match_live_ranges(record, {{"a", a.data(), a.size() - 1}, {"b", b2.data(), b2.size()}});
+  CHECK_FALSE(m[0]);  // another length
+  CHECK_FALSE(m[1]);  // another byte
+  m = match_live_ranges(record, {{"a", a.data(), a.size()}, {"a", a.data(), a.size()}});
+  CHECK_FALSE(m[0]);  // a name given twice is ambiguous
+}

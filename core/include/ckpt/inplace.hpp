@@ -26,6 +26,7 @@
 #include "ckpt/posix.hpp"
 #include "ckpt/recovery.hpp"
 #include "ckpt/result.hpp"
+#include "ckpt/store.hpp"
 
 namespace ckpt::inplace {
 
@@ -159,6 +160,15 @@ Role recovery_role(int world, const Failure& failure, int rank, bool plan_exists
 // when there are too few. The rendezvous address is the caller's to fill in.
 Plan plan_generation(std::uint32_t generation, int world, int root, const Failure& failure,
                      const std::vector<std::string>& free_spares);
+
+// Which survivor hands its state to which replacement at the start of the generation `plan` forms, so that the
+// replacement reads nothing from the checkpoint dir: replacement rank -> donor rank. Only where the plan resumes
+// from a named step (a terminal checkpoint: the survivors hold that step's state) and the state is replicated: a
+// donor holds the same tensor-parallel and pipeline coordinates (`layout`'s default placement), and there is no
+// ZeRO-1 (each rank's optimizer partition is its own). Donors take the lost ranks in turn, so none serves more
+// than ceil(lost / replicas) of them. A replacement left out reads its shard; what a donor sends is checked
+// against the checkpoint's checksums before it is used.
+std::map<int, int> state_donors(const Plan& plan, const store::Layout& layout);
 
 // The ready spares no claim names, sorted, from a listing of the run's dir.
 std::vector<std::string> free_spares(std::vector<std::string> names);

@@ -370,6 +370,19 @@ ShardRead stream_shard(const std::string& root, std::uint64_t step, const ShardR
 ShardRead stream_range(const std::string& root, std::uint64_t step, const ShardRecord& record, const StateRange& range,
                        const ShardSink& sink, const ShardReadOptions& options = {});
 
+// Bytes a rank already holds in memory under a range's name: a survivor of a restart in place holds the state it
+// just checkpointed.
+struct LiveRange {
+  std::string name;
+  const void* data = nullptr;
+  std::size_t size = 0;
+};
+// For each range of `record.states`, the index in `live` of memory that holds that range's bytes exactly: the
+// same name and length, and an XXH3-64 equal to the range's own checksum. A range without a checksum (an older
+// checkpoint) never matches; nor does one whose name `live` holds twice. Reads nothing but `live`'s memory.
+std::vector<std::optional<std::size_t>> match_live_ranges(const ShardRecord& record,
+                                                          const std::vector<LiveRange>& live);
+
 // Reads a shard's records back for a restore; the caller verifies first (see verify / resolve_resume).
 Result<std::vector<ShardRecord>> read_records(const std::string& root, std::uint64_t step);
 

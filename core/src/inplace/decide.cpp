@@ -225,4 +225,34 @@ Verdict verdict(const std::optional<Plan>& plan, int rank) {
   return Verdict::Go;
 }
 
+std::map<int, int> state_donors(const Plan& plan, const store::Layout& layout) {
+  std::map<int, int> donors;
+  if (!plan.step || plan.abandons() || layout.zero1 || plan.world != layout.world_size()) return donors;
+  std::vector<bool> lost(static_cast<std::size_t>(plan.world), false);
+  for (int r : plan.lost) {
+    if (r >= 0 && r < plan.world) lost[static_cast<std::size_t>(r)] = true;
+  }
+  // Per (pp, tp): the survivors holding it, and how many replacements each has taken so far (a turn each).
+  std::map<std::pair<int, int>, std::vector<int>> holders;
+  for (int r = 0; r < plan.world; ++r) {
+    if (lost[static_cast<std::size_t>(r)]) continue;
+    store::RankCoord c = layout.coord_of(r);
+    holders[{c.pp, c.tp}].push_back(r);
+  }
+  std::map<std::pair<int, int>, std::size_t> turn;
+  std::vector<int> sorted_lost = plan.lost;
+  std::sort(sorted_lost.begin(), sorted_lost.end());
+  sorted_lost.erase(std::unique(sorted_lost.begin(), sorted_lost.end()), sorted_lost.end());
+  for (int r : sorted_lost) {
+    if (r < 0 || r >= plan.world) continue;
+    store::RankCoord c = layout.coord_of(r);
+    auto it = holders.find({c.pp, c.tp});
+    if (it == holders.end() || it->second.empty()) continue;
+    std::size_t& next = turn[{c.pp, c.tp}];
+    donors[r] = it->second[next % it->second.size()];
+    ++next;
+  }
+  return donors;
+}
+
 }  // namespace ckpt::inplace

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -342,6 +343,25 @@ ShardRead stream_range(const std::string& root, std::uint64_t step, const ShardR
 ShardRead read_range(const std::string& root, std::uint64_t step, const ShardRecord& record, const StateRange& range,
                      void* dest, const ShardReadOptions& options) {
   return read_shard_to(root, step, record, dest, nullptr, options, &range);
+}
+
+std::vector<std::optional<std::size_t>> match_live_ranges(const ShardRecord& record,
+                                                          const std::vector<LiveRange>& live) {
+  std::map<std::string_view, std::optional<std::size_t>> by_name;  // nullopt: the name comes twice
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    auto [it, inserted] = by_name.emplace(live[i].name, i);
+    if (!inserted) it->second.reset();
+  }
+  std::vector<std::optional<std::size_t>> matches(record.states.size());
+  for (std::size_t r = 0; r < record.states.size(); ++r) {
+    const StateRange& range = record.states[r];
+    auto it = by_name.find(range.name);
+    if (!range.checksum || it == by_name.end() || !it->second) continue;
+    const LiveRange& mine = live[*it->second];
+    if (mine.size != range.length || (mine.size > 0 && mine.data == nullptr)) continue;
+    if (XXH3_64bits(mine.data, mine.size) == *range.checksum) matches[r] = it->second;
+  }
+  return matches;
 }
 
 }  // namespace ckpt::store

@@ -138,13 +138,24 @@ struct RegionSpec {
   void* stream = nullptr;        // Device: the cudaStream_t updates run on; null is the legacy default stream
 };
 
-// One region of the checkpoint restore() loaded. `data` points into staging: valid until the next snapshot,
-// restore, or registration that grows the state.
+// One region of the checkpoint restore() loaded. `data` points into staging (valid until the next snapshot,
+// restore, or registration that grows the state) or, for a range found there, into RestoreOptions::live.
 struct RestoredRegion {
   std::string name;
   std::string meta_json;
   const std::byte* data = nullptr;
   std::size_t size = 0;
+};
+
+// What restore() does besides loading the step every rank agrees on.
+struct RestoreOptions {
+  bool copy_into_regions = true;              // fill the registered regions from the loaded ones
+  std::vector<std::string> reshard_prefixes;  // ZeRO-1 onto another world size: see restore(bool, prefixes)
+  // Memory this rank holds already, by region name: a survivor of a restart in place holds the state it has just
+  // checkpointed. A range of the loaded shard whose bytes here hash to the range's recorded checksum is taken
+  // from here, and only the other ranges are read from the checkpoint (restored() points into this memory for
+  // those). Host regions only; a resharded checkpoint reads everything.
+  std::vector<RegionSpec> live;
 };
 
 // What after_step does at one step.
@@ -174,6 +185,8 @@ struct Stats {
   std::uint64_t state_bytes = 0;          // bytes of the registered regions
   std::uint64_t staging_bytes = 0;        // bytes of staging memory held (host and pinned)
   std::uint64_t blob_bytes = 0;           // bytes of small blobs held
+  std::uint64_t restore_read_bytes = 0;   // the last restore: bytes read from the checkpoint dir
+  std::uint64_t restore_live_bytes = 0;   // the last restore: bytes found already in this rank's memory
   // CKPT_INTERVAL=auto, on rank 0 (the rank that decides timed checkpoints); zero elsewhere. Recomputed after
   // each checkpoint's persist (see ckpt::interval::AutoInterval).
   double auto_interval_s = 0;             // the interval in use
@@ -243,6 +256,8 @@ class Checkpointer {
   // restored(), in the same agreement as the rest: a bad range walks every rank back. Copying into the regions is
   // refused then (they are another partition's); the Python module builds the partition's state itself.
   CKPT_HOOKS_API Result<std::uint64_t> restore(bool copy_into_regions, const std::vector<std::string>& reshard_prefixes);
+  // Both of the above, and memory this rank holds already (RestoreOptions::live).
+  CKPT_HOOKS_API Result<std::uint64_t> restore(const RestoreOptions& options);
   // The regions of the checkpoint the last restore() loaded (blobs included), in shard order.
   CKPT_HOOKS_API const std::vector<RestoredRegion>& restored() const;
 

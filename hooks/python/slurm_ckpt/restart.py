@@ -49,7 +49,7 @@ _JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get(_ENV["inplace_jo
 
 # The Checkpointer's error when a rank never joined its heartbeat mesh.
 _MESH_FAILED = "not every rank joined the mesh"
-_state = {"checkpointer": None, "recovery": None, "group": None}
+_state = {"checkpointer": None, "recovery": None, "group": None, "plan": None}
 
 
 def _say(line):
@@ -81,6 +81,17 @@ def note_phase(name, step=None):
     if name == "first_step":
         _state["recovery"] = None
         recovery.finish()
+
+
+def handover(layout):
+    """This rank's part in handing live state over as a recovered generation starts (ckpt/inplace.hpp,
+    state_donors): (the replacements it sends its state to, the survivor it receives state from, or None)."""
+    plan = _state["plan"]
+    if plan is None:
+        return [], None
+    donors = _core.state_donors(plan, layout)
+    rank = int(os.environ[_ENV["rank"]])
+    return sorted(to for to, donor in donors.items() if donor == rank), donors.get(rank)
 
 
 def _last_words():
@@ -528,6 +539,7 @@ class _Run:
         self.mailbox.publish(self.members, self.rank, self.generation)
         _state["recovery"] = self.recovery
         _state["group"] = self.group
+        _state["plan"] = self.plan if self.generation > 0 else None
 
     def _on_join_failed(self, missing, error, why):
         """Ranks went missing while the generation formed (or before its mesh did): plan the next one without them,

@@ -212,6 +212,18 @@ def _stream_of(t):
     return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
 
 
+_ENV = _native.env_names()  # setting key -> variable (ckpt/env_contract.hpp)
+
+
+def _state_from_memory():
+    """CKPT_INPLACE_STATE: `memory` (the default): a restart in place takes the state from the survivors' memory,
+    checked against the checkpoint's checksums; `files`: every rank reads its shard, as after a requeue."""
+    value = os.environ.get(_ENV["inplace_state"], "memory")
+    if value not in ("memory", "files"):
+        raise Error(f"ckpt: {_ENV['inplace_state']}={value[:100]!r}: expected memory or files")
+    return value == "memory"
+
+
 def _tensor_from(region):
     """A new CPU tensor holding a region's bytes, with its recorded dtype and shape. The size the manifest's shape
     and dtype imply is checked against the region's bytes before anything is allocated: a manifest cannot make the
@@ -429,6 +441,50 @@ class Checkpointer:
             raise Error(f"ckpt: tensor '{name}' is not contiguous; its storage cannot be saved as one region")
         return (name, t.data_ptr(), t.numel() * t.element_size(), t.is_cuda, sync, _meta(t, kind), _stream_of(t))
 
+    def _held(self):
+        """A survivor of a restart in place offers the state it holds, as (region name, host tensor): the restore
+        takes each range whose bytes here match the checkpoint's checksum from here and reads only the others. A
+        fresh process (a spare, a requeue) offers nothing: its optimizer has no state yet, and hashing its new
+        weights would find nothing."""
+        if os.environ.get(_ENV["generation"], "0") == "0" or not _state_from_memory():
+            return []
+        if self.optimizer is not None and not any(self._state_optimizer.state.values()):
+            return []
+        held = [(_MODEL + name, t.detach()) for name, t in self.model.state_dict(keep_vars=True).items()]
+        if self.optimizer is not None:
+            for index, entry in self._state_optimizer.state_dict()["state"].items():
+                held += [(self._optim_region(index, key), value.detach()) for key, value in entry.items()
+                         if torch.is_tensor(value)]
+        return [(name, t) for name, t in held if not t.is_cuda and t.is_contiguous()]
+
+    def _handover(self, held):
+        """Restart in place: a survivor sends what it holds to the replacements it is the donor of (the core
+        decides who, restart.handover); a replacement receives its donor's state, which restore() checks against
+        the checkpoint's checksums as it checks a survivor's own memory. Over the generation's process group."""
+        if not _state_from_memory():
+            return []
+        send_to, donor = _handover(self._native.config["layout"])
+        for to in send_to:
+            header = json.dumps([[name, t.numel() * t.element_size()] for name, t in held]).encode()
+            torch.distributed.send(torch.tensor([len(header)], dtype=torch.int64), to)
+            torch.distributed.send(torch.frombuffer(bytearray(header), dtype=torch.uint8), to)
+            for _, t in held:
+                if t.numel():
+                    torch.distributed.send(t.reshape(-1).view(torch.uint8), to)
+        if donor is None:
+            return []
+        size = torch.zeros(1, dtype=torch.int64)
+        torch.distributed.recv(size, donor)
+        header = torch.empty(int(size.item()), dtype=torch.uint8)
+        torch.distributed.recv(header, donor)
+        received = []
+        for name, nbytes in json.loads(bytes(header.numpy()).decode()):
+            buf = torch.empty(int(nbytes), dtype=torch.uint8)
+            if nbytes:
+                torch.distributed.recv(buf, donor)
+            received.append((str(name), buf))
+        return received
+
     def _register(self):
         regions = self._regions()
         signature = tuple(r[:5] for r in regions)
@@ -469,7 +525,10 @@ class Checkpointer:
         zero = _zero(self.optimizer)
         # ZeRO-1: the ranges of this rank's partition, wherever they lie (another world size: other ranks' shards).
         prefixes = [f"{_OPTIM}{g}/" for g in self._global_indices()] if zero is not None else []
-        step = n.restore(copy_into_regions=False, reshard_prefixes=prefixes)
+        held = self._held()
+        held += self._handover(held)  # what a donor sent: restored() points into it until the state is loaded
+        live = [(name, t.data_ptr(), t.numel() * t.element_size()) for name, t in held]
+        step = n.restore(copy_into_regions=False, reshard_prefixes=prefixes, live=live)
         if step == 0:
             self._register()
             _note_phase("restored", 0)
@@ -598,4 +657,5 @@ class Checkpointer:
 # Restart in place (slurm_ckpt/restart.py): imported last, as it reads the Checkpointers this module makes.
 from .restart import note_checkpointer as _note_checkpointer  # noqa: E402
 from .restart import note_phase as _note_phase  # noqa: E402
+from .restart import handover as _handover  # noqa: E402
 from .restart import init_process_group, run  # noqa: E402,F401
