@@ -38,6 +38,9 @@ WORK=${OUT:-$(mktemp -d "$D/ckpt/bench-inplace.XXXXXX")}
 mkdir -p "$WORK"
 chmod 755 "$WORK"
 STEPS=60
+# How long a run may take: 2 minutes, and 2 s more per MiB of extra state (a 256 MiB run's step takes about 2 s
+# here, with its all-reduce and AdamW on 2 cores).
+WAIT_S=$((120 + 2 * EXTRA))
 victim="" job="" mode=""
 # Brings the victim back: its link first when it was cut off, then its daemons and its state in Slurm.
 restore_victim() {
@@ -68,7 +71,7 @@ submit() {
     --ckpt-dir="$WORK/$1/ckpt" "$WORK/job.sbatch" --out "$WORK/$1/final")
 }
 wait_done() {
-  for _ in $(seq 600); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
+  for _ in $(seq $((WAIT_S * 5))); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
   scancel "$job"
   return 1
 }
@@ -91,7 +94,7 @@ for mode in $MODES; do
     nodes=4 action=$mode-node
     [ "$mode" = requeue ] && nodes=3 action=crash-node victim=n3  # no spare; Slurm gives n1..n3
     submit "$name" $nodes
-    for _ in $(seq 1200); do
+    for _ in $(seq $((WAIT_S * 50))); do
       s=$(logged "$WORK/$name/log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break
       sleep 0.02
     done
@@ -101,12 +104,12 @@ for mode in $MODES; do
     echo "{\"mode\": \"$mode\", \"state\": \"$state\", \"extra_mib\": $EXTRA, \"victim\": \"$victim\", \"failed_unix\": $t0, \"step_at_failure\": ${seen:-0}, \"heartbeat_timeout\": \"$HB\"}" \
       > "$WORK/$name/failure.json"
     # Training ends before Slurm has given up on the victim: revive it then, so the job can complete.
-    for _ in $(seq 600); do
+    for _ in $(seq $((WAIT_S * 5))); do
       [ -s "$WORK/$name/final.sha256" ] || ! squeue -h -j "$job" 2>/dev/null | grep -q . && break
       sleep 0.2
     done
     restore_victim
-    wait_done || echo "$name: the job did not end in 120 s" >&2
+    wait_done || echo "$name: the job did not end in $WAIT_S s" >&2
     victim=""
     echo "$name: $(grep -c '^train_ddp: step' "$WORK/$name/log") step lines, $(grep -o 'in-place recovery [0-9]*:.*' "$WORK/$name/log" | head -1)"
   done

@@ -185,23 +185,35 @@ TEST_CASE("commit refuses what is not complete, and writes no manifest", "[store
   }
 }
 
-TEST_CASE("terminal checkpoints: complete when every state key is covered once", "[store][fs]") {
-  TempDir t;
-  Layout layout{2, 2, 1, false};
+namespace {
+
+// A terminal checkpoint's manifest (no shards yet) of a DP2 x TP2 job at `step`.
+Manifest dp2_tp2_terminal(std::uint64_t step) {
   Manifest m;
-  m.step = 500;
+  m.step = step;
   m.kind = Kind::Terminal;
   m.world_size = 4;
-  m.layout = layout;
+  m.layout = Layout{2, 2, 1, false};
   m.ranks = {{0, 0, 0, 0}, {1, 0, 1, 0}, {2, 1, 0, 0}, {3, 1, 1, 0}};
-  auto write = [&](int rank) {
-    auto w = ShardWriter::open(t.path(), 500, rank);
-    REQUIRE(w.ok());
-    auto data = bytes_for(500, rank, 1000);
-    REQUIRE(w->append("all", data.data(), data.size()).ok());
-    w->add_covers(state_keys_of_rank(layout, m.ranks[static_cast<std::size_t>(rank)]));
-    REQUIRE(w->finish().ok());
-  };
+  return m;
+}
+
+// `rank`'s shard of m's step, covering that rank's state keys.
+void write_terminal_shard(const std::string& root, const Manifest& m, int rank) {
+  auto w = ShardWriter::open(root, m.step, rank);
+  REQUIRE(w.ok());
+  auto data = bytes_for(m.step, rank, 1000);
+  REQUIRE(w->append("all", data.data(), data.size()).ok());
+  w->add_covers(state_keys_of_rank(m.layout, m.ranks[static_cast<std::size_t>(rank)]));
+  REQUIRE(w->finish().ok());
+}
+
+}  // namespace
+
+TEST_CASE("terminal checkpoints: complete when every state key is covered once", "[store][fs]") {
+  TempDir t;
+  const Manifest m = dp2_tp2_terminal(500);
+  auto write = [&](int rank) { write_terminal_shard(t.path(), m, rank); };
   write(0);  // tp0; rank 1 (tp1) is dead
   CHECK_THAT(commit(t.path(), m).error(), Catch::Contains("uncovered: model/pp0/tp1"));
   write(3);  // tp1 replica
@@ -216,21 +228,8 @@ TEST_CASE("terminal checkpoints: complete when every state key is covered once",
 TEST_CASE("a terminal commit counts only its writers: a cut-short periodic persist of the step stays out",
           "[store][fs]") {
   TempDir t;
-  Layout layout{2, 2, 1, false};
-  Manifest m;
-  m.step = 83;
-  m.kind = Kind::Terminal;
-  m.world_size = 4;
-  m.layout = layout;
-  m.ranks = {{0, 0, 0, 0}, {1, 0, 1, 0}, {2, 1, 0, 0}, {3, 1, 1, 0}};
-  auto write = [&](int rank) {
-    auto w = ShardWriter::open(t.path(), 83, rank);
-    REQUIRE(w.ok());
-    auto data = bytes_for(83, rank, 1000);
-    REQUIRE(w->append("all", data.data(), data.size()).ok());
-    w->add_covers(state_keys_of_rank(layout, m.ranks[static_cast<std::size_t>(rank)]));
-    REQUIRE(w->finish().ok());
-  };
+  const Manifest m = dp2_tp2_terminal(83);
+  auto write = [&](int rank) { write_terminal_shard(t.path(), m, rank); };
   write(0);  // rank 0 persisted its periodic shard of step 83, then rank 1 died: replica dp1 writes last words
   write(2);
   write(3);
