@@ -48,6 +48,12 @@ class _Ref:
     def __init__(self, name):
         self.name = name
 
+    def __eq__(self, other):
+        return isinstance(other, _Ref) and other.name == self.name
+
+    def __hash__(self):
+        return hash(self.name)
+
     def __setstate__(self, state):
         # The only attribute a _Ref has; a pickle cannot hand it any other.
         if not isinstance(state, dict) or set(state) != {"name"} or not isinstance(state["name"], str):
@@ -224,10 +230,11 @@ def _state_from_memory():
     return value == "memory"
 
 
-def _tensor_from(region):
+def _tensor_from(region, copy=True):
     """A new CPU tensor holding a region's bytes, with its recorded dtype and shape. The size the manifest's shape
     and dtype imply is checked against the region's bytes before anything is allocated: a manifest cannot make the
-    restore allocate more than the checkpoint holds."""
+    restore allocate more than the checkpoint holds. Without `copy`, a tensor over the bytes where restored()
+    holds them, valid until the next snapshot or restore: only for a load that copies it (load_state_dict)."""
     meta, view, address = region
     dtype = getattr(torch, str(meta.get("dtype")), None) if isinstance(meta, dict) else None
     shape = meta.get("shape") if isinstance(meta, dict) else None
@@ -237,6 +244,9 @@ def _tensor_from(region):
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if nbytes != len(view):
         raise Error(f"ckpt: region of {len(view)} bytes does not hold a {meta['dtype']} tensor of shape {shape}")
+    if not copy and nbytes:
+        return torch.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=torch.uint8).view(
+            dtype).reshape(shape)
     out = torch.empty(shape, dtype=dtype)
     if nbytes:
         ctypes.memmove(out.data_ptr(), address, nbytes)
@@ -525,9 +535,9 @@ class Checkpointer:
         zero = _zero(self.optimizer)
         # ZeRO-1: the ranges of this rank's partition, wherever they lie (another world size: other ranks' shards).
         prefixes = [f"{_OPTIM}{g}/" for g in self._global_indices()] if zero is not None else []
-        held = self._held()
-        held += self._handover(held)  # what a donor sent: restored() points into it until the state is loaded
-        live = [(name, t.data_ptr(), t.numel() * t.element_size()) for name, t in held]
+        own = self._held()
+        received = self._handover(own)  # what a donor sent: restored() points into it until the state is loaded
+        live = [(name, t.data_ptr(), t.numel() * t.element_size()) for name, t in own + received]
         step = n.restore(copy_into_regions=False, reshard_prefixes=prefixes, live=live)
         if step == 0:
             self._register()
@@ -546,16 +556,24 @@ class Checkpointer:
         if not isinstance(extras, dict) or extras.get("step") != step:
             raise Error(f"ckpt: the checkpoint of step {step} holds extras of step "
                         f"{extras.get('step') if isinstance(extras, dict) else '?'}")
+        # A survivor's tensors whose own bytes the restore took (restored() points at them) hold the state already.
+        mine = {name for name, t in own if name in regions and regions[name][2] == t.data_ptr()}
         target = self.model.state_dict(keep_vars=True)
-        loaded = {name: _tensor_from(need(_MODEL + name)) for name in target}
+        loaded = {name: target[name] if _MODEL + name in mine else _tensor_from(need(_MODEL + name), copy=False)
+                  for name in target}
         self.model.load_state_dict(loaded)
         if meta is not None and zero is not None:
             self._load_partition(meta, regions, step)
         elif meta is not None:
-            state = {index: {key: (_tensor_from(need(value.name)) if isinstance(value, _Ref) else value)
-                             for key, value in entry.items()}
-                     for index, entry in meta["state"].items()}
-            self._state_optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+            refs = [v.name for entry in meta["state"].values() for v in entry.values() if isinstance(v, _Ref)]
+            # The optimizer is left as it is when every state tensor is its own and the rest (hyperparameters,
+            # values that are no tensor) equals what the checkpoint holds.
+            if not (refs and all(r in mine for r in refs) and meta == self._optimizer_meta()):
+                state = {index: {key: (_tensor_from(need(value.name), copy=False) if isinstance(value, _Ref)
+                                       else value)
+                                 for key, value in entry.items()}
+                         for index, entry in meta["state"].items()}
+                self._state_optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
         _set_rng_state(extras["rng"])
         user = extras["user"]
         if self.extra is not None and user is not None:
