@@ -230,7 +230,7 @@ STEP_SEEN=$(get "f\"{d['step_seen_s']:.4f}\"")
 # like δ and R. A failure can tear the state (DP x TP: one tensor-parallel rank past the update, its peer not).
 CATCH=$(get "(lambda rs: f\"{sum(r['terminal_checkpoints'] for r in rs) / max(1, sum(r['failures'] for r in rs)):.3f}\")([r for r in d['runs'] if r['name'] in ('last-words', 'in-place')])")
 SIM_WORK=$(awk -v n="$STEPS" -v s="$STEP_SEEN" 'BEGIN { printf "%.3f", n * s }')
-AUTO_LINE=$(grep "CKPT_INTERVAL=auto: interval" "$W/auto.out" | tail -1 | sed 's/.*CKPT_INTERVAL=auto: //')
+AUTO_LINE=$({ grep -h "CKPT_INTERVAL=auto: interval" "$W/auto.out" 2>/dev/null || true; } | tail -1 | sed "s/.*CKPT_INTERVAL=auto: //")
 
 # The simulator's goodput for one run, on its failure times and as an expectation, both counted in useful work
 # (steps x the step time without checkpointing): "replay expected".
