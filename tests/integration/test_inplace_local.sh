@@ -40,7 +40,8 @@ launch() {
   done
   if [ -n "$victim" ]; then
     for _ in $(seq 600); do
-      s=$(sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$d/log0" | tail -1)
+      # (log0 may not exist yet: its rank's redirection happens in the background job)
+      s=$({ sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$d/log0" 2>/dev/null || true; } | tail -1)
       [ -n "$s" ] && [ "$s" -ge "$at" ] && break
       sleep 0.02
     done
@@ -149,7 +150,8 @@ launch_tp() {  # NAME [VICTIM]
   done
   if [ -n "${2:-}" ]; then
     for _ in $(seq 600); do
-      [ "$(sed -n 's/^train_dp_tp: step \([0-9]*\) .*/\1/p' "$d/log0" | tail -1)" -ge 10 ] 2>/dev/null && break
+      [ "$({ sed -n 's/^train_dp_tp: step \([0-9]*\) .*/\1/p' "$d/log0" 2>/dev/null || true; } | tail -1)" -ge 10 ] \
+        2>/dev/null && break
       sleep 0.02
     done
     kill -KILL "${tp_pids[$2]}"
