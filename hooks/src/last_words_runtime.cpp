@@ -81,6 +81,7 @@ struct LastWords::Impl {
   // The decision, as the root sent it (or made it, at the root).
   bool decided = false;                       // guarded by mu: the header came
   bool decision_write = false;
+  bool decision_durable = false;              // at the root: the decided step is committed already (no write needed)
   std::uint64_t decision_step = 0;
   int decision_root = -1;
   std::vector<int> stages;                    // guarded by mu: per stage, the dp index that writes; -1 unknown
@@ -422,12 +423,15 @@ struct LastWords::Impl {
     for (const std::string& why : unable) log::info(rank, "last words: " + why);
     for (const std::string& why : plan.reasons) log::info(rank, "last words: " + why);
     bool write_it = plan.write;
+    bool already_durable = false;  // the survivors hold the decided step and it is in the dir: as good as written
     if (write_it && !claim_terminal(plan, alive)) write_it = false;
     if (write_it && store::read_manifest(config.dir, plan.step)) {
       log::info(rank, "last words: step " + std::to_string(plan.step) + " is committed already; nothing to write");
       write_it = false;
+      already_durable = true;
     }
     lock.lock();
+    decision_durable = already_durable;
     decided = true;
     decision_write = write_it;
     decision_step = plan.step;
@@ -520,7 +524,9 @@ struct LastWords::Impl {
       return;
     }
     const std::uint64_t step = decision_step;
-    bool committed = false;
+    // A step committed already counts as the outcome: the survivors resume from it holding its state (what lets
+    // a replacement take that state from a survivor rather than from the dir).
+    bool committed = decision_durable;
     if (decision_write) {
       // The writers, from the decision: every rank whose part is not empty.
       std::vector<int> writers;

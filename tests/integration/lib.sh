@@ -8,6 +8,7 @@ export SLURM_CONF=${SLURM_CONF:-$CKPT_CLUSTER_DIR/etc/slurm.conf}
 CLUSTER=$CKPT_SOURCE_DIR/tests/cluster.sh
 TEST_USER=${CKPT_TEST_USER:-ckptuser}
 TEST_NAME=$(basename "${BASH_SOURCE[1]:-$0}" .sh)
+source "$(dirname "${BASH_SOURCE[0]}")/free_port.sh"
 
 # A fresh scratch dir for this test under the cluster's shared checkpoint area, removed on success.
 SCRATCH=$(mktemp -d "$CKPT_CLUSTER_DIR/ckpt/$TEST_NAME.XXXXXX" 2>/dev/null || mktemp -d "/tmp/$TEST_NAME.XXXXXX")

@@ -2,9 +2,6 @@
 # a screenshot are kept, and any console line (an exception, a refused script or style, a failed load) fails.
 ARTIFACTS=$CKPT_BUILD_DIR/artifacts
 
-# free_port: an unused TCP port on 127.0.0.1.
-declare -F free_port > /dev/null || free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
 # offline_controller_up: a ckpt-controller on a free port with its config, database and log in $SCRATCH and no
 # Slurm behind it (the rest backend aimed at a closed port), answering /healthz; sets CTL_PID and CONTROLLER_URL.
 offline_controller_up() {

@@ -6,7 +6,7 @@ source "$(dirname "$0")/lib.sh"
 CTL=$CKPT_BUILD_DIR/controller/ckpt-controller
 CKPT_RUN=$CKPT_BUILD_DIR/ckpt-run/ckpt-run
 [ -x "$CTL" ] && [ -x "$CKPT_RUN" ] || { echo "SKIP: controller not built" >&2; exit 77; }
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+PORT=$(free_port)
 
 one_line() {  # one_line FILE TEXT: the file is exactly that line
   [ "$(wc -l < "$1")" -eq 1 ] || { cat "$1" >&2; fail "expected one line in $1"; }
@@ -23,8 +23,11 @@ one_line "$SCRATCH/err" "ckpt-controller: $SCRATCH/value.conf:1: bad_node_ttl: i
 expect_fail "$CTL" -c "$SCRATCH/missing.conf" run
 one_line "$SCRATCH/err" "ckpt-controller: $SCRATCH/missing.conf: No such file or directory"
 printf 'listen = 127.0.0.1:%s\n' "$PORT" > "$SCRATCH/good.conf"
-"$CTL" -c "$SCRATCH/good.conf" check-config > "$SCRATCH/out" || fail "a good config was refused"
+# (no Slurm here, whether or not a test cluster is up: libslurm is not asked)
+SLURM_CONF=$SCRATCH/no-slurm.conf "$CTL" -c "$SCRATCH/good.conf" check-config > "$SCRATCH/out" ||
+  fail "a good config was refused"
 assert_contains "$SCRATCH/out" "$SCRATCH/good.conf: ok"
+assert_contains "$SCRATCH/out" "note: no Slurm config at $SCRATCH/no-slurm.conf (set SLURM_CONF); Slurm's settings were not checked"
 pass "config errors name the key and the line"
 
 # The rest backend: no token, no start.

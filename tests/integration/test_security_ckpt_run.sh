@@ -15,7 +15,6 @@ cleanup() {
   [ -n "$job" ] && scancel "$job" 2>/dev/null || true
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 for mode in gave-up relaunch self-signed mistyped; do
   port=$(free_port)

@@ -10,7 +10,7 @@ source "$(dirname "$0")/lib.sh"
 CTL=$CKPT_BUILD_DIR/controller/ckpt-controller
 [ -x "$CTL" ] || { echo "SKIP: controller not built" >&2; exit 77; }
 MUNGE_SOCKET=$CKPT_CLUSTER_DIR/munge/munge.socket
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+PORT=$(free_port)
 URL=http://127.0.0.1:$PORT
 CTL_PID=""
 JOBS=()

@@ -13,26 +13,7 @@ rendezvous_addr() {
   [ "$("$here/tests/cluster.sh" addr)" != 127.0.0.1 ] || echo 127.0.0.1
 }
 
-# A TCP port free on 127.0.0.1 right now: a rendezvous port for MASTER_PORT.
-# free_port: a TCP port free now, from 20000-28999: below the kernel's ephemeral range, and above the fixed ports
-# the test clusters and controllers use (16817-18999). An ephemeral port that was free when probed could be taken
-# by another test's outgoing connection before the job bound it (EADDRINUSE seen under ctest -j3).
-free_port() {
-  "$PY" -c '
-import random, socket
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-for _ in range(500):
-    port = random.randrange(20000, max(20001, min(29000, low)))
-    with socket.socket() as s:
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            continue
-    print(port)
-    break
-else:
-    raise SystemExit("free_port: no free port below the ephemeral range")'
-}
+source "$(dirname "${BASH_SOURCE[0]}")/free_port.sh"
 
 # write_train_sbatch FILE "SBATCH OPTIONS" SCRIPT [ARGS...]: a requeueable batch job (appending to its output)
 # that runs slurm-examples/SCRIPT with ARGS and the job's own arguments on every task. Each run takes a fresh

@@ -107,7 +107,7 @@ struct Child {
 };
 
 Child spawn(const std::string& dir, int world, const std::string& layout, const std::string& run_id,
-            const std::vector<int>& theirs, std::uint64_t steps) {
+            const std::vector<int>& theirs, std::uint64_t steps, const std::string& interval = "1000steps") {
   int fds[2];
   if (::pipe(fds) != 0) throw std::runtime_error("pipe");
   pid_t pid = ::fork();
@@ -115,7 +115,7 @@ Child spawn(const std::string& dir, int world, const std::string& layout, const 
     ::close(fds[0]);
     char ok = 0;
     try {
-      std::vector<Rank> ranks = make_ranks(dir, world, layout, run_id, theirs);
+      std::vector<Rank> ranks = make_ranks(dir, world, layout, run_id, theirs, interval);
       for (Rank& r : ranks) {
         if (r.cp && !r.cp->restore()) ::_exit(3);
       }
@@ -585,6 +585,34 @@ TEST_CASE("last words: pure DP survivors caught mid-update end the update and wr
   for (Rank& r : again) {
     CHECK(r.state.front() == value_of(r.cp->config().coord, 8));
     CHECK(r.cp->close());
+  }
+}
+
+TEST_CASE("last words: a step committed already is the outcome, as if written", "[hooks][last_words]") {
+  // The survivors hold step 5, whose periodic checkpoint is complete when the peer dies: nothing is written, and
+  // the outcome names step 5 as committed (restart in place then hands that state over from a survivor's memory).
+  TempDir dir;
+  LogCapture logs;
+  {
+    Child child = spawn(dir.path(), 3, "dp=3", "lwdone", {2}, 5, "5steps");
+    std::vector<Rank> ranks = make_ranks(dir.path(), 3, "dp=3", "lwdone", {0, 1}, "5steps");
+    for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+    REQUIRE(train(ranks, 0, 5));
+    REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{5}; }, 10s));
+    kill_child(child);
+    REQUIRE(wait_for([&] { return ranks[0].cp->last_words_report().done && ranks[1].cp->last_words_report().done; },
+                     10s));
+    CHECK(logs.has("last words: step 5 is committed already; nothing to write"));
+    for (int r : {0, 1}) {
+      CAPTURE(r);
+      auto report = ranks[static_cast<std::size_t>(r)].cp->last_words_report();
+      CHECK(report.committed);
+      CHECK(report.step == 5);
+    }
+    CHECK(store::read_manifest(dir.path(), 5)->kind == store::Kind::Periodic);
+    for (Rank& r : ranks) {
+      if (r.cp) (void)r.cp->close();
+    }
   }
 }
 
