@@ -107,6 +107,17 @@ class TreeCoordinator final : public ControlDirCoordinator {
         cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
       }
     };
+    tally.broken = [this]() -> std::optional<std::string> {
+      LastWords* words = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        words = words_;
+      }
+      if (words == nullptr) return std::nullopt;
+      const std::vector<int> died = words->network().died();  // the network's lock, never under mu_
+      if (died.empty()) return std::nullopt;
+      return "rank " + std::to_string(died.front()) + " of the job died";
+    };
     return tally;
   }
 

@@ -155,12 +155,25 @@ bool RestoreAgreement::exists(const std::string& name) {
   return ::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
 }
 
+bool RestoreAgreement::job_broke() {
+  if (!broken_.empty()) return true;
+  if (!tally_ || !tally_->broken) return false;
+  if (auto why = tally_->broken()) broken_ = *why;
+  return !broken_.empty();
+}
+
+// The error of a wait that ended without `what`: the job broke, or `limit` passed.
+std::string RestoreAgreement::waited_for(const std::string& what, std::chrono::milliseconds limit) const {
+  if (!broken_.empty()) return "ckpt: the restore cannot complete: " + broken_ + " (waiting for " + what + ")";
+  return "ckpt: " + what + " did not come within " + std::to_string(limit.count() / 1000) + " s";
+}
+
 template <class Ready>
 bool RestoreAgreement::wait(Ready ready, Clock::time_point deadline) {
   auto pause = std::chrono::milliseconds(1);
   for (;;) {
     if (ready()) return true;
-    if (Clock::now() >= deadline) return false;
+    if (Clock::now() >= deadline || job_broke()) return false;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
@@ -176,7 +189,7 @@ bool RestoreAgreement::wait_announced(int round, RestoreFile file, Ready ready, 
     const bool announced = tally_->await(round, file, slice_end);
     if (ready()) return true;
     if (announced) return wait(ready, deadline);  // announced but not visible yet: a shared file system's lag
-    if (Clock::now() >= deadline) return false;
+    if (Clock::now() >= deadline || job_broke()) return false;
     if (Clock::now() < slice_end) return wait(ready, deadline);  // the network is gone: poll, as without a tally
   }
 }
@@ -198,8 +211,7 @@ Result<RestorePlan> RestoreAgreement::proposal(int round) {
   std::optional<std::string> text;
   if (!wait_announced(round, RestoreFile::Plan, [&] { return (text = read(name)).has_value() && !text->empty(); },
                       Clock::now() + timeout_)) {
-    return Error{"ckpt: rank 0 proposed no checkpoint to restore within " +
-                 std::to_string(timeout_.count() / 1000) + " s (" + join(dir_, name) + ")"};
+    return Error{waited_for("rank 0's proposal of a checkpoint to restore (" + join(dir_, name) + ")", timeout_)};
   }
   auto plan = parse_restore_plan(*text);
   if (!plan) return Error{"ckpt: " + join(dir_, name) + ": " + plan.error()};
@@ -232,8 +244,8 @@ Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bo
     auto deadline = Clock::now() + timeout_ + std::chrono::seconds(30);
     if (!wait_announced(round, RestoreFile::Verdict,
                         [&] { return (text = read(verdict_name)).has_value() && !text->empty(); }, deadline)) {
-      return Error{"ckpt: rank 0 gave no verdict on the restore within " +
-                   std::to_string(timeout_.count() / 1000 + 30) + " s (" + join(dir_, verdict_name) + ")"};
+      return Error{waited_for("rank 0's verdict on the restore (" + join(dir_, verdict_name) + ")",
+                              timeout_ + std::chrono::seconds(30))};
     }
     auto verdict = parse_verdict(*text);
     if (!verdict) return Error{"ckpt: " + join(dir_, verdict_name) + ": not a verdict"};

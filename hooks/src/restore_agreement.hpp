@@ -49,6 +49,10 @@ struct RestoreTally {
   // Others: waits until `file` of `round` was announced; false at `deadline` or once the network is gone (the
   // caller then polls for the file until its deadline, as without a tally).
   std::function<bool(int round, RestoreFile file, std::chrono::steady_clock::time_point deadline)> await;
+  // Why this restore can no longer complete (a rank of the job died), or nothing: a rank that waits for the
+  // leader stops waiting then, rather than poll for files until its deadline (the leader may be gone, or be
+  // recovering already).
+  std::function<std::optional<std::string>()> broken;
 };
 
 enum class RestoreVerdict { Ok, WalkBack, Stop };
@@ -85,7 +89,7 @@ class RestoreAgreement {
   Status create_exclusive(const std::string& name, const std::string& content, bool* existed);
   std::optional<std::string> read(const std::string& name);
   bool exists(const std::string& name);
-  // Polls `ready` with growing pauses until it holds or `deadline` passes.
+  // Polls `ready` with growing pauses until it holds, `deadline` passes or the job broke (broken_ says why).
   template <class Ready>
   bool wait(Ready ready, std::chrono::steady_clock::time_point deadline);
   // `ready` once the leader announced `file` of `round` over the tally's network, or by polling without a tally.
@@ -99,6 +103,9 @@ class RestoreAgreement {
   const std::chrono::milliseconds timeout_;
   int fd_ = -1;
   std::optional<RestoreTally> tally_;
+  std::string broken_;  // why a wait ended early: the tally's word that a rank of the job died
+  bool job_broke();
+  std::string waited_for(const std::string& what, std::chrono::milliseconds limit) const;
 };
 
 }  // namespace ckpt::hooks

@@ -5,11 +5,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <string>
 #include <fstream>
 #include <thread>
 #include <vector>
 
 #include "hooks_test_util.hpp"
+#include "restore_agreement.hpp"
 #include "store_test_util.hpp"
 
 using namespace ckpt;
@@ -385,4 +390,34 @@ TEST_CASE("a survivor's own memory is used where it holds the checkpoint's bytes
     CHECK((r.b == state_at(100, 3)));
     REQUIRE(cp->close().ok());
   }
+}
+
+TEST_CASE("a rank waiting on the restore's leader stops once a rank of the job died", "[hooks][restore]") {
+  // The leader (rank 0) never proposes: it is recovering from the same death already. Rank 1 must not poll for
+  // the plan until its deadline: the tally's word that the job broke ends the wait with the reason.
+  test::TempDir dir;
+  RestoreAgreement agreement(dir.path(), "broken-run", 1, 3, std::chrono::seconds(60));
+  std::atomic<bool> died{false};
+  RestoreTally tally;
+  tally.report = [](int) {};
+  tally.wait_all = [](int, std::chrono::milliseconds) { return false; };
+  tally.announce = [](int, RestoreFile) {};
+  tally.await = [](int, RestoreFile, std::chrono::steady_clock::time_point) { return false; };
+  tally.broken = [&]() -> std::optional<std::string> {
+    if (!died.load()) return std::nullopt;
+    return std::string("rank 2 of the job died");
+  };
+  agreement.use_tally(std::move(tally));
+  std::thread death([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    died = true;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto plan = agreement.proposal(0);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  death.join();
+  REQUIRE_FALSE(plan);
+  CHECK_THAT(plan.error(), Catch::Contains("the restore cannot complete: rank 2 of the job died"));
+  CHECK(took >= 0.3);
+  CHECK(took < 5.0);
 }
