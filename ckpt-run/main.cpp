@@ -508,6 +508,19 @@ void read_markers(const ckpt::inplace::Records& records, InPlaceWatch& watch) {
   watch.abandoned = records.marked("abandoned");
 }
 
+// After a recovery that dropped `lost` (--ckpt-shrink): each survivor's node under its rank now, the survivors
+// renumbered in order as the plan did (ckpt::inplace::rank_after).
+std::map<int, std::string> renumbered(const std::map<int, std::string>& node_of_rank, const std::vector<int>& lost) {
+  ckpt::inplace::Plan plan;
+  plan.lost = lost;
+  plan.world_before = static_cast<int>(node_of_rank.size());
+  std::map<int, std::string> out;
+  for (const auto& [rank, node] : node_of_rank) {
+    if (int now = ckpt::inplace::rank_after(plan, rank); now >= 0) out[now] = node;
+  }
+  return out;
+}
+
 // Reads the markers; once the first process made the dir.
 void read_markers(InPlaceWatch& watch) {
   if (watch.dir.empty()) return;
@@ -530,12 +543,16 @@ bool watch_in_place(const Run& run, InPlaceWatch& watch) {
       if (auto r = read_in_place_phases(*records, watch.next, *phases, watch.node_of_rank)) {
         std::string ranks;
         for (int rank : r->lost_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
-        std::fprintf(stderr, "ckpt-run: in-place recovery %u: ranks %s replaced (failed nodes: %s); training ran "
-                     "again %.3f s after the failure was detected\n", r->generation, ranks.c_str(),
+        const std::string what = r->world_before > 0 ? "dropped, " + std::to_string(r->world) + " of " +
+                                                           std::to_string(r->world_before) + " ranks go on"
+                                                     : std::string("replaced");
+        std::fprintf(stderr, "ckpt-run: in-place recovery %u: ranks %s %s (failed nodes: %s); training ran "
+                     "again %.3f s after the failure was detected\n", r->generation, ranks.c_str(), what.c_str(),
                      r->failed_nodes.empty() ? "none" : rec::join_nodes(r->failed_nodes).c_str(),
                      r->phases.resumed - r->phases.detected);
         if (!run.s.url.empty()) report_in_place(run.s.url, run.job_id, *r);
         for (const auto& [rank, node] : r->replacement_node) watch.node_of_rank[rank] = node;
+        if (r->world_before > 0) watch.node_of_rank = renumbered(watch.node_of_rank, r->lost_ranks);
         watch.next_view = ckpt::unix_seconds() + 0.5;
       } else {
         log_error("cannot read in-place recovery " + std::to_string(watch.next) + " in " + watch.dir);

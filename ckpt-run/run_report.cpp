@@ -181,6 +181,8 @@ std::optional<InPlaceRecovery> read_in_place_phases(const ckpt::inplace::Records
   r.generation = generation;
   if (!read_lost(*plan, node_of_rank, r)) return std::nullopt;
   for (const auto& [rank, slot] : plan->takeover) r.replacement_node[rank] = ckpt::inplace::parse_slot(slot)->first;
+  r.world_before = plan->world_before;
+  r.world = plan->world;
   r.phases = phases.as_report();
   if (r.phases.detected == 0 || r.phases.resumed == 0) return std::nullopt;
   r.resume_step = phases.step;

@@ -23,6 +23,8 @@ struct InPlaceRecovery {
   std::optional<std::uint64_t> resume_step; // the checkpoint step training resumed from
   ckpt::recovery::InPlacePhases phases;     // when each phase ended (0 where the root did not say)
   std::map<int, std::string> replacement_node;  // the plan's takeover: rank -> the spare node now running it
+  int world_before = 0;                     // a plan that shrank (--ckpt-shrink): the world it shrank from
+  int world = 0;                            // the world the recovery formed
 };
 
 // The MUNGE socket of Slurm's AuthInfo ("socket=..."); empty for libmunge's default.

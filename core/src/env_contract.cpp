@@ -21,6 +21,7 @@ const std::vector<Var>& contract() {
       {"spares", "CKPT_SPARES", "a whole number", S::Plugin, {}},
       {"max_spares", "CKPT_MAX_SPARES", "a whole number", S::Plugin, {}},
       {"straggler", "CKPT_STRAGGLER", "off, or a threshold with an optional action like 0.7,report", S::Plugin, {}},
+      {"shrink", "CKPT_SHRINK", "off, on, or the fewest data-parallel replicas to go on with", S::Plugin, {}},
       // The job's facts, as the plugin finds them at each step's start.
       {"restart_count", "CKPT_RESTART_COUNT", "a whole number", S::Plugin, {"SLURM_RESTART_COUNT"}},
       {"job_id", "CKPT_JOB_ID", "a job id", S::Plugin, {"SLURM_JOB_ID"}},

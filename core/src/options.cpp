@@ -6,6 +6,7 @@
 #include "ckpt/format.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/site_keys.hpp"
+#include "ckpt/inplace.hpp"
 #include "ckpt/straggler.hpp"
 
 namespace ckpt {
@@ -95,6 +96,10 @@ const std::array<OptionSpec, kOptionCount>& option_specs() {
        "Report a node whose ranks run below THRESHOLD of the job's fastest for 3 windows of 4 steps; exclude: "
        "also leave it out of the job's next runs; swap: under ckpt-run, hand its ranks to a warm spare in place",
        "off, or a fraction between 0 and 1 with an optional action: 0.7, 0.7,report, 0.6,exclude or 0.6,swap"},
+      {OptionId::Shrink, "ckpt-shrink", "shrink", "off|on|N",
+       "Under ckpt-run, when a node is lost and no spare is left, go on in place with fewer data-parallel "
+       "replicas (pure data parallelism only), down to N (on: 1); changes the global batch, see docs/inplace.md",
+       "off, on, or the fewest data-parallel replicas to go on with"},
   }};
   return specs;
 }
@@ -131,7 +136,7 @@ const OptionSpec& option_spec(OptionId id) {
 }
 
 bool JobOptions::any() const {
-  return interval || dir || keep || last_words || mtbf_s || max_restarts || grace_s || spares || straggler;
+  return interval || dir || keep || last_words || mtbf_s || max_restarts || grace_s || spares || straggler || shrink;
 }
 
 Status set_job_option(JobOptions& options, OptionId id, std::string_view value) {
@@ -151,6 +156,12 @@ Status set_job_option(JobOptions& options, OptionId id, std::string_view value) 
         if (!policy) return Error{policy.error()};
         return straggler::format_policy(*policy);
       });
+    case OptionId::Shrink:
+      return set_once(options.shrink, spec, value, [](std::string_view text) -> Result<std::string> {
+        auto shrink = inplace::parse_shrink(text);
+        if (!shrink) return Error{shrink.error()};
+        return inplace::format_shrink(*shrink);
+      });
   }
   return Status::failure("unknown option");
 }
@@ -166,6 +177,7 @@ void clear_job_option(JobOptions& options, OptionId id) {
     case OptionId::Grace: options.grace_s.reset(); break;
     case OptionId::Spares: options.spares.reset(); break;
     case OptionId::Straggler: options.straggler.reset(); break;
+    case OptionId::Shrink: options.shrink.reset(); break;
   }
 }
 
@@ -325,6 +337,7 @@ Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& poli
   s.grace_s = user.grace_s.value_or(site.grace_s.value_or(BuiltinDefaults::grace_s));
   s.spares = user.spares.value_or(site.spares.value_or(BuiltinDefaults::spares));
   s.straggler = user.straggler.value_or(site.straggler.value_or(BuiltinDefaults::straggler));
+  s.shrink = user.shrink.value_or(site.shrink.value_or(BuiltinDefaults::shrink));
   s.max_spares = policy.max_spares;
   s.min_interval_s = policy.min_interval_s;
   s.max_interval_s = policy.max_interval_s;
@@ -389,6 +402,7 @@ std::vector<std::pair<std::string, std::string>> settings_environment(const Sett
       {env::name_of("spares"), std::to_string(s.spares)},
       {env::name_of("max_spares"), std::to_string(s.max_spares)},
       {env::name_of("straggler"), s.straggler},
+      {env::name_of("shrink"), s.shrink},
   };
 }
 

@@ -3,9 +3,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "ckpt/env_contract.hpp"
+#include "ckpt/format.hpp"
 #include "ckpt/inplace.hpp"
 
 namespace py = pybind11;
@@ -39,6 +42,16 @@ void json_methods(Class& c, ckpt::Result<T> (*parse)(std::string_view)) {
     if (!r) return std::nullopt;
     return std::move(r).value();
   }, py::arg("text"));
+}
+
+// A Checkpointer config's layout dict ({"dp", "tp", "pp", "zero1"}) as the core's.
+ckpt::store::Layout layout_of(const py::dict& layout) {
+  ckpt::store::Layout l;
+  l.dp = layout["dp"].cast<int>();
+  l.tp = layout["tp"].cast<int>();
+  l.pp = layout["pp"].cast<int>();
+  l.zero1 = layout["zero1"].cast<bool>();
+  return l;
 }
 
 }  // namespace
@@ -90,8 +103,8 @@ void bind_inplace(py::module& parent) {
       .def_readwrite("root", &ip::Plan::root).def_readwrite("lost", &ip::Plan::lost)
       .def_readwrite("step", &ip::Plan::step).def_readwrite("takeover", &ip::Plan::takeover)
       .def_readwrite("detect_unix", &ip::Plan::detect_unix).def_readwrite("written_unix", &ip::Plan::written_unix)
-      .def_readwrite("abandon", &ip::Plan::abandon)
-      .def_property_readonly("abandons", &ip::Plan::abandons);
+      .def_readwrite("abandon", &ip::Plan::abandon).def_readwrite("world_before", &ip::Plan::world_before)
+      .def_property_readonly("abandons", &ip::Plan::abandons).def_property_readonly("shrinks", &ip::Plan::shrinks);
   json_methods<ip::Plan>(plan, &ip::parse_plan);
 
   auto phases = py::class_<ip::Phases>(m, "Phases");
@@ -136,20 +149,31 @@ void bind_inplace(py::module& parent) {
     return ip::after_train(generation, ip::TrainOutcome{raised, mesh_failed, lost_peer, counted_dead});
   }, py::arg("generation"), py::arg("raised"), py::arg("mesh_failed"), py::arg("lost_peer"), py::arg("counted_dead"));
   m.def("state_donors", [](const ip::Plan& p, const py::dict& layout) {
-    ckpt::store::Layout l;
-    l.dp = layout["dp"].cast<int>();
-    l.tp = layout["tp"].cast<int>();
-    l.pp = layout["pp"].cast<int>();
-    l.zero1 = layout["zero1"].cast<bool>();
-    return ip::state_donors(p, l);
+    return ip::state_donors(p, layout_of(layout));
   }, py::arg("plan"), py::arg("layout"),
         "Replacement rank -> the survivor that hands it its state (a Checkpointer config's layout dict).");
   m.def("after_join_failure", &ip::after_join_failure, py::arg("generation"), py::arg("missing"));
   m.def("join_failure", &ip::join_failure, py::arg("plan"), py::arg("missing"), py::arg("now_unix"));
   m.def("recovery_role", &ip::recovery_role, py::arg("world"), py::arg("failure"), py::arg("rank"),
         py::arg("plan_exists"), py::arg("group_size") = ckpt::overlay::kGroupSize);
-  m.def("plan_generation", &ip::plan_generation, py::arg("generation"), py::arg("world"), py::arg("root"),
-        py::arg("failure"), py::arg("free_spares"));
+  m.def("plan_generation", [](std::uint32_t generation, int world, int root, const ip::Failure& failure,
+                              const std::vector<std::string>& free_spares, const std::string& shrink,
+                              const std::optional<py::dict>& layout) {
+    auto policy = ip::parse_shrink(shrink);
+    if (!policy) throw py::value_error("ckpt: " + ckpt::env::name_of("shrink") + ": " + policy.error());
+    std::optional<ckpt::store::Layout> l;
+    if (layout) l = layout_of(*layout);
+    return ip::plan_generation(generation, world, root, failure, free_spares, *policy, l);
+  }, py::arg("generation"), py::arg("world"), py::arg("root"), py::arg("failure"), py::arg("free_spares"),
+        py::arg("shrink") = "off", py::arg("layout") = std::nullopt,
+        "The root's plan; `shrink` as CKPT_SHRINK spells it, `layout` a Checkpointer config's layout dict.");
+  m.def("rank_after", &ip::rank_after, py::arg("plan"), py::arg("rank"));
+  m.def("check_shrink", [](const std::string& shrink) {
+    if (auto policy = ip::parse_shrink(shrink); !policy) {
+      throw py::value_error("ckpt: " + ckpt::env::name_of("shrink") + "=" + ckpt::printable(shrink.substr(0, 100)) +
+                            ": " + policy.error());
+    }
+  }, py::arg("shrink"), "Raises ValueError naming the variable when CKPT_SHRINK's value is not one.");
   m.def("verdict", &ip::verdict, py::arg("plan"), py::arg("rank"));
 
   // The GIL is released around file system calls: a slow shared file system holds up only the caller.

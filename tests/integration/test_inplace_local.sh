@@ -4,7 +4,7 @@
 # with the variables `ckpt-run --spares` gives each step. A rank is killed (SIGKILL) or frozen (SIGSTOP) mid-run:
 # the survivors stay alive, the spare takes its rank over, and the final weights are bitwise identical to an
 # uninterrupted run's; the same for slurm-examples/train_dp_tp.py (DP2 x TP2, subgroups). With no spare, the
-# survivors exit 75 (the requeue path). The same on the real cluster: test_inplace_cluster.sh.
+# survivors exit 75 (the requeue path), or with CKPT_SHRINK=on go on as fewer data-parallel replicas. The same on the real cluster: test_inplace_cluster.sh.
 set -euo pipefail
 : "${CKPT_BUILD_DIR:?}"
 source "${CKPT_SOURCE_DIR:?}/tests/integration/torch_lib.sh"
@@ -181,6 +181,21 @@ for delay in 0 0.05; do
   cmp -s "$W/reference/final" "$W/$name/final" || fail "$name: the final weights differ"
   echo "ok: the replacement died $delay s after its claim: the second spare took rank 2 over; bitwise identical"
 done
+
+# No spare, but CKPT_SHRINK=on (--ckpt-shrink=on): rank 1 dies and the survivors go on in place as 2 data-parallel
+# replicas, rank 2 renumbered 1, each from the state it holds; they finish the run, nobody exits 75.
+CKPT_SHRINK=on launch shrink 0 1 KILL 10
+[ "${status[0]}" = 0 ] && [ "${status[2]}" = 0 ] ||
+  { tail -n 20 "$W/shrink"/log* >&2; fail "shrink: survivors exited ${status[0]} and ${status[2]}, not 0"; }
+grep -q "in-place recovery 1: ranks \[1\] lost; no spare left: 2 of 3 data-parallel replicas go on (CKPT_SHRINK)" \
+  "$W/shrink/log0" || { tail -n 20 "$W/shrink"/log* >&2; fail "shrink: no recovery with 2 replicas"; }
+resumed=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\) (2 ranks,.*/\1/p' "$W/shrink/log0" | tail -1)
+[ -n "$resumed" ] && [ "$resumed" -ge 9 ] || fail "shrink: did not resume on 2 ranks from step 9 or later (${resumed:-none})"
+grep -q "done after step 30" "$W/shrink/log0" && [ -s "$W/shrink/final" ] || fail "shrink: training did not finish"
+grep -q "ckpt: rank 1: restored step $resumed from .* found in memory)" "$W/shrink/log2" ||
+  { tail -n 10 "$W/shrink/log2" >&2; fail "shrink: the old rank 2 did not restore as rank 1 from its own memory"; }
+! grep -q "handing over to a requeue" "$W/shrink"/log* || fail "shrink: a survivor handed over to a requeue"
+echo "ok: no spare, CKPT_SHRINK=on: rank 1 lost, 2 replicas went on in place from step $resumed and finished"
 
 launch nospare 0 2 KILL 10
 [ "${status[0]}" = 75 ] && [ "${status[1]}" = 75 ] || fail "no spare: survivors exited ${status[0]} and ${status[1]}, not 75"

@@ -194,6 +194,82 @@ TEST_CASE("the root's plan: a spare per lost rank, or an abandonment", "[inplace
   CHECK(verdict(p, 2) == Verdict::Go);
 }
 
+TEST_CASE("with too few spares and --ckpt-shrink, pure data parallelism goes on with the survivors", "[inplace]") {
+  ckpt::store::Layout dp4{4, 1, 1, false};
+  const Failure f = failure_of({1}, 0, 12);
+  SECTION("the lost rank is dropped and the survivors renumbered in order") {
+    Plan p = plan_generation(2, 4, 0, f, {}, Shrink{1}, dp4);
+    REQUIRE_FALSE(p.abandons());
+    CHECK(p.shrinks());
+    CHECK(p.world == 3);
+    CHECK(p.world_before == 4);
+    CHECK(p.lost == std::vector<int>{1});
+    CHECK(p.takeover.empty());
+    CHECK(p.step == std::optional<std::uint64_t>(12));
+    CHECK(rank_after(p, 0) == 0);
+    CHECK(rank_after(p, 1) == -1);
+    CHECK(rank_after(p, 2) == 1);
+    CHECK(rank_after(p, 3) == 2);
+    CHECK(verdict(p, 1) == Verdict::CountedLost);
+    CHECK(verdict(p, 3) == Verdict::Go);
+    CHECK(state_donors(p, dp4).empty());  // nobody to hand state to: the survivors keep theirs
+    // The root is renumbered too (the plan is the new generation's).
+    Plan rooted = plan_generation(2, 4, 3, failure_of({0, 2}, 3, 12), {}, Shrink{1}, dp4);
+    CHECK(rooted.world == 2);
+    CHECK(rooted.root == 1);
+  }
+  SECTION("spares come first: a plan that can replace every lost rank does") {
+    Plan p = plan_generation(2, 4, 0, f, {"n5.0"}, Shrink{1}, dp4);
+    CHECK_FALSE(p.shrinks());
+    CHECK(p.world == 4);
+    CHECK(p.takeover == std::map<int, std::string>{{1, "n5.0"}});
+    CHECK(rank_after(p, 3) == 3);
+  }
+  SECTION("off, below the floor, or not pure data parallelism: an abandonment that says why") {
+    CHECK(plan_generation(2, 4, 0, f, {}).abandon == "1 ranks lost, 0 spares ready");
+    CHECK(plan_generation(2, 4, 0, f, {}, Shrink{4}, dp4).abandon ==
+          "1 ranks lost, 0 spares ready; shrinking to 3 replicas is below the floor of 4 (--ckpt-shrink)");
+    CHECK(plan_generation(2, 4, 0, f, {}, Shrink{3}, dp4).world == 3);
+    CHECK(plan_generation(2, 4, 0, f, {}, Shrink{1}, ckpt::store::Layout{2, 2, 1, false}).abandon ==
+          "1 ranks lost, 0 spares ready; shrinking needs pure data parallelism (layout dp=2,tp=2,pp=1)");
+    CHECK_THAT(plan_generation(2, 4, 0, f, {}, Shrink{1}, ckpt::store::Layout{4, 1, 1, true}).abandon,
+               Catch::Contains("zero1=on"));
+    CHECK_THAT(plan_generation(2, 4, 0, f, {}, Shrink{1}).abandon, Catch::Contains("needs the job's layout"));
+    CHECK(plan_generation(2, 1, 0, failure_of({0}, -1, 3), {}, Shrink{1}, ckpt::store::Layout{1, 1, 1, false})
+              .abandons());  // nobody left
+  }
+  SECTION("the option's values") {
+    CHECK(parse_shrink("off")->min_dp == 0);
+    CHECK(parse_shrink("on")->min_dp == 1);
+    CHECK(parse_shrink("6")->min_dp == 6);
+    CHECK(format_shrink(*parse_shrink("6")) == "6");
+    CHECK(format_shrink(*parse_shrink("on")) == "on");
+    CHECK(format_shrink(Shrink{}) == "off");
+    CHECK_FALSE(parse_shrink("0"));
+    CHECK_FALSE(parse_shrink("yes"));
+    CHECK_FALSE(parse_shrink("-2"));
+  }
+  SECTION("a shrinking plan round-trips, and a record that does not add up is refused") {
+    Plan p = plan_generation(2, 4, 0, f, {}, Shrink{1}, dp4);
+    p.addr = "10.0.0.1";
+    p.port = 4000;
+    auto back = parse_plan(to_json(p));
+    REQUIRE(back);
+    CHECK(back->world_before == 4);
+    CHECK(back->lost == std::vector<int>{1});
+    CHECK(rank_after(*back, 3) == 2);
+    const std::string base = R"("generation":1,"addr":"a","port":5,"root":0,"step":null,"detect_unix":1,)"
+                             R"("written_unix":1)";
+    CHECK(parse_plan("{" + base + R"(,"world":3,"world_before":4,"lost":[3],"takeover":{}})"));
+    CHECK_THAT(parse_plan("{" + base + R"(,"world":2,"world_before":4,"lost":[3],"takeover":{}})").error(),
+               Catch::Contains("'world_before'"));
+    CHECK_THAT(parse_plan("{" + base + R"(,"world":3,"world_before":4,"lost":[3],"takeover":{"3":"n4.0"}})").error(),
+               Catch::Contains("'takeover'"));
+    CHECK_THAT(parse_plan("{" + base + R"(,"world":3,"world_before":3,"lost":[],"takeover":{}})").error(),
+               Catch::Contains("'world_before'"));
+  }
+}
+
 TEST_CASE("free spares: ready, unclaimed, well named, sorted", "[inplace]") {
   CHECK(free_spares({"spare-n5.0", "claim-n4.0", "spare-n4.0", ".spare-n6.0.x1.tmp", "spare-n3.1", "gen-0.plan",
                      "spare-bad name.0", "spare-n7"}) == std::vector<std::string>{"n3.1", "n5.0"});

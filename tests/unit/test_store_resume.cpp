@@ -351,6 +351,24 @@ TEST_CASE("restore_source: which shard a rank loads", "[store][resume]") {
     CHECK(zero.replica);
     CHECK(zero.reshard);
   }
+  SECTION("a terminal checkpoint of pure data parallelism onto fewer ranks: the one shard that covers the model") {
+    // DP=3's last words: rank 0 wrote the one replica; a job that shrank to 2 loads it on both ranks.
+    Manifest t;
+    t.step = 10;
+    t.kind = Kind::Terminal;
+    t.world_size = 3;
+    t.layout = Layout{3, 1, 1, false};
+    for (int r = 0; r < 3; ++r) t.ranks.push_back(t.layout.coord_of(r));
+    t.shards.push_back({0, shard_file_name(0), 8, 0, {}, state_keys_of_rank(t.layout, t.ranks[0])});
+    for (int r : {0, 1}) {
+      RestoreSource s = restore_source(t, 2, r, Layout{2, 1, 1, false}, {r, r, 0, 0});
+      CAPTURE(r);
+      CHECK(s.rank == 0);
+      CHECK(s.replica);
+    }
+    t.layout.zero1 = true;  // ZeRO-1: each rank's partition is its own, and rank 1's is missing
+    CHECK(restore_source(t, 2, 1, Layout{2, 1, 1, true}, {1, 1, 0, 0}).error == "no shard for rank 1");
+  }
   SECTION("a periodic checkpoint without the rank's shard is bad") {
     m.shards.pop_back();
     RestoreSource s = restore_source(m, 4, 3, m.layout, m.ranks[3]);

@@ -32,6 +32,7 @@ namespace ckpt::inplace {
 
 // A survivor that cannot go on in place exits so: the requeue path takes over.
 inline constexpr int kExitPeerLost = recovery::kExitPeerLost;
+inline constexpr int kMaxWorld = 1 << 24;  // the most ranks a record may name
 
 // Where the records of in-place run `id` live: $CKPT_DIR/.control/inplace-<id>.
 std::string records_dir(const std::string& ckpt_dir, const std::string& id);
@@ -103,9 +104,27 @@ struct Plan {
   double detect_unix = 0;
   double written_unix = 0;            // set by Records::write_plan
   std::string abandon;                // why the run cannot go on in place
+  // A plan that shrinks (--ckpt-shrink): the failed generation's world. The lost ranks are dropped rather than
+  // replaced, and the survivors renumbered in order (rank_after); `world` is the new one. 0: nothing dropped.
+  int world_before = 0;
 
   bool abandons() const { return !abandon.empty(); }
+  bool shrinks() const { return world_before > 0; }
 };
+
+// --ckpt-shrink: whether a generation that has too few spares goes on in place with fewer data-parallel replicas,
+// and with how few at least. Off by default: it changes the training's arithmetic (the global batch).
+struct Shrink {
+  int min_dp = 0;  // the fewest data-parallel replicas to go on with; 0: never shrink
+  bool on() const { return min_dp > 0; }
+};
+// "off", "on" (down to one replica) or N >= 1 (down to N replicas).
+Result<Shrink> parse_shrink(std::string_view text);
+std::string format_shrink(const Shrink& shrink);
+
+// A survivor's rank in the generation `plan` forms: its own, or under a shrinking plan its place among the
+// survivors in order; -1 for a lost rank.
+int rank_after(const Plan& plan, int rank);
 
 // How train() of a generation ended, as run() sees it.
 struct TrainOutcome {
@@ -158,8 +177,11 @@ Role recovery_role(int world, const Failure& failure, int rank, bool plan_exists
 
 // The root's plan for generation `generation`: a free spare per lost rank (in the order given), or an abandonment
 // when there are too few. The rendezvous address is the caller's to fill in.
+// With too few spares and `shrink` on, a job whose `layout` is pure data parallelism (no tensor or pipeline split,
+// no ZeRO-1: every rank holds a whole replica) goes on with the survivors alone, down to shrink.min_dp replicas.
 Plan plan_generation(std::uint32_t generation, int world, int root, const Failure& failure,
-                     const std::vector<std::string>& free_spares);
+                     const std::vector<std::string>& free_spares, const Shrink& shrink = {},
+                     const std::optional<store::Layout>& layout = std::nullopt);
 
 // Which survivor hands its state to which replacement at the start of the generation `plan` forms, so that the
 // replacement reads nothing from the checkpoint dir: replacement rank -> donor rank. Only where the plan resumes

@@ -26,8 +26,8 @@ Result<Interval> parse_interval(std::string_view text);
 // The normalized spelling exported as CKPT_INTERVAL: "auto", "900s" or "500steps".
 std::string format_interval(const Interval& interval);
 
-enum class OptionId { Interval, Dir, Keep, LastWords, Mtbf, MaxRestarts, Grace, Spares, Straggler };
-inline constexpr std::size_t kOptionCount = 9;
+enum class OptionId { Interval, Dir, Keep, LastWords, Mtbf, MaxRestarts, Grace, Spares, Straggler, Shrink };
+inline constexpr std::size_t kOptionCount = 10;
 
 struct OptionSpec {
   OptionId id;
@@ -55,6 +55,7 @@ struct JobOptions {
   std::optional<std::uint64_t> grace_s;
   std::optional<std::uint64_t> spares;
   std::optional<std::string> straggler;  // as format_policy spells it (ckpt/straggler.hpp)
+  std::optional<std::string> shrink;     // as inplace::format_shrink spells it
 
   bool any() const;
 };
@@ -106,6 +107,8 @@ struct BuiltinDefaults {
   static constexpr std::uint64_t spares = 0;          // spares are nodes that idle: a job asks for them
   // Stragglers are reported, never acted on unasked: leaving a node out is the user's or the site's choice.
   static constexpr const char* straggler = "0.70,report";
+  // A job goes on with fewer replicas only when asked: it changes the training's arithmetic.
+  static constexpr const char* shrink = "off";
 };
 
 // What a job is, for expanding --ckpt-dir.
@@ -128,6 +131,7 @@ struct Settings {
   std::uint64_t grace_s = BuiltinDefaults::grace_s;
   std::uint64_t spares = BuiltinDefaults::spares;
   std::string straggler = BuiltinDefaults::straggler;
+  std::string shrink = BuiltinDefaults::shrink;
   std::uint64_t max_spares = SitePolicy{}.max_spares;  // the site's bound, which ckpt-run --spares respects too
   // The site's bounds, which --ckpt-interval=auto must respect too (it picks its interval in the job).
   std::uint64_t min_interval_s = SitePolicy{}.min_interval_s;

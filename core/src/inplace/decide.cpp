@@ -5,6 +5,7 @@
 #include <set>
 
 #include "ckpt/overlay.hpp"
+#include "ckpt/parse.hpp"
 
 namespace ckpt::inplace {
 
@@ -174,22 +175,70 @@ Role recovery_role(int world, const Failure& failure, int rank, bool plan_exists
   return role;
 }
 
+namespace {
+
+// Why the survivors of `world` ranks cannot go on without `lost` of them; empty when they can.
+std::string cannot_shrink(int world, std::size_t lost, const Shrink& shrink, const std::optional<store::Layout>& layout) {
+  if (!shrink.on()) return {};
+  if (!layout) return "shrinking needs the job's layout, and no checkpointer said it";
+  if (layout->tp != 1 || layout->pp != 1 || layout->zero1 || layout->world_size() != world) {
+    return "shrinking needs pure data parallelism (layout dp=" + std::to_string(layout->dp) + ",tp=" +
+           std::to_string(layout->tp) + ",pp=" + std::to_string(layout->pp) + (layout->zero1 ? ",zero1=on" : "") + ")";
+  }
+  const int left = world - static_cast<int>(lost);
+  if (left < shrink.min_dp || left < 1) {
+    return "shrinking to " + std::to_string(left) + " replicas is below the floor of " +
+           std::to_string(shrink.min_dp) + " (--ckpt-shrink)";
+  }
+  return {};
+}
+
+}  // namespace
+
 Plan plan_generation(std::uint32_t generation, int world, int root, const Failure& failure,
-                     const std::vector<std::string>& free_spares) {
+                     const std::vector<std::string>& free_spares, const Shrink& shrink,
+                     const std::optional<store::Layout>& layout) {
   Plan plan;
   plan.generation = generation;
-  if (free_spares.size() < failure.lost.size()) {
-    plan.abandon = std::to_string(failure.lost.size()) + " ranks lost, " + std::to_string(free_spares.size()) +
-                   " spares ready";
-    return plan;
+  const bool replace = free_spares.size() >= failure.lost.size();
+  if (!replace) {
+    std::string why = cannot_shrink(world, failure.lost.size(), shrink, layout);
+    if (!shrink.on() || !why.empty()) {
+      plan.abandon = std::to_string(failure.lost.size()) + " ranks lost, " + std::to_string(free_spares.size()) +
+                     " spares ready" + (why.empty() ? "" : "; " + why);
+      return plan;
+    }
   }
-  plan.world = world;
+  plan.world = replace ? world : world - static_cast<int>(failure.lost.size());
+  plan.world_before = replace ? 0 : world;
   plan.root = root;
   plan.lost = failure.lost;
   plan.step = failure.step;
   plan.detect_unix = failure.detect_unix;
-  for (std::size_t i = 0; i < failure.lost.size(); ++i) plan.takeover[failure.lost[i]] = free_spares[i];
+  for (std::size_t i = 0; replace && i < failure.lost.size(); ++i) plan.takeover[failure.lost[i]] = free_spares[i];
+  if (!replace) plan.root = rank_after(plan, root);
   return plan;
+}
+
+int rank_after(const Plan& plan, int rank) {
+  if (std::find(plan.lost.begin(), plan.lost.end(), rank) != plan.lost.end()) return plan.shrinks() ? -1 : rank;
+  if (!plan.shrinks()) return rank;
+  return rank - static_cast<int>(std::count_if(plan.lost.begin(), plan.lost.end(), [&](int l) { return l < rank; }));
+}
+
+Result<Shrink> parse_shrink(std::string_view text) {
+  if (text == "off") return Shrink{};
+  if (text == "on") return Shrink{1};
+  auto n = parse_uint(text);
+  if (!n || *n < 1 || *n > static_cast<std::uint64_t>(kMaxWorld)) {
+    return Error{"expected off, on, or the fewest data-parallel replicas to go on with (a whole number >= 1)"};
+  }
+  return Shrink{static_cast<int>(*n)};
+}
+
+std::string format_shrink(const Shrink& shrink) {
+  if (!shrink.on()) return "off";
+  return shrink.min_dp == 1 ? "on" : std::to_string(shrink.min_dp);
 }
 
 std::vector<std::string> free_spares(std::vector<std::string> names) {
@@ -227,7 +276,7 @@ Verdict verdict(const std::optional<Plan>& plan, int rank) {
 
 std::map<int, int> state_donors(const Plan& plan, const store::Layout& layout) {
   std::map<int, int> donors;
-  if (!plan.step || plan.abandons() || layout.zero1 || plan.world != layout.world_size()) return donors;
+  if (!plan.step || plan.abandons() || plan.shrinks() || layout.zero1 || plan.world != layout.world_size()) return donors;
   std::vector<bool> lost(static_cast<std::size_t>(plan.world), false);
   for (int r : plan.lost) {
     if (r >= 0 && r < plan.world) lost[static_cast<std::size_t>(r)] = true;

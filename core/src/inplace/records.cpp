@@ -26,7 +26,6 @@ namespace {
 
 // A plan names an address and a spare per lost rank: a few hundred bytes per lost rank, far below this at 16k ranks.
 constexpr std::size_t kMaxRecordBytes = 4 * 1024 * 1024;
-constexpr int kMaxWorld = 1 << 24;
 constexpr std::size_t kMaxText = 4096;  // an address, a token, a reason
 
 // A field reader that remembers the first problem: each record's parser reads every field through one.
@@ -167,6 +166,7 @@ std::string to_json(const Plan& plan) {
   j.update({{"world", plan.world}, {"addr", plan.addr}, {"port", plan.port}, {"root", plan.root},
             {"lost", plan.lost}, {"step", step_json(plan.step)}, {"takeover", takeover},
             {"detect_unix", plan.detect_unix}});
+  if (plan.shrinks()) j["world_before"] = plan.world_before;
   return j.dump();
 }
 
@@ -183,7 +183,14 @@ Result<Plan> parse_plan(std::string_view text) {
     p.addr = f.text("addr");
     p.port = f.integer<int>("port", 1, 65535);
     p.root = f.integer<int>("root", 0, p.world - 1);
-    p.lost = f.ranks("lost", p.world);
+    if (f.has("world_before")) {  // a shrinking plan: the lost ranks are the failed generation's
+      p.world_before = f.integer<int>("world_before", p.world + 1, kMaxWorld);
+      if (f.has("takeover") && !f.raw().at("takeover").empty()) f.bad<int>("takeover", "in a plan that shrinks");
+    }
+    p.lost = f.ranks("lost", p.shrinks() ? p.world_before : p.world);
+    if (p.shrinks() && p.world_before - static_cast<int>(p.lost.size()) != p.world) {
+      f.bad<int>("world_before", "minus the lost ranks is not the world");
+    }
     p.step = f.optional_step("step");
     p.detect_unix = f.time("detect_unix");
     if (f.has("takeover")) {

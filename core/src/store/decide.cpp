@@ -189,17 +189,19 @@ RestoreSource restore_source(const Manifest& m, int world_size, int rank, const 
     if (r.rank == source) out.rank = source;
   }
   if (out.rank >= 0) return out;
-  if (m.kind != Kind::Terminal || m.world_size != world_size) {
+  const bool same_world = m.world_size == world_size;
+  if (m.kind != Kind::Terminal || (!same_world && m.layout.zero1)) {
     return refuse("no shard for rank " + std::to_string(source), true);
   }
-  // Last words: only survivors wrote, each state key once; this rank loads the shard that covers its keys.
+  // Last words: only survivors wrote, each state key once; this rank loads the shard that covers its keys. Onto
+  // another world size (pure data parallelism: a job that shrank in place), the keys of the replica it takes.
   const Layout& l = m.layout;
-  if (l.dp != layout.dp || l.tp != layout.tp || l.pp != layout.pp || l.zero1 != layout.zero1) {
+  if (same_world && (l.dp != layout.dp || l.tp != layout.tp || l.pp != layout.pp || l.zero1 != layout.zero1)) {
     return refuse("a terminal checkpoint of another layout (dp " + std::to_string(l.dp) + ", tp " +
                       std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + ")",
                   true);
   }
-  std::vector<std::string> keys = state_keys_of_rank(layout, coord);
+  std::vector<std::string> keys = same_world ? state_keys_of_rank(layout, coord) : state_keys_of_rank(l, l.coord_of(source));
   const ShardRecord* record = nullptr;
   for (const ShardRecord& r : m.shards) {
     if (std::find(r.covers.begin(), r.covers.end(), keys.front()) != r.covers.end()) record = &r;

@@ -239,6 +239,11 @@ class Launch:
         if not all(c.isalnum() or c in "._-" for c in self.id) or self.id.startswith("."):
             raise RuntimeError(f"ckpt: {ENV['inplace_id']}='{self.id}': expected letters, digits, '.', '_' or '-'")
         self.dir = _core.records_dir(root, self.id)
+        self.shrink = env.get(ENV["shrink"], "off")  # whether a recovery without spares goes on with fewer ranks
+        try:
+            _core.check_shrink(self.shrink)
+        except ValueError as e:
+            raise RuntimeError(str(e)) from None
 
     @staticmethod
     def from_env(env=os.environ):

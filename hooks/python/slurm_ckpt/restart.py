@@ -639,11 +639,15 @@ class _Run:
             self._leave(f"rank {rank}: cannot recover in place ({plan.abandon}); handing over to a requeue")
         if verdict == _core.Verdict.COUNTED_LOST:
             self._leave(f"rank {rank}: counted as lost by generation {generation}; leaving")
-        self.plan, self.store = plan, store
+        if plan.shrinks:  # the lost ranks are dropped: this rank's place among the survivors, in a smaller world
+            rank, self.world = _core.rank_after(plan, rank), plan.world
+        self.rank, self.plan, self.store = rank, plan, store
         self.recovery = _Recovery(self.members, generation, failure, plan, report=rank == plan.root)
         if rank == plan.root:
-            _say(f"in-place recovery {generation}: ranks {plan.lost} lost; spares {sorted(plan.takeover.values())}"
-                 f" take them over; resuming from " +
+            how = (f"no spare left: {plan.world} of {plan.world_before} data-parallel replicas go on "
+                   f"({_ENV['shrink']})" if plan.shrinks
+                   else f"spares {sorted(plan.takeover.values())} take them over")
+            _say(f"in-place recovery {generation}: ranks {plan.lost} lost; {how}; resuming from " +
                  (f"step {plan.step}" if plan.step is not None else "the newest complete checkpoint"))
         self.machine.on(_core.Event.PLANNED)
 
@@ -652,7 +656,10 @@ class _Run:
         hosted here); or a plan that abandons. Written to the records first (the record, and the fallback), then
         handed to the spares and posted for the survivors."""
         generation = self.generation
-        plan = _core.plan_generation(generation, self.world, root, failure, self.members.free_spares())
+        cp = _state["checkpointer"]
+        layout = cp._native.config["layout"] if cp is not None and cp.enabled else None
+        plan = _core.plan_generation(generation, self.world, root, failure, self.members.free_spares(),
+                                     shrink=self.launch.shrink, layout=layout)
         store = None
         if plan.abandons:
             self.members.mark("abandoned", plan.abandon)
