@@ -212,6 +212,12 @@ std::optional<int> prepare(Run& run, const std::vector<std::string>& srun_args) 
   if (!spares) return usage(spares.error());
   if (!run.s.spares && *spares) run.s.spares_source = "--ckpt-spares";
   run.s.spares = *spares;
+  // --ckpt-shrink restarts in place without spares too: one step per node, the survivors going on without a lost one.
+  if (const char* shrink = std::getenv(ckpt::env::name_of("shrink").c_str()); shrink != nullptr && !run.s.spares) {
+    auto policy = ckpt::inplace::parse_shrink(shrink);
+    if (!policy) return usage(ckpt::env::name_of("shrink") + ": " + policy.error());
+    if (policy->on()) run.s.spares = 0;
+  }
   if (run.s.url.empty()) {
     // The plugin exports the site's controller= URL to the job: never a guess from a config file.
     const char* env = std::getenv(ckpt::env::name_of("controller_url").c_str());

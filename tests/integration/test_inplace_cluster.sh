@@ -11,6 +11,7 @@
 #     process leaves and changes nothing.
 #  3. No spare left (a 3-node allocation): the survivors exit 75, ckpt-run hands the job over, the controller
 #     requeues it off the dead node, and it resumes from the terminal checkpoint, still bitwise identical.
+#  4. No spare left, --ckpt-shrink=on: the survivors go on in place as 2 data-parallel replicas and finish.
 # The batch host (n1) is never the victim: its failure ends the batch script, and any Slurm job with it.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/controller_lib.sh"
@@ -33,7 +34,7 @@ cat > "$SCRATCH/job.sbatch" <<JOB
 #SBATCH --no-kill --requeue --open-mode=append --ckpt-last-words=on
 export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s CKPT_CONTROLLER_URL=$CONTROLLER_URL
 echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
-$CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
+$CKPT_BUILD_DIR/ckpt-run/ckpt-run \${RUN_SPARES---spares 1} srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
   --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 "\$@"
 JOB
 logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
@@ -50,10 +51,10 @@ state_from_memory() {
     [ -n "$read_b" ] && [ -n "$live_b" ] && [ "$live_b" -gt 100000 ] && [ "$read_b" -lt 65536 ] || return 1
   done
 }
-# submit NAME NODES: the job, into $SCRATCH/NAME; sets `job`.
+# submit NAME NODES [SBATCH OPTION...]: the job, into $SCRATCH/NAME; sets `job`.
 submit() {
   mkdir -p "$SCRATCH/$1"
-  job=$(sbatch --parsable -N "$2" -J "inplace-$1" -o "$SCRATCH/$1/log" --ckpt-dir="$SCRATCH/$1/ckpt" \
+  job=$(sbatch --parsable -N "$2" -J "inplace-$1" -o "$SCRATCH/$1/log" --ckpt-dir="$SCRATCH/$1/ckpt" "${@:3}" \
     "$SCRATCH/job.sbatch" --out "$SCRATCH/$1/final")
 }
 wait_gone() {
@@ -132,4 +133,29 @@ victim=""
 wait_gone nospare
 same_weights nospare || fail "no spare: the final weights differ from the uninterrupted run's"
 pass "no spare: crash of n3 at step $seen handed over to a requeue; the job resumed off n3 and ended bitwise identical"
+
+# No spare, --ckpt-shrink=on: the survivors go on in place as 2 data-parallel replicas (pure data parallelism);
+# no requeue, no relaunch. The arithmetic changes (the global batch), so the weights are not compared.
+RUN_SPARES="" submit shrink 3 --ckpt-shrink=on  # (ckpt-run without --spares: the option alone restarts in place)
+assert_contains_soon "$SCRATCH/shrink/log" "ckpt-run: 3 nodes train, no spare"
+fail_node shrink crash n3
+wait_weights shrink
+"$CLUSTER" revive-node "$victim" > /dev/null
+victim=""
+wait_gone shrink
+log=$SCRATCH/shrink/log
+grep -q "in-place recovery 1: ranks \[2\] lost; no spare left: 2 of 3 data-parallel replicas go on" "$log" ||
+  { cat "$log" >&2; fail "shrink: no recovery in place with 2 replicas"; }
+assert_not_contains "$log" "run 1 on"
+assert_not_contains "$log" "handing over to a requeue"
+resumed=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\) (2 ranks,.*/\1/p' "$log" | tail -1)
+[ -n "$resumed" ] && [ "$resumed" -ge $((seen - 1)) ] ||
+  fail "shrink: crash at step $seen, resumed on 2 ranks from step ${resumed:-?} (more than one step lost)"
+assert_contains "$log" "train_ddp: done after step $STEPS"
+took=$(sed -n 's/.*ckpt-run: in-place recovery 1: ranks 2 dropped, 2 of 3 ranks go on (failed nodes: n3); training ran again \([0-9.]*\) s after.*/\1/p' "$log")
+[ -n "$took" ] || { cat "$log" >&2; fail "shrink: ckpt-run did not see the recovery complete"; }
+for _ in $(seq 50); do ctl history "$job" 2>/dev/null | grep -q "(in-place)" && break; sleep 0.2; done
+ctl history "$job" > "$SCRATCH/shrink/history" 2>&1 || true
+assert_contains "$SCRATCH/shrink/history" "(in-place)"
+pass "no spare, --ckpt-shrink=on: crash of n3 at step $seen; 2 replicas went on in place from step $resumed, $took s after detection, and finished; no requeue"
 finish
