@@ -252,6 +252,28 @@ TEST_CASE("set_job_option: --ckpt-straggler, and the site's straggler=", "[optio
   }
 }
 
+TEST_CASE("set_job_option: --ckpt-shrink, and the site's shrink=", "[options]") {
+  JobOptions o;
+  REQUIRE(set_job_option(o, OptionId::Shrink, "on").ok());
+  CHECK(*o.shrink == "on");
+  CHECK(o.any());
+  auto bad = set_job_option(o, OptionId::Shrink, "0");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error() == "--ckpt-shrink: invalid value '0' (expected off, on, or the fewest data-parallel replicas to go "
+                       "on with)");
+  CHECK_FALSE(set_job_option(o, OptionId::Shrink, "2").ok());  // another value than the one given
+  JobContext job{"alice", "1", "train", "", 2};
+  auto site = *parse_site_policy({"dir=/scratch/%u", "shrink=2"});
+  auto from_site = resolve_settings(JobOptions{}, site, job);
+  REQUIRE(from_site);
+  CHECK(from_site->shrink == "2");
+  CHECK(resolve_settings(o, site, job)->shrink == "on");
+  CHECK(resolve_settings(JobOptions{}, *parse_site_policy({"dir=/scratch/%u"}), job)->shrink == "off");
+  auto env = settings_environment(*from_site);
+  CHECK(std::count(env.begin(), env.end(), std::pair<std::string, std::string>{"CKPT_SHRINK", "2"}) == 1);
+  CHECK_FALSE(parse_site_policy({"shrink=maybe"}));
+}
+
 TEST_CASE("resolve_settings merges user over site over built-in", "[options]") {
   JobContext job{"alice", "1234", "train", "", 4};
   auto policy = *parse_site_policy({"dir=/scratch/%u/%j", "keep=5", "allowed_dirs=/scratch", "node_mtbf=400h"});
