@@ -63,7 +63,7 @@ for k in $keys; do
 done
 # ... and documents no key the parser does not know.
 for k in $(grep -oE '^ +[a-z_]+ = ' "$SCRATCH/ckpt-controller.8.txt" | awk '{ print $1 }'); do
-  echo "$keys" | grep -qx "$k" || fail "ckpt-controller(8) documents key '$k', which parse_controller_config does not know"
+  grep -qx "$k" <<< "$keys" || fail "ckpt-controller(8) documents key '$k', which parse_controller_config does not know"
 done
 pass "ckpt-controller(8): $n options, $(echo $commands | wc -w) commands, $(echo "$keys" | wc -l) config keys"
 

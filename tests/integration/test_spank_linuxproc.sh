@@ -8,7 +8,7 @@ restore() { "$CLUSTER" down > /dev/null 2>&1 || true; "$CLUSTER" up > /dev/null 
 trap restore EXIT
 "$CLUSTER" down > /dev/null
 CKPT_CLUSTER_PROCTRACK=proctrack/linuxproc "$CLUSTER" up > /dev/null
-scontrol show config | grep -q "ProctrackType.*proctrack/linuxproc" || fail "the cluster did not start with linuxproc"
+grep -q "ProctrackType.*proctrack/linuxproc" <<< "$(scontrol show config)" || fail "the cluster did not start with linuxproc"
 
 # orphan_after_cancel NAME SBATCH-ARGS...: a batch job whose script leaves an orphan, cancelled; prints whether
 # the orphan outlived the job ("alive" or "ended").
