@@ -29,7 +29,9 @@ wait_state() {  # JOB REGEX TIMEOUT
 # its own; running them in pairs halves the time the four one-minute allocations and Slurm's waits take.
 
 # The uninterrupted reference: the same training with room to finish. It ends COMPLETED and is never requeued.
-write_train_sbatch "$SCRATCH/ref.sh" "-N2 -n2 -t 5 -o $SCRATCH/ref.out --ckpt-dir=$SCRATCH/ref/ckpt --ckpt-interval=1h" \
+# (-t 10: its 1000 steps took over 3 minutes once on the loaded 2-core CI host, and a 5-minute limit less the 2-minute
+# grace stopped it at the time limit.)
+write_train_sbatch "$SCRATCH/ref.sh" "-N2 -n2 -t 10 -o $SCRATCH/ref.out --ckpt-dir=$SCRATCH/ref/ckpt --ckpt-interval=1h" \
   train_ddp.py $ARGS --out "$SCRATCH/ref/final.bin"
 mkdir -p "$SCRATCH/ref"
 ref=$(sbatch --parsable "$SCRATCH/ref.sh")
@@ -43,7 +45,7 @@ write_train_sbatch "$SCRATCH/chain.sh" \
 mkdir -p "$SCRATCH/chain"
 chain=$(sbatch --parsable "$SCRATCH/chain.sh")
 
-wait_state "$ref" 'COMPLETED|FAILED|CANCELLED|TIMEOUT' 240
+wait_state "$ref" 'COMPLETED|FAILED|CANCELLED|TIMEOUT' 540
 [ "$(job_field "$ref" JobState)" = COMPLETED ] || { cat "$SCRATCH/ref.out" >&2; fail "the reference run did not complete"; }
 [ -s "$SCRATCH/ref/final.bin" ] || fail "the reference run wrote no weights"
 sleep 3
