@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ckpt-controller and ckpt-run as a person meets them: config errors name the key in one line, the rest
 # backend refuses to start without a token and never logs it, clients say clearly when nothing answers.
-# Needs no daemons.
+# Needs no Slurm daemon; its clients sign their requests with the test cluster's munged (the ctest fixture).
 source "$(dirname "$0")/lib.sh"
 CTL=$CKPT_BUILD_DIR/controller/ckpt-controller
 CKPT_RUN=$CKPT_BUILD_DIR/ckpt-run/ckpt-run
