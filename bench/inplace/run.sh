@@ -6,14 +6,16 @@
 # node's rank over, and training goes on in the same processes. A cut-off node's link comes back once training
 # ended: its rank must change nothing. The baseline, mode
 # `requeue`, is the same crash without a spare (a 3-node allocation): the survivors hand over, and the controller
-# requeues the job off the dead node. Prints per run and as medians the time from the failure to the first
+# requeues the job off the dead node. Mode `shrink` is the same crash without a spare under --ckpt-shrink=on: the
+# survivors go on in place as 2 data-parallel replicas (its weights differ from the reference's by design: the
+# global batch changed). Prints per run and as medians the time from the failure to the first
 # completed step after it, split (in place) into detection, agreement, last words, group re-formation, state load
 # and first step; the floors (the heartbeat timeout, one step); the steps lost; and whether the final weights
 # are bitwise identical to an uninterrupted run's; and the bytes the ranks read from the checkpoint dir at the
 # restore, against those they found in memory (-s runs each mode once per state source: `memory`, the default,
 # where a recovered generation takes the survivors' state from memory, and `files`, every rank reading its shard;
 # -x adds MiB of parameters per rank: train_ddp.py --extra-mib, three times that with AdamW's state).
-#   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze partition requeue"] [-t HEARTBEAT_TIMEOUT]
+#   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze partition requeue shrink"] [-t HEARTBEAT_TIMEOUT]
 #                        [-s "memory files"] [-x EXTRA_MIB] [-o DIR]
 # (cluster up; CKPT_BUILD_DIR set or build/ in the source tree). The batch host (n1) is never the victim: its
 # failure ends the batch script, and with it any Slurm job; that case takes the requeue path.
@@ -64,11 +66,11 @@ $CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $S
   --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 --log-time --extra-mib $EXTRA "\$@"
 JOB
 
-# submit NAME NODES: the job into $WORK/NAME (log, ckpt, final weights); sets `job`.
+# submit NAME NODES [SBATCH OPTION...]: the job into $WORK/NAME (log, ckpt, final weights); sets `job`.
 submit() {
   mkdir -p "$WORK/$1"
   job=$(CKPT_INPLACE_STATE=${state:-memory} sbatch --parsable -N "$2" -J "bench-inplace-$1" -o "$WORK/$1/log" --ckpt-last-words=on \
-    --ckpt-dir="$WORK/$1/ckpt" "$WORK/job.sbatch" --out "$WORK/$1/final")
+    --ckpt-dir="$WORK/$1/ckpt" "${@:3}" "$WORK/job.sbatch" --out "$WORK/$1/final")
 }
 wait_done() {
   for _ in $(seq $((WAIT_S * 5))); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
@@ -92,9 +94,10 @@ for mode in $MODES; do
     [ "$STATES" = memory ] || name=$mode-$state$i
     at=$((15 + RANDOM % 20))
     victim=n$((2 + RANDOM % 2))
-    nodes=4 action=$mode-node
+    nodes=4 action=$mode-node options=()
     [ "$mode" = requeue ] && nodes=3 action=crash-node victim=n3  # no spare; Slurm gives n1..n3
-    submit "$name" $nodes
+    [ "$mode" = shrink ] && nodes=3 action=crash-node victim=n3 options=(--ckpt-shrink=on)
+    submit "$name" $nodes "${options[@]}"
     for _ in $(seq $((WAIT_S * 50))); do
       s=$(logged "$WORK/$name/log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break
       sleep 0.02

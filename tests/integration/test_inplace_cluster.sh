@@ -86,6 +86,12 @@ fail_node() {
   esac
 }
 same_weights() { cmp -s "$SCRATCH/reference/final" "$SCRATCH/$1/final"; }
+# recorded_in_place NAME: the controller's history of the job says the recovery was made in place.
+recorded_in_place() {
+  for _ in $(seq 50); do ctl history "$job" 2>/dev/null | grep -q "(in-place)" && break; sleep 0.2; done
+  ctl history "$job" > "$SCRATCH/$1/history" 2>&1 || true
+  assert_contains "$SCRATCH/$1/history" "(in-place)"
+}
 
 submit reference 4
 wait_gone reference
@@ -113,9 +119,7 @@ for mode in crash freeze hang; do
   state_from_memory "$log" "$resumed" || fail "$mode of $node: the state was read from the checkpoint dir"
   took=$(sed -n 's/.*ckpt-run: in-place recovery 1: .* training ran again \([0-9.]*\) s after.*/\1/p' "$log")
   [ -n "$took" ] || { cat "$log" >&2; fail "$mode: ckpt-run did not see the recovery complete"; }
-  for _ in $(seq 50); do ctl history "$job" 2>/dev/null | grep -q "(in-place)" && break; sleep 0.2; done
-  ctl history "$job" > "$SCRATCH/$name/history" 2>&1 || true
-  assert_contains "$SCRATCH/$name/history" "(in-place)"
+  recorded_in_place "$name"
   pass "$mode of $node at step $seen: recovered in place from step $resumed, running again $took s after detection; bitwise identical; the controller recorded it"
 done
 
@@ -154,8 +158,6 @@ resumed=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\) (2 ranks,.*/\1/p' "
 assert_contains "$log" "train_ddp: done after step $STEPS"
 took=$(sed -n 's/.*ckpt-run: in-place recovery 1: ranks 2 dropped, 2 of 3 ranks go on (failed nodes: n3); training ran again \([0-9.]*\) s after.*/\1/p' "$log")
 [ -n "$took" ] || { cat "$log" >&2; fail "shrink: ckpt-run did not see the recovery complete"; }
-for _ in $(seq 50); do ctl history "$job" 2>/dev/null | grep -q "(in-place)" && break; sleep 0.2; done
-ctl history "$job" > "$SCRATCH/shrink/history" 2>&1 || true
-assert_contains "$SCRATCH/shrink/history" "(in-place)"
+recorded_in_place shrink
 pass "no spare, --ckpt-shrink=on: crash of n3 at step $seen; 2 replicas went on in place from step $resumed, $took s after detection, and finished; no requeue"
 finish
