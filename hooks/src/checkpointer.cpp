@@ -42,6 +42,7 @@ Result<nlohmann::json> Checkpointer::Impl::check_region(const RegionSpec& r) {
   }
   nlohmann::json meta = nlohmann::json::parse(r.meta_json, nullptr, false);
   if (meta.is_discarded()) return Error{at + "metadata is not JSON: " + r.meta_json};
+  if (auto chunk = store::tensor_chunk(meta); !chunk) return Error{at + "metadata: " + chunk.error()};
   if (r.memory == Memory::Device && !device) {
     auto backend = make_device_backend();
     if (!backend) return Error{at + backend.error()};

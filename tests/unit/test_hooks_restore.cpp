@@ -421,3 +421,36 @@ TEST_CASE("a rank waiting on the restore's leader stops once a rank of the job d
   CHECK(took >= 0.3);
   CHECK(took < 5.0);
 }
+
+TEST_CASE("a region declares where its block lies in the whole tensor; a block outside it is refused",
+          "[hooks][restore]") {
+  test::TempDir dir;
+  std::vector<float> w(6 * 4, 1.5f);  // rows 6..11 of a 12 x 4 tensor split by rows across 2 tensor-parallel ranks
+  const std::string chunk = R"({"dtype":"float32","shape":[6,4],"global_shape":[12,4],"offset":[6,0],)"
+                            R"("replica_group":"dp"})";
+  {
+    auto cp = test::make(test::options({{"dir", dir.path()}, {"interval", "1steps"}}));
+    Status bad = cp->register_region({"w", w.data(), w.size() * 4, Memory::Host, false,
+                                      R"({"dtype":"float32","shape":[6,4],"global_shape":[12,4],"offset":[7,0]})"});
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.error() == "ckpt: region 'w': metadata: the block of shape [6,4] at 'offset' [7,0] lies outside "
+                         "'global_shape' [12,4]");
+    CHECK_FALSE(cp->register_region({"w", w.data(), w.size() * 4, Memory::Host, false,
+                                     R"({"shape":[6,4],"replica_group":"tp"})"}).ok());
+    REQUIRE(cp->register_region({"w", w.data(), w.size() * 4, Memory::Host, false, chunk}).ok());
+    REQUIRE(*cp->restore() == 0);
+    REQUIRE(cp->before_update().ok());
+    REQUIRE_FALSE(*cp->after_step(1));
+    REQUIRE(cp->close().ok());
+  }
+  auto m = store::read_manifest(dir.path(), 1);
+  REQUIRE(m);
+  const store::StateRange& range = m->shards.at(0).states.at(0);
+  auto c = store::tensor_chunk(range.meta);
+  REQUIRE(c);
+  REQUIRE(*c);
+  CHECK((*c)->global_shape == std::vector<std::uint64_t>{12, 4});
+  CHECK((*c)->offset == std::vector<std::uint64_t>{6, 0});
+  CHECK((*c)->replica_group == "dp");
+  CHECK_FALSE((*c)->whole());
+}

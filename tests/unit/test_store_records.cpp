@@ -191,6 +191,40 @@ TEST_CASE("manifests round-trip and reject bad input", "[store][records]") {
   }
 }
 
+TEST_CASE("tensor chunks: a region's block in the whole tensor, and who else holds it", "[store][records]") {
+  using nlohmann::json;
+  SECTION("a region that says only its shape is the whole tensor; one that says nothing is no tensor") {
+    auto whole = tensor_chunk(json::parse(R"({"dtype":"float32","shape":[3,4]})"));
+    REQUIRE(whole);
+    REQUIRE(*whole);
+    CHECK((*whole)->whole());
+    CHECK((*whole)->offset == std::vector<std::uint64_t>{0, 0});
+    CHECK((*whole)->replica_group.empty());
+    auto none = tensor_chunk(json::object());
+    REQUIRE(none);
+    CHECK_FALSE(*none);
+  }
+  SECTION("a block of a split tensor") {
+    auto c = tensor_chunk(json::parse(R"({"shape":[3,4],"global_shape":[3,8],"offset":[0,4],"replica_group":"rank"})"));
+    REQUIRE(c);
+    CHECK_FALSE((*c)->whole());
+    CHECK((*c)->global_shape == std::vector<std::uint64_t>{3, 8});
+    CHECK((*c)->replica_group == "rank");
+  }
+  SECTION("bad declarations name the field") {
+    CHECK_THAT(tensor_chunk(json::parse(R"({"shape":[3,4],"global_shape":[12]})")).error(),
+               Catch::Contains("'global_shape' [12] has another number of dimensions"));
+    CHECK_THAT(tensor_chunk(json::parse(R"({"shape":[3,4],"global_shape":[3,8],"offset":[0,5]})")).error(),
+               Catch::Contains("lies outside 'global_shape' [3,8]"));
+    CHECK_THAT(tensor_chunk(json::parse(R"({"shape":[3,4],"offset":[0]})")).error(),
+               Catch::Contains("'offset' [0] has another number of dimensions"));
+    CHECK_THAT(tensor_chunk(json::parse(R"({"shape":[3,-4]})")).error(), Catch::Contains("other than a count"));
+    CHECK_THAT(tensor_chunk(json::parse(R"({"shape":[3],"replica_group":"tp"})")).error(),
+               Catch::Contains("'replica_group' \"tp\""));
+    CHECK_THAT(tensor_chunk(json::parse(R"({"shape":"3x4"})")).error(), Catch::Contains("'shape'"));
+  }
+}
+
 TEST_CASE("store enum names", "[store][records]") {
   CHECK(std::string(to_string(State::Complete)) == "complete");
   CHECK(std::string(to_string(State::Incomplete)) == "incomplete");

@@ -39,6 +39,25 @@ struct StateRange {
   std::optional<std::uint64_t> checksum;
 };
 
+// Where a tensor region's block lies in the whole tensor, and who else holds it: what a restore onto another layout
+// and an export need beyond the region's own dtype and shape. Recorded in the range's metadata as
+// {"global_shape": [...], "offset": [...], "replica_group": "dp" | "rank"}; every field optional (checkpoints
+// written before them, and regions that are no tensor, have none). Without "global_shape" the region is the whole
+// tensor.
+struct TensorChunk {
+  std::vector<std::uint64_t> shape;         // the region's own block ("shape")
+  std::vector<std::uint64_t> global_shape;  // the whole tensor; equal to `shape` when the region is all of it
+  std::vector<std::uint64_t> offset;        // where the block starts in it, per dimension (zeros when whole)
+  // "dp": every data-parallel replica holds the same block (the model, plain optimizer state); "rank": this rank
+  // alone holds it (a ZeRO-1 partition); empty: not said.
+  std::string replica_group;
+  bool whole() const { return shape == global_shape; }
+};
+// The chunk a region's metadata declares; nullopt when it declares no shape (a region that is no tensor). An error
+// names the field: a global shape of another rank than the shape, a block that lies outside the global shape, an
+// unknown replica group.
+Result<std::optional<TensorChunk>> tensor_chunk(const nlohmann::json& meta);
+
 // What one writer put in one shard file.
 struct ShardRecord {
   int rank = 0;                       // the rank that wrote it

@@ -11,6 +11,67 @@ namespace ckpt::store {
 
 namespace {
 
+// A list of counts ("shape", "global_shape", "offset"), or an error naming the field.
+Result<std::vector<std::uint64_t>> counts(const nlohmann::json& meta, const char* key) {
+  const nlohmann::json& v = meta.at(key);
+  if (!v.is_array() || v.size() > 64) return Error{std::string("'") + key + "' is not a list of at most 64 counts"};
+  std::vector<std::uint64_t> out;
+  for (const nlohmann::json& d : v) {
+    if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<std::int64_t>() >= 0)) {
+      return Error{std::string("'") + key + "' " + v.dump() + " holds something other than a count"};
+    }
+    out.push_back(d.get<std::uint64_t>());
+  }
+  return out;
+}
+
+std::string dims(const std::vector<std::uint64_t>& v) { return nlohmann::json(v).dump(); }
+
+}  // namespace
+
+Result<std::optional<TensorChunk>> tensor_chunk(const nlohmann::json& meta) {
+  if (!meta.is_object() || !meta.contains("shape")) return std::optional<TensorChunk>{};
+  TensorChunk c;
+  auto shape = counts(meta, "shape");
+  if (!shape) return Error{shape.error()};
+  c.shape = *shape;
+  c.global_shape = c.shape;
+  c.offset.assign(c.shape.size(), 0);
+  if (meta.contains("global_shape")) {
+    auto global = counts(meta, "global_shape");
+    if (!global) return Error{global.error()};
+    if (global->size() != c.shape.size()) {
+      return Error{"'global_shape' " + dims(*global) + " has another number of dimensions than 'shape' " +
+                   dims(c.shape)};
+    }
+    c.global_shape = *global;
+  }
+  if (meta.contains("offset")) {
+    auto offset = counts(meta, "offset");
+    if (!offset) return Error{offset.error()};
+    if (offset->size() != c.shape.size()) {
+      return Error{"'offset' " + dims(*offset) + " has another number of dimensions than 'shape' " + dims(c.shape)};
+    }
+    c.offset = *offset;
+  }
+  for (std::size_t d = 0; d < c.shape.size(); ++d) {
+    if (c.offset[d] > c.global_shape[d] || c.shape[d] > c.global_shape[d] - c.offset[d]) {
+      return Error{"the block of shape " + dims(c.shape) + " at 'offset' " + dims(c.offset) +
+                   " lies outside 'global_shape' " + dims(c.global_shape)};
+    }
+  }
+  if (meta.contains("replica_group")) {
+    const nlohmann::json& g = meta.at("replica_group");
+    if (!g.is_string() || (g != "dp" && g != "rank")) {
+      return Error{"'replica_group' " + g.dump() + " is neither \"dp\" nor \"rank\""};
+    }
+    c.replica_group = g.get<std::string>();
+  }
+  return std::optional<TensorChunk>{std::move(c)};
+}
+
+namespace {
+
 using nlohmann::json;
 
 constexpr int kFormat = 1;
