@@ -96,6 +96,32 @@ class TorchHelperTest(unittest.TestCase):
         self.assertEqual(extra2["note"], "hello")
         cp2.close()
 
+    def test_every_tensor_records_its_chunk_and_replica_group(self):
+        """Whole tensors record their own shape as the global one; a declared split (chunks=) records the block's
+        place, and the optimizer state of a split parameter the same; a block outside its tensor is refused."""
+        model, opt, sched = make()
+        split = {"a.weight": {"global_shape": [64, 8], "offset": [32, 0]}}  # rows 32..63 of a 64 x 8 weight
+        cp = sct.Checkpointer(model, opt, dir=self.dir, interval="1steps", signals=False, chunks=split)
+        self.assertEqual(cp.restore(), 0)
+        train_step(model, opt, sched, cp, 0, {})
+        cp.close()
+        ranges = {s["name"]: s["meta"] for s in manifest(self.dir, 1)["shards"][0]["states"]}
+        self.assertEqual(ranges["model/a.weight"]["global_shape"], [64, 8])
+        self.assertEqual(ranges["model/a.weight"]["offset"], [32, 0])
+        self.assertEqual(ranges["model/a.weight"]["shape"], [32, 8])
+        self.assertEqual(ranges["model/b.weight"]["global_shape"], [4, 32])
+        self.assertEqual(ranges["model/b.weight"]["offset"], [0, 0])
+        exp_avg = [m for name, m in ranges.items() if name.startswith("optim/0/exp_avg")]
+        self.assertEqual(len(exp_avg), 2)
+        for m in exp_avg:  # parameter 0 is a.weight: its Adam state is split alike
+            self.assertEqual((m["global_shape"], m["offset"]), ([64, 8], [32, 0]))
+        self.assertTrue(all(m.get("replica_group") == "dp" for m in ranges.values() if "shape" in m))
+        with self.assertRaises(Exception) as refused:
+            sct.Checkpointer(model, opt, dir=self.dir + "/other", signals=False,
+                             chunks={"a.weight": {"global_shape": [64, 8], "offset": [40, 0]}})
+        self.assertIn("region 'model/a.weight': metadata: the block of shape [32,8] at 'offset' [40,0] lies outside "
+                      "'global_shape' [64,8]", str(refused.exception))
+
     def test_resumed_loop_ends_equal(self):
         def run(steps, interrupt_at=None):
             model, opt, sched = make()

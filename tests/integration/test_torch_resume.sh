@@ -108,6 +108,9 @@ import json, os, sys
 root = sys.argv[1]
 m = json.load(open(os.path.join(root, open(os.path.join(root, "latest")).read().strip(), "MANIFEST.json")))
 assert m["layout"]["zero1"] is True, m["layout"]
+groups = {(s["name"].split("/", 1)[0], s["meta"].get("replica_group")) for shard in m["shards"]
+          for s in shard["states"] if "shape" in s["meta"]}
+assert groups == {("model", "dp"), ("optim", "rank")}, groups  # the model is replicated, each partition its own
 optim = [sum(s["length"] for s in shard["states"] if s["name"].startswith("optim/")) for shard in m["shards"]]
 model = sum(s["length"] for s in m["shards"][0]["states"] if s["name"].startswith("model/") and s["meta"].get("kind") == "param")
 assert len(optim) == 2 and all(0 < o < 2 * model for o in optim), (optim, model)

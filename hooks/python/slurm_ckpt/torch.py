@@ -210,8 +210,15 @@ def _without_code(state):
     return type(state)((k, v) for k, v in state.items() if not isinstance(v, code))
 
 
-def _meta(t, kind):
-    return json.dumps({"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "kind": kind})
+def _meta(t, kind, group, chunk=None):
+    """A region's metadata: its dtype and shape, and where its block lies in the whole tensor (`chunk`: a dict of
+    global_shape and offset, as the program declared it; none: the region is the whole tensor) and who else holds
+    it (`group`: "dp", every data-parallel replica; "rank", this rank alone). Core checks it (store::tensor_chunk)."""
+    meta = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "kind": kind, "replica_group": group}
+    shape = list(t.shape)
+    meta["global_shape"] = [int(d) for d in (chunk or {}).get("global_shape", shape)]
+    meta["offset"] = [int(d) for d in (chunk or {}).get("offset", [0] * len(shape))]
+    return json.dumps(meta)
 
 
 def _stream_of(t):
@@ -319,10 +326,15 @@ class Checkpointer:
     dir and interval override CKPT_DIR and CKPT_INTERVAL: interval is "auto", a duration ("15m", "900s") or
     "<N>steps"; a number means seconds. Other keyword settings (keep, grace, rank, world_size, coordinator, ...)
     override their CKPT_* variables too; see slurm_ckpt.option_keys().
+
+    chunks: for a program that splits tensors itself (tensor parallelism), where this rank's block of each split
+    tensor lies in the whole one: {state_dict name: {"global_shape": [...], "offset": [...]}}; an optimizer state
+    tensor shaped like its parameter is split alike. Every region records its block and who else holds it (the
+    manifest's tensor chunks, store::tensor_chunk); a block outside its tensor is refused at the start.
     """
 
     def __init__(self, model, optimizer=None, extra=None, dir=None, interval=None, layout=None, coord=None,
-                 **settings):
+                 chunks=None, **settings):
         if layout is None and "layout" not in settings and not os.environ.get(_native.env_names()["layout"]):
             layout = _layout_of(model, optimizer, settings)
         if layout is not None:
@@ -342,6 +354,9 @@ class Checkpointer:
         self._state_optimizer = zero.optim if zero is not None else optimizer
         self._global_index = None  # ZeRO-1: each local parameter's index among all of them (_optim_region)
         self.extra = extra
+        # A program that splits tensors itself (tensor parallelism) says where each of its blocks lies in the whole
+        # tensor: {state_dict name: {"global_shape": [...], "offset": [...]}}; the rest are whole tensors.
+        self._chunks = dict(chunks or {})
         self._signature = None
         self._first_step = True
         # Last words write the live state of a step from another thread: the extras (optimizer metadata, RNG
@@ -384,14 +399,23 @@ class Checkpointer:
         for name, t in self.model.state_dict(keep_vars=True).items():
             is_param = id(t) in params
             regions.append(self._region(_MODEL + name, t.detach(), sync=not is_param,
-                                        kind="param" if is_param else "buffer"))
+                                        kind="param" if is_param else "buffer", chunk=self._chunks.get(name)))
         if self.optimizer is not None:
+            # A state tensor shaped like its parameter is split as the parameter is; a ZeRO-1 partition's state is
+            # this rank's alone.
+            group = "rank" if _zero(self.optimizer) is not None else "dp"
+            names = {id(p): name for name, p in self.model.named_parameters()}
+            ordered = [p for g in self._state_optimizer.param_groups for p in g["params"]]
             for index, entry in self._state_optimizer.state_dict()["state"].items():
+                param = ordered[index] if index < len(ordered) else None
                 for key, value in entry.items():
                     if torch.is_tensor(value):
+                        chunk = (self._chunks.get(names.get(id(param)))
+                                 if param is not None and value.shape == param.shape else None)
                         # Small tensors (Adam's step) are copied inside after_step: cheaper than a copy task.
                         regions.append(self._region(self._optim_region(index, key), value.detach(),
-                                                    sync=value.numel() * value.element_size() < 4096, kind="optim"))
+                                                    sync=value.numel() * value.element_size() < 4096, kind="optim",
+                                                    group=group, chunk=chunk))
         return regions
 
     def _global_indices(self):
@@ -446,10 +470,11 @@ class Checkpointer:
         return f"{_OPTIM}{index}/{key}"
 
     @staticmethod
-    def _region(name, t, sync, kind):
+    def _region(name, t, sync, kind, group="dp", chunk=None):
         if not t.is_contiguous():
             raise Error(f"ckpt: tensor '{name}' is not contiguous; its storage cannot be saved as one region")
-        return (name, t.data_ptr(), t.numel() * t.element_size(), t.is_cuda, sync, _meta(t, kind), _stream_of(t))
+        return (name, t.data_ptr(), t.numel() * t.element_size(), t.is_cuda, sync, _meta(t, kind, group, chunk),
+                _stream_of(t))
 
     def _held(self):
         """A survivor of a restart in place offers the state it holds, as (region name, host tensor): the restore
