@@ -240,7 +240,7 @@ Result<std::vector<Tensor>> model_tensors(const store::Manifest& manifest) {
       }
     }
     return Error{"the model is split across " + std::to_string(layout.tp) +
-                 " tensor-parallel ranks and the checkpoint records no global shapes or offsets: tensor '" + name +
+                 " tensor-parallel ranks, and the export does not put split tensors back together yet: tensor '" + name +
                  "' cannot be put back together"};
   }
   std::vector<Tensor> tensors;

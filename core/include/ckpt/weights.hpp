@@ -5,9 +5,9 @@
 // A tensor is a region named "model/<name>" whose metadata gives its dtype and shape ({"dtype": "float32",
 // "shape": [4096, 4096]}), as the PyTorch module records every entry of the model's state_dict and as a C or C++
 // program may declare its own. Under pure data parallelism every replica holds the whole model; the export reads
-// one: for each pipeline stage, the shard of the first rank holding model/pp<p>/tp0. Tensor-parallel splits need
-// the global shape and offsets the manifest does not record yet, so a layout with tp > 1 is refused, naming a
-// tensor.
+// one: for each pipeline stage, the shard of the first rank holding model/pp<p>/tp0. Tensor-parallel splits are
+// not put back together yet (the blocks' places are in their metadata, store::tensor_chunk), so a layout with
+// tp > 1 is refused, naming a tensor.
 //
 //   safetensors: an 8-byte little-endian header length, a JSON header ({name: {dtype, shape, data_offsets}},
 //                "__metadata__"), padded with spaces to 8 bytes, then the tensors' bytes. Split into files of at
