@@ -453,4 +453,29 @@ TEST_CASE("a region declares where its block lies in the whole tensor; a block o
   CHECK((*c)->offset == std::vector<std::uint64_t>{6, 0});
   CHECK((*c)->replica_group == "dp");
   CHECK_FALSE((*c)->whole());
+
+  // The same block restores; another block of the same tensor (another tensor-parallel split) is refused, naming
+  // the tensor, and the checkpoint is not marked FAILED.
+  std::vector<float> same(6 * 4, 0.0f), other(6 * 4, 0.0f);
+  {
+    auto cp = test::make(test::options({{"dir", dir.path()}}));
+    REQUIRE(cp->register_region({"w", same.data(), same.size() * 4, Memory::Host, false, chunk}).ok());
+    CHECK(*cp->restore() == 1);
+    CHECK(same == w);
+    REQUIRE(cp->close().ok());
+  }
+  {
+    auto cp = test::make(test::options({{"dir", dir.path()}}));
+    REQUIRE(cp->register_region({"w", other.data(), other.size() * 4, Memory::Host, false,
+                                 R"({"dtype":"float32","shape":[6,4],"global_shape":[12,4],"offset":[0,0]})"})
+                .ok());
+    auto refused = cp->restore();
+    REQUIRE_FALSE(refused);
+    CHECK_THAT(refused.error(), Catch::Contains("tensor 'w' was saved as the block at [6,0] of shape [6,4] of a tensor of "
+                                                "shape [12,4]; this rank holds the block at [0,0]"));
+    (void)cp->close();
+  }
+  auto entries = store::scan(dir.path());
+  REQUIRE(entries);
+  CHECK(entries->back().state != store::State::Failed);
 }
