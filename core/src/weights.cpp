@@ -240,8 +240,8 @@ Result<std::vector<Tensor>> model_tensors(const store::Manifest& manifest) {
       }
     }
     return Error{"the model is split across " + std::to_string(layout.tp) +
-                 " tensor-parallel ranks, and the export does not put split tensors back together yet: tensor '" + name +
-                 "' cannot be put back together"};
+                 " tensor-parallel ranks, and the export does not put split tensors back together yet: tensor '" +
+                 name + "' cannot be put back together"};
   }
   std::vector<Tensor> tensors;
   std::set<std::string> names;

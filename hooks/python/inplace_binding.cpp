@@ -44,6 +44,16 @@ void json_methods(Class& c, ckpt::Result<T> (*parse)(std::string_view)) {
   }, py::arg("text"));
 }
 
+// CKPT_SHRINK's value as the core reads it; ValueError naming the variable when it is not one.
+ip::Shrink shrink_of(const std::string& text) {
+  auto policy = ip::parse_shrink(text);
+  if (!policy) {
+    throw py::value_error("ckpt: " + ckpt::env::name_of("shrink") + "=" + ckpt::printable(text.substr(0, 100)) + ": " +
+                          policy.error());
+  }
+  return *policy;
+}
+
 // A Checkpointer config's layout dict ({"dp", "tp", "pp", "zero1"}) as the core's.
 ckpt::store::Layout layout_of(const py::dict& layout) {
   ckpt::store::Layout l;
@@ -159,21 +169,15 @@ void bind_inplace(py::module& parent) {
   m.def("plan_generation", [](std::uint32_t generation, int world, int root, const ip::Failure& failure,
                               const std::vector<std::string>& free_spares, const std::string& shrink,
                               const std::optional<py::dict>& layout) {
-    auto policy = ip::parse_shrink(shrink);
-    if (!policy) throw py::value_error("ckpt: " + ckpt::env::name_of("shrink") + ": " + policy.error());
     std::optional<ckpt::store::Layout> l;
     if (layout) l = layout_of(*layout);
-    return ip::plan_generation(generation, world, root, failure, free_spares, *policy, l);
+    return ip::plan_generation(generation, world, root, failure, free_spares, shrink_of(shrink), l);
   }, py::arg("generation"), py::arg("world"), py::arg("root"), py::arg("failure"), py::arg("free_spares"),
         py::arg("shrink") = "off", py::arg("layout") = std::nullopt,
         "The root's plan; `shrink` as CKPT_SHRINK spells it, `layout` a Checkpointer config's layout dict.");
   m.def("rank_after", &ip::rank_after, py::arg("plan"), py::arg("rank"));
-  m.def("check_shrink", [](const std::string& shrink) {
-    if (auto policy = ip::parse_shrink(shrink); !policy) {
-      throw py::value_error("ckpt: " + ckpt::env::name_of("shrink") + "=" + ckpt::printable(shrink.substr(0, 100)) +
-                            ": " + policy.error());
-    }
-  }, py::arg("shrink"), "Raises ValueError naming the variable when CKPT_SHRINK's value is not one.");
+  m.def("check_shrink", [](const std::string& shrink) { (void)shrink_of(shrink); }, py::arg("shrink"),
+        "Raises ValueError naming the variable when CKPT_SHRINK's value is not one.");
   m.def("verdict", &ip::verdict, py::arg("plan"), py::arg("rank"));
 
   // The GIL is released around file system calls: a slow shared file system holds up only the caller.

@@ -247,9 +247,9 @@ struct Checkpointer::Impl {
   Status list_restored(std::uint64_t step, const store::ShardRecord& record,
                        const std::vector<std::optional<std::size_t>>& from_live);
   // A tensor saved as one block of a split tensor loads only into the same block of the same tensor: a region
-  // whose declared global shape or offset differs from the saved one's is another layout, refused (the checkpoint
-  // is not at fault). Regions or ranges that declare no global shape are not compared.
-  Status check_chunks(std::uint64_t step) const;
+  // whose declared global shape or offset differs from that of its range in `record` is another layout, refused
+  // (the checkpoint is not at fault). Regions or ranges that declare no global shape are not compared.
+  Status check_chunks(std::uint64_t step, const store::ShardRecord& record) const;
   void set_restore_bytes(std::uint64_t read, std::uint64_t live_bytes);
   Result<std::uint64_t> restore(bool copy_into_regions);
   // A resharded ZeRO-1 load: the ranges of other shards this rank's new partition needs, read and checked.

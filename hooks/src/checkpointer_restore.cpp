@@ -101,26 +101,25 @@ Status Checkpointer::Impl::list_restored(std::uint64_t step, const store::ShardR
   return Status::success();
 }
 
-Status Checkpointer::Impl::check_chunks(std::uint64_t step) const {
+Status Checkpointer::Impl::check_chunks(std::uint64_t step, const store::ShardRecord& record) const {
   std::unordered_map<std::string_view, std::size_t> registered;
   for (std::size_t i = 0; i < regions.size() && i < region_meta.size(); ++i) registered.emplace(regions[i].name, i);
-  for (const RestoredRegion& r : restored) {
-    auto it = registered.find(r.name);
+  for (const store::StateRange& s : record.states) {
+    auto it = registered.find(s.name);
     if (it == registered.end()) continue;
     const nlohmann::json& mine = region_meta[it->second];
-    const nlohmann::json saved = nlohmann::json::parse(r.meta_json, nullptr, false);
-    if (!mine.is_object() || !saved.is_object() || !mine.contains("global_shape") || !saved.contains("global_shape")) {
-      continue;
-    }
+    const bool both_declare = mine.is_object() && s.meta.is_object() && mine.contains("global_shape") &&
+                              s.meta.contains("global_shape");
+    if (!both_declare) continue;
     auto want = store::tensor_chunk(mine);
-    auto have = store::tensor_chunk(saved);
+    auto have = store::tensor_chunk(s.meta);
     if (!want || !have || !*want || !*have) continue;  // a bad record is the checksums' and parsers' to refuse
     if ((*want)->global_shape != (*have)->global_shape || (*want)->offset != (*have)->offset) {
       auto block = [](const store::TensorChunk& c) {
         return "the block at " + nlohmann::json(c.offset).dump() + " of shape " + nlohmann::json(c.shape).dump() +
                " of a tensor of shape " + nlohmann::json(c.global_shape).dump();
       };
-      return Status::failure("step " + std::to_string(step) + ": tensor '" + r.name + "' was saved as " +
+      return Status::failure("step " + std::to_string(step) + ": tensor '" + s.name + "' was saved as " +
                              block(**have) + "; this rank holds " + block(**want) +
                              ": another split of the tensor, which this restore cannot serve");
     }
@@ -167,7 +166,7 @@ std::optional<Status> Checkpointer::Impl::load_with_live(const RestorePlan& plan
     definite = true;
     return s;
   }
-  if (Status s = check_chunks(step); !s) return s;
+  if (Status s = check_chunks(step, record); !s) return s;
   set_restore_bytes(read_bytes, live_bytes);
   log::info(rank, "step " + std::to_string(step) + ": " + std::to_string(matched) + " of " +
                       std::to_string(record.states.size()) + " ranges (" + std::to_string(live_bytes) +
@@ -230,7 +229,7 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
     definite = true;
     return s;
   }
-  if (Status s = check_chunks(step); !s) return s;
+  if (Status s = check_chunks(step, record); !s) return s;
   set_restore_bytes(read.bytes, 0);
   if (reshard_manifest) {
     resharded = true;

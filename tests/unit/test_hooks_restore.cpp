@@ -471,8 +471,8 @@ TEST_CASE("a region declares where its block lies in the whole tensor; a block o
                 .ok());
     auto refused = cp->restore();
     REQUIRE_FALSE(refused);
-    CHECK_THAT(refused.error(), Catch::Contains("tensor 'w' was saved as the block at [6,0] of shape [6,4] of a tensor of "
-                                                "shape [12,4]; this rank holds the block at [0,0]"));
+    CHECK_THAT(refused.error(), Catch::Contains("tensor 'w' was saved as the block at [6,0] of shape [6,4] of a "
+                                                "tensor of shape [12,4]; this rank holds the block at [0,0]"));
     (void)cp->close();
   }
   auto entries = store::scan(dir.path());

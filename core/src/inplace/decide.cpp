@@ -178,7 +178,8 @@ Role recovery_role(int world, const Failure& failure, int rank, bool plan_exists
 namespace {
 
 // Why the survivors of `world` ranks cannot go on without `lost` of them; empty when they can.
-std::string cannot_shrink(int world, std::size_t lost, const Shrink& shrink, const std::optional<store::Layout>& layout) {
+std::string cannot_shrink(int world, std::size_t lost, const Shrink& shrink,
+                          const std::optional<store::Layout>& layout) {
   if (!shrink.on()) return {};
   if (!layout) return "shrinking needs the job's layout, and no checkpointer said it";
   if (layout->tp != 1 || layout->pp != 1 || layout->zero1 || layout->world_size() != world) {
@@ -276,7 +277,9 @@ Verdict verdict(const std::optional<Plan>& plan, int rank) {
 
 std::map<int, int> state_donors(const Plan& plan, const store::Layout& layout) {
   std::map<int, int> donors;
-  if (!plan.step || plan.abandons() || plan.shrinks() || layout.zero1 || plan.world != layout.world_size()) return donors;
+  if (!plan.step || plan.abandons() || plan.shrinks() || layout.zero1 || plan.world != layout.world_size()) {
+    return donors;
+  }
   std::vector<bool> lost(static_cast<std::size_t>(plan.world), false);
   for (int r : plan.lost) {
     if (r >= 0 && r < plan.world) lost[static_cast<std::size_t>(r)] = true;

@@ -201,7 +201,8 @@ RestoreSource restore_source(const Manifest& m, int world_size, int rank, const 
                       std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + ")",
                   true);
   }
-  std::vector<std::string> keys = same_world ? state_keys_of_rank(layout, coord) : state_keys_of_rank(l, l.coord_of(source));
+  std::vector<std::string> keys =
+      same_world ? state_keys_of_rank(layout, coord) : state_keys_of_rank(l, l.coord_of(source));
   const ShardRecord* record = nullptr;
   for (const ShardRecord& r : m.shards) {
     if (std::find(r.covers.begin(), r.covers.end(), keys.front()) != r.covers.end()) record = &r;

@@ -214,11 +214,11 @@ def _meta(t, kind, group, chunk=None):
     """A region's metadata: its dtype and shape, and where its block lies in the whole tensor (`chunk`: a dict of
     global_shape and offset, as the program declared it; none: the region is the whole tensor) and who else holds
     it (`group`: "dp", every data-parallel replica; "rank", this rank alone). Core checks it (store::tensor_chunk)."""
-    meta = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "kind": kind, "replica_group": group}
-    shape = list(t.shape)
-    meta["global_shape"] = [int(d) for d in (chunk or {}).get("global_shape", shape)]
-    meta["offset"] = [int(d) for d in (chunk or {}).get("offset", [0] * len(shape))]
-    return json.dumps(meta)
+    shape, chunk = list(t.shape), chunk or {}
+    return json.dumps({"dtype": str(t.dtype).replace("torch.", ""), "shape": shape, "kind": kind,
+                       "replica_group": group,
+                       "global_shape": [int(d) for d in chunk.get("global_shape", shape)],
+                       "offset": [int(d) for d in chunk.get("offset", [0] * len(shape))]})
 
 
 def _stream_of(t):
