@@ -9,7 +9,8 @@ uninterrupted one. The data is a pure function of (seed, step, dp index); there 
 state that differs between replicas (a rank may resume from another replica's terminal shard).
 
 The checkpointer is told the layout (layout=dict(dp=.., tp=.., pp=1), coord=...), so with CKPT_LAST_WORDS=on the
-survivors of a dead rank or node write a terminal checkpoint when they still hold every slice. Under
+survivors of a dead rank or node write a terminal checkpoint when they still hold every slice, and where each slice
+lies in the whole weights (chunks=...), so a checkpoint restores onto another --tp and world size. Under
 `ckpt-run --spares N` the loop runs through slurm_ckpt.torch.run: the survivors stay alive, and a spare takes a dead
 rank over from that checkpoint (restart in place).
 """
@@ -72,9 +73,12 @@ def train(args, in_place=False):
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     params = list(model.parameters())
     extra = {"samples_seen": 0}
+    # Where this rank's slices lie in the whole weights: a checkpoint then restores onto another tp as well.
+    chunks = {"0.weight": {"global_shape": [args.hidden, args.d_in], "offset": [tp_index * shard, 0]},
+              "2.weight": {"global_shape": [args.d_out, args.hidden], "offset": [0, tp_index * shard]}}
     cp = slurm_ckpt.torch.Checkpointer(model, optimizer, extra=extra, dir=args.ckpt_dir,
                                        layout=dict(dp=dp, tp=tp, pp=1, zero1=False),
-                                       coord=dict(dp=dp_index, tp=tp_index, pp=0))
+                                       coord=dict(dp=dp_index, tp=tp_index, pp=0), chunks=chunks)
     stamp = (lambda: (f"t={time.time():.3f}",)) if args.log_time else (lambda: ())
     say = (lambda *a: print("train_dp_tp:", *a, *stamp(), flush=True)) if rank == 0 else (lambda *a: None)
     start = cp.restore()

@@ -118,7 +118,9 @@ struct Checkpointer::Impl {
   std::vector<RestoredRegion> restored;
   std::vector<std::string> reshard_prefixes;     // restore(): what a resharded ZeRO-1 rank reads of other shards
   std::vector<store::LiveRange> live;            // restore(): memory this rank holds already (RestoreOptions::live)
-  std::deque<std::vector<std::byte>> reshard_ranges;  // their bytes, which restored lists
+  // The bytes restored lists that lie in no shard loaded whole: a resharded ZeRO-1 rank's ranges of other shards,
+  // every tensor of a load onto another split.
+  std::deque<std::vector<std::byte>> reshard_ranges;
   bool resharded = false;                        // the last load was such a one
   Clock::time_point last_checkpoint_time = Clock::now();
   schedule::State schedule_state;  // what the scheduling decision remembers from step to step (schedule.hpp)
@@ -246,14 +248,19 @@ struct Checkpointer::Impl {
   // `restored` for `record`'s ranges: in host staging at their offsets, or in live memory where from_live says.
   Status list_restored(std::uint64_t step, const store::ShardRecord& record,
                        const std::vector<std::optional<std::size_t>>& from_live);
-  // A tensor saved as one block of a split tensor loads only into the same block of the same tensor: a region
-  // whose declared global shape or offset differs from that of its range in `record` is another layout, refused
-  // (the checkpoint is not at fault). Regions or ranges that declare no global shape are not compared.
+  // A tensor saved as one block of a split tensor loads whole only into the same block of the same tensor: a
+  // region whose declared global shape or offset differs from that of its range in `record` is another split
+  // (load_other_split). Regions or ranges that declare no global shape are not compared.
   Status check_chunks(std::uint64_t step, const store::ShardRecord& record) const;
+  // Another split at the same world size, which check_chunks found (`why`): load_relayout instead.
+  Status load_other_split(const RestorePlan& plan, const Status& why, bool& definite);
   void set_restore_bytes(std::uint64_t read, std::uint64_t live_bytes);
   Result<std::uint64_t> restore(bool copy_into_regions);
   // A resharded ZeRO-1 load: the ranges of other shards this rank's new partition needs, read and checked.
   Status load_reshard_ranges(const std::string& root, const store::Manifest& m, int source, bool& definite);
+  // A load onto another split of the tensors: each of this rank's blocks assembled from the saved ranges it
+  // intersects (store::plan_relayout), each read whole and checked against its checksum.
+  Status load_relayout(const std::string& root, const store::Manifest& m, bool& definite);
 };
 
 }  // namespace ckpt::hooks

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <string_view>
 #include <unordered_map>
 
@@ -86,6 +87,51 @@ Status Checkpointer::Impl::load_reshard_ranges(const std::string& root, const st
   return Status::success();
 }
 
+Status Checkpointer::Impl::load_relayout(const std::string& root, const store::Manifest& m, bool& definite) {
+  const std::string at = "step " + std::to_string(m.step) + ": ";
+  std::map<std::string, nlohmann::json> declared;
+  for (std::size_t i = 0; i < regions.size() && i < region_meta.size(); ++i) {
+    declared.emplace(regions[i].name, region_meta[i]);
+  }
+  // The manifest lists a complete set of shards: a tensor it cannot serve is this run's layout, not its fault.
+  auto pieces = store::plan_relayout(m, declared, rank);
+  if (!pieces) return Status::failure(at + pieces.error());
+  restored.clear();
+  std::vector<std::byte> saved;  // one saved range, read whole to check it, when only a box of it is wanted
+  std::uint64_t bytes = 0, joined = 0;
+  for (const store::RelayoutPiece& piece : *pieces) {
+    std::vector<std::byte>& into = reshard_ranges.emplace_back(static_cast<std::size_t>(piece.bytes));
+    for (const store::BlockRead& r : piece.reads) {
+      const bool whole = !piece.want || (r.saved.offset == piece.want->offset && r.saved.shape == piece.want->shape);
+      if (!whole) saved.resize(static_cast<std::size_t>(r.range.length));
+      store::ShardRead read = store::read_range(root, m.step, m.shards[r.shard], r.range,
+                                                whole ? into.data() : saved.data());
+      if (!read.status) {
+        definite = read.definite;
+        return Status::failure(read.status.error());
+      }
+      bytes += read.bytes;
+      if (!whole) store::copy_box(r, saved.data(), *piece.want, into.data(), piece.element_size);
+    }
+    joined += piece.want && piece.reads.size() > 1 ? 1 : 0;
+    restored.push_back({piece.name, piece.meta.dump(), into.data(), into.size()});
+  }
+  set_restore_bytes(bytes, 0);
+  log::info(rank, at + "written by " + std::to_string(m.world_size) + " ranks (tp " + std::to_string(m.layout.tp) +
+                      "), restored onto tp " + std::to_string(config.layout.tp) + " of " +
+                      std::to_string(config.world_size) + ": " + std::to_string(pieces->size()) + " ranges, " +
+                      std::to_string(joined) + " of them joined from several saved blocks; read " +
+                      std::to_string(bytes) + " bytes");
+  return Status::success();
+}
+
+Status Checkpointer::Impl::load_other_split(const RestorePlan& plan, const Status& why, bool& definite) {
+  log::info(rank, why.error() + ": this rank's blocks are assembled from the saved ones");
+  auto m = store::read_manifest(plan.root, *plan.step);
+  if (!m) return Status::failure(m.error());
+  return load_relayout(plan.root, *m, definite);
+}
+
 Status Checkpointer::Impl::list_restored(std::uint64_t step, const store::ShardRecord& record,
                                          const std::vector<std::optional<std::size_t>>& from_live) {
   restored.clear();
@@ -120,8 +166,7 @@ Status Checkpointer::Impl::check_chunks(std::uint64_t step, const store::ShardRe
                " of a tensor of shape " + nlohmann::json(c.global_shape).dump();
       };
       return Status::failure("step " + std::to_string(step) + ": tensor '" + s.name + "' was saved as " +
-                             block(**have) + "; this rank holds " + block(**want) +
-                             ": another split of the tensor, which this restore cannot serve");
+                             block(**have) + "; this rank holds " + block(**want));
     }
   }
   return Status::success();
@@ -166,7 +211,7 @@ std::optional<Status> Checkpointer::Impl::load_with_live(const RestorePlan& plan
     definite = true;
     return s;
   }
-  if (Status s = check_chunks(step, record); !s) return s;
+  if (Status s = check_chunks(step, record); !s) return load_other_split(plan, s, definite);
   set_restore_bytes(read_bytes, live_bytes);
   log::info(rank, "step " + std::to_string(step) + ": " + std::to_string(matched) + " of " +
                       std::to_string(record.states.size()) + " ranges (" + std::to_string(live_bytes) +
@@ -192,6 +237,7 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
     auto m = store::read_manifest(plan.root, step);
     if (!m) return Status::failure(m.error());
     store::RestoreSource source = store::restore_source(*m, config.world_size, rank, config.layout, config.coord);
+    if (source.relayout) return load_relayout(plan.root, *m, definite);
     if (source.rank < 0) {
       definite = source.definite;
       return Status::failure(at + source.error);
@@ -229,7 +275,7 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
     definite = true;
     return s;
   }
-  if (Status s = check_chunks(step, record); !s) return s;
+  if (Status s = check_chunks(step, record); !s) return load_other_split(plan, s, definite);
   set_restore_bytes(read.bytes, 0);
   if (reshard_manifest) {
     resharded = true;

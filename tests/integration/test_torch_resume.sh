@@ -3,7 +3,8 @@
 # CPU) runs uninterrupted; a second run in a fresh dir is SIGKILLed (both ranks) after a checkpoint has committed,
 # then run again to the end. The final weights of both runs must be identical, byte for byte. Twice: with AdamW on
 # every rank, and with ZeRO-1 (--zero1: torch's ZeroRedundancyOptimizer), where each rank's shard must hold the
-# optimizer state of its own partition only. Then ZeRO-1 from 4 ranks onto 2, against AdamW (below).
+# optimizer state of its own partition only. Then a checkpoint of 4 ranks restored onto 3 and onto 2, against a
+# reference that reshards through plain torch (below).
 set -euo pipefail
 SRC=${CKPT_SOURCE_DIR:?}
 : "${CKPT_BUILD_DIR:?}"
@@ -21,22 +22,31 @@ cleanup() {
 trap cleanup EXIT
 
 
-# start_ranks NAME [train_ddp args...]: starts ranks 0..WORLD-1 (2) in the background; their pids land in `pids`.
-start_ranks() {
-  local name=$1 port world=${WORLD:-2}
-  shift
+# launch NAME PROGRAM [args...]: starts ranks 0..WORLD-1 (2) of PROGRAM in the background, each logging to
+# $work/NAME/rank<r>.log; their pids land in `pids`.
+launch() {
+  local name=$1 prog=$2 port world=${WORLD:-2}
+  shift 2
   port=$(free_port)
   pids=()
+  mkdir -p "$work/$name"
   for r in $(seq 0 $((world - 1))); do
     # No wrapper process: the pid must be the rank itself, for the SIGKILL below (ctest's timeout bounds a hang).
     MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r \
-      "$PY" "$SRC/slurm-examples/train_ddp.py" --steps $STEPS --ckpt-interval-steps $INTERVAL \
-      --ckpt-dir "$work/$name/ckpt" --out "$work/$name/final.bin" "$@" >"$work/$name/rank$r.log" 2>&1 &
+      "$PY" "$prog" "$@" >"$work/$name/rank$r.log" 2>&1 &
     pids+=($!)
   done
 }
 
-# wait_ranks NAME: both ranks must exit 0.
+# start_ranks NAME [train_ddp args...]: train_ddp.py with its checkpoints and final weights in $work/NAME.
+start_ranks() {
+  local name=$1
+  shift
+  launch "$name" "$SRC/slurm-examples/train_ddp.py" --steps $STEPS --ckpt-interval-steps $INTERVAL \
+    --ckpt-dir "$work/$name/ckpt" --out "$work/$name/final.bin" "$@"
+}
+
+# wait_ranks NAME: every rank must exit 0.
 wait_ranks() {
   local name=$1 r=0 p
   for p in "${pids[@]}"; do
@@ -118,24 +128,54 @@ assert sum(optim) >= 2 * model, (optim, model)  # exp_avg and exp_avg_sq of ever
 print(f"test_torch_resume: zero1: optimizer state {optim[0]} + {optim[1]} bytes across the ranks, parameters {model}")
 PYCHECK
 
-# ZeRO-1 onto another number of ranks: 4 ranks train to step 20, then 2 go on from their checkpoint to the end,
-# each reading its new partition's state from the shards of its old owners. The reference is the same with AdamW
-# on every rank, whose whole state any rank restores (a pure data-parallel replica): ZeRO-1's arithmetic is AdamW's,
-# so the weights must be the same, bit for bit.
-onto_two() {  # LABEL [train_ddp args...]
-  mkdir -p "$work/$1"
-  WORLD=4 start_ranks "$1" --steps 20 "${@:2}"
-  wait_ranks "$1"
-  start_ranks "$1" "${@:2}"
-  wait_ranks "$1"
-  grep -q "^train_ddp: resumed from step 20 " "$work/$1/rank0.log" ||
-    { cat "$work/$1/rank0.log" >&2; echo "test_torch_resume: $1: 2 ranks did not resume from step 20" >&2; exit 1; }
+# Onto other numbers of ranks: 4 data-parallel ranks train to step 20 and checkpoint, then 3, or 2, go on to step
+# 40. The reference does the same with plain torch (plain_torch_reshard.py: torch.save on 4 ranks, rank r of the
+# new world loads old rank r % 4's file), as a program without slurm-ckpt would; each run through slurm-ckpt must
+# end with its weights, bit for bit. AdamW restores a whole replica on each rank; ZeRO-1 reads each new partition's
+# state from the shards of its old owners, and its arithmetic is AdamW's.
+WORLD=4 launch plain-4 "$SRC/tests/integration/plain_torch_reshard.py" --save "$work/plain-4" --steps 20
+wait_ranks plain-4
+for m in 3 2; do
+  WORLD=$m launch plain-onto$m "$SRC/tests/integration/plain_torch_reshard.py" --load "$work/plain-4" --steps 40 \
+    --out "$work/plain-onto$m/final.bin"
+  wait_ranks plain-onto$m
+done
+
+# onto M FROM NAME LABEL [train_ddp args...]: FROM's checkpoint, copied, resumed on M ranks to step 40; the final
+# weights must be plain torch's onto M.
+onto() {
+  local m=$1 from=$2 name=$3 label=$4
+  shift 4
+  mkdir -p "$work/$name"
+  cp -a "$work/$from/ckpt" "$work/$name/ckpt"
+  WORLD=$m start_ranks "$name" --steps 40 "$@"
+  wait_ranks "$name"
+  if ! grep -q "^train_ddp: resumed from step 20 ($m ranks" "$work/$name/rank0.log"; then
+    cat "$work/$name/rank0.log" >&2
+    echo "test_torch_resume: $label: $m ranks did not resume from step 20" >&2
+    exit 1
+  fi
+  cmp "$work/plain-onto$m/final.bin" "$work/$name/final.bin" ||
+    { echo "test_torch_resume: $label: other final weights than plain torch resharded onto $m ranks" >&2; exit 1; }
 }
-onto_two reshard-ref
-onto_two reshard --zero1
-grep -q "ZeRO-1 state of 4 ranks resharded onto 2: read" "$work/reshard/rank1.log" ||
-  { cat "$work/reshard/rank1.log" >&2; echo "test_torch_resume: reshard: rank 1 read no other shard" >&2; exit 1; }
-cmp "$work/reshard-ref/final.bin" "$work/reshard/final.bin" ||
-  { echo "test_torch_resume: ZeRO-1 resharded from 4 ranks onto 2 ended with other weights than AdamW" >&2; exit 1; }
-echo "test_torch_resume: ZeRO-1 from 4 ranks onto 2: $(grep -o "read [0-9]* ranges ([0-9]* bytes)" "$work/reshard/rank1.log") \
-of the other shards on rank 1; final weights identical to AdamW's ($(cat "$work/reshard/final.bin.sha256"))"
+
+WORLD=4 start_ranks adamw-4 --steps 20
+wait_ranks adamw-4
+onto 3 adamw-4 adamw-onto3 "AdamW from 4 ranks onto 3"
+echo "test_torch_resume: AdamW from 4 ranks onto 3: final weights identical to plain torch's \
+($(cat "$work/adamw-onto3/final.bin.sha256"))"
+
+WORLD=4 start_ranks zero1-4 --steps 20 --zero1
+wait_ranks zero1-4
+for m in 2 3; do
+  onto $m zero1-4 zero1-onto$m "ZeRO-1 from 4 ranks onto $m" --zero1
+  # Rank 1's new partition was partly other ranks' before: it must have read their shards.
+  if ! read_line=$(grep -o "ZeRO-1 state of 4 ranks resharded onto $m: read [0-9]* ranges ([0-9]* bytes)" \
+      "$work/zero1-onto$m/rank1.log"); then
+    cat "$work/zero1-onto$m/rank1.log" >&2
+    echo "test_torch_resume: ZeRO-1 from 4 ranks onto $m: rank 1 read no other shard" >&2
+    exit 1
+  fi
+  echo "test_torch_resume: ZeRO-1 from 4 ranks onto $m: ${read_line##*: } of the other shards on rank 1; \
+final weights identical to plain torch's ($(cat "$work/zero1-onto$m/final.bin.sha256"))"
+done

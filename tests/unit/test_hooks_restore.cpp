@@ -2,6 +2,8 @@
 // honoring the plugin's choice, and refusing a checkpoint that does not fit.
 #include <catch2/catch.hpp>
 
+#include <numeric>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -159,7 +161,8 @@ TEST_CASE("restore loads the newest complete checkpoint bitwise", "[hooks][resto
   }
 }
 
-TEST_CASE("a checkpoint of another world size and another layout is refused", "[hooks][restore]") {
+TEST_CASE("a tensor-parallel checkpoint whose regions do not say where they lie restores onto its own layout only",
+          "[hooks][restore]") {
   test::TempDir dir;
   test::LogCapture log;
   // Two tensor-parallel ranks, each with half of the model.
@@ -176,9 +179,12 @@ TEST_CASE("a checkpoint of another world size and another layout is refused", "[
   m.ranks = {{0, 0, 0, 0}, {1, 0, 1, 0}};
   REQUIRE(store::commit(dir.path(), m).ok());
   auto cp = test::make(test::options({{"dir", dir.path()}}));
+  char a[2] = {};
+  REQUIRE(cp->register_region({"a", a, sizeof a, Memory::Host, false, "{}"}).ok());
   auto r = cp->restore(false);
   REQUIRE_FALSE(r.ok());
-  CHECK(r.error() == "ckpt: step 4: written by 2 ranks (tp 2, pp 1); this run has 1");
+  CHECK(r.error() == "ckpt: step 4: 'a' was saved by 2 tensor-parallel ranks without its place in the whole tensor "
+                     "(global_shape, offset): it restores onto its own layout only");
   // The same world size: no question of replicas.
   std::vector<Result<std::uint64_t>> steps(2, Error{"not run"});
   std::vector<std::thread> ranks;
@@ -454,9 +460,9 @@ TEST_CASE("a region declares where its block lies in the whole tensor; a block o
   CHECK((*c)->replica_group == "dp");
   CHECK_FALSE((*c)->whole());
 
-  // The same block restores; another block of the same tensor (another tensor-parallel split) is refused, naming
-  // the tensor, and the checkpoint is not marked FAILED.
-  std::vector<float> same(6 * 4, 0.0f), other(6 * 4, 0.0f);
+  // The same block restores; another block that the saved one holds is cut out of it; a block it does not hold
+  // is refused, naming the tensor, and the checkpoint is not marked FAILED.
+  std::vector<float> same(6 * 4, 0.0f), other(6 * 4, 0.0f), inside(2 * 4, 0.0f);
   {
     auto cp = test::make(test::options({{"dir", dir.path()}}));
     REQUIRE(cp->register_region({"w", same.data(), same.size() * 4, Memory::Host, false, chunk}).ok());
@@ -471,9 +477,28 @@ TEST_CASE("a region declares where its block lies in the whole tensor; a block o
                 .ok());
     auto refused = cp->restore();
     REQUIRE_FALSE(refused);
-    CHECK_THAT(refused.error(), Catch::Contains("tensor 'w' was saved as the block at [6,0] of shape [6,4] of a "
-                                                "tensor of shape [12,4]; this rank holds the block at [0,0]"));
+    CHECK_THAT(refused.error(), Catch::Contains("tensor 'w': the saved blocks hold 0 of the 24 elements of the "
+                                                "block at [0,0] of shape [6,4] that this rank holds"));
     (void)cp->close();
+  }
+  {
+    std::iota(w.begin(), w.end(), 0.0f);  // rows 6..11 numbered, as saved below
+    auto cp = test::make(test::options({{"dir", dir.path()}, {"interval", "1steps"}}));
+    REQUIRE(cp->register_region({"w", w.data(), w.size() * 4, Memory::Host, false, chunk}).ok());
+    REQUIRE(*cp->restore() == 1);
+    REQUIRE(cp->before_update().ok());
+    std::iota(w.begin(), w.end(), 0.0f);
+    REQUIRE_FALSE(*cp->after_step(2));
+    REQUIRE(cp->close().ok());
+  }
+  {
+    auto cp = test::make(test::options({{"dir", dir.path()}}));
+    REQUIRE(cp->register_region({"w", inside.data(), inside.size() * 4, Memory::Host, false,
+                                 R"({"dtype":"float32","shape":[2,4],"global_shape":[12,4],"offset":[9,0]})"})
+                .ok());
+    CHECK(*cp->restore() == 2);
+    CHECK(inside == std::vector<float>(w.begin() + 12, w.begin() + 20));  // rows 9 and 10: the saved rows 3 and 4
+    REQUIRE(cp->close().ok());
   }
   auto entries = store::scan(dir.path());
   REQUIRE(entries);

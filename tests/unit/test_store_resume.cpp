@@ -330,16 +330,20 @@ TEST_CASE("restore_source: which shard a rank loads", "[store][resume]") {
     RestoreSource s = restore_source(m, 4, 3, m.layout, m.ranks[3]);
     CHECK(s.rank == 1);
     CHECK_FALSE(s.replica);
-    RestoreSource other = restore_source(m, 4, 3, Layout{4, 1, 1, false}, {3, 3, 0, 0});
-    CHECK(other.rank == -1);
-    CHECK(other.definite);
-    CHECK_THAT(other.error, Catch::StartsWith("a terminal checkpoint of another layout"));
+    // Onto another split of the tensors, the survivors' blocks are assembled (plan_relayout).
+    CHECK(restore_source(m, 4, 3, Layout{4, 1, 1, false}, {3, 3, 0, 0}).relayout);
   }
-  SECTION("another world size: a replica of pure data parallelism, refused otherwise") {
+  SECTION("another world size: a replica of pure data parallelism; another split of the tensors otherwise") {
     RestoreSource tp = restore_source(m, 2, 1, Layout{2, 1, 1, false}, {1, 1, 0, 0});
-    CHECK(tp.rank == -1);
-    CHECK_FALSE(tp.definite);
-    CHECK(tp.error == "written by 4 ranks (tp 2, pp 1); this run has 2");
+    CHECK(tp.relayout);
+    CHECK(tp.error.empty());
+    CHECK(restore_source(m, 4, 1, Layout{1, 4, 1, false}, {1, 0, 1, 0}).relayout);  // the same size, tp 4
+    CHECK_FALSE(restore_source(m, 4, 1, m.layout, m.ranks[1]).relayout);
+    RestoreSource pp = restore_source(m, 2, 1, Layout{1, 1, 2, false}, {1, 0, 0, 1});
+    CHECK(pp.rank == -1);
+    CHECK_FALSE(pp.definite);
+    CHECK(pp.error == "written by 4 ranks (tp 2, pp 1); this run has 2 (tp 1, pp 2): pipeline stages and ZeRO-1 "
+                      "with tensor parallelism restore onto their own layout only");
     m.layout = Layout{4, 1, 1, false};
     RestoreSource dp = restore_source(m, 6, 5, Layout{6, 1, 1, false}, {5, 5, 0, 0});
     CHECK(dp.rank == 1);

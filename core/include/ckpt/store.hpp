@@ -13,8 +13,10 @@
 // The decisions (parsing, completeness, which checkpoint to use, what to delete) are pure functions over in-memory
 // data; the functions that touch the file system are separate and marked as such.
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -333,10 +335,15 @@ struct RestoreSource {
   // A ZeRO-1 checkpoint of another world size: the replica holds the model, not this rank's optimizer partition,
   // whose ranges lie in the shards of their owners then (locate_ranges).
   bool reshard = false;
+  // Another split of its tensors (tensor parallelism onto another tp, or onto or off pure data parallelism): no
+  // shard is loaded whole; each tensor is assembled from the saved blocks it needs (plan_relayout).
+  bool relayout = false;
 };
 // Its own shard in a checkpoint of the same world size; the replica of rank % world_size of a pure data-parallel
 // checkpoint of another size, ZeRO-1 included (`reshard`); in a terminal checkpoint without its shard, the one
 // shard covering all its state keys (`layout` and `coord` are this run's, and must be the checkpoint's layout).
+// Tensor parallelism on either side of another world size, or another tp at the same size: `relayout`. Pipeline
+// stages and ZeRO-1 under tensor parallelism restore onto their own layout only.
 RestoreSource restore_source(const Manifest& manifest, int world_size, int rank, const Layout& layout,
                              const RankCoord& coord);
 
@@ -347,6 +354,49 @@ RestoreSource restore_source(const Manifest& manifest, int world_size, int rank,
 Result<std::vector<std::pair<std::size_t, StateRange>>> locate_ranges(const Manifest& manifest,
                                                                       const std::vector<std::string>& prefixes,
                                                                       std::optional<std::size_t> skip = std::nullopt);
+
+// ---- onto another split: each wanted block assembled from the saved blocks it intersects (pure) ---------------
+//
+// A tensor saved in blocks (TensorChunk) restores onto another split of it. Each saved range a rank needs is read
+// whole, since its checksum covers it whole, from one of the shards that hold it: replicas of a block (its
+// data-parallel copies) are shared out by rank. The bytes a job reads are then one copy of what it holds: a
+// wanted block that joins saved blocks reads each once; saved blocks that several ranks' blocks split are read by
+// each of them.
+
+// One saved range that a wanted block takes bytes from, and the box of the global tensor they share.
+struct BlockRead {
+  std::size_t shard = 0;                  // its shard's index in manifest.shards
+  StateRange range;                       // read whole and checked against its checksum
+  TensorChunk saved;                      // its block
+  std::vector<std::uint64_t> lo, extent;  // the shared box, in the global tensor's coordinates
+};
+
+// What a rank restores of one name: the block it wants and the reads it is made of. A range that is no tensor
+// (a blob: optimizer metadata, RNG states) is one read of the whole range, with no box.
+struct RelayoutPiece {
+  std::string name;
+  nlohmann::json meta;                    // the saved metadata with the wanted block's "shape" and "offset"
+  std::optional<TensorChunk> want;        // nullopt: no tensor
+  std::uint64_t bytes = 0;                // the wanted block's size
+  std::uint64_t element_size = 0;         // bytes per element (tensors)
+  std::vector<BlockRead> reads;
+};
+
+// Every name the checkpoint holds, as `rank` of this run restores it. The block it wants of a tensor: the one this
+// run declares for that name in `declared` (region name -> its metadata, tensor_chunk's fields); else the block
+// of the tensor a saved range's "split_like" names (an optimizer state tensor shaped like its parameter is split
+// as the parameter is), when that tensor has the same global shape; else the whole tensor. A range that is no
+// tensor (a blob) comes from the shard of rank % the checkpoint's world size, else the first that holds it. An
+// error names the tensor: another global shape or element size than saved, a part no saved block holds, saved
+// blocks that overlap, metadata that does not parse; under tensor parallelism, a tensor saved without its place
+// in the whole (global_shape), or a region this run registers that was saved as no tensor.
+Result<std::vector<RelayoutPiece>> plan_relayout(const Manifest& manifest,
+                                                 const std::map<std::string, nlohmann::json>& declared, int rank);
+
+// Copies `read`'s box from the saved block's bytes (`saved`, read.range.length of them) into the wanted block's
+// (`wanted`), both row-major with `element_size` bytes per element.
+void copy_box(const BlockRead& read, const std::byte* saved, const TensorChunk& want, std::byte* wanted,
+              std::uint64_t element_size);
 
 // One rank's record of a committed step (rank-<r>.rec): what a rank that loads its own shard needs, without
 // reading the manifest's record of every rank.

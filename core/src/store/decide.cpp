@@ -171,19 +171,30 @@ RestoreSource restore_source(const Manifest& m, int world_size, int rank, const 
     return out;
   };
   int source = rank;
+  const Layout& saved = m.layout;
+  const bool dp_saved = saved.tp == 1 && saved.pp == 1, dp_here = layout.tp == 1 && layout.pp == 1;
+  const bool other_split = m.world_size != world_size ? !(dp_saved && dp_here) : saved.tp != layout.tp;
+  if (other_split) {
+    // Tensors split another way: each is assembled from the saved blocks (plan_relayout), as long as the names
+    // mean the same on every rank: not across pipeline stages, nor with ZeRO-1's partitions besides.
+    if (saved.pp != 1 || layout.pp != 1 || saved.zero1 || layout.zero1 || m.world_size < 1) {
+      return refuse("written by " + std::to_string(m.world_size) + " ranks (tp " + std::to_string(saved.tp) +
+                        ", pp " + std::to_string(saved.pp) + (saved.zero1 ? ", ZeRO-1" : "") + "); this run has " +
+                        std::to_string(world_size) + " (tp " + std::to_string(layout.tp) + ", pp " +
+                        std::to_string(layout.pp) + (layout.zero1 ? ", ZeRO-1" : "") +
+                        "): pipeline stages and ZeRO-1 with tensor parallelism restore onto their own layout only",
+                    false);
+    }
+    out.relayout = true;
+    return out;
+  }
   if (m.world_size != world_size) {
     // Pure data parallelism: every shard holds a full replica, so a job relaunched on fewer or more nodes can go
     // on from any of them.
-    const Layout& l = m.layout;
-    if (l.tp != 1 || l.pp != 1 || m.world_size < 1) {
-      return refuse("written by " + std::to_string(m.world_size) + " ranks (tp " + std::to_string(l.tp) + ", pp " +
-                        std::to_string(l.pp) + (l.zero1 ? ", ZeRO-1" : "") + "); this run has " +
-                        std::to_string(world_size),
-                    false);
-    }
+    if (m.world_size < 1) return refuse("written by " + std::to_string(m.world_size) + " ranks", true);
     source = rank % m.world_size;
     out.replica = true;
-    out.reshard = l.zero1;
+    out.reshard = saved.zero1;
   }
   for (const ShardRecord& r : m.shards) {
     if (r.rank == source) out.rank = source;

@@ -210,15 +210,19 @@ def _without_code(state):
     return type(state)((k, v) for k, v in state.items() if not isinstance(v, code))
 
 
-def _meta(t, kind, group, chunk=None):
+def _meta(t, kind, group, chunk=None, like=None):
     """A region's metadata: its dtype and shape, and where its block lies in the whole tensor (`chunk`: a dict of
     global_shape and offset, as the program declared it; none: the region is the whole tensor) and who else holds
-    it (`group`: "dp", every data-parallel replica; "rank", this rank alone). Core checks it (store::tensor_chunk)."""
+    it (`group`: "dp", every data-parallel replica; "rank", this rank alone). Core checks it (store::tensor_chunk).
+    `like`: the region of the parameter an optimizer state tensor is shaped like, whose split a restore onto
+    another split gives it too (store::plan_relayout)."""
     shape, chunk = list(t.shape), chunk or {}
-    return json.dumps({"dtype": str(t.dtype).replace("torch.", ""), "shape": shape, "kind": kind,
-                       "replica_group": group,
-                       "global_shape": [int(d) for d in chunk.get("global_shape", shape)],
-                       "offset": [int(d) for d in chunk.get("offset", [0] * len(shape))]})
+    meta = {"dtype": str(t.dtype).replace("torch.", ""), "shape": shape, "kind": kind, "replica_group": group,
+            "global_shape": [int(d) for d in chunk.get("global_shape", shape)],
+            "offset": [int(d) for d in chunk.get("offset", [0] * len(shape))]}
+    if like is not None:
+        meta["split_like"] = like
+    return json.dumps(meta)
 
 
 def _stream_of(t):
@@ -410,12 +414,13 @@ class Checkpointer:
                 param = ordered[index] if index < len(ordered) else None
                 for key, value in entry.items():
                     if torch.is_tensor(value):
-                        chunk = (self._chunks.get(names.get(id(param)))
-                                 if param is not None and value.shape == param.shape else None)
+                        like = (names.get(id(param))
+                                if param is not None and value.shape == param.shape else None)
                         # Small tensors (Adam's step) are copied inside after_step: cheaper than a copy task.
                         regions.append(self._region(self._optim_region(index, key), value.detach(),
                                                     sync=value.numel() * value.element_size() < 4096, kind="optim",
-                                                    group=group, chunk=chunk))
+                                                    group=group, chunk=self._chunks.get(like),
+                                                    like=None if like is None else _MODEL + like))
         return regions
 
     def _global_indices(self):
@@ -470,11 +475,11 @@ class Checkpointer:
         return f"{_OPTIM}{index}/{key}"
 
     @staticmethod
-    def _region(name, t, sync, kind, group="dp", chunk=None):
+    def _region(name, t, sync, kind, group="dp", chunk=None, like=None):
         if not t.is_contiguous():
             raise Error(f"ckpt: tensor '{name}' is not contiguous; its storage cannot be saved as one region")
-        return (name, t.data_ptr(), t.numel() * t.element_size(), t.is_cuda, sync, _meta(t, kind, group, chunk),
-                _stream_of(t))
+        return (name, t.data_ptr(), t.numel() * t.element_size(), t.is_cuda, sync,
+                _meta(t, kind, group, chunk, like), _stream_of(t))
 
     def _held(self):
         """A survivor of a restart in place offers the state it holds, as (region name, host tensor): the restore
