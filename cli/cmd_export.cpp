@@ -4,7 +4,8 @@
 // (in a checkpoint whose ranges have none, the whole shard once, in file order, against the shard's), and writes
 // the bytes where the format puts them. Nothing is published unless every checksum matched: the output is
 // written under a temporary name beside OUT and renamed to OUT at the end, never over an existing OUT. Memory
-// stays at one read chunk whatever the checkpoint's size.
+// stays at one read chunk whatever the checkpoint's size; a tensor split across tensor-parallel ranks is joined in
+// memory, so the largest of those is held once.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -111,6 +112,27 @@ class Copier {
   Status written_;
 };
 
+// A tensor split across tensor-parallel ranks, joined in memory from its blocks (each read whole against its own
+// checksum) and written in one piece: memory holds the largest such tensor and one block of it.
+Status join_tensor(const std::string& dir, const store::Manifest& manifest, const weights::Tensor& t,
+                   const Placement& p, const std::string& what, std::uint64_t& bytes_read) {
+  std::vector<std::byte> whole(static_cast<std::size_t>(t.length)), block;
+  for (const store::BlockRead& b : t.blocks) {
+    block.resize(static_cast<std::size_t>(b.range.length));
+    store::ShardRead read = store::read_range(dir, manifest.step, manifest.shards[b.shard], b.range, block.data());
+    bytes_read += read.bytes;
+    if (!read.status) return read.status;
+    store::copy_box(b, block.data(), *t.whole, whole.data(), t.dtype->size);
+  }
+  const char* bytes = reinterpret_cast<const char*>(whole.data());
+  if (Status s = write_at(p.fd, bytes, whole.size(), p.at, what); !s) return s;
+  if (p.entry != nullptr) {
+    p.entry->crc32 = static_cast<std::uint32_t>(
+        ::crc32_z(p.entry->crc32, reinterpret_cast<const Bytef*>(bytes), static_cast<z_size_t>(whole.size())));
+  }
+  return Status::success();
+}
+
 // Reads what the tensors need of each shard they come from, once: the tensors' own ranges where each records its
 // checksum (none of the rest of the shard is read), else the whole shard in file order, its checksum computed as
 // it passes. Fails on the first range or shard whose size or checksum is wrong, or on a write error.
@@ -118,10 +140,13 @@ Status copy_tensors(const std::string& dir, const store::Manifest& manifest, con
                     const std::vector<Placement>& placements, const std::string& what, std::uint64_t& bytes_read) {
   for (std::size_t shard : weights::shards_read(tensors)) {
     const store::ShardRecord& record = manifest.shards[shard];
-    std::vector<std::size_t> mine;  // in file order (model_tensors sorts each shard's tensors by offset)
+    std::vector<std::size_t> mine;  // in file order, as the copier needs
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-      if (tensors[i].shard == shard) mine.push_back(i);
+      if (tensors[i].blocks.empty() && tensors[i].shard == shard) mine.push_back(i);
     }
+    std::stable_sort(mine.begin(), mine.end(), [&](std::size_t a, std::size_t b) {
+      return tensors[a].offset < tensors[b].offset;
+    });
     Copier copier(tensors, placements, mine, what);
     store::ShardSink sink = [&](std::uint64_t offset, const char* data, std::size_t size) {
       return copier.on_chunk(offset, data, size);
@@ -141,6 +166,11 @@ Status copy_tensors(const std::string& dir, const store::Manifest& manifest, con
       bytes_read += read.bytes;
       if (!copier.written()) return copier.written();
       if (!read.status) return read.status;
+    }
+  }
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].blocks.empty()) {
+      if (Status s = join_tensor(dir, manifest, tensors[i], placements[i], what, bytes_read); !s) return s;
     }
   }
   return Status::success();

@@ -80,6 +80,46 @@ Result<Tensor> tensor_of(const store::StateRange& range, std::size_t shard, std:
   return t;
 }
 
+// Under tensor parallelism: each model tensor whole, from the blocks rank 0 of a job of one rank would read.
+Result<std::vector<Tensor>> split_tensors(const store::Manifest& manifest) {
+  if (manifest.layout.pp > 1) {
+    return Error{"the model is split across " + std::to_string(manifest.layout.pp) + " pipeline stages and " +
+                 std::to_string(manifest.layout.tp) + " tensor-parallel ranks, which the export does not join"};
+  }
+  store::Manifest model = manifest;  // the model's ranges only: the optimizer state is no concern of the export
+  for (store::ShardRecord& shard : model.shards) {
+    auto not_model = [](const store::StateRange& r) { return r.name.rfind(kModelPrefix, 0) != 0; };
+    shard.states.erase(std::remove_if(shard.states.begin(), shard.states.end(), not_model), shard.states.end());
+  }
+  auto pieces = store::plan_relayout(model, {}, 0);
+  if (!pieces) return Error{pieces.error()};
+  std::vector<Tensor> tensors;
+  std::vector<store::RelayoutPiece> planned = std::move(pieces).value();
+  for (store::RelayoutPiece& piece : planned) {
+    if (!piece.want) return Error{"region '" + piece.name + "' records no dtype and shape"};
+    if (piece.reads.empty()) {
+      return Error{"tensor '" + piece.name.substr(kModelPrefix.size()) + "' has no elements; split across " +
+                   "tensor-parallel ranks, the export does not carry it"};
+    }
+    const store::BlockRead& first = piece.reads.front();
+    auto t = tensor_of(first.range, first.shard, model.shards[first.shard].size);
+    if (!t) return Error{model.shards[first.shard].file + ": " + t.error()};
+    if (t->dtype->size != piece.element_size) return Error{"region '" + piece.name + "': another element size"};
+    if (piece.reads.size() == 1 && first.saved.shape == piece.want->shape) {
+      tensors.push_back(std::move(t).value());  // saved whole in one range
+      continue;
+    }
+    t->shape = piece.want->global_shape;
+    t->length = piece.bytes;
+    t->checksum.reset();
+    t->blocks = std::move(piece.reads);
+    t->whole = std::move(piece.want);
+    tensors.push_back(std::move(t).value());
+  }
+  if (tensors.empty()) return Error{"the checkpoint holds no model tensors (regions named 'model/<name>')"};
+  return tensors;
+}
+
 // The shard that holds stage `pp`'s model: the first in rank order covering model/pp<p>/tp0, or, for shards that
 // record no covers, the first rank at that stage's tensor-parallel slice 0.
 std::optional<std::size_t> stage_shard(const store::Manifest& manifest, const std::vector<std::size_t>& by_rank,
@@ -232,17 +272,7 @@ Result<std::vector<Tensor>> model_tensors(const store::Manifest& manifest) {
   for (std::size_t i = 0; i < by_rank.size(); ++i) by_rank[i] = i;
   std::stable_sort(by_rank.begin(), by_rank.end(),
                    [&](std::size_t a, std::size_t b) { return manifest.shards[a].rank < manifest.shards[b].rank; });
-  if (layout.tp > 1) {
-    std::string name = "?";
-    for (const store::ShardRecord& shard : manifest.shards) {
-      for (const store::StateRange& r : shard.states) {
-        if (name == "?" && r.name.rfind(kModelPrefix, 0) == 0) name = r.name.substr(kModelPrefix.size());
-      }
-    }
-    return Error{"the model is split across " + std::to_string(layout.tp) +
-                 " tensor-parallel ranks, and the export does not put split tensors back together yet: tensor '" +
-                 name + "' cannot be put back together"};
-  }
+  if (layout.tp > 1) return split_tensors(manifest);
   std::vector<Tensor> tensors;
   std::set<std::string> names;
   for (int pp = 0; pp < std::max(1, layout.pp); ++pp) {
@@ -269,7 +299,9 @@ Result<std::vector<Tensor>> model_tensors(const store::Manifest& manifest) {
 
 std::vector<std::size_t> shards_read(const std::vector<Tensor>& tensors) {
   std::set<std::size_t> shards;
-  for (const Tensor& t : tensors) shards.insert(t.shard);
+  for (const Tensor& t : tensors) {
+    if (t.blocks.empty()) shards.insert(t.shard);
+  }
   return {shards.begin(), shards.end()};
 }
 

@@ -6,7 +6,9 @@
 # - onto tp 1 with no step more: the whole weights are the tp-2 slices joined, bit for bit;
 # - onto tp 1 and tp 4, 10 steps on: the losses and weights follow the run that went on at tp 2. Not bit for bit:
 #   the forward pass sums the hidden units in tp parts, so another tp rounds otherwise; they must agree to 1e-5,
-#   while losing the momentum (the check below proves it) moves them far more.
+#   while losing the momentum (the check below proves it) moves them far more;
+# - ckpt export of the tp-2 checkpoint: the whole weights, as safetensors (read by export_test.py's reader) and as
+#   a torch.save file (stock torch.load), bit for bit.
 set -euo pipefail
 SRC=${CKPT_SOURCE_DIR:?}
 : "${CKPT_BUILD_DIR:?}"
@@ -53,6 +55,12 @@ run tp1-now 1 1 20   # restored, no step more
 run tp1 1 1 30
 run tp4 4 4 30
 
+export CKPT_CLI=$CKPT_BUILD_DIR/cli/ckpt
+"$CKPT_CLI" export "$work/saved/ckpt" --format safetensors -o "$work/export-st" ||
+  fail "ckpt export of the tp-2 checkpoint as safetensors failed"
+"$CKPT_CLI" export "$work/saved/ckpt" --format torch -o "$work/export.pt" ||
+  fail "ckpt export of the tp-2 checkpoint as a torch file failed"
+
 for name in tp1-now tp1 tp4; do
   grep -q "^train_dp_tp: resumed from step 20 " "$work/$name/rank0.log" ||
     { cat "$work/$name/rank0.log" >&2; fail "$name did not resume from step 20"; }
@@ -61,7 +69,7 @@ line=$(grep -o "restored onto tp 1 of 1: .*" "$work/tp1-now/rank0.log") ||
   { cat "$work/tp1-now/rank0.log" >&2; fail "tp1-now: the restore says nothing of another split"; }
 echo "test_torch_relayout: tp 2 onto tp 1: $line"
 
-"$PY" - "$work" <<'PYCHECK' || fail "the restored weights or the trajectory differ (above)"
+"$PY" - "$work" "$SRC/tests/hooks" <<'PYCHECK' || fail "the restored weights or the trajectory differ (above)"
 import re, sys
 import torch
 
@@ -88,6 +96,16 @@ def losses(name):
 saved, now = weights("saved", 2), weights("tp1-now", 1)
 assert all(torch.equal(a, b) for a, b in zip(saved, now)), "tp 1 restored other weights than the tp-2 slices joined"
 print("test_torch_relayout: tp 2 onto tp 1: the whole weights are the saved slices joined, bit for bit")
+
+sys.path.insert(0, sys.argv[2])
+from export_test import read_safetensors  # written from the format's published description, not ours
+exported, _ = read_safetensors(f"{work}/export-st/model.safetensors")
+loaded = torch.load(f"{work}/export.pt", weights_only=True)
+for got in (exported, loaded):
+    assert list(sorted(got)) == ["0.weight", "2.weight"], sorted(got)
+    assert torch.equal(got["0.weight"], saved[0]) and torch.equal(got["2.weight"], saved[1]), "export differs"
+print("test_torch_relayout: ckpt export of the tp-2 checkpoint: the joined weights, as safetensors and as a "
+      "torch.save file, bit for bit")
 
 same, ref = weights("same", 2), losses("same")
 assert sorted(ref) == list(range(21, 31)), sorted(ref)

@@ -94,12 +94,31 @@ TEST_CASE("model tensors: pipeline stages are joined, tensor-parallel splits and
     REQUIRE_FALSE(tensors);
     CHECK_THAT(tensors.error(), Catch::Contains("tensor 'b' is named twice"));
   }
-  SECTION("a tensor-parallel split names a tensor") {
+  SECTION("tensor-parallel splits are joined from their blocks; blocks that do not say where they lie are refused") {
     store::Manifest m = dp3();
     m.layout = {1, 3, 1, false};
+    auto refused = model_tensors(m);
+    REQUIRE_FALSE(refused);
+    CHECK_THAT(refused.error(), Catch::Contains("saved by 3 tensor-parallel ranks without its place"));
+    // w is 6 x 3, split by rows across the 3 ranks; b (3) is whole on each.
+    for (int r = 0; r < 3; ++r) {
+      json& w = m.shards[r].states[1].meta;
+      w["global_shape"] = {6, 3};
+      w["offset"] = {2 * r, 0};
+      m.shards[r].states[0].meta["global_shape"] = {3};
+    }
     auto tensors = model_tensors(m);
-    REQUIRE_FALSE(tensors);
-    CHECK_THAT(tensors.error(), Catch::Contains("3 tensor-parallel ranks") && Catch::Contains("tensor 'b'"));
+    REQUIRE(tensors);
+    REQUIRE(tensors->size() == 2);
+    const Tensor& w = (*tensors)[1];
+    CHECK(w.name == "w");
+    CHECK(w.shape == std::vector<std::uint64_t>{6, 3});
+    CHECK(w.length == 72);
+    CHECK(w.blocks.size() == 3);
+    CHECK((*tensors)[0].blocks.empty());  // b: one replica's range, read as it lies
+    CHECK(shards_read(*tensors) == std::vector<std::size_t>{0});
+    m.layout.pp = 2;
+    CHECK_THAT(model_tensors(m).error(), Catch::Contains("which the export does not join"));
   }
   SECTION("a region whose bytes do not match its shape") {
     store::Manifest m = dp3();

@@ -5,9 +5,9 @@
 // A tensor is a region named "model/<name>" whose metadata gives its dtype and shape ({"dtype": "float32",
 // "shape": [4096, 4096]}), as the PyTorch module records every entry of the model's state_dict and as a C or C++
 // program may declare its own. Under pure data parallelism every replica holds the whole model; the export reads
-// one: for each pipeline stage, the shard of the first rank holding model/pp<p>/tp0. Tensor-parallel splits are
-// not put back together yet (the blocks' places are in their metadata, store::tensor_chunk), so a layout with
-// tp > 1 is refused, naming a tensor.
+// one: for each pipeline stage, the shard of the first rank holding model/pp<p>/tp0. A tensor split across
+// tensor-parallel ranks is put back together from its blocks, whose places its metadata records
+// (store::tensor_chunk, store::plan_relayout); pipeline stages with tensor-parallel splits are refused.
 //
 //   safetensors: an 8-byte little-endian header length, a JSON header ({name: {dtype, shape, data_offsets}},
 //                "__metadata__"), padded with spaces to 8 bytes, then the tensors' bytes. Split into files of at
@@ -48,14 +48,19 @@ struct Tensor {
   std::uint64_t offset = 0;          // in the shard file
   std::uint64_t length = 0;          // bytes: the product of the shape times the element size
   std::optional<std::uint64_t> checksum;  // the region's own, where the checkpoint records one
+  // A tensor split across tensor-parallel ranks: the saved blocks it is joined from in memory (shard, offset and
+  // checksum are then unused; each block is read whole against its own checksum).
+  std::vector<store::BlockRead> blocks;
+  std::optional<store::TensorChunk> whole;  // the whole tensor, as copy_box needs it, where `blocks` are used
 };
 
-// The model tensors of a checkpoint, in each shard's file order (shards in rank order). An error names what
-// cannot be exported: a layout split across tensor-parallel ranks, a model region without a dtype and shape or
-// whose bytes do not match them, two stages with one name, a checkpoint with no model tensors.
+// The model tensors of a checkpoint, in each shard's file order (shards in rank order; under tensor parallelism,
+// rank 0's). An error names what cannot be exported: a model region without a dtype and shape or whose bytes do
+// not match them, a split tensor whose blocks do not make it whole, tensor-parallel splits across pipeline
+// stages, two stages with one name, a checkpoint with no model tensors.
 Result<std::vector<Tensor>> model_tensors(const store::Manifest& manifest);
 
-// The shard indexes `tensors` read from, each once, ascending.
+// The shard indexes the tensors that lie in one range each read from, each once, ascending.
 std::vector<std::size_t> shards_read(const std::vector<Tensor>& tensors);
 
 // ---- safetensors ----
