@@ -256,6 +256,10 @@ struct Checkpointer::Impl {
   Status load_other_split(const RestorePlan& plan, const Status& why, bool& definite);
   void set_restore_bytes(std::uint64_t read, std::uint64_t live_bytes);
   Result<std::uint64_t> restore(bool copy_into_regions);
+  // A resharded ZeRO-1 load: what it needs of its replica's shard (store::replica_ranges), each range against its
+  // own checksum; nullopt when a range has none (an older checkpoint: load() reads the whole shard).
+  std::optional<Status> load_replica_ranges(const RestorePlan& plan, const store::ShardRecord& record,
+                                            bool& definite);
   // A resharded ZeRO-1 load: the ranges of other shards this rank's new partition needs, read and checked.
   Status load_reshard_ranges(const std::string& root, const store::Manifest& m, int source, bool& definite);
   // A load onto another split of the tensors: each of this rank's blocks assembled from the saved ranges it

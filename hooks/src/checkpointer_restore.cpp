@@ -87,6 +87,37 @@ Status Checkpointer::Impl::load_reshard_ranges(const std::string& root, const st
   return Status::success();
 }
 
+std::optional<Status> Checkpointer::Impl::load_replica_ranges(const RestorePlan& plan,
+                                                              const store::ShardRecord& record, bool& definite) {
+  const std::uint64_t step = *plan.step;
+  std::vector<std::size_t> wanted = store::replica_ranges(record, reshard_prefixes);
+  for (std::size_t i : wanted) {
+    if (!record.states[i].checksum) return std::nullopt;  // an older checkpoint: only the whole shard vouches
+  }
+  restored.clear();
+  std::uint64_t bytes = 0;
+  for (std::size_t i : wanted) {
+    const store::StateRange& range = record.states[i];
+    if (range.offset > record.size || range.length > record.size - range.offset) {
+      definite = true;
+      return Status::failure("step " + std::to_string(step) + ": region '" + range.name + "' lies outside its shard");
+    }
+    store::ShardRead read = store::read_range(plan.root, step, record, range, host.data() + range.offset);
+    if (!read.status) {
+      definite = read.definite;
+      return read.status;
+    }
+    bytes += read.bytes;
+    restored.push_back({range.name, range.meta.dump(), host.data() + range.offset,
+                        static_cast<std::size_t>(range.length)});
+  }
+  set_restore_bytes(bytes, 0);
+  log::info(rank, "step " + std::to_string(step) + ": read " + std::to_string(wanted.size()) + " of the " +
+                      std::to_string(record.states.size()) + " ranges (" + std::to_string(bytes) + " bytes) of " +
+                      record.file + ": its writer's partition of the optimizer state is another rank's now");
+  return Status::success();
+}
+
 Status Checkpointer::Impl::load_relayout(const std::string& root, const store::Manifest& m, bool& definite) {
   const std::string at = "step " + std::to_string(m.step) + ": ";
   std::map<std::string, nlohmann::json> declared;
@@ -261,6 +292,13 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
   (void)ask_staging(host.size(), 0);
   if (!reshard_manifest && !live.empty()) {
     if (std::optional<Status> s = load_with_live(plan, record, definite)) return *s;
+  }
+  if (reshard_manifest) {
+    if (std::optional<Status> s = load_replica_ranges(plan, record, definite)) {
+      if (!*s) return *s;
+      resharded = true;
+      return load_reshard_ranges(plan.root, *reshard_manifest, record.rank, definite);
+    }
   }
   store::ShardRead read = store::read_shard(plan.root, step, record, host.data());
   if (!read.status) {

@@ -133,6 +133,7 @@ PYCHECK
 # new world loads old rank r % 4's file), as a program without slurm-ckpt would; each run through slurm-ckpt must
 # end with its weights, bit for bit. AdamW restores a whole replica on each rank; ZeRO-1 reads each new partition's
 # state from the shards of its old owners, and its arithmetic is AdamW's.
+INTERVAL=20  # step 20's checkpoint is the only one these runs need
 WORLD=4 launch plain-4 "$SRC/tests/integration/plain_torch_reshard.py" --save "$work/plain-4" --steps 20
 wait_ranks plain-4
 for m in 3 2; do
@@ -178,4 +179,27 @@ for m in 2 3; do
   fi
   echo "test_torch_resume: ZeRO-1 from 4 ranks onto $m: ${read_line##*: } of the other shards on rank 1; \
 final weights identical to plain torch's ($(cat "$work/zero1-onto$m/final.bin.sha256"))"
+done
+
+# Bytes read at resume: each rank reads what its replica holds besides the old partitions (the model, RNG states,
+# extras) and its own new partition; across the job every partition's bytes are read once, and no more.
+for m in 2 3; do
+  "$PY" - "$work/zero1-onto$m" "$m" <<'PYCHECK' || { echo "test_torch_resume: ZeRO-1 onto $m: bytes read at resume (above)" >&2; exit 1; }
+import json, os, re, sys
+run, m = sys.argv[1], int(sys.argv[2])
+root = os.path.join(run, "ckpt")
+manifest = json.load(open(os.path.join(root, "000000000020", "MANIFEST.json")))
+shards = {s["rank"]: s["states"] for s in manifest["shards"]}
+partition = lambda s: s["meta"].get("replica_group") == "rank"
+expected = sum(s["length"] for r in range(m) for s in shards[r % 4] if not partition(s)) + \
+    sum(s["length"] for states in shards.values() for s in states if partition(s))
+read = 0
+for r in range(m):
+    found = re.findall(r"restored step 20 from \S+ \((\d+) bytes read", open(os.path.join(run, f"rank{r}.log")).read())
+    assert len(found) == 1, (r, found)
+    read += int(found[0])
+assert read == expected, f"{m} ranks read {read} bytes at resume; one copy of what they hold is {expected}"
+print(f"test_torch_resume: ZeRO-1 from 4 ranks onto {m}: {read} bytes read at resume across the ranks: each "
+      "partition once, the model once per rank")
+PYCHECK
 done

@@ -297,6 +297,19 @@ TEST_CASE("locate_ranges: the ranges of other shards a resharded rank reads, eac
   CHECK_THAT(locate_ranges(m, {"optim/1/"}).error(), Catch::Contains("is in rank-00000.shard and rank-00002.shard"));
 }
 
+TEST_CASE("replica_ranges: a resharded rank reads of its replica all but the other partitions", "[store][resume]") {
+  const nlohmann::json partition = {{"shape", {4}}, {"replica_group", "rank"}};
+  ShardRecord r;
+  r.states = {{"model/w", 0, 16, {{"shape", {4}}, {"replica_group", "dp"}}, 1},
+              {"optim/0/exp_avg", 16, 16, partition, 2},
+              {"optim/1/exp_avg", 32, 16, partition, 3},
+              {"optim/10/exp_avg", 48, 16, partition, 4},
+              {"extras", 64, 8, nlohmann::json::object(), 5}};
+  CHECK(replica_ranges(r, {"optim/1/"}) == std::vector<std::size_t>{0, 2, 4});
+  CHECK(replica_ranges(r, {}) == std::vector<std::size_t>{0, 4});
+  CHECK(replica_ranges(r, {"optim/0/", "optim/10/"}) == std::vector<std::size_t>{0, 1, 3, 4});
+}
+
 TEST_CASE("read_record: one rank's record, checked against its name", "[store][resume]") {
   TempDir t;
   save(t.path(), 100);

@@ -398,6 +398,11 @@ Result<std::vector<RelayoutPiece>> plan_relayout(const Manifest& manifest,
 void copy_box(const BlockRead& read, const std::byte* saved, const TensorChunk& want, std::byte* wanted,
               std::uint64_t element_size);
 
+// The ranges of its replica's shard a rank of a resharded ZeRO-1 job reads, as indexes into record.states: all
+// but the other partitions ("replica_group": "rank" ranges whose names start with none of `prefixes`), so that
+// across the job each partition's bytes are read once.
+std::vector<std::size_t> replica_ranges(const ShardRecord& record, const std::vector<std::string>& prefixes);
+
 // One rank's record of a committed step (rank-<r>.rec): what a rank that loads its own shard needs, without
 // reading the manifest's record of every rank.
 // `definite` (when given) is set when the record itself is missing or wrong.

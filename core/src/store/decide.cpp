@@ -229,6 +229,19 @@ RestoreSource restore_source(const Manifest& m, int world_size, int rank, const 
   return out;
 }
 
+std::vector<std::size_t> replica_ranges(const ShardRecord& record, const std::vector<std::string>& prefixes) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < record.states.size(); ++i) {
+    const StateRange& range = record.states[i];
+    const bool partition = range.meta.is_object() && range.meta.value("replica_group", nlohmann::json()) == "rank";
+    const bool wanted = std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) {
+      return !p.empty() && range.name.compare(0, p.size(), p) == 0;
+    });
+    if (!partition || wanted) out.push_back(i);
+  }
+  return out;
+}
+
 Result<std::vector<std::pair<std::size_t, StateRange>>> locate_ranges(const Manifest& manifest,
                                                                       const std::vector<std::string>& prefixes,
                                                                       std::optional<std::size_t> skip) {
