@@ -256,6 +256,9 @@ struct Checkpointer::Impl {
   Status load_other_split(const RestorePlan& plan, const Status& why, bool& definite);
   void set_restore_bytes(std::uint64_t read, std::uint64_t live_bytes);
   Result<std::uint64_t> restore(bool copy_into_regions);
+  // One range of `record` into host staging at its offset, checked against its own checksum; adds to `bytes`.
+  Status read_range_to_host(const RestorePlan& plan, const store::ShardRecord& record, const store::StateRange& range,
+                            std::uint64_t& bytes, bool& definite);
   // A resharded ZeRO-1 load: what it needs of its replica's shard (store::replica_ranges), each range against its
   // own checksum; nullopt when a range has none (an older checkpoint: load() reads the whole shard).
   std::optional<Status> load_replica_ranges(const RestorePlan& plan, const store::ShardRecord& record,

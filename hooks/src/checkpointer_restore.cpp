@@ -87,6 +87,22 @@ Status Checkpointer::Impl::load_reshard_ranges(const std::string& root, const st
   return Status::success();
 }
 
+Status Checkpointer::Impl::read_range_to_host(const RestorePlan& plan, const store::ShardRecord& record,
+                                              const store::StateRange& range, std::uint64_t& bytes, bool& definite) {
+  if (range.offset > record.size || range.length > record.size - range.offset) {
+    definite = true;
+    return Status::failure("step " + std::to_string(*plan.step) + ": region '" + range.name +
+                           "' lies outside its shard");
+  }
+  store::ShardRead read = store::read_range(plan.root, *plan.step, record, range, host.data() + range.offset);
+  if (!read.status) {
+    definite = read.definite;
+    return read.status;
+  }
+  bytes += read.bytes;
+  return Status::success();
+}
+
 std::optional<Status> Checkpointer::Impl::load_replica_ranges(const RestorePlan& plan,
                                                               const store::ShardRecord& record, bool& definite) {
   const std::uint64_t step = *plan.step;
@@ -98,16 +114,7 @@ std::optional<Status> Checkpointer::Impl::load_replica_ranges(const RestorePlan&
   std::uint64_t bytes = 0;
   for (std::size_t i : wanted) {
     const store::StateRange& range = record.states[i];
-    if (range.offset > record.size || range.length > record.size - range.offset) {
-      definite = true;
-      return Status::failure("step " + std::to_string(step) + ": region '" + range.name + "' lies outside its shard");
-    }
-    store::ShardRead read = store::read_range(plan.root, step, record, range, host.data() + range.offset);
-    if (!read.status) {
-      definite = read.definite;
-      return read.status;
-    }
-    bytes += read.bytes;
+    if (Status s = read_range_to_host(plan, record, range, bytes, definite); !s) return s;
     restored.push_back({range.name, range.meta.dump(), host.data() + range.offset,
                         static_cast<std::size_t>(range.length)});
   }
@@ -227,16 +234,7 @@ std::optional<Status> Checkpointer::Impl::load_with_live(const RestorePlan& plan
   for (std::size_t i = 0; i < record.states.size(); ++i) {
     const store::StateRange& range = record.states[i];
     if (from_live[i] || range.length == 0) continue;
-    if (range.offset > record.size || range.length > record.size - range.offset) {
-      definite = true;
-      return Status::failure("step " + std::to_string(step) + ": region '" + range.name + "' lies outside its shard");
-    }
-    store::ShardRead read = store::read_range(plan.root, step, record, range, host.data() + range.offset);
-    if (!read.status) {
-      definite = read.definite;
-      return read.status;
-    }
-    read_bytes += read.bytes;
+    if (Status s = read_range_to_host(plan, record, range, read_bytes, definite); !s) return s;
   }
   if (Status s = list_restored(step, record, from_live); !s) {
     definite = true;
