@@ -177,6 +177,66 @@ Checkpointer::~Checkpointer() {
   if (Status s = impl_->close(false); !s) log::error(impl_->rank, "at close: " + s.error());
 }
 
+// The newest run to start owns the dir: raising the epoch record fences every rank of an earlier run of this job
+// (a node that froze and thaws) out of it. Rank 0 does it at creation, before restore can mark a checkpoint FAILED.
+// The other ranks do not write it (one write per run, not one per rank); until rank 0 has, they are not fenced
+// either. An error only when this run is the one fenced out.
+namespace {
+Status fence_earlier_runs(const Config& config) {
+  const store::Fence fence = run_fence(config);
+  if (Status s = store::raise_epoch(config.dir, fence, config.run_id); !s) {
+    if (auto refusal = fenced(config.dir, fence)) return Status::failure("ckpt: " + *refusal);
+    log::warn(0, s.error() + "; this run cannot fence out earlier runs of the job");
+  }
+  return Status::success();
+}
+}  // namespace
+
+Status Checkpointer::Impl::start_interval() {
+  switch (config.interval.kind) {
+    case Interval::Kind::Seconds: interval_s = static_cast<double>(config.interval.value); break;
+    case Interval::Kind::Steps: break;
+    case Interval::Kind::Auto:
+    {
+      auto chooser = interval::AutoInterval::create(auto_interval_config(config));
+      if (!chooser) return Status::failure("ckpt: CKPT_INTERVAL=auto: " + chooser.error());
+      interval_s = chooser->interval_s();
+      if (config.rank == 0) {
+        auto_interval.emplace(std::move(chooser).value());
+        resume_auto_measurements();
+        publish_auto_interval();
+      }
+      break;
+    }
+  }
+  return Status::success();
+}
+
+Status Checkpointer::Impl::arm_last_words() {
+  if (!last_words_armed(config)) {
+    if (config.last_words && !config.layout_declared && config.world_size > 1 && config.rank == 0) {
+      // Without a layout the survivors cannot tell whether they hold a complete copy, so nothing is armed.
+      log::warn(0, "last words are on but the job declared no layout, so they are off: declare it with "
+                   "CKPT_LAYOUT=dp=<n>,tp=<n>,pp=<n> (or layout= in slurm_ckpt.torch.Checkpointer, which declares "
+                   "dp=<world size> by itself for a DistributedDataParallel model)");
+    }
+    return Status::success();
+  }
+  auto lw = start_last_words();
+  if (!lw) return Status::failure(lw.error());
+  {
+    std::lock_guard<std::mutex> lock(words_mu);
+    last_words = std::move(lw).value();
+    words_armed = true;
+  }
+  coord->attach(*last_words);
+  if (config.straggler.enabled) {
+    pace = std::make_shared<PaceTree>(config, last_words->network());
+    last_words->set_pace([p = pace](const heartbeat::Frame& f, int from) { p->on_frame(f, from); });
+  }
+  return Status::success();
+}
+
 Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& options) {
   try {
     auto config = load_config(options);
@@ -192,34 +252,12 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
       return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
     }
     if (config->rank == 0) {
-      // The newest run to start owns the dir: raising the epoch record fences every rank of an earlier run of this
-      // job (a node that froze and thaws) out of it. Here, before restore can mark a checkpoint FAILED. The other
-      // ranks do not write it (one write per run, not one per rank); until rank 0 has, they are not fenced either.
-      const store::Fence fence = run_fence(*config);
-      if (Status s = store::raise_epoch(config->dir, fence, config->run_id); !s) {
-        if (auto refusal = fenced(config->dir, fence)) return Error{"ckpt: " + *refusal};
-        log::warn(0, s.error() + "; this run cannot fence out earlier runs of the job");
-      }
+      if (Status s = fence_earlier_runs(*config); !s) return Error{s.error()};
     }
     auto coord = make_coordinator(*config);
     if (!coord) return Error{coord.error()};
     impl->coord = std::move(coord).value();
-    switch (config->interval.kind) {
-      case Interval::Kind::Seconds: impl->interval_s = static_cast<double>(config->interval.value); break;
-      case Interval::Kind::Steps: break;
-      case Interval::Kind::Auto:
-      {
-        auto chooser = interval::AutoInterval::create(auto_interval_config(*config));
-        if (!chooser) return Error{"ckpt: CKPT_INTERVAL=auto: " + chooser.error()};
-        impl->interval_s = chooser->interval_s();
-        if (config->rank == 0) {
-          impl->auto_interval.emplace(std::move(chooser).value());
-          impl->resume_auto_measurements();
-          impl->publish_auto_interval();
-        }
-        break;
-      }
-    }
+    if (Status s = impl->start_interval(); !s) return Error{s.error()};
     impl->pool = std::make_unique<CopyPool>(config->copy_threads);
     if (config->signals) {
       notice::acquire_handlers();
@@ -227,27 +265,9 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
       impl->notices_seen = notice::count();
     }
     impl->worker = std::thread([p = impl.get()] { p->worker_loop(); });
-    if (last_words_armed(*config)) {
-      auto lw = impl->start_last_words();
-      if (!lw) {
-        impl->close(false);
-        return Error{lw.error()};
-      }
-      {
-        std::lock_guard<std::mutex> lock(impl->words_mu);
-        impl->last_words = std::move(lw).value();
-        impl->words_armed = true;
-      }
-      impl->coord->attach(*impl->last_words);
-      if (config->straggler.enabled) {
-        impl->pace = std::make_shared<PaceTree>(*config, impl->last_words->network());
-        impl->last_words->set_pace([p = impl->pace](const heartbeat::Frame& f, int from) { p->on_frame(f, from); });
-      }
-    } else if (config->last_words && !config->layout_declared && config->world_size > 1 && config->rank == 0) {
-      // Without a layout the survivors cannot tell whether they hold a complete copy, so nothing is armed.
-      log::warn(0, "last words are on but the job declared no layout, so they are off: declare it with "
-                   "CKPT_LAYOUT=dp=<n>,tp=<n>,pp=<n> (or layout= in slurm_ckpt.torch.Checkpointer, which declares "
-                   "dp=<world size> by itself for a DistributedDataParallel model)");
+    if (Status s = impl->arm_last_words(); !s) {
+      impl->close(false);
+      return Error{s.error()};
     }
     if (config->rank == 0) {
       log::debug(0, "checkpoints in " + config->dir + " every " + format_interval(config->interval) + ", " +

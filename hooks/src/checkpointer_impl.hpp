@@ -188,6 +188,9 @@ struct Checkpointer::Impl {
                       store::ShardRecord* written = nullptr);
   Status write_shard(const PersistJob& job, store::ShardRecord* written);
   // Worker: the shard, its publication and, on the writer, the commit and retention.
+  // Rank 0, once its own shard is written: waits for every rank's, then commits the manifest; false (the error
+  // recorded) when it cannot.
+  bool commit_when_all_wrote(const PersistJob& job);
   void persist(const PersistJob& job);
   void collect_garbage(std::uint64_t committed);
 
@@ -242,6 +245,17 @@ struct Checkpointer::Impl {
   // Reads this rank's shard of the candidate into host staging, checked as it is read; a definite error means
   // the checkpoint is bad.
   Status load(const RestorePlan& plan, bool& definite);
+  // Which shard of the candidate this rank loads (store::restore_source), with the manifest when the load needs
+  // more of it: a resharded ZeRO-1 partition's ranges, or every saved block of another split.
+  struct ShardChoice {
+    store::ShardRecord record;
+    std::optional<store::Manifest> manifest;
+    bool reshard = false;
+    bool relayout = false;
+  };
+  Status choose_shard(const RestorePlan& plan, ShardChoice& choice, bool& definite);
+  // The whole shard into host staging, checked as it is read, and listed in `restored`: the bytes read.
+  Result<std::uint64_t> load_whole_shard(const RestorePlan& plan, const store::ShardRecord& record, bool& definite);
   // The ranges `live` holds taken from there and the others read one by one; nullopt when nothing matched (or
   // a range has no checksum of its own): load() then reads the whole shard.
   std::optional<Status> load_with_live(const RestorePlan& plan, const store::ShardRecord& record, bool& definite);
@@ -256,6 +270,16 @@ struct Checkpointer::Impl {
   Status load_other_split(const RestorePlan& plan, const Status& why, bool& definite);
   void set_restore_bytes(std::uint64_t read, std::uint64_t live_bytes);
   Result<std::uint64_t> restore(bool copy_into_regions);
+  // At creation: the interval's seconds (a fixed one, or the auto chooser's first, rank 0 keeping the chooser).
+  Status start_interval();
+  // At creation: the heartbeat network and last words where the job armed them, the pace tree on it for the
+  // straggler detection; a warning when they are on but the job declared no layout.
+  Status arm_last_words();
+  // The restore's rounds: the leader proposes a candidate, every rank loads it, and all agree; a candidate any rank
+  // found bad is marked FAILED once and every rank walks back. The step loaded (nullopt: none), `plan` its plan.
+  Result<std::optional<std::uint64_t>> agree_and_load(RestoreAgreement* agreement, RestorePlan& plan);
+  // The restored bytes into the registered regions (restore(copy_into_regions)), each of the size it was saved.
+  Status copy_into_registered(std::uint64_t step);
   // One range of `record` into host staging at its offset, checked against its own checksum; adds to `bytes`.
   Status read_range_to_host(const RestorePlan& plan, const store::ShardRecord& record, const store::StateRange& range,
                             std::uint64_t& bytes, bool& definite);

@@ -249,59 +249,48 @@ std::optional<Status> Checkpointer::Impl::load_with_live(const RestorePlan& plan
   return Status::success();
 }
 
-Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
-  definite = false;
-  resharded = false;
-  reshard_ranges.clear();
-  std::optional<store::Manifest> reshard_manifest;
+Status Checkpointer::Impl::choose_shard(const RestorePlan& plan, ShardChoice& choice, bool& definite) {
   const std::uint64_t step = *plan.step;
-  const std::string at = "step " + std::to_string(step) + ": ";
-  store::ShardRecord record;
   if (plan.kind == store::Kind::Periodic && plan.world_size == config.world_size) {
     // Its own shard: the record names it, so the manifest's record of every other rank is not read.
     auto own = store::read_record(plan.root, step, rank, &definite);
     if (!own) return Status::failure(own.error());
-    record = std::move(own).value();
-  } else {
-    auto m = store::read_manifest(plan.root, step);
-    if (!m) return Status::failure(m.error());
-    store::RestoreSource source = store::restore_source(*m, config.world_size, rank, config.layout, config.coord);
-    if (source.relayout) return load_relayout(plan.root, *m, definite);
-    if (source.rank < 0) {
-      definite = source.definite;
-      return Status::failure(at + source.error);
-    }
-    if (source.replica && rank == 0) {
-      log::warn(rank, "step " + std::to_string(step) + " was written by " + std::to_string(m->world_size) +
-                          " data-parallel ranks; this run has " + std::to_string(config.world_size) +
-                          ": rank r loads the replica of rank r % " + std::to_string(m->world_size));
-    }
-    if (m->kind == store::Kind::Terminal && source.rank != rank && !source.replica) {
-      log::info(rank, "terminal checkpoint of step " + std::to_string(step) + ": loading the shard of rank " +
-                          std::to_string(source.rank) + " (it covers " +
-                          store::state_keys_of_rank(config.layout, config.coord).front() + ")");
-    }
-    for (const store::ShardRecord& r : m->shards) {
-      if (r.rank == source.rank) record = r;
-    }
-    if (source.reshard) reshard_manifest = std::move(m).value();
+    choice.record = std::move(own).value();
+    return Status::success();
   }
-  if (Status s = grow_host(static_cast<std::size_t>(record.size)); !s) return s;
-  (void)ask_staging(host.size(), 0);
-  if (!reshard_manifest && !live.empty()) {
-    if (std::optional<Status> s = load_with_live(plan, record, definite)) return *s;
+  auto m = store::read_manifest(plan.root, step);
+  if (!m) return Status::failure(m.error());
+  store::RestoreSource source = store::restore_source(*m, config.world_size, rank, config.layout, config.coord);
+  if (source.rank < 0 && !source.relayout) {
+    definite = source.definite;
+    return Status::failure("step " + std::to_string(step) + ": " + source.error);
   }
-  if (reshard_manifest) {
-    if (std::optional<Status> s = load_replica_ranges(plan, record, definite)) {
-      if (!*s) return *s;
-      resharded = true;
-      return load_reshard_ranges(plan.root, *reshard_manifest, record.rank, definite);
-    }
+  if (source.replica && rank == 0) {
+    log::warn(rank, "step " + std::to_string(step) + " was written by " + std::to_string(m->world_size) +
+                        " data-parallel ranks; this run has " + std::to_string(config.world_size) +
+                        ": rank r loads the replica of rank r % " + std::to_string(m->world_size));
   }
+  if (m->kind == store::Kind::Terminal && source.rank >= 0 && source.rank != rank && !source.replica) {
+    log::info(rank, "terminal checkpoint of step " + std::to_string(step) + ": loading the shard of rank " +
+                        std::to_string(source.rank) + " (it covers " +
+                        store::state_keys_of_rank(config.layout, config.coord).front() + ")");
+  }
+  for (const store::ShardRecord& r : m->shards) {
+    if (r.rank == source.rank) choice.record = r;
+  }
+  choice.relayout = source.relayout;
+  choice.reshard = source.reshard;
+  if (choice.relayout || choice.reshard) choice.manifest = std::move(m).value();
+  return Status::success();
+}
+
+Result<std::uint64_t> Checkpointer::Impl::load_whole_shard(const RestorePlan& plan, const store::ShardRecord& record,
+                                                           bool& definite) {
+  const std::uint64_t step = *plan.step;
   store::ShardRead read = store::read_shard(plan.root, step, record, host.data());
   if (!read.status) {
     definite = read.definite;
-    return Status::failure(read.status.error());
+    return Error{read.status.error()};
   }
   if (read.retries > 0) {
     log::info(rank, "step " + std::to_string(step) + ": " + record.file + " read after " +
@@ -309,33 +298,48 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
   }
   if (Status s = list_restored(step, record, {}); !s) {
     definite = true;
-    return s;
+    return Error{s.error()};
   }
-  if (Status s = check_chunks(step, record); !s) return load_other_split(plan, s, definite);
-  set_restore_bytes(read.bytes, 0);
-  if (reshard_manifest) {
+  return read.bytes;
+}
+
+Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
+  definite = false;
+  resharded = false;
+  reshard_ranges.clear();
+  ShardChoice choice;
+  if (Status s = choose_shard(plan, choice, definite); !s) return s;
+  if (choice.relayout) return load_relayout(plan.root, *choice.manifest, definite);
+  const store::ShardRecord& record = choice.record;
+  if (Status s = grow_host(static_cast<std::size_t>(record.size)); !s) return s;
+  (void)ask_staging(host.size(), 0);
+  if (!choice.reshard && !live.empty()) {
+    if (std::optional<Status> s = load_with_live(plan, record, definite)) return *s;
+  }
+  if (choice.reshard) {
+    if (std::optional<Status> s = load_replica_ranges(plan, record, definite)) {
+      if (!*s) return *s;
+      resharded = true;
+      return load_reshard_ranges(plan.root, *choice.manifest, record.rank, definite);
+    }
+  }
+  auto bytes = load_whole_shard(plan, record, definite);
+  if (!bytes) return Status::failure(bytes.error());
+  if (Status s = check_chunks(*plan.step, record); !s) return load_other_split(plan, s, definite);
+  set_restore_bytes(*bytes, 0);
+  if (choice.reshard) {
     resharded = true;
     // The loaded shard holds the model and its writer's old partition; the ranges of this rank's new partition
     // that other shards hold follow.
-    return load_reshard_ranges(plan.root, *reshard_manifest, record.rank, definite);
+    return load_reshard_ranges(plan.root, *choice.manifest, record.rank, definite);
   }
   return Status::success();
 }
 
-Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
-  if (started) return Error{"ckpt: restore() must come before the first after_step()"};
-  wait_idle();
-  std::unique_ptr<RestoreAgreement> agreement;
-  if (config.world_size > 1) {
-    agreement = std::make_unique<RestoreAgreement>(config.dir, config.run_id, rank, config.world_size,
-                                                   std::chrono::seconds(config.commit_timeout_s));
-    if (auto tally = coord->restore_tally()) agreement->use_tally(std::move(*tally));
-  }
-  const bool leader = !agreement || rank == 0;
+Result<std::optional<std::uint64_t>> Checkpointer::Impl::agree_and_load(RestoreAgreement* agreement, RestorePlan& plan) {
+  const bool leader = agreement == nullptr || rank == 0;
   std::vector<std::uint64_t> failed;
   bool plugin_tried = false;
-  bool loaded = false;
-  RestorePlan plan;
   for (int round = 0;; ++round) {
     if (leader) {
       plan = choose(failed, plugin_tried);
@@ -349,7 +353,7 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
       if (!proposed) return Error{proposed.error()};
       plan = std::move(proposed).value();
     }
-    if (!plan.step) break;
+    if (!plan.step) return std::optional<std::uint64_t>{};
     bool definite = false;
     Status status = load(plan, definite);
     RoundOutcome outcome = solo_outcome(status, definite, rank);
@@ -358,19 +362,13 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
       if (!agreed) return Error{agreed.error()};
       outcome = std::move(agreed).value();
     }
-    if (outcome.verdict == RestoreVerdict::Ok) {
-      loaded = true;
-      break;
-    }
+    if (outcome.verdict == RestoreVerdict::Ok) return plan.step;
     restored.clear();
-    const std::string about = "step " + std::to_string(*plan.step) + ": ";
     if (outcome.verdict == RestoreVerdict::Stop) {
       if (!status) return Error{status.error()};
-      return Error{"ckpt: " + about + "restore stopped: " + outcome.reason};
+      return Error{"ckpt: step " + std::to_string(*plan.step) + ": restore stopped: " + outcome.reason};
     }
-    if (!status) {
-      log::warn(rank, status.error() + "; every rank walks back");
-    }
+    if (!status) log::warn(rank, status.error() + "; every rank walks back");
     if (leader) {
       Status marked = store::mark_failed(plan.root, *plan.step, outcome.reason, run_fence(config));
       log::warn(rank, outcome.reason + (marked ? "; marked FAILED" : "; not marked FAILED: " + marked.error()) +
@@ -378,31 +376,49 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
     }
     failed.push_back(*plan.step);
   }
-  const std::uint64_t step = loaded ? *plan.step : 0;
-  if (copy_into_regions && loaded && resharded) {
-    return Error{"ckpt: step " + std::to_string(step) + " holds ZeRO-1 state of another number of ranks; the "
-                 "registered regions hold this run's partition, so they are not filled from it (restore with the "
-                 "new partition's prefixes and copy_into_regions off)"};
+}
+
+Status Checkpointer::Impl::copy_into_registered(std::uint64_t step) {
+  const std::string at = "ckpt: step " + std::to_string(step);
+  if (resharded) {
+    return Status::failure(at + " holds ZeRO-1 state of another number of ranks; the registered regions hold "
+                           "this run's partition, so they are not filled from it (restore with the new "
+                           "partition's prefixes and copy_into_regions off)");
   }
-  if (copy_into_regions && loaded) {
-    for (const RegionSpec& r : regions) {
-      auto it = std::find_if(restored.begin(), restored.end(), [&](const RestoredRegion& x) { return x.name == r.name; });
-      if (it == restored.end()) {
-        return Error{"ckpt: step " + std::to_string(step) + " has no region '" + r.name + "'"};
-      }
-      if (it->size != r.size) {
-        return Error{"ckpt: region '" + r.name + "' is " + std::to_string(r.size) + " bytes; step " +
-                     std::to_string(step) + " has " + std::to_string(it->size)};
-      }
-      if (r.size == 0) continue;
-      if (r.memory == Memory::Host) {
-        if (r.data != it->data) std::memcpy(r.data, it->data, r.size);  // live memory may be the region itself
-      } else if (Status s = device->upload(r.data, it->data, r.size); !s) {
-        return Error{s.error()};
-      }
+  for (const RegionSpec& r : regions) {
+    auto it = std::find_if(restored.begin(), restored.end(), [&](const RestoredRegion& x) { return x.name == r.name; });
+    if (it == restored.end()) return Status::failure(at + " has no region '" + r.name + "'");
+    if (it->size != r.size) {
+      return Status::failure("ckpt: region '" + r.name + "' is " + std::to_string(r.size) + " bytes; step " +
+                             std::to_string(step) + " has " + std::to_string(it->size));
+    }
+    if (r.size == 0) continue;
+    if (r.memory == Memory::Host) {
+      if (r.data != it->data) std::memcpy(r.data, it->data, r.size);  // live memory may be the region itself
+    } else if (Status s = device->upload(r.data, it->data, r.size); !s) {
+      return s;
     }
   }
-  if (loaded) {
+  return Status::success();
+}
+
+Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
+  if (started) return Error{"ckpt: restore() must come before the first after_step()"};
+  wait_idle();
+  std::unique_ptr<RestoreAgreement> agreement;
+  if (config.world_size > 1) {
+    agreement = std::make_unique<RestoreAgreement>(config.dir, config.run_id, rank, config.world_size,
+                                                   std::chrono::seconds(config.commit_timeout_s));
+    if (auto tally = coord->restore_tally()) agreement->use_tally(std::move(*tally));
+  }
+  RestorePlan plan;
+  auto loaded = agree_and_load(agreement.get(), plan);
+  if (!loaded) return Error{loaded.error()};
+  const std::uint64_t step = loaded->value_or(0);
+  if (copy_into_regions && *loaded) {
+    if (Status s = copy_into_registered(step); !s) return Error{s.error()};
+  }
+  if (*loaded) {
     Stats s = stats_copy();
     log::info(rank, "restored step " + std::to_string(step) + " from " + plan.root + " (" +
                         std::to_string(s.restore_read_bytes) + " bytes read, " +

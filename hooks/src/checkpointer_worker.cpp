@@ -195,6 +195,25 @@ Status Checkpointer::Impl::write_shard(const PersistJob& job, store::ShardRecord
   return write_pieces(job.step, job.pieces, covers(), written);
 }
 
+bool Checkpointer::Impl::commit_when_all_wrote(const PersistJob& job) {
+  auto timeout = std::chrono::milliseconds(config.commit_timeout_s * 1000);
+  if (Status all = coord->wait_all(job.step, timeout); !all) {
+    record_error("step " + std::to_string(job.step) + ": not committed: " + all.error());
+    return false;
+  }
+  // Records gathered up the tree: the commit reads no record file. Otherwise it reads every rank's.
+  Status committed = Status::success();
+  if (auto records = coord->gathered(job.step)) {
+    store::Manifest m = manifest(job);
+    m.shards = std::move(*records);
+    committed = store::commit_gathered(config.dir, m, observer, run_fence(config));
+  } else {
+    committed = store::commit(config.dir, manifest(job), observer, run_fence(config));
+  }
+  if (!committed) record_error(committed.error());
+  return committed.ok();
+}
+
 void Checkpointer::Impl::persist(const PersistJob& job) {
   const std::string at = "step " + std::to_string(job.step) + ": ";
   auto t0 = Clock::now();
@@ -221,25 +240,7 @@ void Checkpointer::Impl::persist(const PersistJob& job) {
   Status published = coord->publish(job.step, outcome);
   if (!published) record_error(at + published.error());
   if (rank != 0 || !outcome || !published) return;
-
-  auto timeout = std::chrono::milliseconds(config.commit_timeout_s * 1000);
-  if (Status all = coord->wait_all(job.step, timeout); !all) {
-    record_error(at + "not committed: " + all.error());
-    return;
-  }
-  // Records gathered up the tree: the commit reads no record file. Otherwise it reads every rank's.
-  Status committed = Status::success();
-  if (auto records = coord->gathered(job.step)) {
-    store::Manifest m = manifest(job);
-    m.shards = std::move(*records);
-    committed = store::commit_gathered(config.dir, m, observer, run_fence(config));
-  } else {
-    committed = store::commit(config.dir, manifest(job), observer, run_fence(config));
-  }
-  if (!committed) {
-    record_error(committed.error());
-    return;
-  }
+  if (!commit_when_all_wrote(job)) return;
   double commit_s = seconds_since(t0);
   {
     std::lock_guard<std::mutex> lock(mu);

@@ -318,6 +318,85 @@ Status Options::set(std::string_view key, std::string_view value) {
   return Status::success();
 }
 
+// The interval and the times around it: when to checkpoint, how long last words and a stop may take.
+Status read_timing(Lookup& lookup, Config& c) {
+  c.interval = Interval{Interval::Kind::Auto, 0};
+  if (Status e = read(lookup, "interval", c.interval, parse_interval); !e) return e;
+  if (Status e = read(lookup, "keep", c.keep, parse_positive_uint); !e) return e;
+  if (Status e = read(lookup, "last_words", c.last_words, parse_on_off); !e) return e;
+  if (Status e = read(lookup, "mtbf", c.mtbf_s, parse_positive_duration); !e) return e;
+  if (Status e = read(lookup, "grace", c.grace_s, parse_duration); !e) return e;
+  if (Status e = read(lookup, "kill_wait", c.kill_wait_s, parse_positive_duration); !e) return e;
+  if (Status e = read(lookup, "exit_grace", c.exit_grace_s, parse_duration); !e) return e;
+  if (Status e = read(lookup, "heartbeat_timeout", c.heartbeat_timeout_ms, parse_heartbeat_timeout); !e) {
+    return e;
+  }
+  if (Status e = read(lookup, "min_interval", c.min_interval_s, parse_positive_duration); !e) return e;
+  if (Status e = read(lookup, "max_interval", c.max_interval_s, parse_duration); !e) return e;
+  if (c.max_interval_s != 0 && c.max_interval_s < c.min_interval_s) {
+    return Status::failure("ckpt: CKPT_MAX_INTERVAL=" + std::to_string(c.max_interval_s) +
+                           "s is below CKPT_MIN_INTERVAL=" + std::to_string(c.min_interval_s) + "s");
+  }
+  return Status::success();
+}
+
+// What a restart is: who requeues, the budget, this run's place in the chain, the checkpoint it was handed.
+Status read_restarts(Lookup& lookup, Config& c) {
+  if (auto s = lookup.get("requeue")) {
+    if (s->value != "controller" && s->value != "self" && s->value != "off") {
+      return rejected(*s, "requeue", "not controller, self or off");
+    }
+    c.requeue = s->value;
+  }
+  if (Status e = read(lookup, "max_restarts", c.max_restarts, parse_uint); !e) return e;
+  if (Status e = read(lookup, "restart_count", c.restart_count, parse_uint); !e) return e;
+  if (Status e = read(lookup, "generation", c.generation, parse_uint); !e) return e;
+  if (auto s = lookup.get("job_id")) c.job_id = s->value;
+  std::uint64_t resume_step = 0;
+  if (Status e = read(lookup, "resume_step", resume_step, parse_uint); !e) return e;
+  if (lookup.get("resume_step")) c.resume_step = resume_step;
+  if (auto s = lookup.get("resume_path")) {
+    auto path = normalize_absolute_path(s->value);
+    if (!path) return rejected(*s, "resume_path", path.error());
+    c.resume_path = *path;
+  }
+  std::uint64_t end_time = 0;
+  auto parse_end_time = [](std::string_view t) { return parse_uint(t); };
+  if (Status e = read(lookup, "end_time", end_time, parse_end_time); !e) return e;
+  if (lookup.get("end_time")) {
+    if (end_time > (std::uint64_t{1} << 40)) return rejected(*lookup.get("end_time"), "end_time", "too large");
+    c.end_time = static_cast<std::int64_t>(end_time);
+  }
+  return Status::success();
+}
+
+// How the ranks work together, once the ranks are known: coordination, copying, logging, layout, run identity.
+Status read_runtime(Lookup& lookup, Config& c) {
+  if (Status e = read(lookup, "coordinator", c.coordinator, parse_coordinator); !e) return e;
+  std::uint64_t threads = c.copy_threads;
+  if (Status e = read(lookup, "copy_threads", threads, parse_uint); !e) return e;
+  if (threads > 64) return rejected(*lookup.get("copy_threads"), "copy_threads", "too large");
+  c.copy_threads = static_cast<unsigned>(threads);
+  if (Status e = read(lookup, "commit_timeout", c.commit_timeout_s, parse_positive_duration); !e) {
+    return e;
+  }
+  if (Status e = read(lookup, "agree_lead", c.agree_lead, parse_positive_uint); !e) return e;
+  if (c.agree_lead > 1000) return rejected(*lookup.get("agree_lead"), "agree_lead", "too large");
+  if (Status e = read(lookup, "signals", c.signals, parse_on_off); !e) return e;
+  if (Status e = read(lookup, "log", c.log_level, parse_hooks_log_level); !e) return e;
+  if (Status e = read(lookup, "run_id", c.run_id, parse_run_id); !e) return e;
+  if (c.run_id.empty()) c.run_id = derive_run_id(lookup, c);
+  if (Status e = resolve_layout(lookup, c); !e) return e;
+  if (Status e = read(lookup, "straggler", c.straggler, [](std::string_view t) { return straggler::parse_policy(t); });
+      !e) {
+    return e;
+  }
+  if (auto s = lookup.get("controller_url")) c.controller_url = s->value;
+  if (auto s = lookup.get("munge_socket")) c.munge_socket = s->value;
+  if (Status e = read(lookup, "inplace_id", c.inplace_id, parse_run_id); !e) return e;
+  return Status::success();
+}
+
 Result<Config> load_config(const Options& options, const std::function<const char*(const char*)>& getenv_fn) {
   const std::function<const char*(const char*)> system_getenv = [](const char* name) { return std::getenv(name); };
   Lookup lookup(options, getenv_fn ? getenv_fn : system_getenv);
@@ -330,71 +409,10 @@ Result<Config> load_config(const Options& options, const std::function<const cha
     if (!dir) return bad(*s, "dir", dir.error());
     c.dir = *dir;
   }
-  c.interval = Interval{Interval::Kind::Auto, 0};
-  if (Status e = read(lookup, "interval", c.interval, parse_interval); !e) return Error{e.error()};
-  if (Status e = read(lookup, "keep", c.keep, parse_positive_uint); !e) return Error{e.error()};
-  if (Status e = read(lookup, "last_words", c.last_words, parse_on_off); !e) return Error{e.error()};
-  if (Status e = read(lookup, "mtbf", c.mtbf_s, parse_positive_duration); !e) return Error{e.error()};
-  if (Status e = read(lookup, "grace", c.grace_s, parse_duration); !e) return Error{e.error()};
-  if (Status e = read(lookup, "kill_wait", c.kill_wait_s, parse_positive_duration); !e) return Error{e.error()};
-  if (Status e = read(lookup, "exit_grace", c.exit_grace_s, parse_duration); !e) return Error{e.error()};
-  if (Status e = read(lookup, "heartbeat_timeout", c.heartbeat_timeout_ms, parse_heartbeat_timeout); !e) {
-    return Error{e.error()};
-  }
-  if (Status e = read(lookup, "min_interval", c.min_interval_s, parse_positive_duration); !e) return Error{e.error()};
-  if (Status e = read(lookup, "max_interval", c.max_interval_s, parse_duration); !e) return Error{e.error()};
-  if (c.max_interval_s != 0 && c.max_interval_s < c.min_interval_s) {
-    return Error{"ckpt: CKPT_MAX_INTERVAL=" + std::to_string(c.max_interval_s) + "s is below CKPT_MIN_INTERVAL=" +
-                 std::to_string(c.min_interval_s) + "s"};
-  }
-  if (auto s = lookup.get("requeue")) {
-    if (s->value != "controller" && s->value != "self" && s->value != "off") {
-      return bad(*s, "requeue", "not controller, self or off");
-    }
-    c.requeue = s->value;
-  }
-  if (Status e = read(lookup, "max_restarts", c.max_restarts, parse_uint); !e) return Error{e.error()};
-  if (Status e = read(lookup, "restart_count", c.restart_count, parse_uint); !e) return Error{e.error()};
-  if (Status e = read(lookup, "generation", c.generation, parse_uint); !e) return Error{e.error()};
-  if (auto s = lookup.get("job_id")) c.job_id = s->value;
-  std::uint64_t resume_step = 0;
-  if (Status e = read(lookup, "resume_step", resume_step, parse_uint); !e) return Error{e.error()};
-  if (lookup.get("resume_step")) c.resume_step = resume_step;
-  if (auto s = lookup.get("resume_path")) {
-    auto path = normalize_absolute_path(s->value);
-    if (!path) return bad(*s, "resume_path", path.error());
-    c.resume_path = *path;
-  }
-  std::uint64_t end_time = 0;
-  auto parse_end_time = [](std::string_view t) { return parse_uint(t); };
-  if (Status e = read(lookup, "end_time", end_time, parse_end_time); !e) return Error{e.error()};
-  if (lookup.get("end_time")) {
-    if (end_time > (std::uint64_t{1} << 40)) return bad(*lookup.get("end_time"), "end_time", "too large");
-    c.end_time = static_cast<std::int64_t>(end_time);
-  }
+  if (Status e = read_timing(lookup, c); !e) return Error{e.error()};
+  if (Status e = read_restarts(lookup, c); !e) return Error{e.error()};
   if (Status e = resolve_ranks(lookup, c); !e) return Error{e.error()};
-  if (Status e = read(lookup, "coordinator", c.coordinator, parse_coordinator); !e) return Error{e.error()};
-  std::uint64_t threads = c.copy_threads;
-  if (Status e = read(lookup, "copy_threads", threads, parse_uint); !e) return Error{e.error()};
-  if (threads > 64) return bad(*lookup.get("copy_threads"), "copy_threads", "too large");
-  c.copy_threads = static_cast<unsigned>(threads);
-  if (Status e = read(lookup, "commit_timeout", c.commit_timeout_s, parse_positive_duration); !e) {
-    return Error{e.error()};
-  }
-  if (Status e = read(lookup, "agree_lead", c.agree_lead, parse_positive_uint); !e) return Error{e.error()};
-  if (c.agree_lead > 1000) return bad(*lookup.get("agree_lead"), "agree_lead", "too large");
-  if (Status e = read(lookup, "signals", c.signals, parse_on_off); !e) return Error{e.error()};
-  if (Status e = read(lookup, "log", c.log_level, parse_hooks_log_level); !e) return Error{e.error()};
-  if (Status e = read(lookup, "run_id", c.run_id, parse_run_id); !e) return Error{e.error()};
-  if (c.run_id.empty()) c.run_id = derive_run_id(lookup, c);
-  if (Status e = resolve_layout(lookup, c); !e) return Error{e.error()};
-  if (Status e = read(lookup, "straggler", c.straggler, [](std::string_view t) { return straggler::parse_policy(t); });
-      !e) {
-    return Error{e.error()};
-  }
-  if (auto s = lookup.get("controller_url")) c.controller_url = s->value;
-  if (auto s = lookup.get("munge_socket")) c.munge_socket = s->value;
-  if (Status e = read(lookup, "inplace_id", c.inplace_id, parse_run_id); !e) return Error{e.error()};
+  if (Status e = read_runtime(lookup, c); !e) return Error{e.error()};
   return c;
 }
 

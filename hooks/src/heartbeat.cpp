@@ -382,55 +382,61 @@ void Mesh::Impl::loop() {
       for (auto& [peer, link] : links) send_locked(peer, beat);
       next_beat = now + settings.period;
     }
-    pfds.clear();
-    who.clear();
-    pfds.push_back({listener, POLLIN, 0});
-    for (const Pending& c : pending) pfds.push_back({c.fd, POLLIN, 0});
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      for (auto it = links.begin(); it != links.end();) {
-        if (gone[static_cast<std::size_t>(it->first)]) {
-          unlist_socket(it->second.fd);
-          ::close(it->second.fd);
-          it = links.erase(it);
-          continue;
-        }
-        short events = POLLIN;
-        if (!it->second.outbox.empty()) events |= POLLOUT;
-        pfds.push_back({it->second.fd, events, 0});
-        who.push_back(it->first);
-        ++it;
-      }
-    }
+    gather_pollfds(pfds, who);
     auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - Clock::now()).count();
     int ready = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::clamp<long long>(wait, 0, 100)));
     if (ready > 0) {
-      const std::size_t first_link = 1 + pending.size();
-      std::vector<char> readable(pending.size());
-      for (std::size_t i = 0; i < pending.size(); ++i) readable[i] = pfds[1 + i].revents != 0;
-      service_pending(readable);
-      if ((pfds[0].revents & POLLIN) != 0) accept_new();
-      bool flush = false;
-      for (std::size_t i = first_link; i < pfds.size(); ++i) {
-        if (pfds[i].revents == 0) continue;
-        const int peer = who[i - first_link];
-        if ((pfds[i].revents & POLLOUT) != 0) flush = true;
-        if ((pfds[i].revents & ~POLLOUT) == 0) continue;
-        Link* link = nullptr;
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          auto it = links.find(peer);
-          if (it != links.end()) link = &it->second;  // erased only by this thread
-        }
-        if (link != nullptr) receive(peer, *link);
-      }
-      if (flush) flush_outboxes();
+      on_poll_ready(pfds, who);
     } else {
       std::vector<char> none(pending.size(), 0);
       service_pending(none);  // handshakes past their limit
     }
     judge_silence();
   }
+}
+
+void Mesh::Impl::gather_pollfds(std::vector<pollfd>& pfds, std::vector<int>& who) {
+  pfds.clear();
+  who.clear();
+  pfds.push_back({listener, POLLIN, 0});
+  for (const Pending& c : pending) pfds.push_back({c.fd, POLLIN, 0});
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = links.begin(); it != links.end();) {
+    if (gone[static_cast<std::size_t>(it->first)]) {
+      unlist_socket(it->second.fd);
+      ::close(it->second.fd);
+      it = links.erase(it);
+      continue;
+    }
+    short events = POLLIN;
+    if (!it->second.outbox.empty()) events |= POLLOUT;
+    pfds.push_back({it->second.fd, events, 0});
+    who.push_back(it->first);
+    ++it;
+  }
+}
+
+void Mesh::Impl::on_poll_ready(const std::vector<pollfd>& pfds, const std::vector<int>& who) {
+  const std::size_t first_link = 1 + pending.size();
+  std::vector<char> readable(pending.size());
+  for (std::size_t i = 0; i < pending.size(); ++i) readable[i] = pfds[1 + i].revents != 0;
+  service_pending(readable);
+  if ((pfds[0].revents & POLLIN) != 0) accept_new();
+  bool flush = false;
+  for (std::size_t i = first_link; i < pfds.size(); ++i) {
+    if (pfds[i].revents == 0) continue;
+    const int peer = who[i - first_link];
+    if ((pfds[i].revents & POLLOUT) != 0) flush = true;
+    if ((pfds[i].revents & ~POLLOUT) == 0) continue;
+    Link* link = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = links.find(peer);
+      if (it != links.end()) link = &it->second;  // erased only by this thread
+    }
+    if (link != nullptr) receive(peer, *link);
+  }
+  if (flush) flush_outboxes();
 }
 
 // Silence, judged after a turn's reads: a peer silent for dead_after is dead, unless its process runs on this

@@ -349,77 +349,77 @@ Result<std::pair<int, PeerId>> Mesh::Impl::dial_once(int peer, std::chrono::mill
 // starved peer: the up neighbour is declared dead only after kSlowFactor silence limits of that, a down one never
 // (its silence on other links tells).
 void Mesh::Impl::dial_loop() {
-  constexpr auto kProbeAfter = std::chrono::milliseconds(300);
-  int target = -1;
-  Clock::time_point since;
-  std::set<int> given_up;  // probes that timed out since the last change of the view
-  std::uint64_t seen_version = 0;
-  bool hurry = false;  // a probe found a dead rank: its group's next one is probed at once, not after kProbeAfter
-  auto pause = std::chrono::milliseconds(20);
+  DialState d;
   while (!stopping) {
-    bool started = false;
-    bool probe = false;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      auto wanted = [&]() -> int {
-        if (quiet) return -1;
-        if (view.up && links.count(*view.up) == 0 && !gone[static_cast<std::size_t>(*view.up)]) return *view.up;
-        if (!go || (!hurry && Clock::now() - view_since < kProbeAfter)) return -1;
-        for (int d : view.down) {
-          if (links.count(d) == 0 && given_up.count(d) == 0) return d;
-        }
-        return -1;
-      };
-      cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return stopping.load() || wanted() >= 0; });
-      if (stopping) return;
-      if (view_version != seen_version) {
-        seen_version = view_version;
-        given_up.clear();
-      }
-      const int next = wanted();
-      if (next < 0) continue;
-      probe = !(view.up && *view.up == next);
-      if (next != target) {
-        target = next;
-        since = Clock::now();
-        pause = std::chrono::milliseconds(20);
-      }
-      started = go;
-    }
+    std::optional<DialChoice> next = choose_dial(d);
+    if (stopping) return;
+    if (!next) continue;
     const auto limit = std::max(settings.dead_after, std::chrono::milliseconds(1000));
-    auto fd = dial_once(target, limit);
-    hurry = false;
+    auto fd = dial_once(d.target, limit);
+    d.hurry = false;
     if (fd) {
-      adopt(target, fd->first, std::string(), fd->second);
+      adopt(d.target, fd->first, std::string(), fd->second);
       continue;
     }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      dial_error = "rank " + std::to_string(target) + " at " + fd.error();
-    }
-    if (started) {
-      if (!read_address(target)) {
-        mark_gone(target, "left", false, -1);
-        continue;
-      }
-      if (last_dial_refused) {
-        mark_gone(target, "its connection is refused: " + fd.error(), true, -1);
-        hurry = probe;
-        continue;
-      }
-      if (probe) {
-        given_up.insert(target);
-        continue;
-      }
-      if (Clock::now() - since > kSlowFactor * settings.dead_after) {
-        mark_gone(target, "cannot reach it: " + fd.error(), true, -1);
-        continue;
-      }
-    }
+    if (!on_dial_failed(d, *next, fd.error())) continue;
     // Back off while a peer has not started yet: a constant number of file lookups per second.
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 3 / 2, std::chrono::milliseconds(250));
+    std::this_thread::sleep_for(d.pause);
+    d.pause = std::min(d.pause * 3 / 2, std::chrono::milliseconds(250));
   }
+}
+
+std::optional<Mesh::Impl::DialChoice> Mesh::Impl::choose_dial(DialState& d) {
+  constexpr auto kProbeAfter = std::chrono::milliseconds(300);
+  std::unique_lock<std::mutex> lock(mu);
+  auto wanted = [&]() -> int {
+    if (quiet) return -1;
+    if (view.up && links.count(*view.up) == 0 && !gone[static_cast<std::size_t>(*view.up)]) return *view.up;
+    if (!go || (!d.hurry && Clock::now() - view_since < kProbeAfter)) return -1;
+    for (int down : view.down) {
+      if (links.count(down) == 0 && d.given_up.count(down) == 0) return down;
+    }
+    return -1;
+  };
+  cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return stopping.load() || wanted() >= 0; });
+  if (stopping) return std::nullopt;
+  if (view_version != d.seen_version) {
+    d.seen_version = view_version;
+    d.given_up.clear();
+  }
+  const int next = wanted();
+  if (next < 0) return std::nullopt;
+  if (next != d.target) {
+    d.target = next;
+    d.since = Clock::now();
+    d.pause = std::chrono::milliseconds(20);
+  }
+  return DialChoice{go, !(view.up && *view.up == next)};
+}
+
+bool Mesh::Impl::on_dial_failed(DialState& d, const DialChoice& choice, const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    dial_error = "rank " + std::to_string(d.target) + " at " + error;
+  }
+  if (!choice.started) return true;
+  if (!read_address(d.target)) {
+    mark_gone(d.target, "left", false, -1);
+    return false;
+  }
+  if (last_dial_refused) {
+    mark_gone(d.target, "its connection is refused: " + error, true, -1);
+    d.hurry = choice.probe;
+    return false;
+  }
+  if (choice.probe) {
+    d.given_up.insert(d.target);
+    return false;
+  }
+  if (Clock::now() - d.since > kSlowFactor * settings.dead_after) {
+    mark_gone(d.target, "cannot reach it: " + error, true, -1);
+    return false;
+  }
+  return true;
 }
 
 void Mesh::Impl::unpublish() { (void)::unlinkat(dirfd, addr_name(settings.rank).c_str(), 0); }

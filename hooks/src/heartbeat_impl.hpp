@@ -6,6 +6,8 @@
 // Threads: the mesh thread reads every socket, accepts and admits connections, sends heartbeats and judges
 // silence; the dialer thread makes the one outgoing link a rank needs (to its up neighbour, again after a
 // failure); any thread may send. `mu` guards the links, the view and the barrier; handlers run without it.
+#include <poll.h>
+
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -16,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -108,6 +111,10 @@ struct Mesh::Impl {
   // Start barrier: sends kJoined up (or kGo down, at the root) once every down link joined. mu held.
   void advance_barrier_locked();
   void loop();
+  // One turn's pollfds: the listener, the handshakes in progress, each live link (a gone peer's closed first).
+  void gather_pollfds(std::vector<pollfd>& pfds, std::vector<int>& who);
+  // What poll() found: handshakes advanced, a new connection accepted, links read, outboxes flushed.
+  void on_poll_ready(const std::vector<pollfd>& pfds, const std::vector<int>& who);
   void judge_silence();
   void receive(int peer, Link& link);
   void deliver(int peer, const Frame& f);
@@ -132,6 +139,23 @@ struct Mesh::Impl {
   std::uint32_t host_tag = 0;
   // The dialer thread: keeps a link to the up neighbour of the current view.
   void dial_loop();
+  // What the dialing thread remembers from one dial to the next.
+  struct DialState {
+    int target = -1;               // the rank dialed, and since when
+    Clock::time_point since;
+    std::set<int> given_up;        // probes that timed out since the last change of the view
+    std::uint64_t seen_version = 0;
+    bool hurry = false;  // a probe found a dead rank: its group's next one is probed at once, not after a pause
+    std::chrono::milliseconds pause{20};
+  };
+  struct DialChoice {
+    bool started = false;  // every rank had joined when the dial was chosen
+    bool probe = false;    // a down neighbour probed, not the up one
+  };
+  // Waits (briefly) for a rank to dial and makes it d.target; nullopt when there is none now, or on stopping.
+  std::optional<DialChoice> choose_dial(DialState& d);
+  // What a failed dial of d.target says about it (see dial_loop); true when the loop backs off before the next.
+  bool on_dial_failed(DialState& d, const DialChoice& choice, const std::string& error);
   // One attempt to link with `peer`; the socket, or why not.
   Result<std::pair<int, PeerId>> dial_once(int peer, std::chrono::milliseconds limit);
 

@@ -226,33 +226,37 @@ Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bo
       return Error{s.error()};
     }
   }
-  const std::string verdict_name = numbered("verdict", round);
   if (tally_) tally_->report(round);
-  if (rank_ != 0) {
-    bool existed = false;
-    if (tally_) {
-      // Counted over the network: no file of this rank's.
-    } else if (Status s = create_exclusive(done_name(round, rank_), "\n", &existed); !s) {
-      return Error{s.error()};
-    }
-    if (existed) {
-      return Error{"ckpt: " + join(dir_, done_name(round, rank_)) +
-                   " exists: a launch with the same run id restored from this dir before; give each launch its own "
-                   "CKPT_RUN_ID"};
-    }
-    std::optional<std::string> text;
-    auto deadline = Clock::now() + timeout_ + std::chrono::seconds(30);
-    if (!wait_announced(round, RestoreFile::Verdict,
-                        [&] { return (text = read(verdict_name)).has_value() && !text->empty(); }, deadline)) {
-      return Error{waited_for("rank 0's verdict on the restore (" + join(dir_, verdict_name) + ")",
-                              timeout_ + std::chrono::seconds(30))};
-    }
-    auto verdict = parse_verdict(*text);
-    if (!verdict) return Error{"ckpt: " + join(dir_, verdict_name) + ": not a verdict"};
-    return *verdict;
-  }
+  return rank_ == 0 ? decide_round(round) : await_verdict(round);
+}
 
-  // The leader: every other rank's report, then one verdict for all.
+Result<RoundOutcome> RestoreAgreement::await_verdict(int round) {
+  const std::string verdict_name = numbered("verdict", round);
+  bool existed = false;
+  if (tally_) {
+    // Counted over the network: no file of this rank's.
+  } else if (Status s = create_exclusive(done_name(round, rank_), "\n", &existed); !s) {
+    return Error{s.error()};
+  }
+  if (existed) {
+    return Error{"ckpt: " + join(dir_, done_name(round, rank_)) +
+                 " exists: a launch with the same run id restored from this dir before; give each launch its own "
+                 "CKPT_RUN_ID"};
+  }
+  std::optional<std::string> text;
+  auto deadline = Clock::now() + timeout_ + std::chrono::seconds(30);
+  if (!wait_announced(round, RestoreFile::Verdict,
+                      [&] { return (text = read(verdict_name)).has_value() && !text->empty(); }, deadline)) {
+    return Error{waited_for("rank 0's verdict on the restore (" + join(dir_, verdict_name) + ")",
+                            timeout_ + std::chrono::seconds(30))};
+  }
+  auto verdict = parse_verdict(*text);
+  if (!verdict) return Error{"ckpt: " + join(dir_, verdict_name) + ": not a verdict"};
+  return *verdict;
+}
+
+Result<RoundOutcome> RestoreAgreement::decide_round(int round) {
+  // Every other rank's report, then one verdict for all.
   std::vector<bool> seen(static_cast<std::size_t>(world_), false);
   seen[0] = true;
   int missing = world_ - 1;
@@ -267,30 +271,30 @@ Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bo
         return missing == 0;
       },
       Clock::now() + timeout_);
-  RoundOutcome outcome;
-  if (auto bad = read(numbered("bad", round))) {
-    outcome = {RestoreVerdict::WalkBack, first_line(*bad)};
-  } else if (auto stop = read(numbered("stop", round))) {
-    outcome = {RestoreVerdict::Stop, first_line(*stop)};
-  } else if (!all && tally_) {
-    outcome = {RestoreVerdict::Stop, "not every rank reported its restore within " +
-                                         std::to_string(timeout_.count() / 1000) + " s"};
-  } else if (!all) {
-    std::string which;
-    for (int r = 1, shown = 0; r < world_ && shown < 8; ++r) {
-      if (!seen[static_cast<std::size_t>(r)]) which += (shown++ ? ", " : "") + std::to_string(r);
-    }
-    outcome = {RestoreVerdict::Stop, std::to_string(missing) + " of " + std::to_string(world_) +
-                                         " ranks did not report their restore within " +
-                                         std::to_string(timeout_.count() / 1000) + " s (ranks " + which + ")"};
+  RoundOutcome outcome = round_outcome(round, all, seen, missing);
+  if (Status s = create_exclusive(numbered("verdict", round), verdict_text(outcome), nullptr); !s) {
+    return Error{s.error()};
   }
-  if (Status s = create_exclusive(verdict_name, verdict_text(outcome), nullptr); !s) return Error{s.error()};
   if (tally_) tally_->announce(round, RestoreFile::Verdict);
   // The reports are read: nothing else needs them, and a large job should not leave one file per rank behind.
   for (int r = 1; r < world_ && !tally_; ++r) {
     if (seen[static_cast<std::size_t>(r)]) ::unlinkat(fd_, done_name(round, r).c_str(), 0);
   }
   return outcome;
+}
+
+RoundOutcome RestoreAgreement::round_outcome(int round, bool all, const std::vector<bool>& seen, int missing) {
+  if (auto bad = read(numbered("bad", round))) return {RestoreVerdict::WalkBack, first_line(*bad)};
+  if (auto stop = read(numbered("stop", round))) return {RestoreVerdict::Stop, first_line(*stop)};
+  if (all) return {};
+  const std::string within = " within " + std::to_string(timeout_.count() / 1000) + " s";
+  if (tally_) return {RestoreVerdict::Stop, "not every rank reported its restore" + within};
+  std::string which;
+  for (int r = 1, shown = 0; r < world_ && shown < 8; ++r) {
+    if (!seen[static_cast<std::size_t>(r)]) which += (shown++ ? ", " : "") + std::to_string(r);
+  }
+  return {RestoreVerdict::Stop, std::to_string(missing) + " of " + std::to_string(world_) +
+                                    " ranks did not report their restore" + within + " (ranks " + which + ")"};
 }
 
 }  // namespace ckpt::hooks

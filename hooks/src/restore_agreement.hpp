@@ -89,6 +89,12 @@ class RestoreAgreement {
   Status create_exclusive(const std::string& name, const std::string& content, bool* existed);
   std::optional<std::string> read(const std::string& name);
   bool exists(const std::string& name);
+  // agree() on a rank other than 0: reports it loaded (a file, or the tally) and waits for rank 0's verdict.
+  Result<RoundOutcome> await_verdict(int round);
+  // agree() on rank 0: waits for every report, publishes the verdict.
+  Result<RoundOutcome> decide_round(int round);
+  // The verdict of a round: a bad checkpoint walks back, a rank's own failure or a missing report stops.
+  RoundOutcome round_outcome(int round, bool all, const std::vector<bool>& seen, int missing);
   // Polls `ready` with growing pauses until it holds, `deadline` passes or the job broke (broken_ says why).
   template <class Ready>
   bool wait(Ready ready, std::chrono::steady_clock::time_point deadline);
