@@ -181,6 +181,82 @@ void clear_job_option(JobOptions& options, OptionId id) {
   }
 }
 
+namespace {
+
+Status invalid_site_value(const std::string& key, const std::string& value, const char* expected) {
+  return Status::failure("plugstack.conf: " + key + ": invalid value '" + value + "' (expected " + expected + ")");
+}
+
+bool names_job_option(const std::string& key) {
+  const auto& specs = option_specs();
+  return std::any_of(specs.begin(), specs.end(), [&](const OptionSpec& spec) { return key == spec.key; });
+}
+
+bool names_site_key(const std::string& key) {
+  const auto& specs = site_key_specs();
+  return std::any_of(specs.begin(), specs.end(), [&](const SiteKeySpec& spec) { return key == spec.key; });
+}
+
+// Sets the site's default for the job option spelled `key`.
+Status set_site_default(JobOptions& defaults, const std::string& key, const std::string& value) {
+  for (const auto& spec : option_specs()) {
+    if (key != spec.key) continue;
+    JobOptions probe;  // parse alone first so a repeated key is reported as a plugstack error
+    if (!set_job_option(probe, spec.id, value)) return invalid_site_value(key, value, spec.expected);
+    if (!set_job_option(defaults, spec.id, value)) {
+      return Status::failure("plugstack.conf: " + key + ": given twice with different values");
+    }
+  }
+  return Status::success();
+}
+
+// Sets one of the keys of site_key_specs(), which only the site may set.
+Status set_site_key(SitePolicy& policy, const std::string& key, const std::string& value) {
+  if (key == "min_interval" || key == "max_interval" || key == "node_mtbf") {
+    auto d = parse_duration(value);
+    if (!d || (*d == 0 && key == "node_mtbf")) return invalid_site_value(key, value, "a duration like 5m");
+    if (key == "min_interval") policy.min_interval_s = *d;
+    if (key == "max_interval") policy.max_interval_s = *d;
+    if (key == "node_mtbf") policy.node_mtbf_s = *d;
+  } else if (key == "allowed_dirs") {
+    policy.allowed_dirs.clear();
+    for (const auto& prefix : split(value, ':')) {
+      auto normalized = normalize_absolute_path(prefix);
+      if (!normalized) return invalid_site_value(key, value, "absolute paths separated by ':'");
+      policy.allowed_dirs.push_back(*normalized);
+    }
+  } else if (key == "enabled_by_default") {
+    auto on = parse_on_off(value);
+    if (!on) return invalid_site_value(key, value, "yes or no");
+    policy.enabled_by_default = *on;
+  } else if (key == "controller") {
+    if (value.empty()) return invalid_site_value(key, value, "a spool directory or an http(s) URL");
+    policy.controller = value;
+  } else if (key == "max_spares") {
+    auto n = parse_uint(value);
+    if (!n) return invalid_site_value(key, value, "a whole number");
+    policy.max_spares = *n;
+  } else {
+    // A bug, caught by tests.
+    return Status::failure("plugstack.conf: " + key + ": in site_key_specs() but not parsed");
+  }
+  return Status::success();
+}
+
+// What no single key can break: the bounds against each other, and the default spares against their maximum.
+Status check_site_policy(const SitePolicy& policy) {
+  if (policy.max_interval_s != 0 && policy.max_interval_s < policy.min_interval_s) {
+    return Status::failure("plugstack.conf: max_interval is below min_interval");
+  }
+  if (policy.defaults.spares && *policy.defaults.spares > policy.max_spares) {
+    return Status::failure("plugstack.conf: spares=" + std::to_string(*policy.defaults.spares) +
+                           " is above max_spares=" + std::to_string(policy.max_spares));
+  }
+  return Status::success();
+}
+
+}  // namespace
+
 Result<SitePolicy> parse_site_policy(const std::vector<std::string>& args) {
   SitePolicy policy;
   for (const std::string& arg : args) {
@@ -190,60 +266,14 @@ Result<SitePolicy> parse_site_policy(const std::vector<std::string>& args) {
     }
     std::string key = arg.substr(0, eq);
     std::string value = arg.substr(eq + 1);
-    auto bad = [&](const char* expected) {
-      return Error{"plugstack.conf: " + key + ": invalid value '" + value + "' (expected " + expected + ")"};
-    };
-
-    bool matched_option = false;
-    for (const auto& spec : option_specs()) {
-      if (key != spec.key) continue;
-      matched_option = true;
-      JobOptions probe;  // parse alone first so a repeated key is reported as a plugstack error
-      if (!set_job_option(probe, spec.id, value)) return bad(spec.expected);
-      if (!set_job_option(policy.defaults, spec.id, value)) {
-        return Error{"plugstack.conf: " + key + ": given twice with different values"};
-      }
+    if (names_job_option(key)) {
+      if (auto st = set_site_default(policy.defaults, key, value); !st) return Error{st.error()};
+      continue;
     }
-    if (matched_option) continue;
-    bool site_key = false;
-    for (const auto& spec : site_key_specs()) site_key = site_key || key == spec.key;
-    if (!site_key) return Error{"plugstack.conf: unknown key '" + key + "'"};
-
-    if (key == "min_interval" || key == "max_interval" || key == "node_mtbf") {
-      auto d = parse_duration(value);
-      if (!d || (*d == 0 && key == "node_mtbf")) return bad("a duration like 5m");
-      if (key == "min_interval") policy.min_interval_s = *d;
-      if (key == "max_interval") policy.max_interval_s = *d;
-      if (key == "node_mtbf") policy.node_mtbf_s = *d;
-    } else if (key == "allowed_dirs") {
-      policy.allowed_dirs.clear();
-      for (const auto& prefix : split(value, ':')) {
-        auto normalized = normalize_absolute_path(prefix);
-        if (!normalized) return bad("absolute paths separated by ':'");
-        policy.allowed_dirs.push_back(*normalized);
-      }
-    } else if (key == "enabled_by_default") {
-      auto on = parse_on_off(value);
-      if (!on) return bad("yes or no");
-      policy.enabled_by_default = *on;
-    } else if (key == "controller") {
-      if (value.empty()) return bad("a spool directory or an http(s) URL");
-      policy.controller = value;
-    } else if (key == "max_spares") {
-      auto n = parse_uint(value);
-      if (!n) return bad("a whole number");
-      policy.max_spares = *n;
-    } else {
-      return Error{"plugstack.conf: " + key + ": in site_key_specs() but not parsed"};  // a bug, caught by tests
-    }
+    if (!names_site_key(key)) return Error{"plugstack.conf: unknown key '" + key + "'"};
+    if (auto st = set_site_key(policy, key, value); !st) return Error{st.error()};
   }
-  if (policy.max_interval_s != 0 && policy.max_interval_s < policy.min_interval_s) {
-    return Error{"plugstack.conf: max_interval is below min_interval"};
-  }
-  if (policy.defaults.spares && *policy.defaults.spares > policy.max_spares) {
-    return Error{"plugstack.conf: spares=" + std::to_string(*policy.defaults.spares) + " is above max_spares=" +
-                 std::to_string(policy.max_spares)};
-  }
+  if (auto st = check_site_policy(policy); !st) return Error{st.error()};
   return policy;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string_view>
 
@@ -114,6 +115,113 @@ double policy_interval(const Config& config, Policy policy, double fixed_s) {
   return 0;
 }
 
+namespace {
+
+Error too_many_events(const Config& config, const std::string& what) {
+  return Error{"the job cannot finish within " + std::to_string(config.max_events) + " events (" + what +
+               " is far too long for MTBF " + interval::format_seconds(config.mtbf_s) + ")"};
+}
+
+// One simulated run under one policy: the clock, the work in a checkpoint and the tallies, advanced a segment (or
+// a failure and its restart) at a time.
+class Simulation {
+ public:
+  Simulation(const Config& config, Policy policy, double tau)
+      : config_(config),
+        tau_(tau),
+        delta_(config.cost_s),
+        in_place_(policy == Policy::InPlace),
+        last_words_(policy == Policy::LastWords || in_place_),
+        spares_left_(config.spares),
+        failures_(config.seed, config.failure_times ? &*config.failure_times : nullptr) {
+    out_.policy = policy;
+    out_.interval_s = tau;
+    failures_.draw(now_, config.mtbf_s, config.catchable);
+  }
+
+  Result<Outcome> run() {
+    const std::string interval_text = "interval " + interval::format_seconds(tau_);
+    while (done_ < config_.work_s) {
+      if (++events_ > config_.max_events) return too_many_events(config_, interval_text);
+      const double segment = std::min(tau_, config_.work_s - done_);
+      const double attempt = segment + delta_;
+      if (now_ + attempt <= failures_.next_at()) {
+        now_ += attempt;
+        done_ += segment;
+        out_.checkpoint_s += delta_;
+        ++out_.checkpoints;
+        continue;
+      }
+      fail_during(segment);
+      if (auto error = restart()) return *error;
+    }
+    out_.work_s = config_.work_s;
+    out_.wall_s = now_;
+    return out_;
+  }
+
+ private:
+  // A failure during the segment or its checkpoint.
+  void fail_during(double segment) {
+    const double elapsed = failures_.next_at() - now_;
+    now_ = failures_.next_at();
+    ++out_.failures;
+    const double at_risk = std::min(elapsed, segment);  // compute not yet in a checkpoint
+    if (last_words_ && failures_.next_catchable() && at_risk > delta_) {
+      // Writing the terminal checkpoint is worth it only when it costs less than redoing the work.
+      done_ += at_risk;
+      out_.checkpoint_s += elapsed - at_risk;  // a periodic write cut short, if the failure hit one
+      now_ += delta_;
+      out_.last_words_s += delta_;
+      ++out_.last_words;
+    } else {
+      out_.rework_s += elapsed;
+    }
+  }
+
+  // In place while a spare is left; else the requeue, into an allocation with its spares again. The error when the
+  // restarts run into the event guard.
+  std::optional<Error> restart() {
+    double restart_s = config_.restart_s;
+    if (in_place_ && spares_left_ > 0) {
+      restart_s = config_.inplace_restart_s;
+      --spares_left_;
+      ++out_.in_place;
+    } else {
+      spares_left_ = config_.spares;
+    }
+    // A failure during the restart starts it over. Its catchable flag is drawn but unused, which keeps the random
+    // stream aligned across policies (two draws per failure).
+    failures_.draw(now_ + (failures_.replaying() ? restart_s : 0), config_.mtbf_s, config_.catchable);
+    while (now_ + restart_s > failures_.next_at()) {
+      if (++events_ > config_.max_events) {
+        return too_many_events(config_, "restart cost " + interval::format_seconds(restart_s));
+      }
+      out_.restart_s += failures_.next_at() - now_;
+      now_ = failures_.next_at();
+      ++out_.failures;
+      failures_.draw(now_, config_.mtbf_s, config_.catchable);
+    }
+    now_ += restart_s;
+    out_.restart_s += restart_s;
+    return std::nullopt;
+  }
+
+  const Config& config_;
+  const double tau_;
+  const double delta_;  // the checkpoint's cost
+  const bool in_place_;
+  const bool last_words_;
+  std::uint64_t spares_left_;  // of the current allocation
+  Failures failures_;
+  Outcome out_;
+  double now_ = 0;
+  double done_ = 0;  // work in a checkpoint
+  std::uint64_t events_ = 0;
+};
+
+}  // namespace
+
 Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
   if (auto st = check(config); !st) return Error{st.error()};
   const double tau = policy_interval(config, policy, fixed_s);
@@ -121,85 +229,15 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
     return Error{std::string("the ") + to_string(policy) + " interval must be a positive finite duration (got " +
                  format_number(tau) + "s)"};
   }
-  const double delta = config.cost_s;
-  const bool in_place = policy == Policy::InPlace;
-  const bool last_words = policy == Policy::LastWords || in_place;
-  std::uint64_t spares_left = config.spares;  // of the current allocation
-  auto too_many_events = [&](const std::string& what) {
-    return Error{"the job cannot finish within " + std::to_string(config.max_events) + " events (" + what +
-                 " is far too long for MTBF " + interval::format_seconds(config.mtbf_s) + ")"};
-  };
-  const std::string interval_text = "interval " + interval::format_seconds(tau);
   // Refuse up front what would run into the guard anyway: each segment takes e^{(τ+δ)/M}·e^{R/M} attempts on
-  // average. Last words can only shorten that, so it keeps just the guard below.
+  // average. Last words can only shorten that, so it keeps just the guard in Simulation::run.
+  const bool last_words = policy == Policy::LastWords || policy == Policy::InPlace;
   const double expected_events =
-      std::ceil(config.work_s / tau) * std::exp((tau + delta + config.restart_s) / config.mtbf_s);
+      std::ceil(config.work_s / tau) * std::exp((tau + config.cost_s + config.restart_s) / config.mtbf_s);
   if (!last_words && !config.failure_times && expected_events > static_cast<double>(config.max_events)) {
-    return too_many_events(interval_text);
+    return too_many_events(config, "interval " + interval::format_seconds(tau));
   }
-
-  Outcome out;
-  out.policy = policy;
-  out.interval_s = tau;
-  Failures failures(config.seed, config.failure_times ? &*config.failure_times : nullptr);
-  double now = 0;
-  double done = 0;
-  failures.draw(now, config.mtbf_s, config.catchable);
-  std::uint64_t events = 0;
-
-  while (done < config.work_s) {
-    if (++events > config.max_events) return too_many_events(interval_text);
-    const double segment = std::min(tau, config.work_s - done);
-    const double attempt = segment + delta;
-    if (now + attempt <= failures.next_at()) {
-      now += attempt;
-      done += segment;
-      out.checkpoint_s += delta;
-      ++out.checkpoints;
-      continue;
-    }
-
-    // A failure during the segment or its checkpoint.
-    const double elapsed = failures.next_at() - now;
-    now = failures.next_at();
-    ++out.failures;
-    const double at_risk = std::min(elapsed, segment);  // compute not yet in a checkpoint
-    if (last_words && failures.next_catchable() && at_risk > delta) {
-      // Writing the terminal checkpoint is worth it only when it costs less than redoing the work.
-      done += at_risk;
-      out.checkpoint_s += elapsed - at_risk;  // a periodic write cut short, if the failure hit one
-      now += delta;
-      out.last_words_s += delta;
-      ++out.last_words;
-    } else {
-      out.rework_s += elapsed;
-    }
-
-    // In place while a spare is left; else the requeue, into an allocation with its spares again.
-    double restart = config.restart_s;
-    if (in_place && spares_left > 0) {
-      restart = config.inplace_restart_s;
-      --spares_left;
-      ++out.in_place;
-    } else {
-      spares_left = config.spares;
-    }
-    // Restart; a failure during the restart starts it over. Its catchable flag is drawn but unused, which keeps
-    // the random stream aligned across policies (two draws per failure).
-    failures.draw(now + (failures.replaying() ? restart : 0), config.mtbf_s, config.catchable);
-    while (now + restart > failures.next_at()) {
-      if (++events > config.max_events) return too_many_events("restart cost " + interval::format_seconds(restart));
-      out.restart_s += failures.next_at() - now;
-      now = failures.next_at();
-      ++out.failures;
-      failures.draw(now, config.mtbf_s, config.catchable);
-    }
-    now += restart;
-    out.restart_s += restart;
-  }
-  out.work_s = config.work_s;
-  out.wall_s = now;
-  return out;
+  return Simulation(config, policy, tau).run();
 }
 
 double model_waste(const Config& config, Policy policy, double interval_s) {

@@ -196,6 +196,72 @@ bool flag(const json& j, const char* key) {
   return it->get<bool>();
 }
 
+Status read_type(const json& j, Event& e) {
+  std::string type = text(j, "type");
+  if (type == "job_start") e.type = EventType::JobStart;
+  else if (type == "task_exit") e.type = EventType::TaskExit;
+  else if (type == "job_end") e.type = EventType::JobEnd;
+  else if (type == "handover") e.type = EventType::Handover;
+  else if (type == "in-place") e.type = EventType::InPlace;
+  else if (type == "slow_node") e.type = EventType::SlowNode;
+  else return Status::failure("unknown event type '" + type.substr(0, 32) + "'");
+  return Status::success();
+}
+
+// Which job, step and node sent the event, as whom and when; every type carries these.
+Status read_origin(const json& j, Event& e) {
+  e.job_id = number<std::uint32_t>(j, "job_id", 0);
+  if (e.job_id == 0) return Status::failure("event has no job_id");
+  e.step_id = number<std::uint32_t>(j, "step_id", kBatchStep);
+  e.restart_count = number<std::uint32_t>(j, "restart_count", 0);
+  if (e.restart_count > kMaxRestartCount) {
+    return Status::failure("event has restart_count " + std::to_string(e.restart_count) + " (more than " +
+                           std::to_string(kMaxRestartCount) + ")");
+  }
+  e.node = text(j, "node");
+  if (!safe_node_name(e.node)) return Status::failure("event has a bad node name");
+  e.uid = number<std::uint32_t>(j, "uid", 0);
+  e.time = number<double>(j, "time", 0.0);
+  if (!std::isfinite(e.time)) return Status::failure("event time is not finite");
+  return Status::success();
+}
+
+// A task's exit, checked whatever the type as the in-place fields are.
+Status read_exit_status(const json& j, Event& e) {
+  e.rank = number<std::int64_t>(j, "rank", -1);
+  e.exit_code = number<int>(j, "exit_code", 0);
+  e.signal = number<int>(j, "signal", 0);
+  if (e.exit_code < 0 || e.exit_code > 255 || e.signal < 0 || e.signal > 128) {
+    return Status::failure("event has a bad exit status");
+  }
+  return Status::success();
+}
+
+// What a job's start tells of it (where it checkpoints, its budget, its size), checked whatever the type.
+Status read_job_start(const json& j, Event& e) {
+  e.ckpt_dir = text(j, "ckpt_dir");
+  if (!safe_text(e.ckpt_dir, 4096) || (!e.ckpt_dir.empty() && e.ckpt_dir[0] != '/')) {
+    return Status::failure("event has a bad ckpt_dir");
+  }
+  e.trusted_dirs = text(j, "trusted_dirs");
+  if (!safe_text(e.trusted_dirs, 4096) || (!e.trusted_dirs.empty() && e.trusted_dirs[0] != '/')) {
+    return Status::failure("event has bad trusted_dirs");
+  }
+  if (j.contains("max_restarts") && !j["max_restarts"].is_null()) {
+    e.max_restarts = number<std::uint64_t>(j, "max_restarts", 0);
+    if (*e.max_restarts > kMaxRestartBudget) {
+      return Status::failure("event has max_restarts " + std::to_string(*e.max_restarts) + " (more than " +
+                             std::to_string(kMaxRestartBudget) + ")");
+    }
+  }
+  e.needs_checkpoint = flag(j, "needs_checkpoint");
+  e.in_allocation = flag(j, "in_allocation");
+  e.nnodes = number<std::uint32_t>(j, "nnodes", 0);
+  e.spares = number<std::uint32_t>(j, "spares", 0);
+  if (e.spares > kMaxNodesPerStep) return Status::failure("event has " + std::to_string(e.spares) + " spares");
+  return Status::success();
+}
+
 // The phase times of an in-place recovery, in the order they happen, with their JSON names.
 constexpr std::pair<const char*, double InPlacePhases::*> kPhaseFields[] = {
     {"detected", &InPlacePhases::detected},   {"agreed", &InPlacePhases::agreed},
@@ -298,53 +364,10 @@ Result<Event> parse_event(std::string_view input) {
     if (j.is_discarded() || !j.is_object()) return Error{"event is not a JSON object"};
     if (number<int>(j, "v", 0) != 1) return Error{"unsupported event version"};
     Event e;
-    std::string type = text(j, "type");
-    if (type == "job_start") e.type = EventType::JobStart;
-    else if (type == "task_exit") e.type = EventType::TaskExit;
-    else if (type == "job_end") e.type = EventType::JobEnd;
-    else if (type == "handover") e.type = EventType::Handover;
-    else if (type == "in-place") e.type = EventType::InPlace;
-    else if (type == "slow_node") e.type = EventType::SlowNode;
-    else return Error{"unknown event type '" + type.substr(0, 32) + "'"};
-    e.job_id = number<std::uint32_t>(j, "job_id", 0);
-    if (e.job_id == 0) return Error{"event has no job_id"};
-    e.step_id = number<std::uint32_t>(j, "step_id", kBatchStep);
-    e.restart_count = number<std::uint32_t>(j, "restart_count", 0);
-    if (e.restart_count > kMaxRestartCount) {
-      return Error{"event has restart_count " + std::to_string(e.restart_count) + " (more than " +
-                   std::to_string(kMaxRestartCount) + ")"};
-    }
-    e.node = text(j, "node");
-    if (!safe_node_name(e.node)) return Error{"event has a bad node name"};
-    e.uid = number<std::uint32_t>(j, "uid", 0);
-    e.time = number<double>(j, "time", 0.0);
-    if (!std::isfinite(e.time)) return Error{"event time is not finite"};
-    e.rank = number<std::int64_t>(j, "rank", -1);
-    e.exit_code = number<int>(j, "exit_code", 0);
-    e.signal = number<int>(j, "signal", 0);
-    if (e.exit_code < 0 || e.exit_code > 255 || e.signal < 0 || e.signal > 128) {
-      return Error{"event has a bad exit status"};
-    }
-    e.ckpt_dir = text(j, "ckpt_dir");
-    if (!safe_text(e.ckpt_dir, 4096) || (!e.ckpt_dir.empty() && e.ckpt_dir[0] != '/')) {
-      return Error{"event has a bad ckpt_dir"};
-    }
-    e.trusted_dirs = text(j, "trusted_dirs");
-    if (!safe_text(e.trusted_dirs, 4096) || (!e.trusted_dirs.empty() && e.trusted_dirs[0] != '/')) {
-      return Error{"event has bad trusted_dirs"};
-    }
-    if (j.contains("max_restarts") && !j["max_restarts"].is_null()) {
-      e.max_restarts = number<std::uint64_t>(j, "max_restarts", 0);
-      if (*e.max_restarts > kMaxRestartBudget) {
-        return Error{"event has max_restarts " + std::to_string(*e.max_restarts) + " (more than " +
-                     std::to_string(kMaxRestartBudget) + ")"};
-      }
-    }
-    e.needs_checkpoint = flag(j, "needs_checkpoint");
-    e.in_allocation = flag(j, "in_allocation");
-    e.nnodes = number<std::uint32_t>(j, "nnodes", 0);
-    e.spares = number<std::uint32_t>(j, "spares", 0);
-    if (e.spares > kMaxNodesPerStep) return Error{"event has " + std::to_string(e.spares) + " spares"};
+    if (Status s = read_type(j, e); !s) return Error{s.error()};
+    if (Status s = read_origin(j, e); !s) return Error{s.error()};
+    if (Status s = read_exit_status(j, e); !s) return Error{s.error()};
+    if (Status s = read_job_start(j, e); !s) return Error{s.error()};
     e.detail = text(j, "detail");
     if (!safe_text(e.detail, 1024)) return Error{"event detail is too long or has control characters"};
     if (Status s = read_in_place(j, e); !s) return Error{s.error()};

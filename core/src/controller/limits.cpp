@@ -48,6 +48,82 @@ std::optional<std::size_t> http_head_end(std::string_view buffer) {
   return std::nullopt;
 }
 
+namespace {
+
+// The next line of `head` from `pos`, without its line end (LF or CRLF); moves `pos` past it.
+std::string_view next_line(std::string_view head, std::size_t& pos) {
+  auto nl = head.find('\n', pos);
+  if (nl == std::string_view::npos) nl = head.size();
+  std::string_view line = head.substr(pos, nl - pos);
+  pos = nl + 1;
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  return line;
+}
+
+// "METHOD /path HTTP/1.x" into `head` (the path without its query); a result that is not ok() is the refusal.
+HttpHeadResult parse_request_line(std::string_view line, HttpHead& head) {
+  auto sp1 = line.find(' ');
+  auto sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos) {
+    return refuse(400, "malformed request line");
+  }
+  std::string_view method = line.substr(0, sp1);
+  std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  std::string_view version = line.substr(sp2 + 1);
+  if (method.empty() || !std::all_of(method.begin(), method.end(), token_char)) {
+    return refuse(400, "malformed request method");
+  }
+  if (version != "HTTP/1.1" && version != "HTTP/1.0") return refuse(505, "only HTTP/1.0 and HTTP/1.1 are spoken");
+  if (target.empty() || target.front() != '/') return refuse(400, "request target is not an absolute path");
+  if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+  if (!std::all_of(target.begin(), target.end(), [](char c) { return c > 0x20 && c < 0x7f; })) {
+    return refuse(400, "request target has odd characters");
+  }
+  head.method = std::string(method);
+  head.target = std::string(target);
+  return {};
+}
+
+// One "Name: value" line into `head` (the name lower-cased); a result that is not ok() is the refusal.
+HttpHeadResult parse_header_line(std::string_view line, const HttpLimits& limits, HttpHead& head) {
+  if (line.front() == ' ' || line.front() == '\t') return refuse(400, "folded header lines are not accepted");
+  auto colon = line.find(':');
+  if (colon == std::string_view::npos || colon == 0) return refuse(400, "malformed header line");
+  std::string_view name = line.substr(0, colon);
+  if (!std::all_of(name.begin(), name.end(), token_char)) return refuse(400, "malformed header name");
+  if (head.headers.size() >= limits.max_headers) {
+    return refuse(431, "more than " + std::to_string(limits.max_headers) + " header lines");
+  }
+  std::string key = lower(name);
+  if (!head.headers.emplace(key, std::string(trim(line.substr(colon + 1)))).second) {
+    return refuse(400, "header '" + key + "' given twice");
+  }
+  return {};
+}
+
+// The body's length must be known before it is read: Content-Length within the limit, required for POST and
+// refused for any other method; a result that is not ok() is the refusal.
+HttpHeadResult parse_body_length(const HttpLimits& limits, HttpHead& head) {
+  if (head.headers.count("transfer-encoding") != 0) {
+    return refuse(501, "transfer codings (chunked bodies) are not accepted; send Content-Length");
+  }
+  bool has_length = false;
+  if (auto it = head.headers.find("content-length"); it != head.headers.end()) {
+    auto n = parse_uint(it->second);
+    if (!n) return refuse(400, "Content-Length is not a number");
+    if (*n > limits.max_body) {
+      return refuse(413, "body of " + it->second + " bytes is larger than " + std::to_string(limits.max_body));
+    }
+    head.content_length = static_cast<std::size_t>(*n);
+    has_length = true;
+  }
+  if (head.method == "POST" && !has_length) return refuse(411, "POST without Content-Length");
+  if (head.method != "POST" && head.content_length != 0) return refuse(400, "only POST may carry a body");
+  return {};
+}
+
+}  // namespace
+
 HttpHeadResult parse_http_head(std::string_view head, const HttpLimits& limits) {
   if (head.size() > limits.max_head) {
     return refuse(431, "request head is larger than " + std::to_string(limits.max_head) + " bytes");
@@ -55,13 +131,8 @@ HttpHeadResult parse_http_head(std::string_view head, const HttpLimits& limits) 
   HttpHeadResult out;
   std::size_t pos = 0;
   bool first = true;
-  bool has_length = false;
   while (pos < head.size()) {
-    auto nl = head.find('\n', pos);
-    if (nl == std::string_view::npos) nl = head.size();
-    std::string_view line = head.substr(pos, nl - pos);
-    pos = nl + 1;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    std::string_view line = next_line(head, pos);
     if (line.empty()) {
       if (first) continue;  // RFC 9112: a server may ignore empty lines before the request line
       break;
@@ -69,55 +140,13 @@ HttpHeadResult parse_http_head(std::string_view head, const HttpLimits& limits) 
     if (line.find('\0') != std::string_view::npos) return refuse(400, "request head holds a NUL byte");
     if (first) {
       first = false;
-      auto sp1 = line.find(' ');
-      auto sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-      if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos) {
-        return refuse(400, "malformed request line");
-      }
-      std::string_view method = line.substr(0, sp1);
-      std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-      std::string_view version = line.substr(sp2 + 1);
-      if (method.empty() || !std::all_of(method.begin(), method.end(), token_char)) {
-        return refuse(400, "malformed request method");
-      }
-      if (version != "HTTP/1.1" && version != "HTTP/1.0") return refuse(505, "only HTTP/1.0 and HTTP/1.1 are spoken");
-      if (target.empty() || target.front() != '/') return refuse(400, "request target is not an absolute path");
-      if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
-      if (!std::all_of(target.begin(), target.end(), [](char c) { return c > 0x20 && c < 0x7f; })) {
-        return refuse(400, "request target has odd characters");
-      }
-      out.head.method = std::string(method);
-      out.head.target = std::string(target);
+      if (HttpHeadResult refused = parse_request_line(line, out.head); !refused.ok()) return refused;
       continue;
     }
-    if (line.front() == ' ' || line.front() == '\t') return refuse(400, "folded header lines are not accepted");
-    auto colon = line.find(':');
-    if (colon == std::string_view::npos || colon == 0) return refuse(400, "malformed header line");
-    std::string_view name = line.substr(0, colon);
-    if (!std::all_of(name.begin(), name.end(), token_char)) return refuse(400, "malformed header name");
-    if (out.head.headers.size() >= limits.max_headers) {
-      return refuse(431, "more than " + std::to_string(limits.max_headers) + " header lines");
-    }
-    std::string key = lower(name);
-    if (!out.head.headers.emplace(key, std::string(trim(line.substr(colon + 1)))).second) {
-      return refuse(400, "header '" + key + "' given twice");
-    }
+    if (HttpHeadResult refused = parse_header_line(line, limits, out.head); !refused.ok()) return refused;
   }
   if (first) return refuse(400, "empty request");
-  if (out.head.headers.count("transfer-encoding") != 0) {
-    return refuse(501, "transfer codings (chunked bodies) are not accepted; send Content-Length");
-  }
-  if (auto it = out.head.headers.find("content-length"); it != out.head.headers.end()) {
-    auto n = parse_uint(it->second);
-    if (!n) return refuse(400, "Content-Length is not a number");
-    if (*n > limits.max_body) {
-      return refuse(413, "body of " + it->second + " bytes is larger than " + std::to_string(limits.max_body));
-    }
-    out.head.content_length = static_cast<std::size_t>(*n);
-    has_length = true;
-  }
-  if (out.head.method == "POST" && !has_length) return refuse(411, "POST without Content-Length");
-  if (out.head.method != "POST" && out.head.content_length != 0) return refuse(400, "only POST may carry a body");
+  if (HttpHeadResult refused = parse_body_length(limits, out.head); !refused.ok()) return refused;
   return out;
 }
 

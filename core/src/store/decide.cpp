@@ -162,6 +162,35 @@ std::vector<std::uint64_t> plan_gc(const std::vector<Entry>& entries, std::uint6
 
 namespace ckpt::store {
 
+namespace {
+
+// Last words: only survivors wrote, each state key once; a rank loads the shard that covers its keys. Onto another
+// world size (pure data parallelism: a job that shrank in place), the keys of the replica `source` it takes.
+Result<int> covering_shard(const Manifest& m, bool same_world, int source, const Layout& layout,
+                           const RankCoord& coord) {
+  const Layout& l = m.layout;
+  if (same_world && (l.dp != layout.dp || l.tp != layout.tp || l.pp != layout.pp || l.zero1 != layout.zero1)) {
+    return Error{"a terminal checkpoint of another layout (dp " + std::to_string(l.dp) + ", tp " +
+                 std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + ")"};
+  }
+  std::vector<std::string> keys =
+      same_world ? state_keys_of_rank(layout, coord) : state_keys_of_rank(l, l.coord_of(source));
+  const ShardRecord* record = nullptr;
+  for (const ShardRecord& r : m.shards) {
+    if (std::find(r.covers.begin(), r.covers.end(), keys.front()) != r.covers.end()) record = &r;
+  }
+  if (record == nullptr) return Error{"no shard covers " + keys.front()};
+  for (const std::string& key : keys) {
+    if (std::find(record->covers.begin(), record->covers.end(), key) == record->covers.end()) {
+      // A plan never splits a rank's keys among ranks other than itself (ZeRO-1 shards have no other copy).
+      return Error{key + " lies in another shard than " + keys.front() + ": not a last-words plan"};
+    }
+  }
+  return record->rank;
+}
+
+}  // namespace
+
 RestoreSource restore_source(const Manifest& m, int world_size, int rank, const Layout& layout,
                              const RankCoord& coord) {
   RestoreSource out;
@@ -204,28 +233,9 @@ RestoreSource restore_source(const Manifest& m, int world_size, int rank, const 
   if (m.kind != Kind::Terminal || (!same_world && m.layout.zero1)) {
     return refuse("no shard for rank " + std::to_string(source), true);
   }
-  // Last words: only survivors wrote, each state key once; this rank loads the shard that covers its keys. Onto
-  // another world size (pure data parallelism: a job that shrank in place), the keys of the replica it takes.
-  const Layout& l = m.layout;
-  if (same_world && (l.dp != layout.dp || l.tp != layout.tp || l.pp != layout.pp || l.zero1 != layout.zero1)) {
-    return refuse("a terminal checkpoint of another layout (dp " + std::to_string(l.dp) + ", tp " +
-                      std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + ")",
-                  true);
-  }
-  std::vector<std::string> keys =
-      same_world ? state_keys_of_rank(layout, coord) : state_keys_of_rank(l, l.coord_of(source));
-  const ShardRecord* record = nullptr;
-  for (const ShardRecord& r : m.shards) {
-    if (std::find(r.covers.begin(), r.covers.end(), keys.front()) != r.covers.end()) record = &r;
-  }
-  if (record == nullptr) return refuse("no shard covers " + keys.front(), true);
-  for (const std::string& key : keys) {
-    if (std::find(record->covers.begin(), record->covers.end(), key) == record->covers.end()) {
-      // A plan never splits a rank's keys among ranks other than itself (ZeRO-1 shards have no other copy).
-      return refuse(key + " lies in another shard than " + keys.front() + ": not a last-words plan", true);
-    }
-  }
-  out.rank = record->rank;
+  auto covering = covering_shard(m, same_world, source, layout, coord);
+  if (!covering) return refuse(covering.error(), true);
+  out.rank = *covering;
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <new>
+#include <optional>
 
 #include "ckpt/store.hpp"
 #include "io.hpp"
@@ -120,6 +121,71 @@ bool is_circumstantial(int err) {
   }
 }
 
+namespace {
+
+// Why a step does not verify, before the step is named, and whether that is definite (see VerifyOutcome).
+struct Flaw {
+  std::string why;
+  bool definite = false;
+};
+
+// Streams shard files through one buffer and one XXH3 state, reused for every shard of a step.
+class ShardHasher {
+ public:
+  ShardHasher() : buffer_(new (std::nothrow) char[kReadBuffer]), state_(XXH3_createState(), XXH3_freeState) {}
+  // False when the buffer or the state could not be allocated.
+  bool ready() const { return buffer_ && state_; }
+
+  // Reads `shard_fd` to its end; nullopt when its length and checksum are the ones `r` records.
+  std::optional<Flaw> check(int shard_fd, const ShardRecord& r) {
+    ::posix_fadvise(shard_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    XXH3_64bits_reset(state_.get());
+    std::uint64_t total = 0;
+    for (;;) {
+      ssize_t n = ::read(shard_fd, buffer_.get(), kReadBuffer);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        int err = errno;
+        return Flaw{"read failed: " + errno_text(err), !is_circumstantial(err)};
+      }
+      if (n == 0) break;
+      XXH3_64bits_update(state_.get(), buffer_.get(), static_cast<std::size_t>(n));
+      total += static_cast<std::uint64_t>(n);
+    }
+    if (total != r.size) {
+      return Flaw{"read " + std::to_string(total) + " bytes, manifest says " + std::to_string(r.size), true};
+    }
+    std::uint64_t sum = XXH3_64bits_digest(state_.get());
+    if (sum != r.checksum) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "checksum mismatch (manifest %016llx, file %016llx)",
+                    static_cast<unsigned long long>(r.checksum), static_cast<unsigned long long>(sum));
+      return Flaw{buf, true};
+    }
+    return std::nullopt;
+  }
+
+ private:
+  std::unique_ptr<char[]> buffer_;
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state_;
+};
+
+// Checks one shard's size, and its bytes when `hasher` is given; nullopt when it matches the manifest.
+std::optional<Flaw> check_shard(int step_fd, const ShardRecord& r, ShardHasher* hasher) {
+  struct stat st {};
+  auto file = open_regular(step_fd, r.file, &st);
+  if (!file.ok()) {
+    if (file.error.err == ENOENT) return Flaw{"missing", true};
+    return Flaw{file.error.message, file.error.err == 0 || !is_circumstantial(file.error.err)};
+  }
+  auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size != r.size) return Flaw{std::to_string(size) + " bytes, manifest says " + std::to_string(r.size), true};
+  if (hasher == nullptr) return std::nullopt;
+  return hasher->check(file.value->get(), r);
+}
+
+}  // namespace
+
 VerifyOutcome verify_fd(int root_fd, std::uint64_t step, bool checksums) {
   const std::string at = "step " + std::to_string(step) + ": ";
   auto bad = [&](std::string why, bool definite) { return VerifyOutcome{Status::failure(at + why), definite}; };
@@ -139,50 +205,15 @@ VerifyOutcome verify_fd(int root_fd, std::uint64_t step, bool checksums) {
   CommitDecision decision = decide_commit(m.kind, m.layout, m.world_size, m.shards);
   if (!decision.complete) return bad("manifest lists an incomplete checkpoint: " + decision.reason, true);
 
-  std::unique_ptr<char[]> buffer;
-  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(nullptr, XXH3_freeState);
+  // Allocated once for the whole step, and only when the bytes are read.
+  std::optional<ShardHasher> hasher;
   if (checksums) {
-    buffer.reset(new (std::nothrow) char[kReadBuffer]);
-    state.reset(XXH3_createState());
-    if (!buffer || !state) return bad("out of memory", false);
+    hasher.emplace();
+    if (!hasher->ready()) return bad("out of memory", false);
   }
   for (const ShardRecord& r : m.shards) {
-    const std::string label = shard_label(r) + ": ";
-    struct stat st {};
-    auto file = open_regular(fd, r.file, &st);
-    if (!file.ok()) {
-      if (file.error.err == ENOENT) return bad(label + "missing", true);
-      return bad(label + file.error.message, file.error.err == 0 || !is_circumstantial(file.error.err));
-    }
-    auto size = static_cast<std::uint64_t>(st.st_size);
-    if (size != r.size) {
-      return bad(label + std::to_string(size) + " bytes, manifest says " + std::to_string(r.size), true);
-    }
-    if (!checksums) continue;
-    int shard_fd = file.value->get();
-    ::posix_fadvise(shard_fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    XXH3_64bits_reset(state.get());
-    std::uint64_t total = 0;
-    for (;;) {
-      ssize_t n = ::read(shard_fd, buffer.get(), kReadBuffer);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        int err = errno;
-        return bad(label + "read failed: " + errno_text(err), !is_circumstantial(err));
-      }
-      if (n == 0) break;
-      XXH3_64bits_update(state.get(), buffer.get(), static_cast<std::size_t>(n));
-      total += static_cast<std::uint64_t>(n);
-    }
-    if (total != r.size) {
-      return bad(label + "read " + std::to_string(total) + " bytes, manifest says " + std::to_string(r.size), true);
-    }
-    std::uint64_t sum = XXH3_64bits_digest(state.get());
-    if (sum != r.checksum) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "checksum mismatch (manifest %016llx, file %016llx)",
-                    static_cast<unsigned long long>(r.checksum), static_cast<unsigned long long>(sum));
-      return bad(label + buf, true);
+    if (auto flaw = check_shard(fd, r, hasher ? &*hasher : nullptr)) {
+      return bad(shard_label(r) + ": " + flaw->why, flaw->definite);
     }
   }
   return {Status::success(), false};

@@ -228,6 +228,64 @@ ShardRecord record_from_json(const json& j, const std::string& where) {
   return r;
 }
 
+Kind kind_from_json(const json& manifest) {
+  std::string kind = get_string(manifest, "kind", "");
+  if (kind == "periodic") return Kind::Periodic;
+  if (kind == "terminal") return Kind::Terminal;
+  fail("kind: expected \"periodic\" or \"terminal\"");
+}
+
+// The parallel layout; bounded so that the rank coordinates checked against it stay small.
+Layout layout_from_json(const json& layout) {
+  if (!layout.is_object()) fail("layout: expected an object");
+  Layout out;
+  out.dp = get_int(layout, "dp", "layout.", kMaxWorld);
+  out.tp = get_int(layout, "tp", "layout.", kMaxWorld);
+  out.pp = get_int(layout, "pp", "layout.", kMaxWorld);
+  if (out.dp < 1 || out.tp < 1 || out.pp < 1) fail("layout: sizes must be at least 1");
+  if (static_cast<std::uint64_t>(out.dp) * static_cast<std::uint64_t>(out.tp) *
+          static_cast<std::uint64_t>(out.pp) > kMaxWorld) {
+    fail("layout: dp*tp*pp is out of range");
+  }
+  const json& zero1 = member(layout, "zero1", "layout.");
+  if (!zero1.is_boolean()) fail("layout.zero1: expected true or false");
+  out.zero1 = zero1.get<bool>();
+  return out;
+}
+
+// Each rank's coordinates, within the world and the layout; a rank listed twice is refused.
+std::vector<RankCoord> ranks_from_json(const json& ranks, int world_size, const Layout& layout) {
+  std::vector<RankCoord> out;
+  std::set<int> seen_ranks;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    std::string at = "ranks[" + std::to_string(i) + "].";
+    if (!ranks[i].is_object()) fail(at + ": expected an object");
+    RankCoord c;
+    c.rank = get_int(ranks[i], "rank", at, static_cast<std::uint64_t>(world_size - 1));
+    c.dp = get_int(ranks[i], "dp", at, static_cast<std::uint64_t>(layout.dp - 1));
+    c.tp = get_int(ranks[i], "tp", at, static_cast<std::uint64_t>(layout.tp - 1));
+    c.pp = get_int(ranks[i], "pp", at, static_cast<std::uint64_t>(layout.pp - 1));
+    if (!seen_ranks.insert(c.rank).second) fail(at + "rank: duplicate " + std::to_string(c.rank));
+    out.push_back(c);
+  }
+  return out;
+}
+
+// The shard records; two records for one rank, or two naming one file, are refused.
+std::vector<ShardRecord> shards_from_json(const json& shards) {
+  std::vector<ShardRecord> out;
+  std::set<int> shard_ranks;
+  std::set<std::string> shard_files;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    std::string at = "shards[" + std::to_string(i) + "].";
+    ShardRecord r = record_from_json(shards[i], at);
+    if (!shard_ranks.insert(r.rank).second) fail(at + "rank: duplicate " + std::to_string(r.rank));
+    if (!shard_files.insert(r.file).second) fail(at + "file: duplicate '" + r.file + "'");
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 std::string dump(const json& j) {
   // Invalid UTF-8 in a name is replaced rather than thrown on; writers reject such names before they get here.
   return j.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
@@ -330,14 +388,7 @@ Result<Manifest> parse_manifest(std::string_view text) {
     Manifest m;
     if (get_u64(j, "format", "") != kFormat) fail("format: unsupported version");
     m.step = get_u64(j, "step", "");
-    std::string kind = get_string(j, "kind", "");
-    if (kind == "periodic") {
-      m.kind = Kind::Periodic;
-    } else if (kind == "terminal") {
-      m.kind = Kind::Terminal;
-    } else {
-      fail("kind: expected \"periodic\" or \"terminal\"");
-    }
+    m.kind = kind_from_json(j);
     const json& wall = member(j, "wall_time", "");
     if (!wall.is_number() || !std::isfinite(wall.get<double>()) || wall.get<double>() < 0) {
       fail("wall_time: expected a non-negative number");
@@ -345,45 +396,9 @@ Result<Manifest> parse_manifest(std::string_view text) {
     m.wall_time = wall.get<double>();
     m.world_size = get_int(j, "world_size", "", kMaxWorld);
     if (m.world_size < 1) fail("world_size: must be at least 1");
-
-    const json& layout = member(j, "layout", "");
-    if (!layout.is_object()) fail("layout: expected an object");
-    m.layout.dp = get_int(layout, "dp", "layout.", kMaxWorld);
-    m.layout.tp = get_int(layout, "tp", "layout.", kMaxWorld);
-    m.layout.pp = get_int(layout, "pp", "layout.", kMaxWorld);
-    if (m.layout.dp < 1 || m.layout.tp < 1 || m.layout.pp < 1) fail("layout: sizes must be at least 1");
-    if (static_cast<std::uint64_t>(m.layout.dp) * static_cast<std::uint64_t>(m.layout.tp) *
-            static_cast<std::uint64_t>(m.layout.pp) > kMaxWorld) {
-      fail("layout: dp*tp*pp is out of range");
-    }
-    const json& zero1 = member(layout, "zero1", "layout.");
-    if (!zero1.is_boolean()) fail("layout.zero1: expected true or false");
-    m.layout.zero1 = zero1.get<bool>();
-
-    std::set<int> seen_ranks;
-    const json& ranks = get_array(j, "ranks", "");
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
-      std::string at = "ranks[" + std::to_string(i) + "].";
-      if (!ranks[i].is_object()) fail(at + ": expected an object");
-      RankCoord c;
-      c.rank = get_int(ranks[i], "rank", at, static_cast<std::uint64_t>(m.world_size - 1));
-      c.dp = get_int(ranks[i], "dp", at, static_cast<std::uint64_t>(m.layout.dp - 1));
-      c.tp = get_int(ranks[i], "tp", at, static_cast<std::uint64_t>(m.layout.tp - 1));
-      c.pp = get_int(ranks[i], "pp", at, static_cast<std::uint64_t>(m.layout.pp - 1));
-      if (!seen_ranks.insert(c.rank).second) fail(at + "rank: duplicate " + std::to_string(c.rank));
-      m.ranks.push_back(c);
-    }
-
-    std::set<int> shard_ranks;
-    std::set<std::string> shard_files;
-    const json& shards = get_array(j, "shards", "");
-    for (std::size_t i = 0; i < shards.size(); ++i) {
-      std::string at = "shards[" + std::to_string(i) + "].";
-      ShardRecord r = record_from_json(shards[i], at);
-      if (!shard_ranks.insert(r.rank).second) fail(at + "rank: duplicate " + std::to_string(r.rank));
-      if (!shard_files.insert(r.file).second) fail(at + "file: duplicate '" + r.file + "'");
-      m.shards.push_back(std::move(r));
-    }
+    m.layout = layout_from_json(member(j, "layout", ""));
+    m.ranks = ranks_from_json(get_array(j, "ranks", ""), m.world_size, m.layout);
+    m.shards = shards_from_json(get_array(j, "shards", ""));
     return m;
   } catch (const ParseFail& e) {
     return Error{"manifest: " + e.message};

@@ -71,7 +71,58 @@ Result<TensorChunk> wanted_block(const std::string& name, const std::vector<Save
   return whole;
 }
 
-// The reads of a tensor's wanted block: each saved block it overlaps, from the (rank % copies)-th shard holding it.
+// Distinct saved blocks (by offset and shape), each with the shards that hold a copy, in manifest order.
+using Blocks = std::map<std::pair<Dims, Dims>, std::vector<const Saved*>>;
+
+// The saved blocks of a tensor, checked against the whole tensor this run has; their element size.
+Result<Blocks> saved_blocks(const std::vector<Saved>& saved, const Dims& global_shape,
+                            std::uint64_t& element_size) {
+  Blocks blocks;
+  for (const Saved& s : saved) {
+    const TensorChunk& c = *s.chunk;
+    if (c.global_shape != global_shape) {
+      return Error{"saved as a tensor of shape " + dims(c.global_shape) + "; this run's is " + dims(global_shape)};
+    }
+    auto n = volume(c.shape);
+    if (!n) return Error{"a saved block of shape " + dims(c.shape) + " is too large"};
+    if (*n != 0) {
+      if (s.range->length % *n != 0 || (element_size != 0 && s.range->length / *n != element_size)) {
+        return Error{"saved blocks of " + std::to_string(s.range->length) + " bytes for " + std::to_string(*n) +
+                     " elements: another element size"};
+      }
+      element_size = s.range->length / *n;
+    } else if (s.range->length != 0) {
+      return Error{"an empty saved block of " + std::to_string(s.range->length) + " bytes"};
+    }
+    blocks[{c.offset, c.shape}].push_back(&s);
+  }
+  return blocks;
+}
+
+// The reads of the wanted block: each saved block it overlaps, from the (rank % copies)-th shard holding it; the
+// number of wanted elements they cover. An error when two saved blocks overlap.
+Result<std::uint64_t> block_reads(const Blocks& blocks, const TensorChunk& want, int rank,
+                                  std::vector<BlockRead>& reads) {
+  std::uint64_t covered = 0;
+  std::vector<const TensorChunk*> used;
+  for (const auto& [key, copies] : blocks) {
+    const TensorChunk& c = *copies.front()->chunk;
+    auto box = overlap(c, want);
+    if (!box) continue;
+    for (const TensorChunk* other : used) {
+      if (overlap(*other, c)) {
+        return Error{"saved blocks at " + dims(other->offset) + " and " + dims(c.offset) + " overlap"};
+      }
+    }
+    used.push_back(&c);
+    const Saved& from = *copies[static_cast<std::size_t>(rank) % copies.size()];
+    covered += *volume(box->second);  // a part of the wanted block: no overflow
+    reads.push_back({from.shard, *from.range, c, std::move(box->first), std::move(box->second)});
+  }
+  return covered;
+}
+
+// A tensor's piece: the block this rank wants and the saved blocks it is made of.
 Result<RelayoutPiece> plan_tensor(const std::string& name, const std::vector<Saved>& saved,
                                   const std::map<std::string, nlohmann::json>& declared, int rank) {
   auto refuse = [&](const std::string& why) { return Error{"tensor '" + name + "': " + why}; };
@@ -79,47 +130,14 @@ Result<RelayoutPiece> plan_tensor(const std::string& name, const std::vector<Sav
   piece.name = name;
   auto want = wanted_block(name, saved, declared);
   if (!want) return Error{want.error()};
-  // Distinct saved blocks (by offset and shape), each with the shards that hold a copy, in manifest order.
-  std::map<std::pair<Dims, Dims>, std::vector<const Saved*>> blocks;
-  for (const Saved& s : saved) {
-    const TensorChunk& c = *s.chunk;
-    if (c.global_shape != want->global_shape) {
-      return refuse("saved as a tensor of shape " + dims(c.global_shape) + "; this run's is " +
-                    dims(want->global_shape));
-    }
-    auto n = volume(c.shape);
-    if (!n) return refuse("a saved block of shape " + dims(c.shape) + " is too large");
-    if (*n != 0) {
-      if (s.range->length % *n != 0 || (piece.element_size != 0 && s.range->length / *n != piece.element_size)) {
-        return refuse("saved blocks of " + std::to_string(s.range->length) + " bytes for " + std::to_string(*n) +
-                      " elements: another element size");
-      }
-      piece.element_size = s.range->length / *n;
-    } else if (s.range->length != 0) {
-      return refuse("an empty saved block of " + std::to_string(s.range->length) + " bytes");
-    }
-    blocks[{c.offset, c.shape}].push_back(&s);
-  }
+  auto blocks = saved_blocks(saved, want->global_shape, piece.element_size);
+  if (!blocks) return refuse(blocks.error());
   auto wanted_elements = volume(want->shape);
   if (!wanted_elements) return refuse("the block this rank holds, of shape " + dims(want->shape) + ", is too large");
-  std::uint64_t covered = 0;
-  std::vector<const TensorChunk*> used;
-  for (const auto& [key, copies] : blocks) {
-    const TensorChunk& c = *copies.front()->chunk;
-    auto box = overlap(c, *want);
-    if (!box) continue;
-    for (const TensorChunk* other : used) {
-      if (overlap(*other, c)) {
-        return refuse("saved blocks at " + dims(other->offset) + " and " + dims(c.offset) + " overlap");
-      }
-    }
-    used.push_back(&c);
-    const Saved& from = *copies[static_cast<std::size_t>(rank) % copies.size()];
-    covered += *volume(box->second);  // a part of the wanted block: no overflow
-    piece.reads.push_back({from.shard, *from.range, c, std::move(box->first), std::move(box->second)});
-  }
-  if (covered != *wanted_elements) {
-    return refuse("the saved blocks hold " + std::to_string(covered) + " of the " +
+  auto covered = block_reads(*blocks, *want, rank, piece.reads);
+  if (!covered) return refuse(covered.error());
+  if (*covered != *wanted_elements) {
+    return refuse("the saved blocks hold " + std::to_string(*covered) + " of the " +
                   std::to_string(*wanted_elements) + " elements of the block at " + dims(want->offset) +
                   " of shape " + dims(want->shape) + " that this rank holds");
   }

@@ -147,6 +147,64 @@ VerifyOutcome check_records_fd(int root_fd, std::uint64_t step, Manifest* out) {
   return {Status::success(), false};
 }
 
+namespace {
+
+// The step dirs worth checking, newest first, leaving out those the caller skips. An entry named like a step dir
+// that is not a directory is logged instead.
+std::vector<std::uint64_t> candidate_steps(const std::vector<DirEntry>& entries, const ResolveOptions& options,
+                                           std::vector<std::string>& log) {
+  std::vector<std::uint64_t> steps;
+  for (const DirEntry& e : entries) {
+    auto step = parse_step_dir_name(e.name);
+    if (!step) continue;
+    if (!S_ISDIR(e.st.st_mode)) {
+      log.push_back("step " + std::to_string(*step) + ": skipped, corrupt: step dir is " +
+                    (S_ISLNK(e.st.st_mode) ? "a symlink" : "not a directory"));
+      continue;
+    }
+    if (std::find(options.skip.begin(), options.skip.end(), *step) == options.skip.end()) steps.push_back(*step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+// check_records_fd, again after a pause while the failure may be passing: a manifest that cannot be read for a
+// moment is read again before an older checkpoint is taken instead.
+VerifyOutcome check_records_with_retries(int root_fd, std::uint64_t step, Manifest* manifest) {
+  VerifyOutcome outcome = check_records_fd(root_fd, step, manifest);
+  auto pause = std::chrono::milliseconds(50);
+  for (int retry = 0; retry < 3 && !outcome.status && !outcome.definite; ++retry) {
+    if (outcome.status.error().find("no manifest") != std::string::npos ||
+        outcome.status.error().find("marked FAILED") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(pause);
+    pause *= 2;
+    outcome = check_records_fd(root_fd, step, manifest);
+  }
+  return outcome;
+}
+
+// The log line for a step passed over; a definite fault gets the step marked FAILED first when `options` ask.
+std::string skip_step(const std::string& root, std::uint64_t step, const VerifyOutcome& outcome,
+                      const ResolveOptions& options) {
+  const std::string& why = outcome.status.error();
+  if (why.find("no manifest") != std::string::npos) {
+    return "step " + std::to_string(step) + ": skipped, incomplete: no manifest";
+  }
+  if (auto at = why.find("marked FAILED: "); at != std::string::npos) {
+    return "step " + std::to_string(step) + ": skipped, failed: " + why.substr(at + 15);
+  }
+  std::string line = why + "; skipped";
+  if (options.mark && outcome.definite) {
+    Status marked = mark_failed(root, step, why, options.fence);
+    line += marked ? ", marked FAILED" : ", not marked: " + marked.error();
+  }
+  return line;
+}
+
+}  // namespace
+
 ResumeChoice resolve_records(int root_fd, const std::string& root, const ResolveOptions& options) {
   ResumeChoice choice;
   auto entries = list_dir(root_fd);
@@ -154,37 +212,14 @@ ResumeChoice resolve_records(int root_fd, const std::string& root, const Resolve
     choice.log.push_back("cannot read checkpoint dir '" + root + "': " + errno_text(entries.error.err));
     return choice;
   }
-  std::vector<std::uint64_t> steps;
-  for (const DirEntry& e : *entries.value) {
-    auto step = parse_step_dir_name(e.name);
-    if (!step) continue;
-    if (!S_ISDIR(e.st.st_mode)) {
-      choice.log.push_back("step " + std::to_string(*step) + ": skipped, corrupt: step dir is " +
-                           (S_ISLNK(e.st.st_mode) ? "a symlink" : "not a directory"));
-      continue;
-    }
-    if (std::find(options.skip.begin(), options.skip.end(), *step) == options.skip.end()) steps.push_back(*step);
-  }
-  std::sort(steps.rbegin(), steps.rend());
-  for (std::uint64_t step : steps) {
+  for (std::uint64_t step : candidate_steps(*entries.value, options, choice.log)) {
     if (options.deadline && std::chrono::steady_clock::now() >= *options.deadline) {
       choice.timed_out = true;
       choice.log.push_back("gave up before step " + std::to_string(step) + ": the time allowed has passed");
       return choice;
     }
     Manifest manifest;
-    VerifyOutcome outcome = check_records_fd(root_fd, step, &manifest);
-    // A manifest that cannot be read for a moment is read again before an older checkpoint is taken instead.
-    auto pause = std::chrono::milliseconds(50);
-    for (int retry = 0; retry < 3 && !outcome.status && !outcome.definite; ++retry) {
-      if (outcome.status.error().find("no manifest") != std::string::npos ||
-          outcome.status.error().find("marked FAILED") != std::string::npos) {
-        break;
-      }
-      std::this_thread::sleep_for(pause);
-      pause *= 2;
-      outcome = check_records_fd(root_fd, step, &manifest);
-    }
+    VerifyOutcome outcome = check_records_with_retries(root_fd, step, &manifest);
     if (outcome.status) {
       choice.step = step;
       choice.path = step_path(root, step);
@@ -192,20 +227,7 @@ ResumeChoice resolve_records(int root_fd, const std::string& root, const Resolve
       choice.log.push_back("resume from step " + std::to_string(step) + " (" + choice.path + ")");
       return choice;
     }
-    const std::string& why = outcome.status.error();
-    std::string line;
-    if (why.find("no manifest") != std::string::npos) {
-      line = "step " + std::to_string(step) + ": skipped, incomplete: no manifest";
-    } else if (auto at = why.find("marked FAILED: "); at != std::string::npos) {
-      line = "step " + std::to_string(step) + ": skipped, failed: " + why.substr(at + 15);
-    } else {
-      line = why + "; skipped";
-      if (options.mark && outcome.definite) {
-        Status marked = mark_failed(root, step, why, options.fence);
-        line += marked ? ", marked FAILED" : ", not marked: " + marked.error();
-      }
-    }
-    choice.log.push_back(line);
+    choice.log.push_back(skip_step(root, step, outcome, options));
   }
   choice.log.push_back("no complete checkpoint to resume from in " + root);
   return choice;
@@ -260,6 +282,45 @@ Result<ShardRecord> read_record(const std::string& root, std::uint64_t step, int
 
 namespace {
 
+// Why a read failed, and whether the shard is at fault, before the caller says which shard it was.
+struct ReadFailure {
+  std::string why;
+  bool definite;
+};
+
+// Opens and reads to the end through `reader`; after a transient error it opens again after a pause (a stale
+// handle needs a new one) and the read goes on where it stopped. Adds the bytes read and the retries to `out`.
+std::optional<ReadFailure> read_with_retries(ShardReader& reader, const ShardReadOptions& options, ShardRead& out) {
+  auto pause = options.backoff;
+  for (;;) {
+    int err = 0;
+    const char* doing = "cannot open: ";
+    if (auto why = reader.open(err)) return ReadFailure{*why, true};
+    if (err == 0) {
+      doing = "read failed: ";
+      if (auto why = reader.read_rest(err, out.bytes)) return ReadFailure{*why, !reader.stopped()};
+    }
+    if (err == 0) return std::nullopt;
+    if (!is_transient(err) || out.retries >= options.retries) {
+      std::string why = doing + errno_text(err);
+      if (out.retries > 0) why += " (tried " + std::to_string(out.retries + 1) + " times)";
+      return ReadFailure{why, !is_circumstantial(err)};
+    }
+    reader.close();
+    ++out.retries;
+    std::this_thread::sleep_for(pause);
+    pause *= 2;
+  }
+}
+
+// The failure text for bytes that hash to `sum` where the manifest says `expected`.
+std::string checksum_mismatch_text(std::uint64_t expected, std::uint64_t sum) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "checksum mismatch (manifest %016llx, file %016llx)",
+                static_cast<unsigned long long>(expected), static_cast<unsigned long long>(sum));
+  return buf;
+}
+
 // The whole shard, or one of its ranges (checked against the range's own checksum).
 ShardRead read_shard_to(const std::string& root, std::uint64_t step, const ShardRecord& record, void* dest,
                         const ShardSink* sink, const ShardReadOptions& options, const StateRange* range = nullptr) {
@@ -288,34 +349,9 @@ ShardRead read_shard_to(const std::string& root, std::uint64_t step, const Shard
     const std::uint64_t end = range != nullptr ? range->offset + range->length : record.size;
     const std::uint64_t expected = range != nullptr ? *range->checksum : record.checksum;
     ShardReader reader(root_fd->get(), step, record, dest, sink, options, state.get(), begin, end);
-    auto pause = options.backoff;
-    for (;;) {
-      int err = 0;
-      const char* doing = "cannot open: ";
-      if (auto why = reader.open(err)) return fail(*why, true);
-      if (err == 0) {
-        doing = "read failed: ";
-        if (auto why = reader.read_rest(err, out.bytes)) return fail(*why, !reader.stopped());
-      }
-      if (err == 0) break;
-      if (!is_transient(err) || out.retries >= options.retries) {
-        std::string why = doing + errno_text(err);
-        if (out.retries > 0) why += " (tried " + std::to_string(out.retries + 1) + " times)";
-        return fail(why, !is_circumstantial(err));
-      }
-      // Opened again after a pause: a stale handle needs a new one; the read goes on where it stopped.
-      reader.close();
-      ++out.retries;
-      std::this_thread::sleep_for(pause);
-      pause *= 2;
-    }
+    if (auto failure = read_with_retries(reader, options, out)) return fail(failure->why, failure->definite);
     std::uint64_t sum = XXH3_64bits_digest(state.get());
-    if (sum != expected) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "checksum mismatch (manifest %016llx, file %016llx)",
-                    static_cast<unsigned long long>(expected), static_cast<unsigned long long>(sum));
-      return fail(buf, true);
-    }
+    if (sum != expected) return fail(checksum_mismatch_text(expected, sum), true);
     out.status = Status::success();
     return out;
   } catch (const std::exception& e) {

@@ -91,6 +91,66 @@ Result<std::vector<ShardRecord>> read_gathered(const std::string& root, std::uin
 
 // ---- retention, shared out ---------------------------------------------------------------------------------------
 
+namespace {
+
+// Step dirs retired by an earlier round: their ranks have removed their own files by now. Whatever is left
+// (files of ranks that are gone, or of a run of another size) goes here.
+Status remove_earlier_retired(int rfd, const std::vector<DirEntry>& names) {
+  for (const DirEntry& e : names) {
+    if (!parse_retired_name(e.name) || !S_ISDIR(e.st.st_mode)) continue;
+    if (::unlinkat(rfd, e.name.c_str(), AT_REMOVEDIR) == 0 || errno == ENOENT) continue;
+    if (Status s = remove_tree(rfd, e.name); !s) return s;
+  }
+  return Status::success();
+}
+
+// What plan_gc needs: the step dirs by name, with the state their MANIFEST and FAILED names give. Nothing is
+// parsed, so that this costs the same whatever the world size.
+std::vector<Entry> step_entries_by_name(int rfd, const std::vector<DirEntry>& names) {
+  std::vector<Entry> entries;
+  for (const DirEntry& e : names) {
+    auto step = parse_step_dir_name(e.name);
+    if (!step || !S_ISDIR(e.st.st_mode)) continue;
+    auto dir = open_step_dir(rfd, *step);
+    if (!dir.ok()) continue;
+    Entry entry;
+    entry.step = *step;
+    if (exists_at(dir.value->get(), std::string(kFailedName))) {
+      entry.state = State::Failed;
+    } else if (exists_at(dir.value->get(), std::string(kManifestName))) {
+      entry.state = State::Complete;
+    }
+    entries.push_back(std::move(entry));
+  }
+  return entries;
+}
+
+// What became of one step plan_gc dropped.
+enum class StepRetirement { Retired, AlreadyGone, Fenced };
+
+// Renames one step dir to its retired name, unless the run is fenced by now, and removes its manifest.
+Result<StepRetirement> retire_step(int rfd, std::uint64_t step, const std::optional<Fence>& fence) {
+  const std::string to = retired_name(step);
+  // A leftover under the same name (a round that died before it was cleaned) goes first.
+  if (exists_at(rfd, to)) {
+    if (Status s = remove_tree(rfd, to); !s) return Error{s.error()};
+  }
+  // Checked again before each rename: a newer run may have started meanwhile.
+  if (Status s = check_fence_fd(rfd, fence); !s) return StepRetirement::Fenced;
+  if (::renameat(rfd, step_dir_name(step).c_str(), rfd, to.c_str()) != 0) {
+    if (errno == ENOENT) return StepRetirement::AlreadyGone;
+    return Error{"cannot retire step " + std::to_string(step) + ": " + errno_text(errno)};
+  }
+  // The manifest is nobody's but the writer's; the ranks remove their own shards and records.
+  if (int fd = ::openat(rfd, to.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC); fd >= 0) {
+    Fd dir(fd);
+    (void)::unlinkat(fd, std::string(kManifestName).c_str(), 0);
+  }
+  return StepRetirement::Retired;
+}
+
+}  // namespace
+
 Result<std::vector<std::uint64_t>> retire(const std::string& root, std::uint64_t keep, std::uint64_t committed,
                                           const std::optional<Fence>& fence) {
   try {
@@ -101,50 +161,14 @@ Result<std::vector<std::uint64_t>> retire(const std::string& root, std::uint64_t
     auto names = list_dir(rfd);
     if (!names.ok()) return Error{"cannot read checkpoint dir '" + root + "': " + names.error.message};
     if (Status s = check_fence_fd(rfd, fence); !s) return Error{"nothing retired: " + s.error()};
+    if (Status s = remove_earlier_retired(rfd, *names.value); !s) return Error{s.error()};
 
-    // Step dirs retired by an earlier round: their ranks have removed their own files by now. Whatever is left
-    // (files of ranks that are gone, or of a run of another size) goes here.
-    for (const DirEntry& e : *names.value) {
-      if (!parse_retired_name(e.name) || !S_ISDIR(e.st.st_mode)) continue;
-      if (::unlinkat(rfd, e.name.c_str(), AT_REMOVEDIR) == 0 || errno == ENOENT) continue;
-      if (Status s = remove_tree(rfd, e.name); !s) return Error{s.error()};
-    }
-
-    // What to retire: plan_gc over the step dirs by name, with the state their MANIFEST and FAILED names give.
-    std::vector<Entry> entries;
-    for (const DirEntry& e : *names.value) {
-      auto step = parse_step_dir_name(e.name);
-      if (!step || !S_ISDIR(e.st.st_mode)) continue;
-      auto dir = open_step_dir(rfd, *step);
-      if (!dir.ok()) continue;
-      Entry entry;
-      entry.step = *step;
-      if (exists_at(dir.value->get(), std::string(kFailedName))) {
-        entry.state = State::Failed;
-      } else if (exists_at(dir.value->get(), std::string(kManifestName))) {
-        entry.state = State::Complete;
-      }
-      entries.push_back(std::move(entry));
-    }
     std::vector<std::uint64_t> retired;
-    for (std::uint64_t step : plan_gc(entries, keep, committed)) {
-      const std::string to = retired_name(step);
-      // A leftover under the same name (a round that died before it was cleaned) goes first.
-      if (exists_at(rfd, to)) {
-        if (Status s = remove_tree(rfd, to); !s) return Error{s.error()};
-      }
-      // Checked again before each rename: a newer run may have started meanwhile.
-      if (Status s = check_fence_fd(rfd, fence); !s) break;
-      if (::renameat(rfd, step_dir_name(step).c_str(), rfd, to.c_str()) != 0) {
-        if (errno == ENOENT) continue;
-        return Error{"cannot retire step " + std::to_string(step) + ": " + errno_text(errno)};
-      }
-      retired.push_back(step);
-      // The manifest is nobody's but the writer's; the ranks remove their own shards and records.
-      if (int fd = ::openat(rfd, to.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC); fd >= 0) {
-        Fd dir(fd);
-        (void)::unlinkat(fd, std::string(kManifestName).c_str(), 0);
-      }
+    for (std::uint64_t step : plan_gc(step_entries_by_name(rfd, *names.value), keep, committed)) {
+      auto outcome = retire_step(rfd, step, fence);
+      if (!outcome) return Error{outcome.error()};
+      if (*outcome == StepRetirement::Fenced) break;
+      if (*outcome == StepRetirement::Retired) retired.push_back(step);
     }
     if (!retired.empty()) {
       if (Status s = fsync_fd(rfd, "the checkpoint dir"); !s) return Error{s.error()};

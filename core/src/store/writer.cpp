@@ -55,6 +55,18 @@ bool valid_utf8_json(const nlohmann::json& value) {
   }
 }
 
+// Opens the checkpoint dir, creating it first where it is missing (one level, like mkdir without -p).
+Result<Fd> open_or_create_root(const std::string& root) {
+  auto root_fd = open_root(root);
+  if (root_fd) return root_fd;
+  if (::mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Error{"cannot create checkpoint dir '" + root + "': " + errno_text(errno)};
+  }
+  root_fd = open_root(root);
+  if (!root_fd) return Error{root_fd.error()};
+  return root_fd;
+}
+
 }  // namespace
 
 // ---- writing ----------------------------------------------------------------------------------------------------
@@ -176,6 +188,83 @@ struct ShardWriter::Impl {
     return Status::success();
   }
 
+  // Refuses an append once the shard is finished, or once a write to it failed.
+  Status check_writable() const {
+    if (finished) return Status::failure("shard " + record.file + " is already finished");
+    if (broken) return Status::failure("shard " + record.file + ": an earlier write failed");
+    return Status::success();
+  }
+
+  // Refuses a region the record could not name or hold: a bad or repeated name, bad metadata, a size past the
+  // shard's offsets.
+  Status check_region(const std::string& key, const void* data, std::uint64_t length,
+                      const nlohmann::json& meta) const {
+    if (key.empty()) return Status::failure("state name is empty");
+    if (!valid_utf8_json(nlohmann::json(key))) return Status::failure("state name is not valid UTF-8");
+    if (!valid_utf8_json(meta)) return Status::failure("metadata of '" + key + "' is not valid UTF-8");
+    if (names.count(key) != 0) return Status::failure("state '" + key + "' appended twice");
+    if (length > 0 && data == nullptr) return Status::failure("state '" + key + "': no data");
+    if (length > std::numeric_limits<std::uint64_t>::max() - record.size) {
+      return Status::failure("state '" + key + "': shard too large");
+    }
+    if (length > std::numeric_limits<std::size_t>::max()) return Status::failure("state '" + key + "': too large");
+    return Status::success();
+  }
+
+  // Writes one region's bytes. The observer hears ShardHalfWritten once, when half of the first region is in the
+  // file, bounce buffer or not.
+  Status write_region(const char* bytes, std::size_t total) {
+    std::size_t first = half_reported ? total : total / 2;
+    Status s = put(bytes, first);
+    if (s && first < total) {
+      if (direct) s = flush_blocks();
+      if (s) {
+        half_reported = true;
+        notify(observer, SavePhase::ShardHalfWritten);
+        s = put(bytes + first, total - first);
+      }
+    }
+    return s;
+  }
+
+  // Creates the step dir where it is missing (and syncs the checkpoint dir, so that the new entry lasts) and opens
+  // it. A step already committed or marked FAILED is not written over.
+  Status open_step_dir_to_write() {
+    const std::string name = step_dir_name(step);
+    if (::mkdirat(root.get(), name.c_str(), 0700) == 0) {
+      if (Status s = fsync_fd(root.get(), "the checkpoint dir"); !s) return s;
+    } else if (errno != EEXIST) {
+      return Status::failure("cannot create step dir " + name + ": " + errno_text(errno));
+    }
+    auto opened = open_step_dir(root.get(), step);
+    if (!opened.ok()) return Status::failure(opened.error.message + "; not writing there");
+    dir = std::move(*opened.value);
+    if (exists_at(dir.get(), std::string(kManifestName))) {
+      return Status::failure("step " + std::to_string(step) + " is already committed; not writing over it");
+    }
+    if (exists_at(dir.get(), std::string(kFailedName))) {
+      return Status::failure("step " + std::to_string(step) + " is marked FAILED; not writing over it");
+    }
+    return Status::success();
+  }
+
+  // Creates the temp file under a fresh random name, exclusively and without following a link; a name that is
+  // taken already gets another try.
+  Status create_temp_file() {
+    const std::string dir_name = step_dir_name(step);
+    for (int attempt = 0; attempt < 8 && !file.valid(); ++attempt) {
+      temp_name = temp_name_for(record.file);
+      int fd = ::openat(dir.get(), temp_name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        file.reset(fd);
+      } else if (errno != EEXIST) {
+        return Status::failure("cannot create " + record.file + " in " + dir_name + ": " + errno_text(errno));
+      }
+    }
+    if (!file.valid()) return Status::failure("cannot create " + record.file + ": temp names exhausted");
+    return Status::success();
+  }
+
   ~Impl() {
     // An abandoned writer leaves no temp file behind; a killed one leaves a hidden one that gc removes.
     if (file.valid() && !finished) ::unlinkat(dir.get(), temp_name.c_str(), 0);
@@ -194,44 +283,13 @@ Result<ShardWriter> ShardWriter::open(const std::string& root, std::uint64_t ste
     impl->record.rank = rank;
     impl->record.file = shard_file_name(rank);
 
-    auto root_fd = open_root(root);
-    if (!root_fd) {
-      // The root itself may be created here (one level, like mkdir without -p).
-      if (::mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) {
-        return Error{"cannot create checkpoint dir '" + root + "': " + errno_text(errno)};
-      }
-      root_fd = open_root(root);
-      if (!root_fd) return Error{root_fd.error()};
-    }
+    auto root_fd = open_or_create_root(root);
+    if (!root_fd) return Error{root_fd.error()};
     impl->root = std::move(root_fd).value();
     // Early, so that a stale run does not even create a step dir; finish() checks again before publishing.
     if (Status s = check_fence_fd(impl->root.get(), impl->fence); !s) return Error{s.error()};
-    const std::string name = step_dir_name(step);
-    if (::mkdirat(impl->root.get(), name.c_str(), 0700) == 0) {
-      if (Status s = fsync_fd(impl->root.get(), "the checkpoint dir"); !s) return Error{s.error()};
-    } else if (errno != EEXIST) {
-      return Error{"cannot create step dir " + name + ": " + errno_text(errno)};
-    }
-    auto dir = open_step_dir(impl->root.get(), step);
-    if (!dir.ok()) return Error{dir.error.message + "; not writing there"};
-    impl->dir = std::move(*dir.value);
-    if (exists_at(impl->dir.get(), std::string(kManifestName))) {
-      return Error{"step " + std::to_string(step) + " is already committed; not writing over it"};
-    }
-    if (exists_at(impl->dir.get(), std::string(kFailedName))) {
-      return Error{"step " + std::to_string(step) + " is marked FAILED; not writing over it"};
-    }
-    for (int attempt = 0; attempt < 8 && !impl->file.valid(); ++attempt) {
-      impl->temp_name = temp_name_for(impl->record.file);
-      int fd = ::openat(impl->dir.get(), impl->temp_name.c_str(),
-                        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-      if (fd >= 0) {
-        impl->file.reset(fd);
-      } else if (errno != EEXIST) {
-        return Error{"cannot create " + impl->record.file + " in " + name + ": " + errno_text(errno)};
-      }
-    }
-    if (!impl->file.valid()) return Error{"cannot create " + impl->record.file + ": temp names exhausted"};
+    if (Status s = impl->open_step_dir_to_write(); !s) return Error{s.error()};
+    if (Status s = impl->create_temp_file(); !s) return Error{s.error()};
     impl->enable_direct();
     impl->hash.reset(XXH3_createState());
     if (!impl->hash) return Error{"out of memory"};
@@ -261,21 +319,11 @@ Status ShardWriter::append(std::string_view name, const void* data, std::uint64_
   try {
     if (impl_ == nullptr) return Status::failure("shard writer is empty");
     Impl& w = *impl_;
-    if (w.finished) return Status::failure("shard " + w.record.file + " is already finished");
-    if (w.broken) return Status::failure("shard " + w.record.file + ": an earlier write failed");
+    if (Status s = w.check_writable(); !s) return s;
     std::string key(name);
-    if (key.empty()) return Status::failure("state name is empty");
-    if (!valid_utf8_json(nlohmann::json(key))) return Status::failure("state name is not valid UTF-8");
-    if (!valid_utf8_json(meta)) return Status::failure("metadata of '" + key + "' is not valid UTF-8");
-    if (w.names.count(key) != 0) return Status::failure("state '" + key + "' appended twice");
-    if (length > 0 && data == nullptr) return Status::failure("state '" + key + "': no data");
-    if (length > std::numeric_limits<std::uint64_t>::max() - w.record.size) {
-      return Status::failure("state '" + key + "': shard too large");
-    }
-    if (length > std::numeric_limits<std::size_t>::max()) return Status::failure("state '" + key + "': too large");
+    if (Status s = w.check_region(key, data, length, meta); !s) return s;
     const char* bytes = static_cast<const char*>(data);
     auto total = static_cast<std::size_t>(length);
-    std::size_t first = w.half_reported ? total : total / 2;
     // The shard's running checksum and the range's own (for readers of some ranges only, read_range), hashed in a
     // thread beside the writes for a large region.
     std::uint64_t range_sum = 0;
@@ -291,16 +339,7 @@ Status ShardWriter::append(std::string_view name, const void* data, std::uint64_
       }
     }
     const bool hashing = hasher.thread.joinable();
-    Status s = w.put(bytes, first);
-    if (s && first < total) {
-      // Half of the first region reaches the file before the observer hears of it, bounce buffer or not.
-      if (w.direct) s = w.flush_blocks();
-      if (s) {
-        w.half_reported = true;
-        notify(w.observer, SavePhase::ShardHalfWritten);
-        s = w.put(bytes + first, total - first);
-      }
-    }
+    Status s = w.write_region(bytes, total);
     hasher.join();
     if (!s) {
       w.broken = true;
