@@ -605,20 +605,24 @@ class Checkpointer:
                          for index, entry in meta["state"].items()}
                 self._state_optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
         _set_rng_state(extras["rng"])
-        user = extras["user"]
-        if self.extra is not None and user is not None:
-            if _has_state_dict(self.extra):
-                self.extra.load_state_dict(user)
-            else:
-                for key, value in user.items():
-                    current = self.extra.get(key)
-                    if _has_state_dict(current):
-                        current.load_state_dict(value)
-                    else:
-                        self.extra[key] = value
+        self._load_user_extra(extras["user"])
         self._register()  # the optimizer's state tensors are new
         _note_phase("restored", step)
         return step
+
+    def _load_user_extra(self, user):
+        """`extra` as the checkpoint holds it: through load_state_dict where it (or an entry of it) has one."""
+        if self.extra is None or user is None:
+            return
+        if _has_state_dict(self.extra):
+            self.extra.load_state_dict(user)
+            return
+        for key, value in user.items():
+            current = self.extra.get(key)
+            if _has_state_dict(current):
+                current.load_state_dict(value)
+            else:
+                self.extra[key] = value
 
     def _time_forward(self, model):
         """A DistributedDataParallel model's own forward pass is local work (DDP's collectives run outside it, in
