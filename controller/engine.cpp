@@ -166,6 +166,21 @@ std::vector<std::shared_ptr<Engine::Request>> Engine::take_fair_batch() {
 void Engine::cycle(double now, bool force_reconcile) {
   auto requests = take_fair_batch();
   std::lock_guard<std::mutex> lock(mutex_);
+  answer_requests(requests, now);
+  if (force_reconcile || now >= next_reconcile_) {
+    reconcile(now);
+    next_reconcile_ = now + config_.reconcile_s;
+  }
+  check_due_jobs(now);
+  flush();
+  // Requeues decided in this cycle are durable now: start them without waiting for the next cycle.
+  start_decided_requeues(now);
+  flush();
+  housekeeping(now);
+}
+
+// Handles a batch of requests and answers each once the batch's changes are durable.
+void Engine::answer_requests(std::vector<std::shared_ptr<Request>>& requests, double now) {
   std::vector<Verdict> verdicts;
   verdicts.reserve(requests.size());
   for (auto& request : requests) {
@@ -180,39 +195,46 @@ void Engine::cycle(double now, bool force_reconcile) {
   }
   flush();  // the batch's accepted events are durable (one commit for all of them) before any is acknowledged
   for (std::size_t i = 0; i < requests.size(); ++i) requests[i]->promise.set_value(verdicts[i]);
-  if (force_reconcile || now >= next_reconcile_) {
-    reconcile(now);
-    next_reconcile_ = now + config_.reconcile_s;
-  }
+}
+
+// Checks every job whose next check is due; an internal error in one job's check delays only that job's next one.
+void Engine::check_due_jobs(double now) {
   for (auto& [id, r] : jobs_) {
     Runtime& rt = runtime(id);
     if (now < rt.next_check) continue;
     try {
-      switch (r.state) {
-        case JobState::Failing: check_failing(r, now); break;
-        case JobState::Requeueing: drive_intent(r, now); break;
-        case JobState::Pending:
-          if (now < rt.watch_until) check_pending(r, nullptr, now);
-          break;
-        case JobState::Running:
-        case JobState::Relaunching:
-          if (r.end_reported) {
-            bool failed = false;
-            auto slurm = load_job(r, now, failed);
-            if (!failed && slurm) check_running(r, *slurm, now);
-            r.end_reported = false;
-            mark_dirty(r, now);
-          }
-          break;
-        default: break;
-      }
+      check_job(r, rt, now);
     } catch (const std::exception& e) {
       log_error("job " + std::to_string(id) + ": internal error: " + e.what());
       rt.next_check = now + 1;
     }
   }
-  flush();
-  // Requeues decided in this cycle are durable now: start them without waiting for the next cycle.
+}
+
+// One due job's check, by its state.
+void Engine::check_job(JobRecord& r, Runtime& rt, double now) {
+  switch (r.state) {
+    case JobState::Failing: check_failing(r, now); break;
+    case JobState::Requeueing: drive_intent(r, now); break;
+    case JobState::Pending:
+      if (now < rt.watch_until) check_pending(r, nullptr, now);
+      break;
+    case JobState::Running:
+    case JobState::Relaunching:
+      if (r.end_reported) {
+        bool failed = false;
+        auto slurm = load_job(r, now, failed);
+        if (!failed && slurm) check_running(r, *slurm, now);
+        r.end_reported = false;
+        mark_dirty(r, now);
+      }
+      break;
+    default: break;
+  }
+}
+
+// Drives the intent of every requeueing job whose next check is due.
+void Engine::start_decided_requeues(double now) {
   for (auto& [id, r] : jobs_) {
     if (r.state != JobState::Requeueing || now < runtime(id).next_check) continue;
     try {
@@ -221,8 +243,6 @@ void Engine::cycle(double now, bool force_reconcile) {
       log_error("job " + std::to_string(id) + ": internal error: " + e.what());
     }
   }
-  flush();
-  housekeeping(now);
 }
 
 // Prunes old history hourly and forgets finished jobs after an hour in memory (their records stay in the database).

@@ -92,12 +92,19 @@ class Engine {
 
   Verdict enqueue(std::shared_ptr<Request> request, double wait_s);
   std::vector<std::shared_ptr<Request>> take_fair_batch();
+  // The steps of cycle(), in its order; check_job is one due job's check.
+  void answer_requests(std::vector<std::shared_ptr<Request>>& requests, double now);
+  void check_due_jobs(double now);
+  void check_job(JobRecord& r, Runtime& rt, double now);
+  void start_decided_requeues(double now);
   Verdict handle(const Request& request, double now);
   Verdict handle_event(const Event& event, std::uint32_t uid, double now);
   void carry_out(JobRecord& r, const Event& e, std::uint32_t uid, const ckpt::recovery::EventEffects& fx, double now);
   void note_running_again(JobRecord& r, double now);
   void count_slow_node(const JobRecord& r, const ckpt::recovery::SlowNode& report, double now);
   Verdict handle_admin(const std::string& op, const std::string& arg, std::uint32_t uid, double now);
+  Verdict handle_release(const std::string& arg, std::uint32_t uid, double now);
+  Verdict handle_forget_node(const std::string& arg, std::uint32_t uid, double now);
   Verdict authorize(const Event& event, std::uint32_t uid, JobRecord* record, double now);
   void reject(const Event& event, std::uint32_t uid, const Verdict& why, bool job_exists, double now);
   // A job Slurm has under this id with another submit time is another job: the record starts afresh.
@@ -105,6 +112,8 @@ class Engine {
   std::optional<CheckpointView> checkpoint_view(JobRecord& r, double now);
 
   JobRecord* find(std::uint32_t job_id);
+  // find(), else the record stored in the database (loaded into memory); null when neither has it.
+  JobRecord* find_or_load(std::uint32_t job_id);
   JobRecord& get_or_create(std::uint32_t job_id, double now);
   Runtime& runtime(std::uint32_t job_id);
   void note(JobRecord& r, const std::string& kind, const std::string& text, double now);
@@ -114,6 +123,10 @@ class Engine {
 
   void start_probes(JobRecord& r, double now);
   void check_failing(JobRecord& r, double now);
+  // The probes' evidence, once they have answered; false while they run (the job is checked again shortly).
+  bool collect_probe_evidence(JobRecord& r, double now);
+  // Ends the run without the nodes where the survivors' lost peers hang; true when this check is over.
+  bool end_run_of_hung_ranks(JobRecord& r, const SlurmJob& s, const ckpt::recovery::LostNodes& lost, double now);
   void record_ending(JobRecord& r, Ending ending, const SlurmJob& s, const CheckpointView& ckpts, double now);
   // Leaves `nodes` out of the job's next runs for bad_node_ttl, for `reason` (empty: slurmd did not answer).
   void exclude_nodes(JobRecord& r, const std::vector<std::string>& nodes, double now, const std::string& reason = "");

@@ -151,68 +151,80 @@ Verdict Engine::handle_admin(const std::string& op, const std::string& arg, std:
   if (admin_uids_.count(uid) == 0 && trusted_uids_.count(uid) == 0) {
     return Verdict{403, "uid " + std::to_string(uid) + " may not " + op + " (admin_users)"};
   }
-  if (op == "release") {
-    auto id = ckpt::parse_uint(arg);
-    if (!id || *id == 0 || *id > 0xffffffffULL) return Verdict{400, "release: bad job id '" + arg + "'"};
-    JobRecord* r = find(static_cast<std::uint32_t>(*id));
-    if (r == nullptr) {
-      auto stored = db_.load_job(static_cast<std::uint32_t>(*id));
-      if (stored && *stored) {
-        jobs_[(*stored)->job_id] = **stored;
-        r = &jobs_[(*stored)->job_id];
-      }
-    }
-    if (r == nullptr) return Verdict{404, "job " + arg + " is not tracked"};
-    if (r->state != JobState::GaveUp) {
-      return Verdict{409, "job " + arg + " is " + rec::to_string(r->state) + "; only a job the controller gave up on "
-                          "can be released"};
-    }
-    auto slurm = backend_.load_job(r->job_id);
-    if (!slurm) return Verdict{503, slurm.error()};
-    if (!*slurm) return Verdict{404, "job " + arg + " is unknown to Slurm"};
-    const SlurmJob& s = **slurm;
-    const auto plan = rec::plan_release(*r, s, caps_.requeue, uid, now);
-    switch (plan.refusal) {
-      case rec::ReleasePlan::Refusal::Running: return Verdict{409, "job " + arg + " is running"};
-      case rec::ReleasePlan::Refusal::CannotRequeue:
-        return Verdict{409, std::string("the ") + backend_.name() + " backend cannot requeue a job"};
-      case rec::ReleasePlan::Refusal::None: break;
-    }
-    Intent i = plan.intent;
-    auto next = db_.next_id();
-    i.id = next ? *next : 0;
-    r->budget = plan.budget;
-    r->intent = i;
-    r->clock = rec::RecoveryClock{};
-    r->clock.failed = now;
-    r->clock.decided = now;
-    r->clock.path = "requeue";
-    transition(*r, JobState::Requeueing, i.reason + ": budget reset", now);
-    flush();
-    drive_intent(*r, now);
-    return Verdict{200, "job " + arg + " released"};
-  }
-  if (op == "forget-node") {
-    std::vector<std::string> jobs;
-    for (auto& [id, r] : jobs_) {
-      if (rec::forget_bad_node(r.bad_nodes, arg)) {
-        jobs.push_back(std::to_string(id));
-        note(r, "action", "node " + arg + " forgotten by uid " + std::to_string(uid), now);
-        mark_dirty(r, now);
-      }
-    }
-    std::string extra;
-    refresh_nodes(now, true);
-    auto node = nodes_.find(arg);
-    if (node != nodes_.end() && node->second.reason.rfind("ckpt-controller:", 0) == 0 && caps_.node_state &&
-        (node->second.drained || node->second.down)) {
-      auto s = backend_.resume_node(arg);
-      extra = s ? "; resumed in Slurm" : "; could not resume it: " + s.error();
-    }
-    log_info("node " + arg + " forgotten (jobs " + list(jobs) + ")" + extra);
-    return Verdict{200, "node " + arg + " forgotten by " + std::to_string(jobs.size()) + " jobs" + extra};
-  }
+  if (op == "release") return handle_release(arg, uid, now);
+  if (op == "forget-node") return handle_forget_node(arg, uid, now);
   return Verdict{400, "unknown request '" + op + "'"};
+}
+
+Engine::JobRecord* Engine::find_or_load(std::uint32_t job_id) {
+  JobRecord* r = find(job_id);
+  if (r == nullptr) {
+    auto stored = db_.load_job(job_id);
+    if (stored && *stored) {
+      jobs_[(*stored)->job_id] = **stored;
+      r = &jobs_[(*stored)->job_id];
+    }
+  }
+  return r;
+}
+
+// An admin's "release JOB": a job the controller gave up on is requeued with its budget reset.
+Verdict Engine::handle_release(const std::string& arg, std::uint32_t uid, double now) {
+  auto id = ckpt::parse_uint(arg);
+  if (!id || *id == 0 || *id > 0xffffffffULL) return Verdict{400, "release: bad job id '" + arg + "'"};
+  JobRecord* r = find_or_load(static_cast<std::uint32_t>(*id));
+  if (r == nullptr) return Verdict{404, "job " + arg + " is not tracked"};
+  if (r->state != JobState::GaveUp) {
+    return Verdict{409, "job " + arg + " is " + rec::to_string(r->state) + "; only a job the controller gave up on "
+                        "can be released"};
+  }
+  auto slurm = backend_.load_job(r->job_id);
+  if (!slurm) return Verdict{503, slurm.error()};
+  if (!*slurm) return Verdict{404, "job " + arg + " is unknown to Slurm"};
+  const SlurmJob& s = **slurm;
+  const auto plan = rec::plan_release(*r, s, caps_.requeue, uid, now);
+  switch (plan.refusal) {
+    case rec::ReleasePlan::Refusal::Running: return Verdict{409, "job " + arg + " is running"};
+    case rec::ReleasePlan::Refusal::CannotRequeue:
+      return Verdict{409, std::string("the ") + backend_.name() + " backend cannot requeue a job"};
+    case rec::ReleasePlan::Refusal::None: break;
+  }
+  Intent i = plan.intent;
+  auto next = db_.next_id();
+  i.id = next ? *next : 0;
+  r->budget = plan.budget;
+  r->intent = i;
+  r->clock = rec::RecoveryClock{};
+  r->clock.failed = now;
+  r->clock.decided = now;
+  r->clock.path = "requeue";
+  transition(*r, JobState::Requeueing, i.reason + ": budget reset", now);
+  flush();
+  drive_intent(*r, now);
+  return Verdict{200, "job " + arg + " released"};
+}
+
+// An admin's "forget-node NODE": no job excludes it any longer, and a node this controller drained or marked DOWN
+// is resumed in Slurm.
+Verdict Engine::handle_forget_node(const std::string& arg, std::uint32_t uid, double now) {
+  std::vector<std::string> jobs;
+  for (auto& [id, r] : jobs_) {
+    if (rec::forget_bad_node(r.bad_nodes, arg)) {
+      jobs.push_back(std::to_string(id));
+      note(r, "action", "node " + arg + " forgotten by uid " + std::to_string(uid), now);
+      mark_dirty(r, now);
+    }
+  }
+  std::string extra;
+  refresh_nodes(now, true);
+  auto node = nodes_.find(arg);
+  if (node != nodes_.end() && node->second.reason.rfind("ckpt-controller:", 0) == 0 && caps_.node_state &&
+      (node->second.drained || node->second.down)) {
+    auto s = backend_.resume_node(arg);
+    extra = s ? "; resumed in Slurm" : "; could not resume it: " + s.error();
+  }
+  log_info("node " + arg + " forgotten (jobs " + list(jobs) + ")" + extra);
+  return Verdict{200, "node " + arg + " forgotten by " + std::to_string(jobs.size()) + " jobs" + extra};
 }
 
 }  // namespace ckpt::controller

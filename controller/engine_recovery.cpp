@@ -46,50 +46,14 @@ void Engine::check_failing(JobRecord& r, double now) {
     check_running(r, s, now);  // Slurm requeued it meanwhile
     return;
   }
-  if (!rt.probe_done) {
-    if (!rt.probe_started) {
-      start_probes(r, now);
-      checkpoint_view(r, now);  // read the checkpoints while the probes run
-    }
-    if (rt.probe.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-      rt.next_check = now + 0.02;
-      return;
-    }
-    auto [evidence, summary] = rt.probe.get();
-    rt.evidence = evidence;
-    rt.probe_done = true;
-    const auto probed = rec::lost_nodes(rt.evidence, config_.down_hung_nodes, {});
-    std::vector<std::string> silent;
-    for (const auto& n : r.nodes) {
-      if (!contains(r.reporters, n)) silent.push_back(n);
-    }
-    note(r, "decision", "reports from " + list(r.reporters) + "; probed " + list(silent) + ": " + summary + "; dead " +
-                            list(probed.dead) + " (DOWN-worthy: " + list(probed.mark_down) + ")", now);
-  }
+  if (!rt.probe_done && !collect_probe_evidence(r, now)) return;
   const auto lost = rec::lost_nodes(rt.evidence, config_.down_hung_nodes, nodes_slurm_has_down(r.nodes));
   rec::EndingFacts facts;
   facts.slurm = s;
   facts.failures = r.failures;
   facts.dead_nodes = lost.dead;
   const auto ending = rec::ending_of_failure(r, facts, now);
-  if (!ending && rec::survivors_reported(r)) {
-    // Survivors said their peers were lost, yet the probed nodes live: the lost ranks may hang there, and then the
-    // step never ends by itself. Their record names the nodes (hung_nodes).
-    auto ckpts = checkpoint_view(r, now);
-    if (!ckpts) {
-      rt.next_check = now + 0.02;
-      return;
-    }
-    const auto hung = rec::hung_nodes(r, ckpts->peer_lost, lost.dead);
-    if (!hung.empty()) {
-      note(r, "decision", "the survivors lost the ranks on " + list(hung) + ", whose slurmd answers: hung there; " +
-                              "the run is ended and goes on without them (not marked DOWN)", now);
-      auto dead = lost.dead;
-      dead.insert(dead.end(), hung.begin(), hung.end());
-      decide(r, Ending::NodeFailure, s, dead, lost.mark_down, *ckpts, now, false, hung);
-      return;
-    }
-  }
+  if (!ending && rec::survivors_reported(r) && end_run_of_hung_ranks(r, s, lost, now)) return;
   if (!ending) {
     // Ranks failed on live nodes and Slurm still runs the job: its script decides. Look again soon; the
     // batch step's end is reported by the plugin and brings the check forward.
@@ -102,6 +66,50 @@ void Engine::check_failing(JobRecord& r, double now) {
     return;
   }
   decide(r, *ending, s, lost.dead, lost.mark_down, *ckpts, now, false);
+}
+
+// Starts the probes of the failure's silent nodes (and the checkpoint read beside them) on the first call; once
+// they have answered, keeps their evidence and notes what they found. False while they are still running.
+bool Engine::collect_probe_evidence(JobRecord& r, double now) {
+  Runtime& rt = runtime(r.job_id);
+  if (!rt.probe_started) {
+    start_probes(r, now);
+    checkpoint_view(r, now);  // read the checkpoints while the probes run
+  }
+  if (rt.probe.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    rt.next_check = now + 0.02;
+    return false;
+  }
+  auto [evidence, summary] = rt.probe.get();
+  rt.evidence = evidence;
+  rt.probe_done = true;
+  const auto probed = rec::lost_nodes(rt.evidence, config_.down_hung_nodes, {});
+  std::vector<std::string> silent;
+  for (const auto& n : r.nodes) {
+    if (!contains(r.reporters, n)) silent.push_back(n);
+  }
+  note(r, "decision", "reports from " + list(r.reporters) + "; probed " + list(silent) + ": " + summary + "; dead " +
+                          list(probed.dead) + " (DOWN-worthy: " + list(probed.mark_down) + ")", now);
+  return true;
+}
+
+// Survivors said their peers were lost, yet the probed nodes live: the lost ranks may hang there, and then the
+// step never ends by itself. Their record names the nodes (hung_nodes). True when this check is over: the run was
+// ended without those nodes, or the checkpoints are still being read.
+bool Engine::end_run_of_hung_ranks(JobRecord& r, const SlurmJob& s, const rec::LostNodes& lost, double now) {
+  auto ckpts = checkpoint_view(r, now);
+  if (!ckpts) {
+    runtime(r.job_id).next_check = now + 0.02;
+    return true;
+  }
+  const auto hung = rec::hung_nodes(r, ckpts->peer_lost, lost.dead);
+  if (hung.empty()) return false;
+  note(r, "decision", "the survivors lost the ranks on " + list(hung) + ", whose slurmd answers: hung there; " +
+                          "the run is ended and goes on without them (not marked DOWN)", now);
+  auto dead = lost.dead;
+  dead.insert(dead.end(), hung.begin(), hung.end());
+  decide(r, Ending::NodeFailure, s, dead, lost.mark_down, *ckpts, now, false, hung);
+  return true;
 }
 
 // Probes the job's nodes that did not report (probe.hpp), off the engine's thread.

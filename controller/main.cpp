@@ -88,25 +88,53 @@ void sd_notify_ready() {
   close(fd);
 }
 
-int run_daemon(const rec::ControllerConfig& cfg) {
-  set_log_level(cfg.log_level);
-  // Block the stop signals in every thread; one thread waits for them.
+// Blocks the stop signals in this thread and so in every thread it starts; one thread waits for them.
+sigset_t block_stop_signals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
+
+// The config's backend: slurmrestd (with its token) or libslurm.
+ckpt::Result<std::unique_ptr<SlurmBackend>> make_backend(const rec::ControllerConfig& cfg) {
+  if (cfg.backend == "rest") {
+    auto token = read_token(cfg);
+    if (!token) return ckpt::Error{token.error()};
+    return make_rest_backend(RestSettings{cfg.rest_url, cfg.rest_user, *token, 5, cfg.rest_token_file});
+  }
+  return make_libslurm_backend();
+}
+
+// Runs the engine's cycles until a stop signal, then stops the intake.
+void serve_until_stopped(Engine& engine, Server& server, SpoolWatcher& spool, const sigset_t& stop_signals) {
+  std::atomic<bool> stop{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    log_info(std::string("stopping on ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT"));
+    stop = true;
+    engine.wake();
+  });
+  sd_notify_ready();
+  engine.run(stop);
+  server.stop();
+  spool.stop();
+  if (waiter.joinable()) waiter.join();
+  log_info("stopped");
+}
+
+int run_daemon(const rec::ControllerConfig& cfg) {
+  set_log_level(cfg.log_level);
+  const sigset_t stop_signals = block_stop_signals();
   signal(SIGPIPE, SIG_IGN);
 
   set_checkpoint_reader("/proc/self/exe");
-  std::unique_ptr<SlurmBackend> backend;
-  if (cfg.backend == "rest") {
-    auto token = read_token(cfg);
-    if (!token) return fail(token.error(), 2);
-    backend = make_rest_backend(RestSettings{cfg.rest_url, cfg.rest_user, *token, 5, cfg.rest_token_file});
-  } else {
-    backend = make_libslurm_backend();
-  }
+  auto made = make_backend(cfg);
+  if (!made) return fail(made.error(), 2);
+  std::unique_ptr<SlurmBackend> backend = std::move(made).value();
   auto db = Database::open(cfg.database);
   if (!db) return fail(db.error(), 2);
   Metrics metrics;
@@ -133,21 +161,7 @@ int run_daemon(const rec::ControllerConfig& cfg) {
   log_info(std::string("running: backend ") + backend->name() + ", listen " + cfg.listen +
            (cfg.spool_dir.empty() ? "" : ", spool " + cfg.spool_dir) + ", database " + cfg.database +
            (cfg.webhook_url.empty() ? "" : ", alerts to " + cfg.webhook_url));
-
-  std::atomic<bool> stop{false};
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    log_info(std::string("stopping on ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT"));
-    stop = true;
-    engine.wake();
-  });
-  sd_notify_ready();
-  engine.run(stop);
-  server.stop();
-  spool.stop();
-  if (waiter.joinable()) waiter.join();
-  log_info("stopped");
+  serve_until_stopped(engine, server, spool, stop_signals);
   return 0;
 }
 

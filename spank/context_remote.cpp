@@ -190,6 +190,87 @@ void export_env(spank_t sp, const std::string& name, const std::string& value) {
   if (spank_setenv(sp, name.c_str(), value.c_str(), 1) != ESPANK_SUCCESS) log_error("cannot export " + name);
 }
 
+// What Slurm says of the job and this step besides the job's ids; each keeps its default when Slurm has none.
+struct StepFacts {
+  std::uint32_t nnodes = 1;
+  std::uint32_t restarts = 0;
+  std::uint32_t array_id = 0;
+  std::uint32_t array_task = 0;
+  std::uint32_t step_id = 0;
+};
+
+// Reads the job's ids and the step's facts from Slurm; false when the ids cannot be read. The batch step adopts
+// its script's orphans on the way (adopt_orphans_under_linuxproc).
+bool read_step(spank_t sp, JobIds& ids, StepFacts& step) {
+  if (spank_get_item(sp, S_JOB_UID, &ids.uid) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_GID, &ids.gid) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_ID, &ids.job_id) != ESPANK_SUCCESS) {
+    return false;
+  }
+  ids.groups = job_groups(sp);
+  spank_get_item(sp, S_JOB_NNODES, &step.nnodes);
+  if (spank_get_item(sp, S_JOB_STEPID, &step.step_id) == ESPANK_SUCCESS && step.step_id == ckpt::recovery::kBatchStep) {
+    adopt_orphans_under_linuxproc();
+  }
+  spank_get_item(sp, S_SLURM_RESTART_COUNT, &step.restarts);
+  spank_get_item(sp, S_JOB_STEPID, &step.step_id);
+  if (spank_get_item(sp, S_JOB_ARRAY_ID, &step.array_id) == ESPANK_SUCCESS && step.array_id != 0) {
+    spank_get_item(sp, S_JOB_ARRAY_TASK_ID, &step.array_task);
+  }
+  return true;
+}
+
+// The job as --ckpt-dir's expansion sees it.
+ckpt::JobContext job_context(spank_t sp, const JobIds& ids, const StepFacts& step) {
+  ckpt::JobContext job;
+  job.user = user_name(ids.uid);
+  job.job_id = std::to_string(ids.job_id);
+  job.job_name = job_getenv(sp, "SLURM_JOB_NAME");
+  job.array_task_id = step.array_id != 0 ? std::to_string(step.array_task) : "";
+  job.node_count = step.nnodes;
+  return job;
+}
+
+// The site's recovery controller, as the job's tasks and ckpt-run need it.
+void export_controller_env(spank_t sp, const ckpt::SitePolicy& policy) {
+  // Who continues a job stopped at its time limit: the site's recovery controller, or the job itself.
+  export_env(sp, ckpt::env::name_of("requeue"), policy.controller.empty() ? "self" : "controller");
+  // ckpt-run asks the site's controller, never one it guesses (a port on the node's loopback anyone may bind).
+  if (ckpt::controller_is_url(policy.controller)) {
+    export_env(sp, ckpt::env::name_of("controller_url"), policy.controller);
+    if (const std::string socket = munge_socket(); !socket.empty()) {
+      export_env(sp, ckpt::env::name_of("munge_socket"), socket);
+    }
+  }
+}
+
+// The run's restart count, the end of the job's time limit and Slurm's KillWait.
+void export_time_env(spank_t sp, std::uint32_t job_id, std::uint32_t restarts) {
+  // Steps of a requeued batch job report a restart count of 0; the job's environment has the real one.
+  if (auto count = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); count && *count > restarts) {
+    restarts = static_cast<std::uint32_t>(*count);
+  }
+  export_env(sp, ckpt::env::name_of("restart_count"), std::to_string(restarts));
+  if (std::time_t end = job_end_time(job_id); end > 0) {
+    export_env(sp, ckpt::env::name_of("end_time"), std::to_string(end));
+  }
+  if (unsigned wait = kill_wait_s(); wait > 0) export_env(sp, ckpt::env::name_of("kill_wait"), std::to_string(wait) + "s");
+}
+
+// Logs how the checkpoint to resume from was chosen, and exports it (or clears it when there is none).
+void export_resume_env(spank_t sp, std::uint32_t job_id, std::uint32_t step_id,
+                       const ckpt::store::ResumeChoice& resume) {
+  for (const auto& line : resume.log) slurm_info("ckpt: job %u.%u: %s", job_id, step_id, line.c_str());
+  if (resume.step) {
+    export_env(sp, ckpt::env::name_of("resume_step"), std::to_string(*resume.step));
+    export_env(sp, ckpt::env::name_of("resume_path"), resume.path);
+  } else {
+    // A stale value from the submitting shell must not make a fresh job resume.
+    spank_unsetenv(sp, ckpt::env::name_of("resume_step").c_str());
+    spank_unsetenv(sp, ckpt::env::name_of("resume_path").c_str());
+  }
+}
+
 }  // namespace
 
 // A failure here is never returned to Slurm: slurmstepd would fail the launch and, for a batch step, slurmctld
@@ -202,29 +283,9 @@ int remote_user_init(spank_t sp) {
   if (!ckpt::checkpointing_enabled(state.user, state.policy)) return 0;  // pays nothing
 
   JobIds ids;
-  std::uint32_t nnodes = 1, restarts = 0, array_id = 0, array_task = 0, step_id = 0;
-  if (spank_get_item(sp, S_JOB_UID, &ids.uid) != ESPANK_SUCCESS ||
-      spank_get_item(sp, S_JOB_GID, &ids.gid) != ESPANK_SUCCESS ||
-      spank_get_item(sp, S_JOB_ID, &ids.job_id) != ESPANK_SUCCESS) {
-    return fail_tasks("cannot read the job's ids");
-  }
-  ids.groups = job_groups(sp);
-  spank_get_item(sp, S_JOB_NNODES, &nnodes);
-  if (spank_get_item(sp, S_JOB_STEPID, &step_id) == ESPANK_SUCCESS && step_id == ckpt::recovery::kBatchStep) {
-    adopt_orphans_under_linuxproc();
-  }
-  spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts);
-  spank_get_item(sp, S_JOB_STEPID, &step_id);
-  if (spank_get_item(sp, S_JOB_ARRAY_ID, &array_id) == ESPANK_SUCCESS && array_id != 0) {
-    spank_get_item(sp, S_JOB_ARRAY_TASK_ID, &array_task);
-  }
-
-  ckpt::JobContext job;
-  job.user = user_name(ids.uid);
-  job.job_id = std::to_string(ids.job_id);
-  job.job_name = job_getenv(sp, "SLURM_JOB_NAME");
-  job.array_task_id = array_id != 0 ? std::to_string(array_task) : "";
-  job.node_count = nnodes;
+  StepFacts step;
+  if (!read_step(sp, ids, step)) return fail_tasks("cannot read the job's ids");
+  const ckpt::JobContext job = job_context(sp, ids, step);
   auto settings = ckpt::resolve_settings(state.user, state.policy, job);
   if (!settings) return fail_tasks(settings.error());
 
@@ -235,34 +296,9 @@ int remote_user_init(spank_t sp) {
   for (const auto& [name, value] : ckpt::settings_environment(*settings)) export_env(sp, name, value);
   export_env(sp, ckpt::env::name_of("job_id"), job.job_id);
   export_env(sp, ckpt::env::name_of("trusted_dirs"), ckpt::join_trusted_prefixes(trusted));
-  // Who continues a job stopped at its time limit: the site's recovery controller, or the job itself.
-  export_env(sp, ckpt::env::name_of("requeue"), state.policy.controller.empty() ? "self" : "controller");
-  // ckpt-run asks the site's controller, never one it guesses (a port on the node's loopback anyone may bind).
-  if (ckpt::controller_is_url(state.policy.controller)) {
-    export_env(sp, ckpt::env::name_of("controller_url"), state.policy.controller);
-    if (const std::string socket = munge_socket(); !socket.empty()) {
-      export_env(sp, ckpt::env::name_of("munge_socket"), socket);
-    }
-  }
-  // Steps of a requeued batch job report a restart count of 0; the job's environment has the real one.
-  if (auto count = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); count && *count > restarts) {
-    restarts = static_cast<std::uint32_t>(*count);
-  }
-  export_env(sp, ckpt::env::name_of("restart_count"), std::to_string(restarts));
-  if (std::time_t end = job_end_time(ids.job_id); end > 0) {
-    export_env(sp, ckpt::env::name_of("end_time"), std::to_string(end));
-  }
-  if (unsigned wait = kill_wait_s(); wait > 0) export_env(sp, ckpt::env::name_of("kill_wait"), std::to_string(wait) + "s");
-
-  for (const auto& line : report.resume.log) slurm_info("ckpt: job %u.%u: %s", ids.job_id, step_id, line.c_str());
-  if (report.resume.step) {
-    export_env(sp, ckpt::env::name_of("resume_step"), std::to_string(*report.resume.step));
-    export_env(sp, ckpt::env::name_of("resume_path"), report.resume.path);
-  } else {
-    // A stale value from the submitting shell must not make a fresh job resume.
-    spank_unsetenv(sp, ckpt::env::name_of("resume_step").c_str());
-    spank_unsetenv(sp, ckpt::env::name_of("resume_path").c_str());
-  }
+  export_controller_env(sp, state.policy);
+  export_time_env(sp, ids.job_id, step.restarts);
+  export_resume_env(sp, ids.job_id, step.step_id, report.resume);
   report_job_start(sp, *settings);
   return 0;
 }
