@@ -51,13 +51,7 @@ void Engine::check_reuse(JobRecord& r, const SlurmJob& s, double now) {
 }
 
 Verdict Engine::handle_event(const Event& e, std::uint32_t uid, double now) {
-  JobRecord* existing = find(e.job_id);
-  if (existing == nullptr) {
-    if (auto stored = db_.load_job(e.job_id); stored && *stored) {
-      jobs_[e.job_id] = **stored;
-      existing = &jobs_[e.job_id];
-    }
-  }
+  JobRecord* existing = find_or_load(e.job_id);
   // A finished record, or one without a submit time, may be of an older job with the same id: ask Slurm (at
   // most every 5 s per job) before the owner or anything else of the record is believed.
   if (existing != nullptr && (rec::is_terminal(existing->state) || existing->submit_time <= 0) &&

@@ -15,13 +15,7 @@ SRC=${CKPT_SOURCE_DIR:?}
 source "$SRC/tests/integration/torch_lib.sh"
 have_torch || { echo "test_torch_relayout: needs python3-torch and a built slurm_ckpt" >&2; exit 1; }
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+ranks_scratch  # $work, and `pids` killed at exit
 fail() { echo "test_torch_relayout: $*" >&2; exit 1; }
 
 # run NAME WORLD TP STEPS: train_dp_tp.py on WORLD local ranks from $work/NAME/ckpt; every rank must exit 0.

@@ -13,13 +13,7 @@ have_torch || { echo "test_torch_resume: needs python3-torch and a built slurm_c
 
 STEPS=60
 INTERVAL=10
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+ranks_scratch  # $work, and `pids` killed at exit
 
 
 # launch NAME PROGRAM [args...]: starts ranks 0..WORLD-1 (2) of PROGRAM in the background, each logging to

@@ -3,6 +3,14 @@
 PY=${CKPT_PYTHON:-/usr/bin/python3}
 export PYTHONPATH=$CKPT_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}
 
+# A test that starts local ranks: a scratch dir in $work, removed at exit, and every rank still listed in `pids`
+# killed first (a failed check must not leave training processes behind).
+ranks_scratch() {
+  work=$(mktemp -d)
+  pids=()
+  trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+}
+
 # True when torch and the built slurm_ckpt import.
 have_torch() { "$PY" -c 'import torch, slurm_ckpt.torch'; }
 
