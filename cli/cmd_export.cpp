@@ -117,13 +117,9 @@ class Copier {
 Status join_tensor(const std::string& dir, const store::Manifest& manifest, const weights::Tensor& t,
                    const Placement& p, const std::string& what, std::uint64_t& bytes_read) {
   std::vector<std::byte> whole(static_cast<std::size_t>(t.length)), block;
-  for (const store::BlockRead& b : t.blocks) {
-    block.resize(static_cast<std::size_t>(b.range.length));
-    store::ShardRead read = store::read_range(dir, manifest.step, manifest.shards[b.shard], b.range, block.data());
-    bytes_read += read.bytes;
-    if (!read.status) return read.status;
-    store::copy_box(b, block.data(), *t.whole, whole.data(), t.dtype->size);
-  }
+  store::ShardRead read = store::read_block(dir, manifest, t.blocks, t.whole, t.dtype->size, whole.data(), block);
+  bytes_read += read.bytes;
+  if (!read.status) return read.status;
   const char* bytes = reinterpret_cast<const char*>(whole.data());
   if (Status s = write_at(p.fd, bytes, whole.size(), p.at, what); !s) return s;
   if (p.entry != nullptr) {

@@ -135,21 +135,16 @@ Status Checkpointer::Impl::load_relayout(const std::string& root, const store::M
   auto pieces = store::plan_relayout(m, declared, rank);
   if (!pieces) return Status::failure(at + pieces.error());
   restored.clear();
-  std::vector<std::byte> saved;  // one saved range, read whole to check it, when only a box of it is wanted
+  std::vector<std::byte> scratch;  // one saved range, read whole to check it, when only a box of it is wanted
   std::uint64_t bytes = 0, joined = 0;
   for (const store::RelayoutPiece& piece : *pieces) {
     std::vector<std::byte>& into = reshard_ranges.emplace_back(static_cast<std::size_t>(piece.bytes));
-    for (const store::BlockRead& r : piece.reads) {
-      const bool whole = !piece.want || (r.saved.offset == piece.want->offset && r.saved.shape == piece.want->shape);
-      if (!whole) saved.resize(static_cast<std::size_t>(r.range.length));
-      store::ShardRead read = store::read_range(root, m.step, m.shards[r.shard], r.range,
-                                                whole ? into.data() : saved.data());
-      if (!read.status) {
-        definite = read.definite;
-        return Status::failure(read.status.error());
-      }
-      bytes += read.bytes;
-      if (!whole) store::copy_box(r, saved.data(), *piece.want, into.data(), piece.element_size);
+    store::ShardRead read =
+        store::read_block(root, m, piece.reads, piece.want, piece.element_size, into.data(), scratch);
+    bytes += read.bytes;
+    if (!read.status) {
+      definite = read.definite;
+      return Status::failure(read.status.error());
     }
     joined += piece.want && piece.reads.size() > 1 ? 1 : 0;
     restored.push_back({piece.name, piece.meta.dump(), into.data(), into.size()});

@@ -433,6 +433,14 @@ ShardRead read_shard(const std::string& root, std::uint64_t step, const ShardRec
 ShardRead read_range(const std::string& root, std::uint64_t step, const ShardRecord& record, const StateRange& range,
                      void* dest, const ShardReadOptions& options = {});
 
+// Assembles a planned block (a RelayoutPiece's `reads`, for the wanted block `want`) into `into`: each saved range
+// read whole and checked against its own checksum, straight into `into` when it is the wanted block itself, else
+// into `scratch` and its box copied over (copy_box). A blob (`want` nullopt) is its one range as it lies. Stops at
+// the first failed read; `bytes` counts what was read.
+ShardRead read_block(const std::string& root, const Manifest& manifest, const std::vector<BlockRead>& reads,
+                     const std::optional<TensorChunk>& want, std::uint64_t element_size, std::byte* into,
+                     std::vector<std::byte>& scratch);
+
 // Reads `record`'s shard of `step` in file order through `sink`, in chunks of at most 8 MiB (their offset in the
 // file, their bytes), with the size and checksum checks of read_shard: the sink sees every byte once, and only a
 // success says they were the checkpoint's. A sink that returns false ends the read (a failure, not definite).

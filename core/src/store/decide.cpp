@@ -164,6 +164,12 @@ namespace ckpt::store {
 
 namespace {
 
+// A range name under one of the partition prefixes ("optim/<index>/"); an empty prefix names nothing.
+bool named_by_any(const std::string& name, const std::vector<std::string>& prefixes) {
+  return std::any_of(prefixes.begin(), prefixes.end(),
+                     [&](const std::string& p) { return !p.empty() && name.compare(0, p.size(), p) == 0; });
+}
+
 // Last words: only survivors wrote, each state key once; a rank loads the shard that covers its keys. Onto another
 // world size (pure data parallelism: a job that shrank in place), the keys of the replica `source` it takes.
 Result<int> covering_shard(const Manifest& m, bool same_world, int source, const Layout& layout,
@@ -244,9 +250,7 @@ std::vector<std::size_t> replica_ranges(const ShardRecord& record, const std::ve
   for (std::size_t i = 0; i < record.states.size(); ++i) {
     const StateRange& range = record.states[i];
     const bool partition = range.meta.is_object() && range.meta.value("replica_group", nlohmann::json()) == "rank";
-    const bool wanted = std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) {
-      return !p.empty() && range.name.compare(0, p.size(), p) == 0;
-    });
+    const bool wanted = named_by_any(range.name, prefixes);
     if (!partition || wanted) out.push_back(i);
   }
   return out;
@@ -260,9 +264,7 @@ Result<std::vector<std::pair<std::size_t, StateRange>>> locate_ranges(const Mani
   for (std::size_t i = 0; i < manifest.shards.size(); ++i) {
     if (skip && *skip == i) continue;
     for (const StateRange& range : manifest.shards[i].states) {
-      const bool wanted = std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) {
-        return !p.empty() && range.name.compare(0, p.size(), p) == 0;
-      });
+      const bool wanted = named_by_any(range.name, prefixes);
       if (!wanted) continue;
       if (auto [it, fresh] = seen.emplace(range.name, i); !fresh) {
         return Error{"range '" + range.name + "' is in " + manifest.shards[it->second].file + " and " +

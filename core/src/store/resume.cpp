@@ -381,6 +381,26 @@ ShardRead read_range(const std::string& root, std::uint64_t step, const ShardRec
   return read_shard_to(root, step, record, dest, nullptr, options, &range);
 }
 
+ShardRead read_block(const std::string& root, const Manifest& manifest, const std::vector<BlockRead>& reads,
+                     const std::optional<TensorChunk>& want, std::uint64_t element_size, std::byte* into,
+                     std::vector<std::byte>& scratch) {
+  ShardRead total;
+  for (const BlockRead& r : reads) {
+    const bool whole = !want || (r.saved.offset == want->offset && r.saved.shape == want->shape);
+    if (!whole) scratch.resize(static_cast<std::size_t>(r.range.length));
+    ShardRead read = read_range(root, manifest.step, manifest.shards[r.shard], r.range, whole ? into : scratch.data());
+    total.bytes += read.bytes;
+    total.retries += read.retries;
+    if (!read.status) {
+      total.status = read.status;
+      total.definite = read.definite;
+      return total;
+    }
+    if (!whole) copy_box(r, scratch.data(), *want, into, element_size);
+  }
+  return total;
+}
+
 std::vector<std::optional<std::size_t>> match_live_ranges(const ShardRecord& record,
                                                           const std::vector<LiveRange>& live) {
   std::map<std::string_view, std::optional<std::size_t>> by_name;  // nullopt: the name comes twice
