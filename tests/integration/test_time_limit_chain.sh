@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # A training longer than its time limit runs as a chain of allocations: at the limit the ranks take a terminal
 # checkpoint and the next allocation resumes from it. With the recovery controller, the controller requeues the job
-# at once and records each stop; without one, the job requeues itself (CKPT_REQUEUE=self). The final weights must
-# be bitwise identical to an uninterrupted run's. A job that finishes is not requeued, and neither is one the user
-# cancels.
+# at once and records each stop; without one, the job requeues itself (CKPT_REQUEUE=self). Both chains' final
+# weights must be bitwise identical to an uninterrupted run's. A job that finishes is not requeued, and neither is
+# one the user cancels.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/torch_lib.sh"
 source "$(dirname "$0")/controller_lib.sh"
 trap controller_down EXIT
 have_torch || fail "needs python3-torch and a built slurm_ckpt"
 "$CLUSTER" up > /dev/null
-STEPS=1000
-ARGS="--steps $STEPS --step-sleep 0.01 --log-every 100"
+# The same training everywhere. The chains sleep 0.15 s a step: 45 s of sleep alone outlast a one-minute allocation
+# less its 20 s grace, so each needs a second allocation even on a fast host, and rarely a third on a loaded one.
+STEPS=300
+ARGS="--steps $STEPS --log-every 50"
+CHAIN_SLEEP=0.15
 
 job_field() { scontrol show job "$1" 2>/dev/null | sed -n "s/.*[[:space:]]$2=\([^ ]*\).*/\1/p" | sed -n 1p; }
 wait_state() {  # JOB REGEX TIMEOUT
@@ -29,10 +32,9 @@ wait_state() {  # JOB REGEX TIMEOUT
 # its own; running them in pairs halves the time the four one-minute allocations and Slurm's waits take.
 
 # The uninterrupted reference: the same training with room to finish. It ends COMPLETED and is never requeued.
-# (-t 10: its 1000 steps took over 3 minutes once on the loaded 2-core CI host, and a 5-minute limit less the 2-minute
-# grace stopped it at the time limit.)
+# (-t 10: the loaded 2-core CI host once took over 3 minutes for 1000 steps.)
 write_train_sbatch "$SCRATCH/ref.sh" "-N2 -n2 -t 10 -o $SCRATCH/ref.out --ckpt-dir=$SCRATCH/ref/ckpt --ckpt-interval=1h" \
-  train_ddp.py $ARGS --out "$SCRATCH/ref/final.bin"
+  train_ddp.py $ARGS --step-sleep 0.01 --out "$SCRATCH/ref/final.bin"
 mkdir -p "$SCRATCH/ref"
 ref=$(sbatch --parsable "$SCRATCH/ref.sh")
 
@@ -41,7 +43,7 @@ ref=$(sbatch --parsable "$SCRATCH/ref.sh")
 # once, as the controller would, and checks that the new run resumes from the terminal checkpoint and finishes.
 write_train_sbatch "$SCRATCH/chain.sh" \
   "-N2 -n2 -t 1 -o $SCRATCH/chain.out --ckpt-dir=$SCRATCH/chain/ckpt --ckpt-interval=1h --ckpt-grace=20s" \
-  train_ddp.py --steps 500 --step-sleep 0.05 --log-every 100 --out "$SCRATCH/chain/final.bin"
+  train_ddp.py $ARGS --step-sleep "$CHAIN_SLEEP" --out "$SCRATCH/chain/final.bin"
 mkdir -p "$SCRATCH/chain"
 chain=$(sbatch --parsable "$SCRATCH/chain.sh")
 
@@ -73,8 +75,9 @@ done
 stop=$(sed -n 's/.*time-limit stop at step \([0-9]*\): the job requeues itself.*/\1/p' "$SCRATCH/chain.out" | head -1)
 [ -n "$stop" ] || fail "no time-limit stop logged"
 assert_contains "$SCRATCH/chain.out" "train_ddp: resumed from step $stop"
-assert_contains "$SCRATCH/chain.out" "train_ddp: step 500 "
-pass "without a controller: the job requeued itself at step $stop, and its next run resumed there and finished"
+assert_contains "$SCRATCH/chain.out" "train_ddp: step $STEPS "
+cmp "$SCRATCH/ref/final.bin" "$SCRATCH/chain/final.bin" || fail "the self-requeued chain ended with other weights"
+pass "without a controller: the job requeued itself at step $stop, and its next run resumed there and finished with the uninterrupted run's weights"
 
 # The chain under the recovery controller, a one-minute limit with 20 s of grace for the terminal checkpoint: the
 # controller reads each run's record and requeues the job at once.
@@ -82,18 +85,18 @@ PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 70 ))
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 write_train_sbatch "$SCRATCH/ctl.sh" \
   "-N2 -n2 -t 1 -o $SCRATCH/ctl.out --ckpt-dir=$SCRATCH/ctl/ckpt --ckpt-interval=1h --ckpt-grace=20s" \
-  train_ddp.py $ARGS --out "$SCRATCH/ctl/final.bin"
+  train_ddp.py $ARGS --step-sleep "$CHAIN_SLEEP" --out "$SCRATCH/ctl/final.bin"
 mkdir -p "$SCRATCH/ctl"
 ctl=$(sbatch --parsable "$SCRATCH/ctl.sh")
 
 # A user's scancel, with the controller watching: the ranks take their terminal checkpoint on SIGTERM, and the job
 # stays cancelled.
 write_train_sbatch "$SCRATCH/cancel.sh" "-N2 -n2 -t 5 -o $SCRATCH/cancel.out --ckpt-dir=$SCRATCH/cancel/ckpt --ckpt-interval=1h" \
-  train_ddp.py $ARGS --out "$SCRATCH/cancel/final.bin"
+  train_ddp.py $ARGS --step-sleep "$CHAIN_SLEEP" --out "$SCRATCH/cancel/final.bin"
 cancel=$(sbatch --parsable "$SCRATCH/cancel.sh")
 
-for _ in $(seq 240); do grep -q "train_ddp: step 200" "$SCRATCH/cancel.out" 2>/dev/null && break; sleep 0.25; done
-assert_contains "$SCRATCH/cancel.out" "train_ddp: step 200"
+for _ in $(seq 480); do grep -q "train_ddp: step 100" "$SCRATCH/cancel.out" 2>/dev/null && break; sleep 0.25; done
+assert_contains "$SCRATCH/cancel.out" "train_ddp: step 100"
 scancel "$cancel"
 wait_state "$cancel" 'CANCELLED|COMPLETED|FAILED' 60
 sleep 5
