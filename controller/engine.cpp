@@ -77,7 +77,7 @@ Verdict Engine::submit(const Event& event, std::uint32_t cred_uid, double wait_s
   // The plugin signs every job's events as root: its share is the job's owner, as it names them. Anyone else's is
   // their own uid, whatever their events claim.
   request->share = trusted_uids_.count(cred_uid) != 0 ? event.uid : cred_uid;
-  return enqueue(request, wait_s);
+  return intake_.submit(request, wait_s);
 }
 
 Verdict Engine::admin(const std::string& op, const std::string& arg, std::uint32_t cred_uid, double wait_s) {
@@ -87,43 +87,16 @@ Verdict Engine::admin(const std::string& op, const std::string& arg, std::uint32
   request->arg = arg;
   request->uid = cred_uid;
   request->share = cred_uid;
-  return enqueue(request, wait_s);
+  return intake_.submit(request, wait_s);
 }
 
-Verdict Engine::enqueue(std::shared_ptr<Request> request, double wait_s) {
-  auto future = request->promise.get_future();
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    if (queue_.size() >= kQueuedMax) return Verdict{503, "the controller's queue is full"};
-    std::size_t& mine = queued_by_user_[request->share];
-    if (mine >= kPerUserQueued) {
-      return Verdict{503, "uid " + std::to_string(request->share) + " has " + std::to_string(mine) +
-                              " requests waiting already; try again"};
-    }
-    // A user whose requests queue up gets no verdict to wait for: the intake's workers go on to the others.
-    if (mine >= kMinSharePerCycle) wait_s = 0;
-    ++mine;
-    queue_.push_back(std::move(request));
-  }
-  queue_cv_.notify_one();
-  if (wait_s <= 0) return Verdict{202, "queued"};
-  if (future.wait_for(std::chrono::duration<double>(wait_s)) != std::future_status::ready) {
-    return Verdict{202, "queued"};
-  }
-  return future.get();
-}
+void Engine::wake() { intake_.wake(); }
 
-void Engine::wake() { queue_cv_.notify_one(); }
-
-std::size_t Engine::queued() const {
-  std::lock_guard<std::mutex> lock(queue_mutex_);
-  return queue_.size();
-}
+std::size_t Engine::queued() const { return intake_.size(); }
 
 void Engine::run(const std::atomic<bool>& stop) {
   while (!stop.load()) {
     cycle(unix_seconds());
-    std::unique_lock<std::mutex> lock(queue_mutex_);
     // Short cycles while anything is in flight; otherwise sleep until the next reconciliation or a request.
     double wait = config_.reconcile_s;
     {
@@ -136,35 +109,12 @@ void Engine::run(const std::atomic<bool>& stop) {
         }
       }
     }
-    queue_cv_.wait_for(lock, std::chrono::duration<double>(wait), [&] { return !queue_.empty() || stop.load(); });
+    intake_.wait(wait, stop);
   }
-}
-
-// This cycle's fair share of the queue (fair_batch), taken out of it in arrival order.
-std::vector<std::shared_ptr<Engine::Request>> Engine::take_fair_batch() {
-  std::lock_guard<std::mutex> lock(queue_mutex_);
-  std::vector<std::uint32_t> users;
-  users.reserve(queue_.size());
-  for (const auto& r : queue_) users.push_back(r->share);
-  const auto take = rec::fair_batch(users, kBatchPerCycle, kMinSharePerCycle);
-  std::vector<std::shared_ptr<Request>> batch;
-  std::deque<std::shared_ptr<Request>> rest;
-  std::size_t next = 0;
-  for (std::size_t i = 0; i < queue_.size(); ++i) {
-    if (next < take.size() && take[next] == i) {
-      ++next;
-      if (--queued_by_user_[queue_[i]->share] == 0) queued_by_user_.erase(queue_[i]->share);
-      batch.push_back(std::move(queue_[i]));
-    } else {
-      rest.push_back(std::move(queue_[i]));
-    }
-  }
-  queue_.swap(rest);
-  return batch;
 }
 
 void Engine::cycle(double now, bool force_reconcile) {
-  auto requests = take_fair_batch();
+  auto requests = intake_.take_batch();
   std::lock_guard<std::mutex> lock(mutex_);
   answer_requests(requests, now);
   if (force_reconcile || now >= next_reconcile_) {

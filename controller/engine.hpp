@@ -5,10 +5,7 @@
 // step of it is idempotent against Slurm's restart count, so a controller killed at any point and restarted
 // carries the recovery on and never requeues twice.
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,6 +22,7 @@
 #include "ckpt/recovery.hpp"
 #include "ckpt/recovery_plan.hpp"
 #include "db.hpp"
+#include "intake.hpp"
 #include "observe.hpp"
 #include "probe.hpp"
 
@@ -32,12 +30,6 @@ namespace ckpt::controller {
 
 using ckpt::recovery::ControllerConfig;
 using ckpt::recovery::Event;
-
-struct Verdict {
-  int http_status = 202;   // 202 accepted, 200 done, 400 bad request, 403 refused, 404 unknown, 503 try later
-  std::string message;
-  bool ok() const { return http_status >= 200 && http_status < 300; }
-};
 
 class Engine {
  public:
@@ -78,20 +70,11 @@ class Engine {
   std::size_t tracked_jobs();
 
  private:
-  struct Request;
   struct Runtime;
   using JobRecord = ckpt::recovery::JobRecord;
   using JobState = ckpt::recovery::JobState;
   using Ending = ckpt::recovery::Ending;
 
-  // The intake's bounds (see queue_ below).
-  static constexpr std::size_t kQueuedMax = 100000;
-  static constexpr std::size_t kPerUserQueued = 20000;  // a 16,384-rank job's task exits fit
-  static constexpr std::size_t kMinSharePerCycle = 16;
-  static constexpr std::size_t kBatchPerCycle = 256;
-
-  Verdict enqueue(std::shared_ptr<Request> request, double wait_s);
-  std::vector<std::shared_ptr<Request>> take_fair_batch();
   // The steps of cycle(), in its order; check_job is one due job's check.
   void answer_requests(std::vector<std::shared_ptr<Request>>& requests, double now);
   void check_due_jobs(double now);
@@ -184,13 +167,7 @@ class Engine {
   std::map<std::uint32_t, std::vector<HistoryLine>> rejected_;
   double next_prune_ = 0;
 
-  // Requests in arrival order; a cycle takes a fair batch of them (fair_batch: each user's share of
-  // kBatchPerCycle), and each user may have at most kPerUserQueued waiting, so one user's flood neither fills the
-  // queue nor delays another user's report by more than one cycle, and is committed once per cycle, not per event.
-  mutable std::mutex queue_mutex_;
-  std::condition_variable queue_cv_;
-  std::deque<std::shared_ptr<Request>> queue_;
-  std::map<std::uint32_t, std::size_t> queued_by_user_;
+  Intake intake_;  // events and admin requests waiting for a cycle (its own lock, never held with mutex_)
 };
 
 }  // namespace ckpt::controller

@@ -27,15 +27,6 @@ using rec::EventType;
 using rec::Intent;
 using rec::SlurmState;
 
-struct Engine::Request {
-  enum class Kind { Event, Admin } kind = Kind::Event;
-  Event event;
-  std::string op, arg;
-  std::uint32_t uid = 0;    // the credential's
-  std::uint32_t share = 0;  // the user whose share of the intake it takes (Engine::submit)
-  std::promise<Verdict> promise;
-};
-
 // What the engine keeps about a job between cycles but never persists: it is rebuilt after a restart.
 struct Engine::Runtime {
   double next_check = 0;
