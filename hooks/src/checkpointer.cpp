@@ -55,12 +55,12 @@ Result<nlohmann::json> Checkpointer::Impl::check_region(const RegionSpec& r) {
 
 // Training thread: the coordinator namespace, leftovers of dead saves, the interval clock.
 void Checkpointer::Impl::start(std::uint64_t step) {
-  started = true;
+  life.started = true;
   if (Status s = coord->begin(step); !s) log::error(rank, s.error());
-  last_checkpoint_time = Clock::now();
+  sched.last_checkpoint = Clock::now();
   // After a restore, rank 0 has done this before any rank learnt the step (restore()); without one, ranks run in
   // lockstep, so no other rank writes a shard before rank 0 has started training.
-  if (rank != 0 || discarded_above) return;
+  if (rank != 0 || life.discarded_above) return;
   discard_incomplete_above(step);
 }
 
@@ -68,7 +68,7 @@ void Checkpointer::Impl::start(std::uint64_t step) {
 // a new save of the same step (the writer would see them as published), and no rank of this run may be writing
 // into one while it goes. Rank 0 only.
 void Checkpointer::Impl::discard_incomplete_above(std::uint64_t step) {
-  discarded_above = true;
+  life.discarded_above = true;
   auto dead = store::dead_saves_above(config.dir, step);
   if (!dead) return;  // a new dir; ShardWriter creates it
   for (std::uint64_t s_step : *dead) {
@@ -87,17 +87,18 @@ Decision Checkpointer::Impl::decide(std::uint64_t step) {
   in.rank = rank;
   in.lead = lead();
   in.interval = config.interval;
-  in.interval_s = interval_s;
-  in.auto_interval = auto_interval.has_value();
-  in.since_checkpoint_s = seconds_since(last_checkpoint_time);
-  in.persist_busy = in.auto_interval && in.since_checkpoint_s >= interval_s && persist_busy();  // a lock: when it counts
-  in.signal = config.signals && notice::count() > notices_seen ? notice::last_signal() : 0;
+  in.interval_s = sched.interval_s;
+  in.auto_interval = auto_meter.has_value();
+  in.since_checkpoint_s = seconds_since(sched.last_checkpoint);
+  // A lock: taken only when it counts.
+  in.persist_busy = in.auto_interval && in.since_checkpoint_s >= sched.interval_s && queue.persists_pending() > 0;
+  in.signal = config.signals && notice::count() > sched.notices_seen ? notice::last_signal() : 0;
   in.now_unix = unix_seconds();
   in.end_time = config.end_time;
   in.grace_s = config.grace_s;
-  const schedule::Requests asked = schedule::requests(in, schedule_state);
+  const schedule::Requests asked = schedule::requests(in, sched.state);
   if (asked.terminal) {
-    if (asked.for_time_limit) time_limit_stop = *asked.terminal;  // continued in a new allocation once committed
+    if (asked.for_time_limit) sched.time_limit_stop = *asked.terminal;  // continued in a new allocation once committed
     log::info(rank, asked.why + ": terminal checkpoint at step " + std::to_string(*asked.terminal) + ", then stop");
     if (Status s = coord->request(*asked.terminal, store::Kind::Terminal); !s) log::error(rank, s.error());
   }
@@ -117,55 +118,50 @@ Decision Checkpointer::Impl::decide(std::uint64_t step) {
 // With wait_for_peers false (the loop was unwound by an error, close() never called), the writer does not wait
 // for ranks that may be gone; this rank's own shard is still finished.
 Status Checkpointer::Impl::close(bool wait_for_peers) {
-  if (closed) return close_status;
-  closed = true;
-  if (!enabled) return close_status;
-  nccl.reset();  // stops polling; the program destroys its communicators after close()
-  if (last_words) {
+  if (life.closed) return life.close_status;
+  life.closed = true;
+  if (!enabled) return life.close_status;
+  watch.nccl.reset();  // stops polling; the program destroys its communicators after close()
+  if (watch.last_words) {
     // A training error on an armed job is most likely a dead peer (gloo resets within ~50 ms, the mesh needs up
     // to its silence limit): wait for the last words before this rank goes, or peers would count it dead too.
-    if (!wait_for_peers || last_words->triggered()) {
+    if (!wait_for_peers || watch.last_words->triggered()) {
       wait_for_peers = false;
-      if (last_words->wait_triggered(std::chrono::milliseconds(2000))) {
-        (void)last_words->wait_done(std::chrono::milliseconds(10000));
+      if (watch.last_words->wait_triggered(std::chrono::milliseconds(2000))) {
+        (void)watch.last_words->wait_done(std::chrono::milliseconds(10000));
       }
     } else {
       // The last checkpoint's completion travels over the network: it stays up until this rank's part is done.
       guard();
-      wait_idle();
+      queue.wait_idle();
       coord->drain(std::chrono::milliseconds(config.commit_timeout_s * 1000));
-      if (last_words->triggered()) {
+      if (watch.last_words->triggered()) {
         wait_for_peers = false;
-        (void)last_words->wait_done(std::chrono::milliseconds(10000));
+        (void)watch.last_words->wait_done(std::chrono::milliseconds(10000));
       } else {
-        last_words->leave();
+        watch.last_words->leave();
       }
     }
     coord->detach();  // the persist thread may still publish; the network goes now
-    last_words->set_pace(nullptr);
-    pace.reset();
-    std::lock_guard<std::mutex> lock(words_mu);
-    words_final = last_words->outcome();
-    last_words.reset();
+    watch.last_words->set_pace(nullptr);
+    watch.pace.reset();
+    std::lock_guard<std::mutex> lock(watch.mu);
+    watch.final_outcome = watch.last_words->outcome();
+    watch.last_words.reset();
   }
   if (!wait_for_peers) coord->cancel();
   guard();
-  wait_idle();
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    stopping = true;
-  }
-  cv.notify_all();
-  if (worker.joinable()) worker.join();
+  queue.wait_idle();
+  queue.stop();
   pool.reset();
-  if (handlers) notice::release_handlers();
-  handlers = false;
+  if (life.handlers) notice::release_handlers();
+  life.handlers = false;
   coord.reset();
   free_pinned();
   free_rescued();
   std::lock_guard<std::mutex> lock(mu);
-  close_status = first_error;
-  return close_status;
+  life.close_status = first_error;
+  return life.close_status;
 }
 
 // ---- the public API ---------------------------------------------------------------------------------------------
@@ -194,16 +190,16 @@ Status fence_earlier_runs(const Config& config) {
 
 Status Checkpointer::Impl::start_interval() {
   switch (config.interval.kind) {
-    case Interval::Kind::Seconds: interval_s = static_cast<double>(config.interval.value); break;
+    case Interval::Kind::Seconds: sched.interval_s = static_cast<double>(config.interval.value); break;
     case Interval::Kind::Steps: break;
     case Interval::Kind::Auto:
     {
-      auto chooser = interval::AutoInterval::create(auto_interval_config(config));
-      if (!chooser) return Status::failure("ckpt: CKPT_INTERVAL=auto: " + chooser.error());
-      interval_s = chooser->interval_s();
+      auto meter = AutoIntervalMeter::create(config);
+      if (!meter) return Status::failure("ckpt: CKPT_INTERVAL=auto: " + meter.error());
+      sched.interval_s = meter->interval_s();
       if (config.rank == 0) {
-        auto_interval.emplace(std::move(chooser).value());
-        resume_auto_measurements();
+        auto_meter.emplace(std::move(meter).value());
+        auto_meter->resume(config.dir, rank);
         publish_auto_interval();
       }
       break;
@@ -225,14 +221,14 @@ Status Checkpointer::Impl::arm_last_words() {
   auto lw = start_last_words();
   if (!lw) return Status::failure(lw.error());
   {
-    std::lock_guard<std::mutex> lock(words_mu);
-    last_words = std::move(lw).value();
-    words_armed = true;
+    std::lock_guard<std::mutex> lock(watch.mu);
+    watch.last_words = std::move(lw).value();
+    watch.armed = true;
   }
-  coord->attach(*last_words);
+  coord->attach(*watch.last_words);
   if (config.straggler.enabled) {
-    pace = std::make_shared<PaceTree>(config, last_words->network());
-    last_words->set_pace([p = pace](const heartbeat::Frame& f, int from) { p->on_frame(f, from); });
+    watch.pace = std::make_shared<PaceTree>(config, watch.last_words->network());
+    watch.last_words->set_pace([p = watch.pace](const heartbeat::Frame& f, int from) { p->on_frame(f, from); });
   }
   return Status::success();
 }
@@ -261,10 +257,10 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
     impl->pool = std::make_unique<CopyPool>(config->copy_threads);
     if (config->signals) {
       notice::acquire_handlers();
-      impl->handlers = true;
-      impl->notices_seen = notice::count();
+      impl->life.handlers = true;
+      impl->sched.notices_seen = notice::count();
     }
-    impl->worker = std::thread([p = impl.get()] { p->worker_loop(); });
+    impl->queue.start();
     if (Status s = impl->arm_last_words(); !s) {
       impl->close(false);
       return Error{s.error()};
@@ -356,15 +352,15 @@ Result<std::uint64_t> Checkpointer::restore(bool copy_into_regions, const std::v
 Result<std::uint64_t> Checkpointer::restore(const RestoreOptions& options) {
   if (!impl_->enabled) return std::uint64_t{0};
   // This restore's only: a later one without them must not reuse them.
-  impl_->reshard_prefixes = options.reshard_prefixes;
-  impl_->live.clear();
+  impl_->request.reshard_prefixes = options.reshard_prefixes;
+  impl_->request.live.clear();
   for (const RegionSpec& r : options.live) {
-    if (r.memory == Memory::Host) impl_->live.push_back({r.name, r.data, r.size});
+    if (r.memory == Memory::Host) impl_->request.live.push_back({r.name, r.data, r.size});
   }
-  if (impl_->closed) return Error{"ckpt: restore() after close()"};
+  if (impl_->life.closed) return Error{"ckpt: restore() after close()"};
   try {
     auto step = impl_->restore(options.copy_into_regions);
-    impl_->live.clear();
+    impl_->request.live.clear();
     if (step) impl_->tracker.finish_step(*step);
     return surfaced(std::move(step));
   } catch (const std::exception& e) {
@@ -372,20 +368,20 @@ Result<std::uint64_t> Checkpointer::restore(const RestoreOptions& options) {
   }
 }
 
-const std::vector<RestoredRegion>& Checkpointer::restored() const { return impl_->restored; }
+const std::vector<RestoredRegion>& Checkpointer::restored() const { return impl_->restored.regions; }
 
 Status Checkpointer::before_update() {
   Impl& m = *impl_;
-  if (m.pace) m.update_started_s = steady_seconds();
-  if (m.last_words && !m.tracker.enter_update()) {
-    (void)m.last_words->wait_done(std::chrono::milliseconds(10000));
-    return Status::failure("ckpt: training is stopped: " + m.last_words->outcome().summary);
+  if (m.watch.pace) m.watch.update_started_s = steady_seconds();
+  if (m.watch.last_words && !m.tracker.enter_update()) {
+    (void)m.watch.last_words->wait_done(std::chrono::milliseconds(10000));
+    return Status::failure("ckpt: training is stopped: " + m.watch.last_words->outcome().summary);
   }
-  if (!m.snapshot_active && !m.device_guard_pending) return Status::success();
+  if (!m.staging.host_copying && !m.staging.device_guard_pending) return Status::success();
   double waited = m.guard();
   std::lock_guard<std::mutex> lock(m.mu);
   m.stats.last_stall_s += waited;
-  m.meter.on_guard(waited);
+  if (m.auto_meter) m.auto_meter->on_guard(waited);
   m.stats.total_stall_s += waited;
   return Status::success();
 }
@@ -393,15 +389,15 @@ Status Checkpointer::before_update() {
 Result<Decision> Checkpointer::poll(std::uint64_t step) {
   Impl& m = *impl_;
   if (!m.enabled) return Decision{};
-  if (m.closed) return Error{"ckpt: poll() after close()"};
-  if (m.cached && m.cached->first == step) return m.cached->second;
-  if (m.last_step && step <= *m.last_step) {
-    return Error{"ckpt: step " + std::to_string(step) + " follows step " + std::to_string(*m.last_step) +
+  if (m.life.closed) return Error{"ckpt: poll() after close()"};
+  if (m.sched.cached && m.sched.cached->first == step) return m.sched.cached->second;
+  if (m.sched.last_step && step <= *m.sched.last_step) {
+    return Error{"ckpt: step " + std::to_string(step) + " follows step " + std::to_string(*m.sched.last_step) +
                  ": steps must increase"};
   }
-  if (!m.started) m.start(0);
+  if (!m.life.started) m.start(0);
   Decision d = m.decide(step);
-  m.cached = std::make_pair(step, d);
+  m.sched.cached = std::make_pair(step, d);
   return d;
 }
 
@@ -412,54 +408,51 @@ Result<bool> Checkpointer::after_step(std::uint64_t step) {
   if (!d) return Error{d.error()};
   // The device's update events first: last words may be waiting for this update to end, and copy the device
   // state as soon as finish_step() says it has.
-  if (m.last_words && m.device && !m.device_streams.empty()) {
+  if (m.watch.last_words && m.device && !m.device_streams.empty()) {
     if (Status s = m.device->mark_updates(m.device_streams); !s) m.record_error(s.error());
   }
   m.tracker.finish_step(step);
-  if (m.pace) {
-    if (m.update_started_s >= 0) m.pace->on_work(steady_seconds() - m.update_started_s);
-    m.update_started_s = -1;
-    m.pace->on_step(step);
-    if (m.pace->leaving()) m.leave_for_spare(step);
+  if (m.watch.pace) {
+    if (m.watch.update_started_s >= 0) m.watch.pace->on_work(steady_seconds() - m.watch.update_started_s);
+    m.watch.update_started_s = -1;
+    m.watch.pace->on_step(step);
+    if (m.watch.pace->leaving()) m.leave_for_spare(step);
   }
-  m.cached.reset();
-  if (m.auto_interval) m.observe_step();
-  m.last_step = step;
-  if (m.stopped) return true;
+  m.sched.cached.reset();
+  if (m.auto_meter) m.observe_step();
+  m.sched.last_step = step;
+  if (m.sched.stopped) return true;
   if (d->snapshot) m.snapshot(step, d->kind);
-  if (d->stop) m.stopped = true;
-  return m.stopped;
+  if (d->stop) m.sched.stopped = true;
+  return m.sched.stopped;
 }
 
 // Training thread, at the boundary after `step`: every update of this rank is done, and its peers (faster) wait in
 // the next step's collective, between updates, so their last words hold this very step. A persist in flight is
 // let finish first: the other ranks' commit counts this rank's shard.
 void Checkpointer::Impl::leave_for_spare(std::uint64_t step) {
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (persists_pending > 0) return;  // the next boundary, then
-  }
-  log::warn(rank, pace->leaving_why() + " (after step " + std::to_string(step) + "; exit " +
+  if (queue.persists_pending() > 0) return;  // the next boundary, then
+  log::warn(rank, watch.pace->leaving_why() + " (after step " + std::to_string(step) + "; exit " +
                       std::to_string(ckpt::recovery::kExitSwappedOut) + ")");
   std::fflush(nullptr);
   ::_exit(ckpt::recovery::kExitSwappedOut);
 }
 
 void Checkpointer::time_section(double seconds) {
-  if (impl_->pace) impl_->pace->on_work(seconds);
+  if (impl_->watch.pace) impl_->watch.pace->on_work(seconds);
 }
 
 Status Checkpointer::save(std::uint64_t step, store::Kind kind) {
   Impl& m = *impl_;
   if (!m.enabled) return Status::success();
-  if (m.closed) return Status::failure("ckpt: save() after close()");
+  if (m.life.closed) return Status::failure("ckpt: save() after close()");
   if (auto last = m.stats_copy().last_snapshot_step; last && step <= *last) {
     return Status::failure("ckpt: save(" + std::to_string(step) + "): step " + std::to_string(*last) +
                            " was saved already");
   }
-  if (!m.started) m.start(0);
+  if (!m.life.started) m.start(0);
   m.snapshot(step, kind);
-  if (kind == store::Kind::Terminal) m.stopped = true;
+  if (kind == store::Kind::Terminal) m.sched.stopped = true;
   return Status::success();
 }
 
@@ -469,10 +462,10 @@ Status Checkpointer::abort() { return surfaced(impl_->close(false)); }
 
 Status Checkpointer::watch_nccl(void* comm) {
   Impl& d = *impl_;
-  if (!d.enabled || d.closed) return Status::success();
-  if (!d.nccl) {
+  if (!d.enabled || d.life.closed) return Status::success();
+  if (!d.watch.nccl) {
     NcclWatch::Hooks hooks;
-    LastWords* words = d.last_words.get();
+    LastWords* words = d.watch.last_words.get();
     const int rank = d.rank;
     hooks.on_error = [words, rank](const std::string& why) {
       log::error(rank, why);
@@ -481,9 +474,9 @@ Status Checkpointer::watch_nccl(void* comm) {
     if (words != nullptr) hooks.abort_requested = [words] { return words->triggered(); };
     auto watch = NcclWatch::start(std::move(hooks), std::chrono::milliseconds(50));
     if (!watch) return Status::failure(watch.error());
-    d.nccl = std::move(watch).value();
+    d.watch.nccl = std::move(watch).value();
   }
-  return d.nccl->add(comm);
+  return d.watch.nccl->add(comm);
 }
 
 Stats Checkpointer::stats() const { return impl_->stats_copy(); }
@@ -493,9 +486,9 @@ LastWordsReport Checkpointer::last_words_report() const {
   LastWordsOutcome o;
   LastWordsReport r;
   {
-    std::lock_guard<std::mutex> lock(m.words_mu);
-    r.armed = m.words_armed;
-    o = m.last_words ? m.last_words->outcome() : m.words_final;
+    std::lock_guard<std::mutex> lock(m.watch.mu);
+    r.armed = m.watch.armed;
+    o = m.watch.last_words ? m.watch.last_words->outcome() : m.watch.final_outcome;
   }
   r.triggered = o.triggered;
   r.done = o.done;

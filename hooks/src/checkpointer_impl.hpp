@@ -3,15 +3,15 @@
 //
 // Threads: the training thread calls the API (checkpointer.cpp: create, register_region/set_regions/put_blob,
 // restore, then per step before_update and after_step, close), takes snapshots (checkpointer_snapshot.cpp) and,
-// on rank 0 with CKPT_INTERVAL=auto, measures the interval (checkpointer_auto.cpp); the copy pool copies host
-// regions into staging during a snapshot; one persist thread ("worker", checkpointer_worker.cpp) grows staging in
-// the background, writes shards through ckpt::store, publishes them to the coordinator and, on the writer, commits.
-// Staging belongs to the worker whenever it has a task queued or running; the training thread touches staging only
-// after wait_idle(), which is what back-pressure is. The last-words thread copies device state out and writes a
+// on rank 0 with CKPT_INTERVAL=auto, measures the interval (auto_interval_meter.hpp, checkpointer_auto.cpp); the
+// copy pool copies host regions into staging during a snapshot; one persist thread ("worker", persist_queue.hpp,
+// its tasks in checkpointer_worker.cpp) grows staging in the background, writes shards through ckpt::store,
+// publishes them to the coordinator and, on the writer, commits. Staging belongs to the worker whenever it has a
+// task queued or running; the training thread touches staging only after queue.wait_idle(), which is what
+// back-pressure is. The last-words thread copies device state out and writes a
 // terminal shard while training is frozen (checkpointer_rescue.cpp); restore runs before the first step
 // (checkpointer_restore.cpp).
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
@@ -20,7 +20,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -28,11 +27,13 @@
 #include "ckpt/hooks.hpp"
 #include "ckpt/interval.hpp"
 #include "ckpt/schedule.hpp"
+#include "auto_interval_meter.hpp"
 #include "coordinator.hpp"
 #include "device.hpp"
 #include "last_words_runtime.hpp"
 #include "pace.hpp"
 #include "nccl_watch.hpp"
+#include "persist_queue.hpp"
 #include "restore_agreement.hpp"
 #include "staging.hpp"
 
@@ -78,8 +79,70 @@ struct PinnedBuffer {
   std::size_t size = 0;
 };
 
-// The auto interval within the site's bounds (checkpointer_auto.cpp).
-interval::AutoInterval::Config auto_interval_config(const Config& config);
+// The snapshot's staging: the worker's while it has tasks, the training thread's after wait_idle().
+struct Staging {
+  HostBuffer host;
+  PinnedBuffer pinned;
+  bool host_copying = false;          // host copies running; before_update has not passed yet
+  bool device_guard_pending = false;  // device copies queued; the compute streams do not wait yet
+  std::pair<std::size_t, std::size_t> asked;  // guarded by Impl::mu: host and pinned bytes wanted
+  bool lent = false;  // guarded by Impl::mu: the last words hold the pinned staging; nothing may grow it
+};
+
+// What decides the step's checkpoint from step to step (training thread).
+struct StepSchedule {
+  std::optional<std::uint64_t> last_step;
+  std::optional<std::pair<std::uint64_t, Decision>> cached;  // poll()'s decision for the step after_step() ends
+  bool stopped = false;
+  std::optional<std::uint64_t> time_limit_stop;  // rank 0: the terminal step taken for the time limit
+  Clock::time_point last_checkpoint = Clock::now();
+  schedule::State state;  // what the scheduling decision remembers (schedule.hpp)
+  double interval_s = 0;
+  std::uint64_t notices_seen = 0;         // notice::count() at start: only later signals are for this checkpointer
+  Clock::time_point backpressure_logged;  // when the last back-pressure line went out
+};
+
+// The checkpointer's life: create, the first step, close (training thread).
+struct Lifecycle {
+  bool started = false;
+  bool discarded_above = false;  // rank 0 discarded dead saves above the step it resumes from
+  bool handlers = false;         // holds the signal handlers (notice.hpp)
+  bool closed = false;
+  Status close_status;
+};
+
+// What watches for a lost or slow peer: the last words (armed: see last_words_runtime.hpp), the pace tree of the
+// straggler detection on their network (pace.hpp), the NCCL communicators handed to watch_nccl.
+struct Watchers {
+  std::unique_ptr<LastWords> last_words;  // reset under mu
+  std::shared_ptr<PaceTree> pace;
+  double update_started_s = -1;       // training thread: when before_update was called, for pace
+  std::unique_ptr<NcclWatch> nccl;    // reset before last_words
+  mutable std::mutex mu;              // last_words_report() from any thread while close() resets last_words
+  bool armed = false;                 // guarded by mu
+  LastWordsOutcome final_outcome;     // guarded by mu: the outcome when close() ended the last words
+};
+
+// restore()'s request: what a resharded ZeRO-1 rank reads of other shards, the memory this rank holds already.
+struct RestoreRequest {
+  std::vector<std::string> reshard_prefixes;
+  std::vector<store::LiveRange> live;  // RestoreOptions::live
+};
+
+// What restore() loaded: the regions it lists, and the bytes of those in no shard loaded whole (a resharded
+// ZeRO-1 rank's ranges of other shards, every tensor of a load onto another split).
+struct Restored {
+  std::vector<RestoredRegion> regions;
+  std::deque<std::vector<std::byte>> ranges;
+  bool resharded = false;  // the last load was such a one
+};
+
+// Last words: the device regions copied to host memory when they start (the last-words thread's).
+struct Rescued {
+  PinnedBuffer buffer;
+  bool in_staging = false;           // `buffer` is the snapshot's pinned staging, not an allocation of its own
+  std::vector<std::size_t> offsets;  // per region: its offset in `buffer` (device regions only)
+};
 
 struct Checkpointer::Impl {
   Config config;
@@ -90,74 +153,26 @@ struct Checkpointer::Impl {
   std::unique_ptr<CopyPool> pool;
   std::unique_ptr<DeviceBackend> device;  // created at the first device region
   UpdateTracker tracker;                  // step and mid-update, for the last words
-  std::unique_ptr<LastWords> last_words;  // armed: see last_words_runtime.hpp; reset under words_mu
-  std::shared_ptr<PaceTree> pace;         // with last words and CKPT_STRAGGLER on: this rank's part (pace.hpp)
-  double update_started_s = -1;           // training thread: when before_update was called, for pace
-  // Training thread: ends the process for a swap (pace.hpp), unless a persist is in flight (then a later step).
-  void leave_for_spare(std::uint64_t step);
-  mutable std::mutex words_mu;            // last_words_report() from any thread while close() resets it
-  bool words_armed = false;               // guarded by words_mu
-  LastWordsOutcome words_final;           // guarded by words_mu: the outcome when close() ended the last words
-  std::unique_ptr<NcclWatch> nccl;        // communicators handed to watch_nccl; reset before last_words
-  bool handlers = false;
-  std::uint64_t notices_seen = 0;  // notice::count() at start: only later signals are for this checkpointer
+  Watchers watch;
+  Lifecycle life;
 
   // ---- training thread ----
   std::vector<RegionSpec> regions;
   std::vector<nlohmann::json> region_meta;  // parsed meta_json, parallel to regions
   std::vector<Blob> blobs;
-  bool started = false;
-  bool snapshot_active = false;       // host copies running; before_update has not passed yet
-  bool device_guard_pending = false;  // device copies queued; the compute streams do not wait yet
-  std::optional<std::uint64_t> last_step;
-  std::optional<std::pair<std::uint64_t, Decision>> cached;
-  bool stopped = false;
-  std::optional<std::uint64_t> time_limit_stop;  // rank 0: the terminal step taken for the time limit
-  bool closed = false;
-  Status close_status;
-  std::vector<RestoredRegion> restored;
-  std::vector<std::string> reshard_prefixes;     // restore(): what a resharded ZeRO-1 rank reads of other shards
-  std::vector<store::LiveRange> live;            // restore(): memory this rank holds already (RestoreOptions::live)
-  // The bytes restored lists that lie in no shard loaded whole: a resharded ZeRO-1 rank's ranges of other shards,
-  // every tensor of a load onto another split.
-  std::deque<std::vector<std::byte>> reshard_ranges;
-  bool resharded = false;                        // the last load was such a one
-  Clock::time_point last_checkpoint_time = Clock::now();
-  schedule::State schedule_state;  // what the scheduling decision remembers from step to step (schedule.hpp)
-  double interval_s = 0;
-  Clock::time_point backpressure_logged;  // when the last back-pressure line went out
-  // CKPT_INTERVAL=auto, on rank 0 only (it alone decides timed checkpoints): δ is the stall plus the interference,
-  // the extra step time while a persist runs over the median step time without one (the meter measures both).
-  std::optional<interval::AutoInterval> auto_interval;
-  std::optional<Clock::time_point> auto_saved;  // when the measurements were last kept in .control
-  interval::StepMeter meter{steady_seconds()};
-
-  // ---- staging: the worker's while it has tasks, the training thread's after wait_idle() ----
-  HostBuffer host;
-  PinnedBuffer pinned;
-
-  // ---- last words: the device regions copied to host memory when they start (the last-words thread's) ----
   std::vector<void*> device_streams;  // the compute streams of the device regions, marked after every update
-  PinnedBuffer rescued;
-  bool rescued_in_staging = false;  // `rescued` is the snapshot's pinned staging, not an allocation of its own
-  bool staging_lent = false;        // guarded by mu: the last words hold the pinned staging; nothing may grow it
-  std::vector<std::size_t> rescued_at;  // per region: its offset in `rescued` (device regions only)
+  StepSchedule sched;
+  RestoreRequest request;
+  Restored restored;
+  std::optional<AutoIntervalMeter> auto_meter;  // CKPT_INTERVAL=auto, rank 0 only
+  Staging staging;
+  Rescued rescued;
 
-  // ---- the worker ----
-  struct Task {
-    bool persist = false;
-    std::function<void()> run;
-  };
-  std::thread worker;
+  // ---- the persist thread ----
+  PersistQueue queue;
   mutable std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Task> tasks;       // guarded by mu
-  bool busy = false;            // guarded by mu
-  int persists_pending = 0;     // guarded by mu: persist tasks queued or running
-  bool stopping = false;        // guarded by mu
-  Stats stats;                  // guarded by mu
-  std::pair<std::size_t, std::size_t> staging_asked;  // guarded by mu: host and pinned staging bytes wanted
-  Status first_error;           // guarded by mu
+  Stats stats;         // guarded by mu
+  Status first_error;  // guarded by mu
 
   ~Impl();
 
@@ -165,10 +180,6 @@ struct Checkpointer::Impl {
 
   // ---- the worker and staging (checkpointer_worker.cpp) ----------------------------------------------------------
 
-  void worker_loop();
-  void enqueue(bool persist, std::function<void()> run);
-  // Blocks until the worker has nothing to do; returns whether a persist was what it waited for.
-  bool wait_idle();
   void record_error(const std::string& message);
   void free_pinned();
   void update_staging_stats();
@@ -201,22 +212,18 @@ struct Checkpointer::Impl {
   // Training thread: the coordinator namespace, leftovers of dead saves, the interval clock.
   void start(std::uint64_t step);
   void discard_incomplete_above(std::uint64_t step);
-  bool discarded_above = false;  // training thread: rank 0 discarded dead saves above the step it resumes from
   Decision decide(std::uint64_t step);
+  // Training thread: ends the process for a swap (pace.hpp), unless a persist is in flight (then a later step).
+  void leave_for_spare(std::uint64_t step);
   // With wait_for_peers false, the writer does not wait for ranks that may be gone.
   Status close(bool wait_for_peers);
 
   // ---- CKPT_INTERVAL=auto, rank 0, training thread (checkpointer_auto.cpp) ---------------------------------------
 
-  bool persist_busy() const;
   // Uses the auto interval's current choice, logs it and shows it in the stats.
   void publish_auto_interval();
-  // CKPT_INTERVAL=auto keeps what it measured in <CKPT_DIR>/.control, so a restarted job picks its interval from
-  // the costs the job already measured instead of starting again from the initial interval.
-  static constexpr const char* kAutoMeasurements = "auto-interval.json";
-  void resume_auto_measurements();
-  void save_auto_measurements();
-  // Once per step: the step's time into the baseline or the interference; recomputes the interval when due.
+  // Once per step: the step into the meter; a recomputed interval is published and its measurements kept in
+  // .control by a task on the persist thread.
   void observe_step();
 
   // ---- the snapshot, training thread (checkpointer_snapshot.cpp) -------------------------------------------------

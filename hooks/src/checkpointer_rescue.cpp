@@ -41,9 +41,9 @@ Result<std::unique_ptr<LastWords>> Checkpointer::Impl::start_last_words() {
 }
 
 void Checkpointer::Impl::free_rescued() {
-  if (rescued.data != nullptr && device && !rescued_in_staging) device->free_pinned(rescued.data);
-  rescued = {};
-  rescued_in_staging = false;
+  if (rescued.buffer.data != nullptr && device && !rescued.in_staging) device->free_pinned(rescued.buffer.data);
+  rescued.buffer = {};
+  rescued.in_staging = false;
 }
 
 // The last-words thread, training frozen outside an update, before this rank reports: the device regions into
@@ -51,11 +51,11 @@ void Checkpointer::Impl::free_rescued() {
 // cannot write, so that the survivors elect another replica.
 Status Checkpointer::Impl::rescue_device_state(Clock::time_point deadline) {
   free_rescued();
-  rescued_at.assign(regions.size(), 0);
+  rescued.offsets.assign(regions.size(), 0);
   std::size_t total = 0;
   for (std::size_t i = 0; i < regions.size(); ++i) {
     if (regions[i].memory != Memory::Device) continue;
-    rescued_at[i] = total;
+    rescued.offsets[i] = total;
     total += regions[i].size;
   }
   if (total == 0) return Status::success();
@@ -65,23 +65,23 @@ Status Checkpointer::Impl::rescue_device_state(Clock::time_point deadline) {
   bool in_staging = false;
   {
     std::lock_guard<std::mutex> lock(mu);
-    in_staging = tasks.empty() && !busy && pinned.size >= total;
-    staging_lent = in_staging;
+    in_staging = queue.idle() && staging.pinned.size >= total;
+    staging.lent = in_staging;
   }
-  Result<void*> buffer = in_staging ? Result<void*>(pinned.data) : device->alloc_pinned(total);
+  Result<void*> buffer = in_staging ? Result<void*>(staging.pinned.data) : device->alloc_pinned(total);
   if (!buffer) return Status::failure(buffer.error());
   std::vector<DeviceCopy> copies;
   for (std::size_t i = 0; i < regions.size(); ++i) {
     const RegionSpec& r = regions[i];
     if (r.memory != Memory::Device || r.size == 0) continue;
-    copies.push_back({static_cast<std::byte*>(*buffer) + rescued_at[i], r.data, r.size, r.stream});
+    copies.push_back({static_cast<std::byte*>(*buffer) + rescued.offsets[i], r.data, r.size, r.stream});
   }
   if (Status s = device->rescue(copies, deadline); !s) {
     // The copy may still land in the buffer: it is left allocated.
     return s;
   }
-  rescued = {*buffer, total};
-  rescued_in_staging = in_staging;
+  rescued.buffer = {*buffer, total};
+  rescued.in_staging = in_staging;
   log::info(rank, "last words: copied " + mib(total) + " of device state to host memory in " +
                       std::to_string(static_cast<int>(seconds_since(t0) * 1000)) + " ms");
   return Status::success();
@@ -95,10 +95,10 @@ Status Checkpointer::Impl::write_terminal(std::uint64_t step, const std::vector<
     const RegionSpec& r = regions[i];
     const std::byte* data = static_cast<const std::byte*>(r.data);
     if (r.memory == Memory::Device) {
-      if (rescued_at.size() != regions.size() || (rescued.data == nullptr && r.size > 0)) {
+      if (rescued.offsets.size() != regions.size() || (rescued.buffer.data == nullptr && r.size > 0)) {
         return Status::failure("region '" + r.name + "' is device memory and was not copied to the host");
       }
-      data = static_cast<const std::byte*>(rescued.data) + rescued_at[i];
+      data = static_cast<const std::byte*>(rescued.buffer.data) + rescued.offsets[i];
     }
     pieces.push_back({r.name, data, r.size, region_meta[i]});
   }

@@ -60,21 +60,21 @@ Status Checkpointer::Impl::load_reshard_ranges(const std::string& root, const st
   for (std::size_t i = 0; i < m.shards.size(); ++i) {
     if (m.shards[i].rank == source) loaded = i;
   }
-  auto ranges = store::locate_ranges(m, reshard_prefixes, loaded);
+  auto ranges = store::locate_ranges(m, request.reshard_prefixes, loaded);
   if (!ranges) {
     definite = true;
     return Status::failure("step " + std::to_string(m.step) + ": " + ranges.error());
   }
   std::uint64_t bytes = 0;
   for (const auto& [shard, range] : *ranges) {
-    std::vector<std::byte>& into = reshard_ranges.emplace_back(static_cast<std::size_t>(range.length));
+    std::vector<std::byte>& into = restored.ranges.emplace_back(static_cast<std::size_t>(range.length));
     store::ShardRead read = store::read_range(root, m.step, m.shards[shard], range, into.data());
     if (!read.status) {
       definite = read.definite;
       return Status::failure(read.status.error());
     }
     bytes += read.bytes;
-    restored.push_back({range.name, range.meta.dump(), into.data(), into.size()});
+    restored.regions.push_back({range.name, range.meta.dump(), into.data(), into.size()});
   }
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -94,7 +94,7 @@ Status Checkpointer::Impl::read_range_to_host(const RestorePlan& plan, const sto
     return Status::failure("step " + std::to_string(*plan.step) + ": region '" + range.name +
                            "' lies outside its shard");
   }
-  store::ShardRead read = store::read_range(plan.root, *plan.step, record, range, host.data() + range.offset);
+  store::ShardRead read = store::read_range(plan.root, *plan.step, record, range, staging.host.data() + range.offset);
   if (!read.status) {
     definite = read.definite;
     return read.status;
@@ -106,16 +106,16 @@ Status Checkpointer::Impl::read_range_to_host(const RestorePlan& plan, const sto
 std::optional<Status> Checkpointer::Impl::load_replica_ranges(const RestorePlan& plan,
                                                               const store::ShardRecord& record, bool& definite) {
   const std::uint64_t step = *plan.step;
-  std::vector<std::size_t> wanted = store::replica_ranges(record, reshard_prefixes);
+  std::vector<std::size_t> wanted = store::replica_ranges(record, request.reshard_prefixes);
   for (std::size_t i : wanted) {
     if (!record.states[i].checksum) return std::nullopt;  // an older checkpoint: only the whole shard vouches
   }
-  restored.clear();
+  restored.regions.clear();
   std::uint64_t bytes = 0;
   for (std::size_t i : wanted) {
     const store::StateRange& range = record.states[i];
     if (Status s = read_range_to_host(plan, record, range, bytes, definite); !s) return s;
-    restored.push_back({range.name, range.meta.dump(), host.data() + range.offset,
+    restored.regions.push_back({range.name, range.meta.dump(), staging.host.data() + range.offset,
                         static_cast<std::size_t>(range.length)});
   }
   set_restore_bytes(bytes, 0);
@@ -134,11 +134,11 @@ Status Checkpointer::Impl::load_relayout(const std::string& root, const store::M
   // The manifest lists a complete set of shards: a tensor it cannot serve is this run's layout, not its fault.
   auto pieces = store::plan_relayout(m, declared, rank);
   if (!pieces) return Status::failure(at + pieces.error());
-  restored.clear();
+  restored.regions.clear();
   std::vector<std::byte> scratch;  // one saved range, read whole to check it, when only a box of it is wanted
   std::uint64_t bytes = 0, joined = 0;
   for (const store::RelayoutPiece& piece : *pieces) {
-    std::vector<std::byte>& into = reshard_ranges.emplace_back(static_cast<std::size_t>(piece.bytes));
+    std::vector<std::byte>& into = restored.ranges.emplace_back(static_cast<std::size_t>(piece.bytes));
     store::ShardRead read =
         store::read_block(root, m, piece.reads, piece.want, piece.element_size, into.data(), scratch);
     bytes += read.bytes;
@@ -147,7 +147,7 @@ Status Checkpointer::Impl::load_relayout(const std::string& root, const store::M
       return Status::failure(read.status.error());
     }
     joined += piece.want && piece.reads.size() > 1 ? 1 : 0;
-    restored.push_back({piece.name, piece.meta.dump(), into.data(), into.size()});
+    restored.regions.push_back({piece.name, piece.meta.dump(), into.data(), into.size()});
   }
   set_restore_bytes(bytes, 0);
   log::info(rank, at + "written by " + std::to_string(m.world_size) + " ranks (tp " + std::to_string(m.layout.tp) +
@@ -167,15 +167,15 @@ Status Checkpointer::Impl::load_other_split(const RestorePlan& plan, const Statu
 
 Status Checkpointer::Impl::list_restored(std::uint64_t step, const store::ShardRecord& record,
                                          const std::vector<std::optional<std::size_t>>& from_live) {
-  restored.clear();
+  restored.regions.clear();
   for (std::size_t i = 0; i < record.states.size(); ++i) {
     const store::StateRange& s = record.states[i];
     if (s.offset > record.size || s.length > record.size - s.offset) {
       return Status::failure("step " + std::to_string(step) + ": region '" + s.name + "' lies outside its shard");
     }
-    const std::byte* data = host.data() + s.offset;
-    if (i < from_live.size() && from_live[i]) data = static_cast<const std::byte*>(live[*from_live[i]].data);
-    restored.push_back({s.name, s.meta.dump(), data, static_cast<std::size_t>(s.length)});
+    const std::byte* data = staging.host.data() + s.offset;
+    if (i < from_live.size() && from_live[i]) data = static_cast<const std::byte*>(request.live[*from_live[i]].data);
+    restored.regions.push_back({s.name, s.meta.dump(), data, static_cast<std::size_t>(s.length)});
   }
   return Status::success();
 }
@@ -214,7 +214,7 @@ void Checkpointer::Impl::set_restore_bytes(std::uint64_t read, std::uint64_t liv
 std::optional<Status> Checkpointer::Impl::load_with_live(const RestorePlan& plan, const store::ShardRecord& record,
                                                          bool& definite) {
   const std::uint64_t step = *plan.step;
-  std::vector<std::optional<std::size_t>> from_live = store::match_live_ranges(record, live);
+  std::vector<std::optional<std::size_t>> from_live = store::match_live_ranges(record, request.live);
   std::uint64_t live_bytes = 0, read_bytes = 0;
   std::size_t matched = 0;
   for (std::size_t i = 0; i < record.states.size(); ++i) {
@@ -282,7 +282,7 @@ Status Checkpointer::Impl::choose_shard(const RestorePlan& plan, ShardChoice& ch
 Result<std::uint64_t> Checkpointer::Impl::load_whole_shard(const RestorePlan& plan, const store::ShardRecord& record,
                                                            bool& definite) {
   const std::uint64_t step = *plan.step;
-  store::ShardRead read = store::read_shard(plan.root, step, record, host.data());
+  store::ShardRead read = store::read_shard(plan.root, step, record, staging.host.data());
   if (!read.status) {
     definite = read.definite;
     return Error{read.status.error()};
@@ -300,21 +300,21 @@ Result<std::uint64_t> Checkpointer::Impl::load_whole_shard(const RestorePlan& pl
 
 Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
   definite = false;
-  resharded = false;
-  reshard_ranges.clear();
+  restored.resharded = false;
+  restored.ranges.clear();
   ShardChoice choice;
   if (Status s = choose_shard(plan, choice, definite); !s) return s;
   if (choice.relayout) return load_relayout(plan.root, *choice.manifest, definite);
   const store::ShardRecord& record = choice.record;
   if (Status s = grow_host(static_cast<std::size_t>(record.size)); !s) return s;
-  (void)ask_staging(host.size(), 0);
-  if (!choice.reshard && !live.empty()) {
+  (void)ask_staging(staging.host.size(), 0);
+  if (!choice.reshard && !request.live.empty()) {
     if (std::optional<Status> s = load_with_live(plan, record, definite)) return *s;
   }
   if (choice.reshard) {
     if (std::optional<Status> s = load_replica_ranges(plan, record, definite)) {
       if (!*s) return *s;
-      resharded = true;
+      restored.resharded = true;
       return load_reshard_ranges(plan.root, *choice.manifest, record.rank, definite);
     }
   }
@@ -323,7 +323,7 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
   if (Status s = check_chunks(*plan.step, record); !s) return load_other_split(plan, s, definite);
   set_restore_bytes(*bytes, 0);
   if (choice.reshard) {
-    resharded = true;
+    restored.resharded = true;
     // The loaded shard holds the model and its writer's old partition; the ranges of this rank's new partition
     // that other shards hold follow.
     return load_reshard_ranges(plan.root, *choice.manifest, record.rank, definite);
@@ -358,7 +358,7 @@ Result<std::optional<std::uint64_t>> Checkpointer::Impl::agree_and_load(RestoreA
       outcome = std::move(agreed).value();
     }
     if (outcome.verdict == RestoreVerdict::Ok) return plan.step;
-    restored.clear();
+    restored.regions.clear();
     if (outcome.verdict == RestoreVerdict::Stop) {
       if (!status) return Error{status.error()};
       return Error{"ckpt: step " + std::to_string(*plan.step) + ": restore stopped: " + outcome.reason};
@@ -375,14 +375,15 @@ Result<std::optional<std::uint64_t>> Checkpointer::Impl::agree_and_load(RestoreA
 
 Status Checkpointer::Impl::copy_into_registered(std::uint64_t step) {
   const std::string at = "ckpt: step " + std::to_string(step);
-  if (resharded) {
+  if (restored.resharded) {
     return Status::failure(at + " holds ZeRO-1 state of another number of ranks; the registered regions hold "
                            "this run's partition, so they are not filled from it (restore with the new "
                            "partition's prefixes and copy_into_regions off)");
   }
   for (const RegionSpec& r : regions) {
-    auto it = std::find_if(restored.begin(), restored.end(), [&](const RestoredRegion& x) { return x.name == r.name; });
-    if (it == restored.end()) return Status::failure(at + " has no region '" + r.name + "'");
+    auto it = std::find_if(restored.regions.begin(), restored.regions.end(),
+                           [&](const RestoredRegion& x) { return x.name == r.name; });
+    if (it == restored.regions.end()) return Status::failure(at + " has no region '" + r.name + "'");
     if (it->size != r.size) {
       return Status::failure("ckpt: region '" + r.name + "' is " + std::to_string(r.size) + " bytes; step " +
                              std::to_string(step) + " has " + std::to_string(it->size));
@@ -398,8 +399,8 @@ Status Checkpointer::Impl::copy_into_registered(std::uint64_t step) {
 }
 
 Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
-  if (started) return Error{"ckpt: restore() must come before the first after_step()"};
-  wait_idle();
+  if (life.started) return Error{"ckpt: restore() must come before the first after_step()"};
+  queue.wait_idle();
   std::unique_ptr<RestoreAgreement> agreement;
   if (config.world_size > 1) {
     agreement = std::make_unique<RestoreAgreement>(config.dir, config.run_id, rank, config.world_size,

@@ -28,12 +28,12 @@ std::string secs(double s) {
 // The guard: waits for the host copies, queues the device guard. Returns the seconds it blocked.
 double Checkpointer::Impl::guard() {
   auto t0 = Clock::now();
-  if (snapshot_active) {
+  if (staging.host_copying) {
     pool->help_and_wait();  // the training thread copies what no copy thread has taken yet
-    snapshot_active = false;
+    staging.host_copying = false;
   }
-  if (device_guard_pending) {
-    device_guard_pending = false;
+  if (staging.device_guard_pending) {
+    staging.device_guard_pending = false;
     if (Status s = device->guard(); !s) record_error(s.error());
   }
   return seconds_since(t0);
@@ -49,8 +49,8 @@ void Checkpointer::Impl::report_backpressure(std::uint64_t step, double waited) 
     waits = stats.backpressure_waits;
     total = stats.backpressure_s;
   }
-  if (waits > 1 && seconds_since(backpressure_logged) < 60) return;
-  backpressure_logged = Clock::now();
+  if (waits > 1 && seconds_since(sched.backpressure_logged) < 60) return;
+  sched.backpressure_logged = Clock::now();
   std::string line = "back-pressure: the checkpoint of step " + std::to_string(step) + " waited " + secs(waited) +
                      " for the previous persist; the interval is shorter than a persist takes";
   if (waits > 1) line += " (" + std::to_string(waits) + " waits, " + secs(total) + " in all)";
@@ -61,7 +61,7 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind) {
   auto t0 = Clock::now();
   guard();  // a snapshot nobody guarded (no before_update since) must finish before staging is reused
   auto t_wait = Clock::now();
-  bool waited_for_persist = wait_idle();
+  bool waited_for_persist = queue.wait_idle();
   double waited = seconds_since(t_wait);
 
   auto job = std::make_shared<PersistJob>();
@@ -69,12 +69,12 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind) {
   job->kind = kind;
   StagingPlan plan = plan_staging(regions);
   Status ready = Status::success();
-  if (host.size() < plan.host_bytes) {
+  if (staging.host.size() < plan.host_bytes) {
     log::info(rank, "allocating " + mib(plan.host_bytes) + " of staging inside the snapshot of step " +
                         std::to_string(step) + " (register state earlier to allocate it in the background)");
     ready = grow_host(plan.host_bytes);
   }
-  if (ready && pinned.size < plan.device_bytes) ready = grow_pinned(plan.device_bytes);
+  if (ready && staging.pinned.size < plan.device_bytes) ready = grow_pinned(plan.device_bytes);
   (void)ask_staging(plan.host_bytes, plan.device_bytes);  // allocated above: no grow task
 
   if (!ready) {
@@ -82,14 +82,14 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind) {
   } else {
     start_copies(*job, plan);
   }
-  last_checkpoint_time = t0;
+  sched.last_checkpoint = t0;
   const double snapshot_end = steady_seconds();
   double stall = seconds_since(t0);
   {
     std::lock_guard<std::mutex> lock(mu);
     ++stats.snapshots;
     stats.last_snapshot_step = step;
-    if (auto_interval) meter.on_snapshot(snapshot_end, stats.persisted, stats.failed);
+    if (auto_meter) auto_meter->on_snapshot(snapshot_end, stats.persisted, stats.failed);
     stats.last_stall_s = stall;
     stats.total_stall_s += stall;
     if (waited_for_persist) {
@@ -100,7 +100,7 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind) {
   }
   if (waited_for_persist) report_backpressure(step, waited);
   if (!job->error.empty()) log::error(rank, "the snapshot of step " + std::to_string(step) + " failed: " + job->error);
-  enqueue(true, [this, job] { persist(*job); });
+  queue.enqueue(true, [this, job] { persist(*job); });
 }
 
 void Checkpointer::Impl::start_copies(PersistJob& job, const StagingPlan& plan) {
@@ -110,7 +110,7 @@ void Checkpointer::Impl::start_copies(PersistJob& job, const StagingPlan& plan) 
   std::vector<Piece> pieces(regions.size());
   for (const Slot& s : plan.host) {
     const RegionSpec& r = regions[s.region];
-    std::byte* dst = host.data() + s.offset;
+    std::byte* dst = staging.host.data() + s.offset;
     if (r.size == 0) {
       // nothing to copy
     } else if (r.sync) {
@@ -122,7 +122,7 @@ void Checkpointer::Impl::start_copies(PersistJob& job, const StagingPlan& plan) 
   }
   for (const Slot& s : plan.device) {
     const RegionSpec& r = regions[s.region];
-    std::byte* dst = static_cast<std::byte*>(pinned.data) + s.offset;
+    std::byte* dst = static_cast<std::byte*>(staging.pinned.data) + s.offset;
     device_copies.push_back({dst, r.data, r.size, r.stream});
     device_sync = device_sync || r.sync;
     pieces[s.region] = {r.name, dst, r.size, region_meta[s.region]};
@@ -136,7 +136,7 @@ void Checkpointer::Impl::start_copies(PersistJob& job, const StagingPlan& plan) 
       job.error = s.error();
     } else {
       job.device_copy = true;
-      device_guard_pending = true;
+      staging.device_guard_pending = true;
       // Device state that changes outside updates: the compute streams wait for the copy right away.
       if (device_sync) guard();
     }
@@ -144,7 +144,7 @@ void Checkpointer::Impl::start_copies(PersistJob& job, const StagingPlan& plan) 
   if (job.error.empty() && !async.empty()) {
     pool->start(split_copies(async, kCopyChunk));
     job.host_copy = true;
-    snapshot_active = true;
+    staging.host_copying = true;
   }
 }
 

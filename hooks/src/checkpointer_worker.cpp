@@ -1,9 +1,6 @@
-// The persist queue: the worker thread's loop and queue, the staging it grows in the background, and the persist
-// of one checkpoint (shard, publication, and on the writer the commit and retention). Runs on the worker thread,
-// except enqueue, wait_idle, ask_staging and plan_growth (training thread) and record_error (any thread).
-#include <sys/resource.h>
-#include <unistd.h>
-
+// The persist thread's tasks (persist_queue.hpp): the staging it grows in the background, and the persist of one
+// checkpoint (shard, publication, and on the writer the commit and retention). Runs on the worker thread, except
+// ask_staging and plan_growth (training thread) and record_error (any thread).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,14 +12,6 @@
 
 namespace ckpt::hooks {
 
-namespace {
-
-// The persist thread runs at the lowest priority. Buffered writes cost a lot of system CPU (page-cache
-// allocation runs at first-touch speed on some VMs: ~2.6 s per GiB here); training must win a contended core.
-constexpr int kPersistNice = 19;
-
-}  // namespace
-
 Checkpointer::Impl::~Impl() {
   free_pinned();
   free_rescued();
@@ -31,48 +20,6 @@ Checkpointer::Impl::~Impl() {
 Stats Checkpointer::Impl::stats_copy() const {
   std::lock_guard<std::mutex> lock(mu);
   return stats;
-}
-
-// ---- worker ----------------------------------------------------------------------------------------------
-
-void Checkpointer::Impl::worker_loop() {
-  // Linux nice values are per thread; a failure only costs some interference.
-  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kPersistNice);
-  for (;;) {
-    Task task;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return stopping || !tasks.empty(); });
-      if (tasks.empty()) return;
-      task = std::move(tasks.front());
-      tasks.pop_front();
-      busy = true;
-    }
-    task.run();
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      busy = false;
-      if (task.persist) --persists_pending;
-    }
-    cv.notify_all();
-  }
-}
-
-void Checkpointer::Impl::enqueue(bool persist, std::function<void()> run) {
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    tasks.push_back({persist, std::move(run)});
-    if (persist) ++persists_pending;
-  }
-  cv.notify_all();
-}
-
-// Blocks until the worker has nothing to do; returns whether a persist was what it waited for.
-bool Checkpointer::Impl::wait_idle() {
-  std::unique_lock<std::mutex> lock(mu);
-  bool persist = persists_pending > 0;
-  cv.wait(lock, [&] { return tasks.empty() && !busy; });
-  return persist;
 }
 
 void Checkpointer::Impl::record_error(const std::string& message) {
@@ -85,32 +32,32 @@ void Checkpointer::Impl::record_error(const std::string& message) {
 // ---- staging ---------------------------------------------------------------------------------------------
 
 void Checkpointer::Impl::free_pinned() {
-  if (pinned.data != nullptr && device) device->free_pinned(pinned.data);
-  pinned = {};
+  if (staging.pinned.data != nullptr && device) device->free_pinned(staging.pinned.data);
+  staging.pinned = {};
 }
 
 void Checkpointer::Impl::update_staging_stats() {
   std::lock_guard<std::mutex> lock(mu);
-  stats.staging_bytes = host.size() + pinned.size;
+  stats.staging_bytes = staging.host.size() + staging.pinned.size;
 }
 
 // Worker or training thread (the latter only after wait_idle): host staging of at least `bytes`.
 Status Checkpointer::Impl::grow_host(std::size_t bytes) {
-  if (host.size() >= bytes) return Status::success();
-  host = HostBuffer();  // release first: staging must never be twice the state
+  if (staging.host.size() >= bytes) return Status::success();
+  staging.host = HostBuffer();  // release first: staging must never be twice the state
   auto buffer = HostBuffer::allocate(bytes);
   if (!buffer) return Status::failure(buffer.error());
-  host = std::move(buffer).value();
+  staging.host = std::move(buffer).value();
   update_staging_stats();
   return Status::success();
 }
 
 Status Checkpointer::Impl::grow_pinned(std::size_t bytes) {
-  if (pinned.size >= bytes) return Status::success();
+  if (staging.pinned.size >= bytes) return Status::success();
   free_pinned();
   auto p = device->alloc_pinned(bytes);
   if (!p) return Status::failure(p.error());
-  pinned = {*p, bytes};
+  staging.pinned = {*p, bytes};
   update_staging_stats();
   return Status::success();
 }
@@ -118,8 +65,8 @@ Status Checkpointer::Impl::grow_pinned(std::size_t bytes) {
 // Raises the staging sizes wanted; true when they grew (a grow task must be queued).
 bool Checkpointer::Impl::ask_staging(std::size_t host_bytes, std::size_t pinned_bytes) {
   std::lock_guard<std::mutex> lock(mu);
-  if (host_bytes <= staging_asked.first && pinned_bytes <= staging_asked.second) return false;
-  staging_asked = {std::max(staging_asked.first, host_bytes), std::max(staging_asked.second, pinned_bytes)};
+  if (host_bytes <= staging.asked.first && pinned_bytes <= staging.asked.second) return false;
+  staging.asked = {std::max(staging.asked.first, host_bytes), std::max(staging.asked.second, pinned_bytes)};
   return true;
 }
 
@@ -128,12 +75,12 @@ bool Checkpointer::Impl::ask_staging(std::size_t host_bytes, std::size_t pinned_
 void Checkpointer::Impl::plan_growth() {
   StagingPlan plan = plan_staging(regions);
   if (ask_staging(plan.host_bytes, plan.device_bytes)) {
-    enqueue(false, [this] {
+    queue.enqueue(false, [this] {
       std::pair<std::size_t, std::size_t> target;
       {
         std::lock_guard<std::mutex> lock(mu);
-        target = staging_asked;
-        if (staging_lent) target.second = 0;  // the last words are copying into it
+        target = staging.asked;
+        if (staging.lent) target.second = 0;  // the last words are copying into it
       }
       if (Status s = grow_host(target.first); !s) log::error(rank, s.error() + " (retried at the next snapshot)");
       if (target.second > 0) {
@@ -255,7 +202,7 @@ void Checkpointer::Impl::persist(const PersistJob& job) {
                 persist_s, rate);
   log::info(rank, line);
   collect_garbage(job.step);
-  if (job.kind == store::Kind::Terminal && time_limit_stop == job.step) {
+  if (job.kind == store::Kind::Terminal && sched.time_limit_stop == job.step) {
     continue_after_time_limit(TimeLimitStop{config.dir, config.job_id, config.restart_count, job.step,
                                             config.resume_step, config.max_restarts, config.requeue,
                                             config.generation});

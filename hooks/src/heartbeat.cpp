@@ -160,9 +160,7 @@ void Mesh::Impl::mark_gone(int peer, const std::string& why, bool died_now, int 
     if (it != links.end() && it->second.fd >= 0) ::shutdown(it->second.fd, SHUT_RDWR);  // closed by the mesh thread
     refresh_view_locked();
     if (!quiet) {
-      Frame news = frame(kGone);
-      news.subject = peer;
-      news.flags = died_now ? kGoneDied : kGoneLeft;
+      const Frame news = GoneFrame{peer, died_now}.to_frame();
       for (auto& [other, link] : links) {
         if (other != told_by && other != peer) send_locked(other, news);
       }
@@ -238,10 +236,7 @@ void Mesh::Impl::adopt(int peer, int fd, std::string first_bytes, const PeerId& 
     // What this rank knows is gone, so that a neighbour made by a failure shares the view.
     for (int r = 0; r < settings.world_size; ++r) {
       if (!gone[static_cast<std::size_t>(r)]) continue;
-      Frame news = frame(kGone);
-      news.subject = r;
-      news.flags = died[static_cast<std::size_t>(r)] ? kGoneDied : kGoneLeft;
-      send_locked(peer, news);
+      send_locked(peer, GoneFrame{r, died[static_cast<std::size_t>(r)] != 0}.to_frame());
     }
     advance_barrier_locked();
   }
@@ -263,9 +258,7 @@ void Mesh::Impl::advance_barrier_locked() {
     total += it->second;
   }
   if (!view.is_root) {
-    Frame f = frame(kJoined);
-    f.a = total;
-    joined_sent = send_locked(*view.up, f);
+    joined_sent = send_locked(*view.up, JoinedFrame{total}.to_frame());
     return;
   }
   if (total < static_cast<std::uint64_t>(settings.world_size)) return;
@@ -282,17 +275,17 @@ void Mesh::Impl::deliver(int peer, const Frame& f) {
       mark_gone(peer, "left", false, peer);
       return;
     case kGone: {
-      if (f.subject < 0 || f.subject >= settings.world_size) return;
-      const bool died_there = f.flags == kGoneDied;
-      std::string why = f.subject == settings.rank
+      const GoneFrame news = GoneFrame::from_frame(f);
+      if (news.rank < 0 || news.rank >= settings.world_size) return;
+      std::string why = news.rank == settings.rank
                             ? "rank " + std::to_string(peer) + " says the job counts this rank as dead"
-                            : (died_there ? "rank " + std::to_string(peer) + " says it died" : "left");
-      mark_gone(f.subject, why, died_there, peer);
+                            : (news.died ? "rank " + std::to_string(peer) + " says it died" : "left");
+      mark_gone(news.rank, why, news.died, peer);
       return;
     }
     case kJoined: {
       std::lock_guard<std::mutex> lock(mu);
-      joined[peer] = f.a;
+      joined[peer] = JoinedFrame::from_frame(f).ranks;
       advance_barrier_locked();
       return;
     }

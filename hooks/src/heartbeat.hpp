@@ -79,6 +79,37 @@ inline constexpr std::uint32_t kRecordsReady = 1;
 inline constexpr std::uint32_t kGoneDied = 1;
 inline constexpr std::uint32_t kGoneLeft = 2;
 
+// The network's own frames with a payload, typed like the last words' (last_words_frames.hpp); kHeartbeat, kBye
+// and kGo carry nothing but their type. The network sets `from` and the magic on every send.
+
+// Flooded: `rank` is gone; subject = rank, flags = kGoneDied (it died) or kGoneLeft (an orderly leave).
+struct GoneFrame {
+  int rank = -1;
+  bool died = false;
+
+  Frame to_frame() const {
+    Frame f;
+    f.type = kGone;
+    f.subject = rank;
+    f.flags = died ? kGoneDied : kGoneLeft;
+    return f;
+  }
+  static GoneFrame from_frame(const Frame& f) { return {f.subject, f.flags == kGoneDied}; }
+};
+
+// Start barrier, sent up: `ranks` of the sender's subtree (itself included) joined; a = ranks.
+struct JoinedFrame {
+  std::uint64_t ranks = 0;
+
+  Frame to_frame() const {
+    Frame f;
+    f.type = kJoined;
+    f.a = ranks;
+    return f;
+  }
+  static JoinedFrame from_frame(const Frame& f) { return {f.a}; }
+};
+
 // The three handshake messages (104 bytes each); `head` is a Frame with the magic in `pad`.
 struct Handshake {
   Frame head;

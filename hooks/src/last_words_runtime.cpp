@@ -68,31 +68,42 @@ struct LastWords::Impl {
   mutable std::mutex mu;
   mutable std::condition_variable cv;
   bool stopping = false;                      // guarded by mu
-  bool triggered = false;                     // guarded by mu
-  bool alarm_sent = false;                    // guarded by mu: this rank flooded the alarm (once)
-  std::string trigger_why;                    // guarded by mu
-  Clock::time_point trigger_time;             // guarded by mu
-  std::map<int, ReportFrame> reports;         // guarded by mu: rank -> its report (this rank's subtree, all at root)
-  std::map<int, bool> wrote;                  // guarded by mu: writer rank -> its terminal shard is durable
-  std::set<int> accounted;                    // guarded by mu: ranks that reported or are gone
-  std::set<int> gone;                         // guarded by mu
-  std::vector<int> died;                      // guarded by mu: ranks lost (not left in order)
-  std::vector<int> died_before_outcome;       // guarded by mu: those lost before the outcome was known here
-  // The decision, as the root sent it (or made it, at the root).
-  bool decided = false;                       // guarded by mu: the header came
-  bool decision_write = false;
-  bool decision_durable = false;              // at the root: the decided step is committed already (no write needed)
-  std::uint64_t decision_step = 0;
-  int decision_root = -1;
-  std::vector<int> stages;                    // guarded by mu: per stage, the dp index that writes; -1 unknown
+  // How the last words started here (guarded by mu).
+  struct Trigger {
+    bool fired = false;
+    bool alarm_sent = false;  // this rank flooded the alarm (once)
+    std::string why;
+    Clock::time_point at;
+  } trigger;
+  // What this rank knows of the others (guarded by mu).
+  struct Tally {
+    std::map<int, ReportFrame> reports;     // rank -> its report (this rank's subtree, all at root)
+    std::map<int, bool> wrote;              // writer rank -> its terminal shard is durable
+    std::set<int> accounted;                // ranks that reported or are gone
+    std::set<int> gone;
+    std::vector<int> died;                  // ranks lost (not left in order)
+    std::vector<int> died_before_outcome;   // those lost before the outcome was known here
+  } tally;
+  // The decision, as the root sent it (or made it, at the root); guarded by mu.
+  struct RootDecision {
+    bool came = false;     // the header came
+    bool write = false;
+    bool durable = false;  // at the root: the decided step is committed already (no write needed)
+    std::uint64_t step = 0;
+    int root = -1;
+    std::vector<int> stages;  // per stage, the dp index that writes; -1 unknown
+  } decision;
   bool ended = false;                         // guarded by mu: the root's outcome came
   bool ended_committed = false;
   LastWordsOutcome outcome;                   // guarded by mu
-  std::function<void(const heartbeat::Frame&, int)> coordination;  // guarded by mu
-  std::function<void(const heartbeat::Frame&, int)> pace;          // guarded by mu
-  // Coordination frames that came before the handler was set (a neighbour that got "go" and counted its restore
-  // before this rank attached its coordinator): delivered when it is set, never dropped. Guarded by mu.
-  std::vector<std::pair<heartbeat::Frame, int>> early_coordination;
+  // The frames of the other users of the network (guarded by mu): the coordinator's and the pace tree's.
+  struct Handlers {
+    std::function<void(const heartbeat::Frame&, int)> coordination;
+    std::function<void(const heartbeat::Frame&, int)> pace;
+    // Coordination frames that came before the handler was set (a neighbour that got "go" and counted its
+    // restore before this rank attached its coordinator): delivered when it is set, never dropped.
+    std::vector<std::pair<heartbeat::Frame, int>> early_coordination;
+  } handlers;
   std::thread thread;
 
   std::atomic<bool> abandoned{false};                 // the mesh never started
@@ -108,22 +119,22 @@ struct LastWords::Impl {
   }
 
   bool decision_complete_locked() const {
-    return decided && std::none_of(stages.begin(), stages.end(), [](int d) { return d < -1; });
+    return decision.came && std::none_of(decision.stages.begin(), decision.stages.end(), [](int d) { return d < -1; });
   }
 
   // Starts the last words here; `alarm`: tell every rank (a signal, a trigger, an alarm passed on).
   void fire(const std::string& why, bool alarm, int from = -1) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (!triggered) {
-        triggered = true;
-        trigger_why = why;
-        trigger_time = Clock::now();
+      if (!trigger.fired) {
+        trigger.fired = true;
+        trigger.why = why;
+        trigger.at = Clock::now();
         outcome.triggered = true;
         outcome.detect_unix = unix_seconds();
       }
-      if (alarm && !alarm_sent) {
-        alarm_sent = true;
+      if (alarm && !trigger.alarm_sent) {
+        trigger.alarm_sent = true;
         net()->flood(heartbeat::AlarmFrame{from < 0 ? rank : from}.to_frame(), from);
       }
     }
@@ -132,19 +143,19 @@ struct LastWords::Impl {
 
   void send_decision_locked(int only) {
     auto out = [&](const heartbeat::Frame& f) { only >= 0 ? (void)net()->send(only, f) : net()->flood(f); };
-    out(heartbeat::DecisionFrame{decision_root, decision_step, stages.size(), decision_write}.to_frame());
-    for (std::size_t p = 0; p < stages.size(); ++p) {
-      out(heartbeat::StageFrame{static_cast<int>(p), stages[p], decision_step}.to_frame());
+    out(heartbeat::DecisionFrame{decision.root, decision.step, decision.stages.size(), decision.write}.to_frame());
+    for (std::size_t p = 0; p < decision.stages.size(); ++p) {
+      out(heartbeat::StageFrame{static_cast<int>(p), decision.stages[p], decision.step}.to_frame());
     }
   }
 
   void send_outcome_locked(int only) {
-    const heartbeat::Frame f = heartbeat::OutcomeFrame{decision_step, ended_committed}.to_frame();
+    const heartbeat::Frame f = heartbeat::OutcomeFrame{decision.step, ended_committed}.to_frame();
     only >= 0 ? (void)net()->send(only, f) : net()->flood(f);
   }
 
   void account_locked(int r) {
-    if (r >= 0 && r < config.world_size) accounted.insert(r);
+    if (r >= 0 && r < config.world_size) tally.accounted.insert(r);
   }
 
   // Mesh threads.
@@ -157,7 +168,7 @@ struct LastWords::Impl {
     switch (e.kind) {
       case Kind::PeerLeft: {
         std::lock_guard<std::mutex> lock(mu);
-        gone.insert(e.peer);
+        tally.gone.insert(e.peer);
         account_locked(e.peer);
         cv.notify_all();
         return;
@@ -166,10 +177,10 @@ struct LastWords::Impl {
         {
           std::lock_guard<std::mutex> lock(mu);
           if (e.peer != rank) {
-            gone.insert(e.peer);
-            died.push_back(e.peer);
+            tally.gone.insert(e.peer);
+            tally.died.push_back(e.peer);
             // A survivor that leaves once the outcome is out (to form the next group) is not a loss.
-            if (!ended) died_before_outcome.push_back(e.peer);
+            if (!ended) tally.died_before_outcome.push_back(e.peer);
             account_locked(e.peer);
           } else {
             outcome.counted_dead = true;
@@ -190,13 +201,15 @@ struct LastWords::Impl {
       case Kind::LinkUp: {
         // A neighbour made by a failure: it learns what this rank knows, and reports go up again.
         std::lock_guard<std::mutex> lock(mu);
-        if (!triggered) return;
+        if (!trigger.fired) return;
         net()->send(e.peer, heartbeat::AlarmFrame{rank}.to_frame());
-        if (decided) send_decision_locked(e.peer);
+        if (decision.came) send_decision_locked(e.peer);
         if (ended) send_outcome_locked(e.peer);
         if (net()->links().up == e.peer) {
-          for (const auto& [r, sent] : reports) net()->send(e.peer, sent.to_frame());
-          for (const auto& [r, ok] : wrote) net()->send(e.peer, heartbeat::WroteFrame{r, decision_step, ok}.to_frame());
+          for (const auto& [r, sent] : tally.reports) net()->send(e.peer, sent.to_frame());
+          for (const auto& [r, ok] : tally.wrote) {
+            net()->send(e.peer, heartbeat::WroteFrame{r, decision.step, ok}.to_frame());
+          }
         }
         return;
       }
@@ -217,7 +230,7 @@ struct LastWords::Impl {
         const ReportFrame got = ReportFrame::from_frame(f);
         if (got.rank < 0 || got.rank >= config.world_size) return;
         std::lock_guard<std::mutex> lock(mu);
-        if (!reports.emplace(got.rank, got).second) return;
+        if (!tally.reports.emplace(got.rank, got).second) return;
         account_locked(got.rank);
         net()->send_up(f);
         cv.notify_all();
@@ -227,7 +240,7 @@ struct LastWords::Impl {
         const auto got = heartbeat::WroteFrame::from_frame(f);
         if (got.rank < 0 || got.rank >= config.world_size) return;
         std::lock_guard<std::mutex> lock(mu);
-        if (!wrote.emplace(got.rank, got.durable).second) return;
+        if (!tally.wrote.emplace(got.rank, got.durable).second) return;
         net()->send_up(f);
         cv.notify_all();
         break;
@@ -235,11 +248,11 @@ struct LastWords::Impl {
       case heartbeat::kDecision: {
         const auto got = heartbeat::DecisionFrame::from_frame(f);
         std::lock_guard<std::mutex> lock(mu);
-        if (decided || got.stages != stages.size()) return;
-        decided = true;
-        decision_write = got.write;
-        decision_step = got.step;
-        decision_root = got.root;
+        if (decision.came || got.stages != decision.stages.size()) return;
+        decision.came = true;
+        decision.write = got.write;
+        decision.step = got.step;
+        decision.root = got.root;
         outcome.root = got.root;
         outcome.decided_unix = unix_seconds();
         net()->flood(f, from);
@@ -249,8 +262,8 @@ struct LastWords::Impl {
       case heartbeat::kStage: {
         const auto got = heartbeat::StageFrame::from_frame(f);
         std::lock_guard<std::mutex> lock(mu);
-        if (got.stage < 0 || static_cast<std::size_t>(got.stage) >= stages.size()) return;
-        int& d = stages[static_cast<std::size_t>(got.stage)];
+        if (got.stage < 0 || static_cast<std::size_t>(got.stage) >= decision.stages.size()) return;
+        int& d = decision.stages[static_cast<std::size_t>(got.stage)];
         if (d >= -1) return;
         d = got.writer;
         net()->flood(f, from);
@@ -266,9 +279,10 @@ struct LastWords::Impl {
         std::function<void(const heartbeat::Frame&, int)> to;
         {
           std::lock_guard<std::mutex> lock(mu);
-          to = coordination;
+          to = handlers.coordination;
           if (!to) {
-            if (early_coordination.size() < kMaxEarlyCoordination) early_coordination.emplace_back(f, from);
+            auto& early = handlers.early_coordination;
+            if (early.size() < kMaxEarlyCoordination) early.emplace_back(f, from);
             return;
           }
         }
@@ -280,7 +294,7 @@ struct LastWords::Impl {
         std::function<void(const heartbeat::Frame&, int)> to;
         {
           std::lock_guard<std::mutex> lock(mu);
-          to = pace;
+          to = handlers.pace;
         }
         if (to) to(f, from);
         return;
@@ -302,17 +316,17 @@ struct LastWords::Impl {
   // Waits for the trigger: a peer's death, an alarm, a notice signal or trigger(). False when stopping first.
   bool wait_for_trigger(Clock::time_point& t0) {
     std::unique_lock<std::mutex> lock(mu);
-    while (!stopping && !triggered) {
+    while (!stopping && !trigger.fired) {
       cv.wait_for(lock, std::chrono::milliseconds(50));
-      if (config.signals && notice::count() > notices_seen && !triggered) {
+      if (config.signals && notice::count() > notices_seen && !trigger.fired) {
         lock.unlock();
         fire("signal " + std::to_string(notice::last_signal()), true);
         lock.lock();
       }
     }
-    if (!triggered) return false;
-    t0 = trigger_time;
-    log::info(rank, "last words: " + trigger_why);
+    if (!trigger.fired) return false;
+    t0 = trigger.at;
+    log::info(rank, "last words: " + trigger.why);
     return true;
   }
 
@@ -354,7 +368,7 @@ struct LastWords::Impl {
     mine.mid_update = me.mid_update;
     mine.can_write = ready;
     std::lock_guard<std::mutex> lock(mu);
-    reports.emplace(rank, mine);
+    tally.reports.emplace(rank, mine);
     account_locked(rank);
     net()->send_up(mine.to_frame());
     cv.notify_all();
@@ -377,10 +391,10 @@ struct LastWords::Impl {
     auto current_reports = [&] {
       std::vector<last_words::RankReport> out;
       unable.clear();
-      for (const auto& [p, sent] : reports) {
+      for (const auto& [p, sent] : tally.reports) {
         last_words::RankReport r;
         r.coord = p == rank ? config.coord : unpack_coord(p, sent.coord);
-        r.alive = sent.can_write && gone.count(p) == 0;
+        r.alive = sent.can_write && tally.gone.count(p) == 0;
         if (!sent.can_write) {
           unable.push_back("rank " + std::to_string(p) + " cannot write its state (counted as lost)");
         }
@@ -398,7 +412,7 @@ struct LastWords::Impl {
       if (decision_complete_locked()) return true;
       const bool root = net()->links().is_root;
       const auto now = Clock::now();
-      if (root && (accounted.size() >= static_cast<std::size_t>(config.world_size) || now >= gather_until)) break;
+      if (root && (tally.accounted.size() >= static_cast<std::size_t>(config.world_size) || now >= gather_until)) break;
       if (root && now >= next_try) {
         next_try = now + std::chrono::milliseconds(100);
         last_words::Plan trial = last_words::plan(config.layout, current_reports());
@@ -416,7 +430,7 @@ struct LastWords::Impl {
     }
     // This rank is the root: it decides, once.
     std::vector<last_words::RankReport> rankreports = early ? std::vector<last_words::RankReport>{} : current_reports();
-    const int alive = config.world_size - static_cast<int>(gone.size());
+    const int alive = config.world_size - static_cast<int>(tally.gone.size());
     lock.unlock();
     last_words::Plan plan = early ? std::move(*early) : last_words::plan(config.layout, rankreports);
     log::info(rank, plan.summary);  // "last words: writing ..." or "last words: not writing ..."
@@ -431,15 +445,15 @@ struct LastWords::Impl {
       already_durable = true;
     }
     lock.lock();
-    decision_durable = already_durable;
-    decided = true;
-    decision_write = write_it;
-    decision_step = plan.step;
-    decision_root = rank;
+    decision.durable = already_durable;
+    decision.came = true;
+    decision.write = write_it;
+    decision.step = plan.step;
+    decision.root = rank;
     outcome.root = rank;
     outcome.decided_unix = unix_seconds();
-    stages = plan.replica_of_stage;
-    stages.resize(static_cast<std::size_t>(std::max(config.layout.pp, 1)), -1);
+    decision.stages = plan.replica_of_stage;
+    decision.stages.resize(static_cast<std::size_t>(std::max(config.layout.pp, 1)), -1);
     send_decision_locked(-1);
     cv.notify_all();
     return true;
@@ -497,9 +511,9 @@ struct LastWords::Impl {
     std::uint64_t step = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (!decision_write) return;
-      replica = stages;
-      step = decision_step;
+      if (!decision.write) return;
+      replica = decision.stages;
+      step = decision.step;
       outcome.step = step;
     }
     const std::vector<std::string> keys = last_words::writer_keys(config.layout, replica, config.coord);
@@ -508,7 +522,7 @@ struct LastWords::Impl {
     if (!s) log::error(rank, "last words: the terminal shard of step " + std::to_string(step) + " failed: " + s.error());
     const heartbeat::Frame done = heartbeat::WroteFrame{rank, step, static_cast<bool>(s)}.to_frame();
     std::lock_guard<std::mutex> lock(mu);
-    wrote.emplace(rank, static_cast<bool>(s));
+    tally.wrote.emplace(rank, static_cast<bool>(s));
     outcome.wrote = static_cast<bool>(s);
     net()->send_up(done);
     cv.notify_all();
@@ -523,42 +537,42 @@ struct LastWords::Impl {
       cv.wait_until(lock, deadline + std::chrono::milliseconds(500), [&] { return stopping || ended; });
       return;
     }
-    const std::uint64_t step = decision_step;
+    const std::uint64_t step = decision.step;
     // A step committed already counts as the outcome: the survivors resume from it holding its state (what lets
     // a replacement take that state from a survivor rather than from the dir).
-    bool committed = decision_durable;
-    if (decision_write) {
+    bool committed = decision.durable;
+    if (decision.write) {
       // The writers, from the decision: every rank whose part is not empty.
       std::vector<int> writers;
       for (int p = 0; p < config.world_size; ++p) {
-        auto it = reports.find(p);
-        store::RankCoord c = it == reports.end() ? config.layout.coord_of(p)
+        auto it = tally.reports.find(p);
+        store::RankCoord c = it == tally.reports.end() ? config.layout.coord_of(p)
                                                  : (p == rank ? config.coord : unpack_coord(p, it->second.coord));
-        bool elected = c.pp >= 0 && static_cast<std::size_t>(c.pp) < stages.size() &&
-                       stages[static_cast<std::size_t>(c.pp)] == c.dp;
-        if (elected || (config.layout.zero1 && it != reports.end())) writers.push_back(p);
+        bool elected = c.pp >= 0 && static_cast<std::size_t>(c.pp) < decision.stages.size() &&
+                       decision.stages[static_cast<std::size_t>(c.pp)] == c.dp;
+        if (elected || (config.layout.zero1 && it != tally.reports.end())) writers.push_back(p);
       }
       auto missing = [&]() -> std::optional<int> {
         for (int w : writers) {
-          if (!wrote.count(w)) return w;
+          if (!tally.wrote.count(w)) return w;
         }
         return std::nullopt;
       };
       cv.wait_until(lock, deadline, [&] {
         if (stopping) return true;
         for (int w : writers) {
-          if (!wrote.count(w) && gone.count(w)) return true;  // a writer died: no use waiting
+          if (!tally.wrote.count(w) && tally.gone.count(w)) return true;  // a writer died: no use waiting
         }
         return !missing();
       });
       bool all = true;
       for (int w : writers) {
-        auto it = wrote.find(w);
-        if (it == wrote.end() || !it->second) {
+        auto it = tally.wrote.find(w);
+        if (it == tally.wrote.end() || !it->second) {
           all = false;
           log::warn(rank, "last words: rank " + std::to_string(w) +
-                              (it != wrote.end() ? " failed its shard"
-                                                 : gone.count(w) ? " died before its shard was durable"
+                              (it != tally.wrote.end() ? " failed its shard"
+                                                 : tally.gone.count(w) ? " died before its shard was durable"
                                                                  : " did not finish its shard in time"));
         }
       }
@@ -597,11 +611,11 @@ struct LastWords::Impl {
     if (!decide(t0)) return finish();
     {
       std::lock_guard<std::mutex> lock(mu);
-      outcome.step = decision_step;
-      if (decision_root != rank) {
-        outcome.summary = std::string("last words: ") + (decision_write ? "writing" : "not writing") +
-                          " a terminal checkpoint at step " + std::to_string(decision_step) + " (rank " +
-                          std::to_string(decision_root) + " decided)";
+      outcome.step = decision.step;
+      if (decision.root != rank) {
+        outcome.summary = std::string("last words: ") + (decision.write ? "writing" : "not writing") +
+                          " a terminal checkpoint at step " + std::to_string(decision.step) + " (rank " +
+                          std::to_string(decision.root) + " decided)";
         log::debug(rank, outcome.summary);
       }
     }
@@ -619,11 +633,11 @@ struct LastWords::Impl {
       outcome.done = true;
       outcome.done_unix = unix_seconds();
       outcome.ended_committed = ended_committed;
-      outcome.lost = died_before_outcome;
+      outcome.lost = tally.died_before_outcome;
       std::sort(outcome.lost.begin(), outcome.lost.end());
-      for (int p : died) lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(p);
-      lost_ranks = died;
-      decider = decision_root == rank;
+      for (int p : tally.died) lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(p);
+      lost_ranks = tally.died;
+      decider = decision.root == rank;
     }
     if (decider && !lost_ranks.empty()) record_lost_peers(lost_ranks);
     cv.notify_all();
@@ -686,7 +700,7 @@ Result<std::unique_ptr<LastWords>> LastWords::start(const Config& config, const 
   impl->prepare = std::move(prepare);
   impl->rank = config.rank;
   impl->notices_seen = notice::count();
-  impl->stages.assign(static_cast<std::size_t>(std::max(config.layout.pp, 1)), -2);
+  impl->decision.stages.assign(static_cast<std::size_t>(std::max(config.layout.pp, 1)), -2);
   heartbeat::Settings s;
   s.rank = config.rank;
   s.world_size = config.world_size;
@@ -717,12 +731,12 @@ void LastWords::trigger(const std::string& why) { impl_->fire(why, true); }
 
 bool LastWords::triggered() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->triggered;
+  return impl_->trigger.fired;
 }
 
 bool LastWords::wait_triggered(std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(impl_->mu);
-  return impl_->cv.wait_for(lock, timeout, [&] { return impl_->triggered; });
+  return impl_->cv.wait_for(lock, timeout, [&] { return impl_->trigger.fired; });
 }
 
 bool LastWords::wait_done(std::chrono::milliseconds timeout) const {
@@ -741,15 +755,15 @@ heartbeat::Mesh& LastWords::network() { return *impl_->mesh; }
 
 void LastWords::set_pace(std::function<void(const heartbeat::Frame&, int from)> handler) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->pace = std::move(handler);
+  impl_->handlers.pace = std::move(handler);
 }
 
 void LastWords::set_coordination(std::function<void(const heartbeat::Frame&, int from)> handler) {
   std::vector<std::pair<heartbeat::Frame, int>> early;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->coordination = handler;
-    early.swap(impl_->early_coordination);
+    impl_->handlers.coordination = handler;
+    early.swap(impl_->handlers.early_coordination);
   }
   if (!handler) return;
   for (const auto& [frame, from] : early) handler(frame, from);
