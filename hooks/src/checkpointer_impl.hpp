@@ -133,8 +133,13 @@ struct RestoreRequest {
 // ZeRO-1 rank's ranges of other shards, every tensor of a load onto another split).
 struct Restored {
   std::vector<RestoredRegion> regions;
-  std::deque<std::vector<std::byte>> ranges;
+  std::deque<std::unique_ptr<std::byte[]>> ranges;  // not zeroed first: a read fills each whole
   bool resharded = false;  // the last load was such a one
+
+  // A buffer of `bytes` for one of them, kept until the next load.
+  std::byte* hold(std::size_t bytes) {
+    return ranges.emplace_back(std::make_unique_for_overwrite<std::byte[]>(bytes)).get();
+  }
 };
 
 // Last words: the device regions copied to host memory when they start (the last-words thread's).

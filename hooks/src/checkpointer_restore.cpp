@@ -67,14 +67,15 @@ Status Checkpointer::Impl::load_reshard_ranges(const std::string& root, const st
   }
   std::uint64_t bytes = 0;
   for (const auto& [shard, range] : *ranges) {
-    std::vector<std::byte>& into = restored.ranges.emplace_back(static_cast<std::size_t>(range.length));
-    store::ShardRead read = store::read_range(root, m.step, m.shards[shard], range, into.data());
+    const auto size = static_cast<std::size_t>(range.length);
+    std::byte* into = restored.hold(size);
+    store::ShardRead read = store::read_range(root, m.step, m.shards[shard], range, into);
     if (!read.status) {
       definite = read.definite;
       return Status::failure(read.status.error());
     }
     bytes += read.bytes;
-    restored.regions.push_back({range.name, range.meta.dump(), into.data(), into.size()});
+    restored.regions.push_back({range.name, range.meta.dump(), into, size});
   }
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -138,16 +139,16 @@ Status Checkpointer::Impl::load_relayout(const std::string& root, const store::M
   std::vector<std::byte> scratch;  // one saved range, read whole to check it, when only a box of it is wanted
   std::uint64_t bytes = 0, joined = 0;
   for (const store::RelayoutPiece& piece : *pieces) {
-    std::vector<std::byte>& into = restored.ranges.emplace_back(static_cast<std::size_t>(piece.bytes));
-    store::ShardRead read =
-        store::read_block(root, m, piece.reads, piece.want, piece.element_size, into.data(), scratch);
+    const auto size = static_cast<std::size_t>(piece.bytes);
+    std::byte* into = restored.hold(size);
+    store::ShardRead read = store::read_block(root, m, piece.reads, piece.want, piece.element_size, into, scratch);
     bytes += read.bytes;
     if (!read.status) {
       definite = read.definite;
       return Status::failure(read.status.error());
     }
     joined += piece.want && piece.reads.size() > 1 ? 1 : 0;
-    restored.regions.push_back({piece.name, piece.meta.dump(), into.data(), into.size()});
+    restored.regions.push_back({piece.name, piece.meta.dump(), into, size});
   }
   set_restore_bytes(bytes, 0);
   log::info(rank, at + "written by " + std::to_string(m.world_size) + " ranks (tp " + std::to_string(m.layout.tp) +
