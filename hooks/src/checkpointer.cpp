@@ -123,19 +123,20 @@ Status Checkpointer::Impl::close(bool wait_for_peers) {
   if (!enabled) return life.close_status;
   watch.nccl.reset();  // stops polling; the program destroys its communicators after close()
   if (watch.last_words) {
+    const bool speaks = watch.last_words->speaks();  // false: the network alone, for the tree coordinator
     // A training error on an armed job is most likely a dead peer (gloo resets within ~50 ms, the mesh needs up
     // to its silence limit): wait for the last words before this rank goes, or peers would count it dead too.
-    if (!wait_for_peers || watch.last_words->triggered()) {
+    if (speaks && (!wait_for_peers || watch.last_words->triggered())) {
       wait_for_peers = false;
       if (watch.last_words->wait_triggered(std::chrono::milliseconds(2000))) {
         (void)watch.last_words->wait_done(std::chrono::milliseconds(10000));
       }
-    } else {
+    } else if (wait_for_peers) {
       // The last checkpoint's completion travels over the network: it stays up until this rank's part is done.
       guard();
       queue.wait_idle();
       coord->drain(std::chrono::milliseconds(config.commit_timeout_s * 1000));
-      if (watch.last_words->triggered()) {
+      if (speaks && watch.last_words->triggered()) {
         wait_for_peers = false;
         (void)watch.last_words->wait_done(std::chrono::milliseconds(10000));
       } else {
@@ -209,24 +210,24 @@ Status Checkpointer::Impl::start_interval() {
 }
 
 Status Checkpointer::Impl::arm_last_words() {
-  if (!last_words_armed(config)) {
-    if (config.last_words && !config.layout_declared && config.world_size > 1 && config.rank == 0) {
-      // Without a layout the survivors cannot tell whether they hold a complete copy, so nothing is armed.
-      log::warn(0, "last words are on but the job declared no layout, so they are off: declare it with "
-                   "CKPT_LAYOUT=dp=<n>,tp=<n>,pp=<n> (or layout= in slurm_ckpt.torch.Checkpointer, which declares "
-                   "dp=<world size> by itself for a DistributedDataParallel model)");
-    }
-    return Status::success();
+  const bool armed = last_words_armed(config);
+  if (!armed && config.last_words && !config.layout_declared && config.world_size > 1 && config.rank == 0) {
+    // Without a layout the survivors cannot tell whether they hold a complete copy, so nothing is armed.
+    log::warn(0, "last words are on but the job declared no layout, so they are off: declare it with "
+                 "CKPT_LAYOUT=dp=<n>,tp=<n>,pp=<n> (or layout= in slurm_ckpt.torch.Checkpointer, which declares "
+                 "dp=<world size> by itself for a DistributedDataParallel model)");
   }
-  auto lw = start_last_words();
+  // The network runs for the tree coordinator whether or not the last words speak on it.
+  if (!armed && !coord->uses_network()) return Status::success();
+  auto lw = start_last_words(armed);
   if (!lw) return Status::failure(lw.error());
   {
     std::lock_guard<std::mutex> lock(watch.mu);
     watch.last_words = std::move(lw).value();
-    watch.armed = true;
+    watch.armed = armed;
   }
   coord->attach(*watch.last_words);
-  if (config.straggler.enabled) {
+  if (armed && config.straggler.enabled) {
     watch.pace = std::make_shared<PaceTree>(config, watch.last_words->network());
     watch.last_words->set_pace([p = watch.pace](const heartbeat::Frame& f, int from) { p->on_frame(f, from); });
   }
@@ -408,7 +409,7 @@ Result<bool> Checkpointer::after_step(std::uint64_t step) {
   if (!d) return Error{d.error()};
   // The device's update events first: last words may be waiting for this update to end, and copy the device
   // state as soon as finish_step() says it has.
-  if (m.watch.last_words && m.device && !m.device_streams.empty()) {
+  if (m.watch.last_words && m.watch.last_words->speaks() && m.device && !m.device_streams.empty()) {
     if (Status s = m.device->mark_updates(m.device_streams); !s) m.record_error(s.error());
   }
   m.tracker.finish_step(step);

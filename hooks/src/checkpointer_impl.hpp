@@ -243,8 +243,9 @@ struct Checkpointer::Impl {
   // ---- last words (checkpointer_rescue.cpp) ----------------------------------------------------------------------
 
   void free_rescued();
-  // Training thread, in create(): arms the last words (last_words_runtime.hpp) with this rank's writes.
-  Result<std::unique_ptr<LastWords>> start_last_words();
+  // Training thread, in create(): the heartbeat network, with the last words (last_words_runtime.hpp) and this
+  // rank's writes when `speak`.
+  Result<std::unique_ptr<LastWords>> start_last_words(bool speak);
   // The last-words thread: the device regions into host memory, by `deadline`.
   Status rescue_device_state(Clock::time_point deadline);
   // The last-words thread: this rank's live state, consistent at `step`, as a terminal shard covering `keys`.
@@ -284,8 +285,9 @@ struct Checkpointer::Impl {
   Result<std::uint64_t> restore(bool copy_into_regions);
   // At creation: the interval's seconds (a fixed one, or the auto chooser's first, rank 0 keeping the chooser).
   Status start_interval();
-  // At creation: the heartbeat network and last words where the job armed them, the pace tree on it for the
-  // straggler detection; a warning when they are on but the job declared no layout.
+  // At creation: the heartbeat network where the coordinator uses it or the job armed the last words, the last
+  // words on it where armed, and the pace tree for the straggler detection; a warning when they are on but the job
+  // declared no layout.
   Status arm_last_words();
   // The restore's rounds: the leader proposes a candidate, every rank loads it, and all agree; a candidate any rank
   // found bad is marked FAILED once and every rank walks back. The step loaded (nullopt: none), `plan` its plan.

@@ -17,10 +17,11 @@ using posix::join;
 
 }  // namespace
 
-Result<std::unique_ptr<LastWords>> Checkpointer::Impl::start_last_words() {
+Result<std::unique_ptr<LastWords>> Checkpointer::Impl::start_last_words(bool speak) {
   Impl* p = this;
   // Committed before Slurm's SIGKILL: 90% of KillWait, from the detection.
   LastWords::Timing timing;
+  timing.speak = speak;
   timing.deadline = std::chrono::milliseconds(std::max<std::uint64_t>(config.kill_wait_s * 900, 1000));
   timing.exit_grace = std::chrono::milliseconds(config.exit_grace_s * 1000);
   // Heartbeats every fifteenth of the silence limit (100 ms for the default 1.5 s), at most 50 per second.

@@ -225,18 +225,17 @@ std::optional<std::string> ControlDir::failure(std::uint64_t step, int rank) {
 Result<std::unique_ptr<Coordinator>> make_coordinator(const Config& config) {
   CoordinatorKind kind = config.coordinator;
   if (kind == CoordinatorKind::Auto) {
-    const char* pmix_rank = std::getenv("PMIX_RANK");
-    if (config.world_size == 1) {
-      kind = CoordinatorKind::Single;
-    } else if (last_words_armed(config)) {
-      // Last words: survivors must outlive a dead peer, and Slurm's PMIx server SIGKILLs the whole step when a
-      // PMIx-connected rank dies. The tree keeps no PMIx connection, and its traffic is flat in the world size.
-      return make_tree_coordinator(config);
-    } else if (pmix_rank != nullptr && config.rank_source == "slurm" && have_pmix()) {
-      kind = CoordinatorKind::Pmix;
-    } else {
-      kind = CoordinatorKind::File;
+    // One design at every world size: the tree's traffic is flat in the world size, it keeps no PMIx connection
+    // (survivors outlive a dead peer) and it gathers records and shares retention out.
+    if (config.world_size > 1) return make_tree_coordinator(config);
+    kind = CoordinatorKind::Single;
+  }
+  if (kind == CoordinatorKind::Pmix && last_words_armed(config)) {
+    if (config.rank == 0) {
+      log::warn(0, "CKPT_COORDINATOR=pmix is not used with last words armed (Slurm's PMIx server kills the whole "
+                   "step when a rank dies, survivors included): the tree coordinator instead");
     }
+    return make_tree_coordinator(config);
   }
   switch (kind) {
     case CoordinatorKind::Single:

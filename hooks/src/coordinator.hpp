@@ -6,10 +6,11 @@
 // for step s + lead reaches every rank before it passes s + lead. After a rank's shard is durable its persist thread
 // publishes the outcome; the writer (rank 0) waits for every rank, then commits through ckpt::store.
 //
-// Implementations: SingleCoordinator (one process), FileCoordinator (files on the shared checkpoint dir),
-// PmixCoordinator (PMIx Put/Commit/Fence under srun --mpi=pmix) and TreeCoordinator (the last words' heartbeat
-// network, coordinator_tree.cpp). Slurm's PMIx server kills the whole step when a PMIx-connected rank dies, so a
-// job with last words armed uses the tree.
+// Implementations: SingleCoordinator (one process), TreeCoordinator (the heartbeat network, coordinator_tree.cpp:
+// every job of more than one rank, whether or not its last words are armed), and, when CKPT_COORDINATOR asks for
+// them, FileCoordinator (files on the shared checkpoint dir) and PmixCoordinator (PMIx Put/Commit/Fence under
+// srun --mpi=pmix; never with last words: Slurm's PMIx server kills the whole step when a PMIx-connected rank
+// dies).
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -67,7 +68,10 @@ class Coordinator {
   virtual void retired(const std::vector<std::uint64_t>& /*steps*/) {}
   // Any thread: training is gone; a wait_all in progress or to come gives up at once where it can.
   virtual void cancel() {}
-  // Training thread, once the last words' heartbeat network is up: a coordinator that can use it does.
+  // True when requests and completion travel over the heartbeat network, which the checkpointer then starts
+  // even where the last words are off.
+  virtual bool uses_network() const { return false; }
+  // Training thread, once the heartbeat network is up: a coordinator that can use it does.
   virtual void attach(LastWords& /*last_words*/) {}
   // Training thread, before the last words go (close): nothing may reach their network after this.
   virtual void detach() {}
@@ -78,8 +82,7 @@ class Coordinator {
   virtual void drain(std::chrono::milliseconds /*timeout*/) {}
 };
 
-// The coordinator the settings ask for. Auto: single for one process, pmix when PMIx launched this process
-// (PMIX_RANK set, no torchrun RANK) and the library was built with PMIx, else file.
+// The coordinator the settings ask for. Auto: single for one process, else the tree.
 Result<std::unique_ptr<Coordinator>> make_coordinator(const Config& config);
 
 // Requests and failure reports as files under <root>/.control/<namespace>/, shared by File and Pmix. A request is

@@ -1,5 +1,6 @@
-// The coordinator of a job whose last words are armed: checkpoint requests and shard completion travel over the
-// heartbeat network (heartbeat.hpp) instead of files on the shared checkpoint dir. A request is flooded to every
+// The coordinator of every job of more than one rank: checkpoint requests and shard completion travel over the
+// heartbeat network (heartbeat.hpp, silent where the last words are off) instead of files on the shared checkpoint
+// dir. A request is flooded to every
 // rank (each forwards it once); completion is counted up the tree: a rank sends its up neighbour one kShardsDone
 // per checkpoint, with the number of ranks below it (itself included) whose shards are durable, once its own shard
 // and every down link's count are in. The root, rank 0 while the job is healthy, knows every shard is durable when
@@ -58,6 +59,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
   }
 
   const char* name() const override { return "tree"; }
+  bool uses_network() const override { return true; }
 
   void attach(LastWords& last_words) override {
     {

@@ -124,6 +124,7 @@ struct LastWords::Impl {
 
   // Starts the last words here; `alarm`: tell every rank (a signal, a trigger, an alarm passed on).
   void fire(const std::string& why, bool alarm, int from = -1) {
+    if (!timing.speak) return;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!trigger.fired) {
@@ -187,10 +188,11 @@ struct LastWords::Impl {
           }
         }
         char line[200];
+        const char* who = timing.speak ? "last words: " : "heartbeat network: ";
         if (e.peer == rank) {
-          std::snprintf(line, sizeof line, "last words: the other ranks count this rank as dead (%s)", e.why.c_str());
+          std::snprintf(line, sizeof line, "%sthe other ranks count this rank as dead (%s)", who, e.why.c_str());
         } else {
-          std::snprintf(line, sizeof line, "last words: rank %d is dead (%s), detected at unix %.3f", e.peer,
+          std::snprintf(line, sizeof line, "%srank %d is dead (%s), detected at unix %.3f", who, e.peer,
                         e.why.c_str(), unix_seconds());
         }
         log::warn(rank, line);
@@ -318,7 +320,7 @@ struct LastWords::Impl {
     std::unique_lock<std::mutex> lock(mu);
     while (!stopping && !trigger.fired) {
       cv.wait_for(lock, std::chrono::milliseconds(50));
-      if (config.signals && notice::count() > notices_seen && !trigger.fired) {
+      if (timing.speak && config.signals && notice::count() > notices_seen && !trigger.fired) {
         lock.unlock();
         fire("signal " + std::to_string(notice::last_signal()), true);
         lock.lock();
@@ -718,16 +720,21 @@ Result<std::unique_ptr<LastWords>> LastWords::start(const Config& config, const 
   impl->mesh = std::move(mesh).value();
   impl->published = impl->mesh.get();
   impl->thread = std::thread([p] { p->run(); });
-  if (config.rank == 0) {
+  if (config.rank == 0 && timing.speak) {
     log::info(0, "last words armed: heartbeat network of " + std::to_string(config.world_size) + " ranks (" +
                      std::to_string(timing.period.count()) + " ms heartbeats, dead after " +
                      std::to_string(timing.dead_after.count()) + " ms, commit within " +
                      std::to_string(timing.deadline.count()) + " ms)");
+  } else if (config.rank == 0) {
+    log::debug(0, "heartbeat network of " + std::to_string(config.world_size) + " ranks for the coordination (" +
+                      std::to_string(timing.period.count()) + " ms heartbeats; last words off)");
   }
   return std::unique_ptr<LastWords>(new LastWords(std::move(impl)));
 }
 
 void LastWords::trigger(const std::string& why) { impl_->fire(why, true); }
+
+bool LastWords::speaks() const { return impl_->timing.speak; }
 
 bool LastWords::triggered() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

@@ -14,9 +14,9 @@
 //  5. Leave: when a peer was lost, every survivor ends within Timing::exit_grace of the outcome, even when its
 //     program is stuck in a collective with the dead peer: the controller needs the survivors' exits to act.
 //
-// Armed when CKPT_LAST_WORDS is on, the job declared its layout and has more than one rank. Such a job uses the
-// tree coordinator over the same network, not PMIx: Slurm's PMIx server SIGKILLs the whole step when a
-// PMIx-connected rank dies.
+// Armed when CKPT_LAST_WORDS is on, the job declared its layout and has more than one rank. Every job of more than
+// one rank runs the network, for the tree coordinator (coordinator.hpp); a job whose last words are off runs it
+// silent (Timing::speak). Not PMIx: Slurm's PMIx server SIGKILLs the whole step when a PMIx-connected rank dies.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -111,6 +111,9 @@ class LastWords {
     // own; then the library ends the process with kExitPeerLost. Its training thread may be blocked for good in a
     // collective with the lost peer, and teardown (barrier, process-group destroy) waits on it too. 0: never.
     std::chrono::milliseconds exit_grace{0};
+    // False: the network alone, for the tree coordinator of a job whose last words are off. A peer's death is
+    // noted (the coordinator routes around it), but nothing is triggered: no freeze, report or terminal write.
+    bool speak = true;
   };
 
   // Joins the mesh (blocks until every rank joined); `rendezvous_dir` is shared by every rank of this run.
@@ -123,7 +126,9 @@ class LastWords {
   LastWords(const LastWords&) = delete;
   LastWords& operator=(const LastWords&) = delete;
 
-  // Starts the last words now (tests; a rank whose training failed).
+  // Whether the last words run here (Timing::speak); false: the network alone.
+  bool speaks() const;
+  // Starts the last words now (tests; a rank whose training failed); nothing when they do not speak.
   void trigger(const std::string& why);
   bool triggered() const;
   // Waits until triggered, at most `timeout`; true when triggered.

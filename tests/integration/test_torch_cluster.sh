@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real training on the real local cluster: `srun -N4 -n4 --mpi=pmix --ckpt-interval=10steps --ckpt-dir=...`
-# runs slurm-examples/train_ddp.py (PMIx coordinator, plugin settings) to the end; a second run has node n3
+# runs slurm-examples/train_ddp.py (plugin settings) to the end; a second run (the PMIx coordinator) has node n3
 # crashed mid-run after a checkpoint committed, and is run again (the plugin hands it the checkpoint). The final
 # weights must be bitwise identical to the uninterrupted run's.
 source "$(dirname "$0")/lib.sh"
@@ -24,7 +24,8 @@ train straight > "$SCRATCH/straight.log" 2>&1 || { cat "$SCRATCH/straight.log" >
 [ -s "$SCRATCH/straight/final.bin" ] || fail "the uninterrupted run wrote no weights"
 pass "uninterrupted 4-node run: $(cat "$SCRATCH/straight/final.bin.sha256")"
 
-CKPT_LOG=debug train crashed --step-sleep 0.3 > "$SCRATCH/crashed.log" 2>&1 &
+# The crashed run asks for the PMIx coordinator (the others take the default, the tree over the heartbeat network).
+CKPT_LOG=debug CKPT_COORDINATOR=pmix train crashed --step-sleep 0.3 > "$SCRATCH/crashed.log" 2>&1 &
 srun_pid=$!
 for _ in $(seq 900); do
   [ "$(latest_step "$SCRATCH/crashed/ckpt")" -ge 20 ] && break
