@@ -30,28 +30,18 @@ drop_cache() {
     echo "reshard: cannot drop the page cache (run as root): reads may come from memory" >&2
 }
 
-# run WORLD NAME PROGRAM [args...]: ranks 0..WORLD-1 of PROGRAM, each logging to $work/NAME.rank<r>; all must exit 0.
+# run WORLD NAME PROGRAM [args...]: ranks 0..WORLD-1 of PROGRAM, each logging to $work/NAME.rank<r>.log; all must
+# exit 0.
 run() {
-  local world=$1 name=$2 prog=$3 port r
+  local world=$1 name=$2 prog=$3
   shift 3
-  port=$(free_port)
-  pids=()
-  for r in $(seq 0 $((world - 1))); do
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r \
-      "$PY" "$prog" "$@" > "$work/$name.rank$r" 2>&1 &
-    pids+=($!)
-  done
-  r=0
-  for p in "${pids[@]}"; do
-    wait "$p" || { tail -20 "$work/$name.rank$r" >&2; echo "reshard: $name rank $r failed" >&2; exit 1; }
-    r=$((r + 1))
-  done
-  pids=()
+  start_local_ranks "$world" "$work/$name.rank" "$prog" "$@"
+  wait_local_ranks "$work/$name.rank" || { echo "reshard: $name rank $failed_rank failed" >&2; exit 1; }
 }
 
 # summary NAME: "<bytes read across the ranks> <slowest rank's seconds>" from restore.py's lines.
 summary() {
-  cat "$work/$1".rank* | sed -n 's/^reshard: rank [0-9]* of [0-9]*: step [0-9]*, \([0-9]*\) bytes read in \([0-9.]*\) s.*/\1 \2/p' |
+  cat "$work/$1".rank*.log | sed -n 's/^reshard: rank [0-9]* of [0-9]*: step [0-9]*, \([0-9]*\) bytes read in \([0-9.]*\) s.*/\1 \2/p' |
     awk '{ b += $1; if ($2 > s) s = $2 } END { printf "%.0f %.3f", b, s }'
 }
 

@@ -42,7 +42,6 @@ void Checkpointer::Impl::observe_step() {
   }
   if (!*recomputed) return;
   publish_auto_interval();
-  if (config.dir.empty()) return;
   if (auto text = auto_meter->measurements_due()) {
     queue.enqueue(false, [this, text = std::move(*text)] {
       if (Status s = store::write_control_file(config.dir, AutoIntervalMeter::kFile, text, run_fence(config)); !s) {

@@ -20,21 +20,10 @@ fail() { echo "test_torch_relayout: $*" >&2; exit 1; }
 
 # run NAME WORLD TP STEPS: train_dp_tp.py on WORLD local ranks from $work/NAME/ckpt; every rank must exit 0.
 run() {
-  local name=$1 world=$2 tp=$3 steps=$4 port r p
-  port=$(free_port)
-  pids=()
-  for r in $(seq 0 $((world - 1))); do
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r CKPT_INTERVAL=10steps \
-      "$PY" "$SRC/slurm-examples/train_dp_tp.py" --tp "$tp" --steps "$steps" --ckpt-dir "$work/$name/ckpt" \
-      --out "$work/$name/final.bin" >"$work/$name/rank$r.log" 2>&1 &
-    pids+=($!)
-  done
-  r=0
-  for p in "${pids[@]}"; do
-    wait "$p" || { tail -20 "$work/$name/rank$r.log" >&2; fail "$name: rank $r failed"; }
-    r=$((r + 1))
-  done
-  pids=()
+  local name=$1 world=$2 tp=$3 steps=$4
+  CKPT_INTERVAL=10steps start_local_ranks "$world" "$work/$name/rank" "$SRC/slurm-examples/train_dp_tp.py" \
+    --tp "$tp" --steps "$steps" --ckpt-dir "$work/$name/ckpt" --out "$work/$name/final.bin"
+  wait_local_ranks "$work/$name/rank" || fail "$name: rank $failed_rank failed"
 }
 
 # from NAME: a copy of the tp-2 run's checkpoint dir, to go on from.

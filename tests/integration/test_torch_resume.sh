@@ -19,17 +19,11 @@ ranks_scratch  # $work, and `pids` killed at exit
 # launch NAME PROGRAM [args...]: starts ranks 0..WORLD-1 (2) of PROGRAM in the background, each logging to
 # $work/NAME/rank<r>.log; their pids land in `pids`.
 launch() {
-  local name=$1 prog=$2 port world=${WORLD:-2}
+  local name=$1 prog=$2
   shift 2
-  port=$(free_port)
-  pids=()
   mkdir -p "$work/$name"
-  for r in $(seq 0 $((world - 1))); do
-    # No wrapper process: the pid must be the rank itself, for the SIGKILL below (ctest's timeout bounds a hang).
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r \
-      "$PY" "$prog" "$@" >"$work/$name/rank$r.log" 2>&1 &
-    pids+=($!)
-  done
+  # Each pid is the rank itself, for the SIGKILL below (ctest's timeout bounds a hang).
+  start_local_ranks "${WORLD:-2}" "$work/$name/rank" "$prog" "$@"
 }
 
 # start_ranks NAME [train_ddp args...]: train_ddp.py with its checkpoints and final weights in $work/NAME.
@@ -42,16 +36,7 @@ start_ranks() {
 
 # wait_ranks NAME: every rank must exit 0.
 wait_ranks() {
-  local name=$1 r=0 p
-  for p in "${pids[@]}"; do
-    if ! wait "$p"; then
-      echo "test_torch_resume: $name rank $r failed:" >&2
-      tail -20 "$work/$name/rank$r.log" >&2
-      exit 1
-    fi
-    r=$((r + 1))
-  done
-  pids=()
+  wait_local_ranks "$work/$1/rank" || { echo "test_torch_resume: $1 rank $failed_rank failed (above)" >&2; exit 1; }
 }
 
 

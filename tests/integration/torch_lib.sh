@@ -11,6 +11,36 @@ ranks_scratch() {
   trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 }
 
+# start_local_ranks WORLD LOG PROGRAM [args...]: ranks 0..WORLD-1 of PROGRAM in the background, torchrun-style on
+# 127.0.0.1 and a free port, rank r logging to LOG<r>.log; their pids in `pids`. No wrapper process: each pid is the
+# rank itself (a test may SIGKILL it). Settings for the ranks go in front of the call (`CKPT_X=y start_local_ranks`).
+start_local_ranks() {
+  local world=$1 log=$2 prog=$3 port r
+  shift 3
+  port=$(free_port)
+  pids=()
+  for r in $(seq 0 $((world - 1))); do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r \
+      "$PY" "$prog" "$@" >"$log$r.log" 2>&1 &
+    pids+=($!)
+  done
+}
+
+# wait_local_ranks LOG: waits for the ranks start_local_ranks started. When one does not exit 0: the tail of its
+# log on stderr, its rank in `failed_rank`, and status 1 (the others are left to the caller's exit trap).
+wait_local_ranks() {
+  local log=$1 r=0 p
+  for p in "${pids[@]}"; do
+    if ! wait "$p"; then
+      failed_rank=$r
+      tail -20 "$log$r.log" >&2
+      return 1
+    fi
+    r=$((r + 1))
+  done
+  pids=()
+}
+
 # True when torch and the built slurm_ckpt import.
 have_torch() { "$PY" -c 'import torch, slurm_ckpt.torch'; }
 
