@@ -12,8 +12,11 @@
 # A few ranks of each run (0, 1 and N-1; TRACE) run under strace to count their file-system operations on the
 # checkpoint dir. bench/scale/report.py turns the results into the table and the fits against N.
 #
+# With -R pmix the steps run under srun --mpi=pmix and the network's rendezvous goes through PMIx (one fence);
+# with -R files (the default) through one address file per rank (CKPT_RENDEZVOUS).
+#
 #   bench/scale/run.sh [-n "16 32 64 96 128 256"] [-s STEPS] [-r RESUME_STEPS] [-k K] [-m STEP_MS] [-w on|off]
-#                      [-T TIMEOUT_S] [-o OUT] [-V rank|node] [-b STATE_BYTES] [-F]     (-F: no freeze run)
+#                      [-T TIMEOUT_S] [-o OUT] [-V rank|node] [-b STATE_BYTES] [-R files|pmix] [-F]  (-F: no freeze)
 # Needs the cluster up (tests/cluster.sh up) and bench_scale_rank built in $CKPT_BUILD_DIR (default build/).
 # Each run holds the cluster lock ($CKPT_CLUSTER_LOCK, /tmp/ckpt-cluster.lock) while it runs.
 set -euo pipefail
@@ -36,8 +39,9 @@ TIMEOUT=240
 OUT=""
 FREEZE=1
 VICTIM=rank
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-while getopts "n:s:r:k:m:w:T:o:V:b:Fh" opt; do
+RENDEZVOUS=files
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while getopts "n:s:r:k:m:w:T:o:V:b:R:Fh" opt; do
   case $opt in
     n) SIZES=$OPTARG ;;
     s) STEPS=$OPTARG ;;
@@ -50,10 +54,17 @@ while getopts "n:s:r:k:m:w:T:o:V:b:Fh" opt; do
     o) OUT=$OPTARG ;;
     F) FREEZE=0 ;;
     V) VICTIM=$OPTARG ;;
+    R) RENDEZVOUS=$OPTARG ;;
     *) usage ;;
   esac
 done
 die() { echo "bench/scale: $*" >&2; exit 1; }
+case $RENDEZVOUS in
+  files) MPI=() ;;
+  pmix) MPI=(--mpi=pmix) ;;
+  *) die "-R takes files or pmix, not '$RENDEZVOUS'" ;;
+esac
+export CKPT_RENDEZVOUS=$RENDEZVOUS
 [ -x "$PROG" ] || die "$PROG is not built (cmake --build $BUILD --target bench_scale_rank)"
 "$SRC/tests/cluster.sh" status > /dev/null 2>&1 || die "the cluster is not up (tests/cluster.sh up)"
 OUT=${OUT:-/tmp/bench-scale.$(date -u +%Y%m%dT%H%M%S)}
@@ -71,7 +82,7 @@ chmod 700 "$CKROOT"
   echo "host: $(hostname) $(nproc) CPUs," \
     "$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), $(uname -r)"
   echo "settings: sizes=$SIZES steps=$STEPS resume_steps=$RESUME_STEPS interval=${K}steps step_ms=$STEP_MS state_bytes=$STATE_BYTES" \
-    "warmup=$WARMUP last_words=$LAST_WORDS victim=$VICTIM"
+    "warmup=$WARMUP last_words=$LAST_WORDS victim=$VICTIM rendezvous=$RENDEZVOUS"
   echo "ckpt_root: $CKROOT"
 } > "$OUT/meta"
 cat "$OUT/meta"
@@ -92,7 +103,7 @@ run_phase() {
   load0=$(cut -d' ' -f1-3 /proc/loadavg)
   t0=$(date +%s.%N)
   BENCH_SCALE_TRACE="0,1,$((n - 1))" BENCH_SCALE_STRACE=$dir/strace \
-    srun -N4 -n"$n" -O -J "$job" --ckpt-last-words="$LAST_WORDS" --ckpt-dir="$ckdir" --ckpt-interval="${K}steps" \
+    srun -N4 -n"$n" -O "${MPI[@]}" -J "$job" --ckpt-last-words="$LAST_WORDS" --ckpt-dir="$ckdir" --ckpt-interval="${K}steps" \
     "$SRC/bench/scale/wrap.sh" "$PROG" --out "$dir" --steps "$steps" --step-ms "$STEP_MS" --state-bytes "$STATE_BYTES" --warmup "$WARMUP" \
     "${extra[@]}" > "$dir/log" 2>&1 {lock}>&- &
   pid=$!

@@ -50,7 +50,7 @@ const std::vector<Var>& contract() {
       {"inplace_notify", "CKPT_INPLACE_NOTIFY", "<address>:<port> of ckpt-run's listener", S::Launcher, {}},
       // What the user or the program sets.
       {"heartbeat_timeout", "CKPT_HEARTBEAT_TIMEOUT", "a duration from 200ms to 60s like 1500ms", S::Job, {}},
-      {"coordinator", "CKPT_COORDINATOR", "auto, single, file or pmix", S::Job, {}},
+      {"rendezvous", "CKPT_RENDEZVOUS", "auto, files or pmix", S::Job, {}},
       {"copy_threads", "CKPT_COPY_THREADS", "a whole number from 0 to 64", S::Job, {}},
       {"commit_timeout", "CKPT_COMMIT_TIMEOUT", "a positive duration like 10m", S::Job, {}},
       {"agree_lead", "CKPT_AGREE_LEAD", "a whole number from 1 to 1000", S::Job, {}},

@@ -102,12 +102,11 @@ class PyCheckpointer {
   std::unique_ptr<Checkpointer> impl_;
 };
 
-const char* coordinator_name(ckpt::hooks::CoordinatorKind kind) {
+const char* rendezvous_name(ckpt::hooks::RendezvousKind kind) {
   switch (kind) {
-    case ckpt::hooks::CoordinatorKind::Auto: return "auto";
-    case ckpt::hooks::CoordinatorKind::Single: return "single";
-    case ckpt::hooks::CoordinatorKind::File: return "file";
-    case ckpt::hooks::CoordinatorKind::Pmix: return "pmix";
+    case ckpt::hooks::RendezvousKind::Auto: return "auto";
+    case ckpt::hooks::RendezvousKind::Files: return "files";
+    case ckpt::hooks::RendezvousKind::Pmix: return "pmix";
   }
   return "?";
 }
@@ -134,7 +133,7 @@ py::dict config_dict(const ckpt::hooks::Config& c) {
   d["world_size"] = c.world_size;
   d["local_rank"] = c.local_rank;
   d["rank_source"] = c.rank_source;
-  d["coordinator"] = coordinator_name(c.coordinator);
+  d["rendezvous"] = rendezvous_name(c.rendezvous);
   d["copy_threads"] = c.copy_threads;
   d["commit_timeout_s"] = c.commit_timeout_s;
   d["agree_lead"] = c.agree_lead;

@@ -143,6 +143,7 @@ Status Checkpointer::Impl::close(bool wait_for_peers) {
         watch.last_words->leave();
       }
     }
+    if (!wait_for_peers) coord->cancel();  // before the network goes: a commit waiting on it gives up as cancelled
     coord->detach();  // the persist thread may still publish; the network goes now
     watch.last_words->set_pace(nullptr);
     watch.pace.reset();
@@ -217,8 +218,8 @@ Status Checkpointer::Impl::arm_last_words() {
                  "CKPT_LAYOUT=dp=<n>,tp=<n>,pp=<n> (or layout= in slurm_ckpt.torch.Checkpointer, which declares "
                  "dp=<world size> by itself for a DistributedDataParallel model)");
   }
-  // The network runs for the tree coordinator whether or not the last words speak on it.
-  if (!armed && !coord->uses_network()) return Status::success();
+  // The network runs for the tree coordinator of every multi-rank job, whether or not the last words speak on it.
+  if (config.world_size == 1) return Status::success();
   auto lw = start_last_words(armed);
   if (!lw) return Status::failure(lw.error());
   {

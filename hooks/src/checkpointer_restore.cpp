@@ -404,9 +404,10 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
   queue.wait_idle();
   std::unique_ptr<RestoreAgreement> agreement;
   if (config.world_size > 1) {
+    auto tally = coord->restore_tally();
+    if (!tally) return Error{tally.error()};
     agreement = std::make_unique<RestoreAgreement>(config.dir, config.run_id, rank, config.world_size,
-                                                   std::chrono::seconds(config.commit_timeout_s));
-    if (auto tally = coord->restore_tally()) agreement->use_tally(std::move(*tally));
+                                                   std::chrono::seconds(config.commit_timeout_s), std::move(*tally));
   }
   RestorePlan plan;
   auto loaded = agree_and_load(agreement.get(), plan);

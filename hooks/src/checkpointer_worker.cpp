@@ -148,15 +148,15 @@ bool Checkpointer::Impl::commit_when_all_wrote(const PersistJob& job) {
     record_error("step " + std::to_string(job.step) + ": not committed: " + all.error());
     return false;
   }
-  // Records gathered up the tree: the commit reads no record file. Otherwise it reads every rank's.
-  Status committed = Status::success();
-  if (auto records = coord->gathered(job.step)) {
-    store::Manifest m = manifest(job);
-    m.shards = std::move(*records);
-    committed = store::commit_gathered(config.dir, m, observer, run_fence(config));
-  } else {
-    committed = store::commit(config.dir, manifest(job), observer, run_fence(config));
+  // The records came up with the counts: the commit reads no record file.
+  auto records = coord->records(job.step);
+  if (!records) {
+    record_error(records.error());
+    return false;
   }
+  store::Manifest m = manifest(job);
+  m.shards = std::move(*records);
+  Status committed = store::commit_gathered(config.dir, m, observer, run_fence(config));
   if (!committed) record_error(committed.error());
   return committed.ok();
 }
@@ -209,29 +209,16 @@ void Checkpointer::Impl::persist(const PersistJob& job) {
   }
 }
 
-// Retention after a commit. Shared out where the coordinator can (store::retire: a rename here, each rank removes
-// its own files); otherwise gc() re-reads the newest checkpoint to verify it, so it runs only when the plan (with
-// the step just committed as the newest verified one) deletes something.
+// Retention after a commit, shared out: store::retire renames each dropped step dir away, and every rank removes its
+// own files of it (the coordinator tells them).
 void Checkpointer::Impl::collect_garbage(std::uint64_t committed) {
-  if (coord->shares_retention()) {
-    auto retired = store::retire(config.dir, config.keep, committed, run_fence(config));
-    if (!retired) {
-      log::warn(rank, "retention: " + retired.error());
-      return;
-    }
-    for (std::uint64_t step : *retired) log::debug(rank, "retention retired step " + std::to_string(step));
-    if (!retired->empty()) coord->retired(*retired);
+  auto retired = store::retire(config.dir, config.keep, committed, run_fence(config));
+  if (!retired) {
+    log::warn(rank, "retention: " + retired.error());
     return;
   }
-  auto entries = store::scan(config.dir);
-  if (!entries) return;
-  if (store::plan_gc(*entries, config.keep, committed).empty()) return;
-  auto deleted = store::gc(config.dir, config.keep, false, run_fence(config));
-  if (!deleted) {
-    log::warn(rank, "retention: " + deleted.error());
-    return;
-  }
-  for (std::uint64_t step : *deleted) log::debug(rank, "retention deleted step " + std::to_string(step));
+  for (std::uint64_t step : *retired) log::debug(rank, "retention retired step " + std::to_string(step));
+  if (!retired->empty()) coord->retired(*retired);
 }
 
 }  // namespace ckpt::hooks

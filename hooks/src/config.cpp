@@ -25,7 +25,7 @@ struct KeySpec {
 constexpr const char* kHookKeys[] = {
     "dir", "interval", "keep", "last_words", "mtbf", "grace", "min_interval", "max_interval", "max_restarts",
     "restart_count", "job_id", "generation", "resume_step", "resume_path", "end_time", "kill_wait", "exit_grace",
-    "requeue", "heartbeat_timeout", "rank", "world_size", "local_rank", "coordinator", "copy_threads",
+    "requeue", "heartbeat_timeout", "rank", "world_size", "local_rank", "rendezvous", "copy_threads",
     "commit_timeout", "agree_lead", "signals", "run_id", "log", "layout", "coord", "straggler", "controller_url",
     "munge_socket", "inplace_id"};
 
@@ -116,12 +116,11 @@ Result<int> parse_int_below(std::string_view text, std::uint64_t limit) {
   return static_cast<int>(*n);
 }
 
-Result<CoordinatorKind> parse_coordinator(std::string_view text) {
-  if (text == "auto") return CoordinatorKind::Auto;
-  if (text == "single") return CoordinatorKind::Single;
-  if (text == "file") return CoordinatorKind::File;
-  if (text == "pmix") return CoordinatorKind::Pmix;
-  return Error{"unknown coordinator"};
+Result<RendezvousKind> parse_rendezvous(std::string_view text) {
+  if (text == "auto") return RendezvousKind::Auto;
+  if (text == "files") return RendezvousKind::Files;
+  if (text == "pmix") return RendezvousKind::Pmix;
+  return Error{"unknown rendezvous"};
 }
 
 // The shared vocabulary (ckpt/log_level.hpp) onto the public enum.
@@ -372,7 +371,7 @@ Status read_restarts(Lookup& lookup, Config& c) {
 
 // How the ranks work together, once the ranks are known: coordination, copying, logging, layout, run identity.
 Status read_runtime(Lookup& lookup, Config& c) {
-  if (Status e = read(lookup, "coordinator", c.coordinator, parse_coordinator); !e) return e;
+  if (Status e = read(lookup, "rendezvous", c.rendezvous, parse_rendezvous); !e) return e;
   std::uint64_t threads = c.copy_threads;
   if (Status e = read(lookup, "copy_threads", threads, parse_uint); !e) return e;
   if (threads > 64) return rejected(*lookup.get("copy_threads"), "copy_threads", "too large");

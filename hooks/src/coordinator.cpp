@@ -1,4 +1,4 @@
-// The control dir, and the single-process and file-based coordinators.
+// The control dir, the single-process coordinator and the choice between it and the tree.
 #include "coordinator.hpp"
 #include "last_words_runtime.hpp"
 
@@ -47,6 +47,7 @@ bool regular_file_at(int dir_fd, const std::string& name) {
 
 class SingleCoordinator final : public Coordinator {
  public:
+  explicit SingleCoordinator(std::string dir) : dir_(std::move(dir)) {}
   const char* name() const override { return "single"; }
   Status begin(std::uint64_t) override {
     requests_.clear();
@@ -72,68 +73,30 @@ class SingleCoordinator final : public Coordinator {
     std::lock_guard<std::mutex> lock(mu_);
     return outcome_;
   }
-
- private:
-  std::map<std::uint64_t, store::Kind> requests_;  // training thread only
-  std::mutex mu_;
-  Status outcome_;  // guarded by mu_
-};
-
-// ---- files on the shared checkpoint dir ---------------------------------------------------------------------
-
-// A rank's shard record appearing in the step dir is its publication: the store writes it atomically after the
-// shard is durable. A failure leaves a report in the control dir so the writer need not wait for the timeout.
-class FileCoordinator final : public ControlDirCoordinator {
- public:
-  explicit FileCoordinator(const Config& config)
-      : ControlDirCoordinator(config), root_(config.dir), world_(config.world_size) {}
-
-  const char* name() const override { return "file"; }
-  Status publish(std::uint64_t step, const Status& outcome) override {
-    if (outcome) return Status::success();
-    return control_.report_failure(step, outcome.error());
+  void note_record(std::uint64_t step, const store::ShardRecord& record) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    record_ = {step, record};
   }
-  Status wait_all(std::uint64_t step, std::chrono::milliseconds timeout) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    const std::string dir = join(root_, store::step_dir_name(step));
-    std::vector<bool> seen(static_cast<std::size_t>(world_), false);
-    int missing = world_;
-    auto pause = std::chrono::milliseconds(1);
-    for (;;) {
-      if (cancelled_.load()) {
-        return Status::failure("ckpt: step " + std::to_string(step) + ": training ended before every rank persisted");
-      }
-      for (int r = 0; r < world_; ++r) {
-        if (seen[static_cast<std::size_t>(r)]) continue;
-        struct stat st {};
-        if (::lstat(join(dir, store::record_file_name(r)).c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
-          seen[static_cast<std::size_t>(r)] = true;
-          --missing;
-        } else if (auto why = control_.failure(step, r)) {
-          return Status::failure("ckpt: rank " + std::to_string(r) + " could not persist step " +
-                                 std::to_string(step) + ": " + *why);
-        }
-      }
-      if (missing == 0) return Status::success();
-      if (std::chrono::steady_clock::now() >= deadline) {
-        std::string which;
-        for (int r = 0, shown = 0; r < world_ && shown < 8; ++r) {
-          if (!seen[static_cast<std::size_t>(r)]) which += (shown++ ? ", " : "") + std::to_string(r);
-        }
-        return Status::failure("ckpt: step " + std::to_string(step) + ": " + std::to_string(missing) + " of " +
-                               std::to_string(world_) + " ranks did not persist within " +
-                               std::to_string(timeout.count() / 1000) + "s (ranks " + which + ")");
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  Result<std::vector<store::ShardRecord>> records(std::uint64_t step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!record_ || record_->first != step) {
+      return Error{"ckpt: step " + std::to_string(step) + ": no record of this rank's shard"};
+    }
+    return std::vector<store::ShardRecord>{record_->second};
+  }
+  void retired(const std::vector<std::uint64_t>& steps) override {
+    for (std::uint64_t step : steps) {
+      if (Status s = store::remove_retired_own(dir_, step, 0); !s) log::warn(0, s.error());
     }
   }
-  void cancel() override { cancelled_.store(true); }
+  Result<RestoreTally> restore_tally() override { return Error{"ckpt: one process restores alone"}; }
 
  private:
-  std::string root_;
-  int world_;
-  std::atomic<bool> cancelled_{false};
+  const std::string dir_;
+  std::map<std::uint64_t, store::Kind> requests_;  // training thread only
+  std::mutex mu_;
+  Status outcome_;                                                      // guarded by mu_
+  std::optional<std::pair<std::uint64_t, store::ShardRecord>> record_;  // guarded by mu_
 };
 
 }  // namespace
@@ -223,34 +186,10 @@ std::optional<std::string> ControlDir::failure(std::uint64_t step, int rank) {
 // ---- the choice -------------------------------------------------------------------------------------------------
 
 Result<std::unique_ptr<Coordinator>> make_coordinator(const Config& config) {
-  CoordinatorKind kind = config.coordinator;
-  if (kind == CoordinatorKind::Auto) {
-    // One design at every world size: the tree's traffic is flat in the world size, it keeps no PMIx connection
-    // (survivors outlive a dead peer) and it gathers records and shares retention out.
-    if (config.world_size > 1) return make_tree_coordinator(config);
-    kind = CoordinatorKind::Single;
-  }
-  if (kind == CoordinatorKind::Pmix && last_words_armed(config)) {
-    if (config.rank == 0) {
-      log::warn(0, "CKPT_COORDINATOR=pmix is not used with last words armed (Slurm's PMIx server kills the whole "
-                   "step when a rank dies, survivors included): the tree coordinator instead");
-    }
-    return make_tree_coordinator(config);
-  }
-  switch (kind) {
-    case CoordinatorKind::Single:
-      if (config.world_size != 1) {
-        return Error{"ckpt: coordinator 'single' needs a world of 1 rank, not " + std::to_string(config.world_size)};
-      }
-      return std::unique_ptr<Coordinator>(std::make_unique<SingleCoordinator>());
-    case CoordinatorKind::File:
-      return std::unique_ptr<Coordinator>(std::make_unique<FileCoordinator>(config));
-    case CoordinatorKind::Pmix:
-      return make_pmix_coordinator(config);
-    case CoordinatorKind::Auto:
-      break;
-  }
-  return Error{"ckpt: no coordinator"};
+  // One design at every world size: the tree's traffic is flat in the world size, it keeps no PMIx connection in
+  // the failure path (survivors outlive a dead peer), and it gathers records and shares retention out.
+  if (config.world_size > 1) return make_tree_coordinator(config);
+  return std::unique_ptr<Coordinator>(std::make_unique<SingleCoordinator>(config.dir));
 }
 
 }  // namespace ckpt::hooks

@@ -6,11 +6,13 @@
 // for step s + lead reaches every rank before it passes s + lead. After a rank's shard is durable its persist thread
 // publishes the outcome; the writer (rank 0) waits for every rank, then commits through ckpt::store.
 //
-// Implementations: SingleCoordinator (one process), TreeCoordinator (the heartbeat network, coordinator_tree.cpp:
-// every job of more than one rank, whether or not its last words are armed), and, when CKPT_COORDINATOR asks for
-// them, FileCoordinator (files on the shared checkpoint dir) and PmixCoordinator (PMIx Put/Commit/Fence under
-// srun --mpi=pmix; never with last words: Slurm's PMIx server kills the whole step when a PMIx-connected rank
-// dies).
+// Two implementations of one design: SingleCoordinator (one process) and TreeCoordinator (the heartbeat network,
+// coordinator_tree.cpp: every job of more than one rank, whether or not its last words are armed). Commit,
+// retention and restore take the same path with either: the writer commits the records the coordinator hands it,
+// retires step dirs and lets every rank remove its own files, and a multi-rank restore counts its rounds through
+// the coordinator's tally. PMIx, where a job has it, serves only the network's rendezvous (rendezvous.hpp): it
+// stays out of the failure path, because Slurm's PMIx server kills the whole step when a rank inside a collective
+// dies.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -43,7 +45,7 @@ inline std::optional<std::string> fenced(const std::string& dir, const store::Fe
 class Coordinator {
  public:
   virtual ~Coordinator() = default;
-  // "single", "file" or "pmix", for log lines.
+  // "single" or "tree", for log lines.
   virtual const char* name() const = 0;
 
   // Training thread, once the resume step is known: requests and reports of other runs must not be seen.
@@ -58,34 +60,29 @@ class Coordinator {
   virtual Status publish(std::uint64_t step, const Status& outcome) = 0;
   // Persist thread, writer only: waits until every rank published `step`; fails on timeout or a failed rank.
   virtual Status wait_all(std::uint64_t step, std::chrono::milliseconds timeout) = 0;
-  // Persist thread, writer only, after wait_all succeeded: every rank's record of `step`, where this coordinator
-  // gathered them on the way (the writer then commits without reading N record files); nullopt otherwise.
-  virtual std::optional<std::vector<store::ShardRecord>> gathered(std::uint64_t /*step*/) { return std::nullopt; }
-  // True when every rank removes its own files of a step dir the writer retires (retired()); false when the
-  // writer removes whole step dirs itself (store::gc).
-  virtual bool shares_retention() const { return false; }
+  // Persist thread, writer only, after wait_all succeeded: every rank's record of `step`, as they came up with the
+  // counts (the writer then commits without reading one record file per rank).
+  virtual Result<std::vector<store::ShardRecord>> records(std::uint64_t step) = 0;
   // Persist thread, writer only: the steps store::retire renamed away; every rank removes its own files of them.
-  virtual void retired(const std::vector<std::uint64_t>& /*steps*/) {}
+  virtual void retired(const std::vector<std::uint64_t>& steps) = 0;
   // Any thread: training is gone; a wait_all in progress or to come gives up at once where it can.
   virtual void cancel() {}
-  // True when requests and completion travel over the heartbeat network, which the checkpointer then starts
-  // even where the last words are off.
-  virtual bool uses_network() const { return false; }
-  // Training thread, once the heartbeat network is up: a coordinator that can use it does.
+  // Training thread, once the heartbeat network is up (every job of more than one rank): the coordinator uses it.
   virtual void attach(LastWords& /*last_words*/) {}
   // Training thread, before the last words go (close): nothing may reach their network after this.
   virtual void detach() {}
-  // A way to count restore rounds over a network, where this coordinator has one (restore_agreement.hpp).
-  virtual std::optional<RestoreTally> restore_tally() { return std::nullopt; }
+  // How a multi-rank restore counts its rounds (restore_agreement.hpp); an error before attach().
+  virtual Result<RestoreTally> restore_tally() = 0;
   // Training thread, at close, after the last persist and before this rank leaves: what others wait for from this
   // rank is sent (at most `timeout`).
   virtual void drain(std::chrono::milliseconds /*timeout*/) {}
 };
 
-// The coordinator the settings ask for. Auto: single for one process, else the tree.
+// Single for one process, else the tree.
 Result<std::unique_ptr<Coordinator>> make_coordinator(const Config& config);
 
-// Requests and failure reports as files under <root>/.control/<namespace>/, shared by File and Pmix. A request is
+// Requests and failure reports as files under <root>/.control/<namespace>/: the tree's requests until its network
+// is attached, and the reason a rank gives when its shard failed (one file, on failure only). A request is
 // "ckpt-<step>" or "stop-<step>", created exclusively (write a temp file, fsync, link): readers never see half a
 // file and two ranks asking for the same step cannot clash. The namespace is the run id and the resume step, so a
 // restarted run never acts on an older run's files. This is also what keeps a stale rank (an earlier run's, on a
@@ -125,28 +122,9 @@ class ControlDir {
   int fd_ = -1;     // guarded by mu_: the namespace dir once it exists
 };
 
-// A coordinator whose requests live in a ControlDir (File and Pmix); they differ only in how shards are published.
-class ControlDirCoordinator : public Coordinator {
- public:
-  explicit ControlDirCoordinator(const Config& config) : control_(config.dir, config.run_id, config.rank) {}
-  Status begin(std::uint64_t resume_step) override {
-    control_.begin(resume_step);
-    return Status::success();
-  }
-  Status request(std::uint64_t step, store::Kind kind) override { return control_.request(step, kind); }
-  std::optional<store::Kind> requested(std::uint64_t step) override { return control_.requested(step); }
-
- protected:
-  ControlDir control_;
-};
-
 }  // namespace ckpt::hooks
 
 namespace ckpt::hooks {
-// The coordinator over the last words' heartbeat network (coordinator_tree.cpp): the choice when they are armed.
+// The coordinator over the heartbeat network (coordinator_tree.cpp): every job of more than one rank.
 std::unique_ptr<Coordinator> make_tree_coordinator(const Config& config);
-// The PMIx coordinator (coordinator_pmix.cpp); an error when the library was built without PMIx.
-Result<std::unique_ptr<Coordinator>> make_pmix_coordinator(const Config& config);
-// True when the library was built with PMIx.
-bool have_pmix();
 }  // namespace ckpt::hooks

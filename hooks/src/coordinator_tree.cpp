@@ -5,7 +5,7 @@
 // per checkpoint, with the number of ranks below it (itself included) whose shards are durable, once its own shard
 // and every down link's count are in. The root, rank 0 while the job is healthy, knows every shard is durable when
 // its count reaches the world size. A failed shard is passed up on its own (kShardFailed), its reason in the
-// control dir, as the file coordinator keeps it. Until the network is attached (the checkpointer creates it after
+// control dir (one file, on failure only). Until the network is attached (the checkpointer creates it after
 // the coordinator), requests go through the control dir.
 //
 // Records go up with the counts, so that the root commits without reading one file per rank: a rank with down
@@ -40,10 +40,10 @@ using Clock = std::chrono::steady_clock;
 constexpr std::size_t kKeptCounts = 8;                       // counts kept after they went up, for a recount
 constexpr std::chrono::milliseconds kRecountAfter{3000};     // the root asks for a recount after this long
 
-class TreeCoordinator final : public ControlDirCoordinator {
+class TreeCoordinator final : public Coordinator {
  public:
   explicit TreeCoordinator(const Config& config)
-      : ControlDirCoordinator(config),
+      : control_(config.dir, config.run_id, config.rank),
         config_(config),
         tree_(overlay::links_of(overlay::Shape{config.world_size}, config.rank,
                                 overlay::Gone(static_cast<std::size_t>(config.world_size), 0))) {}
@@ -59,7 +59,6 @@ class TreeCoordinator final : public ControlDirCoordinator {
   }
 
   const char* name() const override { return "tree"; }
-  bool uses_network() const override { return true; }
 
   void attach(LastWords& last_words) override {
     {
@@ -77,10 +76,10 @@ class TreeCoordinator final : public ControlDirCoordinator {
   }
 
   // Restore rounds are counted like checkpoints, under keys above every step.
-  std::optional<RestoreTally> restore_tally() override {
+  Result<RestoreTally> restore_tally() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (words_ == nullptr) return std::nullopt;
+      if (words_ == nullptr) return Error{"ckpt: the restore needs the heartbeat network, which is not up"};
     }
     RestoreTally tally;
     tally.report = [this](int round) { (void)publish(restore_key(round), Status::success()); };
@@ -126,7 +125,8 @@ class TreeCoordinator final : public ControlDirCoordinator {
   Status begin(std::uint64_t resume_step) override {
     std::lock_guard<std::mutex> lock(mu_);
     requests_.clear();
-    return ControlDirCoordinator::begin(resume_step);
+    control_.begin(resume_step);
+    return Status::success();
   }
 
   Status request(std::uint64_t step, store::Kind kind) override {
@@ -175,6 +175,9 @@ class TreeCoordinator final : public ControlDirCoordinator {
 
   Status wait_all(std::uint64_t step, std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(mu_);
+    if (cancelled_.load()) {
+      return Status::failure("ckpt: step " + std::to_string(step) + ": training ended before every rank persisted");
+    }
     if (words_ == nullptr) return Status::failure("ckpt: step " + std::to_string(step) + ": no heartbeat network");
     const int world = config_.world_size;
     // Polled in slices as well: a peer's death starts the last words, and this checkpoint will not complete.
@@ -192,11 +195,17 @@ class TreeCoordinator final : public ControlDirCoordinator {
       }
       if (words_ == nullptr || words_->triggered()) {
         log_missing_locked(step);
-        return Status::failure("ckpt: step " + std::to_string(step) + ": the last words started before every rank "
-                               "persisted");
+        return Status::failure("ckpt: step " + std::to_string(step) + (words_ == nullptr ? ": the network closed" :
+                               ": the last words started") + " before every rank persisted");
       }
     }
-    const std::uint64_t total = counts_[step].total;
+    // What came in: the job's count, or while it is incomplete this rank's own shard and its subtrees' counts.
+    const Count& c = counts_[step];
+    std::uint64_t total = c.total;
+    if (total == 0) {
+      total = c.own ? 1 : 0;
+      for (const auto& [down, n] : c.below) total += n;
+    }
     if (!done && failed_.count(step) == 0 && !cancelled_.load()) log_missing_locked(step);
     counts_.erase(step);
     if (auto it = failed_.find(step); it != failed_.end()) {
@@ -217,18 +226,27 @@ class TreeCoordinator final : public ControlDirCoordinator {
     return Status::success();
   }
 
-  std::optional<std::vector<store::ShardRecord>> gathered(std::uint64_t step) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = gathered_.find(step);
-    if (it == gathered_.end()) return std::nullopt;
-    std::vector<store::ShardRecord> records = std::move(it->second);
-    gathered_.erase(gathered_.begin(), std::next(it));
+  // The records gathered up the tree; where a subtree could not gather (a record it could not read), each rank's
+  // is read here instead, as a slow path that costs the writer one file per rank.
+  Result<std::vector<store::ShardRecord>> records(std::uint64_t step) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = gathered_.find(step);
+      if (it != gathered_.end()) {
+        std::vector<store::ShardRecord> records = std::move(it->second);
+        gathered_.erase(gathered_.begin(), std::next(it));
+        return records;
+      }
+    }
+    log::info(config_.rank, "step " + std::to_string(step) + ": the records were not gathered; reading each rank's");
+    std::vector<store::ShardRecord> records;
+    records.reserve(static_cast<std::size_t>(config_.world_size));
+    for (int r = 0; r < config_.world_size; ++r) {
+      auto record = store::read_record(config_.dir, step, r);
+      if (!record) return Error{record.error()};
+      records.push_back(std::move(*record));
+    }
     return records;
-  }
-
-  bool shares_retention() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return words_ != nullptr;
   }
 
   void retired(const std::vector<std::uint64_t>& steps) override {
@@ -512,6 +530,7 @@ class TreeCoordinator final : public ControlDirCoordinator {
     }
   }
 
+  ControlDir control_;
   const Config config_;
   const overlay::Links tree_;  // this rank's links in the job with nobody gone
   mutable std::mutex mu_;

@@ -7,8 +7,9 @@
 // this rank's own mesh thread ran: a starved rank (an overloaded host) does not take its own stall for its peers'
 // deaths. A death is flooded over every link, so every survivor learns it within O(log N) hops, and the ranks
 // whose links it cut dial their new neighbours (the next rank of the group, or the nearest live ancestor group).
-// Independent of Slurm and PMIx: the rendezvous is one address file per rank in a directory every rank shares
-// (the control dir on CKPT_DIR); a rank reads only the files of the ranks it dials, a constant number.
+// The rendezvous (rendezvous.hpp) is PMIx under srun --mpi=pmix (one fence at start, then local lookups), else one
+// address file per rank in a directory every rank shares (the control dir on CKPT_DIR); either way a rank looks up
+// only the ranks it dials, a constant number.
 //
 // Only ranks of the job join. The rendezvous dir must be the job user's own, mode 0700; it holds `secret`, 32
 // random bytes created once per run (exclusively, mode 0600) by whichever rank comes first and read by every rank.
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "ckpt/overlay.hpp"
+#include "ckpt/hooks.hpp"
 #include "ckpt/result.hpp"
 
 namespace ckpt::hooks::heartbeat {
@@ -122,7 +124,9 @@ struct Settings {
   int rank = 0;
   int world_size = 1;
   int group_size = overlay::kGroupSize;
-  std::string rendezvous_dir;        // shared by every rank, the user's own (0700); holds "secret", "rank-<r>.addr"
+  std::string rendezvous_dir;        // shared by every rank, the user's own (0700); holds "secret" (and with files,
+                                     // "rank-<r>.addr")
+  RendezvousKind rendezvous = RendezvousKind::Files;  // how addresses are found (rendezvous.hpp)
   std::string address;               // IPv4 address to listen on and publish; empty: this host's (see below)
   std::uint64_t hello = 0;           // sent in this rank's hello frame (the packed coordinate)
   std::chrono::milliseconds period{100};
@@ -144,7 +148,7 @@ class Mesh {
  public:
   // Reads (or creates) the job's secret, listens on an ephemeral port of `address` (empty: the one rule of
   // ckpt/address.hpp: CKPT_ADDR, CKPT_IFNAME / GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, never a host name on
-  // loopback), publishes "<address> <port> <node>" in rendezvous_dir, dials its up neighbour, accepts its down ones, and
+  // loopback), publishes "<address> <port> <node>" in the rendezvous, dials its up neighbour, accepts its down ones, and
   // returns once every rank of the job joined (counted up the tree, announced down it); fails when that does not
   // happen within connect_timeout, or when the rendezvous dir or the secret is not the user's own and private.
   static Result<std::unique_ptr<Mesh>> start(const Settings& settings, Handler handler);
@@ -169,7 +173,7 @@ class Mesh {
   // How many ranks this rank has a link with now.
   std::size_t link_count() const;
   // The node a peer runs on, as it published it (SLURMD_NODENAME, else its host name); empty when not known.
-  // Reads the peer's address file: for the few ranks a failure names, not for the whole job.
+  // Looks the peer up in the rendezvous: for the few ranks a failure names, not for the whole job.
   std::string node_of(int peer) const;
 
  private:

@@ -45,12 +45,12 @@ using posix::errno_text;
 using posix::Fd;
 using posix::random_bytes;
 
-std::string addr_name(int rank) { return "rank-" + std::to_string(rank) + ".addr"; }
-
 constexpr const char* kSecretName = "secret";
 // How long an accepted connection may take to complete its handshake, and how many may be in it at once: a
 // stranger that connects and says nothing holds one slot for this long, never the mesh.
 constexpr auto kHandshakeLimit = std::chrono::seconds(5);
+// With PMIx, how long a refused dial waits for the news that the peer left in order before it counts as a death.
+constexpr auto kLeaveNews = std::chrono::milliseconds(500);
 constexpr std::size_t kMaxPending = 64;
 
 std::string numeric(const sockaddr_in& a) {
@@ -222,8 +222,8 @@ std::string this_node_name() {
 
 }  // namespace
 
-// The rendezvous dir, the secret, the listener, and "<address> <port> <node>" published as rank-<me>.addr (a temporary
-// file renamed over it).
+// The rendezvous dir, the secret, the listener, and "<address> <port> <node>" published in the rendezvous (files or
+// PMIx, rendezvous.hpp).
 Status Mesh::Impl::prepare() {
   auto dir = posix::open_private_dir(settings.rendezvous_dir);
   if (!dir) return Status::failure("ckpt: heartbeat: " + dir.error());
@@ -258,47 +258,35 @@ Status Mesh::Impl::prepare() {
   address = host + " " + std::to_string(ntohs(addr.sin_port));
   const std::string node = this_node_name();
 
-  // Read only while the mesh forms: not worth an fsync on a shared file system.
-  posix::AtomicWriteOptions publish;
-  publish.durable = false;
-  const std::string name = addr_name(settings.rank);
+  auto chosen = make_rendezvous(settings.rendezvous, dirfd, settings.rendezvous_dir, settings.rank,
+                                settings.world_size);
+  if (!chosen) return Status::failure(chosen.error());
+  rendezvous = std::move(chosen).value();
   std::string line = address;
   if (!node.empty()) line.append(" ").append(node);
-  line.push_back('\n');
-  if (Status s = posix::write_file_atomic(dirfd, name, line, posix::join(settings.rendezvous_dir, name),
-                                          publish);
-      !s) {
-    return Status::failure("ckpt: heartbeat: cannot publish its address: " + s.error());
+  const auto t0 = Clock::now();
+  if (Status s = rendezvous->publish(line, settings.connect_timeout); !s) {
+    return Status::failure("ckpt: heartbeat: cannot publish its address (" + std::string(rendezvous->name()) +
+                           "): " + s.error());
+  }
+  if (settings.rank == 0) {
+    char line_out[128];
+    std::snprintf(line_out, sizeof line_out, "heartbeat: rendezvous %s: addresses published in %.3f s",
+                  rendezvous->name(), std::chrono::duration<double>(Clock::now() - t0).count());
+    // PMIx is worth a line at info: the job's start depends on its fence.
+    if (rendezvous->tells_leaves()) log::debug(0, line_out); else log::info(0, line_out);
   }
   return Status::success();
 }
 
-namespace {
-
-// "<address> <port> [<node>]" of a peer's address file, or nothing while it has not published.
-std::optional<std::vector<std::string>> address_fields(int dirfd, int peer) {
-  Fd in(::openat(dirfd, addr_name(peer).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!in.valid()) return std::nullopt;
-  char buf[384] = {};
-  ssize_t n = ::read(in.get(), buf, sizeof buf - 1);
-  if (n <= 0) return std::nullopt;
-  std::stringstream text(std::string(buf, static_cast<std::size_t>(n)));
-  std::vector<std::string> fields;
-  for (std::string f; fields.size() < 3 && text >> f;) fields.push_back(f);
-  if (fields.size() < 2) return std::nullopt;
-  return fields;
-}
-
-}  // namespace
-
 std::optional<std::pair<std::string, std::string>> Mesh::Impl::read_address(int peer) const {
-  auto fields = address_fields(dirfd, peer);
+  auto fields = rendezvous->lookup(peer);
   if (!fields) return std::nullopt;
   return std::pair{(*fields)[0], (*fields)[1]};
 }
 
 std::string Mesh::Impl::read_node(int peer) const {
-  auto fields = address_fields(dirfd, peer);
+  auto fields = rendezvous->lookup(peer);
   if (!fields || fields->size() < 3 || !ckpt::recovery::safe_node_name((*fields)[2])) return "";
   return (*fields)[2];
 }
@@ -402,9 +390,17 @@ bool Mesh::Impl::on_dial_failed(DialState& d, const DialChoice& choice, const st
     dial_error = "rank " + std::to_string(d.target) + " at " + error;
   }
   if (!choice.started) return true;
-  if (!read_address(d.target)) {
+  if (rendezvous->tells_leaves() && !read_address(d.target)) {
     mark_gone(d.target, "left", false, -1);
     return false;
+  }
+  if (last_dial_refused && !rendezvous->tells_leaves()) {
+    // PMIx keeps no trace of an orderly leave: a peer that said goodbye is announced by its neighbours' kGone,
+    // which floods in within a few hops. Give that news the time before taking the refusal for a death.
+    std::unique_lock<std::mutex> lock(mu);
+    if (cv.wait_for(lock, kLeaveNews, [&] { return stopping.load() || gone[static_cast<std::size_t>(d.target)] != 0; })) {
+      return false;
+    }
   }
   if (last_dial_refused) {
     mark_gone(d.target, "its connection is refused: " + error, true, -1);
@@ -422,7 +418,9 @@ bool Mesh::Impl::on_dial_failed(DialState& d, const DialChoice& choice, const st
   return true;
 }
 
-void Mesh::Impl::unpublish() { (void)::unlinkat(dirfd, addr_name(settings.rank).c_str(), 0); }
+void Mesh::Impl::unpublish() {
+  if (rendezvous) rendezvous->withdraw();
+}
 
 void Mesh::Impl::accept_new() {
   for (;;) {

@@ -26,6 +26,7 @@
 
 #include "ckpt/posix.hpp"
 #include "heartbeat.hpp"
+#include "rendezvous.hpp"
 
 namespace ckpt::hooks::heartbeat {
 
@@ -72,6 +73,7 @@ struct Mesh::Impl {
   std::string address;       // "<host> <port>" as published
   int listener = -1;
   int dirfd = -1;            // the rendezvous dir, kept open for the dials a failure needs
+  std::unique_ptr<Rendezvous> rendezvous;  // set by prepare(); lookups from the dialer and any thread
 
   mutable std::mutex mu;
   std::condition_variable cv;            // the barrier and the dialer wait on it
@@ -127,11 +129,11 @@ struct Mesh::Impl {
   Handshake handshake(std::uint32_t type) const;
   // The rendezvous dir, the secret, the listener and this rank's published address.
   Status prepare();
-  // Removes this rank's address file: a rank that dials it after learns that it left, not died.
+  // Withdraws this rank's address (files: a rank that dials it after learns that it left, not died).
   void unpublish();
-  // "<address> <port>" of a peer, or nothing while it has not published.
+  // "<address> <port>" of a peer, or nothing while it has not published (or, with files, once it left).
   std::optional<std::pair<std::string, std::string>> read_address(int peer) const;
-  // The third field of a peer's address file: its node; empty when absent.
+  // The third field of a peer's published line: its node; empty when absent.
   std::string read_node(int peer) const;
   // The dialer's side of the handshake on a connected socket; the peer's hello value, or why it failed.
   Result<PeerId> dial_handshake(int fd, int peer, const std::string& address);

@@ -20,6 +20,7 @@
 #include "last_words_frames.hpp"
 #include "log.hpp"
 #include "notice.hpp"
+#include "rendezvous.hpp"
 
 namespace ckpt::hooks {
 
@@ -707,6 +708,7 @@ Result<std::unique_ptr<LastWords>> LastWords::start(const Config& config, const 
   s.rank = config.rank;
   s.world_size = config.world_size;
   s.rendezvous_dir = rendezvous_dir;
+  s.rendezvous = rendezvous_for(config);
   s.hello = pack_coord(config.coord);
   s.period = timing.period;
   s.dead_after = timing.dead_after;

@@ -22,8 +22,6 @@ using Clock = std::chrono::steady_clock;
 
 std::string numbered(const char* what, int round) { return std::string(what) + "-" + std::to_string(round); }
 
-std::string done_name(int round, int rank) { return numbered("done", round) + "-" + std::to_string(rank); }
-
 // "walk-back REASON", "stop REASON" or "ok".
 std::string verdict_text(const RoundOutcome& o) {
   switch (o.verdict) {
@@ -98,12 +96,13 @@ RoundOutcome solo_outcome(const Status& loaded, bool definite, int rank) {
 }
 
 RestoreAgreement::RestoreAgreement(std::string root, std::string run_id, int rank, int world_size,
-                                   std::chrono::milliseconds timeout)
+                                   std::chrono::milliseconds timeout, RestoreTally tally)
     : root_(std::move(root)),
       dir_(join(join(root_, ".control"), run_id + "-restore")),
       rank_(rank),
       world_(world_size),
-      timeout_(timeout) {}
+      timeout_(timeout),
+      tally_(std::move(tally)) {}
 
 RestoreAgreement::~RestoreAgreement() {
   if (fd_ >= 0) ::close(fd_);
@@ -149,16 +148,10 @@ std::optional<std::string> RestoreAgreement::read(const std::string& name) {
   return text;
 }
 
-bool RestoreAgreement::exists(const std::string& name) {
-  if (!open_dir(false)) return false;
-  struct stat st {};
-  return ::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
-}
-
 bool RestoreAgreement::job_broke() {
   if (!broken_.empty()) return true;
-  if (!tally_ || !tally_->broken) return false;
-  if (auto why = tally_->broken()) broken_ = *why;
+  if (!tally_.broken) return false;
+  if (auto why = tally_.broken()) broken_ = *why;
   return !broken_.empty();
 }
 
@@ -181,16 +174,15 @@ bool RestoreAgreement::wait(Ready ready, Clock::time_point deadline) {
 
 template <class Ready>
 bool RestoreAgreement::wait_announced(int round, RestoreFile file, Ready ready, Clock::time_point deadline) {
-  if (!tally_) return wait(ready, deadline);
   // The announcement wakes this rank at once; the file is also looked at once a second, so that an announcement
   // that never comes (the network went, or the frame was lost) costs a second, not the whole timeout.
   for (;;) {
     const auto slice_end = std::min(deadline, Clock::now() + std::chrono::seconds(1));
-    const bool announced = tally_->await(round, file, slice_end);
+    const bool announced = tally_.await(round, file, slice_end);
     if (ready()) return true;
     if (announced) return wait(ready, deadline);  // announced but not visible yet: a shared file system's lag
     if (Clock::now() >= deadline || job_broke()) return false;
-    if (Clock::now() < slice_end) return wait(ready, deadline);  // the network is gone: poll, as without a tally
+    if (Clock::now() < slice_end) return wait(ready, deadline);  // the network is gone: poll for the file
   }
 }
 
@@ -202,7 +194,7 @@ Status RestoreAgreement::propose(int round, const RestorePlan& plan) {
                            " exists: a launch with the same run id restored from this dir before; give each launch "
                            "its own CKPT_RUN_ID");
   }
-  if (tally_) tally_->announce(round, RestoreFile::Plan);
+  tally_.announce(round, RestoreFile::Plan);
   return Status::success();
 }
 
@@ -226,23 +218,12 @@ Result<RoundOutcome> RestoreAgreement::agree(int round, const Status& loaded, bo
       return Error{s.error()};
     }
   }
-  if (tally_) tally_->report(round);
+  tally_.report(round);
   return rank_ == 0 ? decide_round(round) : await_verdict(round);
 }
 
 Result<RoundOutcome> RestoreAgreement::await_verdict(int round) {
   const std::string verdict_name = numbered("verdict", round);
-  bool existed = false;
-  if (tally_) {
-    // Counted over the network: no file of this rank's.
-  } else if (Status s = create_exclusive(done_name(round, rank_), "\n", &existed); !s) {
-    return Error{s.error()};
-  }
-  if (existed) {
-    return Error{"ckpt: " + join(dir_, done_name(round, rank_)) +
-                 " exists: a launch with the same run id restored from this dir before; give each launch its own "
-                 "CKPT_RUN_ID"};
-  }
   std::optional<std::string> text;
   auto deadline = Clock::now() + timeout_ + std::chrono::seconds(30);
   if (!wait_announced(round, RestoreFile::Verdict,
@@ -256,45 +237,22 @@ Result<RoundOutcome> RestoreAgreement::await_verdict(int round) {
 }
 
 Result<RoundOutcome> RestoreAgreement::decide_round(int round) {
-  // Every other rank's report, then one verdict for all.
-  std::vector<bool> seen(static_cast<std::size_t>(world_), false);
-  seen[0] = true;
-  int missing = world_ - 1;
-  bool all = tally_ ? tally_->wait_all(round, timeout_) : wait(
-      [&] {
-        for (int r = 1; r < world_; ++r) {
-          if (!seen[static_cast<std::size_t>(r)] && exists(done_name(round, r))) {
-            seen[static_cast<std::size_t>(r)] = true;
-            --missing;
-          }
-        }
-        return missing == 0;
-      },
-      Clock::now() + timeout_);
-  RoundOutcome outcome = round_outcome(round, all, seen, missing);
+  // Every rank's report, counted up the tree, then one verdict for all.
+  const bool all = tally_.wait_all(round, timeout_);
+  RoundOutcome outcome = round_outcome(round, all);
   if (Status s = create_exclusive(numbered("verdict", round), verdict_text(outcome), nullptr); !s) {
     return Error{s.error()};
   }
-  if (tally_) tally_->announce(round, RestoreFile::Verdict);
-  // The reports are read: nothing else needs them, and a large job should not leave one file per rank behind.
-  for (int r = 1; r < world_ && !tally_; ++r) {
-    if (seen[static_cast<std::size_t>(r)]) ::unlinkat(fd_, done_name(round, r).c_str(), 0);
-  }
+  tally_.announce(round, RestoreFile::Verdict);
   return outcome;
 }
 
-RoundOutcome RestoreAgreement::round_outcome(int round, bool all, const std::vector<bool>& seen, int missing) {
+RoundOutcome RestoreAgreement::round_outcome(int round, bool all) {
   if (auto bad = read(numbered("bad", round))) return {RestoreVerdict::WalkBack, first_line(*bad)};
   if (auto stop = read(numbered("stop", round))) return {RestoreVerdict::Stop, first_line(*stop)};
   if (all) return {};
-  const std::string within = " within " + std::to_string(timeout_.count() / 1000) + " s";
-  if (tally_) return {RestoreVerdict::Stop, "not every rank reported its restore" + within};
-  std::string which;
-  for (int r = 1, shown = 0; r < world_ && shown < 8; ++r) {
-    if (!seen[static_cast<std::size_t>(r)]) which += (shown++ ? ", " : "") + std::to_string(r);
-  }
-  return {RestoreVerdict::Stop, std::to_string(missing) + " of " + std::to_string(world_) +
-                                    " ranks did not report their restore" + within + " (ranks " + which + ")"};
+  return {RestoreVerdict::Stop, "not every rank reported its restore within " +
+                                    std::to_string(timeout_.count() / 1000) + " s"};
 }
 
 }  // namespace ckpt::hooks

@@ -1,16 +1,14 @@
 #pragma once
 // How the ranks of a job restore the same checkpoint, and pass over one that any rank cannot load together.
 //
-// Rounds, one candidate each, in the control dir (<root>/.control/<run_id>-restore/). The leader (rank 0) proposes
-// the candidate (plan-<round>); every rank loads its shard of it, checked while read, and reports: a rank whose
-// load failed first creates bad-<round> (the checkpoint is at fault) or stop-<round> (only its access to it is:
-// permissions, a stale handle, after retries), exclusively, so that any number of failures costs one file; then
-// every rank but the leader creates done-<round>-<rank>. The leader waits for those, decides for all (verdict-
-// <round>): ok, walk back (it marks the candidate FAILED, once, and proposes an older one) or stop (every rank
-// fails its restore with the reason). A rank other than the leader creates one file and reads two per round; the
-// leader checks one name per rank, as a commit does. With a tally (the tree coordinator's network), reports are
-// counted over the network and the leader announces its plan and verdict there: a rank then creates no file and
-// reads the two once each, without polling.
+// Rounds, one candidate each. The leader (rank 0) proposes the candidate in the control dir (<root>/.control/
+// <run_id>-restore/plan-<round>) and announces it over the coordinator's network (the tally); every rank loads its
+// shard of it, checked while read, and reports: a rank whose load failed first creates bad-<round> (the checkpoint
+// is at fault) or stop-<round> (only its access to it is: permissions, a stale handle, after retries),
+// exclusively, so that any number of failures costs one file; every rank's report is counted up the tree. The
+// leader, once every rank counted in, decides for all (verdict-<round>, announced the same way): ok, walk back (it
+// marks the candidate FAILED, once, and proposes an older one) or stop (every rank fails its restore with the
+// reason). A rank reads two files per round, once each, without polling; only a failed load creates one.
 //
 // Threads: one RestoreAgreement per restore, used by the thread that calls Checkpointer::restore (the training
 // thread); the tally's callbacks run on it too and block on the coordinator's own lock, never the network's.
@@ -36,9 +34,8 @@ struct RestorePlan {
 std::string to_json(const RestorePlan& plan);
 Result<RestorePlan> parse_restore_plan(std::string_view text);
 
-// Counts the ranks' reports of a round over a network (the tree coordinator's) instead of one file per rank, so
-// that the leader reads no file per rank either. report: every rank, once per round; wait_all: the leader, true
-// once every rank of the job reported.
+// Counts the ranks' reports of a round over the tree coordinator's network, so that no rank writes or reads a file
+// per rank. report: every rank, once per round; wait_all: the leader, true once every rank of the job reported.
 // The leader's files of a round that the other ranks wait for.
 enum class RestoreFile { Plan, Verdict };
 struct RestoreTally {
@@ -67,7 +64,8 @@ RoundOutcome solo_outcome(const Status& loaded, bool definite, int rank);
 class RestoreAgreement {
  public:
   // Waits for other ranks give up after `timeout` (the leader's; the others allow it 30 s more to answer).
-  RestoreAgreement(std::string root, std::string run_id, int rank, int world_size, std::chrono::milliseconds timeout);
+  RestoreAgreement(std::string root, std::string run_id, int rank, int world_size, std::chrono::milliseconds timeout,
+                   RestoreTally tally);
   ~RestoreAgreement();
   RestoreAgreement(const RestoreAgreement&) = delete;
   RestoreAgreement& operator=(const RestoreAgreement&) = delete;
@@ -80,25 +78,23 @@ class RestoreAgreement {
   // Every rank, after loading: reports its outcome and returns the verdict for all ranks.
   Result<RoundOutcome> agree(int round, const Status& loaded, bool definite);
   std::string path() const { return dir_; }
-  // Reports go through `tally` from now on (every rank must make the same choice).
-  void use_tally(RestoreTally tally) { tally_ = std::move(tally); }
 
  private:
   Status open_dir(bool create);
   // Creates `name` exclusively and complete (temp file, link); `existed` says the name was there already.
   Status create_exclusive(const std::string& name, const std::string& content, bool* existed);
   std::optional<std::string> read(const std::string& name);
-  bool exists(const std::string& name);
-  // agree() on a rank other than 0: reports it loaded (a file, or the tally) and waits for rank 0's verdict.
+  // agree() on a rank other than 0: waits for rank 0's verdict.
   Result<RoundOutcome> await_verdict(int round);
   // agree() on rank 0: waits for every report, publishes the verdict.
   Result<RoundOutcome> decide_round(int round);
   // The verdict of a round: a bad checkpoint walks back, a rank's own failure or a missing report stops.
-  RoundOutcome round_outcome(int round, bool all, const std::vector<bool>& seen, int missing);
+  RoundOutcome round_outcome(int round, bool all);
   // Polls `ready` with growing pauses until it holds, `deadline` passes or the job broke (broken_ says why).
   template <class Ready>
   bool wait(Ready ready, std::chrono::steady_clock::time_point deadline);
-  // `ready` once the leader announced `file` of `round` over the tally's network, or by polling without a tally.
+  // `ready` once the leader announced `file` of `round` over the tally's network (or, once the network is gone, by
+  // polling for the file until `deadline`).
   template <class Ready>
   bool wait_announced(int round, RestoreFile file, Ready ready, std::chrono::steady_clock::time_point deadline);
 
@@ -108,7 +104,7 @@ class RestoreAgreement {
   const int world_;
   const std::chrono::milliseconds timeout_;
   int fd_ = -1;
-  std::optional<RestoreTally> tally_;
+  RestoreTally tally_;
   std::string broken_;  // why a wait ended early: the tally's word that a rank of the job died
   bool job_broke();
   std::string waited_for(const std::string& what, std::chrono::milliseconds limit) const;

@@ -1,7 +1,7 @@
 // hooks_stress: training threads mutate their state as fast as they can while checkpoints are taken; afterwards
 // every committed checkpoint must equal the state at its step, bit for bit.
 //
-// Each rank is a thread with its own checkpointer (file coordinator on one dir); a barrier per step stands in for
+// Each rank is a thread with its own checkpointer (on one dir, agreeing over the heartbeat network); a barrier per step stands in for
 // the gradient all-reduce. Per step a rank writes its "stats" region during the forward pass (a sync region, like
 // BatchNorm statistics), passes the barrier, calls before_update(), overwrites every word of its parameters, puts
 // the step in a blob, and calls after_step(). The value of every word is a function of (step, index, rank), so a
@@ -58,7 +58,7 @@ void run_rank(const Args& a, int rank, std::barrier<>& sync, RankResult& out) {
   Options o;
   for (const auto& [k, v] : std::initializer_list<std::pair<const char*, std::string>>{
            {"dir", a.dir}, {"interval", a.interval}, {"rank", std::to_string(rank)},
-           {"world_size", std::to_string(a.ranks)}, {"coordinator", a.ranks == 1 ? "single" : "file"},
+           {"world_size", std::to_string(a.ranks)},
            {"keep", "100000"}, {"copy_threads", std::to_string(a.copy_threads)}, {"run_id", "stress"},
            {"signals", a.notice_at > 0 ? "on" : "off"}, {"log", "warn"}}) {
     (void)o.set(k, v);

@@ -170,3 +170,34 @@ class Gate {
 };
 
 }  // namespace ckpt::hooks::test
+
+namespace ckpt::hooks::test {
+
+// A rank that joins the job's network and does nothing else until the test lets it go: the partner a rank of a
+// multi-rank job needs to start at all (every rank joins the heartbeat network at creation). Start it before the
+// rank under test is created, which blocks until both joined.
+class IdleRank {
+ public:
+  explicit IdleRank(Options options)
+      : thread_([this, o = std::move(options)] {
+          auto cp = Checkpointer::create(o);
+          if (!cp) error_ = cp.error();
+          gate_.wait();
+        }) {}
+  ~IdleRank() { release(); }
+  IdleRank(const IdleRank&) = delete;
+  IdleRank& operator=(const IdleRank&) = delete;
+  // Lets it go (its checkpointer is destroyed without a close) and waits for it; the error of its creation, if any.
+  std::string release() {
+    gate_.open();
+    if (thread_.joinable()) thread_.join();
+    return error_;
+  }
+
+ private:
+  Gate gate_;
+  std::string error_;
+  std::thread thread_;
+};
+
+}  // namespace ckpt::hooks::test

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Last words on the real local cluster: slurm-examples/train_dp_tp.py (DP2 x TP2 over gloo, bitwise resumable)
 # on 4 nodes with `srun -N4 -n4 --ckpt-last-words=on`.
-#  1. A requeueable batch job under the recovery controller; a node crashes (SIGKILL) at a random step, with no
+#  1. A requeueable batch job under the recovery controller, its steps under PMIx (srun --mpi=pmix: the network's
+#     addresses go through one PMIx fence, and PMIx must not take the survivors down with the dead node); a node
+#     crashes (SIGKILL) at a random step, with no
 #     periodic checkpoint to fall back on (interval 1000 steps): the survivors detect it over their heartbeat
 #     mesh, agree, and commit a terminal checkpoint of the step they were on; the controller requeues the job off
 #     the dead node, it resumes from that checkpoint (at most one step lost) and ends bitwise identical to an
@@ -77,7 +79,7 @@ pass "uninterrupted DP2xTP2 run on 4 nodes"
 mkdir -p "$SCRATCH/one"
 write_train_sbatch "$SCRATCH/one.sbatch" "-N3-4 -n4" train_dp_tp.py --steps $STEPS --out "$SCRATCH/one/final"
 at=$((15 + RANDOM % 20))
-job=$(sbatch --parsable -J "lw-one-$tag" -o "$SCRATCH/one.log" --ckpt-interval=1000steps --ckpt-last-words=on \
+job=$(SLURM_MPI_TYPE=pmix sbatch --parsable -J "lw-one-$tag" -o "$SCRATCH/one.log" --ckpt-interval=1000steps --ckpt-last-words=on \
   --ckpt-dir="$SCRATCH/one/ckpt" "$SCRATCH/one.sbatch" --step-sleep 0.2)
 wait_logged_step "$SCRATCH/one.log" "$at" || true  # the node check below says what went wrong
 [ "$(scontrol show hostnames "$(squeue -h -j "$job" -o %N)" | wc -l)" = 4 ] ||
@@ -101,7 +103,8 @@ detect_ms=$(awk -v a="$crash_t" -v b="$detected" 'BEGIN { printf "%.0f", (b - a)
 total_ms=$(awk -v a="$crash_t" -v b="$detected" -v t="$took" 'BEGIN { printf "%.0f", (b - a + t) * 1000 }')
 echo "last words: crash of n4 at step ~$seen: detected after $detect_ms ms, terminal checkpoint of step $term committed $total_ms ms after the crash (poll saw it after $(awk -v a="$crash_t" -v b="$committed_t" 'BEGIN { printf "%.0f", (b - a) * 1000 }') ms)"
 grep "last words:" "$SCRATCH/one.log" | sed 's/^/  /' | sed -n 1,20p
-pass "n4 crashed at step ~$seen: terminal checkpoint of step $term from the survivors"
+grep -q "rendezvous pmix" "$SCRATCH/one.log" || fail "the run did not find its peers through PMIx"
+pass "n4 crashed at step ~$seen: terminal checkpoint of step $term from the survivors (rendezvous through PMIx)"
 
 # The controller requeues the job off n4; the next run resumes from the terminal checkpoint and finishes.
 for _ in $(seq 1200); do

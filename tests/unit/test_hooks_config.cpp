@@ -144,7 +144,7 @@ TEST_CASE("hooks settings reject bad values with one clear line", "[hooks][confi
         {{"CKPT_RESUME_STEP", "12a"}},
         {{"CKPT_END_TIME", "-5"}},
         {{"CKPT_END_TIME", "99999999999999999999"}},
-        {{"CKPT_COORDINATOR", "mpi"}},
+        {{"CKPT_RENDEZVOUS", "mpi"}},
         {{"CKPT_COPY_THREADS", "65"}},
         {{"CKPT_AGREE_LEAD", "0"}},
         {{"CKPT_COMMIT_TIMEOUT", "0s"}},

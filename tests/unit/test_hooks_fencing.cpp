@@ -25,8 +25,7 @@ Options run_options(const std::string& dir, std::uint64_t restart_count) {
                         {"interval", "1steps"},
                         {"keep", "10"},
                         {"job_id", "42"},
-                        {"restart_count", std::to_string(restart_count)},
-                        {"coordinator", "single"}});
+                        {"restart_count", std::to_string(restart_count)}});
 }
 
 // Trains `steps`, each an update of `state` and a periodic checkpoint, and waits until they are committed.

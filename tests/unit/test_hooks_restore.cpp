@@ -148,7 +148,7 @@ TEST_CASE("restore loads the newest complete checkpoint bitwise", "[hooks][resto
     for (int rank = 0; rank < 2; ++rank) {
       ranks.emplace_back([&, rank] {
         r[static_cast<std::size_t>(rank)] = restore_from(test::options(
-            {{"dir", dir.path()}, {"rank", std::to_string(rank)}, {"world_size", "2"}, {"coordinator", "file"}}));
+            {{"dir", dir.path()}, {"rank", std::to_string(rank)}, {"world_size", "2"}}));
       });
     }
     for (auto& t : ranks) t.join();
@@ -191,7 +191,7 @@ TEST_CASE("a tensor-parallel checkpoint whose regions do not say where they lie 
   for (int rank = 0; rank < 2; ++rank) {
     ranks.emplace_back([&, rank] {
       auto dp = test::make(test::options(
-          {{"dir", dir.path()}, {"rank", std::to_string(rank)}, {"world_size", "2"}, {"coordinator", "file"}}));
+          {{"dir", dir.path()}, {"rank", std::to_string(rank)}, {"world_size", "2"}}));
       steps[static_cast<std::size_t>(rank)] = dp->restore(false);
     });
   }
@@ -256,7 +256,7 @@ std::vector<RankRestore> restore_job(const std::string& dir, int world, const st
       RankRestore& me = out[static_cast<std::size_t>(rank)];
       me.a.assign(kShardBytes, 0);
       auto cp = test::make(test::options({{"dir", dir}, {"rank", std::to_string(rank)},
-                                          {"world_size", std::to_string(world)}, {"coordinator", "file"},
+                                          {"world_size", std::to_string(world)},
                                           {"run_id", run_id}, {"copy_threads", "0"}}));
       if (!cp->register_region({"a", me.a.data(), me.a.size()})) return;
       std::uint64_t before = store::test::thread_rchar();
@@ -402,7 +402,6 @@ TEST_CASE("a rank waiting on the restore's leader stops once a rank of the job d
   // The leader (rank 0) never proposes: it is recovering from the same death already. Rank 1 must not poll for
   // the plan until its deadline: the tally's word that the job broke ends the wait with the reason.
   test::TempDir dir;
-  RestoreAgreement agreement(dir.path(), "broken-run", 1, 3, std::chrono::seconds(60));
   std::atomic<bool> died{false};
   RestoreTally tally;
   tally.report = [](int) {};
@@ -413,7 +412,7 @@ TEST_CASE("a rank waiting on the restore's leader stops once a rank of the job d
     if (!died.load()) return std::nullopt;
     return std::string("rank 2 of the job died");
   };
-  agreement.use_tally(std::move(tally));
+  RestoreAgreement agreement(dir.path(), "broken-run", 1, 3, std::chrono::seconds(60), std::move(tally));
   std::thread death([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     died = true;

@@ -60,7 +60,9 @@ struct Options {
   CKPT_HOOKS_API Status set(std::string_view key, std::string_view value);
 };
 
-enum class CoordinatorKind { Auto, Single, File, Pmix };
+// How the ranks of a job find each other's heartbeat address: through PMIx (under srun --mpi=pmix, one fence at
+// start) or one address file per rank in the control dir; auto takes PMIx where it describes this job.
+enum class RendezvousKind { Auto, Files, Pmix };
 
 enum class LogLevel { Error, Warn, Info, Debug };
 
@@ -91,7 +93,7 @@ struct Config {
   int world_size = 1;
   int local_rank = 0;
   std::string rank_source = "single";      // "override", "torchrun" (RANK/WORLD_SIZE), "slurm" or "single"
-  CoordinatorKind coordinator = CoordinatorKind::Auto;
+  RendezvousKind rendezvous = RendezvousKind::Auto;  // CKPT_RENDEZVOUS
   unsigned copy_threads = 2;               // snapshot copy threads; 0 copies on the training thread
   std::uint64_t commit_timeout_s = 600;    // how long the writer waits for every rank's shard
   std::uint64_t agree_lead = 2;            // steps between a request and the agreed checkpoint step
