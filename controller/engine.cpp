@@ -165,7 +165,7 @@ void Engine::check_due_jobs(double now) {
 void Engine::check_job(JobRecord& r, Runtime& rt, double now) {
   switch (r.state) {
     case JobState::Failing: check_failing(r, now); break;
-    case JobState::Requeueing: drive_intent(r, now); break;
+    case JobState::Requeueing: intents_.drive(r, now); break;
     case JobState::Pending:
       if (now < rt.watch_until) check_pending(r, nullptr, now);
       break;
@@ -188,7 +188,7 @@ void Engine::start_decided_requeues(double now) {
   for (auto& [id, r] : jobs_) {
     if (r.state != JobState::Requeueing || now < runtime(id).next_check) continue;
     try {
-      drive_intent(r, now);
+      intents_.drive(r, now);
     } catch (const std::exception& e) {
       log_error("job " + std::to_string(id) + ": internal error: " + e.what());
     }

@@ -23,6 +23,7 @@
 #include "ckpt/recovery_plan.hpp"
 #include "db.hpp"
 #include "intake.hpp"
+#include "intent_runner.hpp"
 #include "observe.hpp"
 #include "probe.hpp"
 
@@ -31,7 +32,10 @@ namespace ckpt::controller {
 using ckpt::recovery::ControllerConfig;
 using ckpt::recovery::Event;
 
-class Engine {
+// Roles: the intake queues what other threads hand in (intake.hpp); the engine applies events, decides recoveries
+// and reconciles its records with Slurm; the intent runner carries a decided requeue out (intent_runner.hpp), through
+// the engine as its Host.
+class Engine final : private IntentRunner::Host {
  public:
   Engine(ControllerConfig config, SlurmBackend& backend, Database& db, Metrics& metrics, Alerts& alerts);
   ~Engine();
@@ -99,9 +103,9 @@ class Engine {
   JobRecord* find_or_load(std::uint32_t job_id);
   JobRecord& get_or_create(std::uint32_t job_id, double now);
   Runtime& runtime(std::uint32_t job_id);
-  void note(JobRecord& r, const std::string& kind, const std::string& text, double now);
-  bool transition(JobRecord& r, JobState to, const std::string& why, double now);
-  void new_run(JobRecord& r, std::uint32_t restart_count, double now);
+  void note(JobRecord& r, const std::string& kind, const std::string& text, double now) override;
+  bool transition(JobRecord& r, JobState to, const std::string& why, double now) override;
+  void new_run(JobRecord& r, std::uint32_t restart_count, double now) override;
   void start_failing(JobRecord& r, double now);
 
   void start_probes(JobRecord& r, double now);
@@ -118,27 +122,23 @@ class Engine {
   void decide(JobRecord& r, Ending ending, const SlurmJob& slurm, const std::vector<std::string>& dead,
               const std::vector<std::string>& mark_down, const CheckpointView& ckpts, double now, bool slurm_requeued,
               const std::vector<std::string>& hung = {});
-  void give_up(JobRecord& r, const std::string& reason, const SlurmJob* slurm, double now);
+  void give_up(JobRecord& r, const std::string& reason, const SlurmJob* slurm, double now) override;
   void housekeeping(double now);
-  void drive_intent(JobRecord& r, double now);
-  // Carries out one step of an intent (rec::next_intent_step); true when the next step may follow at once.
-  bool take_step(JobRecord& r, const ckpt::recovery::IntentStep& step, SlurmJob& s, double now);
-  bool intent_mark_down(JobRecord& r, const ckpt::recovery::IntentStep& step, SlurmJob& s, double now);
-  bool intent_requeued(JobRecord& r, const ckpt::recovery::IntentStep& step, const SlurmJob& s, double now);
-  bool intent_requeue(JobRecord& r, SlurmJob& s, double now);
-  bool intent_expedite(JobRecord& r, const ckpt::recovery::IntentStep& step, double now);
-  bool intent_done(JobRecord& r, const ckpt::recovery::IntentStep& step, const SlurmJob& s, double now);
   void check_pending(JobRecord& r, const SlurmJob* known, double now);
   void check_running(JobRecord& r, const SlurmJob& slurm, double now);
   void on_slurm_requeue(JobRecord& r, const SlurmJob& slurm, double now);
   void check_ended_job(JobRecord& r, const SlurmJob& slurm, double now);
   void reconcile(double now);
-  void refresh_nodes(double now, bool force);
+  void refresh_nodes(double now, bool force) override;
   std::vector<std::string> nodes_slurm_has_down(const std::vector<std::string>& nodes) const;
-  std::optional<SlurmJob> load_job(JobRecord& r, double now, bool& failed);
-  void mark_dirty(JobRecord& r, double now);
-  void flush();
-  void crash_point(const char* name);
+  std::optional<SlurmJob> load_job(JobRecord& r, double now, bool& failed) override;
+  void mark_dirty(JobRecord& r, double now) override;
+  void flush() override;
+  void crash_point(const char* name) override;
+  // The rest of the intent runner's Host.
+  bool unflushed(std::uint32_t job_id) const override { return dirty_.count(job_id) != 0; }
+  void check_again_at(std::uint32_t job_id, double at) override;
+  void watch_new_run(std::uint32_t job_id, double until) override;
   void alert(const nlohmann::json& body);
 
   ControllerConfig config_;
@@ -168,6 +168,7 @@ class Engine {
   double next_prune_ = 0;
 
   Intake intake_;  // events and admin requests waiting for a cycle (its own lock, never held with mutex_)
+  IntentRunner intents_{*this, backend_, metrics_, config_.completing_timeout_s};
 };
 
 }  // namespace ckpt::controller

@@ -194,7 +194,7 @@ Verdict Engine::handle_release(const std::string& arg, std::uint32_t uid, double
   r->clock.path = "requeue";
   transition(*r, JobState::Requeueing, i.reason + ": budget reset", now);
   flush();
-  drive_intent(*r, now);
+  intents_.drive(*r, now);
   return Verdict{200, "job " + arg + " released"};
 }
 

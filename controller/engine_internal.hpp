@@ -1,7 +1,8 @@
 #pragma once
 // What the engine's source files share and nothing else sees: the per-job runtime state that is never persisted,
 // the request queue's entries, and small helpers. engine.cpp runs cycles and requests, engine_events.cpp applies
-// events and admin requests, engine_recovery.cpp carries out recoveries, engine_views.cpp answers reads. What to do
+// events and admin requests, engine_recovery.cpp decides recoveries and reconciles with Slurm, engine_views.cpp
+// answers reads; the intent runner (intent_runner.cpp) takes a requeue's steps through the engine's Host methods. What to do
 // is decided in ckpt/recovery_plan.hpp; these files perform it. All of it runs on the engine's thread under its
 // lock, except the detached probes and checkpoint reads.
 #include <pwd.h>

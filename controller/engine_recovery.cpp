@@ -1,5 +1,5 @@
-// Recoveries: probing silent nodes, reading checkpoints, and carrying out what ckpt/recovery_plan.hpp decides (the
-// recovery's plan, a requeue intent's steps against Slurm, what Slurm's word on a job means).
+// Recoveries: probing silent nodes, reading checkpoints, deciding what ckpt/recovery_plan.hpp says (the recovery's
+// plan, what Slurm's word on a job means) and recording a requeue's intent, which intent_runner.cpp carries out.
 #include "engine_internal.hpp"
 
 #include <chrono>
@@ -230,7 +230,7 @@ void Engine::relaunch(JobRecord& r, const rec::RecoveryPlan& plan, double now) {
   transition(r, JobState::Relaunching, plan.reason, now);
 }
 
-// Records the requeue intent (durable at the end of this cycle, carried out by drive_intent).
+// Records the requeue intent (durable at the end of this cycle, carried out by the intent runner).
 void Engine::start_requeue(JobRecord& r, const rec::RecoveryPlan& plan, double now) {
   if (plan.waits_for_slurm) {
     note(r, "decision", std::string("the ") + backend_.name() +
@@ -279,157 +279,12 @@ void Engine::exclude_nodes(JobRecord& r, const std::vector<std::string>& nodes, 
   if (!fresh.empty()) note(r, "decision", "excluding " + list(fresh) + " from the job's next runs", now);
 }
 
-void Engine::drive_intent(JobRecord& r, double now) {
-  if (!r.intent) {
-    transition(r, JobState::Pending, "no requeue intent left", now);
-    return;
-  }
-  if (dirty_.count(r.job_id) != 0) {
-    flush();  // the intent (and every step so far) is durable before the next action
-    if (dirty_.count(r.job_id) != 0) {
-      runtime(r.job_id).next_check = now + 1;
-      return;
-    }
-  }
-  if (r.intent->phase == Intent::Phase::MarkDown) crash_point("intent");
-  bool failed = false;
-  auto slurm = load_job(r, now, failed);
-  if (failed || !slurm) return;
-  SlurmJob s = *slurm;
-  for (int look = 0; look < 8 && r.intent; ++look) {
-    rec::IntentFacts facts;
-    facts.slurm = s;
-    facts.record_restart = r.restart_count;
-    facts.now = now;
-    facts.completing_timeout_s = config_.completing_timeout_s;
-    facts.first_look = look == 0;
-    if (!take_step(r, rec::next_intent_step(*r.intent, facts), s, now)) return;
-  }
-}
+void Engine::check_again_at(std::uint32_t job_id, double at) { runtime(job_id).next_check = at; }
 
-bool Engine::take_step(JobRecord& r, const rec::IntentStep& step, SlurmJob& s, double now) {
-  using Kind = rec::IntentStep::Kind;
-  switch (step.kind) {
-    case Kind::Cancel:
-      r.intent.reset();
-      transition(r, JobState::Cancelled, step.reason, now);
-      return false;
-    case Kind::Wait: runtime(r.job_id).next_check = step.at; return false;
-    case Kind::GiveUp: give_up(r, step.reason, &s, now); return false;
-    case Kind::Advance:
-      r.intent->phase = step.next;
-      mark_dirty(r, now);
-      return true;
-    case Kind::MarkDown: return intent_mark_down(r, step, s, now);
-    case Kind::Requeued: return intent_requeued(r, step, s, now);
-    case Kind::Requeue: return intent_requeue(r, s, now);
-    case Kind::Expedite: return intent_expedite(r, step, now);
-    case Kind::Finish: return intent_done(r, step, s, now);
-  }
-  return false;
-}
-
-// Marks the intent's dead nodes DOWN and drains the opted-in ones.
-bool Engine::intent_mark_down(JobRecord& r, const rec::IntentStep& step, SlurmJob& s, double now) {
-  Intent& i = *r.intent;
-  const std::string id = std::to_string(r.job_id);
-  for (const auto& n : i.mark_down) {
-    auto status = backend_.set_node_down(n, "ckpt-controller: slurmd not answering (job " + id + ")");
-    note(r, "action", status ? "marked " + n + " DOWN: its slurmd does not answer"
-                             : "could not mark " + n + " DOWN: " + status.error(), now);
-  }
-  for (const auto& n : i.drain) {
-    auto status = backend_.drain_node(n, "ckpt-controller: excluded after a failure of job " + id);
-    note(r, "action", status ? "drained " + n : "could not drain " + n + ": " + status.error(), now);
-  }
-  if (!i.mark_down.empty() || !i.drain.empty()) {
-    refresh_nodes(now, true);
-    crash_point("marked-down");
-  }
-  i.phase = step.next;
-  if (step.look_again) {
-    bool again_failed = false;
-    if (auto again = load_job(r, now, again_failed); again) s = *again;
-  }
-  mark_dirty(r, now);
-  flush();
-  return true;
-}
-
-// Slurm's restart count shows the requeue: ours, before the controller stopped, or Slurm's own.
-bool Engine::intent_requeued(JobRecord& r, const rec::IntentStep& step, const SlurmJob& s, double now) {
-  Intent& i = *r.intent;
-  note(r, "action", "Slurm's restart count is " + std::to_string(s.restart_count) + ": the requeue is done", now);
-  i.not_before = step.not_before;
-  crash_point("requeued");  // Slurm requeued it (a node marked DOWN): the same point as our own requeue
-  i.phase = step.next;
-  mark_dirty(r, now);
-  flush();
-  return true;
-}
-
-bool Engine::intent_requeue(JobRecord& r, SlurmJob& s, double now) {
-  Intent& i = *r.intent;
-  auto status = backend_.requeue(r.job_id);
-  bool again_failed = false;
-  if (!status) {
-    metrics_.add("ckpt_controller_slurm_errors_total", "op=\"requeue\"");
-    auto again = load_job(r, now, again_failed);
-    if (!rec::requeue_happened_anyway(i, again)) {
-      give_up(r, "Slurm refused the requeue: " + status.error(), again ? &*again : nullptr, now);
-      return false;
-    }
-    s = *again;
-  } else {
-    crash_point("requeued");
-    i.not_before = rec::credential_safe_start(now);
-    note(r, "action", "requeued job " + std::to_string(r.job_id) + " (" + backend_.name() + ")", now);
-    if (auto again = load_job(r, now, again_failed); again) s = *again;
-  }
-  i.phase = Intent::Phase::WaitCompleting;
-  mark_dirty(r, now);
-  flush();
-  return true;
-}
-
-// StartTime=now and ExcNodeList: the job starts again at once, off the bad nodes.
-bool Engine::intent_expedite(JobRecord& r, const rec::IntentStep& step, double now) {
-  Intent& i = *r.intent;
-  auto status = backend_.expedite(r.job_id, i.exclude, step.release, i.min_nodes);
-  if (!status) {
-    metrics_.add("ckpt_controller_slurm_errors_total", "op=\"update\"");
-    note(r, "action", "could not update the job: " + status.error(), now);
-    const auto next = rec::after_refused_update(i, now, config_.completing_timeout_s);
-    if (next.kind == rec::IntentStep::Kind::Wait) {
-      runtime(r.job_id).next_check = next.at;
-      return false;
-    }
-    i.phase = next.next;
-    return true;
-  }
-  crash_point("updated");
-  const std::string fewer =
-      i.min_nodes > 0 ? " MinNodes=" + std::to_string(i.min_nodes) + " (it may start with fewer spares)" : "";
-  note(r, "action", std::string("StartTime=now ExcNodeList=") + rec::join_nodes(i.exclude) + fewer +
-                        (step.release ? " and released" : ""), now);
-  i.phase = step.next;
-  return true;
-}
-
-// The intent is carried out: the record follows the new run, or waits for it.
-bool Engine::intent_done(JobRecord& r, const rec::IntentStep& step, const SlurmJob& s, double now) {
-  Runtime& rt = runtime(r.job_id);
-  r.intent.reset();
-  rt.watch_until = now + config_.completing_timeout_s;
+void Engine::watch_new_run(std::uint32_t job_id, double until) {
+  Runtime& rt = runtime(job_id);
+  rt.watch_until = until;
   rt.expedite_retries = 0;
-  if (step.new_run) {
-    new_run(r, s.restart_count, now);
-  } else {
-    transition(r, JobState::Pending, step.reason, now);
-  }
-  flush();
-  crash_point("pending");
-  return false;
 }
 
 void Engine::check_pending(JobRecord& r, const SlurmJob* known, double now) {

@@ -51,7 +51,7 @@ typedef struct ckpt_stats {
 const char* ckpt_last_error(void);
 
 /* Creates a checkpointer from the CKPT_* environment, overridden by `count` "key=value" settings (keys: dir,
- * interval, keep, grace, rank, world_size, coordinator, ...; `settings` may be NULL when count is 0). */
+ * interval, keep, grace, rank, world_size, rendezvous, ...; `settings` may be NULL when count is 0). */
 int ckpt_open(const char* const* settings, size_t count, ckpt_checkpointer** out);
 /* 1 when a checkpoint dir is configured, else 0 (every call is then a no-op). */
 int ckpt_enabled(const ckpt_checkpointer* cp);

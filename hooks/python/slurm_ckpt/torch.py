@@ -328,7 +328,7 @@ class Checkpointer:
     """Checkpoints `model`, `optimizer` and `extra` every CKPT_INTERVAL, restores them, and stops on notice.
 
     dir and interval override CKPT_DIR and CKPT_INTERVAL: interval is "auto", a duration ("15m", "900s") or
-    "<N>steps"; a number means seconds. Other keyword settings (keep, grace, rank, world_size, coordinator, ...)
+    "<N>steps"; a number means seconds. Other keyword settings (keep, grace, rank, world_size, rendezvous, ...)
     override their CKPT_* variables too; see slurm_ckpt.option_keys().
 
     chunks: for a program that splits tensors itself (tensor parallelism), where this rank's block of each split
