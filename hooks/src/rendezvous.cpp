@@ -157,7 +157,16 @@ class PmixRendezvous final : public Rendezvous {
 
 #endif
 
-bool under_pmix() { return std::getenv("PMIX_RANK") != nullptr && std::getenv("PMIX_NAMESPACE") != nullptr; }
+// The process is a task of an srun step under PMIx whose task count is `world`: every rank is one PMIx process.
+// Every rank of the job sees the same step size and world, so every rank decides alike. Not so for the ranks a
+// launcher inside the task starts (torchrun's, several per task): they inherit the task's PMIx identity, and the
+// step's task count is not their world, so they never call PMIx_Init under a rank that is not theirs.
+bool one_pmix_process_per_rank(int world) {
+  if (std::getenv("PMIX_RANK") == nullptr || std::getenv("PMIX_NAMESPACE") == nullptr) return false;
+  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  if (tasks == nullptr) tasks = std::getenv("SLURM_NTASKS");
+  return tasks != nullptr && std::string(tasks) == std::to_string(world);
+}
 
 }  // namespace
 
@@ -172,7 +181,9 @@ RendezvousKind rendezvous_for(const Config& config) {
 Result<std::unique_ptr<Rendezvous>> make_rendezvous(RendezvousKind kind, int dirfd, const std::string& dir_path,
                                                     int rank, int world) {
   auto files = [&] { return std::unique_ptr<Rendezvous>(std::make_unique<FileRendezvous>(dirfd, dir_path, rank)); };
-  if (kind == RendezvousKind::Files || (kind == RendezvousKind::Auto && !under_pmix())) return files();
+  if (kind == RendezvousKind::Files || (kind == RendezvousKind::Auto && !one_pmix_process_per_rank(world))) {
+    return files();
+  }
 #if CKPT_HAVE_PMIX
   auto pmix = std::make_unique<PmixRendezvous>();
   auto size = pmix->init();

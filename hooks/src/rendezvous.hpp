@@ -10,10 +10,11 @@
 //          runs while training, so a rank's death never meets a PMIx call in progress (Slurm's PMIx server kills
 //          the step on error events of a collective). It keeps no trace of an orderly leave.
 //
-// Auto takes Pmix where PMIx describes this very job: the library was built with it, the process runs under a
-// PMIx server, PMIx's job size is the world size, and the ranks are the first generation of a job that does not
-// restart in place (a later generation or a spare has a world PMIx does not know). Every rank decides alike from
-// the same facts. Threads: publish() once, from the thread that starts the network; lookup() from any thread.
+// Auto takes Pmix where PMIx describes this very job: the library was built with it, the process is a task of an
+// srun step under PMIx whose task count is the world size (not one of several ranks a launcher such as torchrun
+// starts inside a task), PMIx's job size is the world size, and the ranks are the first generation of a job that
+// does not restart in place (a later generation or a spare has a world PMIx does not know). Every rank decides
+// alike from the same facts. Threads: publish() once, from the thread that starts the network; lookup() from any thread.
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -46,8 +47,9 @@ class Rendezvous {
 RendezvousKind rendezvous_for(const Config& config);
 
 // The rendezvous for `rank` of `world`: files in `dirfd` (the private rendezvous dir, `dir_path` for error lines;
-// not owned), or PMIx. Auto takes PMIx when the library has it, the process runs under a PMIx server and PMIx's job
-// size is `world`; Pmix fails where any of those does not hold, or where PMIx numbers this rank otherwise.
+// not owned), or PMIx. Auto takes PMIx when the library has it, the process is one task of a PMIx step of `world`
+// tasks and PMIx's job size is `world`; Pmix fails where PMIx cannot start, its size is not `world`, or it numbers
+// this rank otherwise.
 Result<std::unique_ptr<Rendezvous>> make_rendezvous(RendezvousKind kind, int dirfd, const std::string& dir_path,
                                                     int rank, int world);
 

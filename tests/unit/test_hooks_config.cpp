@@ -1,5 +1,11 @@
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+
+#include <cstdlib>
+#include <optional>
+#include <vector>
+
 #include <map>
 #include <set>
 #include <string>
@@ -8,7 +14,9 @@
 #include "ckpt/env_contract.hpp"
 #include "ckpt/hooks.hpp"
 #include "ckpt/options.hpp"
+#include "ckpt/posix.hpp"
 #include "hooks_test_util.hpp"
+#include "rendezvous.hpp"
 
 using namespace ckpt;
 using namespace ckpt::hooks;
@@ -281,4 +289,75 @@ TEST_CASE("the environment contract: one row per key and per variable; every hoo
   }
   CHECK(option_keys().size() == 35);  // every key of config.cpp's list found in the contract
   CHECK(env::name_of("no-such-key").empty());
+}
+
+namespace {
+
+// Sets environment variables for one scope and restores them after.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name);
+      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+      if (value != nullptr) ::setenv(name, value, 1); else ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value) ::setenv(name.c_str(), value->c_str(), 1); else ::unsetenv(name.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+}  // namespace
+
+TEST_CASE("the rendezvous: PMIx only where it numbers this very world, address files otherwise", "[hooks][config]") {
+  test::TempDir dir;
+  posix::Fd fd(::open(dir.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  REQUIRE(fd.valid());
+  auto made = [&](RendezvousKind kind, int world) {
+    auto r = make_rendezvous(kind, fd.get(), dir.path(), 0, world);
+    return r ? std::string(r.value()->name()) : r.error();
+  };
+  SECTION("no PMIx server: files") {
+    ScopedEnv env({{"PMIX_RANK", nullptr}, {"PMIX_NAMESPACE", nullptr}});
+    CHECK(made(RendezvousKind::Auto, 4) == "files");
+  }
+  SECTION("a launcher's ranks inside a PMIx task (the step has 2 tasks, the world 8): files, PMIx never started") {
+    ScopedEnv env({{"PMIX_RANK", "0"}, {"PMIX_NAMESPACE", "slurm.pmix.12.0"}, {"SLURM_STEP_NUM_TASKS", "2"},
+                   {"SLURM_NTASKS", "2"}});
+    CHECK(made(RendezvousKind::Auto, 8) == "files");
+  }
+  SECTION("files when asked, whatever PMIx says") {
+    ScopedEnv env({{"PMIX_RANK", "0"}, {"PMIX_NAMESPACE", "slurm.pmix.12.0"}, {"SLURM_STEP_NUM_TASKS", "4"}});
+    CHECK(made(RendezvousKind::Files, 4) == "files");
+  }
+  SECTION("a later generation of restart in place, or any rank of a job that restarts in place: files") {
+    Config c;
+    CHECK(rendezvous_for(c) == RendezvousKind::Auto);
+    c.generation = 2;
+    CHECK(rendezvous_for(c) == RendezvousKind::Files);
+    c.generation = 0;
+    c.inplace_id = "run-7";
+    CHECK(rendezvous_for(c) == RendezvousKind::Files);
+    c.rendezvous = RendezvousKind::Pmix;
+    CHECK(rendezvous_for(c) == RendezvousKind::Pmix);  // asked for: make_rendezvous refuses it where PMIx disagrees
+  }
+  SECTION("address files: a published line is found, a withdrawn one tells that the rank left") {
+    auto r = make_rendezvous(RendezvousKind::Files, fd.get(), dir.path(), 3, 4);
+    REQUIRE(r);
+    Rendezvous& files = *r.value();
+    CHECK(files.tells_leaves());
+    CHECK_FALSE(files.lookup(3).has_value());
+    REQUIRE(files.publish("10.77.0.3 40123 n3", std::chrono::seconds(1)).ok());
+    auto fields = files.lookup(3);
+    REQUIRE(fields);
+    CHECK((*fields == std::vector<std::string>{"10.77.0.3", "40123", "n3"}));
+    files.withdraw();
+    CHECK_FALSE(files.lookup(3).has_value());
+  }
 }
