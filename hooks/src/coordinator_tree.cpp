@@ -186,7 +186,8 @@ class TreeCoordinator final : public Coordinator {
     bool done = false;
     for (;;) {
       done = cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
-        return cancelled_.load() || failed_.count(step) != 0 || counts_[step].total >= static_cast<std::uint64_t>(world);
+        return cancelled_.load() || failed_.count(step) != 0 || counts_[step].total >= static_cast<std::uint64_t>(world) ||
+               !died_.empty();
       });
       if (done || Clock::now() >= deadline) break;
       if (Clock::now() >= recount_at) {
@@ -217,6 +218,20 @@ class TreeCoordinator final : public Coordinator {
     }
     if (cancelled_.load()) {
       return Status::failure("ckpt: step " + std::to_string(step) + ": training ended before every rank persisted");
+    }
+    if (total < static_cast<std::uint64_t>(world) && !died_.empty() && words_ != nullptr && words_->triggered()) {
+      return Status::failure("ckpt: step " + std::to_string(step) + ": the last words started before every rank "
+                             "persisted");
+    }
+    if (total < static_cast<std::uint64_t>(world) && !died_.empty()) {
+      // Without last words nothing else ends the run: say what this means for every checkpoint from now on.
+      const int gone = *died_.begin();
+      return Status::failure(
+          "ckpt: step " + std::to_string(step) + ": " +
+          (gone == config_.rank ? std::string("the other ranks count this rank as dead")
+                                : "rank " + std::to_string(gone) + " is gone from the heartbeat network") +
+          " (it died, or was silent past the heartbeat timeout): no checkpoint of this run can complete; restart "
+          "the job to be protected again");
     }
     if (!done) {
       return Status::failure("ckpt: step " + std::to_string(step) + ": " + std::to_string(world - static_cast<int>(total)) +
@@ -518,6 +533,14 @@ class TreeCoordinator final : public Coordinator {
         cv_.notify_all();
         break;
       }
+      case heartbeat::kGone: {  // from this rank's own network (from = -1): a rank declared dead
+        const auto gone = heartbeat::GoneFrame::from_frame(f);
+        if (gone.died && from == -1) {
+          died_.insert(gone.rank);
+          cv_.notify_all();
+        }
+        break;
+      }
       case heartbeat::kRetired: {
         const auto retired = heartbeat::RetiredFrame::from_frame(f);
         if (!retired_seen_.insert(retired.step).second) break;
@@ -548,6 +571,7 @@ class TreeCoordinator final : public Coordinator {
   std::map<std::uint64_t, store::Kind> requests_;       // guarded by mu_
   std::map<std::uint64_t, Count> counts_;               // guarded by mu_
   std::map<std::uint64_t, int> failed_;                 // guarded by mu_: step -> a rank whose shard failed
+  std::set<int> died_;                                  // guarded by mu_: ranks the network declared dead
   std::atomic<bool> cancelled_{false};
 };
 

@@ -160,6 +160,21 @@ struct LastWords::Impl {
     if (r >= 0 && r < config.world_size) tally.accounted.insert(r);
   }
 
+  // Mesh threads: a frame for the coordinator, held until it attaches.
+  void to_coordination(const heartbeat::Frame& f, int from) {
+    std::function<void(const heartbeat::Frame&, int)> to;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      to = handlers.coordination;
+      if (!to) {
+        auto& early = handlers.early_coordination;
+        if (early.size() < kMaxEarlyCoordination) early.emplace_back(f, from);
+        return;
+      }
+    }
+    to(f, from);
+  }
+
   // Mesh threads.
   void on_event(const heartbeat::Event& e) {
     using Kind = heartbeat::Event::Kind;
@@ -199,6 +214,9 @@ struct LastWords::Impl {
         log::warn(rank, line);
         fire(e.peer == rank ? "this rank is counted as dead" : "rank " + std::to_string(e.peer) + " died", false);
         cv.notify_all();
+        // The coordinator learns it too (from -1: no link brought it): a checkpoint waiting on that rank's count
+        // ends now rather than at its timeout, which matters where nothing else ends it (the last words off).
+        to_coordination(heartbeat::GoneFrame{e.peer, true}.to_frame(), -1);
         return;
       }
       case Kind::LinkUp: {
@@ -278,20 +296,9 @@ struct LastWords::Impl {
       case heartbeat::kShardFailed:
       case heartbeat::kRetired:
       case heartbeat::kRestoreFile:
-      case heartbeat::kRecount: {
-        std::function<void(const heartbeat::Frame&, int)> to;
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          to = handlers.coordination;
-          if (!to) {
-            auto& early = handlers.early_coordination;
-            if (early.size() < kMaxEarlyCoordination) early.emplace_back(f, from);
-            return;
-          }
-        }
-        to(f, from);
+      case heartbeat::kRecount:
+        to_coordination(f, from);
         return;
-      }
       case heartbeat::kPace:
       case heartbeat::kSwap: {
         std::function<void(const heartbeat::Frame&, int)> to;

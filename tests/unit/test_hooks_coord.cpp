@@ -2,6 +2,9 @@
 // all-reduce), each with its own checkpointer on a shared dir, agreeing over the heartbeat network (the tree).
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <barrier>
 #include <csignal>
 #include <cstring>
@@ -193,6 +196,44 @@ TEST_CASE("the writer commits only when every rank persisted", "[hooks][coord]")
     CHECK(std::chrono::steady_clock::now() - started < 20s);
     CHECK(test::committed_steps(dir.path()).empty());
     CHECK(log.has("training ended before every rank persisted"));
+  }
+  SECTION("a rank the network declares dead, its last words off: the commit fails at once, saying what it means") {
+    // Rank 1 joins from a child process that then stops itself: frozen, its connection open, silent. Nothing is
+    // triggered (the last words are off), so only the coordinator's own word ends the wait before its timeout.
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    const auto o = [&](int r) {
+      return rank_options(dir.path(), r, {{"interval", "1steps"}, {"commit_timeout", "60s"},
+                                          {"heartbeat_timeout", "500ms"}});
+    };
+    pid_t rank1 = ::fork();
+    if (rank1 == 0) {
+      ::close(ready[0]);
+      auto cp = Checkpointer::create(o(1));
+      char ok = cp ? 1 : 0;
+      (void)::write(ready[1], &ok, 1);
+      ::raise(SIGSTOP);
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    std::uint64_t x = 1;
+    auto cp = test::make(o(0));
+    char ok = 0;
+    REQUIRE(::read(ready[0], &ok, 1) == 1);
+    ::close(ready[0]);
+    REQUIRE(ok == 1);
+    REQUIRE(cp->register_region({"w", &x, sizeof x}).ok());
+    const auto started = std::chrono::steady_clock::now();
+    REQUIRE_FALSE(*cp->after_step(1));
+    Status s = cp->close();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    ::kill(rank1, SIGKILL);
+    ::waitpid(rank1, nullptr, 0);
+    REQUIRE_FALSE(s.ok());
+    CHECK_THAT(s.error(), Catch::Contains("rank 1 is gone from the heartbeat network (it died, or was silent past the "
+                                          "heartbeat timeout): no checkpoint of this run can complete"));
+    CHECK(took < 15);  // the commit's own timeout is 60 s
+    CHECK(test::committed_steps(dir.path()).empty());
   }
   SECTION("a rank whose persist fails tells the writer at once") {
     auto started = std::chrono::steady_clock::now();
