@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -251,6 +252,11 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
     }
     if (config->rank == 0) {
       if (Status s = fence_earlier_runs(*config); !s) return Error{s.error()};
+      // A retired variable a job script may still set: say once that it no longer chooses anything.
+      if (std::getenv("CKPT_COORDINATOR") != nullptr) {
+        log::warn(0, "CKPT_COORDINATOR is no longer read: every job of more than one rank agrees over the heartbeat "
+                     "network; CKPT_RENDEZVOUS=auto|files|pmix chooses how its ranks find each other");
+      }
     }
     auto coord = make_coordinator(*config);
     if (!coord) return Error{coord.error()};

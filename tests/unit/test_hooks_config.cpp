@@ -361,3 +361,19 @@ TEST_CASE("the rendezvous: PMIx only where it numbers this very world, address f
     CHECK_FALSE(files.lookup(3).has_value());
   }
 }
+
+TEST_CASE("a job script that still sets CKPT_COORDINATOR is told once that it chooses nothing", "[hooks][config]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  {
+    ScopedEnv env({{"CKPT_COORDINATOR", "file"}});
+    auto cp = test::make(test::options({{"dir", dir.path()}}));
+    REQUIRE(cp->close().ok());
+  }
+  CHECK(log.has("CKPT_COORDINATOR is no longer read: every job of more than one rank agrees over the heartbeat "
+                "network; CKPT_RENDEZVOUS=auto|files|pmix chooses how its ranks find each other"));
+  test::LogCapture quiet;
+  auto cp = test::make(test::options({{"dir", dir.path()}}));
+  REQUIRE(cp->close().ok());
+  CHECK_FALSE(quiet.has("CKPT_COORDINATOR"));
+}
