@@ -6,13 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <system_error>
-#include <thread>
 
 #include "ckpt/posix.hpp"
 #include "log.hpp"

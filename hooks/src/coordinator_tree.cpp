@@ -219,11 +219,11 @@ class TreeCoordinator final : public Coordinator {
     if (cancelled_.load()) {
       return Status::failure("ckpt: step " + std::to_string(step) + ": training ended before every rank persisted");
     }
-    if (total < static_cast<std::uint64_t>(world) && !died_.empty() && words_ != nullptr && words_->triggered()) {
-      return Status::failure("ckpt: step " + std::to_string(step) + ": the last words started before every rank "
-                             "persisted");
-    }
     if (total < static_cast<std::uint64_t>(world) && !died_.empty()) {
+      if (words_ != nullptr && words_->triggered()) {
+        return Status::failure("ckpt: step " + std::to_string(step) + ": the last words started before every rank "
+                               "persisted");
+      }
       // Without last words nothing else ends the run: say what this means for every checkpoint from now on.
       const int gone = *died_.begin();
       return Status::failure(
@@ -241,8 +241,8 @@ class TreeCoordinator final : public Coordinator {
     return Status::success();
   }
 
-  // The records gathered up the tree; where a subtree could not gather (a record it could not read), each rank's
-  // is read here instead, as a slow path that costs the writer one file per rank.
+  // The records gathered up the tree; where a subtree could not gather (a record it could not read), the step dir's
+  // records are read here instead (as store::commit reads them), a slow path that costs the writer a file per rank.
   Result<std::vector<store::ShardRecord>> records(std::uint64_t step) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -254,14 +254,7 @@ class TreeCoordinator final : public Coordinator {
       }
     }
     log::info(config_.rank, "step " + std::to_string(step) + ": the records were not gathered; reading each rank's");
-    std::vector<store::ShardRecord> records;
-    records.reserve(static_cast<std::size_t>(config_.world_size));
-    for (int r = 0; r < config_.world_size; ++r) {
-      auto record = store::read_record(config_.dir, step, r);
-      if (!record) return Error{record.error()};
-      records.push_back(std::move(*record));
-    }
-    return records;
+    return store::read_present_records(config_.dir, step);
   }
 
   void retired(const std::vector<std::uint64_t>& steps) override {
