@@ -413,14 +413,22 @@ std::string page_spank() {
     if (key == "max_interval") text += " Default: " + seconds(site.max_interval_s) + ".";
     if (key == "enabled_by_default") text += std::string(" Default: ") + (site.enabled_by_default ? "yes" : "no") + ".";
     if (key == "max_spares") text += " Default: " + std::to_string(site.max_spares) + ".";
+    if (key == "max_memory") {
+      text += " A capped job is told so in one line: ckpt: --ckpt-memory: 8G is above the site maximum of 4G: the "
+              "memory tier uses 4G.";
+    }
     page.item(bold(k.key) + "=" + italic(k.arginfo), text);
   }
   page.paragraph("Without a user's or the site's value: keep " + std::to_string(BuiltinDefaults::keep) +
                  ", last words " + (BuiltinDefaults::last_words ? "on" : "off") + ", MTBF " +
                  seconds(BuiltinDefaults::mtbf_s) + ", max restarts " + std::to_string(BuiltinDefaults::max_restarts) +
                  ", grace " + seconds(BuiltinDefaults::grace_s) + ", spares " +
-                 std::to_string(BuiltinDefaults::spares) + ".");
+                 std::to_string(BuiltinDefaults::spares) + ", memory tier " +
+                 ckpt::format_memory(BuiltinDefaults::memory_bytes) + ", memory interval " +
+                 std::to_string(BuiltinDefaults::memory_interval) + " step.");
   durations_paragraph(page);
+  page.paragraph("A SIZE is a number of bytes with an optional unit: K, M, G, T (or KiB, MiB, GiB, TiB) are powers "
+                 "of 1024, KB, MB, GB, TB powers of 1000: 512M, 4G, 1T.");
   page.section("ENVIRONMENT");
   page.paragraph("Every rank of a job with checkpointing receives:");
   ckpt::Settings settings;
@@ -433,7 +441,9 @@ std::string page_spank() {
     for (const auto& o : ckpt::option_specs()) {
       if (key == o.key) text = std::string("The job's --") + o.name + ", else the site's " + o.key + ", else the default.";
     }
-    page.item(bold(name), text + (name == "CKPT_INTERVAL" ? " Normalized: auto, 900s or 500steps." : ""));
+    if (name == "CKPT_INTERVAL") text += " Normalized: auto, 900s or 500steps.";
+    if (name == "CKPT_MEMORY") text += " Within the site's max_memory; normalized: off, 4G, 512M or bytes.";
+    page.item(bold(name), text);
   }
   page.paragraph("and, where they apply, CKPT_RESTART_COUNT, CKPT_JOB_ID, CKPT_END_TIME (when the job has a "
                  "time limit), CKPT_KILL_WAIT, CKPT_REQUEUE (controller or self), CKPT_TRUSTED_DIRS, and "

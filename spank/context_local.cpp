@@ -78,6 +78,8 @@ int local_post_opt(spank_t sp) {
     log_error(settings.error());
     return -1;
   }
+  // What the site's policy changed of the request (a memory tier above max_memory): one line each, on the terminal.
+  for (const auto& line : settings->notices) log_user(line);
   return 0;
 }
 

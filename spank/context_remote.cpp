@@ -288,6 +288,8 @@ int remote_user_init(spank_t sp) {
   const ckpt::JobContext job = job_context(sp, ids, step);
   auto settings = ckpt::resolve_settings(state.user, state.policy, job);
   if (!settings) return fail_tasks(settings.error());
+  // srun, sbatch and salloc told the user already (context_local.cpp); the node's log keeps it too.
+  for (const auto& line : settings->notices) slurm_info("ckpt: job %u: %s", ids.job_id, line.c_str());
 
   const auto trusted = ckpt::trusted_prefixes_of(settings->dir, state.policy);
   ChildReport report = run_as_owner(ids, settings->dir, trusted);

@@ -22,6 +22,8 @@ const std::vector<Var>& contract() {
       {"max_spares", "CKPT_MAX_SPARES", "a whole number", S::Plugin, {}},
       {"straggler", "CKPT_STRAGGLER", "off, or a threshold with an optional action like 0.7,report", S::Plugin, {}},
       {"shrink", "CKPT_SHRINK", "off, on, or the fewest data-parallel replicas to go on with", S::Plugin, {}},
+      {"memory", "CKPT_MEMORY", "off, or a size like 4G, 512M or 1T (bytes without a unit)", S::Plugin, {}},
+      {"memory_interval", "CKPT_MEMORY_INTERVAL", "a whole number of steps >= 1", S::Plugin, {}},
       // The job's facts, as the plugin finds them at each step's start.
       {"restart_count", "CKPT_RESTART_COUNT", "a whole number", S::Plugin, {"SLURM_RESTART_COUNT"}},
       {"job_id", "CKPT_JOB_ID", "a job id", S::Plugin, {"SLURM_JOB_ID"}},
@@ -63,6 +65,7 @@ const std::vector<Var>& contract() {
       {"ifname", "CKPT_IFNAME", "a network interface's name", S::Job, {}},
       {"inplace_plan_timeout", "CKPT_INPLACE_PLAN_TIMEOUT", "seconds", S::Job, {}},
       {"inplace_join_timeout", "CKPT_INPLACE_JOIN_TIMEOUT", "seconds", S::Job, {}},
+      {"memory_distance", "CKPT_MEMORY_DISTANCE", "a whole number of nodes >= 1", S::Job, {}},
       {"inplace_state", "CKPT_INPLACE_STATE", "memory or files (where a restart in place takes the state from)", S::Job,
        {}},
   };

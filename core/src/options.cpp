@@ -62,6 +62,26 @@ Result<Interval> parse_interval(std::string_view text) {
   return Interval{Interval::Kind::Seconds, *seconds};
 }
 
+Result<std::uint64_t> parse_memory(std::string_view text) {
+  if (text == "off") return std::uint64_t{0};
+  return parse_bytes(text);
+}
+
+std::string format_memory(std::uint64_t bytes) {
+  if (bytes == 0) return "off";
+  struct Unit {
+    const char* name;
+    std::uint64_t bytes;
+  };
+  // Powers of 1024 first (Slurm's spelling), then of 1000, each largest first; the first that divides is exact.
+  static constexpr std::array<Unit, 8> kUnits{{{"T", 1ull << 40}, {"G", 1ull << 30}, {"M", 1ull << 20},
+      {"K", 1ull << 10}, {"TB", 1000'000'000'000}, {"GB", 1000'000'000}, {"MB", 1000'000}, {"KB", 1000}}};
+  for (const Unit& u : kUnits) {
+    if (bytes % u.bytes == 0) return std::to_string(bytes / u.bytes) + u.name;
+  }
+  return std::to_string(bytes);
+}
+
 std::string format_interval(const Interval& interval) {
   switch (interval.kind) {
     case Interval::Kind::Auto: return "auto";
@@ -100,12 +120,18 @@ const std::array<OptionSpec, kOptionCount>& option_specs() {
        "Under ckpt-run, when a node is lost and no spare is left, go on in place with fewer data-parallel "
        "replicas (pure data parallelism only), down to N (on: 1); changes the global batch, see docs/inplace.md",
        "off, on, or the fewest data-parallel replicas to go on with"},
+      {OptionId::Memory, "ckpt-memory", "memory", "SIZE|off",
+       "Host memory per rank the memory tier may use (staging and a partner's copy), e.g. 4G; off or 0: no memory "
+       "tier; at most the site's max_memory",
+       "off, or a size like 4G, 512M or 1T (K, M, G, T: powers of 1024; bytes without a unit)"},
+      {OptionId::MemoryInterval, "ckpt-memory-interval", "memory_interval", "N",
+       "Steps between memory-tier checkpoints", "a whole number of steps, at least 1"},
   }};
   return specs;
 }
 
-const std::array<SiteKeySpec, 7>& site_key_specs() {
-  static const std::array<SiteKeySpec, 7> specs{{
+const std::array<SiteKeySpec, 8>& site_key_specs() {
+  static const std::array<SiteKeySpec, 8> specs{{
       {"min_interval", "DURATION",
        "Shortest checkpoint interval a job may ask for, and the floor of auto; 0s: no floor", "5m"},
       {"max_interval", "DURATION", "Longest checkpoint interval, and the ceiling of auto; 0s: none", "6h"},
@@ -124,6 +150,10 @@ const std::array<SiteKeySpec, 7>& site_key_specs() {
        "Most spare nodes a job may ask for with --ckpt-spares or ckpt-run --spares; 0: no spares (the "
        "allocation's size is Slurm's to bound)",
        "2"},
+      {"max_memory", "SIZE|off",
+       "Most host memory per rank a job's memory tier may use; a larger --ckpt-memory is capped to it; 0 or off: "
+       "no memory tier (default: no maximum)",
+       "64G"},
   }};
   return specs;
 }
@@ -136,7 +166,8 @@ const OptionSpec& option_spec(OptionId id) {
 }
 
 bool JobOptions::any() const {
-  return interval || dir || keep || last_words || mtbf_s || max_restarts || grace_s || spares || straggler || shrink;
+  return interval || dir || keep || last_words || mtbf_s || max_restarts || grace_s || spares || straggler || shrink ||
+         memory_bytes || memory_interval;
 }
 
 Status set_job_option(JobOptions& options, OptionId id, std::string_view value) {
@@ -162,6 +193,8 @@ Status set_job_option(JobOptions& options, OptionId id, std::string_view value) 
         if (!shrink) return Error{shrink.error()};
         return inplace::format_shrink(*shrink);
       });
+    case OptionId::Memory: return set_once(options.memory_bytes, spec, value, parse_memory);
+    case OptionId::MemoryInterval: return set_once(options.memory_interval, spec, value, parse_positive_uint);
   }
   return Status::failure("unknown option");
 }
@@ -178,6 +211,8 @@ void clear_job_option(JobOptions& options, OptionId id) {
     case OptionId::Spares: options.spares.reset(); break;
     case OptionId::Straggler: options.straggler.reset(); break;
     case OptionId::Shrink: options.shrink.reset(); break;
+    case OptionId::Memory: options.memory_bytes.reset(); break;
+    case OptionId::MemoryInterval: options.memory_interval.reset(); break;
   }
 }
 
@@ -236,6 +271,10 @@ Status set_site_key(SitePolicy& policy, const std::string& key, const std::strin
     auto n = parse_uint(value);
     if (!n) return invalid_site_value(key, value, "a whole number");
     policy.max_spares = *n;
+  } else if (key == "max_memory") {
+    auto n = parse_memory(value);
+    if (!n) return invalid_site_value(key, value, option_spec(OptionId::Memory).expected);
+    policy.max_memory = *n;
   } else {
     // A bug, caught by tests.
     return Status::failure("plugstack.conf: " + key + ": in site_key_specs() but not parsed");
@@ -251,6 +290,12 @@ Status check_site_policy(const SitePolicy& policy) {
   if (policy.defaults.spares && *policy.defaults.spares > policy.max_spares) {
     return Status::failure("plugstack.conf: spares=" + std::to_string(*policy.defaults.spares) +
                            " is above max_spares=" + std::to_string(policy.max_spares));
+  }
+  // Capping the site's own default would warn every job that gives no --ckpt-memory.
+  if (policy.defaults.memory_bytes && policy.max_memory && *policy.defaults.memory_bytes > *policy.max_memory) {
+    return Status::failure("plugstack.conf: memory=" + format_memory(*policy.defaults.memory_bytes) +
+                           " is above max_memory=" +
+                           (*policy.max_memory == 0 ? std::string("0") : format_memory(*policy.max_memory)));
   }
   return Status::success();
 }
@@ -368,6 +413,8 @@ Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& poli
   s.spares = user.spares.value_or(site.spares.value_or(BuiltinDefaults::spares));
   s.straggler = user.straggler.value_or(site.straggler.value_or(BuiltinDefaults::straggler));
   s.shrink = user.shrink.value_or(site.shrink.value_or(BuiltinDefaults::shrink));
+  s.memory_bytes = user.memory_bytes.value_or(site.memory_bytes.value_or(BuiltinDefaults::memory_bytes));
+  s.memory_interval = user.memory_interval.value_or(site.memory_interval.value_or(BuiltinDefaults::memory_interval));
   s.max_spares = policy.max_spares;
   s.min_interval_s = policy.min_interval_s;
   s.max_interval_s = policy.max_interval_s;
@@ -394,6 +441,17 @@ Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& poli
                                     policy.max_spares);
       !over.empty()) {
     return Error{over};
+  }
+
+  // The memory tier is a bound on host memory, not a correctness matter: a larger request is capped, not refused.
+  if (policy.max_memory && s.memory_bytes > *policy.max_memory) {
+    const std::string given = "--" + std::string(option_spec(OptionId::Memory).name) + ": " +
+                              format_memory(s.memory_bytes) + " is above the site maximum of ";
+    s.memory_bytes = *policy.max_memory;
+    s.notices.push_back(s.memory_bytes == 0
+                            ? given + "0 (the site allows no memory tier): the memory tier is off"
+                            : given + format_memory(s.memory_bytes) + ": the memory tier uses " +
+                                  format_memory(s.memory_bytes));
   }
 
   const std::string* templ = user.dir ? &*user.dir : site.dir ? &*site.dir : nullptr;
@@ -433,6 +491,8 @@ std::vector<std::pair<std::string, std::string>> settings_environment(const Sett
       {env::name_of("max_spares"), std::to_string(s.max_spares)},
       {env::name_of("straggler"), s.straggler},
       {env::name_of("shrink"), s.shrink},
+      {env::name_of("memory"), format_memory(s.memory_bytes)},
+      {env::name_of("memory_interval"), std::to_string(s.memory_interval)},
   };
 }
 

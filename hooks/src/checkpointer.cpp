@@ -111,6 +111,12 @@ Decision Checkpointer::Impl::decide(std::uint64_t step) {
   out.snapshot = d.snapshot;
   out.stop = d.stop;
   out.kind = d.kind;
+  // The memory tier's own interval, in steps. Never behind a persist or a copy still running: training is not held
+  // for the memory tier (the copy before stays the one that counts).
+  if (!out.snapshot && tier && !tier_too_big && config.memory_interval > 0 && step % config.memory_interval == 0 && queue.idle()) {
+    out.snapshot = true;
+    out.memory_only = true;
+  }
   return out;
 }
 
@@ -146,6 +152,10 @@ Status Checkpointer::Impl::close(bool wait_for_peers) {
     }
     if (!wait_for_peers) coord->cancel();  // before the network goes: a commit waiting on it gives up as cancelled
     coord->detach();  // the persist thread may still publish; the network goes now
+    if (tier) {
+      if (wait_for_peers) queue.wait_idle();  // an orderly close lets a copy in flight end first
+      tier->stop();
+    }
     watch.last_words->set_pace(nullptr);
     watch.pace.reset();
     std::lock_guard<std::mutex> lock(watch.mu);
@@ -229,6 +239,7 @@ Status Checkpointer::Impl::arm_last_words() {
     watch.armed = armed;
   }
   coord->attach(*watch.last_words);
+  start_memory_tier();
   if (armed && config.straggler.enabled) {
     watch.pace = std::make_shared<PaceTree>(config, watch.last_words->network());
     watch.last_words->set_pace([p = watch.pace](const heartbeat::Frame& f, int from) { p->on_frame(f, from); });
@@ -430,7 +441,7 @@ Result<bool> Checkpointer::after_step(std::uint64_t step) {
   if (m.auto_meter) m.observe_step();
   m.sched.last_step = step;
   if (m.sched.stopped) return true;
-  if (d->snapshot) m.snapshot(step, d->kind);
+  if (d->snapshot) m.snapshot(step, d->kind, d->memory_only);
   if (d->stop) m.sched.stopped = true;
   return m.sched.stopped;
 }

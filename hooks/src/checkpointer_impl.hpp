@@ -11,6 +11,7 @@
 // back-pressure is. The last-words thread copies device state out and writes a
 // terminal shard while training is frozen (checkpointer_rescue.cpp); restore runs before the first step
 // (checkpointer_restore.cpp).
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -31,6 +32,7 @@
 #include "coordinator.hpp"
 #include "device.hpp"
 #include "last_words_runtime.hpp"
+#include "memory_tier.hpp"
 #include "pace.hpp"
 #include "nccl_watch.hpp"
 #include "persist_queue.hpp"
@@ -54,14 +56,6 @@ struct Blob {
   nlohmann::json meta;
 };
 
-// One named byte range of a shard, pointing into staging or into a blob the job owns.
-struct Piece {
-  std::string name;
-  const std::byte* data = nullptr;
-  std::size_t size = 0;
-  nlohmann::json meta;
-};
-
 // What the persist thread writes for one checkpoint.
 struct PersistJob {
   std::uint64_t step = 0;
@@ -72,6 +66,7 @@ struct PersistJob {
   bool device_copy = false;     // the device backend is filling pinned staging
   std::string error;            // the snapshot failed: publish the failure, write nothing
   std::uint64_t bytes = 0;
+  bool memory_only = false;     // a memory-tier checkpoint: the partner's copy, no shard in the dir
 };
 
 struct PinnedBuffer {
@@ -172,12 +167,18 @@ struct Checkpointer::Impl {
   std::optional<AutoIntervalMeter> auto_meter;  // CKPT_INTERVAL=auto, rank 0 only
   Staging staging;
   Rescued rescued;
+  std::unique_ptr<MemoryTier> tier;  // CKPT_MEMORY where the last words are armed (memory_tier.hpp)
+  std::atomic<bool> tier_too_big{false};  // the state does not fit CKPT_MEMORY: no memory checkpoint, no copy
+  bool tier_checked = false;              // the worker's: the budget was checked at the first memory checkpoint
 
   // ---- the persist thread ----
   PersistQueue queue;
   mutable std::mutex mu;
   Stats stats;         // guarded by mu
   Status first_error;  // guarded by mu
+  // The memory tier: the snapshot staging holds whole (set by the worker once its copy is done, cleared by the
+  // training thread before the next one overwrites staging), for the last words' writes from staging.
+  std::shared_ptr<const PersistJob> whole_snapshot;  // guarded by mu
 
   ~Impl();
 
@@ -200,14 +201,17 @@ struct Checkpointer::Impl {
   store::Manifest manifest(const PersistJob& job) const;
   // This rank's shard of `step`: the pieces in order, claiming `keys`.
   // `written` (when given) receives the shard's record.
+  // `as_rank` (default: this rank) names the shard: a stand-in writes its ward's.
   Status write_pieces(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::string>& keys,
-                      store::ShardRecord* written = nullptr);
+                      store::ShardRecord* written = nullptr, int as_rank = -1);
   Status write_shard(const PersistJob& job, store::ShardRecord* written);
   // Worker: the shard, its publication and, on the writer, the commit and retention.
   // Rank 0, once its own shard is written: waits for every rank's, then commits the manifest; false (the error
   // recorded) when it cannot.
   bool commit_when_all_wrote(const PersistJob& job);
-  void persist(const PersistJob& job);
+  void persist(const std::shared_ptr<const PersistJob>& job);
+  // Worker, memory tier: `job`'s snapshot is whole in staging; its copy to the partner.
+  void keep_in_memory(const std::shared_ptr<const PersistJob>& job);
   void collect_garbage(std::uint64_t committed);
 
   // ---- the API's side: regions, scheduling, close (checkpointer.cpp) ---------------------------------------------
@@ -236,7 +240,7 @@ struct Checkpointer::Impl {
   // The guard: waits for the host copies, queues the device guard. Returns the seconds it blocked.
   double guard();
   void report_backpressure(std::uint64_t step, double waited);
-  void snapshot(std::uint64_t step, store::Kind kind);
+  void snapshot(std::uint64_t step, store::Kind kind, bool memory_only = false);
   // Points `job` at staging and starts the copies of the regions into it (host: the copy pool; device: the backend).
   void start_copies(PersistJob& job, const StagingPlan& plan);
 
@@ -250,6 +254,12 @@ struct Checkpointer::Impl {
   Status rescue_device_state(Clock::time_point deadline);
   // The last-words thread: this rank's live state, consistent at `step`, as a terminal shard covering `keys`.
   Status write_terminal(std::uint64_t step, const std::vector<std::string>& keys);
+  // Training thread, in create(): the memory tier on the last words' network, where CKPT_MEMORY asks for it and
+  // the partner is on another node; one line where it cannot be.
+  void start_memory_tier();
+  // The last-words thread: the shard of `step` from staging (this rank's) or from a partner copy (`ward`'s).
+  Status write_from_staging(std::uint64_t step, const std::vector<std::string>& keys);
+  Status write_from_copy(int ward, std::uint64_t step, const std::vector<std::string>& keys);
 
   // ---- restore, training thread (checkpointer_restore.cpp) -------------------------------------------------------
 

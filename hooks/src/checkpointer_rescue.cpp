@@ -5,8 +5,12 @@
 #include <chrono>
 #include <mutex>
 
+#include <cstdlib>
+
 #include "checkpointer_impl.hpp"
+#include "ckpt/memtier.hpp"
 #include "ckpt/posix.hpp"
+#include "heartbeat.hpp"
 #include "log.hpp"
 
 namespace ckpt::hooks {
@@ -66,7 +70,8 @@ Status Checkpointer::Impl::rescue_device_state(Clock::time_point deadline) {
   bool in_staging = false;
   {
     std::lock_guard<std::mutex> lock(mu);
-    in_staging = queue.idle() && staging.pinned.size >= total;
+    // Not with the memory tier: staging holds the snapshot the last words may write from.
+    in_staging = !tier && queue.idle() && staging.pinned.size >= total;
     staging.lent = in_staging;
   }
   Result<void*> buffer = in_staging ? Result<void*>(staging.pinned.data) : device->alloc_pinned(total);
@@ -107,6 +112,110 @@ Status Checkpointer::Impl::write_terminal(std::uint64_t step, const std::vector<
   if (Status s = write_pieces(step, pieces, keys); !s) return s;
   log::info(rank, "last words: wrote the terminal shard of step " + std::to_string(step) + " (" +
                       std::to_string(keys.size()) + " state keys)");
+  return Status::success();
+}
+
+// ---- the memory tier ----------------------------------------------------------------------------------------------
+
+namespace {
+
+// Ranks per node where the launcher says and every node has as many (srun's block distribution, torchrun's local
+// world): the partner sits `distance` nodes of them further (ckpt::memtier::stride_partner); 0 where unknown.
+int ranks_per_node() {
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "LOCAL_WORLD_SIZE"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    if (auto n = memtier::uniform_tasks_per_node(v)) return *n;
+    return 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void Checkpointer::Impl::start_memory_tier() {
+  if (config.memory_bytes == 0 || !watch.last_words) return;
+  auto off = [&](const std::string& why) {
+    // Every rank finds the same: rank 0 says it for the job.
+    if (rank == 0) log::warn(0, "memory tier off: " + why + "; checkpoints go to the checkpoint dir alone");
+  };
+  if (!watch.last_words->speaks()) {
+    return off("it serves the last words, which are off (CKPT_LAST_WORDS=on and a declared layout arm them)");
+  }
+  const int per_node = ranks_per_node();
+  if (per_node <= 0) {
+    return off("the ranks per node are not the same on every node, or not known (SLURM_STEP_TASKS_PER_NODE, "
+               "LOCAL_WORLD_SIZE)");
+  }
+  heartbeat::Mesh& mesh = watch.last_words->network();
+  MemoryTier::Settings s;
+  s.rank = rank;
+  s.world_size = config.world_size;
+  s.max_bytes = config.memory_bytes;
+  s.partner = memtier::stride_partner(rank, config.world_size, per_node, config.memory_distance);
+  s.wards = memtier::stride_wards(rank, config.world_size, per_node, config.memory_distance);
+  // The pairing assumes ranks fill nodes in order; the published node names check it for this rank's partner.
+  if (s.partner >= 0) {
+    const std::string mine = mesh.node_of(rank);
+    const std::string theirs = mesh.node_of(s.partner);
+    if (mine.empty() || theirs.empty() || mine == theirs) {
+      log::warn(rank, "memory tier: rank " + std::to_string(s.partner) + ", the partner the layout gives, runs on " +
+                          (theirs.empty() ? std::string("an unknown node") : "node " + theirs) +
+                          (mine == theirs && !mine.empty() ? ", this rank's own" : "") +
+                          ": this rank keeps its memory checkpoints in its own staging only");
+      s.partner = -1;
+    }
+  } else {
+    off("the job runs on one node: a partner copy must be on another node");
+  }
+  tier = MemoryTier::start(s, mesh);
+  watch.last_words->set_memory(LastWords::MemoryHooks{
+      [this]() -> std::optional<std::uint64_t> {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!whole_snapshot) return std::nullopt;
+        return whole_snapshot->step;
+      },
+      [this] {
+        tier->freeze();
+        return tier->verified_copies();
+      },
+      [this](std::uint64_t step, const std::vector<std::string>& keys) { return write_from_staging(step, keys); },
+      [this](int ward, std::uint64_t step, const std::vector<std::string>& keys) {
+        return write_from_copy(ward, step, keys);
+      }});
+  if (rank == 0) {
+    log::info(0, "memory tier: a checkpoint in memory every " + std::to_string(config.memory_interval) +
+                     " step(s), its copy on the rank " + std::to_string(per_node * config.memory_distance) +
+                     " ranks on (" + std::to_string(config.memory_distance) + " node(s) away), within " +
+                     mib(config.memory_bytes) + " per rank");
+  }
+}
+
+Status Checkpointer::Impl::write_from_staging(std::uint64_t step, const std::vector<std::string>& keys) {
+  std::shared_ptr<const PersistJob> job;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    job = whole_snapshot;
+  }
+  if (!job || job->step != step) return Status::failure("staging does not hold step " + std::to_string(step) + " whole");
+  if (Status s = write_pieces(step, job->pieces, keys); !s) return s;
+  log::info(rank, "last words: wrote the terminal shard of step " + std::to_string(step) + " from staging (" +
+                      std::to_string(keys.size()) + " state keys)");
+  return Status::success();
+}
+
+Status Checkpointer::Impl::write_from_copy(int ward, std::uint64_t step, const std::vector<std::string>& keys) {
+  if (!tier) return Status::failure("no memory tier");
+  Status s = tier->with_copy(ward, step, [&](const MemoryTier::Copy& copy) {
+    std::vector<Piece> pieces;
+    pieces.reserve(copy.ranges.size());
+    for (const store::StateRange& r : copy.ranges) pieces.push_back({r.name, copy.data + r.offset, r.length, r.meta});
+    return write_pieces(step, pieces, keys, nullptr, ward);
+  });
+  if (!s) return s;
+  log::info(rank, "last words: wrote rank " + std::to_string(ward) + "'s terminal shard of step " +
+                      std::to_string(step) + " from its partner copy (" + std::to_string(keys.size()) +
+                      " state keys)");
   return Status::success();
 }
 

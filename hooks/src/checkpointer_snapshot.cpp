@@ -57,16 +57,24 @@ void Checkpointer::Impl::report_backpressure(std::uint64_t step, double waited) 
   log::warn(rank, line);
 }
 
-void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind) {
+void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind, bool memory_only) {
+  // The memory tier: once the last words froze training, staging is what they may write from (the step they
+  // reported); a step that ended after the freeze is not copied over it.
+  if (tier && tracker.frozen()) return;
   auto t0 = Clock::now();
   guard();  // a snapshot nobody guarded (no before_update since) must finish before staging is reused
   auto t_wait = Clock::now();
   bool waited_for_persist = queue.wait_idle();
   double waited = seconds_since(t_wait);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    whole_snapshot.reset();  // staging is overwritten from here on
+  }
 
   auto job = std::make_shared<PersistJob>();
   job->step = step;
   job->kind = kind;
+  job->memory_only = memory_only;
   StagingPlan plan = plan_staging(regions);
   Status ready = Status::success();
   if (staging.host.size() < plan.host_bytes) {
@@ -87,9 +95,13 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind) {
   double stall = seconds_since(t0);
   {
     std::lock_guard<std::mutex> lock(mu);
-    ++stats.snapshots;
-    stats.last_snapshot_step = step;
-    if (auto_meter) auto_meter->on_snapshot(snapshot_end, stats.persisted, stats.failed);
+    if (memory_only) {
+      ++stats.memory_checkpoints;  // not one the auto interval measures: it writes no shard
+    } else {
+      ++stats.snapshots;
+      stats.last_snapshot_step = step;
+      if (auto_meter) auto_meter->on_snapshot(snapshot_end, stats.persisted, stats.failed);
+    }
     stats.last_stall_s = stall;
     stats.total_stall_s += stall;
     if (waited_for_persist) {
@@ -100,7 +112,7 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind) {
   }
   if (waited_for_persist) report_backpressure(step, waited);
   if (!job->error.empty()) log::error(rank, "the snapshot of step " + std::to_string(step) + " failed: " + job->error);
-  queue.enqueue(true, [this, job] { persist(*job); });
+  queue.enqueue(!memory_only, [this, job] { persist(job); });
 }
 
 void Checkpointer::Impl::start_copies(PersistJob& job, const StagingPlan& plan) {

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "checkpointer_impl.hpp"
+#include "ckpt/memtier.hpp"
 #include "continuation.hpp"
 #include "log.hpp"
 
@@ -124,8 +125,9 @@ store::Manifest Checkpointer::Impl::manifest(const PersistJob& job) const {
 
 // This rank's shard of `step`: the pieces in order, claiming `keys`.
 Status Checkpointer::Impl::write_pieces(std::uint64_t step, const std::vector<Piece>& pieces,
-                                        const std::vector<std::string>& keys, store::ShardRecord* written) {
-  auto writer = store::ShardWriter::open(config.dir, step, rank, observer, run_fence(config));
+                                        const std::vector<std::string>& keys, store::ShardRecord* written,
+                                        int as_rank) {
+  auto writer = store::ShardWriter::open(config.dir, step, as_rank < 0 ? rank : as_rank, observer, run_fence(config));
   if (!writer) return Status::failure(writer.error());
   for (const Piece& p : pieces) {
     if (Status s = writer->append(p.name, p.data, p.size, p.meta); !s) return s;
@@ -161,13 +163,61 @@ bool Checkpointer::Impl::commit_when_all_wrote(const PersistJob& job) {
   return committed.ok();
 }
 
-void Checkpointer::Impl::persist(const PersistJob& job) {
+// Worker, memory tier: the snapshot is whole in staging, which the last words may now write from, and its copy
+// goes to the partner. A failed copy costs only this memory checkpoint: the partner keeps the one before.
+void Checkpointer::Impl::keep_in_memory(const std::shared_ptr<const PersistJob>& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    whole_snapshot = job;
+  }
+  if (!tier_checked) {
+    // Once the state is known: staging and a held and an incoming copy per ward of about this rank's size.
+    tier_checked = true;
+    const std::uint64_t staging_bytes = staging.host.size() + staging.pinned.size;
+    const std::uint64_t need = memtier::tier_bytes(staging_bytes, job->bytes, tier->settings().wards.size());
+    if (auto why = memtier::refuse(need, config.memory_bytes)) {
+      tier_too_big = true;
+      if (rank == 0) log::warn(0, "memory tier off: " + *why);
+      tier->stop();
+    }
+    tier->set_staging_bytes(staging_bytes);
+  }
+  if (tier_too_big || tier->settings().partner < 0) return;
+  auto t0 = Clock::now();
+  Status sent = tier->send(job->step, job->pieces);
+  const double took = seconds_since(t0);
+  std::uint64_t failures = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (sent) {
+      ++stats.partner_copies;
+      stats.last_partner_s = took;
+    } else {
+      failures = ++stats.partner_failures;
+    }
+  }
+  // The first failure and then one in a hundred: a partner that is gone fails every copy.
+  if (!sent && (failures == 1 || failures % 100 == 0)) {
+    log::warn(rank, "memory tier: the copy of step " + std::to_string(job->step) + " to rank " +
+                        std::to_string(tier->settings().partner) + " failed (" + std::to_string(failures) +
+                        " so far): " + sent.error());
+  }
+}
+
+void Checkpointer::Impl::persist(const std::shared_ptr<const PersistJob>& whole) {
+  const PersistJob& job = *whole;
   const std::string at = "step " + std::to_string(job.step) + ": ";
   auto t0 = Clock::now();
   if (job.host_copy) pool->wait();
   double copy_s = job.host_copy ? pool->last_batch_seconds() : 0;
-  Status outcome = Status::success();
+  Status outcome = job.error.empty() ? Status::success() : Status::failure(job.error);
   if (job.device_copy) outcome = device->wait();
+  if (tier && outcome) keep_in_memory(whole);
+  if (job.memory_only) {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.last_copy_s = copy_s;
+    return;
+  }
   auto t_write = Clock::now();
   store::ShardRecord record;
   if (outcome) outcome = write_shard(job, &record);

@@ -27,7 +27,7 @@ constexpr const char* kHookKeys[] = {
     "restart_count", "job_id", "generation", "resume_step", "resume_path", "end_time", "kill_wait", "exit_grace",
     "requeue", "heartbeat_timeout", "rank", "world_size", "local_rank", "rendezvous", "copy_threads",
     "commit_timeout", "agree_lead", "signals", "run_id", "log", "layout", "coord", "straggler", "controller_url",
-    "munge_socket", "inplace_id"};
+    "munge_socket", "inplace_id", "memory", "memory_interval", "memory_distance"};
 
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = [] {
@@ -396,6 +396,19 @@ Status read_runtime(Lookup& lookup, Config& c) {
   return Status::success();
 }
 
+// The memory tier: its bound per rank, how often it checkpoints, where the partner's copy goes.
+Status read_memory_tier(Lookup& lookup, Config& c) {
+  if (Status e = read(lookup, "memory", c.memory_bytes, parse_memory); !e) return e;
+  if (Status e = read(lookup, "memory_interval", c.memory_interval, parse_positive_uint); !e) return e;
+  auto parse_distance = [](std::string_view t) -> Result<int> {
+    auto n = parse_int_below(t, (1u << 24) + 1);  // as a rank count: far below int overflow
+    if (n && *n < 1) return Error{"must be at least 1"};
+    return n;
+  };
+  if (Status e = read(lookup, "memory_distance", c.memory_distance, parse_distance); !e) return e;
+  return Status::success();
+}
+
 Result<Config> load_config(const Options& options, const std::function<const char*(const char*)>& getenv_fn) {
   const std::function<const char*(const char*)> system_getenv = [](const char* name) { return std::getenv(name); };
   Lookup lookup(options, getenv_fn ? getenv_fn : system_getenv);
@@ -412,6 +425,7 @@ Result<Config> load_config(const Options& options, const std::function<const cha
   if (Status e = read_restarts(lookup, c); !e) return Error{e.error()};
   if (Status e = resolve_ranks(lookup, c); !e) return Error{e.error()};
   if (Status e = read_runtime(lookup, c); !e) return Error{e.error()};
+  if (Status e = read_memory_tier(lookup, c); !e) return Error{e.error()};
   return c;
 }
 

@@ -552,6 +552,20 @@ overlay::Gone Mesh::gone() const {
   return impl_->gone;
 }
 
+Result<int> Mesh::dial_partner(int peer, std::chrono::milliseconds limit) {
+  if (peer < 0 || peer >= impl_->settings.world_size || peer == impl_->settings.rank) {
+    return Error{"rank " + std::to_string(peer) + " is not another rank of this job"};
+  }
+  auto linked = impl_->dial_once(peer, limit, kHelloPartner);
+  if (!linked) return Error{linked.error()};
+  return linked->first;
+}
+
+void Mesh::set_partner_acceptor(PartnerAcceptor acceptor) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->partner_acceptor = std::move(acceptor);
+}
+
 std::string Mesh::node_of(int peer) const {
   if (peer < 0 || peer >= impl_->settings.world_size) return "";
   return impl_->read_node(peer);

@@ -75,6 +75,11 @@ enum FrameType : std::uint32_t {
   // Stragglers (pace.cpp); delivered to the handler too.
   kPace = 30,         // a subtree's pace of one window, sent up (PaceFrame, pace.hpp)
   kSwap = 31,         // the root's word that a node's ranks hand over to a spare, flooded (SwapFrame, pace.hpp)
+  // Last words with the memory tier (last_words_frames.hpp).
+  kHeld = 14,         // subject's memory: a = its whole snapshot's step, b = a ward's copy step, spare = the ward
+  kStandIn = 15,      // one stand-in of the decision, flooded: subject = the ward, a = its holder, b = step
+  // A partner link's hello (memory_tier.hpp): authenticated like a link of the network, carries copies instead.
+  kHelloPartner = 40,
 };
 
 inline constexpr std::uint32_t kRecordsReady = 1;
@@ -175,6 +180,15 @@ class Mesh {
   // The node a peer runs on, as it published it (SLURMD_NODENAME, else its host name); empty when not known.
   // Looks the peer up in the rendezvous: for the few ranks a failure names, not for the whole job.
   std::string node_of(int peer) const;
+
+  // Partner links of the memory tier (memory_tier.hpp): connections made and authenticated like the network's own
+  // links (the job's secret, the peer's rank) that carry checkpoint copies instead of heartbeats. dial_partner
+  // blocks (at most `limit` per phase) and returns the socket, blocking, once the acceptor proved it knows the
+  // secret. The acceptor gets each accepted one on the mesh thread (the socket, blocking, the dialer's rank and
+  // what it sent after its proof) and owns it from then on; without an acceptor they are refused.
+  using PartnerAcceptor = std::function<void(int fd, int from, std::string early)>;
+  Result<int> dial_partner(int peer, std::chrono::milliseconds limit);
+  void set_partner_acceptor(PartnerAcceptor acceptor);
 
  private:
   struct Impl;

@@ -291,12 +291,12 @@ std::string Mesh::Impl::read_node(int peer) const {
   return (*fields)[2];
 }
 
-Result<PeerId> Mesh::Impl::dial_handshake(int fd, int peer, const std::string& dialed) {
-  Handshake hello = handshake(kHello);
+Result<PeerId> Mesh::Impl::dial_handshake(int fd, int peer, const std::string& dialed, std::uint32_t type) {
+  Handshake hello = handshake(type);
   if (!random_bytes(hello.nonce, sizeof hello.nonce)) return Error{"getrandom: " + errno_text(errno)};
   Handshake reply;
   if (!write_all(fd, &hello, sizeof hello) || !read_handshake(fd, reply)) return Error{"no handshake"};
-  if (reply.head.type != kHello || reply.head.from != peer) {
+  if (reply.head.type != type || reply.head.from != peer) {
     return Error{"it answered as rank " + std::to_string(reply.head.from) + ", not " + std::to_string(peer)};
   }
   if (!mac_matches(handshake_mac(secret, kAcceptLabel, hello, reply, dialed), reply.mac)) {
@@ -310,7 +310,8 @@ Result<PeerId> Mesh::Impl::dial_handshake(int fd, int peer, const std::string& d
   return PeerId{reply.head.a, static_cast<int>(reply.head.b), reply.head.spare};
 }
 
-Result<std::pair<int, PeerId>> Mesh::Impl::dial_once(int peer, std::chrono::milliseconds limit) {
+Result<std::pair<int, PeerId>> Mesh::Impl::dial_once(int peer, std::chrono::milliseconds limit,
+                                                    std::uint32_t type) {
   auto addr = read_address(peer);
   if (!addr) return Error{"it has published no address yet"};
   const std::string dialed = addr->first + " " + addr->second;
@@ -321,7 +322,7 @@ Result<std::pair<int, PeerId>> Mesh::Impl::dial_once(int peer, std::chrono::mill
   }
   last_dial_refused = false;
   set_timeout(fd, limit);
-  auto back = dial_handshake(fd, peer, dialed);
+  auto back = dial_handshake(fd, peer, dialed, type);
   if (!back) {
     ::close(fd);
     return Error{dialed + ": " + back.error()};
@@ -461,12 +462,14 @@ bool Mesh::Impl::advance(Pending& c) {
     std::memcpy(&c.hello, c.in.data(), sizeof(Handshake));
     c.in.clear();
     const Frame& h = c.hello.head;
-    if (h.pad != kMagic || h.type != kHello) return refuse("not a mesh hello");
+    if (h.pad != kMagic || (h.type != kHello && h.type != kHelloPartner)) return refuse("not a mesh hello");
     if (h.from < 0 || h.from >= settings.world_size || h.from == settings.rank) {
       return refuse("it claims rank " + std::to_string(h.from) + ", not another rank of this job");
     }
-    if (std::string why = known(h.from); !why.empty()) return refuse("it claims rank " + std::to_string(h.from) + why);
-    c.reply = handshake(kHello);
+    if (h.type == kHello) {
+      if (std::string why = known(h.from); !why.empty()) return refuse("it claims rank " + std::to_string(h.from) + why);
+    }
+    c.reply = handshake(h.type);
     if (!random_bytes(c.reply.nonce, sizeof c.reply.nonce)) return refuse("getrandom: " + errno_text(errno));
     auto mac = handshake_mac(secret, kAcceptLabel, c.hello, c.reply, address);
     std::memcpy(c.reply.mac, mac.data(), mac.size());
@@ -484,6 +487,18 @@ bool Mesh::Impl::advance(Pending& c) {
   if (proof.head.pad != kMagic || proof.head.type != kProof || proof.head.from != from ||
       !mac_matches(handshake_mac(secret, kDialLabel, c.hello, c.reply, address), proof.mac)) {
     return refuse("it claims rank " + std::to_string(from) + " without knowing the job's secret");
+  }
+  if (c.hello.head.type == kHelloPartner) {
+    Mesh::PartnerAcceptor to;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      to = partner_acceptor;
+    }
+    if (!to) return refuse("rank " + std::to_string(from) + " offers a partner copy, and this rank keeps none");
+    const int flags = ::fcntl(c.fd, F_GETFL);
+    if (flags >= 0) (void)::fcntl(c.fd, F_SETFL, flags & ~O_NONBLOCK);
+    to(c.fd, from, c.in.substr(sizeof(Handshake)));
+    return false;
   }
   if (std::string why = known(from); !why.empty()) return refuse("it claims rank " + std::to_string(from) + why);
   // The dialer may have sent frames right after its proof: they are the link's first.

@@ -68,6 +68,7 @@ struct PeerId {
 struct Mesh::Impl {
   Settings settings;
   Handler handler;
+  Mesh::PartnerAcceptor partner_acceptor;  // guarded by mu
   overlay::Shape shape;
   Secret secret{};           // the job's, read at start
   std::string address;       // "<host> <port>" as published
@@ -136,7 +137,7 @@ struct Mesh::Impl {
   // The third field of a peer's published line: its node; empty when absent.
   std::string read_node(int peer) const;
   // The dialer's side of the handshake on a connected socket; the peer's hello value, or why it failed.
-  Result<PeerId> dial_handshake(int fd, int peer, const std::string& address);
+  Result<PeerId> dial_handshake(int fd, int peer, const std::string& address, std::uint32_t type = kHello);
   // This host and pid namespace, as a 32-bit tag (heartbeat_handshake.cpp).
   std::uint32_t host_tag = 0;
   // The dialer thread: keeps a link to the up neighbour of the current view.
@@ -159,7 +160,7 @@ struct Mesh::Impl {
   // What a failed dial of d.target says about it (see dial_loop); true when the loop backs off before the next.
   bool on_dial_failed(DialState& d, const DialChoice& choice, const std::string& error);
   // One attempt to link with `peer`; the socket, or why not.
-  Result<std::pair<int, PeerId>> dial_once(int peer, std::chrono::milliseconds limit);
+  Result<std::pair<int, PeerId>> dial_once(int peer, std::chrono::milliseconds limit, std::uint32_t type = kHello);
 
   // One accepted connection in its handshake.
   struct Pending {

@@ -3,6 +3,7 @@
 // generic fields; each struct says once which field carries what. from_frame() is given a frame of its type (the
 // caller switches on the type) and checks nothing else: ranks and stage indexes are the caller's to bound.
 #include <cstdint>
+#include <optional>
 
 #include "heartbeat.hpp"
 
@@ -72,12 +73,13 @@ struct WroteFrame {
 };
 
 // The root's decision, flooded: subject = root, a = step, b = how many pipeline stages follow (one StageFrame
-// each), flags = 1 when the survivors write.
+// each), spare = how many stand-ins follow (one StandInFrame each), flags = 1 when the survivors write.
 struct DecisionFrame {
   int root = -1;
   std::uint64_t step = 0;
   std::uint64_t stages = 0;
   bool write = false;
+  std::uint32_t stand_ins = 0;
 
   Frame to_frame() const {
     Frame f;
@@ -86,9 +88,68 @@ struct DecisionFrame {
     f.a = step;
     f.b = stages;
     f.flags = write ? 1 : 0;
+    f.spare = stand_ins;
     return f;
   }
-  static DecisionFrame from_frame(const Frame& f) { return {f.subject, f.a, f.b, f.flags == 1}; }
+  static DecisionFrame from_frame(const Frame& f) { return {f.subject, f.a, f.b, f.flags == 1, f.spare}; }
+};
+
+// What a rank holds in memory besides its live state (the memory tier), sent up before its report: subject = the
+// rank, a = the step its staging holds whole (flags & kHeldOwn), b = the step of the copy it holds of `ward`'s
+// shard (flags & kHeldWard; spare = the ward), checked again just before. One frame per ward; one without a ward
+// when it holds none.
+inline constexpr std::uint32_t kHeldOwn = 1;
+inline constexpr std::uint32_t kHeldWard = 2;
+
+struct HeldFrame {
+  int rank = -1;
+  std::optional<std::uint64_t> own_step;
+  int ward = -1;
+  std::uint64_t ward_step = 0;  // meaningful when ward >= 0
+
+  Frame to_frame() const {
+    Frame f;
+    f.type = kHeld;
+    f.subject = rank;
+    f.a = own_step.value_or(0);
+    f.b = ward_step;
+    f.spare = ward >= 0 ? static_cast<std::uint32_t>(ward) : 0;
+    f.flags = (own_step ? kHeldOwn : 0) | (ward >= 0 ? kHeldWard : 0);
+    return f;
+  }
+  static HeldFrame from_frame(const Frame& f) {
+    HeldFrame h;
+    h.rank = f.subject;
+    if (f.flags & kHeldOwn) h.own_step = f.a;
+    if (f.flags & kHeldWard) {
+      h.ward = static_cast<int>(f.spare);
+      h.ward_step = f.b;
+    }
+    return h;
+  }
+};
+
+// One stand-in of the decision, flooded: `holder` writes `ward`'s shard of `step` from its partner copy; the ward's
+// packed coordinate (pack_coord) rides in spare (low half) and flags (high half), since only the root knows it.
+struct StandInFrame {
+  int ward = -1;
+  int holder = -1;
+  std::uint64_t step = 0;
+  std::uint64_t ward_coord = 0;
+
+  Frame to_frame() const {
+    Frame f;
+    f.type = kStandIn;
+    f.subject = ward;
+    f.a = static_cast<std::uint64_t>(holder);
+    f.b = step;
+    f.spare = static_cast<std::uint32_t>(ward_coord & 0xffffffffu);
+    f.flags = static_cast<std::uint32_t>(ward_coord >> 32);
+    return f;
+  }
+  static StandInFrame from_frame(const Frame& f) {
+    return {f.subject, static_cast<int>(f.a), f.b, (static_cast<std::uint64_t>(f.flags) << 32) | f.spare};
+  }
 };
 
 // One stage of the decision, flooded: subject = stage, a = its writing dp index (negative: none, as two's

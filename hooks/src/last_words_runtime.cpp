@@ -27,7 +27,9 @@ namespace ckpt::hooks {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using heartbeat::HeldFrame;
 using heartbeat::ReportFrame;
+using heartbeat::StandInFrame;
 constexpr std::size_t kMaxEarlyCoordination = 4096;  // frames held until the coordinator attaches
 
 // Ends the process `grace` from now unless it has exited by then. Detached: it outlives the LastWords object,
@@ -61,6 +63,7 @@ struct LastWords::Impl {
   UpdateTracker* tracker = nullptr;
   WriteShard write;
   Prepare prepare;
+  MemoryHooks memory;  // guarded by mu
   std::unique_ptr<heartbeat::Mesh> mesh;
   std::atomic<heartbeat::Mesh*> published{nullptr};  // `mesh`, once start() returned it
   std::uint64_t notices_seen = 0;
@@ -79,6 +82,7 @@ struct LastWords::Impl {
   // What this rank knows of the others (guarded by mu).
   struct Tally {
     std::map<int, ReportFrame> reports;     // rank -> its report (this rank's subtree, all at root)
+    std::map<int, std::vector<HeldFrame>> held;  // rank -> what it holds in memory (memory tier), sent before it
     std::map<int, bool> wrote;              // writer rank -> its terminal shard is durable
     std::set<int> accounted;                // ranks that reported or are gone
     std::set<int> gone;
@@ -93,6 +97,8 @@ struct LastWords::Impl {
     std::uint64_t step = 0;
     int root = -1;
     std::vector<int> stages;  // per stage, the dp index that writes; -1 unknown
+    std::uint32_t stand_ins_expected = 0;
+    std::map<int, StandInFrame> stand_ins;  // ward -> who writes its shard from a partner copy
   } decision;
   bool ended = false;                         // guarded by mu: the root's outcome came
   bool ended_committed = false;
@@ -120,7 +126,8 @@ struct LastWords::Impl {
   }
 
   bool decision_complete_locked() const {
-    return decision.came && std::none_of(decision.stages.begin(), decision.stages.end(), [](int d) { return d < -1; });
+    return decision.came && std::none_of(decision.stages.begin(), decision.stages.end(), [](int d) { return d < -1; }) &&
+           decision.stand_ins.size() == decision.stand_ins_expected;
   }
 
   // Starts the last words here; `alarm`: tell every rank (a signal, a trigger, an alarm passed on).
@@ -145,10 +152,13 @@ struct LastWords::Impl {
 
   void send_decision_locked(int only) {
     auto out = [&](const heartbeat::Frame& f) { only >= 0 ? (void)net()->send(only, f) : net()->flood(f); };
-    out(heartbeat::DecisionFrame{decision.root, decision.step, decision.stages.size(), decision.write}.to_frame());
+    out(heartbeat::DecisionFrame{decision.root, decision.step, decision.stages.size(), decision.write,
+                                 static_cast<std::uint32_t>(decision.stand_ins.size())}
+            .to_frame());
     for (std::size_t p = 0; p < decision.stages.size(); ++p) {
       out(heartbeat::StageFrame{static_cast<int>(p), decision.stages[p], decision.step}.to_frame());
     }
+    for (const auto& [ward, stand_in] : decision.stand_ins) out(stand_in.to_frame());
   }
 
   void send_outcome_locked(int only) {
@@ -227,6 +237,9 @@ struct LastWords::Impl {
         if (decision.came) send_decision_locked(e.peer);
         if (ended) send_outcome_locked(e.peer);
         if (net()->links().up == e.peer) {
+          for (const auto& [r, frames] : tally.held) {
+            for (const HeldFrame& h : frames) net()->send(e.peer, h.to_frame());
+          }
           for (const auto& [r, sent] : tally.reports) net()->send(e.peer, sent.to_frame());
           for (const auto& [r, ok] : tally.wrote) {
             net()->send(e.peer, heartbeat::WroteFrame{r, decision.step, ok}.to_frame());
@@ -257,6 +270,27 @@ struct LastWords::Impl {
         cv.notify_all();
         break;
       }
+      case heartbeat::kHeld: {
+        const HeldFrame got = HeldFrame::from_frame(f);
+        if (got.rank < 0 || got.rank >= config.world_size || got.ward >= config.world_size) return;
+        std::lock_guard<std::mutex> lock(mu);
+        auto& frames = tally.held[got.rank];
+        const bool seen = std::any_of(frames.begin(), frames.end(), [&](const HeldFrame& h) { return h.ward == got.ward; });
+        if (seen || frames.size() >= 64) return;
+        frames.push_back(got);
+        net()->send_up(f);
+        break;
+      }
+      case heartbeat::kStandIn: {
+        const StandInFrame got = StandInFrame::from_frame(f);
+        if (got.ward < 0 || got.ward >= config.world_size || got.holder < 0 || got.holder >= config.world_size) return;
+        std::lock_guard<std::mutex> lock(mu);
+        if (decision.stand_ins.size() >= static_cast<std::size_t>(config.world_size)) return;
+        if (!decision.stand_ins.emplace(got.ward, got).second) return;
+        net()->flood(f, from);
+        cv.notify_all();
+        break;
+      }
       case heartbeat::kWrote: {
         const auto got = heartbeat::WroteFrame::from_frame(f);
         if (got.rank < 0 || got.rank >= config.world_size) return;
@@ -274,6 +308,7 @@ struct LastWords::Impl {
         decision.write = got.write;
         decision.step = got.step;
         decision.root = got.root;
+        decision.stand_ins_expected = got.stand_ins;
         outcome.root = got.root;
         outcome.decided_unix = unix_seconds();
         net()->flood(f, from);
@@ -377,11 +412,43 @@ struct LastWords::Impl {
     mine.coord = pack_coord(config.coord);
     mine.mid_update = me.mid_update;
     mine.can_write = ready;
+    const std::vector<HeldFrame> held = memory_held();
     std::lock_guard<std::mutex> lock(mu);
+    // Before the report: the root plans once it has a rank's report, and must know what that rank holds by then.
+    tally.held[rank] = held;
+    for (const HeldFrame& h : held) net()->send_up(h.to_frame());
     tally.reports.emplace(rank, mine);
     account_locked(rank);
     net()->send_up(mine.to_frame());
     cv.notify_all();
+  }
+
+  // What this rank holds in memory (the memory tier), as the frames that go up before its report; none without it.
+  std::vector<HeldFrame> memory_held() {
+    MemoryHooks mem;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      mem = memory;
+    }
+    if (!mem.own_step || !mem.held) return {};
+    HeldFrame base;
+    base.rank = rank;
+    base.own_step = mem.own_step();
+    std::vector<HeldFrame> out;
+    for (const auto& [ward, step] : mem.held()) {
+      HeldFrame h = base;
+      h.ward = ward;
+      h.ward_step = step;
+      out.push_back(h);
+    }
+    if (out.empty()) out.push_back(base);
+    std::string line = "last words: memory: ";
+    line += base.own_step ? "staging holds step " + std::to_string(*base.own_step) : std::string("staging holds no whole step");
+    for (const HeldFrame& h : out) {
+      if (h.ward >= 0) line += ", the copy of rank " + std::to_string(h.ward) + "'s step " + std::to_string(h.ward_step);
+    }
+    log::info(rank, line);
+    return out;
   }
 
   // Phase 2 at the root: every rank reported or is gone (or the gather time is up); plans once and floods the
@@ -410,6 +477,12 @@ struct LastWords::Impl {
         }
         r.mid_update = sent.mid_update;
         r.step = sent.step;
+        if (auto h = tally.held.find(p); h != tally.held.end()) {
+          for (const HeldFrame& f : h->second) {
+            if (f.own_step) r.memory_step = f.own_step;
+            if (f.ward >= 0) r.held.emplace_back(f.ward, f.ward_step);
+          }
+        }
         out.push_back(r);
       }
       return fill_missing(std::move(out));
@@ -464,6 +537,16 @@ struct LastWords::Impl {
     outcome.decided_unix = unix_seconds();
     decision.stages = plan.replica_of_stage;
     decision.stages.resize(static_cast<std::size_t>(std::max(config.layout.pp, 1)), -1);
+    decision.stand_ins.clear();
+    if (write_it) {
+      for (const auto& [ward, holder] : plan.stand_ins) {
+        auto it = tally.reports.find(ward);
+        const store::RankCoord c = it != tally.reports.end() ? unpack_coord(ward, it->second.coord)
+                                                             : config.layout.coord_of(ward);
+        decision.stand_ins[ward] = StandInFrame{ward, holder, plan.step, pack_coord(c)};
+      }
+    }
+    decision.stand_ins_expected = static_cast<std::uint32_t>(decision.stand_ins.size());
     send_decision_locked(-1);
     cv.notify_all();
     return true;
@@ -515,25 +598,68 @@ struct LastWords::Impl {
     return got;
   }
 
-  // Phase 3: this rank's part of the decision, written and announced up.
+  // Phase 3: this rank's part of the decision, written and announced up: its own keys (from its live state, or
+  // from staging where the decision took the step staging holds), unless a partner copy stands in for it, and the
+  // shard of every ward it stands in for.
   void write_part() {
     std::vector<int> replica;
     std::uint64_t step = 0;
+    std::map<int, StandInFrame> stand_ins;
+    last_words::RankReport mine;
+    MemoryHooks mem;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!decision.write) return;
       replica = decision.stages;
       step = decision.step;
+      stand_ins = decision.stand_ins;
       outcome.step = step;
+      mem = memory;
+      if (auto it = tally.reports.find(rank); it != tally.reports.end()) {
+        mine.alive = true;
+        mine.mid_update = it->second.mid_update;
+        mine.step = it->second.step;
+      }
+      if (auto h = tally.held.find(rank); h != tally.held.end() && !h->second.empty()) {
+        mine.memory_step = h->second.front().own_step;
+      }
     }
-    const std::vector<std::string> keys = last_words::writer_keys(config.layout, replica, config.coord);
-    if (keys.empty()) return;
-    Status s = write(step, keys);
-    if (!s) log::error(rank, "last words: the terminal shard of step " + std::to_string(step) + " failed: " + s.error());
-    const heartbeat::Frame done = heartbeat::WroteFrame{rank, step, static_cast<bool>(s)}.to_frame();
+    if (stand_ins.count(rank) == 0) {
+      const std::vector<std::string> keys = last_words::writer_keys(config.layout, replica, config.coord);
+      if (!keys.empty()) {
+        Status s = Status::failure("neither its live state nor its staging holds step " + std::to_string(step));
+        switch (last_words::source_for(mine, step)) {
+          case last_words::WriteSource::Live:
+            s = write(step, keys);
+            break;
+          case last_words::WriteSource::Staging:
+            s = mem.write_staging ? mem.write_staging(step, keys) : Status::failure("no memory tier");
+            break;
+          case last_words::WriteSource::None:
+            break;
+        }
+        announce_written(rank, step, s);
+      }
+    }
+    for (const auto& [ward, stand_in] : stand_ins) {
+      if (stand_in.holder != rank) continue;
+      const std::vector<std::string> keys =
+          last_words::writer_keys(config.layout, replica, unpack_coord(ward, stand_in.ward_coord));
+      Status s = mem.write_ward ? mem.write_ward(ward, step, keys) : Status::failure("no memory tier");
+      announce_written(ward, step, s);
+    }
+  }
+
+  // `shard`'s terminal shard of `step` was written here (or failed): up to the root.
+  void announce_written(int shard, std::uint64_t step, const Status& s) {
+    if (!s) {
+      log::error(rank, "last words: the terminal shard of step " + std::to_string(step) +
+                           (shard == rank ? "" : " for rank " + std::to_string(shard)) + " failed: " + s.error());
+    }
+    const heartbeat::Frame done = heartbeat::WroteFrame{shard, step, static_cast<bool>(s)}.to_frame();
     std::lock_guard<std::mutex> lock(mu);
-    tally.wrote.emplace(rank, static_cast<bool>(s));
-    outcome.wrote = static_cast<bool>(s);
+    tally.wrote.emplace(shard, static_cast<bool>(s));
+    if (shard == rank) outcome.wrote = static_cast<bool>(s);
     net()->send_up(done);
     cv.notify_all();
   }
@@ -560,8 +686,15 @@ struct LastWords::Impl {
                                                  : (p == rank ? config.coord : unpack_coord(p, it->second.coord));
         bool elected = c.pp >= 0 && static_cast<std::size_t>(c.pp) < decision.stages.size() &&
                        decision.stages[static_cast<std::size_t>(c.pp)] == c.dp;
-        if (elected || (config.layout.zero1 && it != tally.reports.end())) writers.push_back(p);
+        if (elected || (config.layout.zero1 && it != tally.reports.end()) || decision.stand_ins.count(p) != 0) {
+          writers.push_back(p);
+        }
       }
+      // Who writes each writer's shard: the rank itself, or the holder that stands in for it.
+      auto author = [&](int w) {
+        auto it = decision.stand_ins.find(w);
+        return it == decision.stand_ins.end() ? w : it->second.holder;
+      };
       auto missing = [&]() -> std::optional<int> {
         for (int w : writers) {
           if (!tally.wrote.count(w)) return w;
@@ -571,7 +704,7 @@ struct LastWords::Impl {
       cv.wait_until(lock, deadline, [&] {
         if (stopping) return true;
         for (int w : writers) {
-          if (!tally.wrote.count(w) && tally.gone.count(w)) return true;  // a writer died: no use waiting
+          if (!tally.wrote.count(w) && tally.gone.count(author(w))) return true;  // a writer died: no use waiting
         }
         return !missing();
       });
@@ -581,8 +714,10 @@ struct LastWords::Impl {
         if (it == tally.wrote.end() || !it->second) {
           all = false;
           log::warn(rank, "last words: rank " + std::to_string(w) +
+                              (author(w) != w ? " (by its partner copy on rank " + std::to_string(author(w)) + ")"
+                                              : std::string()) +
                               (it != tally.wrote.end() ? " failed its shard"
-                                                 : tally.gone.count(w) ? " died before its shard was durable"
+                                                 : tally.gone.count(author(w)) ? " died before its shard was durable"
                                                                  : " did not finish its shard in time"));
         }
       }
@@ -772,6 +907,11 @@ heartbeat::Mesh& LastWords::network() { return *impl_->mesh; }
 void LastWords::set_pace(std::function<void(const heartbeat::Frame&, int from)> handler) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->handlers.pace = std::move(handler);
+}
+
+void LastWords::set_memory(MemoryHooks hooks) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->memory = std::move(hooks);
 }
 
 void LastWords::set_coordination(std::function<void(const heartbeat::Frame&, int from)> handler) {

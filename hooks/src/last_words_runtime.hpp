@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/hooks.hpp"
@@ -145,6 +146,20 @@ class LastWords {
   void set_coordination(std::function<void(const heartbeat::Frame&, int from)> handler);
   // Straggler frames (kPace) go to `handler` likewise; dropped while there is none.
   void set_pace(std::function<void(const heartbeat::Frame&, int from)> handler);
+
+  // The memory tier's part (memory_tier.hpp), where the job keeps one: what this rank holds besides its live state,
+  // reported with it, and the writes of a decision that uses it. Set once, right after start().
+  struct MemoryHooks {
+    // The step whose snapshot staging holds whole, if any.
+    std::function<std::optional<std::uint64_t>()> own_step;
+    // Freezes the partner copies (none is replaced after) and lists those that verify: (ward, step).
+    std::function<std::vector<std::pair<int, std::uint64_t>>()> held;
+    // This rank's shard of `step` from its staging, covering `keys`.
+    std::function<Status(std::uint64_t step, const std::vector<std::string>& keys)> write_staging;
+    // `ward`'s shard of `step` from the copy this rank holds, covering `keys`.
+    std::function<Status(int ward, std::uint64_t step, const std::vector<std::string>& keys)> write_ward;
+  };
+  void set_memory(MemoryHooks hooks);
 
  private:
   struct Impl;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,6 +34,14 @@ class HostBuffer {
  private:
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
+};
+
+// One named byte range of a shard, pointing into staging or into a blob the job owns.
+struct Piece {
+  std::string name;
+  const std::byte* data = nullptr;
+  std::size_t size = 0;
+  nlohmann::json meta;
 };
 
 // Regions start at multiples of this in staging: whole cache lines for the copy threads.

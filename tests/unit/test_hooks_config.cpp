@@ -91,6 +91,28 @@ TEST_CASE("hooks settings from the environment", "[hooks][config]") {
     CHECK_FALSE(c->end_time.has_value());
     CHECK_FALSE(c->resume_step.has_value());
     CHECK(c->signals);
+    CHECK(c->memory_bytes == 0);  // no memory tier
+    CHECK(c->memory_interval == 1);
+    CHECK(c->memory_distance == 1);
+  }
+  SECTION("the memory tier") {
+    auto c = load({{"CKPT_MEMORY", "4G"}, {"CKPT_MEMORY_INTERVAL", "10"}, {"CKPT_MEMORY_DISTANCE", "2"}});
+    REQUIRE(c.ok());
+    CHECK(c->memory_bytes == 4ull << 30);
+    CHECK(c->memory_interval == 10);
+    CHECK(c->memory_distance == 2);
+    CHECK(load({{"CKPT_MEMORY", "off"}})->memory_bytes == 0);
+    CHECK(load({{"CKPT_MEMORY", "0"}})->memory_bytes == 0);
+    CHECK(load({{"CKPT_MEMORY", "536870912"}})->memory_bytes == 512ull << 20);
+    Options o;
+    REQUIRE(o.set("memory", "2G").ok());
+    REQUIRE(o.set("memory_interval", "3").ok());
+    REQUIRE(o.set("memory_distance", "4").ok());
+    auto over = load({{"CKPT_MEMORY", "8G"}, {"CKPT_MEMORY_INTERVAL", "1"}}, o);
+    REQUIRE(over.ok());
+    CHECK(over->memory_bytes == 2ull << 30);
+    CHECK(over->memory_interval == 3);
+    CHECK(over->memory_distance == 4);
   }
   SECTION("torchrun variables win over srun's (torchrun under srun)") {
     auto c = load({{"RANK", "5"}, {"WORLD_SIZE", "6"}, {"LOCAL_RANK", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
@@ -161,6 +183,17 @@ TEST_CASE("hooks settings reject bad values with one clear line", "[hooks][confi
         {{"CKPT_LOG", "loud"}},
         {{"CKPT_STRAGGLER", "1.5"}},
         {{"CKPT_STRAGGLER", "0.7,evict"}},
+        {{"CKPT_MEMORY", "lots"}},
+        {{"CKPT_MEMORY", "-1G"}},
+        {{"CKPT_MEMORY", "4 G"}},
+        {{"CKPT_MEMORY", "1.5G"}},
+        {{"CKPT_MEMORY", "99999999999T"}},
+        {{"CKPT_MEMORY_INTERVAL", "0"}},
+        {{"CKPT_MEMORY_INTERVAL", "-1"}},
+        {{"CKPT_MEMORY_INTERVAL", "2x"}},
+        {{"CKPT_MEMORY_DISTANCE", "0"}},
+        {{"CKPT_MEMORY_DISTANCE", "-1"}},
+        {{"CKPT_MEMORY_DISTANCE", "99999999999"}},
         {{"RANK", "2"}, {"WORLD_SIZE", "2"}},
         {{"RANK", "0"}, {"WORLD_SIZE", "0"}},
         {{"RANK", "0"}},
@@ -180,6 +213,13 @@ TEST_CASE("hooks settings reject bad values with one clear line", "[hooks][confi
     Options o;
     REQUIRE(o.set("interval", "soon").ok());
     CHECK(load({}, o).error().rfind("ckpt: interval='soon': expected auto, a duration like 15m, or <N>steps", 0) == 0);
+    CHECK(load({{"CKPT_MEMORY", "4X"}}).error() ==
+          "ckpt: CKPT_MEMORY='4X': expected off, or a size like 4G, 512M or 1T (bytes without a unit) (unknown unit "
+          "'X' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB))");
+    CHECK(load({{"CKPT_MEMORY_INTERVAL", "0"}}).error() ==
+          "ckpt: CKPT_MEMORY_INTERVAL='0': expected a whole number of steps >= 1 (must be at least 1)");
+    CHECK(load({{"CKPT_MEMORY_DISTANCE", "0"}}).error() ==
+          "ckpt: CKPT_MEMORY_DISTANCE='0': expected a whole number of nodes >= 1 (must be at least 1)");
   }
   SECTION("unknown keys") {
     Options o;
@@ -242,6 +282,8 @@ TEST_CASE("the environment contract: what the plugin exports reads back as the s
   s.min_interval_s = 30;
   s.max_interval_s = 7200;
   s.straggler = "0.55,exclude";
+  s.memory_bytes = 3ull << 30;
+  s.memory_interval = 7;
   for (const Interval& interval : {Interval{Interval::Kind::Auto, 0}, Interval{Interval::Kind::Seconds, 900},
                                    Interval{Interval::Kind::Steps, 500}}) {
     s.interval = interval;
@@ -266,6 +308,8 @@ TEST_CASE("the environment contract: what the plugin exports reads back as the s
     CHECK(c->straggler.enabled);
     CHECK(c->straggler.threshold == Approx(0.55));
     CHECK(c->straggler.action == straggler::Action::Exclude);
+    CHECK(c->memory_bytes == s.memory_bytes);
+    CHECK(c->memory_interval == s.memory_interval);
   }
   // Without the variable (a job the plugin did not start), stragglers are reported at the built-in threshold.
   auto plain = load({{"CKPT_DIR", "/scratch/x"}});
@@ -287,7 +331,7 @@ TEST_CASE("the environment contract: one row per key and per variable; every hoo
     REQUIRE(env::by_key(k.key) != nullptr);
     CHECK(std::string(k.env) == env::by_key(k.key)->name);
   }
-  CHECK(option_keys().size() == 35);  // every key of config.cpp's list found in the contract
+  CHECK(option_keys().size() == 38);  // every key of config.cpp's list found in the contract
   CHECK(env::name_of("no-such-key").empty());
 }
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -85,9 +86,13 @@ std::vector<Rank> make_ranks(const std::string& dir, int world, const std::strin
   return ranks;
 }
 
-// Runs every rank through steps [from + 1, to] (the state follows value_of); false on an error.
-bool train(std::vector<Rank>& ranks, std::uint64_t from, std::uint64_t to) {
+// Runs every rank through steps [from + 1, to] (the state follows value_of); false on an error. `pause` after each
+// step gives the background work of a step time to end (a memory checkpoint is skipped while the last one's copy
+// is still under way).
+bool train(std::vector<Rank>& ranks, std::uint64_t from, std::uint64_t to,
+           std::chrono::milliseconds pause = std::chrono::milliseconds(0)) {
   for (std::uint64_t step = from + 1; step <= to; ++step) {
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
     for (Rank& r : ranks) {
       if (!r.cp) continue;
       if (!r.cp->before_update()) return false;
@@ -106,8 +111,13 @@ struct Child {
   int ready_fd = -1;
 };
 
+// `in_child` runs first in the child (its environment is its own); `settled` is waited for (10 s at most) after
+// the training, before the child says it is ready.
 Child spawn(const std::string& dir, int world, const std::string& layout, const std::string& run_id,
-            const std::vector<int>& theirs, std::uint64_t steps, const std::string& interval = "1000steps") {
+            const std::vector<int>& theirs, std::uint64_t steps, const std::string& interval = "1000steps",
+            const std::function<void()>& in_child = nullptr,
+            const std::function<bool(std::vector<Rank>&)>& settled = nullptr,
+            std::chrono::milliseconds pause = std::chrono::milliseconds(0)) {
   int fds[2];
   if (::pipe(fds) != 0) throw std::runtime_error("pipe");
   pid_t pid = ::fork();
@@ -115,11 +125,13 @@ Child spawn(const std::string& dir, int world, const std::string& layout, const 
     ::close(fds[0]);
     char ok = 0;
     try {
+      if (in_child) in_child();
       std::vector<Rank> ranks = make_ranks(dir, world, layout, run_id, theirs, interval);
       for (Rank& r : ranks) {
         if (r.cp && !r.cp->restore()) ::_exit(3);
       }
-      ok = train(ranks, 0, steps) ? 1 : 2;
+      ok = train(ranks, 0, steps, pause) ? 1 : 2;
+      if (ok == 1 && settled && !wait_for([&] { return settled(ranks); }, 10s)) ok = 5;
       (void)::write(fds[1], &ok, 1);
       for (;;) ::pause();
     } catch (...) {
@@ -801,4 +813,118 @@ TEST_CASE("last words: with ZeRO-1 every rank writes its own shard and restores 
   }
   CHECK_FALSE(logs.has("loading the shard of rank"));
   for (Rank& r : again) CHECK(r.cp->close());
+}
+
+namespace {
+
+// The environment of one test, put back at its end.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name);
+      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+      if (value != nullptr) ::setenv(name, value, 1); else ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value) ::setenv(name.c_str(), value->c_str(), 1); else ::unsetenv(name.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// A ZeRO-1 job of three ranks with the memory tier on every step: ranks 0 and 1 here on "node-a", rank 2 in a
+// child process on "node-b". One rank per node (LOCAL_WORLD_SIZE=1), so partners are the next rank: rank 2's
+// copies go to rank 0 (on another node); rank 0's partner, rank 1, shares its node, so rank 0 keeps its own only.
+// The child says it is ready once rank 0 kept its copy of step `steps`; returns the child, `ranks` trained too.
+Child zero1_with_memory_tier(const std::string& dir, const std::string& run_id, std::uint64_t steps,
+                             std::vector<Rank>& ranks) {
+  Child child = spawn(dir, 3, "dp=3,tp=1,pp=1,zero1=on", run_id, {2}, steps, "1000steps",
+                      [] { ::setenv("SLURMD_NODENAME", "node-b", 1); },
+                      [steps](std::vector<Rank>& mine) { return mine[2].cp->stats().partner_copies >= steps; }, 30ms);
+  ranks = make_ranks(dir, 3, "dp=3,tp=1,pp=1,zero1=on", run_id, {0, 1});
+  for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+  REQUIRE(train(ranks, 0, steps, 30ms));
+  // The survivors' own last memory checkpoint is whole in staging too (rank 1 sent its copy of it).
+  REQUIRE(wait_for([&] { return ranks[1].cp->stats().partner_copies + ranks[1].cp->stats().partner_failures >= steps; },
+                   10s));
+  return child;
+}
+
+// Every rank of a new run (no memory tier) restores `step` with its own state, rank 2's from the shard its
+// partner wrote.
+void check_restores(const std::string& dir, const std::string& run_id, std::uint64_t step) {
+  std::vector<Rank> again = make_ranks(dir, 3, "dp=3,tp=1,pp=1,zero1=on", run_id);
+  for (const auto& got : restore_all(again)) CHECK(got.value() == step);
+  for (Rank& r : again) {
+    CAPTURE(r.cp->config().rank);
+    CHECK(r.state.front() == value_of(r.cp->config().coord, step));
+    CHECK(r.state.back() == value_of(r.cp->config().coord, step));
+    CHECK(r.cp->close());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("memory tier: a ZeRO-1 rank is killed, and its partner's copy writes its shard of the last step",
+          "[hooks][last_words][memtier]") {
+  TempDir dir;
+  LogCapture logs;
+  ScopedEnv env({{"CKPT_MEMORY", "1G"}, {"CKPT_MEMORY_INTERVAL", "1"}, {"LOCAL_WORLD_SIZE", "1"},
+                 {"SLURM_STEP_TASKS_PER_NODE", nullptr}, {"SLURM_TASKS_PER_NODE", nullptr},
+                 {"SLURMD_NODENAME", "node-a"}});
+  {
+    std::vector<Rank> ranks;
+    Child child = zero1_with_memory_tier(dir.path(), "mt1", 6, ranks);
+    CHECK(logs.has("memory tier: a checkpoint in memory every 1 step(s)"));
+    CHECK(logs.has("runs on node node-a, this rank's own: this rank keeps its memory checkpoints in its own staging"));
+    CHECK(committed_steps(dir.path()).empty());  // nothing but memory checkpoints so far
+    kill_child(child);
+    REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{6}; }, 10s));
+    auto m = store::read_manifest(dir.path(), 6);
+    REQUIRE(m);
+    CHECK(m->kind == store::Kind::Terminal);
+    REQUIRE(m->shards.size() == 3);
+    CHECK(m->shards[2].rank == 2);
+    CHECK(logs.has("the copy of rank 2's step 6"));
+    CHECK(logs.has("last words: wrote rank 2's terminal shard of step 6 from its partner copy"));
+    for (Rank& r : ranks) {
+      if (r.cp) (void)r.cp->close();
+    }
+  }
+  check_restores(dir.path(), "mt2", 6);
+}
+
+TEST_CASE("memory tier: ZeRO-1 survivors caught mid-update write the step their staging holds",
+          "[hooks][last_words][memtier]") {
+  TempDir dir;
+  LogCapture logs;
+  ScopedEnv env({{"CKPT_MEMORY", "1G"}, {"CKPT_MEMORY_INTERVAL", "1"}, {"LOCAL_WORLD_SIZE", "1"},
+                 {"SLURM_STEP_TASKS_PER_NODE", nullptr}, {"SLURM_TASKS_PER_NODE", nullptr},
+                 {"SLURMD_NODENAME", "node-a"}});
+  {
+    std::vector<Rank> ranks;
+    Child child = zero1_with_memory_tier(dir.path(), "mt3", 5, ranks);
+    // Both survivors are inside the update of step 6, which under ZeRO-1 may wait on the dead peer: their live
+    // state is no step's, and their staging holds step 5 whole.
+    for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->before_update());
+    for (int r : {0, 1}) {
+      Rank& me = ranks[static_cast<std::size_t>(r)];
+      std::fill(me.state.begin(), me.state.begin() + 10, -1.0);  // half-updated
+    }
+    kill_child(child);
+    REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{5}; }, 10s));
+    CHECK(logs.has("last words: wrote the terminal shard of step 5 from staging"));
+    CHECK(logs.has("last words: wrote rank 2's terminal shard of step 5 from its partner copy"));
+    for (Rank& r : ranks) {
+      if (r.cp) (void)r.cp->close();
+    }
+  }
+  check_restores(dir.path(), "mt4", 5);
 }

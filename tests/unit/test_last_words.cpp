@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/last_words.hpp"
@@ -477,4 +479,262 @@ TEST_CASE("last words: every failure set of small layouts matches a brute-force 
       CHECK(check_every_failure_set(l, true) > 0);
     }
   }
+}
+
+// ---- the memory tier: snapshots in staging, partner copies ---------------------------------------------------------
+
+namespace {
+
+using last_words::WriteSource;
+
+const RankReport& of_rank(const std::vector<RankReport>& reports, int rank) {
+  for (const RankReport& r : reports) {
+    if (r.coord.rank == rank) return r;
+  }
+  FAIL("no report from rank " << rank);
+  return reports.front();
+}
+
+// What must hold of any plan that writes with the memory tier: each shard comes from its own rank by the one rule
+// (source_for) or from a live holder of its copy at the step, never both; from_memory is exactly the shards whose
+// rank writes from staging; and each shard's keys are what writer_keys() gives its rank's (the ward's) coordinate.
+void check_sources(const Layout& l, const std::vector<RankReport>& reports, const Plan& plan) {
+  INFO(all_reasons(plan));
+  check_against_store(l, plan);
+  REQUIRE(plan.write);
+  std::set<int> staging;
+  for (const auto& [rank, keys] : plan.writers) {
+    const RankReport& r = of_rank(reports, rank);
+    const WriteSource own = last_words::source_for(r, plan.step);
+    auto stand_in = plan.stand_ins.find(rank);
+    if (stand_in == plan.stand_ins.end()) {
+      CHECK(own != WriteSource::None);
+    } else {
+      CHECK(own == WriteSource::None);
+      const RankReport& holder = of_rank(reports, stand_in->second);
+      CHECK(holder.alive);
+      CHECK(std::count(holder.held.begin(), holder.held.end(), std::make_pair(rank, plan.step)) == 1);
+    }
+    if (own == WriteSource::Staging) staging.insert(rank);
+    CHECK(last_words::writer_keys(l, plan.replica_of_stage, r.coord) == keys);
+  }
+  CHECK(plan.from_memory == staging);
+  for (const auto& [ward, holder] : plan.stand_ins) CHECK(plan.writers.count(ward) == 1);
+}
+
+}  // namespace
+
+TEST_CASE("last words: source_for, the one rule for a rank's own shard", "[last_words]") {
+  RankReport r;
+  r.alive = true;
+  r.step = 12;
+  CHECK(last_words::source_for(r, 12) == WriteSource::Live);
+  CHECK(last_words::source_for(r, 11) == WriteSource::None);
+  r.memory_step = 11;
+  CHECK(last_words::source_for(r, 11) == WriteSource::Staging);
+  r.memory_step = 12;
+  CHECK(last_words::source_for(r, 12) == WriteSource::Live);  // live state first: no copy out of staging
+  r.mid_update = true;
+  CHECK(last_words::source_for(r, 12) == WriteSource::Staging);
+  r.memory_step.reset();
+  CHECK(last_words::source_for(r, 12) == WriteSource::None);
+  r.mid_update = false;
+  r.memory_step = 12;
+  r.alive = false;
+  CHECK(last_words::source_for(r, 12) == WriteSource::None);
+}
+
+TEST_CASE("last words: ZeRO-1 with the memory tier", "[last_words]") {
+  const Layout l{3, 1, 1, true};  // ranks 0, 1, 2 = dp0, dp1, dp2; each alone holds its optimizer shard
+  auto reports = healthy(l);
+  at(reports, 1, 0, 0).alive = false;
+
+  SECTION("a dead rank's shard from its partner copy") {
+    at(reports, 2, 0, 0).held = {{1, 100}};
+    Plan plan = last_words::plan(l, reports);
+    check_sources(l, reports, plan);
+    CHECK(plan.step == 100);
+    CHECK(plan.stand_ins == std::map<int, int>{{1, 2}});
+    CHECK(plan.from_memory.empty());
+    CHECK(sorted_writers(plan) == expected_writers(l, {0}));
+    CHECK(plan.writers.at(1) == std::vector<std::string>{"optim/pp0/tp0/dp1"});
+    CHECK(has_reason(plan,
+                     "rank 1 (dp1/tp0/pp0) is dead: its shard of step 100 comes from its partner copy on rank 2"));
+    CHECK(plan.summary ==
+          "last words: writing a terminal checkpoint at step 100: 3 writers cover 4 state keys (pp0 from dp0); 1 "
+          "shard from a partner copy");
+
+    // The stand-in writes under the ward's rank: the record the store sees is rank 1's.
+    const auto records = last_words::planned_records(plan);
+    auto ward = std::find_if(records.begin(), records.end(), [](const store::ShardRecord& r) { return r.rank == 1; });
+    REQUIRE(ward != records.end());
+    CHECK(ward->file == store::shard_file_name(1));
+    CHECK(ward->covers == std::vector<std::string>{"optim/pp0/tp0/dp1"});
+    CHECK(std::none_of(records.begin(), records.end(), [](const store::ShardRecord& r) {
+      return r.rank == 2 && r.covers == std::vector<std::string>{"optim/pp0/tp0/dp1"};
+    }));
+    CHECK(store::decide_commit(store::Kind::Terminal, l, l.world_size(), records).complete);
+  }
+  SECTION("without the copy: today's rule, nothing is written") {
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    CHECK_FALSE(plan.write);
+    CHECK(has_reason(plan, "optim/pp0/tp0/dp1: its only holder rank 1 (dp1/tp0/pp0) is dead"));
+    CHECK(plan.stand_ins.empty());
+
+    at(reports, 0, 0, 0).held = {{2, 100}};  // the tier runs, but nobody holds rank 1's copy
+    Plan tier = last_words::plan(l, reports);
+    check_against_store(l, tier);
+    CHECK_FALSE(tier.write);
+    CHECK(has_reason(tier,
+                     "optim/pp0/tp0/dp1: its only holder rank 1 (dp1/tp0/pp0) is dead; no live rank holds a copy of "
+                     "its shard"));
+  }
+  SECTION("a survivor caught mid-update writes the step its snapshot holds") {
+    at(reports, 2, 0, 0).held = {{1, 100}};
+    at(reports, 2, 0, 0).mid_update = true;
+    at(reports, 2, 0, 0).step = 101;
+    at(reports, 2, 0, 0).memory_step = 100;
+    Plan plan = last_words::plan(l, reports);
+    check_sources(l, reports, plan);
+    CHECK(plan.step == 100);
+    CHECK(plan.stand_ins == std::map<int, int>{{1, 2}});
+    CHECK(plan.from_memory == std::set<int>{2});
+    CHECK(has_reason(plan, "rank 2 (dp2/tp0/pp0) writes step 100 from its snapshot (it was caught mid-update at step "
+                           "101)"));
+    CHECK(plan.summary.ends_with("; 1 shard from a partner copy, 1 shard from a snapshot"));
+  }
+  SECTION("an older copy takes the plan back only when the newer step is incomplete") {
+    for (RankReport& r : reports) {
+      r.step = 101;
+      r.memory_step = 100;
+    }
+    at(reports, 2, 0, 0).held = {{1, 100}};
+    Plan older = last_words::plan(l, reports);
+    check_sources(l, reports, older);
+    CHECK(older.step == 100);
+    CHECK(older.stand_ins == std::map<int, int>{{1, 2}});
+    CHECK(older.from_memory == std::set<int>{0, 2});
+    CHECK(has_reason(older, "rank 0 (dp0/tp0/pp0) writes step 100 from its snapshot (its live state is at step 101)"));
+
+    at(reports, 1, 0, 0).alive = true;  // step 101 is complete now: live state, no copy, no snapshot
+    Plan newer = last_words::plan(l, reports);
+    check_sources(l, reports, newer);
+    CHECK(newer.step == 101);
+    CHECK(newer.stand_ins.empty());
+    CHECK(newer.from_memory.empty());
+    CHECK(sorted_writers(newer) == expected_writers(l, {0}));
+  }
+  SECTION("a copy of an older step without the survivors' snapshots of it: nothing is written") {
+    for (RankReport& r : reports) r.step = 101;
+    at(reports, 2, 0, 0).held = {{1, 100}};
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    CHECK_FALSE(plan.write);
+    CHECK(has_reason(plan, "optim/pp0/tp0/dp1: its only holder rank 1 (dp1/tp0/pp0) is dead; a partner copy of step "
+                           "100 on rank 2"));
+  }
+  SECTION("two holders: the lowest rank stands in") {
+    at(reports, 2, 0, 0).held = {{1, 100}};
+    at(reports, 0, 0, 0).held = {{1, 100}};
+    Plan plan = last_words::plan(l, reports);
+    check_sources(l, reports, plan);
+    CHECK(plan.stand_ins == std::map<int, int>{{1, 0}});
+  }
+  SECTION("the rank itself before any holder") {
+    at(reports, 1, 0, 0).alive = true;
+    at(reports, 2, 0, 0).held = {{1, 100}};
+    Plan plan = last_words::plan(l, reports);
+    check_sources(l, reports, plan);
+    CHECK(plan.stand_ins.empty());
+  }
+  SECTION("a live rank caught mid-update without a snapshot: its partner copy stands in") {
+    at(reports, 1, 0, 0).alive = true;
+    at(reports, 1, 0, 0).mid_update = true;
+    at(reports, 0, 0, 0).held = {{1, 100}};
+    Plan plan = last_words::plan(l, reports);
+    check_sources(l, reports, plan);
+    CHECK(plan.stand_ins == std::map<int, int>{{1, 0}});
+    CHECK(has_reason(plan, "rank 1 (dp1/tp0/pp0) was caught mid-update at step 100: its shard of step 100 comes "
+                           "from its partner copy on rank 0"));
+  }
+}
+
+TEST_CASE("last words: a dead holder cannot stand in", "[last_words]") {
+  const Layout l{4, 1, 1, true};
+  auto reports = healthy(l);
+  at(reports, 1, 0, 0).alive = false;
+  at(reports, 2, 0, 0).alive = false;
+  at(reports, 2, 0, 0).held = {{1, 100}};  // died with its holder
+  at(reports, 3, 0, 0).held = {{2, 100}};
+  Plan plan = last_words::plan(l, reports);
+  check_against_store(l, plan);
+  CHECK_FALSE(plan.write);
+  CHECK(has_reason(plan,
+                   "optim/pp0/tp0/dp1: its only holder rank 1 (dp1/tp0/pp0) is dead; no live rank holds a copy of its "
+                   "shard"));
+
+  at(reports, 0, 0, 0).held = {{1, 100}};
+  Plan both = last_words::plan(l, reports);
+  check_sources(l, reports, both);
+  CHECK(both.stand_ins == std::map<int, int>{{1, 0}, {2, 3}});
+  CHECK(both.summary.ends_with("; 2 shards from partner copies"));
+}
+
+TEST_CASE("last words: a tensor-parallel group completed by a partner copy", "[last_words]") {
+  const Layout l{2, 2, 1, false};  // dp0 = ranks 0, 1; dp1 = ranks 2, 3
+  auto reports = healthy(l);
+  at(reports, 0, 1, 0).alive = false;  // rank 1
+  at(reports, 1, 1, 0).alive = false;  // rank 3: neither replica is whole
+  at(reports, 1, 0, 0).held = {{3, 99}};
+  Plan none = last_words::plan(l, reports);
+  check_against_store(l, none);
+  CHECK_FALSE(none.write);
+  CHECK(has_reason(none, "replica dp0 of stage pp0 disqualified: rank 1 (dp0/tp1/pp0) is dead; no live rank holds a "
+                         "copy of its shard"));
+  CHECK(has_reason(none, "replica dp1 of stage pp0 disqualified: rank 3 (dp1/tp1/pp0) is dead; a partner copy of "
+                         "step 99 on rank 2"));
+
+  at(reports, 1, 0, 0).held = {{3, 99}, {1, 100}};
+  Plan plan = last_words::plan(l, reports);
+  check_sources(l, reports, plan);
+  CHECK(plan.step == 100);
+  CHECK(plan.replica_of_stage == std::vector<int>{0});
+  CHECK(plan.stand_ins == std::map<int, int>{{1, 2}});
+  CHECK(sorted_writers(plan) == expected_writers(l, {0}));
+  CHECK(plan.writers.at(1) == std::vector<std::string>{"model/pp0/tp1", "optim/pp0/tp1"});
+}
+
+TEST_CASE("last words: pure data parallelism needs no copy", "[last_words]") {
+  const Layout l{4, 1, 1, false};
+  auto reports = healthy(l);
+  at(reports, 0, 0, 0).alive = false;
+  const Plan plain = last_words::plan(l, reports);
+
+  at(reports, 1, 0, 0).held = {{0, 100}};
+  for (RankReport& r : reports) r.memory_step = 99;
+  Plan plan = last_words::plan(l, reports);
+  check_sources(l, reports, plan);
+  CHECK(plan.step == 100);
+  CHECK(plan.replica_of_stage == plain.replica_of_stage);
+  CHECK(plan.writers == plain.writers);
+  CHECK(plan.summary == plain.summary);
+  CHECK(plan.stand_ins.empty());  // dp1 is whole; rank 0's shard is not needed
+  CHECK(plan.from_memory.empty());
+}
+
+TEST_CASE("last words: bad partner copies write nothing", "[last_words]") {
+  const Layout l{2, 1, 1, false};
+  auto reports = healthy(l);
+  reports[0].held = {{2, 100}};
+  CHECK(last_words::plan(l, reports).summary ==
+        "last words: not writing a terminal checkpoint: invalid report from rank 0: holds a copy of rank 2, outside a "
+        "world of 2");
+  reports[0].held = {{0, 100}};
+  CHECK(last_words::plan(l, reports).summary ==
+        "last words: not writing a terminal checkpoint: invalid report from rank 0: holds a copy of its own shard");
+  reports[0].held = {{-1, 100}};
+  CHECK_FALSE(last_words::plan(l, reports).write);
+  reports[0].held = {{1, 100}};
+  CHECK(last_words::plan(l, reports).write);
 }

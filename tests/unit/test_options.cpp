@@ -274,6 +274,171 @@ TEST_CASE("set_job_option: --ckpt-shrink, and the site's shrink=", "[options]") 
   CHECK_FALSE(parse_site_policy({"shrink=maybe"}));
 }
 
+TEST_CASE("parse_memory and format_memory: the memory tier's size", "[options][parse]") {
+  SECTION("good inputs") {
+    CHECK(*parse_memory("off") == 0);
+    CHECK(*parse_memory("0") == 0);
+    CHECK(*parse_memory("0G") == 0);
+    CHECK(*parse_memory("4G") == 4ull << 30);
+    CHECK(*parse_memory("512M") == 512ull << 20);
+    CHECK(*parse_memory("1T") == 1ull << 40);
+    CHECK(*parse_memory("64K") == 64ull << 10);
+    CHECK(*parse_memory("2GiB") == 2ull << 30);
+    CHECK(*parse_memory("5GB") == 5'000'000'000);
+    CHECK(*parse_memory("1000") == 1000);
+    CHECK(*parse_memory("1000B") == 1000);
+    CHECK(*parse_memory("16777215T") == 16777215ull << 40);  // the largest whole number of T (16777216T overflows)
+  }
+  SECTION("bad inputs") {
+    for (const char* bad : {"", "on", "OFF", "none", "-1", "-1G", "+4G", "4 G", " 4G", "4G ", "1.5G", "4X", "4g", "G",
+                            "0x10", "16777216T", "99999999999999999999", "18446744073709551616"}) {
+      INFO(bad);
+      CHECK_FALSE(parse_memory(bad).ok());
+    }
+  }
+  SECTION("format_memory reads back exactly, in the shortest exact unit") {
+    CHECK(format_memory(0) == "off");
+    CHECK(format_memory(4ull << 30) == "4G");
+    CHECK(format_memory(512ull << 20) == "512M");
+    CHECK(format_memory(3ull << 40) == "3T");
+    CHECK(format_memory(5'000'000'000) == "5GB");
+    CHECK(format_memory(1000) == "1KB");
+    CHECK(format_memory(1001) == "1001");
+    for (std::uint64_t b : {0ull, 1ull, 1023ull, 1024ull, 1536ull << 20, 5'000'000'000ull, 12345678901ull,
+                            18446744073709551615ull}) {
+      INFO(b);
+      CHECK(*parse_memory(format_memory(b)) == b);
+    }
+  }
+}
+
+TEST_CASE("set_job_option: --ckpt-memory and --ckpt-memory-interval", "[options]") {
+  SECTION("good inputs") {
+    JobOptions o;
+    REQUIRE(set_job_option(o, OptionId::Memory, "4G").ok());
+    CHECK(*o.memory_bytes == 4ull << 30);
+    CHECK(o.any());  // asking for the memory tier is asking for checkpointing
+    CHECK(set_job_option(o, OptionId::Memory, "4096M").ok());  // the same size again
+    JobOptions off;
+    REQUIRE(set_job_option(off, OptionId::Memory, "off").ok());
+    CHECK(*off.memory_bytes == 0);
+    CHECK(off.any());
+    JobOptions every;
+    REQUIRE(set_job_option(every, OptionId::MemoryInterval, "10").ok());
+    CHECK(*every.memory_interval == 10);
+    CHECK(every.any());
+  }
+  SECTION("bad inputs name the option and the value") {
+    JobOptions o;
+    CHECK(set_job_option(o, OptionId::Memory, "lots").error() ==
+          "--ckpt-memory: invalid value 'lots' (expected off, or a size like 4G, 512M or 1T (K, M, G, T: powers of "
+          "1024; bytes without a unit))");
+    CHECK(set_job_option(o, OptionId::MemoryInterval, "0").error() ==
+          "--ckpt-memory-interval: invalid value '0' (expected a whole number of steps, at least 1)");
+    for (const char* bad : {"", "-1", "1.5", "x", "99999999999999999999"}) {
+      INFO(bad);
+      CHECK_FALSE(set_job_option(o, OptionId::MemoryInterval, bad).ok());
+    }
+    CHECK_FALSE(o.any());
+    REQUIRE(set_job_option(o, OptionId::Memory, "4G").ok());
+    CHECK(set_job_option(o, OptionId::Memory, "8G").error() ==
+          "--ckpt-memory: given twice with different values (second: '8G')");
+    clear_job_option(o, OptionId::Memory);
+    CHECK_FALSE(o.memory_bytes);
+  }
+  SECTION("the table names them with their site keys") {
+    CHECK(std::string(option_spec(OptionId::Memory).name) == "ckpt-memory");
+    CHECK(std::string(option_spec(OptionId::Memory).key) == "memory");
+    CHECK(std::string(option_spec(OptionId::MemoryInterval).name) == "ckpt-memory-interval");
+    CHECK(std::string(option_spec(OptionId::MemoryInterval).key) == "memory_interval");
+  }
+}
+
+TEST_CASE("the memory tier: user over site over built-in, within the site's max_memory", "[options]") {
+  JobContext job{"alice", "1", "train", "", 2};
+  const std::string dir = "dir=/scratch/%u";
+  auto env_has = [](const Settings& s, const char* name, const char* value) {
+    auto env = settings_environment(s);
+    return std::count(env.begin(), env.end(), std::pair<std::string, std::string>{name, value}) == 1;
+  };
+  SECTION("defaults: off, every step") {
+    auto s = resolve_settings(JobOptions{}, *parse_site_policy({dir}), job);
+    REQUIRE(s);
+    CHECK(s->memory_bytes == 0);
+    CHECK(s->memory_interval == 1);
+    CHECK(s->notices.empty());
+    CHECK(env_has(*s, "CKPT_MEMORY", "off"));
+    CHECK(env_has(*s, "CKPT_MEMORY_INTERVAL", "1"));
+    CHECK_FALSE(parse_site_policy({})->max_memory);  // no maximum
+  }
+  SECTION("the site's defaults, and the user's over them") {
+    auto site = *parse_site_policy({dir, "memory=2G", "memory_interval=5", "max_memory=8G"});
+    CHECK(*site.max_memory == 8ull << 30);
+    auto from_site = resolve_settings(JobOptions{}, site, job);
+    REQUIRE(from_site);
+    CHECK(from_site->memory_bytes == 2ull << 30);
+    CHECK(from_site->memory_interval == 5);
+    CHECK(env_has(*from_site, "CKPT_MEMORY", "2G"));
+    CHECK(env_has(*from_site, "CKPT_MEMORY_INTERVAL", "5"));
+    JobOptions user;
+    REQUIRE(set_job_option(user, OptionId::Memory, "8G").ok());  // at the maximum is fine
+    REQUIRE(set_job_option(user, OptionId::MemoryInterval, "20").ok());
+    auto s = resolve_settings(user, site, job);
+    REQUIRE(s);
+    CHECK(s->memory_bytes == 8ull << 30);
+    CHECK(s->memory_interval == 20);
+    CHECK(s->notices.empty());
+    JobOptions off;
+    REQUIRE(set_job_option(off, OptionId::Memory, "off").ok());
+    CHECK(resolve_settings(off, site, job)->memory_bytes == 0);
+  }
+  SECTION("a request above max_memory is capped, with one line") {
+    auto site = *parse_site_policy({dir, "max_memory=4G"});
+    JobOptions user;
+    REQUIRE(set_job_option(user, OptionId::Memory, "8G").ok());
+    auto s = resolve_settings(user, site, job);
+    REQUIRE(s);
+    CHECK(s->memory_bytes == 4ull << 30);
+    CHECK(s->notices ==
+          std::vector<std::string>{"--ckpt-memory: 8G is above the site maximum of 4G: the memory tier uses 4G"});
+    CHECK(env_has(*s, "CKPT_MEMORY", "4G"));
+  }
+  SECTION("max_memory=0: the site has no memory tier") {
+    for (const char* none : {"max_memory=0", "max_memory=off"}) {
+      INFO(none);
+      auto site = *parse_site_policy({dir, none});
+      CHECK(*site.max_memory == 0);
+      JobOptions user;
+      REQUIRE(set_job_option(user, OptionId::Memory, "512M").ok());
+      auto s = resolve_settings(user, site, job);
+      REQUIRE(s);
+      CHECK(s->memory_bytes == 0);
+      CHECK(s->notices == std::vector<std::string>{"--ckpt-memory: 512M is above the site maximum of 0 (the site "
+                                                   "allows no memory tier): the memory tier is off"});
+      CHECK(env_has(*s, "CKPT_MEMORY", "off"));
+      JobOptions off;
+      REQUIRE(set_job_option(off, OptionId::Memory, "0").ok());
+      CHECK(resolve_settings(off, site, job)->notices.empty());
+      CHECK(resolve_settings(JobOptions{}, site, job)->notices.empty());
+    }
+  }
+  SECTION("bad site values fail closed and name the key") {
+    CHECK(parse_site_policy({"max_memory=lots"}).error() ==
+          "plugstack.conf: max_memory: invalid value 'lots' (expected off, or a size like 4G, 512M or 1T (K, M, G, T: "
+          "powers of 1024; bytes without a unit))");
+    CHECK(parse_site_policy({"max_memory=-1G"}).error().starts_with("plugstack.conf: max_memory: invalid value"));
+    CHECK(parse_site_policy({"memory=4 G"}).error().starts_with("plugstack.conf: memory: invalid value '4 G'"));
+    CHECK(parse_site_policy({"memory_interval=0"}).error() ==
+          "plugstack.conf: memory_interval: invalid value '0' (expected a whole number of steps, at least 1)");
+    // A site default the site's own maximum caps would warn every job that gives no --ckpt-memory.
+    CHECK(parse_site_policy({"memory=8G", "max_memory=4G"}).error() ==
+          "plugstack.conf: memory=8G is above max_memory=4G");
+    CHECK(parse_site_policy({"memory=1G", "max_memory=0"}).error() ==
+          "plugstack.conf: memory=1G is above max_memory=0");
+    CHECK(parse_site_policy({"memory=off", "max_memory=0"}).ok());
+  }
+}
+
 TEST_CASE("resolve_settings merges user over site over built-in", "[options]") {
   JobContext job{"alice", "1234", "train", "", 4};
   auto policy = *parse_site_policy({"dir=/scratch/%u/%j", "keep=5", "allowed_dirs=/scratch", "node_mtbf=400h"});

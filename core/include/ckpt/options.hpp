@@ -26,8 +26,16 @@ Result<Interval> parse_interval(std::string_view text);
 // The normalized spelling exported as CKPT_INTERVAL: "auto", "900s" or "500steps".
 std::string format_interval(const Interval& interval);
 
-enum class OptionId { Interval, Dir, Keep, LastWords, Mtbf, MaxRestarts, Grace, Spares, Straggler, Shrink };
-inline constexpr std::size_t kOptionCount = 10;
+enum class OptionId {
+  Interval, Dir, Keep, LastWords, Mtbf, MaxRestarts, Grace, Spares, Straggler, Shrink, Memory, MemoryInterval
+};
+inline constexpr std::size_t kOptionCount = 12;
+
+// The memory tier's bound per rank: "off" or a size as parse_bytes reads it ("4G", "512M", "1T", bare bytes; K, M,
+// G, T and KiB..TiB are powers of 1024, KB..TB of 1000). 0 ("off", "0", "0G") is no memory tier.
+Result<std::uint64_t> parse_memory(std::string_view text);
+// The spelling exported as CKPT_MEMORY, which parse_memory reads back exactly: "off", "4G", "512M", "5GB", "1000".
+std::string format_memory(std::uint64_t bytes);
 
 struct OptionSpec {
   OptionId id;
@@ -56,6 +64,8 @@ struct JobOptions {
   std::optional<std::uint64_t> spares;
   std::optional<std::string> straggler;  // as format_policy spells it (ckpt/straggler.hpp)
   std::optional<std::string> shrink;     // as inplace::format_shrink spells it
+  std::optional<std::uint64_t> memory_bytes;     // 0: no memory tier
+  std::optional<std::uint64_t> memory_interval;  // steps, at least 1
 
   bool any() const;
 };
@@ -70,7 +80,7 @@ void clear_job_option(JobOptions& options, OptionId id);
 // Site policy, from the `key=value` arguments after the plugin path in plugstack.conf.
 struct SitePolicy {
   JobOptions defaults;                      // interval=, dir=, keep=, last_words=, mtbf=, max_restarts=, grace=,
-                                            // spares=
+                                            // spares=, straggler=, shrink=, memory=, memory_interval=
   std::uint64_t min_interval_s = 60;        // sub-minute periodic checkpoints flood shared file systems
   std::uint64_t max_interval_s = 0;         // 0: no maximum
   std::vector<std::string> allowed_dirs;    // empty: any absolute path the user may write
@@ -80,6 +90,9 @@ struct SitePolicy {
   // Most spare nodes a job may ask for (0: none). Idle spares are allocated nodes that do no work, so the
   // default allows a few; the allocation's size itself is Slurm's to bound (QOS, partition limits).
   std::uint64_t max_spares = 4;
+  // Most host memory per rank a job's memory tier may use (max_memory=); a larger --ckpt-memory is capped to it,
+  // with one line for the user. nullopt: no maximum; 0: the site has no memory tier.
+  std::optional<std::uint64_t> max_memory;
 };
 
 // Whether a site's `controller=` is the controller's http(s) URL (else it is a spool directory).
@@ -109,6 +122,9 @@ struct BuiltinDefaults {
   static constexpr const char* straggler = "0.70,report";
   // A job goes on with fewer replicas only when asked: it changes the training's arithmetic.
   static constexpr const char* shrink = "off";
+  // The memory tier holds checkpoints in host memory (own staging and a partner's copy): only when asked.
+  static constexpr std::uint64_t memory_bytes = 0;
+  static constexpr std::uint64_t memory_interval = 1;  // steps between memory-tier checkpoints
 };
 
 // What a job is, for expanding --ckpt-dir.
@@ -136,18 +152,25 @@ struct Settings {
   // The site's bounds, which --ckpt-interval=auto must respect too (it picks its interval in the job).
   std::uint64_t min_interval_s = SitePolicy{}.min_interval_s;
   std::uint64_t max_interval_s = 0;  // 0: no maximum
+  std::uint64_t memory_bytes = BuiltinDefaults::memory_bytes;  // within the site's max_memory; 0: off
+  std::uint64_t memory_interval = BuiltinDefaults::memory_interval;
+  // What the site's policy changed of the job's request, one line each without "ckpt: " ("--ckpt-memory: 8G is
+  // above the site maximum of 4G: the memory tier uses 4G"): srun and sbatch show them to the user.
+  std::vector<std::string> notices;
 };
 
 // True when this job gets checkpointing: it gave a --ckpt option, or the site enables it by default.
 bool checkpointing_enabled(const JobOptions& user, const SitePolicy& policy);
 
 // Merges user options over site defaults over built-ins, expands the dir and applies the policy
-// (interval bounds, the spares limit, allowed dir prefixes). The error names the option and the value.
+// (interval bounds, the spares limit, allowed dir prefixes). The error names the option and the value. A memory
+// tier above max_memory is capped, not refused, with a line in `notices`.
 Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& policy, const JobContext& job);
 
 // The CKPT_* variables for the settings: CKPT_DIR, CKPT_INTERVAL, CKPT_KEEP, CKPT_LAST_WORDS, CKPT_MTBF,
-// CKPT_GRACE, CKPT_MAX_RESTARTS, CKPT_MIN_INTERVAL, CKPT_MAX_INTERVAL (0s: none), CKPT_SPARES, CKPT_MAX_SPARES.
-// Durations are exported in seconds ("900s").
+// CKPT_GRACE, CKPT_MAX_RESTARTS, CKPT_MIN_INTERVAL, CKPT_MAX_INTERVAL (0s: none), CKPT_SPARES, CKPT_MAX_SPARES,
+// CKPT_STRAGGLER, CKPT_SHRINK, CKPT_MEMORY (format_memory), CKPT_MEMORY_INTERVAL. Durations are exported in
+// seconds ("900s").
 std::vector<std::pair<std::string, std::string>> settings_environment(const Settings& settings);
 
 // The spare nodes ckpt-run keeps warm: `given` (its --spares) when set, else CKPT_SPARES (`env_spares`) when

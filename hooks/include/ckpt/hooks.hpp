@@ -110,6 +110,13 @@ struct Config {
   std::string controller_url;              // CKPT_CONTROLLER_URL: where the root reports a slow node; empty: none
   std::string munge_socket;                // CKPT_MUNGE_SOCKET: munged's socket for those reports; empty: default
   std::string inplace_id;                  // CKPT_INPLACE_ID: the in-place run (ckpt-run --spares) this rank is of
+  // The memory tier (--ckpt-memory, within the site's max_memory): checkpoints held in host memory, own and a
+  // partner's.
+  std::uint64_t memory_bytes = BuiltinDefaults::memory_bytes;  // CKPT_MEMORY: host memory per rank the memory tier may
+                                                               // use (staging + partner copies); 0: off
+  std::uint64_t memory_interval = BuiltinDefaults::memory_interval;  // CKPT_MEMORY_INTERVAL: steps between its
+                                                                     // checkpoints, >= 1
+  int memory_distance = 1;                 // CKPT_MEMORY_DISTANCE: the partner sits this many nodes away, >= 1
 };
 
 // Resolves overrides over the environment. Ranks: an override, else RANK/WORLD_SIZE/LOCAL_RANK (torchrun), else
@@ -165,6 +172,8 @@ struct Decision {
   bool snapshot = false;                      // a checkpoint of this step is taken
   bool stop = false;                          // it is terminal: the loop should stop after this step
   store::Kind kind = store::Kind::Periodic;
+  bool memory_only = false;                   // a memory-tier checkpoint (CKPT_MEMORY): staging and the partner's
+                                              // copy only, nothing written to the checkpoint dir
 };
 
 // Counters for reports and tests. Times in seconds.
@@ -189,6 +198,11 @@ struct Stats {
   std::uint64_t blob_bytes = 0;           // bytes of small blobs held
   std::uint64_t restore_read_bytes = 0;   // the last restore: bytes read from the checkpoint dir
   std::uint64_t restore_live_bytes = 0;   // the last restore: bytes found already in this rank's memory
+  // The memory tier (CKPT_MEMORY): checkpoints kept in staging with a copy on the partner rank.
+  std::uint64_t memory_checkpoints = 0;   // memory-only checkpoints started (the others count in `snapshots`)
+  std::uint64_t partner_copies = 0;       // copies the partner kept
+  std::uint64_t partner_failures = 0;     // copies it refused or that did not arrive
+  double last_partner_s = 0;              // the last copy's transfer, start to the partner's answer
   // CKPT_INTERVAL=auto, on rank 0 (the rank that decides timed checkpoints); zero elsewhere. Recomputed after
   // each checkpoint's persist (see ckpt::interval::AutoInterval).
   double auto_interval_s = 0;             // the interval in use

@@ -1,0 +1,457 @@
+#include "memory_tier.hpp"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "ckpt/format.hpp"
+#include "ckpt/posix.hpp"
+#include "heartbeat.hpp"
+#include "log.hpp"
+
+namespace ckpt::hooks {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The messages of a partner link, each a Wire header and its payload (see memory_tier.hpp).
+enum WireType : std::uint32_t {
+  kBegin = 1,      // a = step, b = total bytes, c = pieces
+  kPieceHead = 2,  // a = the piece's bytes, b = the length of its JSON ({"name", "meta"}) that follows
+  kChunk = 3,      // a = bytes that follow, b = their XXH3-64
+  kEnd = 4,        // a = step, b = the length of the JSON array of the ranges' XXH3-64 that follows
+  kAck = 5,        // holder to ward, after kBegin (go on) and after kEnd (kept): a = step, b = 1 yes / 0 refused,
+                   // c = the length of the reason that follows
+};
+constexpr std::uint32_t kWireMagic = 0x544d454d;  // "MEMT"
+struct Wire {
+  std::uint32_t type = 0;
+  std::uint32_t magic = kWireMagic;
+  std::uint64_t a = 0;
+  std::uint64_t b = 0;
+  std::uint64_t c = 0;
+};
+static_assert(sizeof(Wire) == 32);
+
+constexpr std::uint64_t kChunkBytes = 4u << 20;
+constexpr std::uint64_t kMaxPieces = 1u << 20;
+constexpr std::uint64_t kMaxJson = 1u << 20;
+
+bool write_all(int fd, const void* data, std::size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// Reads exactly `size` bytes, first from `early` (what came with the handshake), then from the socket.
+bool read_exact(int fd, std::string& early, void* data, std::size_t size) {
+  char* p = static_cast<char*>(data);
+  const std::size_t from_early = std::min(size, early.size());
+  std::memcpy(p, early.data(), from_early);
+  early.erase(0, from_early);
+  p += from_early;
+  size -= from_early;
+  while (size > 0) {
+    ssize_t n = ::recv(fd, p, size, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+bool send_wire(int fd, WireType type, std::uint64_t a, std::uint64_t b, std::uint64_t c = 0) {
+  Wire w;
+  w.type = type;
+  w.a = a;
+  w.b = b;
+  w.c = c;
+  return write_all(fd, &w, sizeof w);
+}
+
+bool send_ack(int fd, std::uint64_t step, bool yes, const std::string& why) {
+  return send_wire(fd, kAck, step, yes ? 1 : 0, why.size()) && write_all(fd, why.data(), why.size());
+}
+
+// A link's socket options: the transfer's time limit, and no Nagle delay (a copy's small headers and the answers
+// would otherwise wait out the peer's delayed acknowledgement, 40 ms each).
+void set_io_timeout(int fd, std::chrono::milliseconds timeout) {
+  const int one = 1;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+std::string mib_text(std::uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+}  // namespace
+
+struct MemoryTier::Impl {
+  // One ward's copy: whole once every check passed.
+  struct Slot {
+    HostBuffer buffer;
+    std::uint64_t step = 0;
+    std::uint64_t size = 0;
+    std::vector<store::StateRange> ranges;
+    bool whole = false;
+  };
+  struct Ward {
+    Slot held;
+    Slot incoming;  // the receiver's own until it is swapped with `held`
+  };
+  struct Link {
+    int fd = -1;
+    int ward = -1;
+    std::thread thread;
+  };
+
+  Settings settings;
+  heartbeat::Mesh* mesh = nullptr;
+
+  std::mutex mu;
+  std::map<int, Ward> wards;        // guarded by mu (incoming: its receiver's alone between swaps)
+  std::vector<std::unique_ptr<Link>> links;  // guarded by mu
+  bool frozen = false;              // guarded by mu
+  bool stopping = false;            // guarded by mu
+  std::uint64_t staging_bytes = 0;  // guarded by mu
+
+  std::mutex send_mu;
+  int send_fd = -1;  // guarded by send_mu
+  std::atomic<int> send_shadow{-1};  // send_fd, for stop() to shut while a send holds send_mu
+  bool refused_logged = false;
+
+  bool is_ward(int r) const {
+    return std::find(settings.wards.begin(), settings.wards.end(), r) != settings.wards.end();
+  }
+
+  // Mesh thread: a ward's new link.
+  void on_accept(int fd, int from, std::string early) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stopping || !is_ward(from)) {
+      if (!stopping) {
+        log::warn(settings.rank, "memory tier: refused a partner link from rank " + std::to_string(from) +
+                                     ", whose copies this rank does not keep");
+      }
+      ::close(fd);
+      return;
+    }
+    // A ward dials again after a failure: its old link is over.
+    for (auto& l : links) {
+      if (l->ward == from && l->fd >= 0) ::shutdown(l->fd, SHUT_RDWR);
+    }
+    set_io_timeout(fd, settings.io_timeout);
+    auto link = std::make_unique<Link>();
+    link->fd = fd;
+    link->ward = from;
+    Link* raw = link.get();
+    link->thread = std::thread([this, raw, early = std::move(early)]() mutable { receive(*raw, std::move(early)); });
+    links.push_back(std::move(link));
+  }
+
+  // Receiver thread: copies from one ward until the link ends.
+  void receive(Link& link, std::string early) {
+    for (;;) {
+      std::string why;
+      std::uint64_t step = 0;
+      const int got = receive_one(link, early, step, why);
+      if (got == 0) break;  // the link ended between copies
+      const bool kept = got > 0;
+      if (!kept) {
+        log::warn(settings.rank, "memory tier: refused the copy of rank " + std::to_string(link.ward) + "'s step " +
+                                     std::to_string(step) + ": " + why);
+      }
+      if (!send_ack(link.fd, step, kept, why) || !kept) break;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    ::close(link.fd);
+    link.fd = -1;
+  }
+
+  // One copy into the ward's incoming slot, checked; swapped in as held when whole. 1: kept; -1: refused (`why`);
+  // 0: the link ended before a copy began.
+  int receive_one(Link& link, std::string& early, std::uint64_t& step, std::string& why) {
+    Wire w;
+    if (!read_exact(link.fd, early, &w, sizeof w)) return 0;
+    if (w.magic != kWireMagic || w.type != kBegin) return why = "not the start of a copy", -1;
+    step = w.a;
+    const std::uint64_t total = w.b;
+    const std::uint64_t pieces = w.c;
+    Slot* slot = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const std::uint64_t need = staging_bytes + 2 * total * settings.wards.size();
+      if (need > settings.max_bytes) {
+        return why = "it needs " + mib_text(need) + " here (staging and two copies per ward), over CKPT_MEMORY's " +
+                     mib_text(settings.max_bytes), -1;
+      }
+      if (pieces > kMaxPieces) return why = std::to_string(pieces) + " pieces", -1;
+      slot = &wards[link.ward].incoming;
+    }
+    slot->whole = false;
+    slot->ranges.clear();
+    if (slot->buffer.size() < total) {
+      slot->buffer = HostBuffer();
+      auto grown = HostBuffer::allocate(total);
+      if (!grown) return why = grown.error(), -1;
+      slot->buffer = std::move(grown).value();
+    }
+    // The ward sends the bytes only once told to: a refusal above reaches it before it has sent them.
+    if (!send_ack(link.fd, step, true, "")) return 0;
+    std::uint64_t offset = 0;
+    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> range_hash(XXH3_createState(), &XXH3_freeState);
+    if (!range_hash) return why = "out of memory", -1;
+    for (std::uint64_t i = 0; i < pieces; ++i) {
+      if (!read_exact(link.fd, early, &w, sizeof w)) return why = "the link ended inside the copy", -1;
+      if (w.magic != kWireMagic || w.type != kPieceHead || w.b > kMaxJson || w.a > total - offset) {
+        return why = "a piece header out of bounds", -1;
+      }
+      const std::uint64_t length = w.a;
+      std::string head(w.b, '\0');
+      if (!read_exact(link.fd, early, head.data(), head.size())) return why = "the link ended inside the copy", -1;
+      store::StateRange range;
+      try {
+        auto j = nlohmann::json::parse(head);
+        range.name = j.at("name").get<std::string>();
+        range.meta = j.at("meta");
+      } catch (const std::exception&) {
+        return why = "a piece header that is not its JSON", -1;
+      }
+      range.offset = offset;
+      range.length = length;
+      XXH3_64bits_reset(range_hash.get());
+      for (std::uint64_t left = length; left > 0;) {
+        if (!read_exact(link.fd, early, &w, sizeof w)) return why = "the link ended inside the copy", -1;
+        if (w.magic != kWireMagic || w.type != kChunk || w.a == 0 || w.a > kChunkBytes || w.a > left) {
+          return why = "a chunk out of bounds", -1;
+        }
+        std::byte* at = slot->buffer.data() + offset + (length - left);
+        if (!read_exact(link.fd, early, at, w.a)) return why = "the link ended inside the copy", -1;
+        if (XXH3_64bits(at, w.a) != w.b) return why = "a chunk of '" + range.name + "' does not match its checksum", -1;
+        XXH3_64bits_update(range_hash.get(), at, w.a);
+        left -= w.a;
+      }
+      range.checksum = XXH3_64bits_digest(range_hash.get());
+      offset += length;
+      slot->ranges.push_back(std::move(range));
+    }
+    if (!read_exact(link.fd, early, &w, sizeof w)) return why = "the link ended inside the copy", -1;
+    if (w.magic != kWireMagic || w.type != kEnd || w.a != step || w.b > kMaxJson || offset != total) {
+      return why = "the copy's end does not match its start", -1;
+    }
+    std::string sums(w.b, '\0');
+    if (!read_exact(link.fd, early, sums.data(), sums.size())) return why = "the link ended inside the copy", -1;
+    try {
+      auto j = nlohmann::json::parse(sums);
+      if (!j.is_array() || j.size() != slot->ranges.size()) return why = "the ranges' checksums do not match", -1;
+      for (std::size_t i = 0; i < slot->ranges.size(); ++i) {
+        if (j[i].get<std::uint64_t>() != *slot->ranges[i].checksum) {
+          return why = "range '" + slot->ranges[i].name + "' does not match its checksum", -1;
+        }
+      }
+    } catch (const std::exception&) {
+      return why = "the ranges' checksums are not their JSON", -1;
+    }
+    slot->step = step;
+    slot->size = total;
+    slot->whole = true;
+    std::lock_guard<std::mutex> lock(mu);
+    if (frozen) return why = "the last words started: the copy held stays", -1;
+    Ward& ward = wards[link.ward];
+    std::swap(ward.held, ward.incoming);
+    ward.incoming.whole = false;
+    return 1;
+  }
+
+  void drop_send_link() {
+    send_shadow = -1;
+    if (send_fd >= 0) ::close(send_fd);
+    send_fd = -1;
+  }
+
+  Status send_copy(std::uint64_t step, const std::vector<Piece>& pieces) {
+    std::uint64_t total = 0;
+    for (const Piece& p : pieces) total += p.size;
+    if (!send_wire(send_fd, kBegin, step, total, pieces.size())) return Status::failure("the link closed");
+    if (Status go = read_ack(step); !go) return go;
+    nlohmann::json sums = nlohmann::json::array();
+    for (const Piece& p : pieces) {
+      const std::string head = nlohmann::json{{"name", p.name}, {"meta", p.meta}}.dump();
+      if (!send_wire(send_fd, kPieceHead, p.size, head.size()) || !write_all(send_fd, head.data(), head.size())) {
+        return Status::failure("the link closed");
+      }
+      for (std::uint64_t off = 0; off < p.size; off += kChunkBytes) {
+        const std::uint64_t n = std::min<std::uint64_t>(kChunkBytes, p.size - off);
+        if (!send_wire(send_fd, kChunk, n, XXH3_64bits(p.data + off, n)) || !write_all(send_fd, p.data + off, n)) {
+          return Status::failure("the link closed");
+        }
+      }
+      sums.push_back(XXH3_64bits(p.data, p.size));
+    }
+    const std::string tail = sums.dump();
+    if (!send_wire(send_fd, kEnd, step, tail.size()) || !write_all(send_fd, tail.data(), tail.size())) {
+      return Status::failure("the link closed");
+    }
+    return read_ack(step);
+  }
+
+  // The partner's answer about `step`: go on, or kept; a refusal with its reason.
+  Status read_ack(std::uint64_t step) {
+    Wire ack;
+    std::string none;
+    if (!read_exact(send_fd, none, &ack, sizeof ack) || ack.magic != kWireMagic || ack.type != kAck ||
+        ack.a != step || ack.c > 4096) {
+      return Status::failure("no answer from the partner");
+    }
+    std::string why(ack.c, '\0');
+    if (!read_exact(send_fd, none, why.data(), why.size())) return Status::failure("no answer from the partner");
+    if (ack.b != 1) return Status::failure("rank " + std::to_string(settings.partner) + " refused it: " + printable(why));
+    return Status::success();
+  }
+};
+
+std::unique_ptr<MemoryTier> MemoryTier::start(const Settings& settings, heartbeat::Mesh& mesh) {
+  auto impl = std::make_unique<Impl>();
+  impl->settings = settings;
+  impl->mesh = &mesh;
+  Impl* p = impl.get();
+  if (!settings.wards.empty()) {
+    mesh.set_partner_acceptor([p](int fd, int from, std::string early) { p->on_accept(fd, from, std::move(early)); });
+  }
+  return std::unique_ptr<MemoryTier>(new MemoryTier(std::move(impl)));
+}
+
+MemoryTier::MemoryTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+MemoryTier::~MemoryTier() { stop(); }
+
+void MemoryTier::stop() {
+  Impl& m = *impl_;
+  std::vector<std::unique_ptr<Impl::Link>> links;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (m.stopping) return;
+    m.stopping = true;
+    for (auto& l : m.links) {
+      if (l->fd >= 0) ::shutdown(l->fd, SHUT_RDWR);
+    }
+  }
+  m.mesh->set_partner_acceptor(nullptr);
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    links.swap(m.links);
+  }
+  for (auto& l : links) {
+    if (l->thread.joinable()) l->thread.join();
+  }
+  if (const int fd = m.send_shadow.load(); fd >= 0) ::shutdown(fd, SHUT_RDWR);  // a send in flight ends now
+  std::lock_guard<std::mutex> lock(m.send_mu);
+  m.drop_send_link();
+}
+
+const MemoryTier::Settings& MemoryTier::settings() const { return impl_->settings; }
+
+void MemoryTier::set_staging_bytes(std::uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->staging_bytes = bytes;
+}
+
+Status MemoryTier::send(std::uint64_t step, const std::vector<Piece>& pieces) {
+  Impl& m = *impl_;
+  if (m.settings.partner < 0) return Status::failure("no partner on another node");
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (m.stopping) return Status::failure("the memory tier is stopped");
+  }
+  std::lock_guard<std::mutex> lock(m.send_mu);
+  if (m.send_fd < 0) {
+    auto fd = m.mesh->dial_partner(m.settings.partner, m.settings.io_timeout);
+    if (!fd) return Status::failure("cannot reach rank " + std::to_string(m.settings.partner) + ": " + fd.error());
+    m.send_fd = *fd;
+    m.send_shadow = *fd;
+    set_io_timeout(m.send_fd, m.settings.io_timeout);
+  }
+  Status s = m.send_copy(step, pieces);
+  if (!s) m.drop_send_link();
+  return s;
+}
+
+void MemoryTier::freeze() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->frozen = true;
+}
+
+std::vector<std::pair<int, std::uint64_t>> MemoryTier::verified_copies() {
+  Impl& m = *impl_;
+  std::vector<std::pair<int, std::uint64_t>> out;
+  std::lock_guard<std::mutex> lock(m.mu);
+  for (auto& [ward, w] : m.wards) {
+    if (!w.held.whole) continue;
+    for (const store::StateRange& r : w.held.ranges) {
+      if (XXH3_64bits(w.held.buffer.data() + r.offset, r.length) != *r.checksum) {
+        log::warn(m.settings.rank, "memory tier: the copy of rank " + std::to_string(ward) + "'s step " +
+                                       std::to_string(w.held.step) + " no longer matches the checksum of '" +
+                                       r.name + "': not used");
+        w.held.whole = false;
+        break;
+      }
+    }
+    if (w.held.whole) out.emplace_back(ward, w.held.step);
+  }
+  return out;
+}
+
+Status MemoryTier::with_copy(int ward, std::uint64_t step, const std::function<Status(const Copy&)>& use) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.wards.find(ward);
+  if (it == m.wards.end() || !it->second.held.whole || it->second.held.step != step) {
+    return Status::failure("no whole copy of rank " + std::to_string(ward) + "'s step " + std::to_string(step) +
+                           " is held here");
+  }
+  const Impl::Slot& held = it->second.held;
+  for (const store::StateRange& r : held.ranges) {
+    if (XXH3_64bits(held.buffer.data() + r.offset, r.length) != *r.checksum) {
+      return Status::failure("the copy of rank " + std::to_string(ward) + "'s '" + r.name +
+                             "' no longer matches its checksum");
+    }
+  }
+  return use(Copy{ward, held.step, held.ranges, held.buffer.data(), held.size});
+}
+
+bool MemoryTier::corrupt_for_testing(int ward) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->wards.find(ward);
+  if (it == impl_->wards.end() || !it->second.held.whole || it->second.held.size == 0) return false;
+  it->second.held.buffer.data()[it->second.held.size / 2] ^= std::byte{0x01};
+  return true;
+}
+
+}  // namespace ckpt::hooks

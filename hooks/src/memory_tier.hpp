@@ -1,0 +1,89 @@
+#pragma once
+// The memory tier (CKPT_MEMORY): every memory checkpoint stays in this rank's staging, and a copy of it goes to a
+// partner rank on another node (ckpt/memtier.hpp pairs them). When a node dies, the survivors' last words can then
+// write the checkpoint of the last memory step whole: each survivor from its staging or live state, and each dead
+// rank's shard from the copy its partner holds (a stand-in, ckpt/last_words.hpp). With ZeRO-1, whose optimizer
+// shards exist nowhere else, that is what turns "everything since the last periodic checkpoint" into one step.
+//
+// A copy travels over a partner link (heartbeat::Mesh::dial_partner: authenticated with the job's secret like the
+// network's links) as a header, which the holder answers (go on, or a refusal with its reason), then each piece in chunks of at most 4 MiB, each chunk with its XXH3-64,
+// then every range's XXH3-64 (the same checksum the shard record keeps). The holder checks each chunk as it
+// arrives and every range at the end, and keeps the copy only when all match; it checks every range again before
+// it reports the copy to the last words and before it writes it. A copy that is bigger than the budget allows, or
+// from a rank that is not a ward, is refused. A holder keeps one copy per ward and receives the next beside it:
+// two copies per ward at most (ckpt::memtier::tier_bytes).
+//
+// Threads: the persist thread sends (send; one link to the partner, made on first use and again after a failure);
+// one receiver thread per accepted ward link; the last-words thread freezes the holder (no copy replaced after),
+// lists the copies that verify and writes one (with_copy). Every public function is thread-safe.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/hooks.hpp"
+#include "staging.hpp"
+
+namespace ckpt::hooks {
+
+namespace heartbeat {
+class Mesh;
+}
+
+class MemoryTier {
+ public:
+  struct Settings {
+    int rank = 0;
+    int world_size = 1;
+    int partner = -1;              // where this rank's copies go; -1: nowhere (one node)
+    std::vector<int> wards;        // whose copies this rank keeps
+    std::uint64_t max_bytes = 0;   // CKPT_MEMORY: staging and held copies together
+    std::chrono::milliseconds io_timeout{30000};  // a link silent this long in a transfer is dropped
+  };
+
+  // A copy this rank holds, whole: the ward's pieces back to back, as the ward's shard file holds them.
+  struct Copy {
+    int ward = -1;
+    std::uint64_t step = 0;
+    std::vector<store::StateRange> ranges;  // offsets into `data`, each with its checksum
+    const std::byte* data = nullptr;
+    std::uint64_t size = 0;
+  };
+
+  // Accepts ward links on `mesh` (which must outlive this object's stop()).
+  static std::unique_ptr<MemoryTier> start(const Settings& settings, heartbeat::Mesh& mesh);
+  ~MemoryTier();
+  MemoryTier(const MemoryTier&) = delete;
+  MemoryTier& operator=(const MemoryTier&) = delete;
+
+  // Closes every link and joins the receivers; idempotent. Call before the mesh goes.
+  void stop();
+
+  const Settings& settings() const;
+  // The bytes of staging this rank holds: counted against the budget with the copies it keeps.
+  void set_staging_bytes(std::uint64_t bytes);
+
+  // Persist thread: `pieces` of `step` to the partner; returns once the partner kept the copy (or refused it).
+  Status send(std::uint64_t step, const std::vector<Piece>& pieces);
+
+  // Last words: no held copy is replaced from here on (a ward still sending finishes into the spare buffer).
+  void freeze();
+  // Last words: the copies held whole now, each checked again against its ranges' checksums; a copy that fails
+  // is dropped with a line.
+  std::vector<std::pair<int, std::uint64_t>> verified_copies();
+  // Last words: `use` on the copy of `ward` at `step` while no receiver can touch it; fails when there is none.
+  Status with_copy(int ward, std::uint64_t step, const std::function<Status(const Copy&)>& use);
+
+  // Test seam: flips one byte of the copy held of `ward` (a fault the checks must catch).
+  bool corrupt_for_testing(int ward);
+
+ private:
+  struct Impl;
+  explicit MemoryTier(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt::hooks

@@ -1,0 +1,194 @@
+// The memory tier's partner links on a real heartbeat network of three ranks (threads of this process): a copy
+// travels and is kept whole, the next replaces it, the last words freeze it, a flipped byte is caught before use,
+// and what a copy may not do: exceed the budget, come from a rank that is no ward, or be bytes that are no copy.
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "heartbeat.hpp"
+#include "hooks_test_util.hpp"
+#include "memory_tier.hpp"
+
+using namespace ckpt;
+using namespace ckpt::hooks;
+using namespace ckpt::hooks::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Three ranks' meshes in one process.
+std::vector<std::unique_ptr<heartbeat::Mesh>> start_meshes(const std::string& dir) {
+  std::vector<std::unique_ptr<heartbeat::Mesh>> meshes(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      heartbeat::Settings s;
+      s.rank = r;
+      s.world_size = 3;
+      s.rendezvous_dir = dir;
+      s.connect_timeout = 10s;
+      auto m = heartbeat::Mesh::start(s, [](const heartbeat::Event&) {});
+      if (m) meshes[static_cast<std::size_t>(r)] = std::move(m).value();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& m : meshes) REQUIRE(m);
+  return meshes;
+}
+
+MemoryTier::Settings tier_settings(int rank, int partner, std::vector<int> wards, std::uint64_t max_bytes = 1u << 30) {
+  MemoryTier::Settings s;
+  s.rank = rank;
+  s.world_size = 3;
+  s.partner = partner;
+  s.wards = std::move(wards);
+  s.max_bytes = max_bytes;
+  s.io_timeout = 5s;
+  return s;
+}
+
+// A shard of two pieces: 9 MiB (three chunks, the last one short) of a pattern that depends on `step`, and a blob.
+struct Shard {
+  std::vector<std::byte> big;
+  std::vector<std::byte> small;
+  std::vector<Piece> pieces;
+  explicit Shard(std::uint64_t step) : big((9u << 20) + 123), small(40) {
+    for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::byte>((i * 7 + step) & 0xff);
+    for (std::size_t i = 0; i < small.size(); ++i) small[i] = static_cast<std::byte>(step + i);
+    pieces.push_back({"model", big.data(), big.size(), nlohmann::json{{"dtype", "uint8"}}});
+    pieces.push_back({"extra/step", small.data(), small.size(), nlohmann::json::object()});
+  }
+};
+
+// The copy rank `holder` keeps of `ward` at `step` is `shard`, byte for byte and range for range.
+void check_copy(MemoryTier& holder, int ward, std::uint64_t step, const Shard& shard) {
+  Status s = holder.with_copy(ward, step, [&](const MemoryTier::Copy& c) {
+    REQUIRE(c.ranges.size() == 2);
+    CHECK(c.ranges[0].name == "model");
+    CHECK(c.ranges[0].meta == nlohmann::json{{"dtype", "uint8"}});
+    CHECK(c.ranges[1].name == "extra/step");
+    CHECK(c.ranges[1].offset == shard.big.size());
+    CHECK(c.size == shard.big.size() + shard.small.size());
+    CHECK(std::memcmp(c.data, shard.big.data(), shard.big.size()) == 0);
+    CHECK(std::memcmp(c.data + c.ranges[1].offset, shard.small.data(), shard.small.size()) == 0);
+    return Status::success();
+  });
+  CHECK(s);
+}
+
+}  // namespace
+
+TEST_CASE("memory tier: a copy goes to the partner, is kept whole, and is checked again before use",
+          "[hooks][memtier]") {
+  TempDir dir;
+  LogCapture logs;
+  auto meshes = start_meshes(dir.sub("mesh"));
+  // Rank 0's copies go to rank 1.
+  auto ward = MemoryTier::start(tier_settings(0, 1, {}), *meshes[0]);
+  auto holder = MemoryTier::start(tier_settings(1, -1, {0}), *meshes[1]);
+
+  Shard five(5);
+  REQUIRE(ward->send(5, five.pieces));
+  CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 5}});
+  check_copy(*holder, 0, 5, five);
+  CHECK_FALSE(holder->with_copy(0, 4, [](const MemoryTier::Copy&) { return Status::success(); }));
+
+  SECTION("the next copy replaces it") {
+    Shard six(6);
+    REQUIRE(ward->send(6, six.pieces));
+    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 6}});
+    check_copy(*holder, 0, 6, six);
+  }
+  SECTION("once frozen by the last words, the copy held stays") {
+    holder->freeze();
+    Shard seven(7);
+    Status s = ward->send(7, seven.pieces);
+    REQUIRE_FALSE(s);
+    CHECK(s.error().find("the last words started") != std::string::npos);
+    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 5}});
+    check_copy(*holder, 0, 5, five);
+  }
+  SECTION("a byte flipped in memory after it arrived is caught, and the copy is not used") {
+    REQUIRE(holder->corrupt_for_testing(0));
+    CHECK_FALSE(holder->with_copy(0, 5, [](const MemoryTier::Copy&) { return Status::success(); }));
+    CHECK(holder->verified_copies().empty());
+    CHECK(logs.has("memory tier: the copy of rank 0's step 5 no longer matches the checksum of 'model': not used"));
+  }
+  ward->stop();
+  holder->stop();
+}
+
+TEST_CASE("memory tier: copies over the budget, from a rank that is no ward, or that are no copy are refused",
+          "[hooks][memtier][security]") {
+  TempDir dir;
+  LogCapture logs;
+  auto meshes = start_meshes(dir.sub("mesh"));
+  Shard shard(3);
+
+  SECTION("over CKPT_MEMORY") {
+    auto ward = MemoryTier::start(tier_settings(0, 1, {}), *meshes[0]);
+    auto holder = MemoryTier::start(tier_settings(1, -1, {0}, 8u << 20), *meshes[1]);
+    Status s = ward->send(3, shard.pieces);
+    REQUIRE_FALSE(s);
+    CHECK(s.error().find("refused it") != std::string::npos);
+    CHECK(s.error().find("over CKPT_MEMORY") != std::string::npos);
+    CHECK(holder->verified_copies().empty());
+  }
+  SECTION("a rank whose copies this rank does not keep") {
+    auto holder = MemoryTier::start(tier_settings(1, -1, {0}), *meshes[1]);
+    auto stranger = MemoryTier::start(tier_settings(2, 1, {}), *meshes[2]);
+    CHECK_FALSE(stranger->send(3, shard.pieces));
+    CHECK(wait_for([&] { return logs.has("memory tier: refused a partner link from rank 2"); }, 2s));
+    CHECK(holder->verified_copies().empty());
+  }
+  SECTION("a rank that keeps no copies takes no partner link") {
+    auto ward = MemoryTier::start(tier_settings(0, 2, {}), *meshes[0]);
+    CHECK_FALSE(ward->send(3, shard.pieces));
+    CHECK(wait_for([&] { return logs.has("offers a partner copy, and this rank keeps none"); }, 2s));
+  }
+  SECTION("bytes that are no copy, on an authenticated link: refused, and the next real copy is kept") {
+    auto holder = MemoryTier::start(tier_settings(1, -1, {0}), *meshes[1]);
+    auto fd = meshes[0]->dial_partner(1, 5000ms);
+    REQUIRE(fd);
+    const char junk[64] = "GET / HTTP/1.0\r\n\r\n and more bytes that are not a copy header..";
+    REQUIRE(::send(*fd, junk, sizeof junk, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof junk));
+    char buf[64];
+    // The holder answers with a refusal and closes the link.
+    while (::recv(*fd, buf, sizeof buf, 0) > 0) {
+    }
+    ::close(*fd);
+    CHECK(logs.has("memory tier: refused the copy of rank 0's step"));
+    CHECK(logs.has("not the start of a copy"));
+    CHECK(holder->verified_copies().empty());
+    auto ward = MemoryTier::start(tier_settings(0, 1, {}), *meshes[0]);
+    REQUIRE(ward->send(3, shard.pieces));
+    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 3}});
+  }
+  SECTION("a chunk whose bytes do not match its checksum") {
+    auto holder = MemoryTier::start(tier_settings(1, -1, {0}), *meshes[1]);
+    auto fd = meshes[0]->dial_partner(1, 5000ms);
+    REQUIRE(fd);
+    // A header, a piece, and one chunk of 16 bytes whose checksum is wrong.
+    const std::uint64_t begin[4] = {0x544d454d00000001ull, 9, 16, 1};
+    const std::string head = R"({"name":"model","meta":{}})";
+    const std::uint64_t piece[4] = {0x544d454d00000002ull, 16, head.size(), 0};
+    const std::uint64_t chunk[4] = {0x544d454d00000003ull, 16, 12345, 0};
+    const char bytes[16] = "sixteen bytes!!";
+    REQUIRE(::send(*fd, begin, sizeof begin, MSG_NOSIGNAL) == sizeof begin);
+    REQUIRE(::send(*fd, piece, sizeof piece, MSG_NOSIGNAL) == sizeof piece);
+    REQUIRE(::send(*fd, head.data(), head.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(head.size()));
+    REQUIRE(::send(*fd, chunk, sizeof chunk, MSG_NOSIGNAL) == sizeof chunk);
+    REQUIRE(::send(*fd, bytes, sizeof bytes, MSG_NOSIGNAL) == sizeof bytes);
+    char buf[64];
+    while (::recv(*fd, buf, sizeof buf, 0) > 0) {
+    }
+    ::close(*fd);
+    CHECK(logs.has("a chunk of 'model' does not match its checksum"));
+    CHECK(holder->verified_copies().empty());
+  }
+}
