@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The memory tier on the real local cluster: slurm-examples/train_ddp.py --zero1 (torch's ZeroRedundancyOptimizer:
+# each rank alone holds AdamW's state of its partition of the parameters) on 3 nodes, one rank each, last words on,
+# no periodic checkpoint (interval 100000 steps). A node crashes (SIGKILL) at a random step.
+#  1. Without the memory tier the dead rank's optimizer shard exists nowhere else: the survivors write nothing
+#     (what every ZeRO-1 job lost before: everything since the last periodic checkpoint).
+#  2. With --ckpt-memory (a memory checkpoint every step, its copy on the next node's rank): the survivors write
+#     the terminal checkpoint of the last memory step, the dead rank's shard from its partner's copy, at most one
+#     step behind; the rerun resumes from it and ends bitwise identical to an uninterrupted run.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/torch_lib.sh"
+have_torch || fail "needs python3-torch and a built slurm_ckpt"
+STEPS=40
+tag=$RANDOM$RANDOM
+crashed=""
+cleanup() { [ -n "$crashed" ] && "$CLUSTER" revive-node "$crashed" > /dev/null 2>&1 || true; }
+trap cleanup EXIT
+
+# train NAME [srun options...] -- [train_ddp args...]: one 3-node ZeRO-1 job writing into $SCRATCH/NAME.
+train() {
+  local name=$1 opts=()
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do opts+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  mkdir -p "$SCRATCH/$name"
+  MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) \
+    srun -N3 -n3 -w 'n[1-3]' -J "memtier-$name-$tag" --ckpt-interval=100000steps --ckpt-last-words=on \
+    --ckpt-dir="$SCRATCH/$name/ckpt" "${opts[@]}" \
+    "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py" --zero1 --steps $STEPS --out "$SCRATCH/$name/final.bin" "$@"
+}
+
+# crash NAME [srun options...]: `train` with a pause per step, one node crashed at a random step from 10 on; sets
+# `seen` (the step logged before the crash) and `victim`.
+crash() {
+  local name=$1 at=$((10 + RANDOM % 15)) pid
+  shift
+  victim=n$((1 + RANDOM % 3))
+  train "$name" "$@" -- --step-sleep 0.2 > "$SCRATCH/$name.log" 2>&1 &
+  pid=$!
+  wait_logged_step "$SCRATCH/$name.log" "$at" || { cat "$SCRATCH/$name.log" >&2; fail "$name: no step $at"; }
+  seen=$(logged_step "$SCRATCH/$name.log")
+  "$CLUSTER" crash-node "$victim" > /dev/null
+  crashed=$victim
+  for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  "$CLUSTER" revive-node "$victim" > /dev/null
+  crashed=""
+  # When rank 0's node crashed, the survivors may have gone one step further than the log shows.
+  local after
+  after=$(logged_step "$SCRATCH/$name.log")
+  [ -n "$after" ] && [ "$after" -gt "$seen" ] && seen=$after
+  return 0
+}
+
+train straight -- > "$SCRATCH/straight.log" 2>&1 || { cat "$SCRATCH/straight.log" >&2; fail "the uninterrupted run failed"; }
+[ -s "$SCRATCH/straight/final.bin" ] || fail "the uninterrupted run wrote no weights"
+pass "uninterrupted ZeRO-1 run on 3 nodes: $(cat "$SCRATCH/straight/final.bin.sha256")"
+
+# ---- 1. without the memory tier: nothing to write ----
+crash plain
+[ -f "$SCRATCH/plain/ckpt/latest" ] && { grep "last words" "$SCRATCH/plain.log" >&2; fail "plain: a checkpoint of step $(latest_step "$SCRATCH/plain/ckpt") without the memory tier"; }
+grep -q "last words: not writing" "$SCRATCH/plain.log" || { cat "$SCRATCH/plain.log" >&2; fail "plain: no decision not to write"; }
+pass "without the memory tier, the crash of $victim at step ~$seen leaves no checkpoint (its optimizer shard is nowhere else)"
+
+# ---- 2. with the memory tier: the dead rank's shard from its partner's copy ----
+crash tier --ckpt-memory=256M
+grep -q "memory tier: a checkpoint in memory every 1 step(s)" "$SCRATCH/tier.log" ||
+  { cat "$SCRATCH/tier.log" >&2; fail "tier: the memory tier did not start"; }
+[ -f "$SCRATCH/tier/ckpt/latest" ] || { cat "$SCRATCH/tier.log" >&2; fail "tier: no terminal checkpoint after the crash of $victim"; }
+term=$(latest_step "$SCRATCH/tier/ckpt")
+grep -q '"kind": *"terminal"' "$SCRATCH/tier/ckpt/$(cat "$SCRATCH/tier/ckpt/latest")/MANIFEST.json" ||
+  fail "tier: the checkpoint of step $term is not terminal"
+[ "$term" -ge $((seen - 1)) ] || { grep "last words\|memory tier" "$SCRATCH/tier.log" >&2; fail "tier: terminal checkpoint at step $term; the run was at step $seen"; }
+dead=$(( ${victim#n} - 1 ))
+grep -q "last words: wrote rank $dead's terminal shard of step $term from its partner copy" "$SCRATCH/tier.log" ||
+  { grep "last words\|memory tier" "$SCRATCH/tier.log" >&2; fail "tier: rank $dead's shard was not written from a partner copy"; }
+grep "last words:\|memory tier" "$SCRATCH/tier.log" | sed 's/^/  /' | sed -n 1,16p
+pass "with --ckpt-memory, the crash of $victim at step ~$seen: terminal checkpoint of step $term, rank $dead's shard from its partner's copy"
+
+train tier -- > "$SCRATCH/tier-again.log" 2>&1 || { cat "$SCRATCH/tier-again.log" >&2; fail "tier: the rerun failed"; }
+grep -q "resumed from step $term " "$SCRATCH/tier-again.log" || { cat "$SCRATCH/tier-again.log" >&2; fail "tier: the rerun did not resume from step $term"; }
+cmp -s "$SCRATCH/straight/final.bin" "$SCRATCH/tier/final.bin" || fail "tier: final weights differ after resuming from step $term"
+pass "resumed from the terminal checkpoint of step $term (steps lost: $((seen > term ? seen - term : 0))); final weights bitwise identical"
