@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/clock.hpp"
+#include "ckpt/format.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/store.hpp"
 #include "commands.hpp"
@@ -33,23 +34,6 @@ std::string format_age(double seconds) {
   if (s >= 86400) s -= s % 3600;
   else if (s >= 3600) s -= s % 60;
   return ckpt::format_duration(s);
-}
-
-std::string format_bytes(std::uint64_t bytes) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  auto value = static_cast<double>(bytes);
-  std::size_t unit = 0;
-  while (value >= 1024 && unit + 1 < std::size(units)) {
-    value /= 1024;
-    ++unit;
-  }
-  char buf[32];
-  if (unit == 0) {
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f %s", value, units[unit]);
-  }
-  return buf;
 }
 
 // The time a checkpoint was taken: its manifest's wall time, else the newest mtime in its dir.
@@ -126,7 +110,7 @@ int run_ls(const LsArgs& args) {
     std::string kind = e.manifest ? store::to_string(e.manifest->kind) : "-";
     std::string ranks = e.manifest ? std::to_string(e.manifest->world_size) : "-";
     std::printf("%-12llu  %-8s  %-10s  %5s  %10s  %8s  %s\n", static_cast<unsigned long long>(e.step), kind.c_str(),
-                store::to_string(e.state), ranks.c_str(), format_bytes(e.bytes).c_str(),
+                store::to_string(e.state), ranks.c_str(), ckpt::format_bytes(e.bytes).c_str(),
                 format_age(now - taken_at(e)).c_str(), e.detail.c_str());
   }
   return 0;
@@ -147,7 +131,7 @@ int report_verified(const std::string& dir, std::uint64_t step, bool checksums) 
     for (const store::ShardRecord& r : manifest->shards) bytes += r.size;
   }
   std::printf("step %llu: ok (%zu shards, %s, %s)\n", static_cast<unsigned long long>(step), shards,
-              format_bytes(bytes).c_str(), checksums ? "checksums match" : "sizes match");
+              ckpt::format_bytes(bytes).c_str(), checksums ? "checksums match" : "sizes match");
   return 0;
 }
 

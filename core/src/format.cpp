@@ -1,6 +1,9 @@
 // User text in messages and log lines (ckpt/format.hpp).
 #include "ckpt/format.hpp"
 
+#include <cstdio>
+#include <iterator>
+
 namespace ckpt {
 
 std::string escape_controls(const std::string& value) {
@@ -26,6 +29,23 @@ std::string printable(const std::string& value) {
     out += "...";
   }
   return out;
+}
+
+std::string format_bytes(std::uint64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  auto value = static_cast<double>(bytes);
+  std::size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  char buf[32];
+  if (unit == 0) {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f %s", value, kUnits[unit]);
+  }
+  return buf;
 }
 
 }  // namespace ckpt

@@ -1,5 +1,7 @@
 #include "ckpt/memtier.hpp"
 
+#include "ckpt/format.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <iterator>
@@ -19,25 +21,6 @@ std::vector<std::vector<int>> ranks_by_node(const std::vector<std::string>& node
   out.reserve(by_name.size());
   for (auto& [name, ranks] : by_name) out.push_back(std::move(ranks));
   return out;
-}
-
-// "512 B", "1.5 MiB", "3.0 GiB": one decimal is enough to compare a need with a limit, which is all a reader does.
-// (The CLI prints sizes the same way: cli/cmd_store.cpp.)
-std::string bytes_text(std::uint64_t bytes) {
-  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  auto value = static_cast<double>(bytes);
-  std::size_t unit = 0;
-  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
-    value /= 1024;
-    ++unit;
-  }
-  char buf[32];
-  if (unit == 0) {
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f %s", value, kUnits[unit]);
-  }
-  return buf;
 }
 
 // a * b, or the largest value when it does not fit: a budget that overflows must refuse, not wrap to a small one.
@@ -98,8 +81,8 @@ std::uint64_t tier_bytes(std::uint64_t staging_bytes, std::uint64_t largest_ward
 
 std::optional<std::string> refuse(std::uint64_t need, std::uint64_t max_bytes) {
   if (need <= max_bytes) return std::nullopt;
-  return "the memory tier needs " + bytes_text(need) + " per rank (its own staging, and two copies of each shard it " +
-         "keeps for another rank) but CKPT_MEMORY allows " + bytes_text(max_bytes) +
+  return "the memory tier needs " + format_bytes(need) + " per rank (its own staging, and two copies of each shard it " +
+         "keeps for another rank) but CKPT_MEMORY allows " + format_bytes(max_bytes) +
          ": checkpoints go to the file system alone";
 }
 

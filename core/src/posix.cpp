@@ -5,6 +5,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +38,18 @@ Status write_all(int fd, const void* data, std::size_t length, const std::string
     length -= static_cast<std::size_t>(n);
   }
   return Status::success();
+}
+
+bool send_all(int fd, const void* data, std::size_t length) {
+  const char* p = static_cast<const char*>(data);
+  while (length > 0) {
+    ssize_t n = ::send(fd, p, length, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    length -= static_cast<std::size_t>(n);
+  }
+  return true;
 }
 
 Status read_exactly(int fd, void* data, std::size_t size, const std::string& what) {

@@ -127,6 +127,7 @@ Decision Checkpointer::Impl::decide(std::uint64_t step) {
 Status Checkpointer::Impl::close(bool wait_for_peers) {
   if (life.closed) return life.close_status;
   life.closed = true;
+  closing = true;
   if (!enabled) return life.close_status;
   watch.nccl.reset();  // stops polling; the program destroys its communicators after close()
   if (watch.last_words) {

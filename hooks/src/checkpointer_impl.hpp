@@ -170,6 +170,7 @@ struct Checkpointer::Impl {
   std::unique_ptr<MemoryTier> tier;  // CKPT_MEMORY where the last words are armed (memory_tier.hpp)
   std::atomic<bool> tier_too_big{false};  // the state does not fit CKPT_MEMORY: no memory checkpoint, no copy
   bool tier_checked = false;              // the worker's: the budget was checked at the first memory checkpoint
+  std::atomic<bool> closing{false};       // close() began: a partner that ended first refuses the last copy
 
   // ---- the persist thread ----
   PersistQueue queue;

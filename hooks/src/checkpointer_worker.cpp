@@ -196,9 +196,10 @@ void Checkpointer::Impl::keep_in_memory(const std::shared_ptr<const PersistJob>&
       failures = ++stats.partner_failures;
     }
   }
-  // The first failure and then one in a hundred: a partner that is gone fails every copy.
+  // The first failure and then one in a hundred: a partner that is gone fails every copy. At the end of training
+  // the partner may have closed first: not worth a warning.
   if (!sent && (failures == 1 || failures % 100 == 0)) {
-    log::warn(rank, "memory tier: the copy of step " + std::to_string(job->step) + " to rank " +
+    (closing ? log::debug : log::warn)(rank, "memory tier: the copy of step " + std::to_string(job->step) + " to rank " +
                         std::to_string(tier->settings().partner) + " failed (" + std::to_string(failures) +
                         " so far): " + sent.error());
   }

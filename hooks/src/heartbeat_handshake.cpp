@@ -117,19 +117,6 @@ namespace {
 
 std::string peer_text(const sockaddr_in& a) { return numeric(a) + ":" + std::to_string(ntohs(a.sin_port)); }
 
-// Writes the whole buffer or fails; blocking sockets only (the setup phase).
-bool write_all(int fd, const void* data, std::size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
 // Reads exactly one handshake message with a deadline; blocking socket with SO_RCVTIMEO set.
 bool read_handshake(int fd, Handshake& msg) {
   char* p = reinterpret_cast<char*>(&msg);
@@ -295,7 +282,7 @@ Result<PeerId> Mesh::Impl::dial_handshake(int fd, int peer, const std::string& d
   Handshake hello = handshake(type);
   if (!random_bytes(hello.nonce, sizeof hello.nonce)) return Error{"getrandom: " + errno_text(errno)};
   Handshake reply;
-  if (!write_all(fd, &hello, sizeof hello) || !read_handshake(fd, reply)) return Error{"no handshake"};
+  if (!posix::send_all(fd, &hello, sizeof hello) || !read_handshake(fd, reply)) return Error{"no handshake"};
   if (reply.head.type != type || reply.head.from != peer) {
     return Error{"it answered as rank " + std::to_string(reply.head.from) + ", not " + std::to_string(peer)};
   }
@@ -306,7 +293,7 @@ Result<PeerId> Mesh::Impl::dial_handshake(int fd, int peer, const std::string& d
   proof.head = frame(kProof);
   auto mac = handshake_mac(secret, kDialLabel, hello, reply, dialed);
   std::memcpy(proof.mac, mac.data(), mac.size());
-  if (!write_all(fd, &proof, sizeof proof)) return Error{"the connection closed during the handshake"};
+  if (!posix::send_all(fd, &proof, sizeof proof)) return Error{"the connection closed during the handshake"};
   return PeerId{reply.head.a, static_cast<int>(reply.head.b), reply.head.spare};
 }
 

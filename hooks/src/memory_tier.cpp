@@ -51,18 +51,6 @@ constexpr std::uint64_t kChunkBytes = 4u << 20;
 constexpr std::uint64_t kMaxPieces = 1u << 20;
 constexpr std::uint64_t kMaxJson = 1u << 20;
 
-bool write_all(int fd, const void* data, std::size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
 // Reads exactly `size` bytes, first from `early` (what came with the handshake), then from the socket.
 bool read_exact(int fd, std::string& early, void* data, std::size_t size) {
   char* p = static_cast<char*>(data);
@@ -87,11 +75,11 @@ bool send_wire(int fd, WireType type, std::uint64_t a, std::uint64_t b, std::uin
   w.a = a;
   w.b = b;
   w.c = c;
-  return write_all(fd, &w, sizeof w);
+  return posix::send_all(fd, &w, sizeof w);
 }
 
 bool send_ack(int fd, std::uint64_t step, bool yes, const std::string& why) {
-  return send_wire(fd, kAck, step, yes ? 1 : 0, why.size()) && write_all(fd, why.data(), why.size());
+  return send_wire(fd, kAck, step, yes ? 1 : 0, why.size()) && posix::send_all(fd, why.data(), why.size());
 }
 
 // A link's socket options: the transfer's time limit, and no Nagle delay (a copy's small headers and the answers
@@ -184,7 +172,12 @@ struct MemoryTier::Impl {
       const int got = receive_one(link, early, step, why);
       if (got == 0) break;  // the link ended between copies
       const bool kept = got > 0;
-      if (!kept) {
+      bool stopped = false;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stopped = stopping;
+      }
+      if (!kept && !stopped) {  // stop() cuts a copy in flight: that is no fault of the ward's
         log::warn(settings.rank, "memory tier: refused the copy of rank " + std::to_string(link.ward) + "'s step " +
                                      std::to_string(step) + ": " + why);
       }
@@ -304,19 +297,19 @@ struct MemoryTier::Impl {
     nlohmann::json sums = nlohmann::json::array();
     for (const Piece& p : pieces) {
       const std::string head = nlohmann::json{{"name", p.name}, {"meta", p.meta}}.dump();
-      if (!send_wire(send_fd, kPieceHead, p.size, head.size()) || !write_all(send_fd, head.data(), head.size())) {
+      if (!send_wire(send_fd, kPieceHead, p.size, head.size()) || !posix::send_all(send_fd, head.data(), head.size())) {
         return Status::failure("the link closed");
       }
       for (std::uint64_t off = 0; off < p.size; off += kChunkBytes) {
         const std::uint64_t n = std::min<std::uint64_t>(kChunkBytes, p.size - off);
-        if (!send_wire(send_fd, kChunk, n, XXH3_64bits(p.data + off, n)) || !write_all(send_fd, p.data + off, n)) {
+        if (!send_wire(send_fd, kChunk, n, XXH3_64bits(p.data + off, n)) || !posix::send_all(send_fd, p.data + off, n)) {
           return Status::failure("the link closed");
         }
       }
       sums.push_back(XXH3_64bits(p.data, p.size));
     }
     const std::string tail = sums.dump();
-    if (!send_wire(send_fd, kEnd, step, tail.size()) || !write_all(send_fd, tail.data(), tail.size())) {
+    if (!send_wire(send_fd, kEnd, step, tail.size()) || !posix::send_all(send_fd, tail.data(), tail.size())) {
       return Status::failure("the link closed");
     }
     return read_ack(step);

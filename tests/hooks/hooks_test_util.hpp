@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <optional>
 #include <vector>
 
 #include "ckpt/hooks.hpp"
@@ -53,6 +54,26 @@ class TempDir {
 
  private:
   std::string path_;
+};
+
+// Sets environment variables for one scope and restores them after.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name);
+      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+      if (value != nullptr) ::setenv(name, value, 1); else ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value) ::setenv(name.c_str(), value->c_str(), 1); else ::unsetenv(name.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
 // Captures every log line for the scope (and keeps them out of the test output).

@@ -20,6 +20,7 @@
 
 using namespace ckpt;
 using namespace ckpt::hooks;
+using ckpt::hooks::test::ScopedEnv;
 
 namespace {
 
@@ -334,30 +335,6 @@ TEST_CASE("the environment contract: one row per key and per variable; every hoo
   CHECK(option_keys().size() == 38);  // every key of config.cpp's list found in the contract
   CHECK(env::name_of("no-such-key").empty());
 }
-
-namespace {
-
-// Sets environment variables for one scope and restores them after.
-class ScopedEnv {
- public:
-  explicit ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const auto& [name, value] : vars) {
-      const char* old = std::getenv(name);
-      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-      if (value != nullptr) ::setenv(name, value, 1); else ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    for (const auto& [name, value] : saved_) {
-      if (value) ::setenv(name.c_str(), value->c_str(), 1); else ::unsetenv(name.c_str());
-    }
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
-
-}  // namespace
 
 TEST_CASE("the rendezvous: PMIx only where it numbers this very world, address files otherwise", "[hooks][config]") {
   test::TempDir dir;

@@ -817,28 +817,6 @@ TEST_CASE("last words: with ZeRO-1 every rank writes its own shard and restores 
 
 namespace {
 
-// The environment of one test, put back at its end.
-class ScopedEnv {
- public:
-  explicit ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const auto& [name, value] : vars) {
-      const char* old = std::getenv(name);
-      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-      if (value != nullptr) ::setenv(name, value, 1); else ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    for (const auto& [name, value] : saved_) {
-      if (value) ::setenv(name.c_str(), value->c_str(), 1); else ::unsetenv(name.c_str());
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
-
 // A ZeRO-1 job of three ranks with the memory tier on every step: ranks 0 and 1 here on "node-a", rank 2 in a
 // child process on "node-b". One rank per node (LOCAL_WORLD_SIZE=1), so partners are the next rank: rank 2's
 // copies go to rank 0 (on another node); rank 0's partner, rank 1, shares its node, so rank 0 keeps its own only.

@@ -3,6 +3,7 @@
 // (Prometheus samples). Everything that prints a bare double uses one of these, so one kind of output prints alike.
 // And user text made safe to quote (core/src/format.cpp).
 #include <cstdio>
+#include <cstdint>
 #include <string>
 
 namespace ckpt {
@@ -20,6 +21,9 @@ inline std::string format_number_exact(double value) {
   std::snprintf(buf, sizeof buf, "%.17g", value);
   return buf;
 }
+
+// A size in binary units with one decimal ("512 B", "1.5 MiB", "3.0 GiB"): enough to compare a need with a limit.
+std::string format_bytes(std::uint64_t bytes);
 
 // Text made safe for one log line: control characters (newlines, ANSI escapes, DEL) as \xNN. Every log writer
 // passes its lines through it, so no user text can start a line of its own or drive a terminal.

@@ -69,6 +69,9 @@ struct IoResult {
 
 // Writes all of `data`, retrying on EINTR and short writes. The error names `what`.
 Status write_all(int fd, const void* data, std::size_t length, const std::string& what);
+// A socket's write_all: send() with MSG_NOSIGNAL (a peer that is gone is an error, never a SIGPIPE), retried on
+// EINTR and short sends; false when the connection failed (errno says why).
+bool send_all(int fd, const void* data, std::size_t length);
 // Reads exactly `size` bytes; an error when the file ends first ("<what> ended early") or a read fails.
 Status read_exactly(int fd, void* data, std::size_t size, const std::string& what);
 // fsync, retried on EINTR; success where the file system cannot fsync (EINVAL: some cannot sync a directory).
