@@ -82,6 +82,10 @@ void run_rank(const Args& a, int rank, std::barrier<>& sync, RankResult& out) {
   for (std::uint64_t step = 1; step <= a.steps && out.error.empty(); ++step) {
     if (a.step_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(a.step_us));
     fill(stats, step, rank);  // the forward pass changes sync state before the guard
+    // The notice before the step's barrier: every rank's poll of this step sees it, so each asks for the same
+    // terminal step itself. Raised after it, a rank that polled first saw it a step later and relied on rank 0's
+    // request crossing the network within one step, which a loaded host does not promise.
+    if (rank == 0 && step == a.notice_at) std::raise(SIGUSR1);
     sync.arrive_and_wait();
     if (a.guard) {
       if (Status g = cp->before_update(); !g) out.error = g.error();
@@ -89,7 +93,6 @@ void run_rank(const Args& a, int rank, std::barrier<>& sync, RankResult& out) {
     fill(params, step, rank);  // the update: every word, as fast as it goes
     fill(small, step, rank);
     if (Status b = cp->put_blob("step", &step, sizeof step); !b) out.error = b.error();
-    if (rank == 0 && step == a.notice_at) std::raise(SIGUSR1);
     auto d = cp->poll(step);
     auto stop = cp->after_step(step);
     if (!d || !stop) {
