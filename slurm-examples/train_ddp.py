@@ -82,18 +82,27 @@ def batch(args, step, rank, world):
 
 
 def build(args):
-    """The model and its optimizer, the same on every rank. Under ckpt-run --spares this is run()'s `warm`: a spare
-    builds them while it waits, and a survivor keeps them from one generation to the next."""
+    """[model, optimizer], the same on every rank. Under ckpt-run --spares this is run()'s `warm`: a spare
+    builds them while it waits, and a survivor keeps them from one generation to the next. ZeRO-1's optimizer
+    partitions over the process group, which exists only inside train(): None here, made there (zero1_optimizer)."""
     torch.set_num_threads(1)  # one thread: the same reduction order inside every kernel, every run
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = TinyTransformer(args.vocab, args.d_model, args.layers, args.seq_len, args.extra_mib)
-    if args.zero1:  # each rank keeps AdamW's state of its own partition of the parameters (ZeRO-1)
-        if not dist.is_initialized():
-            raise SystemExit("train_ddp: --zero1 needs the process group first (not with ckpt-run --spares)")
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-        return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=3e-3)
-    return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
+    if args.zero1:
+        return [model, None]
+    return [model, torch.optim.AdamW(model.parameters(), lr=3e-3)]
+
+
+def zero1_optimizer(model, kept):
+    """ZeRO-1 (each rank keeps AdamW's state of its own partition of the parameters) over the default group. A
+    survivor of a restart in place keeps its optimizer, and with it its partition's state, bound to the new
+    generation's group (same world, same rank: the same partition)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    if kept is not None:
+        kept.process_group = dist.distributed_c10d._get_default_group()
+        return kept
+    return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=3e-3)
 
 
 def train(args, in_place=False, warm=None):
@@ -101,6 +110,12 @@ def train(args, in_place=False, warm=None):
     optimizer build() made before this generation (restart in place)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     model, optimizer = warm if warm is not None else build(args)
+    if args.zero1:
+        if not dist.is_initialized():
+            raise SystemExit("train_ddp: --zero1 needs a process group (more than one rank)")
+        optimizer = zero1_optimizer(model, optimizer)
+        if warm is not None:
+            warm[1] = optimizer
     optimizer.zero_grad(set_to_none=True)  # a step that a failure cut short may have left gradients
     torch.manual_seed(args.seed + 1 + rank)  # dropout differs per rank, and its state is checkpointed
     params = list(model.parameters())
@@ -109,7 +124,8 @@ def train(args, in_place=False, warm=None):
     extra = {"samples_seen": 0}  # the data position; the stream itself needs only the step
     # In place, a spare that takes a rank over may restore another replica's terminal shard: the layout is declared
     # (pure data parallelism) so that last words can write one, and dropout is seeded per (step, rank) below.
-    layout = {"dp": world} if in_place and not os.environ.get("CKPT_LAYOUT") else None
+    # (ZeRO-1's layout the Checkpointer finds itself.)
+    layout = {"dp": world} if in_place and not args.zero1 and not os.environ.get("CKPT_LAYOUT") else None
     cp = slurm_ckpt.torch.Checkpointer(model, optimizer, extra=extra, dir=args.ckpt_dir, interval=interval,
                                        layout=layout)
     say = (lambda *a: print("train_ddp:", *a, flush=True)) if rank == 0 else (lambda *a: None)

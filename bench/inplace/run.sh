@@ -14,17 +14,20 @@
 # are bitwise identical to an uninterrupted run's; and the bytes the ranks read from the checkpoint dir at the
 # restore, against those they found in memory (-s runs each mode once per state source: `memory`, the default,
 # where a recovered generation takes the survivors' state from memory, and `files`, every rank reading its shard;
-# -x adds MiB of parameters per rank: train_ddp.py --extra-mib, three times that with AdamW's state).
+# -x adds MiB of parameters per rank: train_ddp.py --extra-mib, three times that with AdamW's state). -z trains
+# with ZeRO-1 (train_ddp.py --zero1: each rank alone holds AdamW's state of its partition, 1 + 2/3 times the
+# parameters per rank) and the memory tier (--ckpt-memory, a checkpoint in memory every step, its copy on the
+# next node's rank) instead of periodic checkpoints: the replacement's state comes from the partner's copy.
 #   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze partition requeue shrink"] [-t HEARTBEAT_TIMEOUT]
-#                        [-s "memory files"] [-x EXTRA_MIB] [-o DIR]
+#                        [-s "memory files"] [-x EXTRA_MIB] [-z] [-o DIR]
 # (cluster up; CKPT_BUILD_DIR set or build/ in the source tree). The batch host (n1) is never the victim: its
 # failure ends the batch script, and with it any Slurm job; that case takes the requeue path.
 set -euo pipefail
-RUNS=10 REQUEUE_RUNS=3 MODES="crash freeze partition requeue" HB=1s OUT="" STATES=memory EXTRA=0
-while getopts "n:r:m:t:o:s:x:" o; do
+RUNS=10 REQUEUE_RUNS=3 MODES="crash freeze partition requeue" HB=1s OUT="" STATES=memory EXTRA=0 ZERO1=""
+while getopts "n:r:m:t:o:s:x:z" o; do
   case $o in
     n) RUNS=$OPTARG ;; r) REQUEUE_RUNS=$OPTARG ;; m) MODES=$OPTARG ;; t) HB=$OPTARG ;; o) OUT=$OPTARG ;;
-    s) STATES=$OPTARG ;; x) EXTRA=$OPTARG ;;
+    s) STATES=$OPTARG ;; x) EXTRA=$OPTARG ;; z) ZERO1=1 ;;
     *) sed -n '2,20p' "$0" >&2; exit 2 ;;
   esac
 done
@@ -43,6 +46,13 @@ STEPS=60
 # How long a run may take: 2 minutes, and 2 s more per MiB of extra state (a 256 MiB run's step takes about 2 s
 # here, with its all-reduce and AdamW on 2 cores).
 WAIT_S=$((120 + 2 * EXTRA))
+# -z: no periodic checkpoint; the memory tier's budget is staging and two copies of a rank's state (1 + 2/3 times
+# its parameters under ZeRO-1 over 3 ranks), with room for the model.
+TRAIN_ARGS="--ckpt-interval-steps 10" SBATCH_ARGS=()
+if [ -n "$ZERO1" ]; then
+  TRAIN_ARGS="--ckpt-interval-steps 100000 --zero1"
+  SBATCH_ARGS=(--ckpt-memory=$((6 * EXTRA + 256))M)
+fi
 victim="" job="" mode=""
 # Brings the victim back: its link first when it was cut off, then its daemons and its state in Slurm.
 restore_victim() {
@@ -63,14 +73,14 @@ cat > "$WORK/job.sbatch" <<JOB
 export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=$HB CKPT_CONTROLLER_URL=$CONTROLLER_URL
 echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
 $CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $SRC/slurm-examples/train_ddp.py \\
-  --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 --log-time --extra-mib $EXTRA "\$@"
+  --steps $STEPS $TRAIN_ARGS --step-sleep 0.1 --log-every 1 --log-time --extra-mib $EXTRA "\$@"
 JOB
 
 # submit NAME NODES [SBATCH OPTION...]: the job into $WORK/NAME (log, ckpt, final weights); sets `job`.
 submit() {
   mkdir -p "$WORK/$1"
   job=$(CKPT_INPLACE_STATE=${state:-memory} sbatch --parsable -N "$2" -J "bench-inplace-$1" -o "$WORK/$1/log" --ckpt-last-words=on \
-    --ckpt-dir="$WORK/$1/ckpt" "${@:3}" "$WORK/job.sbatch" --out "$WORK/$1/final")
+    --ckpt-dir="$WORK/$1/ckpt" "${SBATCH_ARGS[@]}" "${@:3}" "$WORK/job.sbatch" --out "$WORK/$1/final")
 }
 wait_done() {
   for _ in $(seq $((WAIT_S * 5))); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
@@ -105,7 +115,7 @@ for mode in $MODES; do
     seen=$(logged "$WORK/$name/log")
     t0=$(date +%s.%N)
     "$SRC/tests/cluster.sh" "$action" "$victim" > /dev/null 2>&1
-    echo "{\"mode\": \"$mode\", \"state\": \"$state\", \"extra_mib\": $EXTRA, \"victim\": \"$victim\", \"failed_unix\": $t0, \"step_at_failure\": ${seen:-0}, \"heartbeat_timeout\": \"$HB\"}" \
+    echo "{\"mode\": \"$mode\", \"state\": \"$state\", \"extra_mib\": $EXTRA, \"zero1\": ${ZERO1:-0}, \"victim\": \"$victim\", \"failed_unix\": $t0, \"step_at_failure\": ${seen:-0}, \"heartbeat_timeout\": \"$HB\"}" \
       > "$WORK/$name/failure.json"
     # Training ends before Slurm has given up on the victim: revive it then, so the job can complete.
     for _ in $(seq $((WAIT_S * 5))); do

@@ -104,7 +104,8 @@ void bind_inplace(py::module& parent) {
       .def(py::init<>())
       .def_readwrite("lost", &ip::Failure::lost).def_readwrite("root", &ip::Failure::root)
       .def_readwrite("step", &ip::Failure::step).def_readwrite("detect_unix", &ip::Failure::detect_unix)
-      .def_readwrite("decided_unix", &ip::Failure::decided_unix).def_readwrite("done_unix", &ip::Failure::done_unix);
+      .def_readwrite("decided_unix", &ip::Failure::decided_unix).def_readwrite("done_unix", &ip::Failure::done_unix)
+      .def_readwrite("stand_ins", &ip::Failure::stand_ins);
 
   auto plan = py::class_<ip::Plan>(m, "Plan");
   plan.def(py::init<>())
@@ -114,6 +115,7 @@ void bind_inplace(py::module& parent) {
       .def_readwrite("step", &ip::Plan::step).def_readwrite("takeover", &ip::Plan::takeover)
       .def_readwrite("detect_unix", &ip::Plan::detect_unix).def_readwrite("written_unix", &ip::Plan::written_unix)
       .def_readwrite("abandon", &ip::Plan::abandon).def_readwrite("world_before", &ip::Plan::world_before)
+      .def_readwrite("copies", &ip::Plan::copies)
       .def_property_readonly("abandons", &ip::Plan::abandons).def_property_readonly("shrinks", &ip::Plan::shrinks);
   json_methods<ip::Plan>(plan, &ip::parse_plan);
 
@@ -158,6 +160,9 @@ void bind_inplace(py::module& parent) {
   m.def("after_train", [](std::uint32_t generation, bool raised, bool mesh_failed, bool lost_peer, bool counted_dead) {
     return ip::after_train(generation, ip::TrainOutcome{raised, mesh_failed, lost_peer, counted_dead});
   }, py::arg("generation"), py::arg("raised"), py::arg("mesh_failed"), py::arg("lost_peer"), py::arg("counted_dead"));
+  py::class_<ip::Donor>(m, "Donor", "Who sends a replacement its state (ckpt/inplace.hpp).")
+      .def_readonly("rank", &ip::Donor::rank)
+      .def_readonly("partner_copy", &ip::Donor::partner_copy);
   m.def("state_donors", [](const ip::Plan& p, const py::dict& layout) {
     return ip::state_donors(p, layout_of(layout));
   }, py::arg("plan"), py::arg("layout"),

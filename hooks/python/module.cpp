@@ -190,6 +190,7 @@ py::dict last_words_dict(const ckpt::hooks::LastWordsReport& r) {
   d["decided_unix"] = r.decided_unix;
   d["done_unix"] = r.done_unix;
   d["summary"] = r.summary;
+  d["stand_ins"] = r.stand_ins;
   return d;
 }
 
@@ -222,6 +223,21 @@ PYBIND11_MODULE(_native, m) {
     for (const auto& k : ckpt::hooks::option_keys()) out.append(py::make_tuple(k.key, k.env, k.expected));
     return out;
   }, "Every setting: (key, environment variable, what a valid value looks like).");
+
+  py::class_<ckpt::hooks::MemoryCopy>(m, "MemoryCopy", py::buffer_protocol(),
+                                      "A checkpoint in memory kept after the last words: `rank`'s host ranges of "
+                                      "`step`, as bytes (the buffer protocol: torch.frombuffer takes it without a copy).")
+      .def_readonly("rank", &ckpt::hooks::MemoryCopy::rank)
+      .def_readonly("step", &ckpt::hooks::MemoryCopy::step)
+      .def_property_readonly("ranges", [](const ckpt::hooks::MemoryCopy& c) {
+             py::list out;
+             for (const auto& r : c.ranges) out.append(py::make_tuple(r.name, r.offset, r.length));
+             return out;
+           }, "[(name, offset, length)]: the shard's ranges, in order")
+      .def_buffer([](ckpt::hooks::MemoryCopy& c) {
+        return py::buffer_info(c.data.get(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(c.size)}, {1});
+      });
 
   py::class_<PyCheckpointer>(m, "Checkpointer", "The native checkpointer; settings override the CKPT_* environment.")
       .def(py::init<const py::kwargs&>())
@@ -301,5 +317,9 @@ PYBIND11_MODULE(_native, m) {
       .def("stats", [](PyCheckpointer& self) { return stats_dict(self.get().stats()); })
       .def("last_words", [](PyCheckpointer& self) { return last_words_dict(self.get().last_words_report()); },
            "What the last words did on this rank: triggered, done, lost_peer, lost ranks, committed, step, root, "
-           "times. Any thread may call it.");
+           "times, stand_ins. Any thread may call it.")
+      .def("release_memory_copies", [](PyCheckpointer& self) { return self.get().release_memory_copies(); },
+           "After the last words, once close() or abort() returned: the partner copies this rank held and its own "
+           "staging's snapshot, moved out of the checkpointer ([MemoryCopy]); empty without the memory tier, "
+           "when no last words ran, or a second time.");
 }

@@ -522,7 +522,46 @@ LastWordsReport Checkpointer::last_words_report() const {
   r.decided_unix = o.decided_unix;
   r.done_unix = o.done_unix;
   r.summary = o.summary;
+  r.stand_ins = o.stand_ins;
   return r;
+}
+
+std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
+  Impl& m = *impl_;
+  std::vector<MemoryCopy> out;
+  if (!m.tier || !m.life.closed || !m.tier->frozen()) return out;
+  for (MemoryTier::Kept& kept : m.tier->release()) {
+    auto owner = std::make_shared<HostBuffer>(std::move(kept.buffer));
+    out.push_back(MemoryCopy{kept.ward, kept.step, std::move(kept.ranges), std::shared_ptr<std::byte>(owner, owner->data()),
+                             kept.size});
+  }
+  // Closed: no thread writes staging any more. Its host ranges are the snapshot's; blobs and device ranges lie
+  // elsewhere and are left to the restore.
+  std::shared_ptr<const PersistJob> own;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    own.swap(m.whole_snapshot);
+  }
+  if (own && m.staging.host.size() > 0) {
+    const std::byte* base = m.staging.host.data();
+    const std::size_t size = m.staging.host.size();
+    MemoryCopy copy;
+    copy.rank = m.rank;
+    copy.step = own->step;
+    for (const Piece& p : own->pieces) {
+      if (p.data < base || p.data + p.size > base + size) continue;
+      store::StateRange r;
+      r.name = p.name;
+      r.offset = static_cast<std::uint64_t>(p.data - base);
+      r.length = p.size;
+      copy.ranges.push_back(std::move(r));
+    }
+    auto owner = std::make_shared<HostBuffer>(std::move(m.staging.host));
+    copy.data = std::shared_ptr<std::byte>(owner, owner->data());
+    copy.size = owner->size();
+    out.push_back(std::move(copy));
+  }
+  return out;
 }
 
 }  // namespace ckpt::hooks

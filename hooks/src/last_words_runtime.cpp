@@ -757,6 +757,7 @@ struct LastWords::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       outcome.step = decision.step;
+      for (const auto& [ward, stand_in] : decision.stand_ins) outcome.stand_ins[ward] = stand_in.holder;
       if (decision.root != rank) {
         outcome.summary = std::string("last words: ") + (decision.write ? "writing" : "not writing") +
                           " a terminal checkpoint at step " + std::to_string(decision.step) + " (rank " +

@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -92,6 +93,7 @@ struct LastWordsOutcome {
   bool ended_committed = false;  // the root's word: the terminal checkpoint is committed
   bool counted_dead = false;     // the other ranks count this rank as dead
   std::vector<int> lost;    // the peers this rank knows died before the outcome (not those that left), ascending
+  std::map<int, int> stand_ins;  // the decision's: dead rank -> the survivor writing its shard from a partner copy
 };
 
 class LastWords {

@@ -119,6 +119,7 @@ struct MemoryTier::Impl {
     int fd = -1;
     int ward = -1;
     std::thread thread;
+    std::vector<std::unique_ptr<Link>> before;  // the ward's earlier links, shut: joined before this one reads
   };
 
   Settings settings;
@@ -151,16 +152,29 @@ struct MemoryTier::Impl {
       ::close(fd);
       return;
     }
-    // A ward dials again after a failure: its old link is over.
-    for (auto& l : links) {
-      if (l->ward == from && l->fd >= 0) ::shutdown(l->fd, SHUT_RDWR);
+    // A ward dials again after a failure: its old link is over, and its receiver must have left the ward's
+    // incoming slot before the new one writes there.
+    auto link = std::make_unique<Link>();
+    for (auto it = links.begin(); it != links.end();) {
+      if ((*it)->ward != from) {
+        ++it;
+        continue;
+      }
+      if ((*it)->fd >= 0) ::shutdown((*it)->fd, SHUT_RDWR);
+      link->before.push_back(std::move(*it));
+      it = links.erase(it);
     }
     set_io_timeout(fd, settings.io_timeout);
-    auto link = std::make_unique<Link>();
     link->fd = fd;
     link->ward = from;
     Link* raw = link.get();
-    link->thread = std::thread([this, raw, early = std::move(early)]() mutable { receive(*raw, std::move(early)); });
+    link->thread = std::thread([this, raw, early = std::move(early)]() mutable {
+      for (auto& old : raw->before) {
+        if (old->thread.joinable()) old->thread.join();
+      }
+      raw->before.clear();
+      receive(*raw, std::move(early));
+    });
     links.push_back(std::move(link));
   }
 
@@ -401,6 +415,11 @@ void MemoryTier::freeze() {
   impl_->frozen = true;
 }
 
+bool MemoryTier::frozen() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->frozen;
+}
+
 std::vector<std::pair<int, std::uint64_t>> MemoryTier::verified_copies() {
   Impl& m = *impl_;
   std::vector<std::pair<int, std::uint64_t>> out;
@@ -437,6 +456,30 @@ Status MemoryTier::with_copy(int ward, std::uint64_t step, const std::function<S
     }
   }
   return use(Copy{ward, held.step, held.ranges, held.buffer.data(), held.size});
+}
+
+std::vector<MemoryTier::Kept> MemoryTier::release() {
+  Impl& m = *impl_;
+  std::vector<Kept> out;
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (!m.frozen) return out;
+  for (auto& [ward, w] : m.wards) {
+    Impl::Slot& held = w.held;
+    if (!held.whole) continue;
+    held.whole = false;
+    bool intact = true;
+    for (const store::StateRange& r : held.ranges) {
+      intact = intact && XXH3_64bits(held.buffer.data() + r.offset, r.length) == *r.checksum;
+    }
+    if (!intact) {
+      log::warn(m.settings.rank, "memory tier: the copy of rank " + std::to_string(ward) + "'s step " +
+                                     std::to_string(held.step) + " no longer matches its checksums: not kept");
+      continue;
+    }
+    out.push_back(Kept{ward, held.step, std::move(held.ranges), std::move(held.buffer), held.size});
+    held.ranges.clear();
+  }
+  return out;
 }
 
 bool MemoryTier::corrupt_for_testing(int ward) {

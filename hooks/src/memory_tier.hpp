@@ -71,11 +71,24 @@ class MemoryTier {
 
   // Last words: no held copy is replaced from here on (a ward still sending finishes into the spare buffer).
   void freeze();
+  bool frozen() const;
   // Last words: the copies held whole now, each checked again against its ranges' checksums; a copy that fails
   // is dropped with a line.
   std::vector<std::pair<int, std::uint64_t>> verified_copies();
   // Last words: `use` on the copy of `ward` at `step` while no receiver can touch it; fails when there is none.
   Status with_copy(int ward, std::uint64_t step, const std::function<Status(const Copy&)>& use);
+
+  // A copy taken out of the tier: it owns its bytes.
+  struct Kept {
+    int ward = -1;
+    std::uint64_t step = 0;
+    std::vector<store::StateRange> ranges;  // offsets into `buffer`, each with its checksum
+    HostBuffer buffer;
+    std::uint64_t size = 0;
+  };
+  // After the last words froze the tier: every copy held whole, checked once more, moved out so that it outlives
+  // the tier (a restart in place sends it to the ward's replacement). Nothing before the freeze, or a second time.
+  std::vector<Kept> release();
 
   // Test seam: flips one byte of the copy held of `ward` (a fault the checks must catch).
   bool corrupt_for_testing(int ward);

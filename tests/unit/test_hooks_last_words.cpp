@@ -820,89 +820,127 @@ namespace {
 // A ZeRO-1 job of three ranks with the memory tier on every step: ranks 0 and 1 here on "node-a", rank 2 in a
 // child process on "node-b". One rank per node (LOCAL_WORLD_SIZE=1), so partners are the next rank: rank 2's
 // copies go to rank 0 (on another node); rank 0's partner, rank 1, shares its node, so rank 0 keeps its own only.
-// The child says it is ready once rank 0 kept its copy of step `steps`; returns the child, `ranks` trained too.
-Child zero1_with_memory_tier(const std::string& dir, const std::string& run_id, std::uint64_t steps,
-                             std::vector<Rank>& ranks) {
-  Child child = spawn(dir, 3, "dp=3,tp=1,pp=1,zero1=on", run_id, {2}, steps, "1000steps",
-                      [] { ::setenv("SLURMD_NODENAME", "node-b", 1); },
-                      [steps](std::vector<Rank>& mine) { return mine[2].cp->stats().partner_copies >= steps; }, 30ms);
-  ranks = make_ranks(dir, 3, "dp=3,tp=1,pp=1,zero1=on", run_id, {0, 1});
-  for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
-  REQUIRE(train(ranks, 0, steps, 30ms));
-  // The survivors' own last memory checkpoint is whole in staging too (rank 1 sent its copy of it).
-  REQUIRE(wait_for([&] { return ranks[1].cp->stats().partner_copies + ranks[1].cp->stats().partner_failures >= steps; },
-                   10s));
-  return child;
-}
+struct MemoryTierJob {
+  TempDir dir;
+  LogCapture logs;
+  ScopedEnv env{{{"CKPT_MEMORY", "1G"}, {"CKPT_MEMORY_INTERVAL", "1"}, {"LOCAL_WORLD_SIZE", "1"},
+                 {"SLURM_STEP_TASKS_PER_NODE", nullptr}, {"SLURM_TASKS_PER_NODE", nullptr},
+                 {"SLURMD_NODENAME", "node-a"}}};
+  std::vector<Rank> ranks;  // 0 and 1; 2 lives in `child`
+
+  // Trains every rank `steps` steps; the child says it is ready once rank 0 kept its copy of step `steps`.
+  Child start(const std::string& run_id, std::uint64_t steps) {
+    Child child = spawn(dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", run_id, {2}, steps, "1000steps",
+                        [] { ::setenv("SLURMD_NODENAME", "node-b", 1); },
+                        [steps](std::vector<Rank>& mine) { return mine[2].cp->stats().partner_copies >= steps; }, 30ms);
+    ranks = make_ranks(dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", run_id, {0, 1});
+    for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+    REQUIRE(train(ranks, 0, steps, 30ms));
+    // The survivors' own last memory checkpoint is whole in staging too (rank 1 sent its copy of it).
+    REQUIRE(wait_for([&] { return ranks[1].cp->stats().partner_copies + ranks[1].cp->stats().partner_failures >= steps; },
+                     10s));
+    return child;
+  }
+
+  void close_survivors() {
+    for (Rank& r : ranks) {
+      if (r.cp) (void)r.cp->close();
+    }
+  }
+};
 
 // Every rank of a new run (no memory tier) restores `step` with its own state, rank 2's from the shard its
-// partner wrote.
-void check_restores(const std::string& dir, const std::string& run_id, std::uint64_t step) {
+// partner wrote; `live[r]`, where given, is memory rank r offers the restore (RestoreOptions::live).
+void check_restores(const std::string& dir, const std::string& run_id, std::uint64_t step,
+                    const std::map<int, std::vector<RegionSpec>>& live = {}) {
   std::vector<Rank> again = make_ranks(dir, 3, "dp=3,tp=1,pp=1,zero1=on", run_id);
-  for (const auto& got : restore_all(again)) CHECK(got.value() == step);
+  std::vector<Result<std::uint64_t>> got(again.size(), Error{"not run"});
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < again.size(); ++r) {
+    threads.emplace_back([&, r] {
+      RestoreOptions options;
+      if (auto it = live.find(static_cast<int>(r)); it != live.end()) options.live = it->second;
+      got[r] = again[r].cp->restore(options);
+    });
+  }
+  for (auto& t : threads) t.join();
   for (Rank& r : again) {
-    CAPTURE(r.cp->config().rank);
+    const int rank = r.cp->config().rank;
+    CAPTURE(rank);
+    CHECK(got[static_cast<std::size_t>(rank)].value() == step);
     CHECK(r.state.front() == value_of(r.cp->config().coord, step));
     CHECK(r.state.back() == value_of(r.cp->config().coord, step));
+    if (live.count(rank) != 0) {  // everything from memory, checked against the checksums; nothing read
+      CHECK(r.cp->stats().restore_read_bytes == 0);
+      CHECK(r.cp->stats().restore_live_bytes == r.state.size() * sizeof(double));
+    }
     CHECK(r.cp->close());
   }
+}
+
+// A MemoryCopy's ranges as memory a restore may take them from.
+std::vector<RegionSpec> live_of(const MemoryCopy& copy) {
+  std::vector<RegionSpec> out;
+  for (const store::StateRange& r : copy.ranges) out.push_back({r.name, copy.data.get() + r.offset, r.length});
+  return out;
 }
 
 }  // namespace
 
 TEST_CASE("memory tier: a ZeRO-1 rank is killed, and its partner's copy writes its shard of the last step",
           "[hooks][last_words][memtier]") {
-  TempDir dir;
-  LogCapture logs;
-  ScopedEnv env({{"CKPT_MEMORY", "1G"}, {"CKPT_MEMORY_INTERVAL", "1"}, {"LOCAL_WORLD_SIZE", "1"},
-                 {"SLURM_STEP_TASKS_PER_NODE", nullptr}, {"SLURM_TASKS_PER_NODE", nullptr},
-                 {"SLURMD_NODENAME", "node-a"}});
+  MemoryTierJob job;
+  std::map<int, std::vector<RegionSpec>> live;
+  std::vector<MemoryCopy> kept;
   {
-    std::vector<Rank> ranks;
-    Child child = zero1_with_memory_tier(dir.path(), "mt1", 6, ranks);
-    CHECK(logs.has("memory tier: a checkpoint in memory every 1 step(s)"));
-    CHECK(logs.has("runs on node node-a, this rank's own: this rank keeps its memory checkpoints in its own staging"));
-    CHECK(committed_steps(dir.path()).empty());  // nothing but memory checkpoints so far
+    Child child = job.start("mt1", 6);
+    CHECK(job.logs.has("memory tier: a checkpoint in memory every 1 step(s)"));
+    CHECK(job.logs.has("runs on node node-a, this rank's own: this rank keeps its memory checkpoints in its own staging"));
+    CHECK(committed_steps(job.dir.path()).empty());  // nothing but memory checkpoints so far
     kill_child(child);
-    REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{6}; }, 10s));
-    auto m = store::read_manifest(dir.path(), 6);
+    REQUIRE(wait_for([&] { return committed_steps(job.dir.path()) == std::vector<std::uint64_t>{6}; }, 10s));
+    auto m = store::read_manifest(job.dir.path(), 6);
     REQUIRE(m);
     CHECK(m->kind == store::Kind::Terminal);
     REQUIRE(m->shards.size() == 3);
     CHECK(m->shards[2].rank == 2);
-    CHECK(logs.has("the copy of rank 2's step 6"));
-    CHECK(logs.has("last words: wrote rank 2's terminal shard of step 6 from its partner copy"));
-    for (Rank& r : ranks) {
-      if (r.cp) (void)r.cp->close();
+    CHECK(job.logs.has("the copy of rank 2's step 6"));
+    CHECK(job.logs.has("last words: wrote rank 2's terminal shard of step 6 from its partner copy"));
+    CHECK(job.ranks[1].cp->last_words_report().stand_ins == std::map<int, int>{{2, 0}});
+    CHECK(job.ranks[0].cp->release_memory_copies().empty());  // not before the checkpointer closed
+    job.close_survivors();
+    // The copies outlive their checkpointers: rank 0 holds rank 2's and its own staging, rank 1 its own.
+    for (int r : {0, 1}) {
+      for (MemoryCopy& c : job.ranks[static_cast<std::size_t>(r)].cp->release_memory_copies()) {
+        CHECK(c.step == 6);
+        live[c.rank] = live_of(c);
+        kept.push_back(std::move(c));
+      }
+      CHECK(job.ranks[static_cast<std::size_t>(r)].cp->release_memory_copies().empty());  // once
     }
+    CHECK(live.size() == 3);
+    job.ranks.clear();
   }
-  check_restores(dir.path(), "mt2", 6);
+  check_restores(job.dir.path(), "mt2", 6, live);
 }
 
 TEST_CASE("memory tier: ZeRO-1 survivors caught mid-update write the step their staging holds",
           "[hooks][last_words][memtier]") {
-  TempDir dir;
-  LogCapture logs;
-  ScopedEnv env({{"CKPT_MEMORY", "1G"}, {"CKPT_MEMORY_INTERVAL", "1"}, {"LOCAL_WORLD_SIZE", "1"},
-                 {"SLURM_STEP_TASKS_PER_NODE", nullptr}, {"SLURM_TASKS_PER_NODE", nullptr},
-                 {"SLURMD_NODENAME", "node-a"}});
+  MemoryTierJob job;
   {
-    std::vector<Rank> ranks;
-    Child child = zero1_with_memory_tier(dir.path(), "mt3", 5, ranks);
+    Child child = job.start("mt3", 5);
     // Both survivors are inside the update of step 6, which under ZeRO-1 may wait on the dead peer: their live
     // state is no step's, and their staging holds step 5 whole.
-    for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->before_update());
+    for (int r : {0, 1}) REQUIRE(job.ranks[static_cast<std::size_t>(r)].cp->before_update());
     for (int r : {0, 1}) {
-      Rank& me = ranks[static_cast<std::size_t>(r)];
+      Rank& me = job.ranks[static_cast<std::size_t>(r)];
       std::fill(me.state.begin(), me.state.begin() + 10, -1.0);  // half-updated
     }
     kill_child(child);
-    REQUIRE(wait_for([&] { return committed_steps(dir.path()) == std::vector<std::uint64_t>{5}; }, 10s));
-    CHECK(logs.has("last words: wrote the terminal shard of step 5 from staging"));
-    CHECK(logs.has("last words: wrote rank 2's terminal shard of step 5 from its partner copy"));
-    for (Rank& r : ranks) {
-      if (r.cp) (void)r.cp->close();
-    }
+    REQUIRE(wait_for([&] { return committed_steps(job.dir.path()) == std::vector<std::uint64_t>{5}; }, 10s));
+    CHECK(job.logs.has("last words: wrote the terminal shard of step 5 from staging"));
+    CHECK(job.logs.has("last words: wrote rank 2's terminal shard of step 5 from its partner copy"));
+    job.close_survivors();
   }
-  check_restores(dir.path(), "mt4", 5);
+  check_restores(job.dir.path(), "mt4", 5);
 }

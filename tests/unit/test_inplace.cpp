@@ -399,6 +399,28 @@ TEST_CASE("the run's dir: private, written whole, stale or torn records unread",
   }
 }
 
+TEST_CASE("plan_generation: a lost rank's partner copy is named where a survivor holds it; the plan keeps it",
+          "[inplace][memtier]") {
+  Failure f = failure_of({1, 3}, 0, 20);
+  f.stand_ins = {{1, 2}, {3, 1}, {0, 3}};  // 3 held rank 1's copy... and died; 0 was not lost
+  Plan p = plan_generation(1, 4, 0, f, {"n5.0", "n5.1"});
+  CHECK(p.copies == std::map<int, int>{{1, 2}});
+  p.addr = "10.0.0.1";
+  p.port = 4000;
+  auto back = parse_plan(to_json(p));
+  REQUIRE(back);
+  CHECK(back->copies == p.copies);
+  f.step.reset();  // no terminal checkpoint: the copies are of no agreed step
+  CHECK(plan_generation(1, 4, 0, f, {"n5.0", "n5.1"}).copies.empty());
+  const std::string base = R"({"generation":1,"addr":"a","port":5,"root":0,"step":7,"detect_unix":1,)"
+                           R"("written_unix":1,"world":4,"lost":[1],"takeover":{"1":"n5.0"},"copies":)";
+  CHECK(parse_plan(base + R"({"1":2}})"));
+  for (const char* bad : {R"({"2":1}})", R"({"1":1}})", R"({"1":4}})", R"({"1":-1}})", R"([1]})", R"({"1":"2"}})"}) {
+    CAPTURE(bad);
+    CHECK_THAT(parse_plan(base + bad).error(), Catch::Contains("copies"));
+  }
+}
+
 TEST_CASE("state_donors: a survivor holding the same replica hands its state to each replacement, in turn",
           "[inplace]") {
   Plan p;
@@ -408,20 +430,20 @@ TEST_CASE("state_donors: a survivor holding the same replica hands its state to 
   ckpt::store::Layout dp{8, 1, 1, false};
   auto donors = state_donors(p, dp);
   REQUIRE(donors.size() == 2);
-  CHECK(donors.at(1) == 0);  // the survivors in rank order, one replacement each
-  CHECK(donors.at(5) == 2);
-  for (auto [to, from] : donors) CHECK(std::find(p.lost.begin(), p.lost.end(), from) == p.lost.end());
+  CHECK(donors.at(1) == Donor{0, false});  // the survivors in rank order, one replacement each
+  CHECK(donors.at(5) == Donor{2, false});
+  for (auto [to, from] : donors) CHECK(std::find(p.lost.begin(), p.lost.end(), from.rank) == p.lost.end());
 
   SECTION("more replacements than replicas: none serves more than its share") {
     p.world = 4;
     p.lost = {0, 1, 2};
     auto d = state_donors(p, {4, 1, 1, false});
     REQUIRE(d.size() == 3);
-    for (auto [to, from] : d) CHECK(from == 3);  // the only survivor: ceil(3 / 1)
+    for (auto [to, from] : d) CHECK(from.rank == 3);  // the only survivor: ceil(3 / 1)
     p.lost = {0, 2};
     d = state_donors(p, {4, 1, 1, false});
-    CHECK(d.at(0) == 1);
-    CHECK(d.at(2) == 3);
+    CHECK(d.at(0).rank == 1);
+    CHECK(d.at(2).rank == 3);
   }
   SECTION("tensor parallelism: a donor of the same tensor-parallel rank") {
     p.world = 4;
@@ -429,15 +451,28 @@ TEST_CASE("state_donors: a survivor holding the same replica hands its state to 
     ckpt::store::Layout dp2tp2{2, 2, 1, false};  // ranks 0, 1 replica dp0 (tp0, tp1); 2, 3 replica dp1
     auto d = state_donors(p, dp2tp2);
     REQUIRE(d.size() == 1);
-    CHECK(d.at(0) == 2);
+    CHECK(d.at(0) == Donor{2, false});
     p.lost = {0, 2};  // tp0 lost in both replicas: nobody holds it
     CHECK(state_donors(p, dp2tp2).empty());
+    p.copies = {{2, 1}};  // ... but rank 1 holds rank 2's partner copy
+    CHECK(state_donors(p, dp2tp2) == std::map<int, Donor>{{2, Donor{1, true}}});
+  }
+  SECTION("ZeRO-1: each partition is its own; the partner copy is the only donor") {
+    ckpt::store::Layout zero{8, 1, 1, true};
+    CHECK(state_donors(p, zero).empty());
+    p.copies = {{1, 2}, {5, 6}};
+    CHECK(state_donors(p, zero) == std::map<int, Donor>{{1, Donor{2, true}}, {5, Donor{6, true}}});
+    p.copies = {{1, 5}};  // a holder that is lost itself holds nothing
+    CHECK(state_donors(p, zero).empty());
+  }
+  SECTION("a live replica comes before a partner copy") {
+    p.copies = {{1, 3}};
+    CHECK(state_donors(p, dp).at(1) == Donor{0, false});
   }
   SECTION("nothing to hand over") {
     Plan newest = p;
     newest.step.reset();  // the newest complete checkpoint: the survivors hold a later step
     CHECK(state_donors(newest, dp).empty());
-    CHECK(state_donors(p, {8, 1, 1, true}).empty());  // ZeRO-1: each partition is its own
     CHECK(state_donors(p, {4, 1, 1, false}).empty());  // a layout of another world
     Plan abandoned = p;
     abandoned.abandon = "too few spares";

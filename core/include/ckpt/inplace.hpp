@@ -89,6 +89,9 @@ struct Failure {
   int root = -1;                      // the rank that decided the last words; -1 when none did
   std::optional<std::uint64_t> step;  // the terminal checkpoint's step; none: resume from the newest complete one
   double detect_unix = 0, decided_unix = 0, done_unix = 0;
+  // The last words' stand-ins (CKPT_MEMORY): dead rank -> the survivor that wrote its terminal shard from the
+  // partner copy it holds, and holds still.
+  std::map<int, int> stand_ins;
 };
 
 // The plan of one generation, or its abandonment (`abandon` non-empty: the fields but generation are unset).
@@ -107,6 +110,9 @@ struct Plan {
   // A plan that shrinks (--ckpt-shrink): the failed generation's world. The lost ranks are dropped rather than
   // replaced, and the survivors renumbered in order (rank_after); `world` is the new one. 0: nothing dropped.
   int world_before = 0;
+  // Lost rank -> the survivor holding its partner copy of `step` in memory (the memory tier): the copy the last
+  // words wrote its terminal shard from, which the replacement can take over the network instead.
+  std::map<int, int> copies;
 
   bool abandons() const { return !abandon.empty(); }
   bool shrinks() const { return world_before > 0; }
@@ -183,14 +189,22 @@ Plan plan_generation(std::uint32_t generation, int world, int root, const Failur
                      const std::vector<std::string>& free_spares, const Shrink& shrink = {},
                      const std::optional<store::Layout>& layout = std::nullopt);
 
-// Which survivor hands its state to which replacement at the start of the generation `plan` forms, so that the
-// replacement reads nothing from the checkpoint dir: replacement rank -> donor rank. Only where the plan resumes
-// from a named step (a terminal checkpoint: the survivors hold that step's state) and the state is replicated: a
-// donor holds the same tensor-parallel and pipeline coordinates (`layout`'s default placement), and there is no
-// ZeRO-1 (each rank's optimizer partition is its own). Donors take the lost ranks in turn, so none serves more
-// than ceil(lost / replicas) of them. A replacement left out reads its shard; what a donor sends is checked
-// against the checkpoint's checksums before it is used.
-std::map<int, int> state_donors(const Plan& plan, const store::Layout& layout);
+// Where a replacement's state comes from at the start of the generation `plan` forms, so that it reads nothing
+// from the checkpoint dir.
+struct Donor {
+  int rank = -1;              // the survivor that sends it
+  bool partner_copy = false;  // false: the donor's own live state (the same replica); true: the copy of the lost
+                              // rank's whole shard the donor holds in memory (plan.copies)
+  bool operator==(const Donor& o) const { return rank == o.rank && partner_copy == o.partner_copy; }
+};
+// Replacement rank -> its donor. Only where the plan resumes from a named step (a terminal checkpoint: the
+// survivors hold that step's state). A live donor holds the same replica: the same tensor-parallel and pipeline
+// coordinates (`layout`'s default placement), and no ZeRO-1 (each rank's optimizer partition is its own); live
+// donors take the lost ranks in turn, so none serves more than ceil(lost / replicas) of them. Where no live donor
+// holds the replica (ZeRO-1, or a split without replicas), the survivor holding the lost rank's partner copy sends
+// that. A replacement left out reads its shard; what a donor sends is checked against the checkpoint's checksums
+// before it is used, and a range that does not match is read from the dir.
+std::map<int, Donor> state_donors(const Plan& plan, const store::Layout& layout);
 
 // The ready spares no claim names, sorted, from a listing of the run's dir.
 std::vector<std::string> free_spares(std::vector<std::string> names);

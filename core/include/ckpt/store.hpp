@@ -460,8 +460,9 @@ struct LiveRange {
   std::size_t size = 0;
 };
 // For each range of `record.states`, the index in `live` of memory that holds that range's bytes exactly: the
-// same name and length, and an XXH3-64 equal to the range's own checksum. A range without a checksum (an older
-// checkpoint) never matches; nor does one whose name `live` holds twice. Reads nothing but `live`'s memory.
+// same name and length, and an XXH3-64 equal to the range's own checksum; where `live` names a range more than once
+// (a survivor's live tensor, then its staging's copy), the first that matches. A range without a checksum (an
+// older checkpoint) never matches. Reads nothing but `live`'s memory.
 std::vector<std::optional<std::size_t>> match_live_ranges(const ShardRecord& record,
                                                           const std::vector<LiveRange>& live);
 

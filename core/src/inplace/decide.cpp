@@ -217,6 +217,13 @@ Plan plan_generation(std::uint32_t generation, int world, int root, const Failur
   plan.step = failure.step;
   plan.detect_unix = failure.detect_unix;
   for (std::size_t i = 0; replace && i < failure.lost.size(); ++i) plan.takeover[failure.lost[i]] = free_spares[i];
+  if (replace && plan.step) {
+    for (const auto& [ward, holder] : failure.stand_ins) {
+      const bool ward_lost = std::find(plan.lost.begin(), plan.lost.end(), ward) != plan.lost.end();
+      const bool holder_lost = std::find(plan.lost.begin(), plan.lost.end(), holder) != plan.lost.end();
+      if (ward_lost && !holder_lost && holder >= 0 && holder < world) plan.copies[ward] = holder;
+    }
+  }
   if (!replace) plan.root = rank_after(plan, root);
   return plan;
 }
@@ -275,18 +282,16 @@ Verdict verdict(const std::optional<Plan>& plan, int rank) {
   return Verdict::Go;
 }
 
-std::map<int, int> state_donors(const Plan& plan, const store::Layout& layout) {
-  std::map<int, int> donors;
-  if (!plan.step || plan.abandons() || plan.shrinks() || layout.zero1 || plan.world != layout.world_size()) {
-    return donors;
-  }
+std::map<int, Donor> state_donors(const Plan& plan, const store::Layout& layout) {
+  std::map<int, Donor> donors;
+  if (!plan.step || plan.abandons() || plan.shrinks() || plan.world != layout.world_size()) return donors;
   std::vector<bool> lost(static_cast<std::size_t>(plan.world), false);
   for (int r : plan.lost) {
     if (r >= 0 && r < plan.world) lost[static_cast<std::size_t>(r)] = true;
   }
   // Per (pp, tp): the survivors holding it, and how many replacements each has taken so far (a turn each).
   std::map<std::pair<int, int>, std::vector<int>> holders;
-  for (int r = 0; r < plan.world; ++r) {
+  for (int r = 0; r < plan.world && !layout.zero1; ++r) {
     if (lost[static_cast<std::size_t>(r)]) continue;
     store::RankCoord c = layout.coord_of(r);
     holders[{c.pp, c.tp}].push_back(r);
@@ -298,11 +303,15 @@ std::map<int, int> state_donors(const Plan& plan, const store::Layout& layout) {
   for (int r : sorted_lost) {
     if (r < 0 || r >= plan.world) continue;
     store::RankCoord c = layout.coord_of(r);
-    auto it = holders.find({c.pp, c.tp});
-    if (it == holders.end() || it->second.empty()) continue;
-    std::size_t& next = turn[{c.pp, c.tp}];
-    donors[r] = it->second[next % it->second.size()];
-    ++next;
+    if (auto it = holders.find({c.pp, c.tp}); it != holders.end() && !it->second.empty()) {
+      std::size_t& next = turn[{c.pp, c.tp}];
+      donors[r] = Donor{it->second[next % it->second.size()], false};
+      ++next;
+    } else if (auto copy = plan.copies.find(r);
+               copy != plan.copies.end() && copy->second >= 0 && copy->second < plan.world &&
+               !lost[static_cast<std::size_t>(copy->second)]) {
+      donors[r] = Donor{copy->second, true};
+    }
   }
   return donors;
 }

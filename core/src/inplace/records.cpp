@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <exception>
@@ -167,6 +168,11 @@ std::string to_json(const Plan& plan) {
             {"lost", plan.lost}, {"step", step_json(plan.step)}, {"takeover", takeover},
             {"detect_unix", plan.detect_unix}});
   if (plan.shrinks()) j["world_before"] = plan.world_before;
+  if (!plan.copies.empty()) {
+    json copies = json::object();
+    for (const auto& [rank, holder] : plan.copies) copies[std::to_string(rank)] = holder;
+    j["copies"] = copies;
+  }
   return j.dump();
 }
 
@@ -207,6 +213,25 @@ Result<Plan> parse_plan(std::string_view text) {
           return;
         }
         p.takeover[static_cast<int>(*rank)] = slot.get<std::string>();
+      }
+    }
+    if (f.has("copies")) {
+      const json& c = f.raw().at("copies");
+      if (!c.is_object()) {
+        f.bad<int>("copies", "not an object");
+        return;
+      }
+      auto is_lost = [&p](std::uint64_t r) {
+        return std::find(p.lost.begin(), p.lost.end(), static_cast<int>(r)) != p.lost.end();
+      };
+      for (const auto& [rank_text, holder] : c.items()) {
+        auto rank = parse_uint(rank_text);
+        if (!rank || !is_lost(*rank) || !holder.is_number_unsigned() ||
+            holder.get<std::uint64_t>() >= static_cast<std::uint64_t>(p.world) || is_lost(holder.get<std::uint64_t>())) {
+          f.bad<int>("copies", "maps something other than a lost rank to a survivor");
+          return;
+        }
+        p.copies[static_cast<int>(*rank)] = static_cast<int>(holder.get<int>());
       }
     }
   });

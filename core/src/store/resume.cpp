@@ -403,19 +403,21 @@ ShardRead read_block(const std::string& root, const Manifest& manifest, const st
 
 std::vector<std::optional<std::size_t>> match_live_ranges(const ShardRecord& record,
                                                           const std::vector<LiveRange>& live) {
-  std::map<std::string_view, std::optional<std::size_t>> by_name;  // nullopt: the name comes twice
-  for (std::size_t i = 0; i < live.size(); ++i) {
-    auto [it, inserted] = by_name.emplace(live[i].name, i);
-    if (!inserted) it->second.reset();
-  }
+  std::map<std::string_view, std::vector<std::size_t>> by_name;  // in the order given: the first that matches wins
+  for (std::size_t i = 0; i < live.size(); ++i) by_name[live[i].name].push_back(i);
   std::vector<std::optional<std::size_t>> matches(record.states.size());
   for (std::size_t r = 0; r < record.states.size(); ++r) {
     const StateRange& range = record.states[r];
     auto it = by_name.find(range.name);
-    if (!range.checksum || it == by_name.end() || !it->second) continue;
-    const LiveRange& mine = live[*it->second];
-    if (mine.size != range.length || (mine.size > 0 && mine.data == nullptr)) continue;
-    if (XXH3_64bits(mine.data, mine.size) == *range.checksum) matches[r] = it->second;
+    if (!range.checksum || it == by_name.end()) continue;
+    for (std::size_t i : it->second) {
+      const LiveRange& mine = live[i];
+      if (mine.size != range.length || (mine.size > 0 && mine.data == nullptr)) continue;
+      if (XXH3_64bits(mine.data, mine.size) == *range.checksum) {
+        matches[r] = i;
+        break;
+      }
+    }
   }
   return matches;
 }

@@ -231,6 +231,19 @@ struct LastWordsReport {
   double decided_unix = 0;     // when the decision came
   double done_unix = 0;        // when the last words ended here
   std::string summary;         // the decision in one line
+  std::map<int, int> stand_ins;  // dead rank -> the survivor that wrote its shard from the partner copy it holds
+};
+
+// A checkpoint in memory (CKPT_MEMORY) this rank held when its last words ended, taken out of the Checkpointer so
+// that it outlives it: a partner copy of a ward's shard, which a restart in place sends to the ward's replacement,
+// or this rank's own staging, which it offers its next restore beside its live state. A restore checks every range
+// against the checkpoint's checksums before it takes it (RestoreOptions::live).
+struct MemoryCopy {
+  int rank = -1;                          // whose state: a ward's, or this rank's own
+  std::uint64_t step = 0;
+  std::vector<store::StateRange> ranges;  // each range's name and offset into `data` (the shard's host ranges)
+  std::shared_ptr<std::byte> data;        // owns the bytes
+  std::uint64_t size = 0;
 };
 
 // ---- the checkpointer -------------------------------------------------------------------------------------------
@@ -307,6 +320,10 @@ class Checkpointer {
   CKPT_HOOKS_API Stats stats() const;
   // What the last words did on this rank so far; any thread may call it.
   CKPT_HOOKS_API LastWordsReport last_words_report() const;
+  // After the last words, once close() or abort() returned: the partner copies this rank holds (each checked again)
+  // and its own staging's snapshot, moved out (see MemoryCopy). Empty without the memory tier, when no last words
+  // ran, or a second time.
+  CKPT_HOOKS_API std::vector<MemoryCopy> release_memory_copies();
 
  private:
   struct Impl;

@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 
+import torch
 import torch.distributed as dist
 
 from . import _native, inplace
@@ -49,7 +50,10 @@ _JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get(_ENV["inplace_jo
 
 # The Checkpointer's error when a rank never joined its heartbeat mesh.
 _MESH_FAILED = "not every rank joined the mesh"
-_state = {"checkpointer": None, "recovery": None, "group": None, "plan": None}
+# The memory tier's checkpoints this rank held when the last words ended (MemoryCopy), until the next generation's
+# restore: copies, the partner copies by ward, which the handover sends to the wards' replacements; own, this
+# rank's own staging, which its restore takes where its live state is of another step.
+_state = {"checkpointer": None, "recovery": None, "group": None, "plan": None, "copies": {}, "own": None}
 
 
 def _say(line):
@@ -84,14 +88,50 @@ def note_phase(name, step=None):
 
 
 def handover(layout):
-    """This rank's part in handing live state over as a recovered generation starts (ckpt/inplace.hpp,
-    state_donors): (the replacements it sends its state to, the survivor it receives state from, or None)."""
+    """This rank's part in handing state over as a recovered generation starts (ckpt/inplace.hpp, state_donors):
+    (what it sends: [(replacement, items)] with items [(region name, uint8 tensor)], from its own live state
+    `held` (a callable giving those items) or from the partner copy it holds of the lost rank; the donor it receives
+    from, or None). A copy is sent once and then dropped; one that is missing, or of another step, goes out as
+    nothing, and the replacement reads its shard instead."""
     plan = _state["plan"]
+    copies, _state["copies"] = _state["copies"], {}
     if plan is None:
         return [], None
     donors = _core.state_donors(plan, layout)
     rank = int(os.environ[_ENV["rank"]])
-    return sorted(to for to, donor in donors.items() if donor == rank), donors.get(rank)
+    sends = []
+    for to, donor in sorted(donors.items()):
+        if donor.rank != rank:
+            continue
+        if not donor.partner_copy:
+            sends.append((to, None))
+            continue
+        copy = copies.get(to)
+        if copy is None or copy.step != plan.step:
+            _say(f"rank {rank}: holds no partner copy of rank {to}'s step {plan.step}; it reads its shard")
+            sends.append((to, []))
+            continue
+        data = torch.frombuffer(copy, dtype=torch.uint8) if copy.ranges else None
+        sends.append((to, [(name, data[offset:offset + length]) for name, offset, length in copy.ranges]))
+    return sends, (donors[rank].rank if rank in donors else None)
+
+
+def own_copy():
+    """A survivor's own checkpoint in memory of the step the generation resumes from (its staging, kept after the
+    last words) as [(region name, uint8 tensor)]; once, then dropped. Its restore offers it after its live state:
+    a rank caught mid-update, or whose memory checkpoint was a step behind, still reads nothing."""
+    plan, own, _state["own"] = _state["plan"], _state["own"], None
+    if plan is None or own is None or own.step != plan.step or not own.ranges:
+        return []
+    data = torch.frombuffer(own, dtype=torch.uint8)
+    return [(name, data[offset:offset + length]) for name, offset, length in own.ranges]
+
+
+def _keep_memory_copies(cp):
+    """After the last words: the memory tier's checkpoints this rank holds outlive its Checkpointer."""
+    copies = {c.rank: c for c in cp._native.release_memory_copies()} if cp is not None and cp.enabled else {}
+    _state["own"] = copies.pop(int(os.environ.get(_ENV["rank"], "-1")), None)
+    _state["copies"] = copies
 
 
 def _last_words():
@@ -425,6 +465,7 @@ def _peer_loss():
     failure.detect_unix = lw.get("detect_unix") or 0.0
     failure.decided_unix = lw.get("decided_unix") or 0.0
     failure.done_unix = lw.get("done_unix") or 0.0
+    failure.stand_ins = dict(lw.get("stand_ins", {}))
     return failure
 
 
@@ -574,6 +615,7 @@ class _Run:
             except Exception:  # noqa: BLE001 - the periodic checkpoint in flight failed with the group; said already
                 pass
             lw = _last_words()
+            _keep_memory_copies(cp)
         after = _core.after_train(self.generation, raised=error is not None,
                                   mesh_failed=error is not None and _MESH_FAILED in str(error),
                                   lost_peer=bool(lw.get("lost_peer")), counted_dead=bool(lw.get("counted_dead")))

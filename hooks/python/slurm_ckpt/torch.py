@@ -499,16 +499,18 @@ class Checkpointer:
 
     def _handover(self, held):
         """Restart in place: a survivor sends what it holds to the replacements it is the donor of (the core
-        decides who, restart.handover); a replacement receives its donor's state, which restore() checks against
-        the checkpoint's checksums as it checks a survivor's own memory. Over the generation's process group."""
+        decides who, restart.handover): its own state, or the partner copy it holds of the lost rank's whole shard;
+        a replacement receives its donor's, which restore() checks against the checkpoint's checksums as it checks a
+        survivor's own memory. Over the generation's process group."""
         if not _state_from_memory():
             return []
-        send_to, donor = _handover(self._native.config["layout"])
-        for to in send_to:
-            header = json.dumps([[name, t.numel() * t.element_size()] for name, t in held]).encode()
+        sends, donor = _handover(self._native.config["layout"])
+        for to, items in sends:
+            items = held if items is None else items
+            header = json.dumps([[name, t.numel() * t.element_size()] for name, t in items]).encode()
             torch.distributed.send(torch.tensor([len(header)], dtype=torch.int64), to)
             torch.distributed.send(torch.frombuffer(bytearray(header), dtype=torch.uint8), to)
-            for _, t in held:
+            for _, t in items:
                 if t.numel():
                     torch.distributed.send(t.reshape(-1).view(torch.uint8), to)
         if donor is None:
@@ -567,7 +569,8 @@ class Checkpointer:
         prefixes = [f"{_OPTIM}{g}/" for g in self._global_indices()] if zero is not None else []
         own = self._held()
         received = self._handover(own)  # what a donor sent: restored() points into it until the state is loaded
-        live = [(name, t.data_ptr(), t.numel() * t.element_size()) for name, t in own + received]
+        kept = _own_copy() if _state_from_memory() else []  # after `own`: a range comes from there first
+        live = [(name, t.data_ptr(), t.numel() * t.element_size()) for name, t in own + kept + received]
         step = n.restore(copy_into_regions=False, reshard_prefixes=prefixes, live=live)
         if step == 0:
             self._register()
@@ -710,4 +713,5 @@ class Checkpointer:
 from .restart import note_checkpointer as _note_checkpointer  # noqa: E402
 from .restart import note_phase as _note_phase  # noqa: E402
 from .restart import handover as _handover  # noqa: E402
+from .restart import own_copy as _own_copy  # noqa: E402
 from .restart import init_process_group, run  # noqa: E402,F401

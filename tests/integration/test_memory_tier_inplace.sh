@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Restart in place of a ZeRO-1 job from the memory tier, on the real local cluster: slurm-examples/train_ddp.py
+# --zero1 (each rank alone holds AdamW's state of its partition) on 3 nodes with one spare node, under
+# `ckpt-run --spares 1`, --ckpt-memory (a checkpoint in memory every step, its copy on the next node's rank), no
+# periodic checkpoint. A training node crashes (SIGKILL) at a random step:
+#  - the survivors write the terminal checkpoint, the dead rank's shard from the copy its partner holds;
+#  - the spare takes the dead rank over in place, and receives that copy from the partner over the network;
+#  - every rank restores that step reading nothing but small blobs from the checkpoint dir (each survivor from its
+#    own memory, the replacement from the partner's copy, every range checked against the checkpoint's
+#    checksums), at most one step is lost, and the final weights are bitwise identical to an uninterrupted run's.
+# The batch host (n1) is never the victim: its failure ends the batch script, and any Slurm job with it.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/controller_lib.sh"
+source "$(dirname "$0")/torch_lib.sh"
+have_torch || fail "needs python3-torch and a built slurm_ckpt"
+[ -x "$CKPT_BUILD_DIR/ckpt-run/ckpt-run" ] || fail "ckpt-run is not built"
+STEPS=40
+PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 60 ))
+job="" victim=""
+cleanup() {
+  [ -n "$job" ] && scancel "$job" 2>/dev/null || true
+  [ -n "$victim" ] && "$CLUSTER" revive-node "$victim" > /dev/null 2>&1 || true
+  controller_down
+}
+trap cleanup EXIT
+controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
+
+cat > "$SCRATCH/job.sbatch" <<JOB
+#!/bin/bash
+#SBATCH --no-kill --requeue --open-mode=append --ckpt-last-words=on --ckpt-memory=256M --ckpt-interval=100000steps
+export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s CKPT_CONTROLLER_URL=$CONTROLLER_URL
+echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
+$CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
+  --zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1 "\$@"
+JOB
+logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
+submit() {
+  mkdir -p "$SCRATCH/$1"
+  job=$(sbatch --parsable -N 4 -J "memtier-inplace-$1" -o "$SCRATCH/$1/log" --ckpt-dir="$SCRATCH/$1/ckpt" \
+    "$SCRATCH/job.sbatch" --out "$SCRATCH/$1/final")
+}
+wait_gone() {
+  for _ in $(seq 900); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
+  fail "job $job did not end: $(tail -5 "$SCRATCH/$1/log")"
+}
+
+submit reference
+wait_gone reference
+[ -s "$SCRATCH/reference/final" ] || { cat "$SCRATCH/reference/log" >&2; fail "the uninterrupted run failed"; }
+assert_contains "$SCRATCH/reference/log" "memory tier: a checkpoint in memory every 1 step(s)"
+pass "uninterrupted ZeRO-1 run with the memory tier: 3 nodes train, n4 waits as the spare"
+
+name=crash
+submit $name
+log=$SCRATCH/$name/log
+at=$((15 + RANDOM % 10))
+for _ in $(seq 1500); do s=$(logged "$log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break; sleep 0.02; done
+seen=$(logged "$log")
+[ -n "$seen" ] && [ "$seen" -lt "$STEPS" ] || fail "training did not reach step $at: $(tail -3 "$log")"
+victim=n$((2 + RANDOM % 2))
+"$CLUSTER" crash-node "$victim" > /dev/null
+for _ in $(seq 900); do
+  [ -s "$SCRATCH/$name/final.sha256" ] && break
+  squeue -h -j "$job" 2>/dev/null | grep -q . || break
+  sleep 0.2
+done
+"$CLUSTER" revive-node "$victim" > /dev/null
+victim=""
+wait_gone $name
+dead=$(sed -n "s/.*in-place recovery 1: ranks \[\([0-9]*\)\] lost; spares \['n4.0'\] take them over.*/\1/p" "$log" | head -1)
+[ -n "$dead" ] || { cat "$log" >&2; fail "no in-place recovery"; }
+term=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\).*/\1/p' "$log" | tail -1)
+[ -n "$term" ] && [ "$term" -ge $((seen - 1)) ] || { cat "$log" >&2; fail "crash at step $seen: resumed from step ${term:-?}"; }
+grep -q "last words: wrote rank $dead's terminal shard of step $term from its partner copy" "$log" ||
+  { grep "last words\|memory tier" "$log" >&2; fail "rank $dead's terminal shard was not written from a partner copy"; }
+cmp -s "$SCRATCH/reference/final" "$SCRATCH/$name/final" || fail "the final weights differ from the uninterrupted run's"
+for r in 0 1 2; do
+  line=$(grep "ckpt: rank $r: restored step $term from .* bytes read, .* found in memory)" "$log" | tail -1)
+  read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
+  live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
+  echo "  rank $r$([ "$r" = "$dead" ] && echo " (the replacement)"): ${read_b:-?} bytes read, ${live_b:-?} found in memory"
+  [ -n "$read_b" ] && [ -n "$live_b" ] && [ "$live_b" -gt 8000000 ] && [ "$read_b" -lt 65536 ] ||
+    { grep "restored step\|ckpt:" "$log" >&2; fail "rank $r read its state from the checkpoint dir"; }
+done
+pass "crash of $victim at step $seen: rank $dead's shard from its partner's copy, in place from step $term; every rank's state from memory; bitwise identical"
