@@ -58,6 +58,7 @@ for _ in $(seq 1500); do s=$(logged "$log"); [ -n "$s" ] && [ "$s" -ge "$at" ] &
 seen=$(logged "$log")
 [ -n "$seen" ] && [ "$seen" -lt "$STEPS" ] || fail "training did not reach step $at: $(tail -3 "$log")"
 victim=n$((2 + RANDOM % 2))
+crashed=$victim
 "$CLUSTER" crash-node "$victim" > /dev/null
 for _ in $(seq 900); do
   [ -s "$SCRATCH/$name/final.sha256" ] && break
@@ -82,4 +83,4 @@ for r in 0 1 2; do
   [ -n "$read_b" ] && [ -n "$live_b" ] && [ "$live_b" -gt 8000000 ] && [ "$read_b" -lt 65536 ] ||
     { grep "restored step\|ckpt:" "$log" >&2; fail "rank $r read its state from the checkpoint dir"; }
 done
-pass "crash of $victim at step $seen: rank $dead's shard from its partner's copy, in place from step $term; every rank's state from memory; bitwise identical"
+pass "crash of $crashed at step $seen: rank $dead's shard from its partner's copy, in place from step $term; every rank's state from memory; bitwise identical"
