@@ -15,8 +15,8 @@
 # restore, against those they found in memory (-s runs each mode once per state source: `memory`, the default,
 # where a recovered generation takes the survivors' state from memory, and `files`, every rank reading its shard;
 # -x adds MiB of parameters per rank: train_ddp.py --extra-mib, three times that with AdamW's state). -z trains
-# with ZeRO-1 (train_ddp.py --zero1: each rank alone holds AdamW's state of its partition, 1 + 2/3 times the
-# parameters per rank) and the memory tier (--ckpt-memory, a checkpoint in memory every step, its copy on the
+# with ZeRO-1 (train_ddp.py --zero1: each rank alone holds AdamW's state of its partition of the parameters,
+# whole ones) and the memory tier (--ckpt-memory, a checkpoint in memory every step, its copy on the
 # next node's rank) instead of periodic checkpoints: the replacement's state comes from the partner's copy.
 #   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze partition requeue shrink"] [-t HEARTBEAT_TIMEOUT]
 #                        [-s "memory files"] [-x EXTRA_MIB] [-z] [-o DIR]
@@ -46,12 +46,12 @@ STEPS=60
 # How long a run may take: 2 minutes, and 2 s more per MiB of extra state (a 256 MiB run's step takes about 2 s
 # here, with its all-reduce and AdamW on 2 cores).
 WAIT_S=$((120 + 2 * EXTRA))
-# -z: no periodic checkpoint; the memory tier's budget is staging and two copies of a rank's state (1 + 2/3 times
-# its parameters under ZeRO-1 over 3 ranks), with room for the model.
+# -z: no periodic checkpoint; the memory tier's budget is staging and two copies of a rank's state (ZeRO-1 gives a
+# whole parameter to one rank: the rank holding --extra-mib's keeps three times it), with room for the model.
 TRAIN_ARGS="--ckpt-interval-steps 10" SBATCH_ARGS=()
 if [ -n "$ZERO1" ]; then
   TRAIN_ARGS="--ckpt-interval-steps 100000 --zero1"
-  SBATCH_ARGS=(--ckpt-memory=$((6 * EXTRA + 256))M)
+  SBATCH_ARGS=(--ckpt-memory=$((10 * EXTRA + 256))M)
 fi
 victim="" job="" mode=""
 # Brings the victim back: its link first when it was cut off, then its daemons and its state in Slurm.

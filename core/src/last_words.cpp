@@ -79,7 +79,7 @@ class Ranks {
     const RankReport* r = report(dp, tp, pp);
     if (!r) return out;
     if (r->alive && !r->mid_update) out.insert(r->step);
-    if (r->alive && r->memory_step) out.insert(*r->memory_step);
+    if (r->alive) out.insert(r->memory_steps.begin(), r->memory_steps.end());
     if (auto w = copies_.find(r->coord.rank); with_copies && w != copies_.end()) {
       for (const auto& [step, holder] : w->second) out.insert(step);
     }
@@ -98,13 +98,15 @@ class Ranks {
     return "";
   }
 
-  // What the memory tier holds of the coordinate's shard, for a line about it: "; its snapshot is of step 11; a
+  // What the memory tier holds of the coordinate's shard, for a line about it: "; its snapshots are of step 11, step 10; a
   // partner copy of step 12 on rank 6", or "; no live rank holds a copy of its shard". Empty without the tier.
   std::string memory_note(int dp, int tp, int pp) const {
     const RankReport* r = report(dp, tp, pp);
     if (!memory_in_use_ || !r) return "";
     std::string note;
-    if (r->alive && r->memory_step) note += "; its snapshot is of " + step_text(*r->memory_step);
+    for (std::size_t i = 0; r->alive && i < r->memory_steps.size(); ++i) {
+      note += (i == 0 ? "; its snapshots are of " : ", ") + step_text(r->memory_steps[i]);
+    }
     auto w = copies_.find(r->coord.rank);
     if (w == copies_.end()) return note + "; no live rank holds a copy of its shard";
     for (const auto& [held_step, holder] : w->second) note += "; " + copy_text(holder, held_step);
@@ -223,7 +225,9 @@ Plan no_write(Plan plan, std::string why) {
 WriteSource source_for(const RankReport& mine, std::uint64_t step) {
   if (!mine.alive) return WriteSource::None;
   if (!mine.mid_update && mine.step == step) return WriteSource::Live;
-  if (mine.memory_step && *mine.memory_step == step) return WriteSource::Staging;
+  if (std::find(mine.memory_steps.begin(), mine.memory_steps.end(), step) != mine.memory_steps.end()) {
+    return WriteSource::Staging;
+  }
   return WriteSource::None;
 }
 
@@ -323,7 +327,7 @@ std::string index_copies(const Layout& layout, const std::vector<RankReport>& re
 
 bool any_memory(const std::vector<RankReport>& reports) {
   return std::any_of(reports.begin(), reports.end(),
-                     [](const RankReport& r) { return r.memory_step.has_value() || !r.held.empty(); });
+                     [](const RankReport& r) { return !r.memory_steps.empty() || !r.held.empty(); });
 }
 
 // Every group's state and every key's possible owners, assessed once; then what one step would cover.

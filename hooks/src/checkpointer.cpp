@@ -113,7 +113,7 @@ Decision Checkpointer::Impl::decide(std::uint64_t step) {
   out.kind = d.kind;
   // The memory tier's own interval, in steps. Never behind a persist or a copy still running: training is not held
   // for the memory tier (the copy before stays the one that counts).
-  if (!out.snapshot && tier && !tier_too_big && config.memory_interval > 0 && step % config.memory_interval == 0 && queue.idle()) {
+  if (!out.snapshot && tier && !tier_too_big && config.memory_interval > 0 && step % config.memory_interval == 0) {
     out.snapshot = true;
     out.memory_only = true;
   }
@@ -535,20 +535,22 @@ std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
     out.push_back(MemoryCopy{kept.ward, kept.step, std::move(kept.ranges), std::shared_ptr<std::byte>(owner, owner->data()),
                              kept.size});
   }
-  // Closed: no thread writes staging any more. Its host ranges are the snapshot's; blobs and device ranges lie
-  // elsewhere and are left to the restore.
-  std::shared_ptr<const PersistJob> own;
+  // Closed: no thread writes staging any more. The host ranges of its last two snapshots; blobs and device ranges
+  // lie elsewhere and are left to the restore.
+  std::shared_ptr<const PersistJob> last, before;
   {
     std::lock_guard<std::mutex> lock(m.mu);
-    own.swap(m.whole_snapshot);
+    last.swap(m.whole_snapshot);
+    before.swap(m.previous_snapshot);
   }
-  if (own && m.staging.host.size() > 0) {
-    const std::byte* base = m.staging.host.data();
-    const std::size_t size = m.staging.host.size();
+  for (auto [job, buffer] : {std::make_pair(last, &m.staging.host), std::make_pair(before, &m.staging.spare)}) {
+    if (!job || buffer->size() == 0) continue;
+    const std::byte* base = buffer->data();
+    const std::size_t size = buffer->size();
     MemoryCopy copy;
     copy.rank = m.rank;
-    copy.step = own->step;
-    for (const Piece& p : own->pieces) {
+    copy.step = job->step;
+    for (const Piece& p : job->pieces) {
       if (p.data < base || p.data + p.size > base + size) continue;
       store::StateRange r;
       r.name = p.name;
@@ -556,7 +558,7 @@ std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
       r.length = p.size;
       copy.ranges.push_back(std::move(r));
     }
-    auto owner = std::make_shared<HostBuffer>(std::move(m.staging.host));
+    auto owner = std::make_shared<HostBuffer>(std::move(*buffer));
     copy.data = std::shared_ptr<std::byte>(owner, owner->data());
     copy.size = owner->size();
     out.push_back(std::move(copy));

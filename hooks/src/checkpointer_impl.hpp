@@ -77,6 +77,9 @@ struct PinnedBuffer {
 // The snapshot's staging: the worker's while it has tasks, the training thread's after wait_idle().
 struct Staging {
   HostBuffer host;
+  // The memory tier: the buffer the snapshot before the last one lies in. Each snapshot swaps it with `host`, so
+  // the last two memory checkpoints stay whole (a partner may hold this rank's copy of the older one only).
+  HostBuffer spare;
   PinnedBuffer pinned;
   bool host_copying = false;          // host copies running; before_update has not passed yet
   bool device_guard_pending = false;  // device copies queued; the compute streams do not wait yet
@@ -179,7 +182,8 @@ struct Checkpointer::Impl {
   Status first_error;  // guarded by mu
   // The memory tier: the snapshot staging holds whole (set by the worker once its copy is done, cleared by the
   // training thread before the next one overwrites staging), for the last words' writes from staging.
-  std::shared_ptr<const PersistJob> whole_snapshot;  // guarded by mu
+  std::shared_ptr<const PersistJob> whole_snapshot;     // guarded by mu
+  std::shared_ptr<const PersistJob> previous_snapshot;  // guarded by mu: the one before, whole in staging.spare
 
   ~Impl();
 
@@ -193,6 +197,7 @@ struct Checkpointer::Impl {
   // Worker or training thread (the latter only after wait_idle): host staging of at least `bytes`.
   Status grow_host(std::size_t bytes);
   Status grow_pinned(std::size_t bytes);
+  Status grow_spare(std::size_t bytes);
   // Raises the staging sizes wanted; true when they grew (a grow task must be queued).
   bool ask_staging(std::size_t host_bytes, std::size_t pinned_bytes);
   // Training thread: asks the worker for the staging the current regions need.

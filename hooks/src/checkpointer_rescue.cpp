@@ -170,10 +170,13 @@ void Checkpointer::Impl::start_memory_tier() {
   }
   tier = MemoryTier::start(s, mesh);
   watch.last_words->set_memory(LastWords::MemoryHooks{
-      [this]() -> std::optional<std::uint64_t> {
+      [this] {
+        std::vector<std::uint64_t> steps;
         std::lock_guard<std::mutex> lock(mu);
-        if (!whole_snapshot) return std::nullopt;
-        return whole_snapshot->step;
+        for (const auto& job : {whole_snapshot, previous_snapshot}) {
+          if (job) steps.push_back(job->step);
+        }
+        return steps;
       },
       [this] {
         tier->freeze();
@@ -195,7 +198,7 @@ Status Checkpointer::Impl::write_from_staging(std::uint64_t step, const std::vec
   std::shared_ptr<const PersistJob> job;
   {
     std::lock_guard<std::mutex> lock(mu);
-    job = whole_snapshot;
+    job = whole_snapshot && whole_snapshot->step == step ? whole_snapshot : previous_snapshot;
   }
   if (!job || job->step != step) return Status::failure("staging does not hold step " + std::to_string(step) + " whole");
   if (Status s = write_pieces(step, job->pieces, keys); !s) return s;

@@ -68,6 +68,11 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind, bool mem
   double waited = seconds_since(t_wait);
   {
     std::lock_guard<std::mutex> lock(mu);
+    if (tier) {
+      // The last snapshot stays whole in the buffer swapped out; the one before it is overwritten from here on.
+      previous_snapshot = std::move(whole_snapshot);
+      std::swap(staging.host, staging.spare);
+    }
     whole_snapshot.reset();  // staging is overwritten from here on
   }
 

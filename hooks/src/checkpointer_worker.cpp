@@ -39,16 +39,35 @@ void Checkpointer::Impl::free_pinned() {
 
 void Checkpointer::Impl::update_staging_stats() {
   std::lock_guard<std::mutex> lock(mu);
-  stats.staging_bytes = staging.host.size() + staging.pinned.size;
+  stats.staging_bytes = staging.host.size() + staging.spare.size() + staging.pinned.size;
 }
 
 // Worker or training thread (the latter only after wait_idle): host staging of at least `bytes`.
 Status Checkpointer::Impl::grow_host(std::size_t bytes) {
   if (staging.host.size() >= bytes) return Status::success();
-  staging.host = HostBuffer();  // release first: staging must never be twice the state
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    whole_snapshot.reset();  // it lay in the buffer released here
+  }
+  staging.host = HostBuffer();  // release first: staging must never be twice the state (the tier's spare aside)
   auto buffer = HostBuffer::allocate(bytes);
   if (!buffer) return Status::failure(buffer.error());
   staging.host = std::move(buffer).value();
+  update_staging_stats();
+  return Status::success();
+}
+
+// The memory tier's second snapshot buffer (Staging::spare), grown beside the first so that no snapshot maps it.
+Status Checkpointer::Impl::grow_spare(std::size_t bytes) {
+  if (!tier || staging.spare.size() >= bytes) return Status::success();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    previous_snapshot.reset();  // it lay in the buffer released here
+  }
+  staging.spare = HostBuffer();
+  auto buffer = HostBuffer::allocate(bytes);
+  if (!buffer) return Status::failure(buffer.error());
+  staging.spare = std::move(buffer).value();
   update_staging_stats();
   return Status::success();
 }
@@ -84,6 +103,7 @@ void Checkpointer::Impl::plan_growth() {
         if (staging.lent) target.second = 0;  // the last words are copying into it
       }
       if (Status s = grow_host(target.first); !s) log::error(rank, s.error() + " (retried at the next snapshot)");
+      if (Status s = grow_spare(target.first); !s) log::error(rank, s.error() + " (retried at the next snapshot)");
       if (target.second > 0) {
         if (Status s = grow_pinned(target.second); !s) {
           log::error(rank, s.error() + " (retried at the next snapshot)");
@@ -171,9 +191,10 @@ void Checkpointer::Impl::keep_in_memory(const std::shared_ptr<const PersistJob>&
     whole_snapshot = job;
   }
   if (!tier_checked) {
-    // Once the state is known: staging and a held and an incoming copy per ward of about this rank's size.
+    // Once the state is known: two snapshots in staging, and a held and an incoming copy per ward of about this
+    // rank's size.
     tier_checked = true;
-    const std::uint64_t staging_bytes = staging.host.size() + staging.pinned.size;
+    const std::uint64_t staging_bytes = 2 * staging.host.size() + staging.pinned.size;
     const std::uint64_t need = memtier::tier_bytes(staging_bytes, job->bytes, tier->settings().wards.size());
     if (auto why = memtier::refuse(need, config.memory_bytes)) {
       tier_too_big = true;

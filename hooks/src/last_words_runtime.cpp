@@ -275,7 +275,9 @@ struct LastWords::Impl {
         if (got.rank < 0 || got.rank >= config.world_size || got.ward >= config.world_size) return;
         std::lock_guard<std::mutex> lock(mu);
         auto& frames = tally.held[got.rank];
-        const bool seen = std::any_of(frames.begin(), frames.end(), [&](const HeldFrame& h) { return h.ward == got.ward; });
+        const bool seen = std::any_of(frames.begin(), frames.end(), [&](const HeldFrame& h) {
+          return h.ward == got.ward && h.ward_step == got.ward_step && h.own_step == got.own_step;
+        });
         if (seen || frames.size() >= 64) return;
         frames.push_back(got);
         net()->send_up(f);
@@ -430,10 +432,12 @@ struct LastWords::Impl {
       std::lock_guard<std::mutex> lock(mu);
       mem = memory;
     }
-    if (!mem.own_step || !mem.held) return {};
+    if (!mem.own_steps || !mem.held) return {};
+    // The newest own step rides with every copy's frame; each older one in a frame of its own.
+    const std::vector<std::uint64_t> own = mem.own_steps();
     HeldFrame base;
     base.rank = rank;
-    base.own_step = mem.own_step();
+    if (!own.empty()) base.own_step = own.front();
     std::vector<HeldFrame> out;
     for (const auto& [ward, step] : mem.held()) {
       HeldFrame h = base;
@@ -442,8 +446,16 @@ struct LastWords::Impl {
       out.push_back(h);
     }
     if (out.empty()) out.push_back(base);
+    for (std::size_t i = 1; i < own.size(); ++i) {
+      HeldFrame h = base;
+      h.own_step = own[i];
+      out.push_back(h);
+    }
     std::string line = "last words: memory: ";
-    line += base.own_step ? "staging holds step " + std::to_string(*base.own_step) : std::string("staging holds no whole step");
+    if (own.empty()) line += "staging holds no whole step";
+    for (std::size_t i = 0; i < own.size(); ++i) {
+      line += (i == 0 ? "staging holds step " : ", step ") + std::to_string(own[i]);
+    }
     for (const HeldFrame& h : out) {
       if (h.ward >= 0) line += ", the copy of rank " + std::to_string(h.ward) + "'s step " + std::to_string(h.ward_step);
     }
@@ -479,7 +491,9 @@ struct LastWords::Impl {
         r.step = sent.step;
         if (auto h = tally.held.find(p); h != tally.held.end()) {
           for (const HeldFrame& f : h->second) {
-            if (f.own_step) r.memory_step = f.own_step;
+            if (f.own_step && std::find(r.memory_steps.begin(), r.memory_steps.end(), *f.own_step) == r.memory_steps.end()) {
+              r.memory_steps.push_back(*f.own_step);
+            }
             if (f.ward >= 0) r.held.emplace_back(f.ward, f.ward_step);
           }
         }
@@ -620,8 +634,10 @@ struct LastWords::Impl {
         mine.mid_update = it->second.mid_update;
         mine.step = it->second.step;
       }
-      if (auto h = tally.held.find(rank); h != tally.held.end() && !h->second.empty()) {
-        mine.memory_step = h->second.front().own_step;
+      if (auto h = tally.held.find(rank); h != tally.held.end()) {
+        for (const HeldFrame& f : h->second) {
+          if (f.own_step) mine.memory_steps.push_back(*f.own_step);
+        }
       }
     }
     if (stand_ins.count(rank) == 0) {

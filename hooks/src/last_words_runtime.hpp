@@ -152,8 +152,8 @@ class LastWords {
   // The memory tier's part (memory_tier.hpp), where the job keeps one: what this rank holds besides its live state,
   // reported with it, and the writes of a decision that uses it. Set once, right after start().
   struct MemoryHooks {
-    // The step whose snapshot staging holds whole, if any.
-    std::function<std::optional<std::uint64_t>()> own_step;
+    // The steps whose snapshots staging holds whole, newest first (the last memory checkpoint and the one before).
+    std::function<std::vector<std::uint64_t>()> own_steps;
     // Freezes the partner copies (none is replaced after) and lists those that verify: (ward, step).
     std::function<std::vector<std::pair<int, std::uint64_t>>()> held;
     // This rank's shard of `step` from its staging, covering `keys`.

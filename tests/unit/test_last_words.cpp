@@ -530,16 +530,16 @@ TEST_CASE("last words: source_for, the one rule for a rank's own shard", "[last_
   r.step = 12;
   CHECK(last_words::source_for(r, 12) == WriteSource::Live);
   CHECK(last_words::source_for(r, 11) == WriteSource::None);
-  r.memory_step = 11;
+  r.memory_steps = {11};
   CHECK(last_words::source_for(r, 11) == WriteSource::Staging);
-  r.memory_step = 12;
+  r.memory_steps = {12};
   CHECK(last_words::source_for(r, 12) == WriteSource::Live);  // live state first: no copy out of staging
   r.mid_update = true;
   CHECK(last_words::source_for(r, 12) == WriteSource::Staging);
-  r.memory_step.reset();
+  r.memory_steps.clear();
   CHECK(last_words::source_for(r, 12) == WriteSource::None);
   r.mid_update = false;
-  r.memory_step = 12;
+  r.memory_steps = {12};
   r.alive = false;
   CHECK(last_words::source_for(r, 12) == WriteSource::None);
 }
@@ -594,7 +594,7 @@ TEST_CASE("last words: ZeRO-1 with the memory tier", "[last_words]") {
     at(reports, 2, 0, 0).held = {{1, 100}};
     at(reports, 2, 0, 0).mid_update = true;
     at(reports, 2, 0, 0).step = 101;
-    at(reports, 2, 0, 0).memory_step = 100;
+    at(reports, 2, 0, 0).memory_steps = {100};
     Plan plan = last_words::plan(l, reports);
     check_sources(l, reports, plan);
     CHECK(plan.step == 100);
@@ -607,7 +607,7 @@ TEST_CASE("last words: ZeRO-1 with the memory tier", "[last_words]") {
   SECTION("an older copy takes the plan back only when the newer step is incomplete") {
     for (RankReport& r : reports) {
       r.step = 101;
-      r.memory_step = 100;
+      r.memory_steps = {100};
     }
     at(reports, 2, 0, 0).held = {{1, 100}};
     Plan older = last_words::plan(l, reports);
@@ -624,6 +624,31 @@ TEST_CASE("last words: ZeRO-1 with the memory tier", "[last_words]") {
     CHECK(newer.stand_ins.empty());
     CHECK(newer.from_memory.empty());
     CHECK(sorted_writers(newer) == expected_writers(l, {0}));
+  }
+  SECTION("the dead rank's copy is a step behind the survivors' last snapshot: their snapshot before it counts") {
+    // The crash came while the last memory checkpoint's copies travelled: the survivors' staging holds step 101
+    // and, kept until the next one begins, step 100; the dead rank's copy of step 101 never arrived.
+    for (RankReport& r : reports) {
+      r.step = 102;
+      r.memory_steps = {101, 100};
+    }
+    at(reports, 2, 0, 0).held = {{1, 100}};
+    at(reports, 0, 0, 0).held = {{2, 100}};
+    Plan plan = last_words::plan(l, reports);
+    check_sources(l, reports, plan);
+    CHECK(plan.step == 100);
+    CHECK(plan.stand_ins == std::map<int, int>{{1, 2}});
+    CHECK(plan.from_memory == std::set<int>{0, 2});
+    at(reports, 2, 0, 0).memory_steps = {101};  // one snapshot only: step 100 is gone from rank 2...
+    at(reports, 0, 0, 0).held.clear();           // ... and no copy of it is left
+    Plan without = last_words::plan(l, reports);
+    check_against_store(l, without);
+    CHECK_FALSE(without.write);
+    std::string reasons;
+    for (const std::string& r : without.reasons) reasons += r + "\n";
+    CHECK_THAT(reasons, Catch::Contains("1 of 4 state keys cannot be covered at step 102 (optim/pp0/tp0/dp1: its "
+                                        "only holder rank 1 (dp1/tp0/pp0) is dead; a partner copy of step 100 on "
+                                        "rank 2)"));
   }
   SECTION("a copy of an older step without the survivors' snapshots of it: nothing is written") {
     for (RankReport& r : reports) r.step = 101;
@@ -712,7 +737,7 @@ TEST_CASE("last words: pure data parallelism needs no copy", "[last_words]") {
   const Plan plain = last_words::plan(l, reports);
 
   at(reports, 1, 0, 0).held = {{0, 100}};
-  for (RankReport& r : reports) r.memory_step = 99;
+  for (RankReport& r : reports) r.memory_steps = {99};
   Plan plan = last_words::plan(l, reports);
   check_sources(l, reports, plan);
   CHECK(plan.step == 100);

@@ -43,12 +43,14 @@ struct RankReport {
   bool mid_update = false;  // between before_update and after_step
   std::uint64_t step = 0;   // the step it is on
   // Memory tier; both empty without it. A dead rank's entries are never used.
-  std::optional<std::uint64_t> memory_step;          // its staging holds a whole snapshot of this step
+  // Its staging's whole snapshots, newest first: the last memory checkpoint and the one before it, which staging
+  // keeps until the next begins (a partner may still hold this rank's copy of that one only).
+  std::vector<std::uint64_t> memory_steps;
   std::vector<std::pair<int, std::uint64_t>> held;  // partner copies it holds, whole and verified: (ward rank, step)
 };
 
 // Where a rank's own shard of `step` comes from: its live state (alive, not mid-update, at `step`), else its
-// staging (alive, a snapshot of `step`), else nowhere of its own (a stand-in may write it). The planner and each
+// staging (alive, a whole snapshot of `step`), else nowhere of its own (a stand-in may write it). The planner and each
 // rank's runtime use this one rule, so a rank writes exactly what the root counted on.
 enum class WriteSource { Live, Staging, None };
 WriteSource source_for(const RankReport& mine, std::uint64_t step);
