@@ -53,9 +53,12 @@ def parse_args():
 class TinyTransformer(torch.nn.Module):
     def __init__(self, vocab, d_model, layers, seq_len, extra_mib=0):
         super().__init__()
-        # State of a realistic size: a parameter that joins the loss with a tiny weight, so that it has a gradient,
-        # is all-reduced and updated (with AdamW's two moments, three times its size in the checkpoint).
-        self.extra = torch.nn.Parameter(torch.zeros(extra_mib << 18)) if extra_mib else None
+        # State of a realistic size: parameters that join the loss with a tiny weight, so that they have a gradient,
+        # are all-reduced and updated (with AdamW's two moments, three times their size in the checkpoint). In blocks
+        # of 16 MiB, as a model's layers are: ZeRO-1 partitions whole parameters, and spreads blocks evenly.
+        self.extra = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.zeros(min(16, extra_mib - at) << 18)) for at in range(0, extra_mib, 16)]
+        ) if extra_mib else None
         self.embed = torch.nn.Embedding(vocab, d_model)
         self.pos = torch.nn.Parameter(torch.zeros(seq_len, d_model))
         layer = torch.nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=2 * d_model, dropout=0.1,
@@ -68,7 +71,7 @@ class TinyTransformer(torch.nn.Module):
     def forward(self, tokens):
         h = self.embed(tokens) + self.pos[: tokens.shape[1]]
         out = self.head(self.encoder(h, mask=self.mask))
-        return out if self.extra is None else out + 1e-9 * self.extra.sum()
+        return out if self.extra is None else out + 1e-9 * sum(p.sum() for p in self.extra)
 
 
 def batch(args, step, rank, world):

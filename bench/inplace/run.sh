@@ -46,12 +46,12 @@ STEPS=60
 # How long a run may take: 2 minutes, and 2 s more per MiB of extra state (a 256 MiB run's step takes about 2 s
 # here, with its all-reduce and AdamW on 2 cores).
 WAIT_S=$((120 + 2 * EXTRA))
-# -z: no periodic checkpoint; the memory tier's budget is staging and two copies of a rank's state (ZeRO-1 gives a
-# whole parameter to one rank: the rank holding --extra-mib's keeps three times it), with room for the model.
+# -z: no periodic checkpoint; the memory tier's budget is two snapshots in staging and two copies of a ward's state
+# (1 + 2/3 times the extra parameters per rank under ZeRO-1 over 3 ranks), with room for the model.
 TRAIN_ARGS="--ckpt-interval-steps 10" SBATCH_ARGS=()
 if [ -n "$ZERO1" ]; then
   TRAIN_ARGS="--ckpt-interval-steps 100000 --zero1"
-  SBATCH_ARGS=(--ckpt-memory=$((10 * EXTRA + 256))M)
+  SBATCH_ARGS=(--ckpt-memory=$((8 * EXTRA + 256))M)
 fi
 victim="" job="" mode=""
 # Brings the victim back: its link first when it was cut off, then its daemons and its state in Slurm.
