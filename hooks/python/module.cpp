@@ -320,6 +320,6 @@ PYBIND11_MODULE(_native, m) {
            "times, stand_ins. Any thread may call it.")
       .def("release_memory_copies", [](PyCheckpointer& self) { return self.get().release_memory_copies(); },
            "After the last words, once close() or abort() returned: the partner copies this rank held and its own "
-           "staging's snapshot, moved out of the checkpointer ([MemoryCopy]); empty without the memory tier, "
-           "when no last words ran, or a second time.");
+           "staging's last two snapshots and their blobs, moved out of the checkpointer ([MemoryCopy]); empty "
+           "without the memory tier, when no last words ran, or a second time.");
 }

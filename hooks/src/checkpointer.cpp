@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -111,8 +112,8 @@ Decision Checkpointer::Impl::decide(std::uint64_t step) {
   out.snapshot = d.snapshot;
   out.stop = d.stop;
   out.kind = d.kind;
-  // The memory tier's own interval, in steps. Never behind a persist or a copy still running: training is not held
-  // for the memory tier (the copy before stays the one that counts).
+  // The memory tier's own interval, in steps, on every rank alike: where the previous copy is still under way, the
+  // snapshot waits for it (back-pressure), so that all ranks hold snapshots of the same steps.
   if (!out.snapshot && tier && !tier_too_big && config.memory_interval > 0 && step % config.memory_interval == 0) {
     out.snapshot = true;
     out.memory_only = true;
@@ -535,8 +536,9 @@ std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
     out.push_back(MemoryCopy{kept.ward, kept.step, std::move(kept.ranges), std::shared_ptr<std::byte>(owner, owner->data()),
                              kept.size});
   }
-  // Closed: no thread writes staging any more. The host ranges of its last two snapshots; blobs and device ranges
-  // lie elsewhere and are left to the restore.
+  // Closed: no thread writes staging any more. Its last two snapshots: their host ranges where they lie, and their
+  // blobs (the optimizer's and the program's small pickles) copied beside them. Device ranges are left to the
+  // restore.
   std::shared_ptr<const PersistJob> last, before;
   {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -547,10 +549,18 @@ std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
     if (!job || buffer->size() == 0) continue;
     const std::byte* base = buffer->data();
     const std::size_t size = buffer->size();
-    MemoryCopy copy;
-    copy.rank = m.rank;
-    copy.step = job->step;
+    MemoryCopy copy, blobs;
+    copy.rank = blobs.rank = m.rank;
+    copy.step = blobs.step = job->step;
+    std::vector<const Piece*> blob_pieces;
     for (const Piece& p : job->pieces) {
+      const bool in_blob = std::any_of(job->blobs.begin(), job->blobs.end(), [&](const Blob& b) {
+        return p.data >= b.bytes.data() && p.data + p.size <= b.bytes.data() + b.bytes.size();
+      });
+      if (in_blob) {
+        blob_pieces.push_back(&p);
+        blobs.size += p.size;
+      }
       if (p.data < base || p.data + p.size > base + size) continue;
       store::StateRange r;
       r.name = p.name;
@@ -562,6 +572,22 @@ std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
     copy.data = std::shared_ptr<std::byte>(owner, owner->data());
     copy.size = owner->size();
     out.push_back(std::move(copy));
+    if (blobs.size == 0) continue;
+    auto small = HostBuffer::allocate(blobs.size);
+    if (!small) continue;  // the restore reads them
+    auto held = std::make_shared<HostBuffer>(std::move(small).value());
+    std::uint64_t at = 0;
+    for (const Piece* p : blob_pieces) {
+      std::memcpy(held->data() + at, p->data, p->size);
+      store::StateRange r;
+      r.name = p->name;
+      r.offset = at;
+      r.length = p->size;
+      blobs.ranges.push_back(std::move(r));
+      at += p->size;
+    }
+    blobs.data = std::shared_ptr<std::byte>(held, held->data());
+    out.push_back(std::move(blobs));
   }
   return out;
 }

@@ -241,7 +241,8 @@ struct LastWordsReport {
 struct MemoryCopy {
   int rank = -1;                          // whose state: a ward's, or this rank's own
   std::uint64_t step = 0;
-  std::vector<store::StateRange> ranges;  // each range's name and offset into `data` (the shard's host ranges)
+  std::vector<store::StateRange> ranges;  // each range's name and offset into `data`: a partner copy's whole shard;
+                                          // of this rank's own, a snapshot's host ranges, or its blobs
   std::shared_ptr<std::byte> data;        // owns the bytes
   std::uint64_t size = 0;
 };
@@ -321,7 +322,8 @@ class Checkpointer {
   // What the last words did on this rank so far; any thread may call it.
   CKPT_HOOKS_API LastWordsReport last_words_report() const;
   // After the last words, once close() or abort() returned: the partner copies this rank holds (each checked again)
-  // and its own staging's snapshot, moved out (see MemoryCopy). Empty without the memory tier, when no last words
+  // and its own staging's last two snapshots (each as two: its host ranges, and its blobs), moved out (see
+  // MemoryCopy). Empty without the memory tier, when no last words
   // ran, or a second time.
   CKPT_HOOKS_API std::vector<MemoryCopy> release_memory_copies();
 

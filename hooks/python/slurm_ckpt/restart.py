@@ -53,7 +53,7 @@ _MESH_FAILED = "not every rank joined the mesh"
 # The memory tier's checkpoints this rank held when the last words ended (MemoryCopy), until the next generation's
 # restore: copies, the partner copies by ward, which the handover sends to the wards' replacements; own, this
 # rank's own staging, which its restore takes where its live state is of another step.
-_state = {"checkpointer": None, "recovery": None, "group": None, "plan": None, "copies": {}, "own": None}
+_state = {"checkpointer": None, "recovery": None, "group": None, "plan": None, "copies": {}, "own": []}
 
 
 def _say(line):
@@ -117,21 +117,26 @@ def handover(layout):
 
 
 def own_copy():
-    """A survivor's own checkpoint in memory of the step the generation resumes from (its staging, kept after the
-    last words) as [(region name, uint8 tensor)]; once, then dropped. Its restore offers it after its live state:
-    a rank caught mid-update, or whose memory checkpoint was a step behind, still reads nothing."""
-    plan, own, _state["own"] = _state["plan"], _state["own"], None
-    if plan is None or own is None or own.step != plan.step or not own.ranges:
+    """A survivor's own checkpoint in memory of the step the generation resumes from (its staging's snapshots and
+    their blobs, kept after the last words) as [(region name, uint8 tensor)]; once, then dropped. Its restore offers
+    it after its live state: a rank caught mid-update, or whose live state is a step ahead, still reads nothing."""
+    plan, own, _state["own"] = _state["plan"], _state["own"], []
+    if plan is None:
         return []
-    data = torch.frombuffer(own, dtype=torch.uint8)
-    return [(name, data[offset:offset + length]) for name, offset, length in own.ranges]
+    items = []
+    for copy in own:
+        if copy.step == plan.step and copy.ranges:
+            data = torch.frombuffer(copy, dtype=torch.uint8)
+            items += [(name, data[offset:offset + length]) for name, offset, length in copy.ranges]
+    return items
 
 
 def _keep_memory_copies(cp):
     """After the last words: the memory tier's checkpoints this rank holds outlive its Checkpointer."""
-    copies = {c.rank: c for c in cp._native.release_memory_copies()} if cp is not None and cp.enabled else {}
-    _state["own"] = copies.pop(int(os.environ.get(_ENV["rank"], "-1")), None)
-    _state["copies"] = copies
+    copies = cp._native.release_memory_copies() if cp is not None and cp.enabled else []
+    rank = int(os.environ.get(_ENV["rank"], "-1"))
+    _state["own"] = [c for c in copies if c.rank == rank]
+    _state["copies"] = {c.rank: c for c in copies if c.rank != rank}
 
 
 def _last_words():
