@@ -139,6 +139,8 @@ def train(args, in_place=False, warm=None):
         # A survivor re-entering with nothing to resume from: the initial state, as a fresh process has it
         model.load_state_dict(build(args)[0].state_dict())
         optimizer.state.clear()
+        if args.zero1:
+            optimizer.optim.state.clear()  # ZeRO-1's partition: the state its local optimizer holds
         torch.manual_seed(args.seed + 1 + rank)
     say(f"resumed from step {start}" if start else "starting at step 0",
         f"({world} ranks, checkpoints every {cp.config['interval'] if cp.enabled else 'never'})")
