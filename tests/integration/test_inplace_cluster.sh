@@ -29,14 +29,7 @@ cleanup() {
 trap cleanup EXIT
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 
-cat > "$SCRATCH/job.sbatch" <<JOB
-#!/bin/bash
-#SBATCH --no-kill --requeue --open-mode=append --ckpt-last-words=on
-export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s CKPT_CONTROLLER_URL=$CONTROLLER_URL
-echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
-$CKPT_BUILD_DIR/ckpt-run/ckpt-run \${RUN_SPARES---spares 1} srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
-  --steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1 "\$@"
-JOB
+inplace_job "$SCRATCH/job.sbatch" "" "--steps $STEPS --ckpt-interval-steps 10 --step-sleep 0.1 --log-every 1"
 logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
 # state_from_memory LOG STEP: at the restore of STEP in place, each survivor found its weights and optimizer state
 # in its own memory and the replacement in what a survivor sent it, each checked against the checkpoint's

@@ -25,14 +25,8 @@ cleanup() {
 trap cleanup EXIT
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 
-cat > "$SCRATCH/job.sbatch" <<JOB
-#!/bin/bash
-#SBATCH --no-kill --requeue --open-mode=append --ckpt-last-words=on --ckpt-memory=256M --ckpt-interval=100000steps
-export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s CKPT_CONTROLLER_URL=$CONTROLLER_URL
-echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
-$CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
-  --zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1 "\$@"
-JOB
+inplace_job "$SCRATCH/job.sbatch" "--ckpt-memory=256M --ckpt-interval=100000steps" \
+  "--zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1"
 logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
 submit() {
   mkdir -p "$SCRATCH/$1"

@@ -26,14 +26,8 @@ cleanup() {
 trap cleanup EXIT
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 
-cat > "$SCRATCH/job.sbatch" <<JOB
-#!/bin/bash
-#SBATCH --no-kill --requeue --open-mode=append --ckpt-last-words=on --ckpt-straggler=0.5,swap
-export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s CKPT_CONTROLLER_URL=$CONTROLLER_URL
-echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
-$CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
-  --steps $STEPS --ckpt-interval-steps 1000 --step-sleep 0.05 --log-every 1 --log-time --d-model 96 "\$@"
-JOB
+inplace_job "$SCRATCH/job.sbatch" "--ckpt-straggler=0.5,swap" \
+  "--steps $STEPS --ckpt-interval-steps 1000 --step-sleep 0.05 --log-every 1 --log-time --d-model 96"
 # submit NAME: the job on 4 nodes (3 train, 1 spare), into $SCRATCH/NAME; sets `job`.
 submit() {
   mkdir -p "$SCRATCH/$1"
