@@ -533,8 +533,8 @@ std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
   if (!m.tier || !m.life.closed || !m.tier->frozen()) return out;
   for (MemoryTier::Kept& kept : m.tier->release()) {
     auto owner = std::make_shared<HostBuffer>(std::move(kept.buffer));
-    out.push_back(MemoryCopy{kept.ward, kept.step, std::move(kept.ranges), std::shared_ptr<std::byte>(owner, owner->data()),
-                             kept.size});
+    std::shared_ptr<std::byte> data(owner, owner->data());
+    out.push_back(MemoryCopy{kept.ward, kept.step, std::move(kept.ranges), std::move(data), kept.size});
   }
   // Closed: no thread writes staging any more. Its last two snapshots: their host ranges where they lie, and their
   // blobs (the optimizer's and the program's small pickles) copied beside them. Device ranges are left to the

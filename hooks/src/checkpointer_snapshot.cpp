@@ -1,6 +1,7 @@
 // The snapshot, on the training thread: staging made ready, the host regions handed to the copy pool and the
 // device regions to the device backend, the guard that waits for them before the next update, and the persist
 // queued for the worker. Back-pressure (waiting for the previous persist) is measured and reported here.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -70,7 +71,12 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind, bool mem
     std::lock_guard<std::mutex> lock(mu);
     if (tier) {
       // The last snapshot stays whole in the buffer swapped out; the one before it is overwritten from here on.
-      previous_snapshot = std::move(whole_snapshot);
+      // Pinned staging (device regions) is not doubled: a snapshot with ranges there is not kept.
+      const auto* pinned = static_cast<const std::byte*>(staging.pinned.data);
+      auto in_pinned = [&](const Piece& p) { return p.data >= pinned && p.data < pinned + staging.pinned.size; };
+      const bool keeps_device = whole_snapshot && pinned != nullptr &&
+                                std::any_of(whole_snapshot->pieces.begin(), whole_snapshot->pieces.end(), in_pinned);
+      previous_snapshot = keeps_device ? nullptr : std::move(whole_snapshot);
       std::swap(staging.host, staging.spare);
     }
     whole_snapshot.reset();  // staging is overwritten from here on

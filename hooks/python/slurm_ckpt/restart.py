@@ -131,6 +131,12 @@ def own_copy():
     return items
 
 
+def drop_memory_copies():
+    """The memory tier's checkpoints kept for this generation's restore, let go (a restore that takes nothing from
+    memory: CKPT_INPLACE_STATE=files)."""
+    _state["copies"], _state["own"] = {}, []
+
+
 def _keep_memory_copies(cp):
     """After the last words: the memory tier's checkpoints this rank holds outlive its Checkpointer."""
     copies = cp._native.release_memory_copies() if cp is not None and cp.enabled else []

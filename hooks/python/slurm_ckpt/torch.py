@@ -503,6 +503,7 @@ class Checkpointer:
         a replacement receives its donor's, which restore() checks against the checkpoint's checksums as it checks a
         survivor's own memory. Over the generation's process group."""
         if not _state_from_memory():
+            _drop_memory_copies()  # gigabytes a survivor would otherwise hold to the end
             return []
         sends, donor = _handover(self._native.config["layout"])
         for to, items in sends:
@@ -714,4 +715,5 @@ from .restart import note_checkpointer as _note_checkpointer  # noqa: E402
 from .restart import note_phase as _note_phase  # noqa: E402
 from .restart import handover as _handover  # noqa: E402
 from .restart import own_copy as _own_copy  # noqa: E402
+from .restart import drop_memory_copies as _drop_memory_copies  # noqa: E402
 from .restart import init_process_group, run  # noqa: E402,F401
