@@ -111,9 +111,16 @@ def handover(layout):
             _say(f"rank {rank}: holds no partner copy of rank {to}'s step {plan.step}; it reads its shard")
             sends.append((to, []))
             continue
-        data = torch.frombuffer(copy, dtype=torch.uint8) if copy.ranges else None
-        sends.append((to, [(name, data[offset:offset + length]) for name, offset, length in copy.ranges]))
+        sends.append((to, _items_of(copy)))
     return sends, (donors[rank].rank if rank in donors else None)
+
+
+def _items_of(copy):
+    """A MemoryCopy's ranges as [(region name, uint8 tensor over its bytes)], without a copy."""
+    if not copy.ranges:
+        return []
+    data = torch.frombuffer(copy, dtype=torch.uint8)
+    return [(name, data[offset:offset + length]) for name, offset, length in copy.ranges]
 
 
 def own_copy():
@@ -123,12 +130,7 @@ def own_copy():
     plan, own, _state["own"] = _state["plan"], _state["own"], []
     if plan is None:
         return []
-    items = []
-    for copy in own:
-        if copy.step == plan.step and copy.ranges:
-            data = torch.frombuffer(copy, dtype=torch.uint8)
-            items += [(name, data[offset:offset + length]) for name, offset, length in copy.ranges]
-    return items
+    return [item for copy in own if copy.step == plan.step for item in _items_of(copy)]
 
 
 def drop_memory_copies():
