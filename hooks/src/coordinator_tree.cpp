@@ -145,6 +145,7 @@ class TreeCoordinator final : public Coordinator {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (words_ != nullptr) {
+        passed_ = std::max(passed_, step);
         auto it = requests_.find(step);
         if (it == requests_.end()) return std::nullopt;
         return it->second;
@@ -466,6 +467,21 @@ class TreeCoordinator final : public Coordinator {
     });
   }
 
+  // A request that came after this rank had passed its step: the rank never takes that checkpoint, so it says so
+  // at once, up the tree and with the reason in the control dir, instead of leaving the root to wait out the commit
+  // timeout. The cure is a larger lead (or a shorter path: a less loaded host).
+  void on_late_request_locked(std::uint64_t step) {
+    if (failed_.count(step) != 0) return;
+    failed_[step] = config_.rank;
+    const std::string why = "the request for step " + std::to_string(step) + " reached this rank at step " +
+                            std::to_string(passed_) + ", after it had passed that step; CKPT_AGREE_LEAD=" +
+                            std::to_string(config_.agree_lead) + " steps is too short for this job's steps";
+    log::warn(config_.rank, why);
+    words_->network().send_up(heartbeat::ShardFailedFrame{step, config_.rank}.to_frame());
+    cv_.notify_all();
+    schedule_locked([this, step, why] { (void)control_.report_failure(step, why); });
+  }
+
   void schedule_locked(std::function<void()> task) {
     if (stopping_) return;
     tasks_.push_back(std::move(task));
@@ -492,7 +508,9 @@ class TreeCoordinator final : public Coordinator {
     switch (f.type) {
       case heartbeat::kRequest: {
         const auto request = heartbeat::RequestFrame::from_frame(f);
-        if (note_request_locked(request.step, request.kind) && words_ != nullptr) words_->network().flood(f, from);
+        if (!note_request_locked(request.step, request.kind) || words_ == nullptr) break;
+        words_->network().flood(f, from);
+        if (request.step <= passed_) on_late_request_locked(request.step);
         break;
       }
       case heartbeat::kShardsDone: {
@@ -562,6 +580,7 @@ class TreeCoordinator final : public Coordinator {
   std::uint64_t recounts_ = 0;                          // guarded by mu_: the root's recounts so far
   LastWords* words_ = nullptr;                          // guarded by mu_
   std::map<std::uint64_t, store::Kind> requests_;       // guarded by mu_
+  std::uint64_t passed_ = 0;                            // guarded by mu_: the last step training asked about
   std::map<std::uint64_t, Count> counts_;               // guarded by mu_
   std::map<std::uint64_t, int> failed_;                 // guarded by mu_: step -> a rank whose shard failed
   std::set<int> died_;                                  // guarded by mu_: ranks the network declared dead

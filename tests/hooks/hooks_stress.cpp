@@ -33,6 +33,7 @@ struct Args {
   std::uint64_t notice_at = 0;  // raise SIGUSR1 on rank 0 at this step (0: never)
   unsigned copy_threads = 2;
   unsigned step_us = 0;  // a forward pass of at least this long per step (paces time-interval runs)
+  std::uint64_t lead = 2;  // agree_lead: the steps a timed request has to reach every rank
   bool guard = true;  // --no-guard skips before_update(): a deliberate race, for the TSAN harness's control run
 };
 
@@ -60,7 +61,7 @@ void run_rank(const Args& a, int rank, std::barrier<>& sync, RankResult& out) {
            {"dir", a.dir}, {"interval", a.interval}, {"rank", std::to_string(rank)},
            {"world_size", std::to_string(a.ranks)},
            {"keep", "100000"}, {"copy_threads", std::to_string(a.copy_threads)}, {"run_id", "stress"},
-           {"signals", a.notice_at > 0 ? "on" : "off"}, {"log", "warn"}}) {
+           {"signals", a.notice_at > 0 ? "on" : "off"}, {"agree_lead", std::to_string(a.lead)}, {"log", "warn"}}) {
     (void)o.set(k, v);
   }
   auto created = Checkpointer::create(o);
@@ -154,6 +155,7 @@ bool parse(int argc, char** argv, Args& a) {
     else if (k == "--interval") a.interval = v;
     else if (k == "--min-checkpoints") a.min_checkpoints = std::stoull(v);
     else if (k == "--notice-at") a.notice_at = std::stoull(v);
+    else if (k == "--lead") a.lead = std::stoull(v);
     else if (k == "--step-us") a.step_us = static_cast<unsigned>(std::stoul(v));
     else if (k == "--copy-threads") a.copy_threads = static_cast<unsigned>(std::stoul(v));
     else return false;
@@ -168,7 +170,7 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, a)) {
     std::fprintf(stderr,
                  "usage: hooks_stress --dir DIR [--ranks N] [--steps N] [--mib N] [--interval 7steps|1s] "
-                 "[--min-checkpoints N] [--notice-at STEP] [--copy-threads N] [--step-us N] [--no-guard]\n");
+                 "[--min-checkpoints N] [--notice-at STEP] [--copy-threads N] [--step-us N] [--lead STEPS] [--no-guard]\n");
     return 2;
   }
   std::barrier<> sync(a.ranks);

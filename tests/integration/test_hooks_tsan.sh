@@ -42,7 +42,10 @@ fi
 echo "test_hooks_tsan: control run without the guard reported a race, as it must"
 
 "$BIN" --dir "$work/steps" --ranks 2 --steps 400 --mib 1 --interval 5steps --min-checkpoints 80
-"$BIN" --dir "$work/time" --ranks 2 --steps 800 --mib 1 --interval 1s --step-us 3000 --min-checkpoints 2
+# Timed checkpoints are asked for a few steps ahead, and the request crosses the heartbeat network. At the lowest
+# priority, under TSAN and beside the cluster tests, that can take longer than two 3 ms steps: a lead of 40 steps
+# gives it 120 ms.
+"$BIN" --dir "$work/time" --ranks 2 --steps 800 --mib 1 --interval 1s --step-us 3000 --lead 40 --min-checkpoints 2
 "$BIN" --dir "$work/notice" --ranks 2 --steps 100000 --mib 1 --interval 20steps --notice-at 60 --min-checkpoints 3
 "$BIN" --dir "$work/inline" --ranks 1 --steps 40 --mib 1 --interval 3steps --copy-threads 0 --min-checkpoints 13
 # die_after_fork=0: the last-words tests fork a child that plays the rank to be killed; it starts threads of its own.

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <barrier>
 #include <csignal>
 #include <cstring>
@@ -121,7 +122,10 @@ TEST_CASE("the control dir: exclusive requests, one namespace per run and resume
 TEST_CASE("ranks agree on time-based checkpoints", "[hooks][coord]") {
   test::TempDir dir;
   test::LogCapture log;
-  auto runs = run_ranks(2, 700, [&](int r) { return rank_options(dir.path(), r, {{"interval", "1s"}}); });
+  // A lead of 20 steps (100 ms here): the request crosses the network in time on a loaded host too.
+  auto runs = run_ranks(2, 700, [&](int r) {
+    return rank_options(dir.path(), r, {{"interval", "1s"}, {"agree_lead", "20"}});
+  });
   REQUIRE(runs[0].closed.ok());
   REQUIRE(runs[1].closed.ok());
   CHECK(runs[0].snapshots.size() >= 2);
@@ -233,6 +237,57 @@ TEST_CASE("the writer commits only when every rank persisted", "[hooks][coord]")
     CHECK_THAT(s.error(), Catch::Contains("rank 1 is gone from the heartbeat network (it died, or was silent past the "
                                           "heartbeat timeout): no checkpoint of this run can complete"));
     CHECK(took < 15);  // the commit's own timeout is 60 s
+    CHECK(test::committed_steps(dir.path()).empty());
+  }
+  SECTION("a request that reaches a rank after it passed the step: the writer learns at once, and why") {
+    // Rank 1 runs far ahead before rank 0 starts, so rank 0's timed request (1 s in, one step ahead) names a step
+    // rank 1 has passed. Lockstep training never drifts this far; a slow network against a short lead looks alike.
+    const auto o = [&](int r) {
+      return rank_options(dir.path(), r, {{"interval", "1s"}, {"agree_lead", "1"}, {"commit_timeout", "60s"}});
+    };
+    std::atomic<bool> ahead{false}, done{false};
+    std::string error1;
+    std::thread rank1([&] {
+      std::vector<std::uint64_t> w(512, 1);
+      auto cp = Checkpointer::create(o(1));
+      if (!cp) {
+        error1 = cp.error();
+        ahead = true;
+        return;
+      }
+      (void)(*cp)->register_region({"w", w.data(), w.size() * 8});
+      (void)(*cp)->restore();
+      for (std::uint64_t step = 1; step <= 5000; ++step) {
+        (void)(*cp)->before_update();
+        (void)(*cp)->poll(step);
+        (void)(*cp)->after_step(step);
+      }
+      ahead = true;
+      while (!done) std::this_thread::sleep_for(10ms);
+      (void)(*cp)->close();
+    });
+    std::vector<std::uint64_t> w(512, 0);
+    auto cp = test::make(o(0));
+    REQUIRE(cp->register_region({"w", w.data(), w.size() * 8}).ok());
+    REQUIRE(cp->restore().ok());
+    while (!ahead) std::this_thread::sleep_for(10ms);
+    const auto started = std::chrono::steady_clock::now();
+    std::string error0;
+    for (std::uint64_t step = 1; step <= 1000 && error0.empty(); ++step) {
+      std::this_thread::sleep_for(5ms);
+      auto d = cp->poll(step);
+      auto stop = cp->after_step(step);
+      if (!d || !stop) error0 = d.error() + stop.error();
+    }
+    if (error0.empty()) error0 = cp->close().error();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    done = true;
+    rank1.join();
+    REQUIRE(error1 == "");
+    CHECK_THAT(error0, Catch::Contains("rank 1 could not persist step"));
+    CHECK_THAT(error0, Catch::Contains("after it had passed that step; CKPT_AGREE_LEAD=1 steps is too short"));
+    CHECK(took < 20);  // the commit's own timeout is 60 s
+    CHECK(log.has("reached this rank at step 5000"));
     CHECK(test::committed_steps(dir.path()).empty());
   }
   SECTION("a rank whose persist fails tells the writer at once") {
