@@ -11,6 +11,7 @@
 #   cluster.sh freeze-node nX    SIGSTOP the same set (a silent host: only timeouts can tell)
 #   cluster.sh hang-tasks nX     SIGSTOP only the job tasks on nX (a hung rank): slurmd and slurmstepd answer on
 #   cluster.sh kill-tasks nX     SIGKILL only the job tasks on nX (a crashed rank on a healthy node)
+#   cluster.sh task-pids nX      the pids of the job tasks on nX (what hang-tasks and kill-tasks act on)
 #   cluster.sh slow-node nX FACTOR  give the job tasks on nX FACTOR of one CPU between them (the cgroup cpu
 #                                controller's quota), as a throttled or noisy node would; what they start later
 #                                inherits it
@@ -526,6 +527,7 @@ case ${1:-} in
   freeze-node) cmd_freeze_node "${2:?node}" ;;
   hang-tasks) cmd_hang_tasks "${2:?node}" ;;
   kill-tasks) cmd_kill_tasks "${2:?node}" ;;
+  task-pids) task_pids_of_node "${2:?node}" ;;
   task-cpu) cmd_task_cpu "${2:?node}" "${3:-2}" ;;
   slow-node) cmd_slow_node "${2:?node}" "${3:?factor}" ;;
   unslow-node) cmd_unslow_node "${2:?node}" ;;

@@ -7,6 +7,11 @@
 #  2. With --ckpt-memory (a memory checkpoint every step, its copy on the next node's rank): the survivors write
 #     the terminal checkpoint of the last memory step, the dead rank's shard from its partner's copy, at most one
 #     step behind; the rerun resumes from it and ends bitwise identical to an uninterrupted run.
+#  3. A flipped bit in the copy a partner holds (as failing DRAM makes one): a periodic checkpoint every 10 steps,
+#     whose copy goes to the partner too. Once step 20 is committed, the ward's tasks are stopped, one bit of the
+#     copy its holder keeps is flipped in the holder's memory (/proc/PID/mem), and the ward's node crashes. The
+#     holder finds the copy no longer matches its checksums and does not use it; the dead rank's shard is then
+#     nowhere else in memory, and the rerun resumes every rank from the checkpoint of step 20 in the dir.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/torch_lib.sh"
 have_torch || fail "needs python3-torch and a built slurm_ckpt"
@@ -24,7 +29,7 @@ train() {
   [ $# -gt 0 ] && shift
   mkdir -p "$SCRATCH/$name"
   MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) \
-    srun -N3 -n3 -w 'n[1-3]' -J "memtier-$name-$tag" --ckpt-interval=100000steps --ckpt-last-words=on \
+    srun -N3 -n3 -w 'n[1-3]' -J "memtier-$name-$tag" --ckpt-interval="${INTERVAL:-100000steps}" --ckpt-last-words=on \
     --ckpt-dir="$SCRATCH/$name/ckpt" "${opts[@]}" \
     "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py" --zero1 --steps $STEPS --out "$SCRATCH/$name/final.bin" "$@"
 }
@@ -82,3 +87,44 @@ train tier -- > "$SCRATCH/tier-again.log" 2>&1 || { cat "$SCRATCH/tier-again.log
 grep -q "resumed from step $term " "$SCRATCH/tier-again.log" || { cat "$SCRATCH/tier-again.log" >&2; fail "tier: the rerun did not resume from step $term"; }
 cmp -s "$SCRATCH/straight/final.bin" "$SCRATCH/tier/final.bin" || fail "tier: final weights differ after resuming from step $term"
 pass "resumed from the terminal checkpoint of step $term (steps lost: $((seen > term ? seen - term : 0))); final weights bitwise identical"
+
+# ---- 3. a flipped bit in a held copy: found before use, the dir's checkpoint used instead ----
+d=$((1 + RANDOM % 2))  # rank 1 or 2: their shards hold their optimizer partitions alone (rank 0's holds the weights)
+victim=n$((d + 1))
+holder=n$(((d + 1) % 3 + 1))  # the rank one node on keeps the copy
+INTERVAL=10steps CKPT_HEARTBEAT_TIMEOUT=30s train flip --ckpt-memory=256M --ckpt-memory-interval=1000 -- \
+  --step-sleep 0.2 --log-every 1 > "$SCRATCH/flip.log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do
+  [ "$(latest_step "$SCRATCH/flip/ckpt")" -ge 20 ] && [ "$(logged_step "$SCRATCH/flip.log")" -ge 22 ] && break
+  sleep 0.05
+done
+[ "$(latest_step "$SCRATCH/flip/ckpt")" -eq 20 ] ||
+  { cat "$SCRATCH/flip.log" >&2; fail "flip: latest is step $(latest_step "$SCRATCH/flip/ckpt"), not 20"; }
+"$CLUSTER" hang-tasks "$victim" > /dev/null
+crashed=$victim
+hpid=$(for p in $("$CLUSTER" task-pids "$holder"); do case $(cat "/proc/$p/comm") in python*) echo "$p" ;; esac; done | head -1)
+[ -n "$hpid" ] || fail "flip: no training process on $holder"
+step_dir=$SCRATCH/flip/ckpt/$(printf %012d 20)
+others=()
+for r in 0 1 2; do [ "$r" -ne "$d" ] && others+=("$step_dir/rank-0000$r.shard"); done
+"$PY" "$CKPT_SOURCE_DIR/tests/tools/flip_in_memory.py" "$hpid" "$step_dir/rank-0000$d.shard" "${others[@]}" ||
+  fail "flip: rank $d's copy was not found in the memory of its holder on $holder"
+"$CLUSTER" crash-node "$victim" > /dev/null
+for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+kill "$pid" 2>/dev/null || true
+wait "$pid" 2>/dev/null || true
+"$CLUSTER" revive-node "$victim" > /dev/null
+crashed=""
+grep -q "memory tier: the copy of rank $d's step 20 no longer matches the checksum" "$SCRATCH/flip.log" ||
+  { grep "last words\|memory tier" "$SCRATCH/flip.log" >&2; fail "flip: the flipped bit in rank $d's copy went unseen"; }
+grep -q "from its partner copy" "$SCRATCH/flip.log" && fail "flip: a shard was written from a partner copy"
+[ "$(latest_step "$SCRATCH/flip/ckpt")" -eq 20 ] || fail "flip: latest is step $(latest_step "$SCRATCH/flip/ckpt") after the crash"
+{ grep "no longer matches" "$SCRATCH/flip.log"; grep "last words: not writing" "$SCRATCH/flip.log"; } | sed 's/^/  /'
+grep -q "last words: not writing" "$SCRATCH/flip.log" || fail "flip: the last words did not decide against writing"
+pass "a flipped bit in rank $d's copy on $holder was found before use; no shard was written from it"
+
+INTERVAL=10steps train flip -- > "$SCRATCH/flip-again.log" 2>&1 || { cat "$SCRATCH/flip-again.log" >&2; fail "flip: the rerun failed"; }
+grep -q "resumed from step 20 " "$SCRATCH/flip-again.log" || { cat "$SCRATCH/flip-again.log" >&2; fail "flip: the rerun did not resume from step 20"; }
+cmp -s "$SCRATCH/straight/final.bin" "$SCRATCH/flip/final.bin" || fail "flip: final weights differ after resuming from step 20"
+pass "every rank resumed from the dir's checkpoint of step 20; final weights bitwise identical"
