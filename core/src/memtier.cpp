@@ -79,11 +79,11 @@ std::uint64_t tier_bytes(std::uint64_t staging_bytes, std::uint64_t largest_ward
   return saturating_add(staging_bytes, saturating_mul(copies, largest_ward_bytes));
 }
 
-std::optional<std::string> refuse(std::uint64_t need, std::uint64_t max_bytes) {
+std::optional<std::string> refuse(std::uint64_t need, std::uint64_t max_bytes, int rank) {
   if (need <= max_bytes) return std::nullopt;
-  return "the memory tier needs " + format_bytes(need) + " per rank (its own staging, and two copies of each shard it " +
-         "keeps for another rank) but CKPT_MEMORY allows " + format_bytes(max_bytes) +
-         ": checkpoints go to the file system alone";
+  return "the memory tier is off for the whole job: rank " + std::to_string(rank) + " needs " + format_bytes(need) +
+         " (its own staging, and two copies of each shard it keeps for another rank) but CKPT_MEMORY allows " +
+         format_bytes(max_bytes) + " per rank: checkpoints go to the file system alone";
 }
 
 namespace {

@@ -171,8 +171,10 @@ struct Checkpointer::Impl {
   Staging staging;
   Rescued rescued;
   std::unique_ptr<MemoryTier> tier;  // CKPT_MEMORY where the last words are armed (memory_tier.hpp)
-  std::atomic<bool> tier_too_big{false};  // the state does not fit CKPT_MEMORY: no memory checkpoint, no copy
+  // The tier does not fit some rank's CKPT_MEMORY, so it is off for the whole job: no memory checkpoint, no copy.
+  std::atomic<bool> tier_too_big{false};
   bool tier_checked = false;              // the worker's: the budget was checked at the first memory checkpoint
+  bool tier_stopped = false;              // the worker's: the tier's links are closed after it went off
   std::atomic<bool> closing{false};       // close() began: a partner that ended first refuses the last copy
 
   // ---- the persist thread ----
@@ -218,6 +220,9 @@ struct Checkpointer::Impl {
   void persist(const std::shared_ptr<const PersistJob>& job);
   // Worker, memory tier: `job`'s snapshot is whole in staging; its copy to the partner.
   void keep_in_memory(const std::shared_ptr<const PersistJob>& job);
+  // A network thread (or the worker, for this rank's own finding): the tier does not fit `who`, so it goes off
+  // here too; rank 0 says so for the job.
+  void on_tier_off(int who, std::uint64_t need, std::uint64_t budget);
   void collect_garbage(std::uint64_t committed);
 
   // ---- the API's side: regions, scheduling, close (checkpointer.cpp) ---------------------------------------------

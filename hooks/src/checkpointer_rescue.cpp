@@ -185,13 +185,20 @@ void Checkpointer::Impl::start_memory_tier() {
       [this](std::uint64_t step, const std::vector<std::string>& keys) { return write_from_staging(step, keys); },
       [this](int ward, std::uint64_t step, const std::vector<std::string>& keys) {
         return write_from_copy(ward, step, keys);
-      }});
+      },
+      [this](int who, std::uint64_t need, std::uint64_t budget) { on_tier_off(who, need, budget); }});
   if (rank == 0) {
     log::info(0, "memory tier: a checkpoint in memory every " + std::to_string(config.memory_interval) +
                      " step(s), its copy on the rank " + std::to_string(per_node * config.memory_distance) +
                      " ranks on (" + std::to_string(config.memory_distance) + " node(s) away), within " +
                      mib(config.memory_bytes) + " per rank");
   }
+}
+
+void Checkpointer::Impl::on_tier_off(int who, std::uint64_t need, std::uint64_t budget) {
+  tier_too_big = true;  // no memory checkpoint from the next step on; the worker closes the tier's links
+  const auto why = memtier::refuse(need, budget, who);
+  if (rank == 0 && why) log::warn(0, *why);
 }
 
 Status Checkpointer::Impl::write_from_staging(std::uint64_t step, const std::vector<std::string>& keys) {

@@ -192,18 +192,20 @@ void Checkpointer::Impl::keep_in_memory(const std::shared_ptr<const PersistJob>&
   }
   if (!tier_checked) {
     // Once the state is known: two snapshots in staging, and a held and an incoming copy per ward of about this
-    // rank's size.
+    // rank's size. Where that does not fit, every rank turns the tier off: a ward whose holder cannot keep its
+    // copy has its shard nowhere else, and memory checkpoints serve only where every rank takes them.
     tier_checked = true;
     const std::uint64_t staging_bytes = 2 * staging.host.size() + staging.pinned.size;
     const std::uint64_t need = memtier::tier_bytes(staging_bytes, job->bytes, tier->settings().wards.size());
-    if (auto why = memtier::refuse(need, config.memory_bytes)) {
-      tier_too_big = true;
-      if (rank == 0) log::warn(0, "memory tier off: " + *why);
-      tier->stop();
-    }
+    if (need > config.memory_bytes) watch.last_words->tier_off(rank, need, config.memory_bytes);
     tier->set_staging_bytes(staging_bytes);
   }
-  if (tier_too_big || tier->settings().partner < 0) return;
+  if (tier_too_big) {
+    if (!tier_stopped) tier->stop();
+    tier_stopped = true;
+    return;
+  }
+  if (tier->settings().partner < 0) return;
   auto t0 = Clock::now();
   Status sent = tier->send(job->step, job->pieces);
   const double took = seconds_since(t0);
@@ -219,6 +221,13 @@ void Checkpointer::Impl::keep_in_memory(const std::shared_ptr<const PersistJob>&
   }
   // The first failure and then one in a hundred: a partner that is gone fails every copy. At the end of training
   // the partner may have closed first: not worth a warning.
+  // The partner's own budget (its staging is larger than this rank's estimate): the tier is off for the job.
+  if (!sent) {
+    if (auto need = tier->partner_needs()) {
+      watch.last_words->tier_off(tier->settings().partner, *need, config.memory_bytes);
+      return;
+    }
+  }
   if (!sent && (failures == 1 || failures % 100 == 0)) {
     (closing ? log::debug : log::warn)(rank, "memory tier: the copy of step " + std::to_string(job->step) + " to rank " +
                         std::to_string(tier->settings().partner) + " failed (" + std::to_string(failures) +

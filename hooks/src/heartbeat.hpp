@@ -78,6 +78,8 @@ enum FrameType : std::uint32_t {
   // Last words with the memory tier (last_words_frames.hpp).
   kHeld = 14,         // subject's memory: a = its whole snapshot's step, b = a ward's copy step, spare = the ward
   kStandIn = 15,      // one stand-in of the decision, flooded: subject = the ward, a = its holder, b = step
+  kTierOff = 16,      // the memory tier is off for the whole job, flooded: subject = the rank it does not fit,
+                      // a = the bytes it needs, b = CKPT_MEMORY (TierOffFrame)
   // A partner link's hello (memory_tier.hpp): authenticated like a link of the network, carries copies instead.
   kHelloPartner = 40,
 };

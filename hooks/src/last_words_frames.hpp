@@ -152,6 +152,24 @@ struct StandInFrame {
   }
 };
 
+// Flooded, once per job: the memory tier does not fit `rank` (it needs `need` bytes, CKPT_MEMORY is `budget`), so
+// every rank turns it off; subject = rank, a = need, b = budget.
+struct TierOffFrame {
+  int rank = -1;
+  std::uint64_t need = 0;
+  std::uint64_t budget = 0;
+
+  Frame to_frame() const {
+    Frame f;
+    f.type = kTierOff;
+    f.subject = rank;
+    f.a = need;
+    f.b = budget;
+    return f;
+  }
+  static TierOffFrame from_frame(const Frame& f) { return {f.subject, f.a, f.b}; }
+};
+
 // One stage of the decision, flooded: subject = stage, a = its writing dp index (negative: none, as two's
 // complement), b = step.
 struct StageFrame {

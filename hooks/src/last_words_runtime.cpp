@@ -64,6 +64,7 @@ struct LastWords::Impl {
   WriteShard write;
   Prepare prepare;
   MemoryHooks memory;  // guarded by mu
+  std::optional<heartbeat::TierOffFrame> tier_off;  // guarded by mu: why the job's memory tier went off (once)
   std::unique_ptr<heartbeat::Mesh> mesh;
   std::atomic<heartbeat::Mesh*> published{nullptr};  // `mesh`, once start() returned it
   std::uint64_t notices_seen = 0;
@@ -253,6 +254,20 @@ struct LastWords::Impl {
     }
   }
 
+  // The job's memory tier goes off, once: the word goes on to every neighbour but `from` (-1: this rank's own
+  // finding), then to the checkpointer.
+  void turn_tier_off(const heartbeat::TierOffFrame& off, int from) {
+    std::function<void(int, std::uint64_t, std::uint64_t)> to;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (tier_off) return;
+      tier_off = off;
+      to = memory.on_tier_off;  // none yet: set_memory() passes it on
+      if (net() != nullptr) net()->flood(off.to_frame(), from);
+    }
+    if (to) to(off.rank, off.need, off.budget);
+  }
+
   // Mesh threads: a last-words or coordination frame from the link to `from`.
   void on_frame(const heartbeat::Frame& f, int from) {
     switch (f.type) {
@@ -327,6 +342,12 @@ struct LastWords::Impl {
         net()->flood(f, from);
         cv.notify_all();
         break;
+      }
+      case heartbeat::kTierOff: {
+        const auto got = heartbeat::TierOffFrame::from_frame(f);
+        if (got.rank < 0 || got.rank >= config.world_size) return;
+        turn_tier_off(got, from);
+        return;
       }
       case heartbeat::kRequest:
       case heartbeat::kShardsDone:
@@ -927,8 +948,19 @@ void LastWords::set_pace(std::function<void(const heartbeat::Frame&, int from)> 
 }
 
 void LastWords::set_memory(MemoryHooks hooks) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->memory = std::move(hooks);
+  std::optional<heartbeat::TierOffFrame> early;
+  std::function<void(int, std::uint64_t, std::uint64_t)> to;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->memory = std::move(hooks);
+    early = impl_->tier_off;
+    to = impl_->memory.on_tier_off;
+  }
+  if (early && to) to(early->rank, early->need, early->budget);
+}
+
+void LastWords::tier_off(int rank, std::uint64_t need, std::uint64_t budget) {
+  impl_->turn_tier_off(heartbeat::TierOffFrame{rank, need, budget}, -1);
 }
 
 void LastWords::set_coordination(std::function<void(const heartbeat::Frame&, int from)> handler) {

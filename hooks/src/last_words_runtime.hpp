@@ -160,8 +160,13 @@ class LastWords {
     std::function<Status(std::uint64_t step, const std::vector<std::string>& keys)> write_staging;
     // `ward`'s shard of `step` from the copy this rank holds, covering `keys`.
     std::function<Status(int ward, std::uint64_t step, const std::vector<std::string>& keys)> write_ward;
+    // The memory tier is off for the whole job: it does not fit `rank`, which needs `need` of `budget` bytes.
+    // Called once, on a network thread (or the caller's, for this rank's own tier_off()).
+    std::function<void(int rank, std::uint64_t need, std::uint64_t budget)> on_tier_off;
   };
   void set_memory(MemoryHooks hooks);
+  // The memory tier does not fit `rank`: every rank is told (flooded) and turns it off, this one included.
+  void tier_off(int rank, std::uint64_t need, std::uint64_t budget);
 
  private:
   struct Impl;

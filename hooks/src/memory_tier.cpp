@@ -36,6 +36,8 @@ enum WireType : std::uint32_t {
   kEnd = 4,        // a = step, b = the length of the JSON array of the ranges' XXH3-64 that follows
   kAck = 5,        // holder to ward, after kBegin (go on) and after kEnd (kept): a = step, b = 1 yes / 0 refused,
                    // c = the length of the reason that follows
+  kFull = 6,       // holder to ward, instead of the first kAck: the copy does not fit here; a = step, b = the bytes
+                   // staging and the copies would need
 };
 constexpr std::uint32_t kWireMagic = 0x544d454d;  // "MEMT"
 struct Wire {
@@ -136,6 +138,7 @@ struct MemoryTier::Impl {
   int send_fd = -1;  // guarded by send_mu
   std::atomic<int> send_shadow{-1};  // send_fd, for stop() to shut while a send holds send_mu
   bool refused_logged = false;
+  std::atomic<std::uint64_t> partner_needs{0};  // what the partner said a copy would need, where it did not fit
 
   bool is_ward(int r) const {
     return std::find(settings.wards.begin(), settings.wards.end(), r) != settings.wards.end();
@@ -183,13 +186,20 @@ struct MemoryTier::Impl {
     for (;;) {
       std::string why;
       std::uint64_t step = 0;
-      const int got = receive_one(link, early, step, why);
+      std::uint64_t full = 0;
+      const int got = receive_one(link, early, step, why, full);
       if (got == 0) break;  // the link ended between copies
       const bool kept = got > 0;
       bool stopped = false;
       {
         std::lock_guard<std::mutex> lock(mu);
         stopped = stopping;
+      }
+      if (full > 0) {  // the ward turns the job's tier off, and rank 0 says so
+        log::info(settings.rank, "memory tier: refused the copy of rank " + std::to_string(link.ward) + "'s step " +
+                                     std::to_string(step) + ": " + why);
+        (void)send_wire(link.fd, kFull, step, full);
+        break;
       }
       if (!kept && !stopped) {  // stop() cuts a copy in flight: that is no fault of the ward's
         log::warn(settings.rank, "memory tier: refused the copy of rank " + std::to_string(link.ward) + "'s step " +
@@ -202,9 +212,9 @@ struct MemoryTier::Impl {
     link.fd = -1;
   }
 
-  // One copy into the ward's incoming slot, checked; swapped in as held when whole. 1: kept; -1: refused (`why`);
-  // 0: the link ended before a copy began.
-  int receive_one(Link& link, std::string& early, std::uint64_t& step, std::string& why) {
+  // One copy into the ward's incoming slot, checked; swapped in as held when whole. 1: kept; -1: refused (`why`;
+  // `full`: the bytes it would need, where it does not fit); 0: the link ended before a copy began.
+  int receive_one(Link& link, std::string& early, std::uint64_t& step, std::string& why, std::uint64_t& full) {
     Wire w;
     if (!read_exact(link.fd, early, &w, sizeof w)) return 0;
     if (w.magic != kWireMagic || w.type != kBegin) return why = "not the start of a copy", -1;
@@ -216,6 +226,7 @@ struct MemoryTier::Impl {
       std::lock_guard<std::mutex> lock(mu);
       const std::uint64_t need = staging_bytes + 2 * total * settings.wards.size();
       if (need > settings.max_bytes) {
+        full = need;
         return why = "it needs " + mib_text(need) + " here (staging and two copies per ward), over CKPT_MEMORY's " +
                      mib_text(settings.max_bytes), -1;
       }
@@ -333,10 +344,15 @@ struct MemoryTier::Impl {
   Status read_ack(std::uint64_t step) {
     Wire ack;
     std::string none;
-    if (!read_exact(send_fd, none, &ack, sizeof ack) || ack.magic != kWireMagic || ack.type != kAck ||
-        ack.a != step || ack.c > 4096) {
+    if (!read_exact(send_fd, none, &ack, sizeof ack) || ack.magic != kWireMagic || ack.a != step) {
       return Status::failure("no answer from the partner");
     }
+    if (ack.type == kFull && ack.b > 0) {
+      partner_needs = ack.b;
+      return Status::failure("rank " + std::to_string(settings.partner) + " cannot keep it within its CKPT_MEMORY: " +
+                             "it would need " + mib_text(ack.b) + " for its staging and copies");
+    }
+    if (ack.type != kAck || ack.c > 4096) return Status::failure("no answer from the partner");
     std::string why(ack.c, '\0');
     if (!read_exact(send_fd, none, why.data(), why.size())) return Status::failure("no answer from the partner");
     if (ack.b != 1) return Status::failure("rank " + std::to_string(settings.partner) + " refused it: " + printable(why));
@@ -388,6 +404,12 @@ const MemoryTier::Settings& MemoryTier::settings() const { return impl_->setting
 void MemoryTier::set_staging_bytes(std::uint64_t bytes) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->staging_bytes = bytes;
+}
+
+std::optional<std::uint64_t> MemoryTier::partner_needs() const {
+  const std::uint64_t need = impl_->partner_needs.load();
+  if (need == 0) return std::nullopt;
+  return need;
 }
 
 Status MemoryTier::send(std::uint64_t step, const std::vector<Piece>& pieces) {

@@ -6,7 +6,9 @@
 // shards exist nowhere else, that is what turns "everything since the last periodic checkpoint" into one step.
 //
 // A copy travels over a partner link (heartbeat::Mesh::dial_partner: authenticated with the job's secret like the
-// network's links) as a header, which the holder answers (go on, or a refusal with its reason), then each piece in chunks of at most 4 MiB, each chunk with its XXH3-64,
+// network's links) as a header, which the holder answers (go on, a refusal with its reason, or that the copy does
+// not fit its budget, with the bytes it would need: partner_needs()), then each piece in chunks of at most 4 MiB,
+// each chunk with its XXH3-64,
 // then every range's XXH3-64 (the same checksum the shard record keeps). The holder checks each chunk as it
 // arrives and every range at the end, and keeps the copy only when all match; it checks every range again before
 // it reports the copy to the last words and before it writes it. A copy that is bigger than the budget allows, or
@@ -68,6 +70,8 @@ class MemoryTier {
 
   // Persist thread: `pieces` of `step` to the partner; returns once the partner kept the copy (or refused it).
   Status send(std::uint64_t step, const std::vector<Piece>& pieces);
+  // Where the partner refused a copy because it does not fit its budget: the bytes it would need there.
+  std::optional<std::uint64_t> partner_needs() const;
 
   // Last words: no held copy is replaced from here on (a ward still sending finishes into the spare buffer).
   void freeze();

@@ -38,9 +38,12 @@ double value_of(const store::RankCoord& c, std::uint64_t step) {
   return 1000.0 * (c.tp + 1) + 100.0 * c.pp + static_cast<double>(step);
 }
 
+// The doubles of each rank's state; a test may give the ranks of its child process more.
+std::size_t state_doubles = 64;
+
 struct Rank {
   std::unique_ptr<Checkpointer> cp;
-  std::vector<double> state = std::vector<double>(64, 0.0);
+  std::vector<double> state = std::vector<double>(state_doubles, 0.0);
 };
 
 // Restores every rank of `ranks` at once: ranks agree on the checkpoint they restore, so none returns alone.
@@ -948,4 +951,43 @@ TEST_CASE("memory tier: ZeRO-1 survivors caught mid-update write the step their 
     job.close_survivors();
   }
   check_restores(job.dir.path(), "mt4", 5);
+}
+
+TEST_CASE("memory tier: a rank it does not fit turns it off for the whole job; rank 0 says so once",
+          "[hooks][last_words][memtier]") {
+  TempDir dir;
+  LogCapture logs;
+  // 1 MiB per rank: ranks 0 and 1 (512 B each) fit; rank 2 (512 KiB: two snapshots in staging and two copies of
+  // its ward's shard, as it estimates it) does not.
+  ScopedEnv env{{{"CKPT_MEMORY", "1M"}, {"CKPT_MEMORY_INTERVAL", "1"}, {"LOCAL_WORLD_SIZE", "1"},
+                 {"SLURM_STEP_TASKS_PER_NODE", nullptr}, {"SLURM_TASKS_PER_NODE", nullptr},
+                 {"SLURMD_NODENAME", "node-a"}}};
+  Child child = spawn(dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", "off1", {2}, 4, "1000steps",
+                      [] {
+                        ::setenv("SLURMD_NODENAME", "node-b", 1);
+                        state_doubles = 64 * 1024;
+                      },
+                      nullptr, 30ms);
+  std::vector<Rank> ranks = make_ranks(dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", "off1", {0, 1});
+  for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+  REQUIRE(wait_for([&] { return logs.has("the memory tier is off for the whole job"); }, 10s));
+  const Stats before = ranks[1].cp->stats();
+  REQUIRE(train(ranks, 0, 10, 30ms));
+  // Neither rank takes a memory checkpoint now, nor sends a copy.
+  CHECK(ranks[0].cp->stats().memory_checkpoints == 0);
+  CHECK(ranks[1].cp->stats().memory_checkpoints == 0);
+  CHECK(ranks[1].cp->stats().partner_copies == before.partner_copies);
+  CHECK(ranks[1].cp->stats().partner_failures == before.partner_failures);
+  std::size_t said = 0;
+  for (const std::string& line : logs.lines()) {
+    if (line.find("the memory tier is off for the whole job") == std::string::npos) continue;
+    ++said;
+    CHECK_THAT(line, Catch::Contains("rank 0: the memory tier is off for the whole job: rank 2 needs 2.0 MiB"));
+    CHECK_THAT(line, Catch::Contains("but CKPT_MEMORY allows 1.0 MiB per rank"));
+  }
+  CHECK(said == 1);
+  kill_child(child);
+  for (Rank& r : ranks) {
+    if (r.cp) (void)r.cp->close();
+  }
 }

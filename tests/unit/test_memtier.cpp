@@ -196,25 +196,25 @@ TEST_CASE("memtier: the budget", "[memtier]") {
     CHECK(memtier::tier_bytes(1, max / 2 + 1, 1) == max);
     CHECK(memtier::tier_bytes(max, 1, 1) == max);
     CHECK(memtier::tier_bytes(0, 2, std::numeric_limits<std::size_t>::max()) == max);
-    CHECK(memtier::refuse(memtier::tier_bytes(1, max, 1), max - 1).has_value());
+    CHECK(memtier::refuse(memtier::tier_bytes(1, max, 1), max - 1, 0).has_value());
   }
   SECTION("fits: no line") {
-    CHECK_FALSE(memtier::refuse(3 * kGiB, 3 * kGiB));
-    CHECK_FALSE(memtier::refuse(0, 0));
-    CHECK_FALSE(memtier::refuse(kGiB, 4 * kGiB));
+    CHECK_FALSE(memtier::refuse(3 * kGiB, 3 * kGiB, 0));
+    CHECK_FALSE(memtier::refuse(0, 0, 0));
+    CHECK_FALSE(memtier::refuse(kGiB, 4 * kGiB, 0));
   }
   SECTION("too big: one line with both sizes") {
-    CHECK(memtier::refuse(memtier::tier_bytes(kGiB, kGiB, 1), 2 * kGiB) ==
-          std::string("the memory tier needs 3.0 GiB per rank (its own staging, and two copies of each shard it "
-                      "keeps for another rank) but CKPT_MEMORY allows 2.0 GiB: checkpoints go to the file system "
-                      "alone"));
-    const auto mib = memtier::refuse(1536 * kMiB, 640 * kMiB);
+    CHECK(memtier::refuse(memtier::tier_bytes(kGiB, kGiB, 1), 2 * kGiB, 3) ==
+          std::string("the memory tier is off for the whole job: rank 3 needs 3.0 GiB (its own staging, and two "
+                      "copies of each shard it keeps for another rank) but CKPT_MEMORY allows 2.0 GiB per rank: "
+                      "checkpoints go to the file system alone"));
+    const auto mib = memtier::refuse(1536 * kMiB, 640 * kMiB, 0);
     REQUIRE(mib);
-    CHECK(mib->find("needs 1.5 GiB per rank") != std::string::npos);
-    CHECK(mib->find("allows 640.0 MiB") != std::string::npos);
-    const auto none = memtier::refuse(1, 0);
+    CHECK(mib->find("rank 0 needs 1.5 GiB") != std::string::npos);
+    CHECK(mib->find("allows 640.0 MiB per rank") != std::string::npos);
+    const auto none = memtier::refuse(1, 0, 0);
     REQUIRE(none);
-    CHECK(none->find("needs 1 B per rank") != std::string::npos);
+    CHECK(none->find("needs 1 B (") != std::string::npos);
     CHECK(none->find("allows 0 B") != std::string::npos);
   }
 }

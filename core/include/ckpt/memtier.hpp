@@ -7,8 +7,9 @@
 // Who calls what: every rank computes its own partner and wards with stride_partner()/stride_wards(), rank
 // arithmetic alone (no rank needs the others' node names, so the cost is flat in the world size), and checks the
 // partner's published node; pair_ranks() is the same rule over a node list, for layouts that are not uniform
-// (tests, the docs' tables). A rank it sizes its buffers with tier_bytes() and, when refuse() gives a
-// line, logs it and checkpoints to the file system alone. lost_after() answers "what would these deaths cost"
+// (tests, the docs' tables). A rank sizes its buffers with tier_bytes(); where refuse() gives a line, the tier
+// is off for the whole job (one rank that cannot keep its copies leaves its ward's shard nowhere else): every rank
+// is told, rank 0 logs the line, and the job checkpoints to the file system alone. lost_after() answers "what would these deaths cost"
 // (tests, the simulator, the docs' tables).
 #include <cstddef>
 #include <cstdint>
@@ -43,9 +44,10 @@ std::vector<int> lost_after(const Pairing& pairing, const std::vector<std::strin
 // being received beside it (the kept one is replaced only once the new one verified). Saturates at 2^64 - 1.
 std::uint64_t tier_bytes(std::uint64_t staging_bytes, std::uint64_t largest_ward_bytes, std::size_t wards);
 
-// Why the tier cannot run within CKPT_MEMORY's `max_bytes` per rank, as one line naming both sizes ("the memory
-// tier needs 3.0 GiB per rank but CKPT_MEMORY allows 2.0 GiB: ..."); nullopt when `need` fits.
-std::optional<std::string> refuse(std::uint64_t need, std::uint64_t max_bytes);
+// Why the tier cannot run within CKPT_MEMORY's `max_bytes` per rank, where `rank` needs `need`: one line naming
+// the rank and both sizes ("the memory tier is off for the whole job: rank 3 needs 3.0 GiB ... but CKPT_MEMORY
+// allows 2.0 GiB per rank: ..."); nullopt when `need` fits.
+std::optional<std::string> refuse(std::uint64_t need, std::uint64_t max_bytes, int rank);
 
 // pair_ranks' rule where every node runs `per_node` ranks, filled in rank order (srun's block distribution,
 // torchrun's local world), so that node i holds ranks [i * per_node, (i + 1) * per_node): the partner is
