@@ -15,8 +15,12 @@
 # With -R pmix the steps run under srun --mpi=pmix and the network's rendezvous goes through PMIx (one fence);
 # with -R files (the default) through one address file per rank (CKPT_RENDEZVOUS).
 #
+# With -M SIZE the memory tier is on (--ckpt-memory=SIZE, a memory checkpoint every step): each rank's copy goes to
+# the rank one node on, over one more link each way, and the connection and message counts include them.
+#
 #   bench/scale/run.sh [-n "16 32 64 96 128 256"] [-s STEPS] [-r RESUME_STEPS] [-k K] [-m STEP_MS] [-w on|off]
-#                      [-T TIMEOUT_S] [-o OUT] [-V rank|node] [-b STATE_BYTES] [-R files|pmix] [-F]  (-F: no freeze)
+#                      [-T TIMEOUT_S] [-o OUT] [-V rank|node] [-b STATE_BYTES] [-R files|pmix] [-M SIZE] [-F]
+#                      (-F: no freeze)
 # Needs the cluster up (tests/cluster.sh up) and bench_scale_rank built in $CKPT_BUILD_DIR (default build/).
 # Each run holds the cluster lock ($CKPT_CLUSTER_LOCK, /tmp/ckpt-cluster.lock) while it runs.
 set -euo pipefail
@@ -40,8 +44,9 @@ OUT=""
 FREEZE=1
 VICTIM=rank
 RENDEZVOUS=files
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-while getopts "n:s:r:k:m:w:T:o:V:b:R:Fh" opt; do
+MEMORY=off
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while getopts "n:s:r:k:m:w:T:o:V:b:R:M:Fh" opt; do
   case $opt in
     n) SIZES=$OPTARG ;;
     s) STEPS=$OPTARG ;;
@@ -55,6 +60,7 @@ while getopts "n:s:r:k:m:w:T:o:V:b:R:Fh" opt; do
     F) FREEZE=0 ;;
     V) VICTIM=$OPTARG ;;
     R) RENDEZVOUS=$OPTARG ;;
+    M) MEMORY=$OPTARG ;;
     *) usage ;;
   esac
 done
@@ -82,7 +88,7 @@ chmod 700 "$CKROOT"
   echo "host: $(hostname) $(nproc) CPUs," \
     "$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), $(uname -r)"
   echo "settings: sizes=$SIZES steps=$STEPS resume_steps=$RESUME_STEPS interval=${K}steps step_ms=$STEP_MS state_bytes=$STATE_BYTES" \
-    "warmup=$WARMUP last_words=$LAST_WORDS victim=$VICTIM rendezvous=$RENDEZVOUS"
+    "warmup=$WARMUP last_words=$LAST_WORDS victim=$VICTIM rendezvous=$RENDEZVOUS memory=$MEMORY"
   echo "ckpt_root: $CKROOT"
 } > "$OUT/meta"
 cat "$OUT/meta"
@@ -103,7 +109,7 @@ run_phase() {
   load0=$(cut -d' ' -f1-3 /proc/loadavg)
   t0=$(date +%s.%N)
   BENCH_SCALE_TRACE="0,1,$((n - 1))" BENCH_SCALE_STRACE=$dir/strace \
-    srun -N4 -n"$n" -O "${MPI[@]}" -J "$job" --ckpt-last-words="$LAST_WORDS" --ckpt-dir="$ckdir" --ckpt-interval="${K}steps" \
+    srun -N4 -n"$n" -O "${MPI[@]}" -J "$job" --ckpt-last-words="$LAST_WORDS" --ckpt-dir="$ckdir" --ckpt-interval="${K}steps" --ckpt-memory="$MEMORY" \
     "$SRC/bench/scale/wrap.sh" "$PROG" --out "$dir" --steps "$steps" --step-ms "$STEP_MS" --state-bytes "$STATE_BYTES" --warmup "$WARMUP" \
     "${extra[@]}" > "$dir/log" 2>&1 {lock}>&- &
   pid=$!

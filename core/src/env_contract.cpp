@@ -23,7 +23,7 @@ const std::vector<Var>& contract() {
       {"straggler", "CKPT_STRAGGLER", "off, or a threshold with an optional action like 0.7,report", S::Plugin, {}},
       {"shrink", "CKPT_SHRINK", "off, on, or the fewest data-parallel replicas to go on with", S::Plugin, {}},
       {"memory", "CKPT_MEMORY", "off, or a size like 4G, 512M or 1T (bytes without a unit)", S::Plugin, {}},
-      {"memory_interval", "CKPT_MEMORY_INTERVAL", "a whole number of steps >= 1", S::Plugin, {}},
+      {"memory_interval", "CKPT_MEMORY_INTERVAL", "a whole number of steps >= 1, or auto", S::Plugin, {}},
       // The job's facts, as the plugin finds them at each step's start.
       {"restart_count", "CKPT_RESTART_COUNT", "a whole number", S::Plugin, {"SLURM_RESTART_COUNT"}},
       {"job_id", "CKPT_JOB_ID", "a job id", S::Plugin, {"SLURM_JOB_ID"}},

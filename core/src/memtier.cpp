@@ -3,6 +3,7 @@
 #include "ckpt/format.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iterator>
 #include <limits>
@@ -77,6 +78,13 @@ std::vector<int> lost_after(const Pairing& pairing, const std::vector<std::strin
 std::uint64_t tier_bytes(std::uint64_t staging_bytes, std::uint64_t largest_ward_bytes, std::size_t wards) {
   const std::uint64_t copies = saturating_mul(2, static_cast<std::uint64_t>(wards));
   return saturating_add(staging_bytes, saturating_mul(copies, largest_ward_bytes));
+}
+
+std::uint64_t auto_interval(double busy_s, double step_s, std::uint64_t max_steps) {
+  if (!(step_s > 0) || !(busy_s > 0)) return 1;
+  const double steps = std::ceil(1.25 * busy_s / step_s);
+  if (!(steps < static_cast<double>(max_steps))) return std::max<std::uint64_t>(max_steps, 1);
+  return std::max<std::uint64_t>(static_cast<std::uint64_t>(steps), 1);
 }
 
 std::optional<std::string> refuse(std::uint64_t need, std::uint64_t max_bytes, int rank) {

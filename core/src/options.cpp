@@ -67,6 +67,15 @@ Result<std::uint64_t> parse_memory(std::string_view text) {
   return parse_bytes(text);
 }
 
+Result<std::uint64_t> parse_memory_interval(std::string_view text) {
+  if (text == "auto") return kMemoryIntervalAuto;
+  return parse_positive_uint(text);
+}
+
+std::string format_memory_interval(std::uint64_t steps) {
+  return steps == kMemoryIntervalAuto ? "auto" : std::to_string(steps);
+}
+
 std::string format_memory(std::uint64_t bytes) {
   if (bytes == 0) return "off";
   struct Unit {
@@ -121,11 +130,14 @@ const std::array<OptionSpec, kOptionCount>& option_specs() {
        "replicas (pure data parallelism only), down to N (on: 1); changes the global batch, see docs/inplace.md",
        "off, on, or the fewest data-parallel replicas to go on with"},
       {OptionId::Memory, "ckpt-memory", "memory", "SIZE|off",
-       "Host memory per rank the memory tier may use (staging and a partner's copy), e.g. 4G; off or 0: no memory "
-       "tier; at most the site's max_memory",
+       "Host memory per rank the memory tier may use (staging with its last two snapshots, and two copies of the "
+       "shard of each rank whose copies it keeps), e.g. 4G; off or 0: no memory tier; at most the site's max_memory; "
+       "where it does not fit one rank, the tier is off for the whole job",
        "off, or a size like 4G, 512M or 1T (K, M, G, T: powers of 1024; bytes without a unit)"},
-      {OptionId::MemoryInterval, "ckpt-memory-interval", "memory_interval", "N",
-       "Steps between memory-tier checkpoints", "a whole number of steps, at least 1"},
+      {OptionId::MemoryInterval, "ckpt-memory-interval", "memory_interval", "N|auto",
+       "Steps between memory-tier checkpoints; auto: as often as the copies keep up (rank 0 measures a copy and a "
+       "step, and every rank takes the steps it names)",
+       "a whole number of steps, at least 1, or auto"},
   }};
   return specs;
 }
@@ -194,7 +206,7 @@ Status set_job_option(JobOptions& options, OptionId id, std::string_view value) 
         return inplace::format_shrink(*shrink);
       });
     case OptionId::Memory: return set_once(options.memory_bytes, spec, value, parse_memory);
-    case OptionId::MemoryInterval: return set_once(options.memory_interval, spec, value, parse_positive_uint);
+    case OptionId::MemoryInterval: return set_once(options.memory_interval, spec, value, parse_memory_interval);
   }
   return Status::failure("unknown option");
 }
@@ -492,7 +504,7 @@ std::vector<std::pair<std::string, std::string>> settings_environment(const Sett
       {env::name_of("straggler"), s.straggler},
       {env::name_of("shrink"), s.shrink},
       {env::name_of("memory"), format_memory(s.memory_bytes)},
-      {env::name_of("memory_interval"), std::to_string(s.memory_interval)},
+      {env::name_of("memory_interval"), format_memory_interval(s.memory_interval)},
   };
 }
 

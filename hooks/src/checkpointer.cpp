@@ -13,6 +13,8 @@
 
 #include "checkpointer_impl.hpp"
 #include "ckpt/recovery.hpp"
+#include "ckpt/format.hpp"
+#include "ckpt/memtier.hpp"
 #include "ckpt/schedule.hpp"
 #include "log.hpp"
 #include "notice.hpp"
@@ -114,11 +116,49 @@ Decision Checkpointer::Impl::decide(std::uint64_t step) {
   out.kind = d.kind;
   // The memory tier's own interval, in steps, on every rank alike: where the previous copy is still under way, the
   // snapshot waits for it (back-pressure), so that all ranks hold snapshots of the same steps.
-  if (!out.snapshot && tier && !tier_too_big && config.memory_interval > 0 && step % config.memory_interval == 0) {
+  if (!out.snapshot && tier && !tier_too_big && memory_due(step)) {
     out.snapshot = true;
     out.memory_only = true;
   }
   return out;
+}
+
+bool Checkpointer::Impl::memory_due(std::uint64_t step) {
+  if (config.memory_interval != kMemoryIntervalAuto) return step % config.memory_interval == 0;
+  if (rank == 0) ask_memory_checkpoints(step);
+  return coord->memory_requested(step);
+}
+
+void Checkpointer::Impl::ask_memory_checkpoints(std::uint64_t step) {
+  const auto now = Clock::now();
+  if (sched.last_decide) {
+    const double dt = std::chrono::duration<double>(now - *sched.last_decide).count();
+    sched.step_s = sched.step_s > 0 ? 0.8 * sched.step_s + 0.2 * dt : dt;
+  }
+  sched.last_decide = now;
+  double busy_s = 0;
+  std::uint64_t before = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    busy_s = stats.last_copy_s + stats.last_partner_s;
+    before = stats.memory_interval;
+  }
+  const std::uint64_t every = memtier::auto_interval(busy_s, sched.step_s);
+  if (every != before) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stats.memory_interval = every;
+    }
+    (before == 0 ? log::info : log::debug)(
+        0, "memory tier: a checkpoint in memory every " + std::to_string(every) + " step(s) (auto: a copy takes " +
+               format_number(busy_s) + " s, a step " + format_number(sched.step_s) + " s)");
+  }
+  // Asked for `lead` steps ahead, so that the request reaches every rank before it passes the step.
+  if (!sched.memory_next || *sched.memory_next <= step) sched.memory_next = step + std::max<std::uint64_t>(lead(), 1);
+  while (*sched.memory_next <= step + lead()) {
+    coord->request_memory(*sched.memory_next);
+    *sched.memory_next += every;
+  }
 }
 
 // ---- close --------------------------------------------------------------------------------------------------

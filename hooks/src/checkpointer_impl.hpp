@@ -97,6 +97,10 @@ struct StepSchedule {
   schedule::State state;  // what the scheduling decision remembers (schedule.hpp)
   double interval_s = 0;
   std::uint64_t notices_seen = 0;         // notice::count() at start: only later signals are for this checkpointer
+  // CKPT_MEMORY_INTERVAL=auto, rank 0: the step time it measures, and the next memory checkpoint it asks for.
+  std::optional<Clock::time_point> last_decide;
+  double step_s = 0;                       // moving average of the time between decisions
+  std::optional<std::uint64_t> memory_next;
   Clock::time_point backpressure_logged;  // when the last back-pressure line went out
 };
 
@@ -220,6 +224,13 @@ struct Checkpointer::Impl {
   void persist(const std::shared_ptr<const PersistJob>& job);
   // Worker, memory tier: `job`'s snapshot is whole in staging; its copy to the partner.
   void keep_in_memory(const std::shared_ptr<const PersistJob>& job);
+  // The partner left the heartbeat network in order (it finished training first): a failed copy is no fault then.
+  bool partner_left() const;
+  // Whether `step` is a memory checkpoint: every CKPT_MEMORY_INTERVAL steps, or (auto) where rank 0 asked for one.
+  bool memory_due(std::uint64_t step);
+  // CKPT_MEMORY_INTERVAL=auto, rank 0, once per step: asks for the memory checkpoints within the lead, spaced by
+  // ckpt::memtier::auto_interval from the last copy's measured time and the step time.
+  void ask_memory_checkpoints(std::uint64_t step);
   // A network thread (or the worker, for this rank's own finding): the tier does not fit `who`, so it goes off
   // here too; rank 0 says so for the job.
   void on_tier_off(int who, std::uint64_t need, std::uint64_t budget);

@@ -169,6 +169,10 @@ void Checkpointer::Impl::start_memory_tier() {
     off("the job runs on one node: a partner copy must be on another node");
   }
   tier = MemoryTier::start(s, mesh);
+  if (config.memory_interval != kMemoryIntervalAuto) {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.memory_interval = config.memory_interval;
+  }
   watch.last_words->set_memory(LastWords::MemoryHooks{
       [this] {
         std::vector<std::uint64_t> steps;
@@ -188,8 +192,11 @@ void Checkpointer::Impl::start_memory_tier() {
       },
       [this](int who, std::uint64_t need, std::uint64_t budget) { on_tier_off(who, need, budget); }});
   if (rank == 0) {
-    log::info(0, "memory tier: a checkpoint in memory every " + std::to_string(config.memory_interval) +
-                     " step(s), its copy on the rank " + std::to_string(per_node * config.memory_distance) +
+    log::info(0, "memory tier: a checkpoint in memory " +
+                     (config.memory_interval == kMemoryIntervalAuto
+                          ? std::string("as often as the copies keep up (auto)")
+                          : "every " + std::to_string(config.memory_interval) + " step(s)") +
+                     ", its copy on the rank " + std::to_string(per_node * config.memory_distance) +
                      " ranks on (" + std::to_string(config.memory_distance) + " node(s) away), within " +
                      mib(config.memory_bytes) + " per rank");
   }

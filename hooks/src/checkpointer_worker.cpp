@@ -229,10 +229,22 @@ void Checkpointer::Impl::keep_in_memory(const std::shared_ptr<const PersistJob>&
     }
   }
   if (!sent && (failures == 1 || failures % 100 == 0)) {
-    (closing ? log::debug : log::warn)(rank, "memory tier: the copy of step " + std::to_string(job->step) + " to rank " +
+    // At the end of training a partner that finished first has left the network in order: no fault.
+    (closing || partner_left() ? log::debug : log::warn)(rank, "memory tier: the copy of step " + std::to_string(job->step) + " to rank " +
                         std::to_string(tier->settings().partner) + " failed (" + std::to_string(failures) +
                         " so far): " + sent.error());
   }
+}
+
+bool Checkpointer::Impl::partner_left() const {
+  const int partner = tier->settings().partner;
+  const heartbeat::Mesh& mesh = watch.last_words->network();
+  const overlay::Gone gone = mesh.gone();
+  if (partner < 0 || static_cast<std::size_t>(partner) >= gone.size() || gone[static_cast<std::size_t>(partner)] == 0) {
+    return false;
+  }
+  const std::vector<int> died = mesh.died();
+  return std::find(died.begin(), died.end(), partner) == died.end();
 }
 
 void Checkpointer::Impl::persist(const std::shared_ptr<const PersistJob>& whole) {

@@ -399,7 +399,7 @@ Status read_runtime(Lookup& lookup, Config& c) {
 // The memory tier: its bound per rank, how often it checkpoints, where the partner's copy goes.
 Status read_memory_tier(Lookup& lookup, Config& c) {
   if (Status e = read(lookup, "memory", c.memory_bytes, parse_memory); !e) return e;
-  if (Status e = read(lookup, "memory_interval", c.memory_interval, parse_positive_uint); !e) return e;
+  if (Status e = read(lookup, "memory_interval", c.memory_interval, parse_memory_interval); !e) return e;
   auto parse_distance = [](std::string_view t) -> Result<int> {
     auto n = parse_int_below(t, (1u << 24) + 1);  // as a rank count: far below int overflow
     if (n && *n < 1) return Error{"must be at least 1"};

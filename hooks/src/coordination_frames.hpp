@@ -11,19 +11,24 @@
 namespace ckpt::hooks::heartbeat {
 
 // A checkpoint of `step` asked for, flooded: flags = 1 for a terminal one.
+inline constexpr std::uint32_t kRequestTerminal = 1;
+inline constexpr std::uint32_t kRequestMemory = 2;  // a memory-tier checkpoint (CKPT_MEMORY_INTERVAL=auto)
+
 struct RequestFrame {
   std::uint64_t step = 0;
   store::Kind kind = store::Kind::Periodic;
+  bool memory = false;  // a memory checkpoint: staging and the partner's copy, no shard (kind is ignored)
 
   Frame to_frame() const {
     Frame f;
     f.type = kRequest;
     f.a = step;
-    f.flags = kind == store::Kind::Terminal ? 1 : 0;
+    f.flags = memory ? kRequestMemory : kind == store::Kind::Terminal ? kRequestTerminal : 0;
     return f;
   }
   static RequestFrame from_frame(const Frame& f) {
-    return {f.a, f.flags == 1 ? store::Kind::Terminal : store::Kind::Periodic};
+    return {f.a, f.flags == kRequestTerminal ? store::Kind::Terminal : store::Kind::Periodic,
+            f.flags == kRequestMemory};
   }
 };
 

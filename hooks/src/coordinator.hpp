@@ -54,6 +54,10 @@ class Coordinator {
   virtual Status request(std::uint64_t step, store::Kind kind) = 0;
   // Training thread, every step: the request for exactly this step, if any rank made one (terminal wins).
   virtual std::optional<store::Kind> requested(std::uint64_t step) = 0;
+  // CKPT_MEMORY_INTERVAL=auto, rank 0: a memory checkpoint of `step` on every rank (flooded like a request).
+  virtual void request_memory(std::uint64_t /*step*/) {}
+  // Every rank, once per step after requested(): whether a memory checkpoint of `step` was asked for.
+  virtual bool memory_requested(std::uint64_t /*step*/) { return false; }
   // Persist thread, every rank, just before a successful publish: the record of this rank's durable shard.
   virtual void note_record(std::uint64_t /*step*/, const store::ShardRecord& /*record*/) {}
   // Persist thread, every rank, for every checkpoint in order: this rank's shard is durable (ok) or failed.

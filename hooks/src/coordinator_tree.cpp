@@ -154,6 +154,21 @@ class TreeCoordinator final : public Coordinator {
     return control_.requested(step);
   }
 
+  void request_memory(std::uint64_t step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (words_ == nullptr || !memory_requests_.insert(step).second) return;
+    words_->network().flood(heartbeat::RequestFrame{step, store::Kind::Periodic, true}.to_frame());
+  }
+
+  bool memory_requested(std::uint64_t step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    memory_passed_ = std::max(memory_passed_, step);
+    const bool asked = memory_requests_.count(step) != 0;
+    // What is far behind goes; what was just passed stays, so that a late copy of it is known for one.
+    memory_requests_.erase(memory_requests_.begin(), memory_requests_.lower_bound(step > 1024 ? step - 1024 : 0));
+    return asked;
+  }
+
   void note_record(std::uint64_t step, const store::ShardRecord& record) override {
     std::lock_guard<std::mutex> lock(mu_);
     counts_[step].record = record;
@@ -482,6 +497,19 @@ class TreeCoordinator final : public Coordinator {
     schedule_locked([this, step, why] { (void)control_.report_failure(step, why); });
   }
 
+  // A memory checkpoint asked for: taken at that step by every rank. One that comes after this rank passed the step
+  // costs only that memory checkpoint here (the last words then find no step every rank holds until the next one):
+  // said once, with the cure.
+  void on_memory_request_locked(std::uint64_t step, const heartbeat::Frame& f, int from) {
+    if (words_ == nullptr || !memory_requests_.insert(step).second) return;
+    words_->network().flood(f, from);
+    if (step > memory_passed_ || memory_late_said_) return;
+    memory_late_said_ = true;
+    log::warn(config_.rank, "the memory checkpoint of step " + std::to_string(step) + " was asked for after this rank "
+                            "passed it (at step " + std::to_string(memory_passed_) + "): CKPT_AGREE_LEAD=" +
+                            std::to_string(config_.agree_lead) + " steps is too short for this job's steps");
+  }
+
   void schedule_locked(std::function<void()> task) {
     if (stopping_) return;
     tasks_.push_back(std::move(task));
@@ -508,6 +536,10 @@ class TreeCoordinator final : public Coordinator {
     switch (f.type) {
       case heartbeat::kRequest: {
         const auto request = heartbeat::RequestFrame::from_frame(f);
+        if (request.memory) {
+          on_memory_request_locked(request.step, f, from);
+          break;
+        }
         if (!note_request_locked(request.step, request.kind) || words_ == nullptr) break;
         words_->network().flood(f, from);
         if (request.step <= passed_) on_late_request_locked(request.step);
@@ -581,6 +613,9 @@ class TreeCoordinator final : public Coordinator {
   LastWords* words_ = nullptr;                          // guarded by mu_
   std::map<std::uint64_t, store::Kind> requests_;       // guarded by mu_
   std::uint64_t passed_ = 0;                            // guarded by mu_: the last step training asked about
+  std::set<std::uint64_t> memory_requests_;             // guarded by mu_: memory checkpoints asked for, not passed
+  std::uint64_t memory_passed_ = 0;                     // guarded by mu_: the last step memory_requested() saw
+  bool memory_late_said_ = false;                       // guarded by mu_
   std::map<std::uint64_t, Count> counts_;               // guarded by mu_
   std::map<std::uint64_t, int> failed_;                 // guarded by mu_: step -> a rank whose shard failed
   std::set<int> died_;                                  // guarded by mu_: ranks the network declared dead

@@ -102,6 +102,7 @@ TEST_CASE("hooks settings from the environment", "[hooks][config]") {
     CHECK(c->memory_bytes == 4ull << 30);
     CHECK(c->memory_interval == 10);
     CHECK(c->memory_distance == 2);
+    CHECK(load({{"CKPT_MEMORY_INTERVAL", "auto"}})->memory_interval == kMemoryIntervalAuto);
     CHECK(load({{"CKPT_MEMORY", "off"}})->memory_bytes == 0);
     CHECK(load({{"CKPT_MEMORY", "0"}})->memory_bytes == 0);
     CHECK(load({{"CKPT_MEMORY", "536870912"}})->memory_bytes == 512ull << 20);
@@ -218,7 +219,7 @@ TEST_CASE("hooks settings reject bad values with one clear line", "[hooks][confi
           "ckpt: CKPT_MEMORY='4X': expected off, or a size like 4G, 512M or 1T (bytes without a unit) (unknown unit "
           "'X' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB))");
     CHECK(load({{"CKPT_MEMORY_INTERVAL", "0"}}).error() ==
-          "ckpt: CKPT_MEMORY_INTERVAL='0': expected a whole number of steps >= 1 (must be at least 1)");
+          "ckpt: CKPT_MEMORY_INTERVAL='0': expected a whole number of steps >= 1, or auto (must be at least 1)");
     CHECK(load({{"CKPT_MEMORY_DISTANCE", "0"}}).error() ==
           "ckpt: CKPT_MEMORY_DISTANCE='0': expected a whole number of nodes >= 1 (must be at least 1)");
   }

@@ -826,11 +826,13 @@ namespace {
 // child process on "node-b". One rank per node (LOCAL_WORLD_SIZE=1), so partners are the next rank: rank 2's
 // copies go to rank 0 (on another node); rank 0's partner, rank 1, shares its node, so rank 0 keeps its own only.
 struct MemoryTierJob {
+  explicit MemoryTierJob(const char* memory_interval = "1", const char* lead = "2")
+      : env{{"CKPT_MEMORY", "1G"}, {"CKPT_MEMORY_INTERVAL", memory_interval}, {"CKPT_AGREE_LEAD", lead},
+            {"LOCAL_WORLD_SIZE", "1"}, {"SLURM_STEP_TASKS_PER_NODE", nullptr}, {"SLURM_TASKS_PER_NODE", nullptr},
+            {"SLURMD_NODENAME", "node-a"}} {}
   TempDir dir;
   LogCapture logs;
-  ScopedEnv env{{{"CKPT_MEMORY", "1G"}, {"CKPT_MEMORY_INTERVAL", "1"}, {"LOCAL_WORLD_SIZE", "1"},
-                 {"SLURM_STEP_TASKS_PER_NODE", nullptr}, {"SLURM_TASKS_PER_NODE", nullptr},
-                 {"SLURMD_NODENAME", "node-a"}}};
+  ScopedEnv env;
   std::vector<Rank> ranks;  // 0 and 1; 2 lives in `child`
 
   // Trains every rank `steps` steps; the child says it is ready once rank 0 kept its copy of step `steps`.
@@ -990,4 +992,33 @@ TEST_CASE("memory tier: a rank it does not fit turns it off for the whole job; r
   for (Rank& r : ranks) {
     if (r.cp) (void)r.cp->close();
   }
+}
+
+TEST_CASE("memory tier: auto interval: every rank takes the memory checkpoints rank 0 asks for",
+          "[hooks][last_words][memtier]") {
+  // A lead of 10 steps (300 ms here): the two processes start their steps apart by a little.
+  MemoryTierJob job("auto", "10");
+  {
+    Child child = spawn(job.dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", "mta", {2}, 20, "1000steps",
+                        [] { ::setenv("SLURMD_NODENAME", "node-b", 1); },
+                        [](std::vector<Rank>& mine) { return mine[2].cp->stats().partner_copies >= 5; }, 30ms);
+    job.ranks = make_ranks(job.dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", "mta", {0, 1});
+    for (int r : {0, 1}) REQUIRE(job.ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+    REQUIRE(train(job.ranks, 0, 20, 30ms));
+    CHECK(job.logs.has("memory tier: a checkpoint in memory as often as the copies keep up (auto)"));
+    CHECK(job.logs.has("memory tier: a checkpoint in memory every 1 step(s) (auto: a copy takes"));
+    // Small copies keep up with 30 ms steps: every step from the first one asked for (1 + lead) on.
+    const Stats s0 = job.ranks[0].cp->stats(), s1 = job.ranks[1].cp->stats();
+    CHECK(s0.memory_interval == 1);
+    CHECK(s0.memory_checkpoints == 10);  // steps 11..20
+    CHECK(s1.memory_checkpoints == s0.memory_checkpoints);
+    CHECK(s1.memory_interval == 0);  // rank 0 alone chooses
+    CHECK_FALSE(job.logs.has("was asked for after this rank passed it"));
+    // The child's rank 2 took the same steps: its copy of the last one stands in for it.
+    kill_child(child);
+    REQUIRE(wait_for([&] { return committed_steps(job.dir.path()) == std::vector<std::uint64_t>{20}; }, 10s));
+    CHECK(job.logs.has("last words: wrote rank 2's terminal shard of step 20 from its partner copy"));
+    job.close_survivors();
+  }
+  check_restores(job.dir.path(), "mtb", 20);
 }

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include <cstdint>
 #include <limits>
 #include <set>
@@ -216,6 +218,26 @@ TEST_CASE("memtier: the budget", "[memtier]") {
     REQUIRE(none);
     CHECK(none->find("needs 1 B (") != std::string::npos);
     CHECK(none->find("allows 0 B") != std::string::npos);
+  }
+}
+
+TEST_CASE("memtier: auto interval: the fewest steps that cover a copy, a quarter to spare", "[memtier]") {
+  CHECK(memtier::auto_interval(0.08, 1.0) == 1);   // a copy well inside a step: every step
+  CHECK(memtier::auto_interval(0.8, 1.0) == 1);    // 1.25 x 0.8 = 1.0 step exactly
+  CHECK(memtier::auto_interval(0.81, 1.0) == 2);
+  CHECK(memtier::auto_interval(2.5, 1.0) == 4);    // 3.125 steps
+  CHECK(memtier::auto_interval(0.6, 0.1) == 8);    // 7.5 steps
+  SECTION("nothing measured yet: every step, where the first copy measures itself") {
+    CHECK(memtier::auto_interval(0, 1.0) == 1);
+    CHECK(memtier::auto_interval(1.0, 0) == 1);
+    CHECK(memtier::auto_interval(std::nan(""), 1.0) == 1);
+    CHECK(memtier::auto_interval(1.0, -1.0) == 1);
+  }
+  SECTION("bounded") {
+    CHECK(memtier::auto_interval(1e9, 1e-9) == 10000);
+    CHECK(memtier::auto_interval(std::numeric_limits<double>::infinity(), 1.0) == 10000);
+    CHECK(memtier::auto_interval(100, 1.0, 50) == 50);
+    CHECK(memtier::auto_interval(100, 1.0, 0) == 1);
   }
 }
 

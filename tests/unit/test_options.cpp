@@ -327,6 +327,12 @@ TEST_CASE("set_job_option: --ckpt-memory and --ckpt-memory-interval", "[options]
     REQUIRE(set_job_option(every, OptionId::MemoryInterval, "10").ok());
     CHECK(*every.memory_interval == 10);
     CHECK(every.any());
+    JobOptions automatic;
+    REQUIRE(set_job_option(automatic, OptionId::MemoryInterval, "auto").ok());
+    CHECK(*automatic.memory_interval == kMemoryIntervalAuto);
+    CHECK(format_memory_interval(kMemoryIntervalAuto) == "auto");  // what CKPT_MEMORY_INTERVAL carries
+    CHECK(format_memory_interval(10) == "10");
+    CHECK(*parse_memory_interval(format_memory_interval(kMemoryIntervalAuto)) == kMemoryIntervalAuto);
   }
   SECTION("bad inputs name the option and the value") {
     JobOptions o;
@@ -334,7 +340,7 @@ TEST_CASE("set_job_option: --ckpt-memory and --ckpt-memory-interval", "[options]
           "--ckpt-memory: invalid value 'lots' (expected off, or a size like 4G, 512M or 1T (K, M, G, T: powers of "
           "1024; bytes without a unit))");
     CHECK(set_job_option(o, OptionId::MemoryInterval, "0").error() ==
-          "--ckpt-memory-interval: invalid value '0' (expected a whole number of steps, at least 1)");
+          "--ckpt-memory-interval: invalid value '0' (expected a whole number of steps, at least 1, or auto)");
     for (const char* bad : {"", "-1", "1.5", "x", "99999999999999999999"}) {
       INFO(bad);
       CHECK_FALSE(set_job_option(o, OptionId::MemoryInterval, bad).ok());
@@ -429,7 +435,7 @@ TEST_CASE("the memory tier: user over site over built-in, within the site's max_
     CHECK(parse_site_policy({"max_memory=-1G"}).error().starts_with("plugstack.conf: max_memory: invalid value"));
     CHECK(parse_site_policy({"memory=4 G"}).error().starts_with("plugstack.conf: memory: invalid value '4 G'"));
     CHECK(parse_site_policy({"memory_interval=0"}).error() ==
-          "plugstack.conf: memory_interval: invalid value '0' (expected a whole number of steps, at least 1)");
+          "plugstack.conf: memory_interval: invalid value '0' (expected a whole number of steps, at least 1, or auto)");
     // A site default the site's own maximum caps would warn every job that gives no --ckpt-memory.
     CHECK(parse_site_policy({"memory=8G", "max_memory=4G"}).error() ==
           "plugstack.conf: memory=8G is above max_memory=4G");

@@ -49,6 +49,13 @@ std::uint64_t tier_bytes(std::uint64_t staging_bytes, std::uint64_t largest_ward
 // allows 2.0 GiB per rank: ..."); nullopt when `need` fits.
 std::optional<std::string> refuse(std::uint64_t need, std::uint64_t max_bytes, int rank);
 
+// CKPT_MEMORY_INTERVAL=auto: the fewest steps whose compute covers one memory checkpoint's busy time (the snapshot
+// copy, the send and the partner's answer, `busy_s`) with a quarter to spare, so that no snapshot waits for the
+// previous copy (back-pressure stalls training; a copy that keeps up costs only its snapshot). The loss at a
+// failure is at most one interval, so the most frequent interval that keeps up is the one to take. At least 1,
+// at most `max_steps`; 1 where nothing is measured yet (step_s <= 0).
+std::uint64_t auto_interval(double busy_s, double step_s, std::uint64_t max_steps = 10000);
+
 // pair_ranks' rule where every node runs `per_node` ranks, filled in rank order (srun's block distribution,
 // torchrun's local world), so that node i holds ranks [i * per_node, (i + 1) * per_node): the partner is
 // rank + distance * per_node, modulo the world. -1 with one node, a distance that is a multiple of the node count,

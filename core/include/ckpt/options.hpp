@@ -36,6 +36,12 @@ inline constexpr std::size_t kOptionCount = 12;
 Result<std::uint64_t> parse_memory(std::string_view text);
 // The spelling exported as CKPT_MEMORY, which parse_memory reads back exactly: "off", "4G", "512M", "5GB", "1000".
 std::string format_memory(std::uint64_t bytes);
+// CKPT_MEMORY_INTERVAL / --ckpt-memory-interval: a whole number of steps >= 1, or "auto", which is 0 here
+// (ckpt::memtier::auto_interval picks the steps from the tier's measured cost).
+inline constexpr std::uint64_t kMemoryIntervalAuto = 0;
+Result<std::uint64_t> parse_memory_interval(std::string_view text);
+// The spelling exported as CKPT_MEMORY_INTERVAL: "auto" or the steps.
+std::string format_memory_interval(std::uint64_t steps);
 
 struct OptionSpec {
   OptionId id;
@@ -65,7 +71,7 @@ struct JobOptions {
   std::optional<std::string> straggler;  // as format_policy spells it (ckpt/straggler.hpp)
   std::optional<std::string> shrink;     // as inplace::format_shrink spells it
   std::optional<std::uint64_t> memory_bytes;     // 0: no memory tier
-  std::optional<std::uint64_t> memory_interval;  // steps, at least 1
+  std::optional<std::uint64_t> memory_interval;  // steps, at least 1; kMemoryIntervalAuto: auto
 
   bool any() const;
 };

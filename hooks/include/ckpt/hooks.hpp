@@ -203,6 +203,8 @@ struct Stats {
   std::uint64_t partner_copies = 0;       // copies the partner kept
   std::uint64_t partner_failures = 0;     // copies it refused or that did not arrive
   double last_partner_s = 0;              // the last copy's transfer, start to the partner's answer
+  std::uint64_t memory_interval = 0;      // steps between memory checkpoints: CKPT_MEMORY_INTERVAL, or (auto) rank
+                                          // 0's current choice; 0 elsewhere under auto, and without the tier
   // CKPT_INTERVAL=auto, on rank 0 (the rank that decides timed checkpoints); zero elsewhere. Recomputed after
   // each checkpoint's persist (see ckpt::interval::AutoInterval).
   double auto_interval_s = 0;             // the interval in use
