@@ -145,13 +145,17 @@ void Checkpointer::Impl::ask_memory_checkpoints(std::uint64_t step) {
   }
   const std::uint64_t every = memtier::auto_interval(busy_s, sched.step_s);
   if (every != before) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stats.memory_interval = every;
-    }
-    (before == 0 ? log::info : log::debug)(
+    std::lock_guard<std::mutex> lock(mu);
+    stats.memory_interval = every;
+  }
+  // Said once measured, and again where the choice halves or doubles (every change goes to the debug log).
+  const std::uint64_t said = sched.memory_said;
+  const bool news = busy_s > 0 && (said == 0 || every >= 2 * said || 2 * every <= said);
+  if (news || every != before) {
+    (news ? log::info : log::debug)(
         0, "memory tier: a checkpoint in memory every " + std::to_string(every) + " step(s) (auto: a copy takes " +
                format_number(busy_s) + " s, a step " + format_number(sched.step_s) + " s)");
+    if (news) sched.memory_said = every;
   }
   // Asked for `lead` steps ahead, so that the request reaches every rank before it passes the step.
   if (!sched.memory_next || *sched.memory_next <= step) sched.memory_next = step + std::max<std::uint64_t>(lead(), 1);

@@ -101,6 +101,7 @@ struct StepSchedule {
   std::optional<Clock::time_point> last_decide;
   double step_s = 0;                       // moving average of the time between decisions
   std::optional<std::uint64_t> memory_next;
+  std::uint64_t memory_said = 0;           // the choice the log last said (0: none yet)
   Clock::time_point backpressure_logged;  // when the last back-pressure line went out
 };
 
