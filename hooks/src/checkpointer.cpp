@@ -132,8 +132,11 @@ bool Checkpointer::Impl::memory_due(std::uint64_t step) {
 void Checkpointer::Impl::ask_memory_checkpoints(std::uint64_t step) {
   const auto now = Clock::now();
   if (sched.last_decide) {
-    const double dt = std::chrono::duration<double>(now - *sched.last_decide).count();
-    sched.step_s = sched.step_s > 0 ? 0.8 * sched.step_s + 0.2 * dt : dt;
+    sched.step_times.push_back(std::chrono::duration<double>(now - *sched.last_decide).count());
+    if (sched.step_times.size() > 16) sched.step_times.pop_front();
+    std::vector<double> sorted(sched.step_times.begin(), sched.step_times.end());
+    std::sort(sorted.begin(), sorted.end());
+    sched.step_s = sorted[(sorted.size() - 1) / 4];
   }
   sched.last_decide = now;
   double busy_s = 0;

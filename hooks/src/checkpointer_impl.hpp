@@ -99,7 +99,10 @@ struct StepSchedule {
   std::uint64_t notices_seen = 0;         // notice::count() at start: only later signals are for this checkpointer
   // CKPT_MEMORY_INTERVAL=auto, rank 0: the step time it measures, and the next memory checkpoint it asks for.
   std::optional<Clock::time_point> last_decide;
-  double step_s = 0;                       // moving average of the time between decisions
+  // The times between the last decisions; their lower quartile is the step time: steps a copy slowed (or a
+  // back-pressure wait) would otherwise make the interval look long enough.
+  std::deque<double> step_times;
+  double step_s = 0;
   std::optional<std::uint64_t> memory_next;
   std::uint64_t memory_said = 0;           // the choice the log last said (0: none yet)
   Clock::time_point backpressure_logged;  // when the last back-pressure line went out
