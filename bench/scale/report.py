@@ -170,6 +170,10 @@ def analyse(n, train, resume, freeze):
         conns = [number(r.get("tcp_conns_open")) for r in ranks.values() if number(r.get("tcp_conns_open")) is not None]
         # A group leader carries its members and its tree links: the busiest rank, not only the median one.
         row["TCP connections per rank (after open, busiest rank)"] = max(conns) if conns else None
+        # At the end of training: the memory tier's partner links (one out, one in) are made at the first copy.
+        row["TCP connections per rank (end of training)"] = median(number(r.get("tcp_conns_end")) for r in ranks.values())
+        ends = [number(r.get("tcp_conns_end")) for r in ranks.values() if number(r.get("tcp_conns_end")) is not None]
+        row["TCP connections per rank (end of training, busiest rank)"] = max(ends) if ends else None
         row["TCP data segments sent per rank per s (measured)"] = median(
             number(r.get("segs_out_per_s")) for r in ranks.values())
         row["TCP data segments received per rank per s (measured)"] = median(
