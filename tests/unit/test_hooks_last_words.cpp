@@ -955,7 +955,7 @@ TEST_CASE("memory tier: ZeRO-1 survivors caught mid-update write the step their 
   check_restores(job.dir.path(), "mt4", 5);
 }
 
-TEST_CASE("memory tier: a rank it does not fit turns it off for the whole job; rank 0 says so once",
+TEST_CASE("memory tier: a rank it does not fit turns it off for the whole job and rank 0 says so once",
           "[hooks][last_words][memtier]") {
   TempDir dir;
   LogCapture logs;
