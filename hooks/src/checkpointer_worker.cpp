@@ -219,20 +219,19 @@ void Checkpointer::Impl::keep_in_memory(const std::shared_ptr<const PersistJob>&
       failures = ++stats.partner_failures;
     }
   }
-  // The first failure and then one in a hundred: a partner that is gone fails every copy. At the end of training
-  // the partner may have closed first: not worth a warning.
+  if (sent) return;
   // The partner's own budget (its staging is larger than this rank's estimate): the tier is off for the job.
-  if (!sent) {
-    if (auto need = tier->partner_needs()) {
-      watch.last_words->tier_off(tier->settings().partner, *need, config.memory_bytes);
-      return;
-    }
+  if (auto need = tier->partner_needs()) {
+    watch.last_words->tier_off(tier->settings().partner, *need, config.memory_bytes);
+    return;
   }
-  if (!sent && (failures == 1 || failures % 100 == 0)) {
-    // At the end of training a partner that finished first has left the network in order: no fault.
-    (closing || partner_left() ? log::debug : log::warn)(rank, "memory tier: the copy of step " + std::to_string(job->step) + " to rank " +
-                        std::to_string(tier->settings().partner) + " failed (" + std::to_string(failures) +
-                        " so far): " + sent.error());
+  // The first failure and then one in a hundred: a partner that is gone fails every copy. At the end of training
+  // the partner may have closed first, or finished first and left the network in order: no fault then.
+  if (failures == 1 || failures % 100 == 0) {
+    (closing || partner_left() ? log::debug : log::warn)(
+        rank, "memory tier: the copy of step " + std::to_string(job->step) + " to rank " +
+                  std::to_string(tier->settings().partner) + " failed (" + std::to_string(failures) +
+                  " so far): " + sent.error());
   }
 }
 

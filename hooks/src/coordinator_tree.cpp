@@ -482,6 +482,11 @@ class TreeCoordinator final : public Coordinator {
     });
   }
 
+  // The cure a late request names.
+  std::string lead_too_short() const {
+    return "CKPT_AGREE_LEAD=" + std::to_string(config_.agree_lead) + " steps is too short for this job's steps";
+  }
+
   // A request that came after this rank had passed its step: the rank never takes that checkpoint, so it says so
   // at once, up the tree and with the reason in the control dir, instead of leaving the root to wait out the commit
   // timeout. The cure is a larger lead (or a shorter path: a less loaded host).
@@ -489,8 +494,7 @@ class TreeCoordinator final : public Coordinator {
     if (failed_.count(step) != 0) return;
     failed_[step] = config_.rank;
     const std::string why = "the request for step " + std::to_string(step) + " reached this rank at step " +
-                            std::to_string(passed_) + ", after it had passed that step; CKPT_AGREE_LEAD=" +
-                            std::to_string(config_.agree_lead) + " steps is too short for this job's steps";
+                            std::to_string(passed_) + ", after it had passed that step; " + lead_too_short();
     log::warn(config_.rank, why);
     words_->network().send_up(heartbeat::ShardFailedFrame{step, config_.rank}.to_frame());
     cv_.notify_all();
@@ -506,8 +510,7 @@ class TreeCoordinator final : public Coordinator {
     if (step > memory_passed_ || memory_late_said_) return;
     memory_late_said_ = true;
     log::warn(config_.rank, "the memory checkpoint of step " + std::to_string(step) + " was asked for after this rank "
-                            "passed it (at step " + std::to_string(memory_passed_) + "): CKPT_AGREE_LEAD=" +
-                            std::to_string(config_.agree_lead) + " steps is too short for this job's steps");
+                            "passed it (at step " + std::to_string(memory_passed_) + "): " + lead_too_short());
   }
 
   void schedule_locked(std::function<void()> task) {

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "ckpt/format.hpp"
+#include "ckpt/memtier.hpp"
 #include "ckpt/posix.hpp"
 #include "heartbeat.hpp"
 #include "log.hpp"
@@ -224,7 +225,7 @@ struct MemoryTier::Impl {
     Slot* slot = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu);
-      const std::uint64_t need = staging_bytes + 2 * total * settings.wards.size();
+      const std::uint64_t need = memtier::tier_bytes(staging_bytes, total, settings.wards.size());
       if (need > settings.max_bytes) {
         full = need;
         return why = "it needs " + mib_text(need) + " here (staging and two copies per ward), over CKPT_MEMORY's " +

@@ -7,10 +7,10 @@
 // Who calls what: every rank computes its own partner and wards with stride_partner()/stride_wards(), rank
 // arithmetic alone (no rank needs the others' node names, so the cost is flat in the world size), and checks the
 // partner's published node; pair_ranks() is the same rule over a node list, for layouts that are not uniform
-// (tests, the docs' tables). A rank sizes its buffers with tier_bytes(); where refuse() gives a line, the tier
-// is off for the whole job (one rank that cannot keep its copies leaves its ward's shard nowhere else): every rank
-// is told, rank 0 logs the line, and the job checkpoints to the file system alone. lost_after() answers "what would these deaths cost"
-// (tests, the simulator, the docs' tables).
+// (tests, the docs' tables). A rank sizes its buffers with tier_bytes() (and a holder checks each copy's header
+// with it); where refuse() gives a line, the tier is off for the whole job (one rank that cannot keep its copies
+// leaves its ward's shard nowhere else): every rank is told, rank 0 logs the line, and the job checkpoints to the
+// file system alone. lost_after() answers "what would these deaths cost" (tests, the simulator, the docs' tables).
 #include <cstddef>
 #include <cstdint>
 #include <optional>
