@@ -244,7 +244,7 @@ struct IntervalCommand {
 struct SimulateCommand {
   ModelOptions model;
   std::string catchable = "0", interval, work, seed = "1", svg, points = "25", failure_times, inplace_restart,
-              spares = "1";
+              spares = "1", memory_interval, memory_cost = "0", memory_catchable;
   bool json = false;
 
   struct Row {
@@ -279,6 +279,18 @@ struct SimulateCommand {
       c.inplace_restart_s = duration_option("--in-place-restart", inplace_restart);
       c.spares = uint_option("--spares", spares, 1);
     }
+    if (!memory_interval.empty()) {
+      if (inplace_restart.empty()) {
+        throw InputError{"--memory-interval: the memory tier recovers in place: give --in-place-restart too"};
+      }
+      c.memory_interval_s = duration_option("--memory-interval", memory_interval);
+      if (c.memory_interval_s <= 0) {
+        throw InputError{"--memory-interval: invalid value '" + memory_interval + "': must be more than 0s"};
+      }
+      c.memory_cost_s = duration_option("--memory-cost", memory_cost);
+      c.memory_catchable =
+          memory_catchable.empty() ? c.catchable : fraction_option("--memory-catchable", memory_catchable);
+    }
     if (auto st = sim::check(c); !st) throw InputError{st.error()};
 
     std::vector<std::pair<sim::Policy, double>> policies;
@@ -289,13 +301,15 @@ struct SimulateCommand {
     }
     for (auto p : {sim::Policy::Young, sim::Policy::Daly, sim::Policy::LastWords}) policies.emplace_back(p, 0);
     if (!inplace_restart.empty()) policies.emplace_back(sim::Policy::InPlace, 0);
+    if (!memory_interval.empty()) policies.emplace_back(sim::Policy::MemoryTier, 0);
 
     std::vector<Row> rows;
     for (auto [policy, fixed] : policies) {
       auto outcome = sim::run(c, policy, fixed);
       if (!outcome) throw InputError{std::string(sim::to_string(policy)) + ": " + outcome.error()};
       Row r{*outcome, sim::model_waste(c, policy, outcome->interval_s), std::nullopt};
-      if ((policy != sim::Policy::LastWords && policy != sim::Policy::InPlace) || c.catchable == 0)
+      // Daly's exact expression knows neither last words nor in-place restarts.
+      if (!sim::restarts_in_place(policy) && (!sim::writes_last_words(policy) || c.catchable == 0))
         r.exact_waste = sim::exact_waste(c, r.outcome.interval_s);
       rows.push_back(r);
     }
@@ -336,6 +350,9 @@ struct SimulateCommand {
         {"failure_times", c.failure_times ? nlohmann::json(*c.failure_times) : nlohmann::json(nullptr)},
         {"inplace_restart_s", inplace_restart.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.inplace_restart_s)},
         {"spares", c.spares},
+        {"memory_interval_s", memory_interval.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.memory_interval_s)},
+        {"memory_cost_s", c.memory_cost_s},
+        {"memory_catchable", c.memory_catchable},
         {"young_s", iv::young(c.cost_s, c.mtbf_s)},
         {"daly_s", iv::daly(c.cost_s, c.mtbf_s)},
     };
@@ -360,6 +377,8 @@ struct SimulateCommand {
           {"failures", o.failures},
           {"last_words", o.last_words},
           {"in_place", o.in_place},
+          {"memory_s", o.memory_s},
+          {"from_memory", o.from_memory},
       };
       e["exact_goodput"] = r.exact_waste ? nlohmann::json(1 - *r.exact_waste) : nlohmann::json(nullptr);
       list.push_back(e);
@@ -383,6 +402,11 @@ struct SimulateCommand {
       std::printf("in place: restart %s while the allocation holds one of its %llu spares, else a requeue\n",
                   iv::format_seconds(c.inplace_restart_s).c_str(), static_cast<unsigned long long>(c.spares));
     }
+    if (!memory_interval.empty()) {
+      std::printf("memory tier: a memory checkpoint every %s of compute, stalling %s; %s of failures caught with it\n",
+                  iv::format_seconds(c.memory_interval_s).c_str(), iv::format_seconds(c.memory_cost_s).c_str(),
+                  percent(c.memory_catchable).c_str());
+    }
     if (c.failure_times) {
       std::printf("failures replayed at %zu given times, not drawn (model and exact are expectations)\n",
                   c.failure_times->size());
@@ -392,9 +416,7 @@ struct SimulateCommand {
     for (const Row& r : rows) {
       const sim::Outcome& o = r.outcome;
       std::string exact = r.exact_waste ? percent(1 - *r.exact_waste) : "-";
-      std::string words = o.policy == sim::Policy::LastWords || o.policy == sim::Policy::InPlace
-                              ? std::to_string(o.last_words)
-                              : "-";
+      std::string words = sim::writes_last_words(o.policy) ? std::to_string(o.last_words) : "-";
       std::printf("%-11s %-9s %8s %8s %8s  %10s %10s  %8llu %10s\n", sim::to_string(o.policy),
                   iv::format_seconds(o.interval_s).c_str(), percent(o.goodput()).c_str(),
                   percent(std::max(0.0, 1 - r.model_waste)).c_str(), exact.c_str(), coarse(o.lost_s()).c_str(),
@@ -402,8 +424,8 @@ struct SimulateCommand {
                   static_cast<unsigned long long>(o.failures), words.c_str());
     }
     std::printf(
-        "model: first-order loss model (last words: catchable failures cost min(work at risk, cost)); "
-        "exact: exponential failures, no last words\n");
+        "model: first-order loss model (last words: catchable failures cost min(work at risk, cost); memory tier: "
+        "min(half an interval, half a memory interval + cost)); exact: exponential failures, no last words\n");
     if (svg_points) std::printf("wrote %s (%zu simulated intervals)\n", svg.c_str(), *svg_points);
   }
 };
@@ -443,6 +465,19 @@ void add_interval_commands(CLI::App& app, int& exit_code) {
       ->add_option("--spares", simulate_cmd->spares,
                    "Spares per allocation for --in-place-restart (default 1); a requeue brings new ones")
       ->type_name("N");
+  simulate
+      ->add_option("--memory-interval", simulate_cmd->memory_interval,
+                   "Also simulate the memory tier (needs --in-place-restart): a memory checkpoint every DUR of compute")
+      ->type_name("DUR");
+  simulate
+      ->add_option("--memory-cost", simulate_cmd->memory_cost,
+                   "How long each memory checkpoint stalls training (default 0s)")
+      ->type_name("DUR");
+  simulate
+      ->add_option("--memory-catchable", simulate_cmd->memory_catchable,
+                   "Fraction of failures the last words catch with the memory tier, >= --catchable (default: "
+                   "--catchable); the ones beyond --catchable keep the last memory checkpoint's work")
+      ->type_name("P");
   simulate->add_option("--svg", simulate_cmd->svg, "Write a plot of waste against interval to this file")
       ->type_name("FILE");
   simulate->add_option("--points", simulate_cmd->points, "Intervals in the --svg sweep (default 25)")->type_name("N");

@@ -22,19 +22,19 @@ class Failures {
   // `trace`: replay these failure times instead of drawing gaps (see Config::failure_times).
   Failures(std::uint64_t seed, const std::vector<double>* trace) : rng_(seed), trace_(trace) {}
 
-  // Draws the next failure: its gap from now and whether it is catchable. A replayed failure that is already due
-  // strikes now.
-  void draw(double now, double mtbf_s, double catchable) {
+  // Draws the next failure: its gap from now and a uniform number that says whether it is catchable (see
+  // Simulation::caught). A replayed failure that is already due strikes now.
+  void draw(double now, double mtbf_s) {
     const double gap = -mtbf_s * std::log1p(-uniform());
     if (trace_ == nullptr) {
       next_at_ = now + gap;
     } else {
       next_at_ = next_ < trace_->size() ? std::max(now, (*trace_)[next_++]) : kNever;
     }
-    next_catchable_ = uniform() < catchable;
+    next_catch_draw_ = uniform();
   }
   double next_at() const { return next_at_; }
-  bool next_catchable() const { return next_catchable_; }
+  double next_catch_draw() const { return next_catch_draw_; }
   // A replay defers failures during a restart to its end instead of starting the restart over.
   bool replaying() const { return trace_ != nullptr; }
 
@@ -47,7 +47,7 @@ class Failures {
   const std::vector<double>* trace_;
   std::size_t next_ = 0;
   double next_at_ = 0;
-  bool next_catchable_ = false;
+  double next_catch_draw_ = 1;
 };
 
 // Expected wall time to get `a` seconds done without a failure, restarting (R) after each one.
@@ -64,9 +64,16 @@ const char* to_string(Policy policy) {
     case Policy::Daly: return "daly";
     case Policy::LastWords: return "last-words";
     case Policy::InPlace: return "in-place";
+    case Policy::MemoryTier: return "memory-tier";
   }
   return "?";
 }
+
+bool writes_last_words(Policy policy) {
+  return policy == Policy::LastWords || policy == Policy::InPlace || policy == Policy::MemoryTier;
+}
+
+bool restarts_in_place(Policy policy) { return policy == Policy::InPlace || policy == Policy::MemoryTier; }
 
 Status check(const Config& config) {
   auto finite_non_negative = [](double v) { return std::isfinite(v) && v >= 0; };
@@ -100,6 +107,20 @@ Status check(const Config& config) {
                              " before it (got " + format_number(t) + "s)");
     }
   }
+  if (!finite_non_negative(config.memory_interval_s)) {
+    return Status::failure("memory interval must be a finite duration >= 0 (got " +
+                           format_number(config.memory_interval_s) + "s)");
+  }
+  if (!finite_non_negative(config.memory_cost_s)) {
+    return Status::failure("memory checkpoint cost must be a finite duration >= 0 (got " +
+                           format_number(config.memory_cost_s) + "s)");
+  }
+  if (config.memory_interval_s > 0 &&
+      !(config.memory_catchable >= config.catchable && config.memory_catchable <= 1)) {
+    return Status::failure("the fraction caught with the memory tier must be between the catchable fraction (" +
+                           format_number(config.catchable) + ") and 1 (got " + format_number(config.memory_catchable) +
+                           ")");
+  }
   if (config.max_events == 0) return Status::failure("max_events must be at least 1");
   return Status::success();
 }
@@ -110,7 +131,8 @@ double policy_interval(const Config& config, Policy policy, double fixed_s) {
     case Policy::Young: return interval::young(config.cost_s, config.mtbf_s);
     case Policy::Daly:
     case Policy::LastWords:
-    case Policy::InPlace: return interval::daly(config.cost_s, config.mtbf_s);
+    case Policy::InPlace:
+    case Policy::MemoryTier: return interval::daly(config.cost_s, config.mtbf_s);
   }
   return 0;
 }
@@ -123,20 +145,23 @@ Error too_many_events(const Config& config, const std::string& what) {
 }
 
 // One simulated run under one policy: the clock, the work in a checkpoint and the tallies, advanced a segment (or
-// a failure and its restart) at a time.
+// a failure and its restart) at a time. Under the memory tier the stall of its checkpoints is spread over the
+// compute (`stretch_` wall seconds per second of work), and memory checkpoints fall at multiples of τ_m of work.
 class Simulation {
  public:
   Simulation(const Config& config, Policy policy, double tau)
       : config_(config),
         tau_(tau),
         delta_(config.cost_s),
-        in_place_(policy == Policy::InPlace),
-        last_words_(policy == Policy::LastWords || in_place_),
+        in_place_(restarts_in_place(policy)),
+        last_words_(writes_last_words(policy)),
+        memory_tier_(policy == Policy::MemoryTier),
+        stretch_(memory_tier_ ? 1 + config.memory_cost_s / config.memory_interval_s : 1),
         spares_left_(config.spares),
         failures_(config.seed, config.failure_times ? &*config.failure_times : nullptr) {
     out_.policy = policy;
     out_.interval_s = tau;
-    failures_.draw(now_, config.mtbf_s, config.catchable);
+    failures_.draw(now_, config.mtbf_s);
   }
 
   Result<Outcome> run() {
@@ -144,10 +169,11 @@ class Simulation {
     while (done_ < config_.work_s) {
       if (++events_ > config_.max_events) return too_many_events(config_, interval_text);
       const double segment = std::min(tau_, config_.work_s - done_);
-      const double attempt = segment + delta_;
+      const double attempt = segment * stretch_ + delta_;
       if (now_ + attempt <= failures_.next_at()) {
         now_ += attempt;
         done_ += segment;
+        out_.memory_s += segment * (stretch_ - 1);
         out_.checkpoint_s += delta_;
         ++out_.checkpoints;
         continue;
@@ -161,19 +187,42 @@ class Simulation {
   }
 
  private:
+  enum class Catch { None, Live, Memory };
+
+  // How the last words catch the next failure: from live state with probability `catchable`, from the memory tier
+  // with probability memory_catchable − catchable, else not at all.
+  Catch caught() const {
+    if (!last_words_) return Catch::None;
+    const double draw = failures_.next_catch_draw();
+    if (draw < config_.catchable) return Catch::Live;
+    if (memory_tier_ && draw < config_.memory_catchable) return Catch::Memory;
+    return Catch::None;
+  }
+
   // A failure during the segment or its checkpoint.
   void fail_during(double segment) {
     const double elapsed = failures_.next_at() - now_;
     now_ = failures_.next_at();
     ++out_.failures;
-    const double at_risk = std::min(elapsed, segment);  // compute not yet in a checkpoint
-    if (last_words_ && failures_.next_catchable() && at_risk > delta_) {
+    const double compute_wall = std::min(elapsed, segment * stretch_);
+    const double at_risk = compute_wall / stretch_;  // work not yet in a checkpoint
+    const Catch how = caught();
+    double kept = 0;
+    if (how == Catch::Live) kept = at_risk;
+    if (how == Catch::Memory) {
+      const double tau_m = config_.memory_interval_s;
+      kept = std::max(0.0, std::floor((done_ + at_risk) / tau_m) * tau_m - done_);
+    }
+    if (kept > delta_) {
       // Writing the terminal checkpoint is worth it only when it costs less than redoing the work.
-      done_ += at_risk;
-      out_.checkpoint_s += elapsed - at_risk;  // a periodic write cut short, if the failure hit one
+      done_ += kept;
+      out_.memory_s += kept * (stretch_ - 1);
+      out_.rework_s += compute_wall - kept * stretch_;  // the compute since the last memory checkpoint
+      out_.checkpoint_s += elapsed - compute_wall;       // a periodic write cut short, if the failure hit one
       now_ += delta_;
       out_.last_words_s += delta_;
       ++out_.last_words;
+      if (how == Catch::Memory) ++out_.from_memory;
     } else {
       out_.rework_s += elapsed;
     }
@@ -192,7 +241,7 @@ class Simulation {
     }
     // A failure during the restart starts it over. Its catchable flag is drawn but unused, which keeps the random
     // stream aligned across policies (two draws per failure).
-    failures_.draw(now_ + (failures_.replaying() ? restart_s : 0), config_.mtbf_s, config_.catchable);
+    failures_.draw(now_ + (failures_.replaying() ? restart_s : 0), config_.mtbf_s);
     while (now_ + restart_s > failures_.next_at()) {
       if (++events_ > config_.max_events) {
         return too_many_events(config_, "restart cost " + interval::format_seconds(restart_s));
@@ -200,7 +249,7 @@ class Simulation {
       out_.restart_s += failures_.next_at() - now_;
       now_ = failures_.next_at();
       ++out_.failures;
-      failures_.draw(now_, config_.mtbf_s, config_.catchable);
+      failures_.draw(now_, config_.mtbf_s);
     }
     now_ += restart_s;
     out_.restart_s += restart_s;
@@ -212,6 +261,8 @@ class Simulation {
   const double delta_;  // the checkpoint's cost
   const bool in_place_;
   const bool last_words_;
+  const bool memory_tier_;
+  const double stretch_;
   std::uint64_t spares_left_;  // of the current allocation
   Failures failures_;
   Outcome out_;
@@ -229,12 +280,15 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
     return Error{std::string("the ") + to_string(policy) + " interval must be a positive finite duration (got " +
                  format_number(tau) + "s)"};
   }
+  if (policy == Policy::MemoryTier && !(config.memory_interval_s > 0)) {
+    return Error{"the memory-tier policy needs a memory interval > 0"};
+  }
   // Refuse up front what would run into the guard anyway: each segment takes e^{(τ+δ)/M}·e^{R/M} attempts on
   // average. Last words can only shorten that, so it keeps just the guard in Simulation::run.
-  const bool last_words = policy == Policy::LastWords || policy == Policy::InPlace;
   const double expected_events =
       std::ceil(config.work_s / tau) * std::exp((tau + config.cost_s + config.restart_s) / config.mtbf_s);
-  if (!last_words && !config.failure_times && expected_events > static_cast<double>(config.max_events)) {
+  if (!writes_last_words(policy) && !config.failure_times &&
+      expected_events > static_cast<double>(config.max_events)) {
     return too_many_events(config, "interval " + interval::format_seconds(tau));
   }
   return Simulation(config, policy, tau).run();
@@ -242,18 +296,25 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s) {
 
 double model_waste(const Config& config, Policy policy, double interval_s) {
   const double spares = static_cast<double>(config.spares);
-  const double restart = policy == Policy::InPlace
+  const double restart = restarts_in_place(policy)
                              ? (spares * config.inplace_restart_s + config.restart_s) / (spares + 1)
                              : config.restart_s;
+  const bool memory_tier = policy == Policy::MemoryTier && config.memory_interval_s > 0;
+  // The stall of memory checkpoints stretches compute: intervals below are counted in wall time.
+  const double stretch = memory_tier ? 1 + config.memory_cost_s / config.memory_interval_s : 1;
+  const double tau = interval_s * stretch;
   interval::Params params{config.cost_s, restart, config.mtbf_s};
-  double waste = interval::waste_fraction(params, interval_s);
-  const bool last_words = policy == Policy::LastWords || policy == Policy::InPlace;
-  if (!last_words || config.catchable == 0 || !std::isfinite(waste)) return waste;
+  double waste = interval::waste_fraction(params, tau);
+  if (!writes_last_words(policy) || !std::isfinite(waste)) return waste;
   // E[min(u, δ)] for u ~ U[0, τ]: a caught failure costs the terminal write, or the rework when that is cheaper.
-  const double tau = interval_s;
   const double delta = config.cost_s;
   const double caught_cost = delta >= tau ? tau / 2 : delta - delta * delta / (2 * tau);
-  return waste + config.catchable * (caught_cost - tau / 2) / config.mtbf_s;
+  waste += config.catchable * (caught_cost - tau / 2) / config.mtbf_s;
+  if (!memory_tier) return waste;
+  // Caught from the memory tier: the compute since its last checkpoint (half an interval on average) and the write.
+  const double memory_caught_cost = std::min(tau / 2, config.memory_interval_s * stretch / 2 + delta);
+  waste += (config.memory_catchable - config.catchable) * (memory_caught_cost - tau / 2) / config.mtbf_s;
+  return 1 - (1 - waste) / stretch;
 }
 
 double model_lost_s(const Config& config, Policy policy, double interval_s) {

@@ -142,6 +142,24 @@ out="$("${as_user[@]}" "$CKPT" ls "$mine")" || fail "ls with an unreadable step 
 grep -Eq '^100 .* corrupt .*cannot open step dir 000000000100: Permission denied$' <<<"$out" || fail "ls: $out"
 expect 1 "" "ckpt: no usable checkpoint in $mine" -- "${as_user[@]}" "$CKPT" latest "$mine"
 
+# ---- simulate: the memory tier
+sim=("$CKPT" simulate --cost 2s --restart 10s --mtbf 60s --work 200s --failure-times 20,50,90)
+expect 2 "" "ckpt: --memory-interval: the memory tier recovers in place: give --in-place-restart too" -- \
+  "${sim[@]}" --memory-interval 1s
+expect 2 "" "ckpt: the fraction caught with the memory tier must be between the catchable fraction (0.5) and 1 (got 0.2)" \
+  -- "${sim[@]}" --in-place-restart 1s --memory-interval 1s --catchable 0.5 --memory-catchable 0.2
+# Nothing caught from live state (a shard only the dead rank held), everything from the memory tier: the tier keeps
+# the work in place loses, and says so.
+json="$("${sim[@]}" --in-place-restart 1s --memory-interval 1s --memory-cost 0.01s --memory-catchable 1 --json)" ||
+  fail "simulate with the memory tier failed"
+rows="$(json_get '{p["policy"]: (p["from_memory"], p["last_words"], round(p["goodput"], 4)) for p in d["policies"]}' <<<"$json")"
+[[ "$(json_get '[p["policy"] for p in d["policies"]][-2:]' <<<"$json")" == "['in-place', 'memory-tier']" ]] ||
+  fail "simulate: no memory-tier row: $rows"
+[[ "$(json_get '[p for p in d["policies"] if p["policy"] == "memory-tier"][0]["from_memory"]' <<<"$json")" == 3 ]] ||
+  fail "simulate: the memory tier caught fewer than the 3 failures: $rows"
+[[ "$(json_get '(lambda g: g["memory-tier"] > g["in-place"])({p["policy"]: p["goodput"] for p in d["policies"]})' \
+  <<<"$json")" == True ]] || fail "simulate: the memory tier's goodput is not above in place's: $rows"
+
 if [[ $failures -ne 0 ]]; then
   echo "test_ckpt_cli: $failures failures" >&2
   exit 1

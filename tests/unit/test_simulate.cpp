@@ -354,3 +354,104 @@ TEST_CASE("restart in place: cheap restarts while a spare is left, then a requeu
     CHECK_FALSE(check(c));
   }
 }
+
+TEST_CASE("memory tier: failures the live state cannot cover keep the last memory checkpoint's work", "[simulate]") {
+  Config c;
+  c.cost_s = 1;
+  c.restart_s = 10;
+  c.inplace_restart_s = 0.5;
+  c.mtbf_s = 1000;
+  c.work_s = 100;
+  c.catchable = 0;  // the live state never whole (a shard only the dead rank held)
+  c.memory_catchable = 1;
+  c.memory_interval_s = 2;
+  c.failure_times = std::vector<double>{7.5};
+
+  SECTION("the work since the last memory checkpoint is redone, the rest kept") {
+    auto tier = run(c, Policy::MemoryTier);
+    auto in_place = run(c, Policy::InPlace);
+    REQUIRE(tier.ok());
+    REQUIRE(in_place.ok());
+    CHECK(tier->interval_s == in_place->interval_s);
+    CHECK(tier->last_words == 1);
+    CHECK(tier->from_memory == 1);
+    CHECK(tier->rework_s == Approx(1.5));  // 7.5 s of work, memory checkpoints at 2, 4, 6
+    CHECK(in_place->last_words == 0);
+    CHECK(in_place->rework_s == Approx(7.5));
+    CHECK(in_place->wall_s - tier->wall_s == Approx(6 - 1));  // 6 s kept for the terminal write's 1 s
+    CHECK(std::string(to_string(Policy::MemoryTier)) == "memory-tier");
+  }
+  SECTION("memory checkpoints stall training, and every second is accounted for") {
+    c.memory_cost_s = 0.5;  // 1.25 s of wall per second of work
+    c.failure_times = std::vector<double>{8};
+    auto tier = run(c, Policy::MemoryTier);
+    REQUIRE(tier.ok());
+    // 8 s of wall hold 6.4 s of work; the last memory checkpoint holds 6 (7.5 s of wall): 0.5 s redone.
+    CHECK(tier->rework_s == Approx(0.5));
+    CHECK(tier->memory_s == Approx(25));  // the whole job's 100 s of work at a quarter each
+    const double sum =
+        tier->work_s + tier->checkpoint_s + tier->rework_s + tier->restart_s + tier->last_words_s + tier->memory_s;
+    CHECK(sum == Approx(tier->wall_s).epsilon(1e-9));
+  }
+  SECTION("a caught failure right after a memory checkpoint writes nothing when the work is worth less than δ") {
+    c.failure_times = std::vector<double>{2.5};  // 2 s kept would cost 1 s to write: still worth it
+    CHECK(run(c, Policy::MemoryTier)->from_memory == 1);
+    c.failure_times = std::vector<double>{1.5};  // nothing in a memory checkpoint yet
+    auto tier = run(c, Policy::MemoryTier);
+    CHECK(tier->last_words == 0);
+    CHECK(tier->rework_s == Approx(1.5));
+  }
+  SECTION("failures the live state covers lose nothing, as in place") {
+    c.catchable = 1;
+    auto tier = run(c, Policy::MemoryTier);
+    CHECK(tier->last_words == 1);
+    CHECK(tier->from_memory == 0);
+    CHECK(tier->rework_s == 0);
+  }
+  SECTION("bad memory-tier inputs are refused") {
+    c.memory_catchable = 0.5;
+    c.catchable = 0.8;
+    CHECK(check(c).error() ==
+          "the fraction caught with the memory tier must be between the catchable fraction (0.8) and 1 (got 0.5)");
+    c.memory_catchable = 0.9;
+    c.memory_cost_s = -1;
+    CHECK_FALSE(check(c));
+    c.memory_cost_s = 0;
+    c.memory_interval_s = 0;
+    CHECK(check(c));
+    CHECK_FALSE(run(c, Policy::MemoryTier).ok());
+  }
+}
+
+TEST_CASE("memory tier: the simulator agrees with the model, and with in place where the tier adds nothing",
+          "[simulate]") {
+  for (const Case& k : kSmallCases) {
+    for (std::uint64_t seed : {1ULL, 7ULL}) {
+      Config c = job(k.cost_s, k.restart_s, k.mtbf_s, k.catchable, seed);
+      c.inplace_restart_s = k.restart_s / 10;
+      c.spares = 2;
+      const double tau = policy_interval(c, Policy::MemoryTier);
+      c.memory_interval_s = tau / 20;
+      c.memory_cost_s = c.memory_interval_s / 50;  // a 2% stall
+      c.memory_catchable = std::min(1.0, k.catchable + 0.4);
+      auto tier = run(c, Policy::MemoryTier);
+      auto in_place = run(c, Policy::InPlace);
+      REQUIRE(tier.ok());
+      REQUIRE(in_place.ok());
+      INFO("cost " << k.cost_s << " mtbf " << k.mtbf_s << " seed " << seed << " simulated " << tier->waste_fraction()
+                   << " model " << model_waste(c, Policy::MemoryTier, tau) << " in place " << in_place->waste_fraction());
+      CHECK(tier->waste_fraction() == Approx(model_waste(c, Policy::MemoryTier, tau)).epsilon(0.08));
+      CHECK(tier->from_memory > 0);
+      const double sum =
+          tier->work_s + tier->checkpoint_s + tier->rework_s + tier->restart_s + tier->last_words_s + tier->memory_s;
+      CHECK(sum == Approx(tier->wall_s).epsilon(1e-9));
+
+      Config same = c;  // no stall and nothing more caught: the memory tier is in place, run for run
+      same.memory_cost_s = 0;
+      same.memory_catchable = same.catchable;
+      auto plain = run(same, Policy::MemoryTier);
+      CHECK(plain->wall_s == in_place->wall_s);
+      CHECK(model_waste(same, Policy::MemoryTier, tau) == Approx(model_waste(same, Policy::InPlace, tau)));
+    }
+  }
+}

@@ -8,6 +8,9 @@
 // (a failure during a restart starts it over). A fraction p of failures is catchable: under the last-words
 // policy the survivors then write a terminal checkpoint (cost δ, inside the grace window, not interrupted)
 // that keeps the work since the last checkpoint, but only when that work is worth more than δ.
+// Under the memory-tier policy a checkpoint also lives in peers' memory every τ_m of compute (each stalling training
+// δ_m): a further fraction of failures (a survivor torn mid-update, a shard no live rank holds) is caught from it,
+// keeping the work up to the last memory checkpoint.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,9 +26,10 @@ enum class Policy {
   Daly,       // Daly's higher-order optimum
   LastWords,  // Daly's interval plus a terminal checkpoint on catchable failures
   InPlace,    // last words, and restart in place (cost inplace_restart_s) while the allocation holds a spare
+  MemoryTier, // in place, and memory checkpoints (memory_interval_s) that the last words fall back on
 };
 
-// "fixed", "young", "daly", "last-words", "in-place".
+// "fixed", "young", "daly", "last-words", "in-place", "memory-tier".
 const char* to_string(Policy policy);
 
 struct Config {
@@ -44,16 +48,28 @@ struct Config {
   // takes the requeue (restart_s), which brings a new allocation with `spares` spares again.
   double inplace_restart_s = 0;
   std::uint64_t spares = 1;
+  // The memory tier (Policy::MemoryTier): a memory checkpoint every memory_interval_s of compute, each stalling
+  // training for memory_cost_s. Of the failures, `catchable` are caught from live state (nothing lost), up to
+  // `memory_catchable` (>= catchable) more from the memory tier (losing the compute since the last memory
+  // checkpoint); the rest lose the work since the last periodic checkpoint. 0: no memory tier.
+  double memory_interval_s = 0;
+  double memory_cost_s = 0;
+  double memory_catchable = 0;
 };
 
-// Accepts δ >= 0, R >= 0, M > 0 (all finite), work > 0, 0 <= p <= 1, failure times finite, >= 0 and ascending;
-// the error names the bad input.
+// Whether a policy writes last words (LastWords, InPlace, MemoryTier) and restarts in place (InPlace, MemoryTier).
+bool writes_last_words(Policy policy);
+bool restarts_in_place(Policy policy);
+
+// Accepts δ >= 0, R >= 0, M > 0 (all finite), work > 0, 0 <= p <= 1, failure times finite, >= 0 and ascending,
+// τ_m >= 0 and δ_m >= 0 finite, p <= p_m <= 1 where τ_m > 0; the error names the bad input. run() with
+// Policy::MemoryTier also needs τ_m > 0.
 Status check(const Config& config);
 
 // The interval a policy uses; `fixed_s` is used only by Policy::Fixed. Expects a checked config.
 double policy_interval(const Config& config, Policy policy, double fixed_s = 0);
 
-// What one simulated run did. wall = work + checkpoint + rework + restart + last_words (up to rounding).
+// What one simulated run did. wall = work + checkpoint + rework + restart + last_words + memory (up to rounding).
 struct Outcome {
   Policy policy = Policy::Fixed;
   double interval_s = 0;
@@ -66,7 +82,9 @@ struct Outcome {
   std::uint64_t checkpoints = 0;  // periodic checkpoints completed
   std::uint64_t failures = 0;
   std::uint64_t last_words = 0;  // failures whose work a terminal checkpoint kept
-  std::uint64_t in_place = 0;    // failures recovered in place (InPlace)
+  std::uint64_t in_place = 0;    // failures recovered in place (InPlace, MemoryTier)
+  double memory_s = 0;             // training stalled by memory checkpoints, in kept work (rework holds the rest)
+  std::uint64_t from_memory = 0;   // failures whose terminal checkpoint came from the memory tier
 
   // Useful fraction of wall time.
   double goodput() const { return wall_s > 0 ? work_s / wall_s : 0; }
@@ -82,7 +100,9 @@ Result<Outcome> run(const Config& config, Policy policy, double fixed_s = 0);
 
 // The first-order model's waste fraction at interval τ for a policy: δ/τ + (τ/2 + R)/M, where under last words
 // a catchable failure costs min(u, δ) (u ~ U[0, τ], the work at risk) instead of u, and in place R is the mean
-// restart over an allocation's life: (s·R_in + R)/(s + 1) for s spares.
+// restart over an allocation's life: (s·R_in + R)/(s + 1) for s spares. Under the memory tier the intervals are
+// counted in wall time (τ·(1 + δ_m/τ_m)), a failure caught from the memory tier costs min(τ/2, τ_m/2 + δ), and
+// the stall takes its share δ_m/(τ_m + δ_m) of what is left.
 double model_waste(const Config& config, Policy policy, double interval_s);
 
 // The lost work the first-order model predicts for the whole job: the wall time is work/(1 − waste), so the
