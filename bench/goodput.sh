@@ -5,7 +5,9 @@
 # recovery controller once per policy: fixed intervals, --ckpt-interval=auto (Daly, from live measurements), auto
 # with last words, and auto with last words and restart in place: `ckpt-run --spares 1` in a 3-node allocation,
 # whose third node holds 2 warm spare processes; a failure while one is left is recovered in the same processes,
-# the next one takes the requeue (a new allocation, with its spares again).
+# the next one takes the requeue (a new allocation, with its spares again), and in place with the memory tier
+# (--ckpt-memory, a memory checkpoint every step, its copy on the other node): the last words then also catch the
+# failures whose surviving replica was torn mid-update, from the step before in staging.
 # Failures are injected at a scaled MTBF: one schedule, drawn once from an exponential distribution, is replayed in
 # every run (common random numbers, so the policies are compared on the same failures). A failure SIGKILLs one
 # random training rank (never an idle spare); one that falls due while the job is restarting strikes as soon as
@@ -16,8 +18,9 @@
 # step to the last. It then asks `ckpt simulate` for its prediction of the same run: the same failure times
 # (--failure-times), with the checkpoint cost δ and the restart cost R measured across all runs (medians; the
 # in-place restart R_in from the in-place recoveries, the spares counted in ranks; the fraction of failures the
-# last words caught, pooled over the runs with them on), and for the expected goodput
-# over many failures (Monte Carlo). The table and the acceptance checks go to stdout and to <work dir>/report.
+# last words caught, pooled over the runs with them on; for the memory tier, its run's own R_in, the stall of its
+# memory checkpoints and the fractions caught from live state and from the memory tier), and for the expected
+# goodput over many failures (Monte Carlo). The table and the acceptance checks go to stdout and to <work dir>/report.
 #
 #   bench/goodput.sh [--mtbf SECONDS] [--work SECONDS] [--fixed LIST] [--seed N] [--step-sleep S] [--report DIR]
 #     --mtbf        scaled MTBF of the job (default 60)
@@ -26,13 +29,14 @@
 #     --seed        seed of the failure schedule (default 7)
 #     --step-sleep  seconds each step sleeps (default 0.2; sets the step time)
 #     --hidden      hidden width of the MLP (default 16384: with 256 inputs, 17 MB of weights and momentum per rank)
+#     --memory      the memory tier's budget per rank, --ckpt-memory (default 256M)
 #     --only        run only these policies, comma-separated names (a quick look; the acceptance needs them all)
 #     --report      measure and report the runs kept in DIR again (give the options of the run that made them)
 # Needs a built tree (CKPT_BUILD_DIR, default build/), root, and the packages of scripts/install-deps.sh. It
 # starts the local cluster (tests/cluster.sh up, whose site policy allows intervals down to 1 s) with the plugin
 # reporting to its own controller; `tests/cluster.sh down` stops it.
 set -euo pipefail
-MTBF=60 WORK=200 FIXED=1,3,10,30 SEED=7 SLEEP=0.2 HIDDEN=16384 REPORT= ONLY=
+MTBF=60 WORK=200 FIXED=1,3,10,30 SEED=7 SLEEP=0.2 HIDDEN=16384 REPORT= ONLY= MEMORY=256M
 while [ $# -gt 0 ]; do
   case $1 in
     --mtbf) MTBF=$2; shift 2 ;;
@@ -43,6 +47,7 @@ while [ $# -gt 0 ]; do
     --hidden) HIDDEN=$2; shift 2 ;;
     --report) REPORT=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
+    --memory) MEMORY=$2; shift 2 ;;
     *) echo "goodput: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -61,7 +66,7 @@ have_torch || { echo "goodput: needs python3-torch and a built slurm_ckpt" >&2; 
 
 policies=()
 for f in ${FIXED//,/ }; do policies+=("fixed-${f}s|${f}s|off"); done
-policies+=("auto|auto|off" "last-words|auto|on" "in-place|auto|on")
+policies+=("auto|auto|off" "last-words|auto|on" "in-place|auto|on" "memory-tier|auto|on")
 NODES=2 PER_NODE=2 SPARE_NODES=1  # the job's shape; in place, SPARE_NODES more nodes hold PER_NODE spares each
 WORLD=$((NODES * PER_NODE)) SPARE_RANKS=$((SPARE_NODES * PER_NODE))
 if [ -n "$ONLY" ]; then
@@ -197,9 +202,10 @@ for p in "${policies[@]}"; do
   IFS='|' read -r name interval words <<< "$p"
   echo "== $name: --ckpt-interval=$interval --ckpt-last-words=$words"
   log=$W/$name.out
-  script=$W/train.sbatch
+  script=$W/train.sbatch tier=()
   [ "$name" = in-place ] && script=$W/train-inplace.sbatch
-  job=$(sbatch --parsable -o "$log" --ckpt-dir="$W/$name.ckpt" --ckpt-interval="$interval" \
+  [ "$name" = memory-tier ] && script=$W/train-inplace.sbatch tier=(--ckpt-memory="$MEMORY" --ckpt-memory-interval=1)
+  job=$(sbatch --parsable -o "$log" --ckpt-dir="$W/$name.ckpt" --ckpt-interval="$interval" "${tier[@]}" \
     --ckpt-last-words="$words" --ckpt-mtbf="${MTBF}s" --ckpt-max-restarts=1000 --ckpt-keep=2 \
     "$script" --steps "$STEPS" --out "$W/$name.final")
   inject "$log" "$W/$name.kills" "$job" &
@@ -220,7 +226,7 @@ for p in "${policies[@]}"; do
   name=${p%%|*}
   measure_args+=("$name" "$W/$name.out" "$W/$name.kills")
 done
-"$PY" "$SRC/bench/goodput_measure.py" "$STEP_S" "$STEPS" "${measure_args[@]}" > "$W/measured.json"
+"$PY" "$SRC/bench/goodput_measure.py" --memory memory-tier "$STEP_S" "$STEPS" "${measure_args[@]}" > "$W/measured.json"
 get() { "$PY" -c "import json, sys; d = json.load(open('$W/measured.json')); print($1)"; }
 DELTA=$(get "f\"{max(d['cost_s'], 0.0001):.4f}\"")  # the simulator needs a cost > 0
 RESTART=$(get "f\"{d['restart_s']:.3f}\"")
@@ -229,6 +235,13 @@ STEP_SEEN=$(get "f\"{d['step_seen_s']:.4f}\"")
 # The fraction of failures the last words caught, pooled over the runs that had them on: a simulator input measured
 # like δ and R. A failure can tear the state (DP x TP: one tensor-parallel rank past the update, its peer not).
 CATCH=$(get "(lambda rs: f\"{sum(r['terminal_checkpoints'] for r in rs) / max(1, sum(r['failures'] for r in rs)):.3f}\")([r for r in d['runs'] if r['name'] in ('last-words', 'in-place')])")
+# The memory tier's run, in its own terms: R_in, the stall per memory checkpoint (one per step), and the fractions of
+# its failures caught from live state and (the rest of its terminal checkpoints) from the memory tier.
+MEM_RUN="next((r for r in d['runs'] if r['name'] == 'memory-tier'), None)"
+MEM_RESTART_IN=$(get "(lambda r: f\"{__import__('statistics').median(r['restarts_in_place_s']):.3f}\" if r and r['restarts_in_place_s'] else '$RESTART_IN')($MEM_RUN)")
+MEM_COST=$(get "(lambda r: f\"{r['memory_cost_s']:.4f}\" if r else '0')($MEM_RUN)")
+MEM_LIVE=$(get "(lambda r: f\"{(r['terminal_checkpoints'] - r['terminal_from_memory']) / max(1, r['failures']):.3f}\" if r else '0')($MEM_RUN)")
+MEM_CATCH=$(get "(lambda r: f\"{r['terminal_checkpoints'] / max(1, r['failures']):.3f}\" if r else '0')($MEM_RUN)")
 SIM_WORK=$(awk -v n="$STEPS" -v s="$STEP_SEEN" 'BEGIN { printf "%.3f", n * s }')
 AUTO_LINE=$({ grep -h "CKPT_INTERVAL=auto: interval" "$W/auto.out" 2>/dev/null || true; } | tail -1 | sed "s/.*CKPT_INTERVAL=auto: //")
 
@@ -240,9 +253,15 @@ predict() {  # name interval failure-times
     fixed-*) fixed=(--interval "$interval"); row=fixed ;;
     auto) row=daly ;;
     in-place) fixed=(--in-place-restart "${RESTART_IN}s" --spares "$SPARE_RANKS"); row=in-place ;;
+    memory-tier)
+      fixed=(--in-place-restart "${MEM_RESTART_IN}s" --spares "$SPARE_RANKS" --memory-interval "${STEP_SEEN}s"
+        --memory-cost "${MEM_COST}s" --memory-catchable "$MEM_CATCH")
+      row=memory-tier ;;
     *) row=last-words ;;
   esac
-  local args=(simulate --cost "${DELTA}s" --restart "${RESTART}s" --mtbf "${MTBF}s" --catchable "$CATCH" "${fixed[@]}" --json)
+  local catch=$CATCH
+  [ "$name" = memory-tier ] && catch=$MEM_LIVE
+  local args=(simulate --cost "${DELTA}s" --restart "${RESTART}s" --mtbf "${MTBF}s" --catchable "$catch" "${fixed[@]}" --json)
   local pick="import json, sys; print(next(p['goodput'] for p in json.load(sys.stdin)['policies'] if p['policy'] == '$row') * $STEP_S / $STEP_SEEN)"
   replay=$("$CKPT" "${args[@]}" --work "${SIM_WORK}s" --failure-times "${trace:-none}" | "$PY" -c "$pick")
   expected=$("$CKPT" "${args[@]}" | "$PY" -c "$pick")
@@ -255,6 +274,8 @@ predict() {  # name interval failure-times
   echo "the controller requeues; in place, $SPARE_RANKS spare ranks on $SPARE_NODES more node(s) take the first failures of an allocation over"
   echo "measured across the runs: checkpoint cost δ ${DELTA}s (median per run), restart R ${RESTART}s (median), in place"
   echo "R_in ${RESTART_IN}s (median), last words caught a fraction $CATCH of the failures; simulator inputs"
+  echo "memory tier (--ckpt-memory=$MEMORY, every step): R_in ${MEM_RESTART_IN}s, stall ${MEM_COST}s per step, caught $MEM_LIVE"
+  echo "of its failures from live state and $MEM_CATCH in all"
   echo "auto's last choice: $AUTO_LINE"
   printf '%-16s %8s %8s %6s %6s %9s %9s %9s %7s\n' policy wall_s failures ckpts words measured predicted expected diff
   n=0
@@ -277,8 +298,9 @@ awk '$1 == "policy" { table = 1; next }
     ok = 1
     if (bad != "") { print "unusable measurements or predictions for:" bad; ok = 0 }
     if (!("auto" in g) || !("last-words" in g) || !("in-place" in g) || bestn == "") { print "a policy run is missing"; ok = 0 }
-    split("auto in-place", simulated, " ")
-    for (i = 1; i <= 2; i++) {
+    if (!("memory-tier" in g)) { print "a policy run is missing"; ok = 0 }
+    split("auto in-place memory-tier", simulated, " ")
+    for (i = 1; i <= 3; i++) {
       p = simulated[i]
       printf "%s vs the simulator: |%.4f| %s 0.03\n", p, diff[p], (diff[p] <= 0.03 ? "<=" : ">")
       if (diff[p] > 0.03) ok = 0
@@ -289,6 +311,7 @@ awk '$1 == "policy" { table = 1; next }
     if (g["last-words"] < g["auto"]) ok = 0
     printf "in place %.4f vs auto + last words %.4f: %+.2f points (target >= 0)\n", g["in-place"], g["last-words"], 100 * (g["in-place"] - g["last-words"])
     if (g["in-place"] < g["last-words"]) ok = 0
+    printf "memory tier %.4f vs in place %.4f: %+.2f points (no target: a live replica covers most failures here)\n", g["memory-tier"], g["in-place"], 100 * (g["memory-tier"] - g["in-place"])
     print (ok ? "PASS" : "FAIL")
   }' "$W/report" | tee -a "$W/report"
 echo "(runs, logs and the report kept in $W)"

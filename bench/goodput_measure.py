@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measures the runs of bench/goodput.sh from their batch logs and kill times, in the simulator's terms.
 
-    goodput_measure.py STEP_S STEPS NAME LOG KILLS [NAME LOG KILLS ...]  ->  one JSON object on stdout
+    goodput_measure.py [--memory NAME ...] STEP_S STEPS NAME LOG KILLS [NAME LOG KILLS ...]  ->  JSON on stdout
 
 Each LOG is train_dp_tp.py's with --log-time (rank 0's lines end with t=<unix seconds>), plus the batch script's
 "run N on ..." lines and libckpt's lines; each KILLS holds "<unix seconds> <pid>" per injected failure. STEP_S is
@@ -18,7 +18,10 @@ The accounting matches `ckpt simulate`'s, so that its prediction can be held aga
     run took beyond that, per checkpoint (the step cut short by a kill is lost work, as in the simulator);
   - failure times are the kills, relative to the start;
   - a restart in place (a start with no "run N on" line of the batch script before it: the same allocation and
-    processes) is counted apart from the requeues, as R_in.
+    processes) is counted apart from the requeues, as R_in;
+  - a run named with --memory took a memory checkpoint every step: its steps are left out of the pooled step time,
+    and what its median step took beyond that is the memory checkpoint's stall δ_m; a terminal checkpoint whose
+    last words wrote a shard from staging or from a partner copy was caught from the memory tier.
 Pooled over the runs it reports that step time, δ (median over runs), R (median over the requeues) and R_in
 (median over the restarts in place).
 """
@@ -29,6 +32,8 @@ import sys
 
 WARMUP = 3
 STEP = re.compile(r"^train_dp_tp: step (\d+) loss \S+ t=([0-9.]+)$")
+TERMINAL = re.compile(r"last words: committed the terminal checkpoint of step (\d+),")
+FROM_MEMORY = re.compile(r"last words: wrote .*terminal shard of step (\d+) from (?:staging|its partner copy)")
 START = re.compile(r"^train_dp_tp: (?:starting at|resumed from) step (\d+) .* t=([0-9.]+)$")
 ALLOCATION = re.compile(r"^run \d+ on ")
 
@@ -38,7 +43,9 @@ def read_run(log, kills_file):
     runs = []  # per start: the times of its step lines
     in_place = []  # per start: whether it began in the allocation and processes of the one before
     new_allocation = True
-    checkpoints = terminal = 0
+    checkpoints = 0
+    terminal = []  # the steps of the committed terminal checkpoints
+    from_memory = set()  # steps whose terminal checkpoint took a shard from the memory tier
     for line in open(log, errors="replace"):
         line = line.rstrip("\n")
         if m := STEP.match(line):
@@ -52,13 +59,15 @@ def read_run(log, kills_file):
             new_allocation = False
         elif "committed periodic checkpoint" in line:
             checkpoints += 1
-        elif "committed the terminal checkpoint" in line:
-            terminal += 1
-    return kills, runs, in_place, checkpoints, terminal
+        elif m := TERMINAL.search(line):
+            terminal.append(int(m.group(1)))
+        elif m := FROM_MEMORY.search(line):
+            from_memory.add(int(m.group(1)))
+    return kills, runs, in_place, checkpoints, terminal, from_memory
 
 
 def measure(name, log, kills_file, step_s, steps):
-    kills, runs, in_place, checkpoints, terminal = read_run(log, kills_file)
+    kills, runs, in_place, checkpoints, terminal, from_memory = read_run(log, kills_file)
     last = [t for run in runs for t, s in run if s == steps]
     if not last:
         raise SystemExit(f"goodput_measure: {log}: the job did not reach step {steps}")
@@ -87,7 +96,8 @@ def measure(name, log, kills_file, step_s, steps):
         "goodput": steps * step_s / (end - start),
         "failures": len(kills),
         "checkpoints": checkpoints,
-        "terminal_checkpoints": terminal,
+        "terminal_checkpoints": len(terminal),
+        "terminal_from_memory": sum(1 for s in terminal if s in from_memory),
         "restarts_s": restarts,
         "restarts_in_place_s": restarts_in_place,
         "failure_times": [round(k - start, 3) for k in kills],
@@ -96,12 +106,21 @@ def measure(name, log, kills_file, step_s, steps):
 
 
 def main():
-    step_s, steps = float(sys.argv[1]), int(sys.argv[2])
-    args = sys.argv[3:]
+    args = sys.argv[1:]
+    memory = set()
+    while args[:1] == ["--memory"]:
+        memory.add(args[1])
+        args = args[2:]
+    step_s, steps = float(args[0]), int(args[1])
+    args = args[2:]
     runs = [measure(args[i], args[i + 1], args[i + 2], step_s, steps) for i in range(0, len(args), 3)]
-    step_seen = statistics.median(d for r in runs for d in r["durations"])
+    step_seen = statistics.median(d for r in runs if r["name"] not in memory for d in r["durations"])
     for r in runs:
-        excess = sum(d - step_seen for d in r.pop("durations"))
+        durations = r.pop("durations")
+        stall = max(0.0, statistics.median(durations) - step_seen) if r["name"] in memory and durations else 0.0
+        if r["name"] in memory:
+            r["memory_cost_s"] = stall
+        excess = sum(d - step_seen - stall for d in durations)
         r["cost_s"] = max(0.0, excess / r["checkpoints"]) if r["checkpoints"] else None
     costs = [r["cost_s"] for r in runs if r["cost_s"] is not None]
     restarts = [x for r in runs for x in r["restarts_s"]]

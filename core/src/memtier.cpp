@@ -1,6 +1,7 @@
 #include "ckpt/memtier.hpp"
 
 #include "ckpt/format.hpp"
+#include "ckpt/interval.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -80,11 +81,29 @@ std::uint64_t tier_bytes(std::uint64_t staging_bytes, std::uint64_t largest_ward
   return saturating_add(staging_bytes, saturating_mul(copies, largest_ward_bytes));
 }
 
-std::uint64_t auto_interval(double busy_s, double step_s, std::uint64_t max_steps) {
+namespace {
+
+// A step count from a real number: at least 1, at most max_steps (NaN and infinity included).
+std::uint64_t clamp_steps(double steps, std::uint64_t max_steps) {
+  const std::uint64_t most = std::max<std::uint64_t>(max_steps, 1);
+  if (!(steps >= 1)) return 1;
+  if (!(steps < static_cast<double>(most))) return most;
+  return static_cast<std::uint64_t>(steps);
+}
+
+}  // namespace
+
+std::uint64_t keep_up_interval(double busy_s, double step_s, std::uint64_t max_steps) {
   if (!(step_s > 0) || !(busy_s > 0)) return 1;
-  const double steps = std::ceil(1.25 * busy_s / step_s);
-  if (!(steps < static_cast<double>(max_steps))) return std::max<std::uint64_t>(max_steps, 1);
-  return std::max<std::uint64_t>(static_cast<std::uint64_t>(steps), 1);
+  return clamp_steps(std::ceil(1.25 * busy_s / step_s), max_steps);
+}
+
+std::uint64_t auto_interval(const AutoIntervalInputs& in, std::uint64_t max_steps) {
+  const std::uint64_t keep_up = keep_up_interval(in.busy_s, in.step_s, max_steps);
+  if (!(in.step_s > 0) || !(in.cost_s > 0) || !(in.mtbf_s > 0)) return keep_up;
+  // Rounded down: between two step counts, the shorter interval loses less at a failure.
+  const double young = std::floor(interval::young(in.cost_s, in.mtbf_s) / in.step_s);
+  return std::max(keep_up, clamp_steps(young, max_steps));
 }
 
 std::optional<std::string> refuse(std::uint64_t need, std::uint64_t max_bytes, int rank) {

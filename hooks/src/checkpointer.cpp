@@ -139,14 +139,18 @@ void Checkpointer::Impl::ask_memory_checkpoints(std::uint64_t step) {
     sched.step_s = sorted[(sorted.size() - 1) / 4];
   }
   sched.last_decide = now;
-  double busy_s = 0;
+  memtier::AutoIntervalInputs in;
+  in.step_s = sched.step_s;
+  in.cost_s = sched.memory_cost_s;
+  in.mtbf_s = static_cast<double>(config.mtbf_s);
   std::uint64_t before = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
-    busy_s = stats.last_copy_s + stats.last_partner_s;
+    in.busy_s = stats.last_copy_s + stats.last_partner_s;
     before = stats.memory_interval;
   }
-  const std::uint64_t every = memtier::auto_interval(busy_s, sched.step_s);
+  const double busy_s = in.busy_s;
+  const std::uint64_t every = memtier::auto_interval(in);
   if (every != before) {
     std::lock_guard<std::mutex> lock(mu);
     stats.memory_interval = every;
@@ -157,7 +161,11 @@ void Checkpointer::Impl::ask_memory_checkpoints(std::uint64_t step) {
   if (news || every != before) {
     (news ? log::info : log::debug)(
         0, "memory tier: a checkpoint in memory every " + std::to_string(every) + " step(s) (auto: a copy takes " +
-               format_number(busy_s) + " s, a step " + format_number(sched.step_s) + " s)");
+               format_number(busy_s) + " s, a step " + format_number(sched.step_s) + " s, and one costs training " +
+               (in.cost_s > 0 ? format_number(in.cost_s) + " s: Young's interval at MTBF " +
+                                    format_number(in.mtbf_s) + " s is " +
+                                    format_number(interval::young(in.cost_s, in.mtbf_s)) + " s)"
+                              : "an amount not measured yet)"));
     if (news) sched.memory_said = every;
   }
   // Asked for `lead` steps ahead, so that the request reaches every rank before it passes the step.
@@ -166,6 +174,25 @@ void Checkpointer::Impl::ask_memory_checkpoints(std::uint64_t step) {
     coord->request_memory(*sched.memory_next);
     *sched.memory_next += every;
   }
+}
+
+void Checkpointer::Impl::observe_memory_step() {
+  interval::StepMeter::Worker counts;
+  // Idle first, as observe_step reads the pending count first: a copy that ends between the reads is seen pending.
+  counts.pending = queue.idle() ? 0 : 1;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    counts.persisted = memory_jobs_done;  // a copy that failed still cost training its time
+    counts.last_persist_s = stats.last_copy_s + stats.last_partner_s;
+  }
+  counts.last_stall_s = sched.memory_stall_s;
+  auto measured = sched.memory_meter->on_step(steady_seconds(), counts);
+  if (!measured) return;
+  sched.memory_costs.push_back(measured->stall_s + measured->interference_s);
+  if (sched.memory_costs.size() > 5) sched.memory_costs.pop_front();
+  std::vector<double> sorted(sched.memory_costs.begin(), sched.memory_costs.end());
+  std::sort(sorted.begin(), sorted.end());
+  sched.memory_cost_s = sorted[sorted.size() / 2];
 }
 
 // ---- close --------------------------------------------------------------------------------------------------
@@ -450,6 +477,10 @@ Status Checkpointer::before_update() {
   std::lock_guard<std::mutex> lock(m.mu);
   m.stats.last_stall_s += waited;
   if (m.auto_meter) m.auto_meter->on_guard(waited);
+  if (m.sched.memory_meter) {
+    m.sched.memory_meter->on_guard(waited);
+    if (m.sched.last_snapshot_memory) m.sched.memory_stall_s += waited;
+  }
   m.stats.total_stall_s += waited;
   return Status::success();
 }
@@ -488,6 +519,7 @@ Result<bool> Checkpointer::after_step(std::uint64_t step) {
   }
   m.sched.cached.reset();
   if (m.auto_meter) m.observe_step();
+  if (m.sched.memory_meter) m.observe_memory_step();
   m.sched.last_step = step;
   if (m.sched.stopped) return true;
   if (d->snapshot) m.snapshot(step, d->kind, d->memory_only);

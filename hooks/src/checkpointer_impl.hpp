@@ -105,6 +105,13 @@ struct StepSchedule {
   double step_s = 0;
   std::optional<std::uint64_t> memory_next;
   std::uint64_t memory_said = 0;           // the choice the log last said (0: none yet)
+  // What a memory checkpoint costs training, its stall plus its interference, measured as CKPT_INTERVAL=auto
+  // measures a periodic one (interval::StepMeter, over the partner copies): the median of the last few.
+  std::optional<interval::StepMeter> memory_meter;
+  bool last_snapshot_memory = false;  // the last snapshot was a memory checkpoint: guard waits are its stall
+  double memory_stall_s = 0;          // that snapshot's stall, guard waits included
+  std::deque<double> memory_costs;
+  double memory_cost_s = 0;
   Clock::time_point backpressure_logged;  // when the last back-pressure line went out
 };
 
@@ -183,6 +190,7 @@ struct Checkpointer::Impl {
   std::atomic<bool> tier_too_big{false};
   bool tier_checked = false;              // the worker's: the budget was checked at the first memory checkpoint
   bool tier_stopped = false;              // the worker's: the tier's links are closed after it went off
+  std::uint64_t memory_jobs_done = 0;     // guarded by mu: memory checkpoints whose copy (and send) ended
   std::atomic<bool> closing{false};       // close() began: a partner that ended first refuses the last copy
 
   // ---- the persist thread ----
@@ -235,6 +243,8 @@ struct Checkpointer::Impl {
   // CKPT_MEMORY_INTERVAL=auto, rank 0, once per step: asks for the memory checkpoints within the lead, spaced by
   // ckpt::memtier::auto_interval from the last copy's measured time and the step time.
   void ask_memory_checkpoints(std::uint64_t step);
+  // Rank 0 under CKPT_MEMORY_INTERVAL=auto, once per step: feeds the memory checkpoints' meter.
+  void observe_memory_step();
   // A network thread (or the worker, for this rank's own finding): the tier does not fit `who`, so it goes off
   // here too; rank 0 says so for the job.
   void on_tier_off(int who, std::uint64_t need, std::uint64_t budget);

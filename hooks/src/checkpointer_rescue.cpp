@@ -172,6 +172,8 @@ void Checkpointer::Impl::start_memory_tier() {
   if (config.memory_interval != kMemoryIntervalAuto) {
     std::lock_guard<std::mutex> lock(mu);
     stats.memory_interval = config.memory_interval;
+  } else if (rank == 0) {
+    sched.memory_meter.emplace(steady_seconds());
   }
   watch.last_words->set_memory(LastWords::MemoryHooks{
       [this] {
@@ -194,7 +196,8 @@ void Checkpointer::Impl::start_memory_tier() {
   if (rank == 0) {
     log::info(0, "memory tier: a checkpoint in memory " +
                      (config.memory_interval == kMemoryIntervalAuto
-                          ? std::string("as often as the copies keep up (auto)")
+                          ? std::string("at Young's interval for its measured cost, as often as the copies keep up "
+                                        "at most (auto)")
                           : "every " + std::to_string(config.memory_interval) + " step(s)") +
                      ", its copy on the rank " + std::to_string(per_node * config.memory_distance) +
                      " ranks on (" + std::to_string(config.memory_distance) + " node(s) away), within " +

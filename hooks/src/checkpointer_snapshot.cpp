@@ -101,13 +101,16 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind, bool mem
   } else {
     start_copies(*job, plan);
   }
-  sched.last_checkpoint = t0;
+  if (!memory_only) sched.last_checkpoint = t0;  // a memory checkpoint is not one the interval counts from
   const double snapshot_end = steady_seconds();
   double stall = seconds_since(t0);
   {
     std::lock_guard<std::mutex> lock(mu);
+    sched.last_snapshot_memory = memory_only;
     if (memory_only) {
       ++stats.memory_checkpoints;  // not one the auto interval measures: it writes no shard
+      sched.memory_stall_s = stall;
+      if (sched.memory_meter) sched.memory_meter->on_snapshot(snapshot_end, memory_jobs_done, 0);
     } else {
       ++stats.snapshots;
       stats.last_snapshot_step = step;

@@ -258,6 +258,7 @@ void Checkpointer::Impl::persist(const std::shared_ptr<const PersistJob>& whole)
   if (job.memory_only) {
     std::lock_guard<std::mutex> lock(mu);
     stats.last_copy_s = copy_s;
+    ++memory_jobs_done;
     return;
   }
   auto t_write = Clock::now();

@@ -994,18 +994,64 @@ TEST_CASE("memory tier: a rank it does not fit turns it off for the whole job an
   }
 }
 
+TEST_CASE("memory tier: memory checkpoints every step do not hold back a timed periodic checkpoint",
+          "[hooks][last_words][memtier]") {
+  MemoryTierJob job("1");
+  job.ranks = make_ranks(job.dir.path(), 2, "dp=2,tp=1,pp=1", "mtt", {}, "1s");
+  for (Rank& r : job.ranks) REQUIRE(r.cp->restore().value() == 0);
+  // 2.4 s of 30 ms steps with a memory checkpoint at every one: the 1 s interval runs from the last periodic
+  // checkpoint (here the start), not from the last memory checkpoint.
+  REQUIRE(train(job.ranks, 0, 80, 30ms));
+  const Stats s0 = job.ranks[0].cp->stats();
+  CHECK(s0.memory_checkpoints >= 40);
+  CHECK(s0.snapshots >= 1);
+  job.close_survivors();
+  CHECK_FALSE(committed_steps(job.dir.path()).empty());
+}
+
+TEST_CASE("memory tier: auto interval: Young's interval from the measured cost where failures are rare",
+          "[hooks][last_words][memtier]") {
+  // Both ranks on one node: each keeps its memory checkpoints in its own staging, which is what they cost here.
+  MemoryTierJob job("auto", "4");
+  auto run = [&](const char* mtbf, const std::string& run_id) {
+    ScopedEnv more{{{"CKPT_MTBF", mtbf}}};
+    job.ranks = make_ranks(job.dir.sub(run_id), 2, "dp=2,tp=1,pp=1", run_id);
+    for (Rank& r : job.ranks) REQUIRE(r.cp->restore().value() == 0);
+    REQUIRE(train(job.ranks, 0, 120, 10ms));
+    const Stats s0 = job.ranks[0].cp->stats();
+    job.close_survivors();
+    return s0;
+  };
+  SECTION("a job that fails once a day: the copies' cost outweighs the little work a failure loses") {
+    const Stats s = run("24h", "mya");
+    INFO("memory interval " << s.memory_interval << ", memory checkpoints " << s.memory_checkpoints);
+    CHECK(job.logs.has("s: Young's interval at MTBF 86400 s is"));
+    CHECK(s.memory_interval > 20);
+    CHECK(s.memory_checkpoints < 30);
+  }
+  SECTION("a job that fails every second: every step, as often as the copies keep up") {
+    const Stats s = run("1s", "myb");
+    INFO("memory interval " << s.memory_interval << ", memory checkpoints " << s.memory_checkpoints);
+    CHECK(s.memory_interval == 1);
+    CHECK(s.memory_checkpoints >= 100);
+  }
+}
+
 TEST_CASE("memory tier: auto interval: every rank takes the memory checkpoints rank 0 asks for",
           "[hooks][last_words][memtier]") {
-  // A lead of 10 steps (300 ms here): the two processes start their steps apart by a little.
+  // A lead of 10 steps (300 ms here): the two processes start their steps apart by a little. A job that fails
+  // every second: Young's interval is below a step, so the copies' keep-up bound decides.
   MemoryTierJob job("auto", "10");
+  ScopedEnv often{{{"CKPT_MTBF", "1s"}}};
   {
     Child child = spawn(job.dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", "mta", {2}, 20, "1000steps",
                         [] { ::setenv("SLURMD_NODENAME", "node-b", 1); },
-                        [](std::vector<Rank>& mine) { return mine[2].cp->stats().partner_copies >= 5; }, 30ms);
+                        // Its copies of steps 11..20 all landed: killed before the last, it would leave step 19.
+                        [](std::vector<Rank>& mine) { return mine[2].cp->stats().partner_copies >= 10; }, 30ms);
     job.ranks = make_ranks(job.dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", "mta", {0, 1});
     for (int r : {0, 1}) REQUIRE(job.ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
     REQUIRE(train(job.ranks, 0, 20, 30ms));
-    CHECK(job.logs.has("memory tier: a checkpoint in memory as often as the copies keep up (auto)"));
+    CHECK(job.logs.has("memory tier: a checkpoint in memory at Young's interval for its measured cost"));
     CHECK(job.logs.has("memory tier: a checkpoint in memory every 1 step(s) (auto: a copy takes"));
     // Small copies keep up with 30 ms steps: every step from the first one asked for (1 + lead) on.
     const Stats s0 = job.ranks[0].cp->stats(), s1 = job.ranks[1].cp->stats();

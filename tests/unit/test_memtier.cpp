@@ -222,22 +222,61 @@ TEST_CASE("memtier: the budget", "[memtier]") {
 }
 
 TEST_CASE("memtier: auto interval: the fewest steps that cover a copy, a quarter to spare", "[memtier]") {
-  CHECK(memtier::auto_interval(0.08, 1.0) == 1);   // a copy well inside a step: every step
-  CHECK(memtier::auto_interval(0.8, 1.0) == 1);    // 1.25 x 0.8 = 1.0 step exactly
-  CHECK(memtier::auto_interval(0.81, 1.0) == 2);
-  CHECK(memtier::auto_interval(2.5, 1.0) == 4);    // 3.125 steps
-  CHECK(memtier::auto_interval(0.6, 0.1) == 8);    // 7.5 steps
+  CHECK(memtier::keep_up_interval(0.08, 1.0) == 1);   // a copy well inside a step: every step
+  CHECK(memtier::keep_up_interval(0.8, 1.0) == 1);    // 1.25 x 0.8 = 1.0 step exactly
+  CHECK(memtier::keep_up_interval(0.81, 1.0) == 2);
+  CHECK(memtier::keep_up_interval(2.5, 1.0) == 4);    // 3.125 steps
+  CHECK(memtier::keep_up_interval(0.6, 0.1) == 8);    // 7.5 steps
   SECTION("nothing measured yet: every step, where the first copy measures itself") {
-    CHECK(memtier::auto_interval(0, 1.0) == 1);
-    CHECK(memtier::auto_interval(1.0, 0) == 1);
-    CHECK(memtier::auto_interval(std::nan(""), 1.0) == 1);
-    CHECK(memtier::auto_interval(1.0, -1.0) == 1);
+    CHECK(memtier::keep_up_interval(0, 1.0) == 1);
+    CHECK(memtier::keep_up_interval(1.0, 0) == 1);
+    CHECK(memtier::keep_up_interval(std::nan(""), 1.0) == 1);
+    CHECK(memtier::keep_up_interval(1.0, -1.0) == 1);
   }
   SECTION("bounded") {
-    CHECK(memtier::auto_interval(1e9, 1e-9) == 10000);
-    CHECK(memtier::auto_interval(std::numeric_limits<double>::infinity(), 1.0) == 10000);
-    CHECK(memtier::auto_interval(100, 1.0, 50) == 50);
-    CHECK(memtier::auto_interval(100, 1.0, 0) == 1);
+    CHECK(memtier::keep_up_interval(1e9, 1e-9) == 10000);
+    CHECK(memtier::keep_up_interval(std::numeric_limits<double>::infinity(), 1.0) == 10000);
+    CHECK(memtier::keep_up_interval(100, 1.0, 50) == 50);
+    CHECK(memtier::keep_up_interval(100, 1.0, 0) == 1);
+  }
+}
+
+TEST_CASE("memtier: auto interval: Young's interval from the measured cost, never below the keep-up bound",
+          "[memtier]") {
+  memtier::AutoIntervalInputs in;
+  in.busy_s = 0.08;
+  in.step_s = 1.0;
+  SECTION("no cost or no MTBF measured: the keep-up bound") {
+    CHECK(memtier::auto_interval(in) == 1);
+    in.cost_s = 0.05;
+    CHECK(memtier::auto_interval(in) == 1);  // MTBF unknown
+    in.mtbf_s = 3600;
+    in.cost_s = 0;
+    CHECK(memtier::auto_interval(in) == 1);
+  }
+  SECTION("√(2·cost·MTBF) in whole steps, rounded down") {
+    in.cost_s = 0.05;
+    in.mtbf_s = 3 * 3600;  // √(2 · 0.05 · 10800) = 32.9 s
+    CHECK(memtier::auto_interval(in) == 32);
+    in.step_s = 0.1;
+    CHECK(memtier::auto_interval(in) == 328);
+    in.mtbf_s = 60;  // √6 = 2.45 s: 24 steps of 0.1 s
+    CHECK(memtier::auto_interval(in) == 24);
+  }
+  SECTION("a cheap checkpoint on a failing job: every step, as often as the copies keep up") {
+    in.cost_s = 0.001;
+    in.mtbf_s = 60;  // √0.12 = 0.35 s, under a step
+    CHECK(memtier::auto_interval(in) == 1);
+    in.busy_s = 2.5;  // a copy of 2.5 s: 4 steps
+    CHECK(memtier::auto_interval(in) == 4);
+  }
+  SECTION("bounded") {
+    in.cost_s = 1e9;
+    in.mtbf_s = 1e9;
+    CHECK(memtier::auto_interval(in) == 10000);
+    CHECK(memtier::auto_interval(in, 50) == 50);
+    in.cost_s = std::nan("");
+    CHECK(memtier::auto_interval(in) == 1);
   }
 }
 

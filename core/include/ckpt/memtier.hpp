@@ -49,12 +49,23 @@ std::uint64_t tier_bytes(std::uint64_t staging_bytes, std::uint64_t largest_ward
 // allows 2.0 GiB per rank: ..."); nullopt when `need` fits.
 std::optional<std::string> refuse(std::uint64_t need, std::uint64_t max_bytes, int rank);
 
-// CKPT_MEMORY_INTERVAL=auto: the fewest steps whose compute covers one memory checkpoint's busy time (the snapshot
-// copy, the send and the partner's answer, `busy_s`) with a quarter to spare, so that no snapshot waits for the
-// previous copy (back-pressure stalls training; a copy that keeps up costs only its snapshot). The loss at a
-// failure is at most one interval, so the most frequent interval that keeps up is the one to take. At least 1,
-// at most `max_steps`; 1 where nothing is measured yet (step_s <= 0).
-std::uint64_t auto_interval(double busy_s, double step_s, std::uint64_t max_steps = 10000);
+// What CKPT_MEMORY_INTERVAL=auto chooses from, as rank 0 measures it.
+struct AutoIntervalInputs {
+  double busy_s = 0;  // one memory checkpoint's busy time: the snapshot copy, the send and the partner's answer
+  double cost_s = 0;  // what one costs training: its stall plus its interference (longer steps beside the copy)
+  double step_s = 0;  // a step's compute
+  double mtbf_s = 0;  // the job's MTBF; 0: unknown
+};
+
+// CKPT_MEMORY_INTERVAL=auto, in steps: Young's interval √(2·cost·MTBF), which weighs the memory checkpoints' cost
+// against the work a failure loses since the last one (as CKPT_INTERVAL=auto weighs the periodic ones), but never
+// fewer steps than cover the busy time with a quarter to spare: a snapshot that waits for the previous copy stalls
+// training (back-pressure). Without a measured cost or MTBF, the keep-up bound alone: the most frequent interval that
+// does not wait. At least 1, at most `max_steps`; 1 where nothing is measured yet (step_s <= 0).
+std::uint64_t auto_interval(const AutoIntervalInputs& in, std::uint64_t max_steps = 10000);
+
+// The keep-up bound of auto_interval alone: the fewest steps whose compute covers `busy_s` with a quarter to spare.
+std::uint64_t keep_up_interval(double busy_s, double step_s, std::uint64_t max_steps = 10000);
 
 // pair_ranks' rule where every node runs `per_node` ranks, filled in rank order (srun's block distribution,
 // torchrun's local world), so that node i holds ranks [i * per_node, (i + 1) * per_node): the partner is
