@@ -135,8 +135,9 @@ const std::array<OptionSpec, kOptionCount>& option_specs() {
        "where it does not fit one rank, the tier is off for the whole job",
        "off, or a size like 4G, 512M or 1T (K, M, G, T: powers of 1024; bytes without a unit)"},
       {OptionId::MemoryInterval, "ckpt-memory-interval", "memory_interval", "N|auto",
-       "Steps between memory-tier checkpoints; auto: as often as the copies keep up (rank 0 measures a copy and a "
-       "step, and every rank takes the steps it names)",
+       "Steps between memory-tier checkpoints; auto: Young's interval for a memory checkpoint's measured cost and "
+       "the job's MTBF, but never more often than the copies keep up (rank 0 measures, and every rank takes the "
+       "steps it names)",
        "a whole number of steps, at least 1, or auto"},
   }};
   return specs;
