@@ -106,7 +106,8 @@ struct StepSchedule {
   std::optional<std::uint64_t> memory_next;
   std::uint64_t memory_said = 0;           // the choice the log last said (0: none yet)
   // What a memory checkpoint costs training, its stall plus its interference, measured as CKPT_INTERVAL=auto
-  // measures a periodic one (interval::StepMeter, over the partner copies): the median of the last few.
+  // measures a periodic one (interval::StepMeter, over the memory checkpoints' copies and sends): the median of the
+  // last five.
   std::optional<interval::StepMeter> memory_meter;
   bool last_snapshot_memory = false;  // the last snapshot was a memory checkpoint: guard waits are its stall
   double memory_stall_s = 0;          // that snapshot's stall, guard waits included
@@ -241,7 +242,7 @@ struct Checkpointer::Impl {
   // Whether `step` is a memory checkpoint: every CKPT_MEMORY_INTERVAL steps, or (auto) where rank 0 asked for one.
   bool memory_due(std::uint64_t step);
   // CKPT_MEMORY_INTERVAL=auto, rank 0, once per step: asks for the memory checkpoints within the lead, spaced by
-  // ckpt::memtier::auto_interval from the last copy's measured time and the step time.
+  // ckpt::memtier::auto_interval from the measured cost, the last copy's time, the step time and the MTBF.
   void ask_memory_checkpoints(std::uint64_t step);
   // Rank 0 under CKPT_MEMORY_INTERVAL=auto, once per step: feeds the memory checkpoints' meter.
   void observe_memory_step();
