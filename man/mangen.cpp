@@ -156,9 +156,18 @@ std::string option_tag(const Opt& o) {
   return tag;
 }
 
-// The synopsis of one command: "\fBckpt gc\fR [\fB\-\-dry\-run\fR] \fIDIR\fR ..."
+// A command's words in bold, joined by unpaddable spaces: a synopsis longer than the line is filled, and filling
+// would stretch a plain space inside the name ("ckpt  simulate").
+std::string command_name(const std::string& prefix) {
+  std::istringstream words(prefix);
+  std::string word, out;
+  while (words >> word) out += (out.empty() ? "" : "\\ ") + roff_name(word);
+  return "\\fB" + out + "\\fR";
+}
+
+// The synopsis of one command: "\fBckpt\ gc\fR [\fB\-\-dry\-run\fR] \fIDIR\fR ..."
 std::string synopsis(const std::string& prefix, const Cmd& cmd) {
-  std::string line = bold(prefix);
+  std::string line = command_name(prefix);
   for (const auto& o : cmd.opts) {
     std::string first = o.names.substr(0, o.names.find(','));
     std::string one = o.positional ? italic(o.names) : bold(first) + (o.arg.empty() ? "" : " " + italic(o.arg));
