@@ -237,11 +237,8 @@ STEP_SEEN=$(get "f\"{d['step_seen_s']:.4f}\"")
 CATCH=$(get "(lambda rs: f\"{sum(r['terminal_checkpoints'] for r in rs) / max(1, sum(r['failures'] for r in rs)):.3f}\")([r for r in d['runs'] if r['name'] in ('last-words', 'in-place')])")
 # The memory tier's run, in its own terms: R_in, the stall per memory checkpoint (one per step), and the fractions of
 # its failures caught from live state and (the rest of its terminal checkpoints) from the memory tier.
-MEM_RUN="next((r for r in d['runs'] if r['name'] == 'memory-tier'), None)"
-MEM_RESTART_IN=$(get "(lambda r: f\"{__import__('statistics').median(r['restarts_in_place_s']):.3f}\" if r and r['restarts_in_place_s'] else '$RESTART_IN')($MEM_RUN)")
-MEM_COST=$(get "(lambda r: f\"{r['memory_cost_s']:.4f}\" if r else '0')($MEM_RUN)")
-MEM_LIVE=$(get "(lambda r: f\"{(r['terminal_checkpoints'] - r['terminal_from_memory']) / max(1, r['failures']):.3f}\" if r else '0')($MEM_RUN)")
-MEM_CATCH=$(get "(lambda r: f\"{r['terminal_checkpoints'] / max(1, r['failures']):.3f}\" if r else '0')($MEM_RUN)")
+# Without that run (--only), the in-place R_in and zeros.
+read -r MEM_RESTART_IN MEM_COST MEM_LIVE MEM_CATCH <<< "$(get "(lambda r: f\"{__import__('statistics').median(r['restarts_in_place_s']) if r['restarts_in_place_s'] else $RESTART_IN:.3f} {r['memory_cost_s']:.4f} {(r['terminal_checkpoints'] - r['terminal_from_memory']) / max(1, r['failures']):.3f} {r['terminal_checkpoints'] / max(1, r['failures']):.3f}\" if r else '$RESTART_IN 0 0 0')(next((r for r in d['runs'] if r['name'] == 'memory-tier'), None))")"
 SIM_WORK=$(awk -v n="$STEPS" -v s="$STEP_SEEN" 'BEGIN { printf "%.3f", n * s }')
 AUTO_LINE=$({ grep -h "CKPT_INTERVAL=auto: interval" "$W/auto.out" 2>/dev/null || true; } | tail -1 | sed "s/.*CKPT_INTERVAL=auto: //")
 

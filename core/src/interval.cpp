@@ -29,6 +29,8 @@ Status check_measurement(const char* name, double value) {
   return Status::success();
 }
 
+}  // namespace
+
 double median(const std::deque<double>& samples) {
   if (samples.empty()) return 0;
   std::vector<double> v(samples.begin(), samples.end());
@@ -44,8 +46,6 @@ void push_bounded(std::deque<double>& samples, double value, std::size_t window)
   samples.push_back(value);
   while (samples.size() > window) samples.pop_front();
 }
-
-}  // namespace
 
 Status check(const Params& params) {
   if (std::isnan(params.cost_s) || params.cost_s < 0 || std::isinf(params.cost_s)) {

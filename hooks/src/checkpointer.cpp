@@ -132,8 +132,7 @@ bool Checkpointer::Impl::memory_due(std::uint64_t step) {
 void Checkpointer::Impl::ask_memory_checkpoints(std::uint64_t step) {
   const auto now = Clock::now();
   if (sched.last_decide) {
-    sched.step_times.push_back(std::chrono::duration<double>(now - *sched.last_decide).count());
-    if (sched.step_times.size() > 16) sched.step_times.pop_front();
+    interval::push_bounded(sched.step_times, std::chrono::duration<double>(now - *sched.last_decide).count(), 16);
     std::vector<double> sorted(sched.step_times.begin(), sched.step_times.end());
     std::sort(sorted.begin(), sorted.end());
     sched.step_s = sorted[(sorted.size() - 1) / 4];
@@ -149,7 +148,6 @@ void Checkpointer::Impl::ask_memory_checkpoints(std::uint64_t step) {
     in.busy_s = stats.last_copy_s + stats.last_partner_s;
     before = stats.memory_interval;
   }
-  const double busy_s = in.busy_s;
   const std::uint64_t every = memtier::auto_interval(in);
   if (every != before) {
     std::lock_guard<std::mutex> lock(mu);
@@ -157,11 +155,11 @@ void Checkpointer::Impl::ask_memory_checkpoints(std::uint64_t step) {
   }
   // Said once measured, and again where the choice halves or doubles (every change goes to the debug log).
   const std::uint64_t said = sched.memory_said;
-  const bool news = busy_s > 0 && (said == 0 || every >= 2 * said || 2 * every <= said);
+  const bool news = in.busy_s > 0 && (said == 0 || every >= 2 * said || 2 * every <= said);
   if (news || every != before) {
     (news ? log::info : log::debug)(
         0, "memory tier: a checkpoint in memory every " + std::to_string(every) + " step(s) (auto: a copy takes " +
-               format_number(busy_s) + " s, a step " + format_number(sched.step_s) + " s, and one costs training " +
+               format_number(in.busy_s) + " s, a step " + format_number(sched.step_s) + " s, and one costs training " +
                (in.cost_s > 0 ? format_number(in.cost_s) + " s: Young's interval at MTBF " +
                                     format_number(in.mtbf_s) + " s is " +
                                     format_number(interval::young(in.cost_s, in.mtbf_s)) + " s)"
@@ -188,11 +186,8 @@ void Checkpointer::Impl::observe_memory_step() {
   counts.last_stall_s = sched.memory_stall_s;
   auto measured = sched.memory_meter->on_step(steady_seconds(), counts);
   if (!measured) return;
-  sched.memory_costs.push_back(measured->stall_s + measured->interference_s);
-  if (sched.memory_costs.size() > 5) sched.memory_costs.pop_front();
-  std::vector<double> sorted(sched.memory_costs.begin(), sched.memory_costs.end());
-  std::sort(sorted.begin(), sorted.end());
-  sched.memory_cost_s = sorted[sorted.size() / 2];
+  interval::push_bounded(sched.memory_costs, measured->stall_s + measured->interference_s, 5);
+  sched.memory_cost_s = interval::median(sched.memory_costs);
 }
 
 // ---- close --------------------------------------------------------------------------------------------------

@@ -29,6 +29,20 @@ std::size_t count(const std::string& haystack, const std::string& needle) {
   return n;
 }
 
+// A 100 s job with a replayed trace in mind: 1 s checkpoints, 10 s requeues, 0.5 s restarts in place with one
+// spare, failures far apart (MTBF 1000 s).
+Config in_place_job(double catchable) {
+  Config c;
+  c.cost_s = 1;
+  c.restart_s = 10;
+  c.inplace_restart_s = 0.5;
+  c.spares = 1;
+  c.mtbf_s = 1000;
+  c.work_s = 100;
+  c.catchable = catchable;
+  return c;
+}
+
 struct Case {
   double cost_s, restart_s, mtbf_s, catchable;
 };
@@ -320,14 +334,7 @@ TEST_CASE("replayed failures: hand-computed timelines", "[simulate]") {
 }
 
 TEST_CASE("restart in place: cheap restarts while a spare is left, then a requeue", "[simulate]") {
-  Config c;
-  c.cost_s = 1;
-  c.restart_s = 10;
-  c.inplace_restart_s = 0.5;
-  c.spares = 1;
-  c.mtbf_s = 1000;
-  c.work_s = 100;
-  c.catchable = 1;
+  Config c = in_place_job(1);
   // Three failures, far apart: in place (the spare), requeue (none left), in place (the new allocation's spare).
   c.failure_times = std::vector<double>{20, 60, 100};
   auto in_place = run(c, Policy::InPlace);
@@ -356,13 +363,7 @@ TEST_CASE("restart in place: cheap restarts while a spare is left, then a requeu
 }
 
 TEST_CASE("memory tier: failures the live state cannot cover keep the last memory checkpoint's work", "[simulate]") {
-  Config c;
-  c.cost_s = 1;
-  c.restart_s = 10;
-  c.inplace_restart_s = 0.5;
-  c.mtbf_s = 1000;
-  c.work_s = 100;
-  c.catchable = 0;  // the live state never whole (a shard only the dead rank held)
+  Config c = in_place_job(0);  // the live state never whole (a shard only the dead rank held)
   c.memory_catchable = 1;
   c.memory_interval_s = 2;
   c.failure_times = std::vector<double>{7.5};

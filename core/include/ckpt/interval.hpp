@@ -53,6 +53,11 @@ struct Optimum {
 // Checks the parameters and computes both optima; the error is check()'s.
 Result<Optimum> optimize(const Params& params);
 
+// The running estimates the choosers keep: the median of a window of samples (0 for none; the mean of the two
+// middle ones for an even count), and a sample added to a window that keeps the last `window` of them.
+double median(const std::deque<double>& samples);
+void push_bounded(std::deque<double>& samples, double value, std::size_t window);
+
 // M for a job of `nodes` nodes that fail independently, each with MTBF `node_mtbf_s`: node_mtbf / nodes.
 // Fails on nodes == 0 or node_mtbf <= 0.
 Result<double> job_mtbf(double node_mtbf_s, unsigned long long nodes);
