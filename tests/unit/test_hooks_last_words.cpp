@@ -1013,48 +1013,39 @@ TEST_CASE("memory tier: auto interval: Young's interval from the measured cost w
           "[hooks][last_words][memtier]") {
   // Both ranks on one node: each keeps its memory checkpoints in its own staging, which is what they cost here. A
   // lead of 10 steps of 30 ms: under TSAN a request flooded 4 steps of 10 ms ahead came after some ranks passed it.
+  // A job that fails once a day: the copies' cost outweighs the little work a failure loses. (One that fails every
+  // second takes every step: the next test.)
   MemoryTierJob job("auto", "10");
-  auto run = [&](const char* mtbf, const std::string& run_id) {
-    ScopedEnv more{{{"CKPT_MTBF", mtbf}}};
-    job.ranks = make_ranks(job.dir.sub(run_id), 2, "dp=2,tp=1,pp=1", run_id);
-    for (Rank& r : job.ranks) REQUIRE(r.cp->restore().value() == 0);
-    REQUIRE(train(job.ranks, 0, 80, 30ms));
-    const Stats s0 = job.ranks[0].cp->stats();
-    job.close_survivors();
-    return s0;
-  };
-  SECTION("a job that fails once a day: the copies' cost outweighs the little work a failure loses") {
-    const Stats s = run("24h", "mya");
-    INFO("memory interval " << s.memory_interval << ", memory checkpoints " << s.memory_checkpoints);
-    CHECK(job.logs.has("s: Young's interval at MTBF 86400 s is"));
-    CHECK(s.memory_interval > 20);
-    CHECK(s.memory_checkpoints < 30);
-  }
-  SECTION("a job that fails every second: every step, as often as the copies keep up") {
-    const Stats s = run("1s", "myb");
-    INFO("memory interval " << s.memory_interval << ", memory checkpoints " << s.memory_checkpoints);
-    CHECK(s.memory_interval == 1);
-    CHECK(s.memory_checkpoints >= 40);  // 69 asked for (steps 12 to 80), where none came late
-  }
+  ScopedEnv daily{{{"CKPT_MTBF", "24h"}}};
+  job.ranks = make_ranks(job.dir.path(), 2, "dp=2,tp=1,pp=1", "mya");
+  for (Rank& r : job.ranks) REQUIRE(r.cp->restore().value() == 0);
+  REQUIRE(train(job.ranks, 0, 80, 30ms));
+  const Stats s = job.ranks[0].cp->stats();
+  job.close_survivors();
+  INFO("memory interval " << s.memory_interval << ", memory checkpoints " << s.memory_checkpoints);
+  CHECK(job.logs.has("s: Young's interval at MTBF 86400 s is"));
+  CHECK(s.memory_interval > 20);
+  CHECK(s.memory_checkpoints < 30);
 }
 
 TEST_CASE("memory tier: auto interval: every rank takes the memory checkpoints rank 0 asks for",
           "[hooks][last_words][memtier]") {
-  // A lead of 10 steps (300 ms here): the two processes start their steps apart by a little. A job that fails
-  // every second: Young's interval is below a step, so the copies' keep-up bound decides.
+  // A lead of 10 steps: the two processes start their steps apart by a little. A job that fails every second,
+  // with steps of 500 ms: Young's interval √(2 · cost · 1 s) stays below a step for any cost under 125 ms (TSAN on
+  // a loaded host measured 16 ms, which with 30 ms steps made it 6 steps), so the copies' keep-up bound decides.
   MemoryTierJob job("auto", "10");
   ScopedEnv often{{{"CKPT_MTBF", "1s"}}};
   {
     Child child = spawn(job.dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", "mta", {2}, 20, "1000steps",
                         [] { ::setenv("SLURMD_NODENAME", "node-b", 1); },
                         // Its copies of steps 11..20 all landed: killed before the last, it would leave step 19.
-                        [](std::vector<Rank>& mine) { return mine[2].cp->stats().partner_copies >= 10; }, 30ms);
+                        [](std::vector<Rank>& mine) { return mine[2].cp->stats().partner_copies >= 10; }, 500ms);
     job.ranks = make_ranks(job.dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", "mta", {0, 1});
     for (int r : {0, 1}) REQUIRE(job.ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
-    REQUIRE(train(job.ranks, 0, 20, 30ms));
+    REQUIRE(train(job.ranks, 0, 20, 500ms));
     CHECK(job.logs.has("memory tier: a checkpoint in memory at Young's interval for its measured cost"));
     CHECK(job.logs.has("memory tier: a checkpoint in memory every 1 step(s) (auto: a copy takes"));
-    // Small copies keep up with 30 ms steps: every step from the first one asked for (1 + lead) on.
+    // Small copies keep up with 500 ms steps: every step from the first one asked for (1 + lead) on.
     const Stats s0 = job.ranks[0].cp->stats(), s1 = job.ranks[1].cp->stats();
     CHECK(s0.memory_interval == 1);
     CHECK(s0.memory_checkpoints == 10);  // steps 11..20
