@@ -66,6 +66,8 @@ const std::vector<Var>& contract() {
       {"inplace_plan_timeout", "CKPT_INPLACE_PLAN_TIMEOUT", "seconds", S::Job, {}},
       {"inplace_join_timeout", "CKPT_INPLACE_JOIN_TIMEOUT", "seconds", S::Job, {}},
       {"memory_distance", "CKPT_MEMORY_DISTANCE", "a whole number of nodes >= 1", S::Job, {}},
+      {"node_dir", "CKPT_NODE_DIR", "off, or the absolute path of a node-local memory file system like /dev/shm",
+       S::Job, {}},
       {"inplace_state", "CKPT_INPLACE_STATE", "memory or files (where a restart in place takes the state from)", S::Job,
        {}},
   };

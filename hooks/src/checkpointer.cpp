@@ -345,6 +345,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const Options& option
     impl->coord = std::move(coord).value();
     if (Status s = impl->start_interval(); !s) return Error{s.error()};
     impl->pool = std::make_unique<CopyPool>(config->copy_threads);
+    impl->open_node_tier();
     if (config->signals) {
       notice::acquire_handlers();
       impl->life.handlers = true;
@@ -446,6 +447,10 @@ Result<std::uint64_t> Checkpointer::restore(const RestoreOptions& options) {
   impl_->request.live.clear();
   for (const RegionSpec& r : options.live) {
     if (r.memory == Memory::Host) impl_->request.live.push_back({r.name, r.data, r.size});
+  }
+  // After the program's own: what an earlier process of this job left in the node tier.
+  if (impl_->node) {
+    for (store::LiveRange& r : impl_->node->found()) impl_->request.live.push_back(std::move(r));
   }
   if (impl_->life.closed) return Error{"ckpt: restore() after close()"};
   try {

@@ -33,6 +33,7 @@
 #include "device.hpp"
 #include "last_words_runtime.hpp"
 #include "memory_tier.hpp"
+#include "node_tier.hpp"
 #include "pace.hpp"
 #include "nccl_watch.hpp"
 #include "persist_queue.hpp"
@@ -187,6 +188,7 @@ struct Checkpointer::Impl {
   Staging staging;
   Rescued rescued;
   std::unique_ptr<MemoryTier> tier;  // CKPT_MEMORY where the last words are armed (memory_tier.hpp)
+  std::unique_ptr<NodeTier> node;    // CKPT_MEMORY in a job: staging in files of CKPT_NODE_DIR (node_tier.hpp)
   // The tier does not fit some rank's CKPT_MEMORY, so it is off for the whole job: no memory checkpoint, no copy.
   std::atomic<bool> tier_too_big{false};
   bool tier_checked = false;              // the worker's: the budget was checked at the first memory checkpoint
@@ -213,6 +215,8 @@ struct Checkpointer::Impl {
   void record_error(const std::string& message);
   void free_pinned();
   void update_staging_stats();
+  void open_node_tier();
+  Result<HostBuffer> new_staging(std::size_t bytes);
   // Worker or training thread (the latter only after wait_idle): host staging of at least `bytes`.
   Status grow_host(std::size_t bytes);
   Status grow_pinned(std::size_t bytes);

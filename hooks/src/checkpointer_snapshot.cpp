@@ -82,6 +82,7 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind, bool mem
     whole_snapshot.reset();  // staging is overwritten from here on
   }
 
+  if (node) node->release_found();  // what restore() took from an earlier process is in the regions by now
   auto job = std::make_shared<PersistJob>();
   job->step = step;
   job->kind = kind;
@@ -99,6 +100,7 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind, bool mem
   if (!ready) {
     job->error = "no staging memory: " + ready.error();
   } else {
+    if (node) node->overwriting(staging.host.data());
     start_copies(*job, plan);
   }
   if (!memory_only) sched.last_checkpoint = t0;  // a memory checkpoint is not one the interval counts from

@@ -42,6 +42,30 @@ void Checkpointer::Impl::update_staging_stats() {
   stats.staging_bytes = staging.host.size() + staging.spare.size() + staging.pinned.size;
 }
 
+// The node tier, where the job asks for the memory tier (node_tier.hpp). A dir that is refused leaves staging
+// anonymous, with one line.
+void Checkpointer::Impl::open_node_tier() {
+  if (config.memory_bytes == 0 || config.node_dir.empty() || config.job_id.empty()) return;
+  auto opened = NodeTier::open(config.node_dir, NodeTier::Identity{config.job_id, {}, config.dir, rank});
+  if (!opened) {
+    log::warn(rank, "node tier off: " + opened.error() + "; staging stays in this process's memory");
+    return;
+  }
+  node = std::move(opened).value();
+  log::debug(rank, "node tier: staging in " + node->path());
+}
+
+// A staging buffer: the node tier's file where there is one, else anonymous memory. A node tier that cannot grow
+// (its file system full) is said once; staging goes on in anonymous memory.
+Result<HostBuffer> Checkpointer::Impl::new_staging(std::size_t bytes) {
+  if (node && bytes > 0) {
+    auto buffer = node->allocate(bytes);
+    if (buffer) return buffer;
+    log::warn(rank, "node tier: " + buffer.error() + "; this buffer is in process memory");
+  }
+  return HostBuffer::allocate(bytes);
+}
+
 // Worker or training thread (the latter only after wait_idle): host staging of at least `bytes`.
 Status Checkpointer::Impl::grow_host(std::size_t bytes) {
   if (staging.host.size() >= bytes) return Status::success();
@@ -49,8 +73,9 @@ Status Checkpointer::Impl::grow_host(std::size_t bytes) {
     std::lock_guard<std::mutex> lock(mu);
     whole_snapshot.reset();  // it lay in the buffer released here
   }
+  if (node) node->drop(staging.host.data());
   staging.host = HostBuffer();  // release first: staging must never be twice the state (the tier's spare aside)
-  auto buffer = HostBuffer::allocate(bytes);
+  auto buffer = new_staging(bytes);
   if (!buffer) return Status::failure(buffer.error());
   staging.host = std::move(buffer).value();
   update_staging_stats();
@@ -64,8 +89,9 @@ Status Checkpointer::Impl::grow_spare(std::size_t bytes) {
     std::lock_guard<std::mutex> lock(mu);
     previous_snapshot.reset();  // it lay in the buffer released here
   }
+  if (node) node->drop(staging.spare.data());
   staging.spare = HostBuffer();
-  auto buffer = HostBuffer::allocate(bytes);
+  auto buffer = new_staging(bytes);
   if (!buffer) return Status::failure(buffer.error());
   staging.spare = std::move(buffer).value();
   update_staging_stats();
@@ -254,6 +280,7 @@ void Checkpointer::Impl::persist(const std::shared_ptr<const PersistJob>& whole)
   double copy_s = job.host_copy ? pool->last_batch_seconds() : 0;
   Status outcome = job.error.empty() ? Status::success() : Status::failure(job.error);
   if (job.device_copy) outcome = device->wait();
+  if (node && outcome) node->whole(job.step, job.pieces);
   if (tier && outcome) keep_in_memory(whole);
   if (job.memory_only) {
     std::lock_guard<std::mutex> lock(mu);

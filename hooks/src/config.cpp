@@ -27,7 +27,7 @@ constexpr const char* kHookKeys[] = {
     "restart_count", "job_id", "generation", "resume_step", "resume_path", "end_time", "kill_wait", "exit_grace",
     "requeue", "heartbeat_timeout", "rank", "world_size", "local_rank", "rendezvous", "copy_threads",
     "commit_timeout", "agree_lead", "signals", "run_id", "log", "layout", "coord", "straggler", "controller_url",
-    "munge_socket", "inplace_id", "memory", "memory_interval", "memory_distance"};
+    "munge_socket", "inplace_id", "memory", "memory_interval", "memory_distance", "node_dir"};
 
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = [] {
@@ -406,6 +406,15 @@ Status read_memory_tier(Lookup& lookup, Config& c) {
     return n;
   };
   if (Status e = read(lookup, "memory_distance", c.memory_distance, parse_distance); !e) return e;
+  if (auto s = lookup.get("node_dir")) {
+    if (s->value == "off") {
+      c.node_dir.clear();
+    } else {
+      auto dir = normalize_absolute_path(s->value);
+      if (!dir) return rejected(*s, "node_dir", dir.error());
+      c.node_dir = *dir;
+    }
+  }
   return Status::success();
 }
 

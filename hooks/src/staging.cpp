@@ -1,5 +1,6 @@
 #include "staging.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -20,6 +21,30 @@ Result<HostBuffer> HostBuffer::allocate(std::size_t bytes) {
   void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {
     return Error{"cannot allocate " + std::to_string(rounded) + " bytes of staging memory: " +
+                 std::error_code(errno, std::generic_category()).message()};
+  }
+  buffer.data_ = static_cast<std::byte*>(p);
+  buffer.size_ = rounded;
+  return buffer;
+}
+
+Result<HostBuffer> HostBuffer::map_file(int fd, std::size_t bytes, bool writable) {
+  HostBuffer buffer;
+  if (bytes == 0) return buffer;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::size_t rounded = (bytes + page - 1) / page * page;
+  if (writable) {
+    if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(rounded)); err != 0) {
+      return Error{"cannot allocate " + std::to_string(rounded) + " bytes of staging file: " +
+                   std::error_code(err, std::generic_category()).message()};
+    }
+  } else {
+    rounded = bytes;
+  }
+  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  void* p = ::mmap(nullptr, rounded, prot, MAP_SHARED | (writable ? MAP_POPULATE : 0), fd, 0);
+  if (p == MAP_FAILED) {
+    return Error{"cannot map " + std::to_string(rounded) + " bytes of staging file: " +
                  std::error_code(errno, std::generic_category()).message()};
   }
   buffer.data_ = static_cast<std::byte*>(p);

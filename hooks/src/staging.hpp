@@ -22,6 +22,10 @@ class HostBuffer {
   HostBuffer() = default;
   // Maps and populates `bytes` (rounded up to a page); 0 gives an empty buffer. Fails with a "ckpt:" line.
   static Result<HostBuffer> allocate(std::size_t bytes);
+  // Maps the file `fd` (the node tier's): with `writable`, sized to `bytes` (rounded up to a page), its pages
+  // allocated (fallocate: a full file system fails here, not at a later fault) and populated, MAP_SHARED so that
+  // the bytes outlive the process; without, the first `bytes` of it read-only. Fails with a line.
+  static Result<HostBuffer> map_file(int fd, std::size_t bytes, bool writable);
   HostBuffer(HostBuffer&& other) noexcept;
   HostBuffer& operator=(HostBuffer&& other) noexcept;
   HostBuffer(const HostBuffer&) = delete;

@@ -116,6 +116,14 @@ TEST_CASE("hooks settings from the environment", "[hooks][config]") {
     CHECK(over->memory_interval == 3);
     CHECK(over->memory_distance == 4);
   }
+  SECTION("the node tier's dir") {
+    CHECK(load({})->node_dir == "/dev/shm");
+    CHECK(load({{"CKPT_NODE_DIR", "/local/ram/"}})->node_dir == "/local/ram");
+    CHECK(load({{"CKPT_NODE_DIR", "off"}})->node_dir.empty());
+    auto relative = load({{"CKPT_NODE_DIR", "shm"}});
+    REQUIRE_FALSE(relative.ok());
+    CHECK_THAT(relative.error(), Catch::Contains("CKPT_NODE_DIR='shm'"));
+  }
   SECTION("torchrun variables win over srun's (torchrun under srun)") {
     auto c = load({{"RANK", "5"}, {"WORLD_SIZE", "6"}, {"LOCAL_RANK", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
     REQUIRE(c.ok());
@@ -333,7 +341,7 @@ TEST_CASE("the environment contract: one row per key and per variable; every hoo
     REQUIRE(env::by_key(k.key) != nullptr);
     CHECK(std::string(k.env) == env::by_key(k.key)->name);
   }
-  CHECK(option_keys().size() == 38);  // every key of config.cpp's list found in the contract
+  CHECK(option_keys().size() == 39);  // every key of config.cpp's list found in the contract
   CHECK(env::name_of("no-such-key").empty());
 }
 

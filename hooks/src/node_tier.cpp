@@ -1,0 +1,238 @@
+#include "node_tier.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "log.hpp"
+
+namespace ckpt::hooks {
+
+namespace {
+
+constexpr std::size_t kMaxIndexBytes = 64u << 20;  // a piece per tensor: hundreds of thousands fit
+
+bool safe_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+         c == '.';
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return {};
+  return buf;
+}
+
+}  // namespace
+
+std::string NodeTier::dir_name(uid_t uid, const std::string& job) {
+  return "slurm-ckpt." + std::to_string(uid) + "." + job;
+}
+
+Result<std::unique_ptr<NodeTier>> NodeTier::open(const std::string& node_dir, const Identity& identity) {
+  if (identity.job.empty() || !std::all_of(identity.job.begin(), identity.job.end(), safe_name_char) ||
+      identity.job.front() == '.') {
+    return Error{"the job id '" + identity.job + "' cannot name a dir"};
+  }
+  std::unique_ptr<NodeTier> tier(new NodeTier());
+  tier->identity_ = identity;
+  if (tier->identity_.host.empty()) tier->identity_.host = host_name();
+  tier->path_ = posix::join(node_dir, dir_name(::geteuid(), identity.job));
+  auto dir = posix::open_private_dir(tier->path_);
+  if (!dir) return Error{dir.error()};
+  tier->dir_ = std::move(dir).value();
+  tier->token_ = posix::random_suffix();
+  tier->adopt_earlier();
+  return tier;
+}
+
+NodeTier::~NodeTier() = default;
+
+// Named by the checkpoint dir and the rank: two steps of one allocation that train into different dirs never meet.
+std::string NodeTier::file_prefix(const std::string& checkpoint_dir, int rank) {
+  char dir_hash[17];
+  std::snprintf(dir_hash, sizeof dir_hash, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(checkpoint_dir.data(), checkpoint_dir.size())));
+  return std::string(dir_hash) + ".rank-" + std::to_string(rank) + ".";
+}
+
+std::string NodeTier::index_name() const { return file_prefix(identity_.checkpoint_dir, identity_.rank) + "json"; }
+
+void NodeTier::adopt_earlier() {
+  const std::string index = index_name();
+  auto text = posix::read_small_file(dir_.get(), index, kMaxIndexBytes);
+  if (!text.ok()) {
+    if (text.error.err != ENOENT) log::warn(identity_.rank, "node tier: " + path_ + "/" + index + ": " + text.error.message);
+    return;
+  }
+  const std::string prefix = file_prefix(identity_.checkpoint_dir, identity_.rank);
+  auto ours = [&](const std::string& file) {
+    return file.size() > prefix.size() && file.rfind(prefix, 0) == 0 && file != index &&
+           std::all_of(file.begin(), file.end(), safe_name_char);
+  };
+  nlohmann::json j = nlohmann::json::parse(*text.value, nullptr, false);
+  std::vector<std::string> files;
+  if (j.is_object() && j.contains("buffers") && j["buffers"].is_array()) {
+    for (const auto& b : j["buffers"]) {
+      if (b.is_object() && b.contains("file") && b["file"].is_string() && ours(b["file"].get<std::string>())) {
+        files.push_back(b["file"].get<std::string>());
+      }
+    }
+  }
+  auto field = [&](const char* key) { return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string("?"); };
+  const bool same = j.is_object() && field("job") == identity_.job && field("host") == identity_.host &&
+                    field("dir") == identity_.checkpoint_dir && j.contains("rank") && j["rank"] == identity_.rank;
+  if (!same) {
+    // Never used, whatever its bytes: it is another run's (a job id reused, a dir copied, another checkpoint dir).
+    log::warn(identity_.rank, "node tier: " + path_ + "/" + index + " was left by job " + field("job") + " on " +
+                                  field("host") + " for " + field("dir") + ", not this run's (job " + identity_.job +
+                                  " on " + identity_.host + " for " + identity_.checkpoint_dir +
+                                  "): not used, removed");
+    for (const std::string& f : files) (void)::unlinkat(dir_.get(), f.c_str(), 0);
+    (void)::unlinkat(dir_.get(), index.c_str(), 0);
+    return;
+  }
+  std::string steps;
+  for (const auto& b : j["buffers"]) {
+    if (!b.is_object() || !b.contains("file") || !b["file"].is_string()) continue;
+    const std::string file = b["file"].get<std::string>();
+    if (!ours(file)) continue;
+    found_files_.push_back(file);
+    if (!b.contains("step") || !b["step"].is_number_unsigned() || !b.contains("pieces") || !b["pieces"].is_array()) {
+      continue;  // a snapshot was being written into it
+    }
+    struct stat st {};
+    auto fd = posix::open_regular(dir_.get(), file, &st);
+    if (!fd.ok() || st.st_uid != ::geteuid() || st.st_size <= 0) continue;
+    auto map = HostBuffer::map_file(fd.value->get(), static_cast<std::size_t>(st.st_size), false);
+    if (!map) {
+      log::warn(identity_.rank, "node tier: " + path_ + "/" + file + ": " + map.error());
+      continue;
+    }
+    for (const auto& p : b["pieces"]) {
+      if (!p.is_object() || !p.contains("name") || !p["name"].is_string() || !p.contains("offset") ||
+          !p["offset"].is_number_unsigned() || !p.contains("size") || !p["size"].is_number_unsigned()) {
+        continue;
+      }
+      const auto offset = p["offset"].get<std::uint64_t>();
+      const auto size = p["size"].get<std::uint64_t>();
+      if (offset > map->size() || size > map->size() - offset) continue;  // the checksums would refuse it anyway
+      found_.push_back({p["name"].get<std::string>(), map->data() + offset, static_cast<std::size_t>(size)});
+    }
+    steps += (steps.empty() ? "" : ", ") + std::to_string(b["step"].get<std::uint64_t>());
+    found_entries_.push_back(b);
+    found_maps_.push_back(std::move(map).value());
+  }
+  if (!steps.empty()) {
+    log::info(identity_.rank, "node tier: an earlier process of this job left the snapshots of step(s) " + steps +
+                                  " in " + path_ + "; restore takes the ranges that match the checkpoint from them");
+  }
+}
+
+Result<HostBuffer> NodeTier::allocate(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string file = file_prefix(identity_.checkpoint_dir, identity_.rank) + token_ + "." + std::to_string(next_file_++);
+  posix::Fd fd(::openat(dir_.get(), file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid()) return Error{"cannot create " + path_ + "/" + file + ": " + posix::errno_text(errno)};
+  auto buffer = HostBuffer::map_file(fd.get(), bytes, true);
+  if (!buffer) {
+    (void)::unlinkat(dir_.get(), file.c_str(), 0);
+    return Error{path_ + "/" + file + ": " + buffer.error()};
+  }
+  buffers_.push_back({file, buffer->data(), buffer->size(), false, 0, {}});
+  write_index();
+  return buffer;
+}
+
+void NodeTier::drop(const std::byte* data) {
+  if (data == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find_if(buffers_.begin(), buffers_.end(), [&](const Buffer& b) { return b.data == data; });
+  if (it == buffers_.end()) return;
+  (void)::unlinkat(dir_.get(), it->file.c_str(), 0);
+  buffers_.erase(it);
+  write_index();
+}
+
+void NodeTier::overwriting(const std::byte* data) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find_if(buffers_.begin(), buffers_.end(), [&](const Buffer& b) { return b.data == data; });
+  if (it == buffers_.end() || !it->whole) return;
+  it->whole = false;
+  it->pieces.clear();
+  write_index();
+}
+
+void NodeTier::whole(std::uint64_t step, const std::vector<Piece>& pieces) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool changed = false;
+  for (Buffer& b : buffers_) {
+    std::vector<store::LiveRange> in;
+    for (const Piece& p : pieces) {
+      if (p.size > 0 && p.data >= b.data && p.data + p.size <= b.data + b.size) {
+        in.push_back({p.name, p.data, p.size});
+      }
+    }
+    if (in.empty()) continue;
+    b.whole = true;
+    b.step = step;
+    b.pieces = std::move(in);
+    changed = true;
+  }
+  if (changed) write_index();
+}
+
+void NodeTier::write_index() {
+  nlohmann::json buffers = nlohmann::json::array();
+  for (const Buffer& b : buffers_) {
+    nlohmann::json e = {{"file", b.file}, {"size", b.size}};
+    if (b.whole) {
+      e["step"] = b.step;
+      nlohmann::json pieces = nlohmann::json::array();
+      for (const store::LiveRange& p : b.pieces) {
+        pieces.push_back({{"name", p.name},
+                          {"offset", static_cast<const std::byte*>(p.data) - b.data},
+                          {"size", p.size}});
+      }
+      e["pieces"] = std::move(pieces);
+    }
+    buffers.push_back(std::move(e));
+  }
+  // An earlier process's buffers stay listed until released: a crash before then must not lose them.
+  for (const nlohmann::json& e : found_entries_) buffers.push_back(e);
+  nlohmann::json j = {{"job", identity_.job},
+                      {"host", identity_.host},
+                      {"dir", identity_.checkpoint_dir},
+                      {"rank", identity_.rank},
+                      {"buffers", std::move(buffers)}};
+  posix::AtomicWriteOptions options;
+  options.durable = false;  // memory: it outlives the process, never the node
+  if (Status s = posix::write_file_atomic(dir_.get(), index_name(), j.dump(), path_ + "/" + index_name(), options);
+      !s) {
+    log::warn(identity_.rank, "node tier: " + s.error());
+  }
+}
+
+std::vector<store::LiveRange> NodeTier::found() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return found_;
+}
+
+void NodeTier::release_found() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (found_files_.empty() && found_maps_.empty()) return;
+  found_.clear();
+  found_maps_.clear();
+  found_entries_ = nlohmann::json::array();
+  for (const std::string& f : found_files_) (void)::unlinkat(dir_.get(), f.c_str(), 0);
+  found_files_.clear();
+  write_index();
+}
+
+}  // namespace ckpt::hooks

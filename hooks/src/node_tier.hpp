@@ -1,0 +1,105 @@
+#pragma once
+// The node tier (CKPT_MEMORY in a Slurm job; CKPT_NODE_DIR, /dev/shm by default): the staging buffers live in files
+// of a node-local memory file system instead of anonymous memory, so the last snapshots outlive the process. When
+// ckpt-run relaunches the job's ranks inside the allocation, a rank that comes back on the same node offers the
+// ranges it finds there to restore(), which takes a range only where its bytes hash to the agreed checkpoint's
+// recorded checksum (store::match_live_ranges) and reads the rest from the checkpoint dir. Same RAM as before: a
+// tmpfs page is the page the anonymous mapping would have been; nothing is copied.
+//
+// Files, in <node_dir>/slurm-ckpt.<uid>.<job id>/ (0700 and the job user's own; a dir of that name that is anyone
+// else's, or a symlink, is refused with one line and staging stays anonymous):
+//   <d>.rank-<r>.<token>.<n>  a staging buffer, mapped MAP_SHARED (d: the XXH3-64 of the checkpoint dir, so that
+//                             two steps of one allocation training into different dirs never meet; token: the
+//                             creating process's, random)
+//   <d>.rank-<r>.json         the index: the job, host, checkpoint dir and rank it belongs to, and per buffer its
+//                             file and, once a snapshot is whole in it, that snapshot's step and pieces (name,
+//                             offset, size).
+// The index is rewritten (atomically) before a snapshot overwrites a buffer and after it is whole in it. A
+// relaunched rank maps the buffers of an index only when it names this job, this host, this checkpoint dir and this
+// rank; another run's index is said in one line, and its files are removed. The plugin removes the dir when the job
+// ends on the node (slurm_spank_job_epilog, as the job's user).
+//
+// Threads: the worker (allocate, drop, whole) and the training thread (overwriting, found, release_found; allocate
+// and drop after wait_idle). Every function is thread-safe.
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/posix.hpp"
+#include "ckpt/store.hpp"
+#include "staging.hpp"
+
+namespace ckpt::hooks {
+
+class NodeTier {
+ public:
+  // Whose buffers these are: an index that names anything else is another run's.
+  struct Identity {
+    std::string job;
+    std::string host;
+    std::string checkpoint_dir;
+    int rank = 0;
+  };
+
+  // The job's dir's name under the node dir.
+  static std::string dir_name(uid_t uid, const std::string& job);
+  // What the names of a rank's files in it begin with: "<XXH3-64 of the checkpoint dir>.rank-<r>.".
+  static std::string file_prefix(const std::string& checkpoint_dir, int rank);
+  // Opens (making it) the job's dir under `node_dir` and reads what an earlier process of this job left for this
+  // rank. Fails with one line when the dir is refused; the caller then keeps staging anonymous.
+  static Result<std::unique_ptr<NodeTier>> open(const std::string& node_dir, const Identity& identity);
+  ~NodeTier();
+  NodeTier(const NodeTier&) = delete;
+  NodeTier& operator=(const NodeTier&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  // A staging buffer of at least `bytes`, backed by a new file here. Fails (/dev/shm full) with a line.
+  Result<HostBuffer> allocate(std::size_t bytes);
+  // The buffer at `data` is about to be released: its file goes.
+  void drop(const std::byte* data);
+  // A snapshot starts writing into the buffer at `data`: the index no longer lists what it held.
+  void overwriting(const std::byte* data);
+  // The snapshot of `step` is whole: the pieces that lie in a buffer here are listed for it.
+  void whole(std::uint64_t step, const std::vector<Piece>& pieces);
+
+  // What an earlier process of this job left for this rank, as memory restore() may take ranges from. Valid until
+  // release_found().
+  std::vector<store::LiveRange> found() const;
+  // Unmaps what found() offered and removes its files (the first snapshot of this process, or close()).
+  void release_found();
+
+ private:
+  struct Buffer {
+    std::string file;
+    const std::byte* data = nullptr;
+    std::size_t size = 0;
+    bool whole = false;
+    std::uint64_t step = 0;
+    std::vector<store::LiveRange> pieces;  // data points into the buffer
+  };
+  NodeTier() = default;
+  void adopt_earlier();   // open(): the index an earlier process left
+  void write_index();     // mu_ held
+  std::string index_name() const;
+
+  Identity identity_;
+  std::string path_;
+  std::string token_;
+  posix::Fd dir_;
+  mutable std::mutex mu_;
+  std::vector<Buffer> buffers_;           // guarded by mu_: this process's
+  std::uint64_t next_file_ = 0;           // guarded by mu_
+  std::vector<HostBuffer> found_maps_;    // guarded by mu_: an earlier process's buffers, read-only
+  std::vector<std::string> found_files_;  // guarded by mu_
+  nlohmann::json found_entries_ = nlohmann::json::array();  // guarded by mu_: their index entries, kept listed
+  std::vector<store::LiveRange> found_;   // guarded by mu_
+};
+
+}  // namespace ckpt::hooks

@@ -1,0 +1,241 @@
+// The node tier (node_tier.hpp): staging in files of a node dir, which a later process of the same job restores from,
+// and which nothing else uses: another job's, another checkpoint dir's, a dir that is not the user's own.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "hooks_test_util.hpp"
+#include "node_tier.hpp"
+
+using namespace ckpt;
+using namespace ckpt::hooks;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<unsigned char> state_at(std::size_t n, std::uint64_t step) {
+  std::vector<unsigned char> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 2654435761u + step * 131) >> 5);
+  return v;
+}
+
+Options tier_options(const std::string& dir, const std::string& node_dir, const std::string& job) {
+  return test::options({{"dir", dir}, {"interval", "1steps"}, {"keep", "5"}, {"memory", "64M"},
+                        {"node_dir", node_dir}, {"job_id", job}});
+}
+
+// Steps 1..last with a checkpoint at each; the process "dies" after (close() leaves the node tier as a crash would).
+void train(const Options& o, std::uint64_t last) {
+  auto a = state_at(1 << 20, 0), b = state_at(100, 0);
+  auto cp = test::make(o);
+  REQUIRE(cp->register_region({"a", a.data(), a.size()}).ok());
+  REQUIRE(cp->register_region({"b", b.data(), b.size()}).ok());
+  REQUIRE(*cp->restore() == 0);
+  for (std::uint64_t step = 1; step <= last; ++step) {
+    REQUIRE(cp->before_update().ok());
+    auto na = state_at(a.size(), step), nb = state_at(b.size(), step);
+    std::copy(na.begin(), na.end(), a.begin());
+    std::copy(nb.begin(), nb.end(), b.begin());
+    REQUIRE_FALSE(*cp->after_step(step));
+  }
+  REQUIRE(cp->close().ok());
+}
+
+struct Relaunch {
+  Result<std::uint64_t> step = Error{"not run"};
+  std::vector<unsigned char> a, b;
+  Stats stats;
+};
+
+// A later process: restores, checks the bytes, takes one more checkpoint (which releases what it found).
+Relaunch relaunch(const Options& o) {
+  Relaunch r;
+  r.a.assign(1 << 20, 0);
+  r.b.assign(100, 0);
+  auto cp = test::make(o);
+  REQUIRE(cp->register_region({"a", r.a.data(), r.a.size()}).ok());
+  REQUIRE(cp->register_region({"b", r.b.data(), r.b.size()}).ok());
+  r.step = cp->restore();
+  r.stats = cp->stats();
+  if (r.step.ok()) {
+    REQUIRE(cp->before_update().ok());
+    REQUIRE_FALSE(*cp->after_step(*r.step + 1));
+  }
+  REQUIRE(cp->close().ok());
+  return r;
+}
+
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("node tier: a later process of the job restores from the staging files the earlier one left",
+          "[hooks][node_tier]") {
+  test::TempDir dir, node;
+  test::LogCapture log;
+  const std::string job_dir = node.path() + "/" + NodeTier::dir_name(::geteuid(), "4242");
+  train(tier_options(dir.path(), node.path(), "4242"), 3);
+  struct stat st {};
+  REQUIRE(::lstat(job_dir.c_str(), &st) == 0);
+  CHECK(S_ISDIR(st.st_mode));
+  CHECK((st.st_mode & 0777) == 0700);
+  CHECK(st.st_uid == ::geteuid());
+  const std::vector<std::string> before = files_in(job_dir);
+  const auto is_index = [](const std::string& f) { return f.size() > 11 && f.substr(f.size() - 11) == "rank-0.json"; };
+  CHECK(std::count_if(before.begin(), before.end(), is_index) == 1);
+
+  SECTION("every range is taken from the node tier, checked; nothing of the state is read") {
+    Relaunch r = relaunch(tier_options(dir.path(), node.path(), "4242"));
+    REQUIRE(r.step.ok());
+    CHECK(*r.step == 3);
+    CHECK((r.a == state_at(1 << 20, 3)));
+    CHECK((r.b == state_at(100, 3)));
+    CHECK(r.stats.restore_live_bytes == (1u << 20) + 100);
+    CHECK(r.stats.restore_read_bytes == 0);
+    CHECK(log.has("node tier: an earlier process of this job left the snapshots of step(s) 3"));
+    // Its first checkpoint released the earlier process's files: only this one's remain.
+    for (const std::string& f : files_in(job_dir)) {
+      CHECK((std::find(before.begin(), before.end(), f) == before.end() || is_index(f)));
+    }
+  }
+  SECTION("a flipped byte in the staging file: that range is read from the checkpoint") {
+    std::string data_file;
+    for (const std::string& f : before) {
+      if (!is_index(f) && fs::file_size(job_dir + "/" + f) >= (1u << 20)) data_file = f;
+    }
+    REQUIRE_FALSE(data_file.empty());
+    std::fstream io(job_dir + "/" + data_file, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(1000);
+    char c = 0;
+    io.read(&c, 1);
+    io.seekp(1000);
+    c ^= 0x01;
+    io.write(&c, 1);
+    io.close();
+    Relaunch r = relaunch(tier_options(dir.path(), node.path(), "4242"));
+    REQUIRE(r.step.ok());
+    CHECK((r.a == state_at(1 << 20, 3)));
+    CHECK(r.stats.restore_live_bytes == 100);
+    CHECK(r.stats.restore_read_bytes == (1u << 20));
+  }
+  SECTION("another job's tier in this job's dir is never used, though its bytes are the checkpoint's") {
+    const std::string other = node.path() + "/" + NodeTier::dir_name(::geteuid(), "777");
+    fs::rename(job_dir, other);
+    Relaunch r = relaunch(tier_options(dir.path(), node.path(), "777"));
+    REQUIRE(r.step.ok());
+    CHECK((r.a == state_at(1 << 20, 3)));
+    CHECK(r.stats.restore_live_bytes == 0);
+    CHECK(r.stats.restore_read_bytes == (1u << 20) + 100);
+    CHECK(log.has("rank-0.json was left by job 4242"));
+    CHECK(log.has("not this run's (job 777"));
+    // Removed: what is there now is this run's (its own index under the same name).
+    for (const std::string& f : files_in(other)) {
+      CHECK((std::find(before.begin(), before.end(), f) == before.end() || is_index(f)));
+    }
+  }
+  SECTION("a tier left for another checkpoint dir is never used") {
+    test::TempDir copy;
+    fs::copy(dir.path(), copy.path(), fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    Relaunch r = relaunch(tier_options(copy.path(), node.path(), "4242"));
+    REQUIRE(r.step.ok());
+    CHECK(*r.step == 3);
+    CHECK(r.stats.restore_live_bytes == 0);
+    CHECK_FALSE(log.has("node tier: an earlier process"));
+  }
+  SECTION("an index planted under this dir's name that names another dir is never used") {
+    test::TempDir copy;
+    fs::copy(dir.path(), copy.path(), fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    // The index and files of `dir` renamed to what `copy`'s would be called.
+    const std::string theirs = NodeTier::file_prefix(dir.path(), 0), mine = NodeTier::file_prefix(copy.path(), 0);
+    for (const std::string& f : before) {
+      REQUIRE(f.rfind(theirs, 0) == 0);
+      fs::rename(job_dir + "/" + f, job_dir + "/" + mine + f.substr(theirs.size()));
+    }
+    Relaunch r = relaunch(tier_options(copy.path(), node.path(), "4242"));
+    REQUIRE(r.step.ok());
+    CHECK(r.stats.restore_live_bytes == 0);
+    CHECK(log.has("for " + dir.path() + ", not this run's"));
+  }
+}
+
+TEST_CASE("node tier: a dir of the job's name that is not the user's own is refused; staging stays in memory",
+          "[hooks][node_tier]") {
+  test::TempDir dir, node;
+  test::LogCapture log;
+  const std::string job_dir = node.path() + "/" + NodeTier::dir_name(::geteuid(), "99");
+  SECTION("another user's") {
+    REQUIRE(::mkdir(job_dir.c_str(), 0700) == 0);
+    REQUIRE(::chown(job_dir.c_str(), ::geteuid() + 4321, ::getegid()) == 0);
+  }
+  SECTION("a symlink to the user's own dir") {
+    test::TempDir elsewhere;
+    REQUIRE(::symlink(elsewhere.path().c_str(), job_dir.c_str()) == 0);
+  }
+  SECTION("open to others") {
+    REQUIRE(::mkdir(job_dir.c_str(), 0700) == 0);
+    REQUIRE(::chmod(job_dir.c_str(), 0777) == 0);
+  }
+  train(tier_options(dir.path(), node.path(), "99"), 2);
+  CHECK(log.has("node tier off: "));
+  CHECK(log.has("staging stays in this process's memory"));
+  Relaunch r = relaunch(tier_options(dir.path(), node.path(), "99"));
+  REQUIRE(r.step.ok());
+  CHECK(*r.step == 2);
+  CHECK(r.stats.restore_live_bytes == 0);
+}
+
+TEST_CASE("node tier: off without the memory tier, without a job, or with CKPT_NODE_DIR=off", "[hooks][node_tier]") {
+  test::TempDir dir, node;
+  auto o = tier_options(dir.path(), node.path(), "5");
+  SECTION("no memory tier") { REQUIRE(o.set("memory", "off").ok()); }
+  SECTION("node_dir off") { REQUIRE(o.set("node_dir", "off").ok()); }
+  train(o, 1);
+  CHECK(files_in(node.path()).empty());
+}
+
+TEST_CASE("node tier: an index names its buffers' steps only while they are whole", "[hooks][node_tier]") {
+  test::TempDir node, ckpt_dir;
+  auto tier = NodeTier::open(node.path(), {"12", "host-a", ckpt_dir.path(), 3});
+  REQUIRE(tier.ok());
+  auto buffer = (*tier)->allocate(4096);
+  REQUIRE(buffer.ok());
+  std::memset(buffer->data(), 7, 4096);
+  (*tier)->whole(5, {Piece{"w", buffer->data() + 64, 100, {}}});
+  {
+    auto later = NodeTier::open(node.path(), {"12", "host-a", ckpt_dir.path(), 3});
+    REQUIRE(later.ok());
+    auto found = (*later)->found();
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].name == "w");
+    CHECK(found[0].size == 100);
+    CHECK(static_cast<const unsigned char*>(found[0].data)[0] == 7);
+  }
+  (*tier)->overwriting(buffer->data());
+  {
+    auto later = NodeTier::open(node.path(), {"12", "host-a", ckpt_dir.path(), 3});
+    REQUIRE(later.ok());
+    CHECK((*later)->found().empty());
+  }
+  (*tier)->whole(6, {Piece{"w", buffer->data(), 10, {}}});
+  SECTION("another host's index is not used") {
+    auto elsewhere = NodeTier::open(node.path(), {"12", "host-b", ckpt_dir.path(), 3});
+    REQUIRE(elsewhere.ok());
+    CHECK((*elsewhere)->found().empty());
+  }
+  SECTION("another rank does not read it") {
+    auto other = NodeTier::open(node.path(), {"12", "host-a", ckpt_dir.path(), 4});
+    REQUIRE(other.ok());
+    CHECK((*other)->found().empty());
+  }
+}
