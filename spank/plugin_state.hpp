@@ -53,6 +53,10 @@ int remote_user_init(spank_t sp);
 // returned from user_init would make slurmctld drain the node for the user's mistake.
 int fail_tasks(const std::string& line);
 
+// slurmd's job epilog, as root: removes the job's node tier on this node (ckpt/memtier.hpp) as the job's user.
+// Returns 0 always: a failing epilog drains the node.
+int job_epilog(spank_t sp);
+
 // Remote context, in each task as its user: when the step was failed, prints the reason to the job's output
 // (local task 0) and returns -1, which makes slurmstepd end the task with exit code 1.
 int remote_task_init(spank_t sp);

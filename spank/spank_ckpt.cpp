@@ -86,6 +86,12 @@ CKPT_SPANK_EXPORT int slurm_spank_task_exit(spank_t sp, int /*ac*/, char** /*av*
   return guarded([&] { return spank_remote(sp) ? ckpt::spank::report_task_exit(sp) : 0; });
 }
 
+// Never -1: a failing epilog drains the node.
+CKPT_SPANK_EXPORT int slurm_spank_job_epilog(spank_t sp, int /*ac*/, char** /*av*/) {
+  (void)guarded([&] { return ckpt::spank::job_epilog(sp); });
+  return 0;
+}
+
 CKPT_SPANK_EXPORT int slurm_spank_exit(spank_t sp, int /*ac*/, char** /*av*/) {
   return guarded([&] { return spank_remote(sp) ? ckpt::spank::report_step_exit(sp) : 0; });
 }

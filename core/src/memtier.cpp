@@ -169,4 +169,8 @@ std::optional<int> uniform_tasks_per_node(std::string_view text) {
   return count;
 }
 
+std::string node_dir_name(unsigned uid, std::string_view job) {
+  return "slurm-ckpt." + std::to_string(uid) + "." + std::string(job);
+}
+
 }  // namespace ckpt::memtier

@@ -7,6 +7,7 @@
 #include "ckpt/env_contract.hpp"
 #include "ckpt/hooks.hpp"
 #include "ckpt/log_level.hpp"
+#include "ckpt/memtier.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
 
@@ -406,6 +407,7 @@ Status read_memory_tier(Lookup& lookup, Config& c) {
     return n;
   };
   if (Status e = read(lookup, "memory_distance", c.memory_distance, parse_distance); !e) return e;
+  c.node_dir = memtier::kNodeDir;
   if (auto s = lookup.get("node_dir")) {
     if (s->value == "off") {
       c.node_dir.clear();

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/memtier.hpp"
 #include "log.hpp"
 
 namespace ckpt::hooks {
@@ -31,9 +32,7 @@ std::string host_name() {
 
 }  // namespace
 
-std::string NodeTier::dir_name(uid_t uid, const std::string& job) {
-  return "slurm-ckpt." + std::to_string(uid) + "." + job;
-}
+std::string NodeTier::dir_name(uid_t uid, const std::string& job) { return memtier::node_dir_name(uid, job); }
 
 Result<std::unique_ptr<NodeTier>> NodeTier::open(const std::string& node_dir, const Identity& identity) {
   if (identity.job.empty() || !std::all_of(identity.job.begin(), identity.job.end(), safe_name_char) ||

@@ -502,6 +502,10 @@ Status discard_incomplete(const std::string& root, std::uint64_t step,
                           const std::optional<Fence>& fence = std::nullopt);
 
 // Small files of the library's own under <root>/.control that outlive a run (what CKPT_INTERVAL=auto measured).
+// Removes `name` in the dir `parent` and everything below it, never following a symlink (a symlink is removed, not
+// what it points to). Success when it does not exist.
+Status remove_tree(const std::string& parent, const std::string& name);
+
 // `name` must be a safe name. The write is atomic (temp file, fsync, rename, fsync of the dir); the read returns
 // nullopt when the file does not exist and an error when it cannot be read or is over 1 MiB.
 // A fenced run's write is refused (checked just before the rename).

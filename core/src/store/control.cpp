@@ -41,6 +41,13 @@ Status detail::remove_tree(int parent_fd, const std::string& name, int depth) {
   return Status::success();
 }
 
+Status remove_tree(const std::string& parent, const std::string& name) {
+  Fd fd(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return Status::failure("cannot open " + parent + ": " + errno_text(errno));
+  if (Status s = detail::remove_tree(fd.get(), name); !s) return Status::failure(parent + ": " + s.error());
+  return Status::success();
+}
+
 namespace {
 
 // Deletes a step dir so that no half-deleted checkpoint is ever visible: renamed out of the namespace first.

@@ -1,0 +1,57 @@
+// slurmd's job epilog (slurm_spank_job_epilog): when a job ends on a node, its node tier goes (ckpt/memtier.hpp:
+// staging files in /dev/shm that outlive the job's processes on purpose, for a relaunch inside the job). The removal
+// runs in a child that has become the job's owner: root removes nothing the owner could not.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <string>
+
+#include "ckpt/memtier.hpp"
+#include "ckpt/posix.hpp"
+#include "ckpt/store.hpp"
+#include "plugin_state.hpp"
+
+namespace ckpt::spank {
+
+int job_epilog(spank_t sp) {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::uint32_t job_id = 0;
+  if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS || spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS) {
+    return 0;
+  }
+  const std::string name = memtier::node_dir_name(uid, std::to_string(job_id));
+  const std::string path = std::string(memtier::kNodeDir) + "/" + name;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return 0;  // most jobs: none here
+  // Another user's dir of that name (made to be removed with root's rights) is not the job's: left alone.
+  if (st.st_uid != uid) {
+    log_error("job " + std::to_string(job_id) + ": " + path + " belongs to uid " + std::to_string(st.st_uid) +
+              ", not the job's user; not removed");
+    return 0;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    log_error("job " + std::to_string(job_id) + ": cannot remove " + path + ": fork failed");
+    return 0;
+  }
+  if (pid == 0) {
+    if (!posix::drop_privileges(uid, gid, nullptr, 0)) _exit(2);
+    Status removed = store::remove_tree(memtier::kNodeDir, name);
+    _exit(removed ? 0 : 1);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    log_error("job " + std::to_string(job_id) + ": the node tier " + path + " was not removed (helper status " +
+              std::to_string(status) + ")");
+  }
+  return 0;
+}
+
+}  // namespace ckpt::spank

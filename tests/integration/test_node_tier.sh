@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The node tier on the real local cluster (hooks/src/node_tier.hpp): slurm-examples/train_ddp.py --zero1 on 3 nodes,
+# one rank each, the memory tier on (--ckpt-memory), no periodic checkpoint, inside allocations held by
+# `salloc --no-shell` so that a relaunch is a new step of the same job, as ckpt-run's is.
+#  1. A rank's process is killed (SIGKILL; its node lives on) at a random step. The survivors' last words write the
+#     terminal checkpoint, the dead rank's shard from its partner's copy. Every rank's staging stays in
+#     /dev/shm/slurm-ckpt.<uid>.<job>.
+#  2. The relaunch in the same job: every rank, the killed one too, takes its state from the files its node kept,
+#     each range checked against the checkpoint's checksum, and reads next to nothing from the checkpoint dir. The
+#     final weights are bitwise those of an uninterrupted run.
+#  3. The job ends: the plugin's epilog removes its node tier.
+#  4. Another job resumes from the same checkpoint dir with the first job's node tier (a copy taken after the crash:
+#     the very bytes of the checkpoint) planted in its own node tier's dir. It is never used: each rank says whose it
+#     was and reads its shard from the dir; the final weights are bitwise the same again.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/torch_lib.sh"
+have_torch || fail "needs python3-torch and a built slurm_ckpt"
+STEPS=30
+EXTRA_MIB=16
+tag=$RANDOM$RANDOM
+held=()
+cleanup() { for j in "${held[@]}"; do scancel "$j" 2> /dev/null || true; done; }
+trap cleanup EXIT
+
+# allocate NAME: a 3-node allocation without a shell; sets `job`.
+allocate() {
+  local out
+  out=$(salloc -N3 -w 'n[1-3]' --no-shell -J "nodetier-$1-$tag" 2>&1) || { echo "$out" >&2; fail "salloc failed"; }
+  job=$(sed -n 's/.*Granted job allocation \([0-9][0-9]*\).*/\1/p' <<< "$out")
+  [ -n "$job" ] || { echo "$out" >&2; fail "no job id from salloc"; }
+  held+=("$job")
+}
+
+# train LOG OUT [srun options...] -- [train_ddp args...]: one launch of the 3-rank ZeRO-1 job.
+train() {
+  local log=$1 out=$2 opts=()
+  shift 2
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do opts+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) \
+    srun -N3 -n3 -w 'n[1-3]' --ckpt-interval=100000steps --ckpt-last-words=on "${opts[@]}" \
+    "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py" --zero1 --extra-mib $EXTRA_MIB --steps $STEPS \
+    --out "$out" "$@" > "$log" 2>&1
+}
+
+tier_dir() { echo "/dev/shm/slurm-ckpt.$(id -u).$1"; }
+# The "restored step N from DIR (R bytes read, M found in memory)" lines of LOG: "R M" per rank.
+restored_bytes() { sed -n 's/.*restored step [0-9]* from .* (\([0-9]*\) bytes read, \([0-9]*\) found in memory).*/\1 \2/p' "$1"; }
+
+train "$SCRATCH/straight.log" "$SCRATCH/straight.bin" -J "nodetier-straight-$tag" --ckpt-dir="$SCRATCH/straight" ||
+  { cat "$SCRATCH/straight.log" >&2; fail "the uninterrupted run failed"; }
+pass "uninterrupted ZeRO-1 run on 3 nodes ($EXTRA_MIB MiB of extra parameters): $(cat "$SCRATCH/straight.bin.sha256")"
+
+# ---- 1. a rank killed: the terminal checkpoint, and every rank's staging left on its node ----
+allocate first
+first=$job
+at=$((8 + RANDOM % 8))
+victim=n$((1 + RANDOM % 3))
+train "$SCRATCH/crash.log" "$SCRATCH/first.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/ckpt" -- \
+  --step-sleep 0.2 &
+pid=$!
+wait_logged_step "$SCRATCH/crash.log" "$at" || { cat "$SCRATCH/crash.log" >&2; fail "no step $at"; }
+"$CLUSTER" kill-tasks "$victim" > /dev/null
+for _ in $(seq 300); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+kill "$pid" 2> /dev/null || true
+wait "$pid" 2> /dev/null || true
+term=$(latest_step "$SCRATCH/ckpt")
+[ "$term" -gt 0 ] || { grep "last words\|memory tier\|node tier" "$SCRATCH/crash.log" >&2; fail "no terminal checkpoint after the kill on $victim"; }
+[ "$(ls "$(tier_dir "$first")"/*.json 2> /dev/null | wc -l)" -eq 3 ] ||
+  { ls -la "$(tier_dir "$first")" >&2 || true; fail "the node tier of job $first does not hold an index per rank"; }
+cp -a "$(tier_dir "$first")" "$SCRATCH/first-tier"
+pass "the tasks on $victim killed at step ~$at: terminal checkpoint of step $term; every rank's staging in $(tier_dir "$first")"
+
+# ---- 2. the relaunch in the same job reads its state from the node tier ----
+train "$SCRATCH/relaunch.log" "$SCRATCH/first.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/ckpt" ||
+  { cat "$SCRATCH/relaunch.log" >&2; fail "the relaunch failed"; }
+grep -q "resumed from step $term " "$SCRATCH/relaunch.log" || { cat "$SCRATCH/relaunch.log" >&2; fail "the relaunch did not resume from step $term"; }
+[ "$(grep -c "node tier: an earlier process of this job left the snapshots" "$SCRATCH/relaunch.log")" -eq 3 ] ||
+  { grep "node tier\|restored" "$SCRATCH/relaunch.log" >&2; fail "not every rank found its node's staging"; }
+restored_bytes "$SCRATCH/relaunch.log" > "$SCRATCH/relaunch.bytes"
+[ "$(wc -l < "$SCRATCH/relaunch.bytes")" -eq 3 ] || { cat "$SCRATCH/relaunch.log" >&2; fail "not 3 restore lines"; }
+while read -r read_bytes held_bytes; do
+  [ "$read_bytes" -lt 1048576 ] && [ "$held_bytes" -ge $((EXTRA_MIB << 20)) ] ||
+    { grep "node tier\|restored\|ranges" "$SCRATCH/relaunch.log" >&2; fail "a rank read $read_bytes bytes from the dir and found $held_bytes in memory"; }
+done < "$SCRATCH/relaunch.bytes"
+cmp -s "$SCRATCH/straight.bin" "$SCRATCH/first.bin" || fail "final weights differ after the relaunch from the node tier"
+sed 's/^/  bytes read, found in memory: /' "$SCRATCH/relaunch.bytes"
+pass "relaunched in job $first from step $term: every rank's state from its node's memory; final weights bitwise identical"
+
+# ---- 3. the job's end removes its node tier ----
+scancel "$first"
+for _ in $(seq 200); do [ -e "$(tier_dir "$first")" ] || break; sleep 0.1; done
+[ -e "$(tier_dir "$first")" ] && fail "$(tier_dir "$first") outlived job $first"
+pass "job $first ended: the epilog removed $(tier_dir "$first")"
+
+# ---- 4. another job's tier in this job's dir, with the checkpoint's very bytes: never used ----
+allocate second
+second=$job
+cp -a "$SCRATCH/first-tier" "$(tier_dir "$second")"
+train "$SCRATCH/second.log" "$SCRATCH/second.bin" --jobid="$second" --ckpt-memory=512M --ckpt-dir="$SCRATCH/ckpt" ||
+  { cat "$SCRATCH/second.log" >&2; fail "the second job failed"; }
+grep -q "resumed from step $term " "$SCRATCH/second.log" || { cat "$SCRATCH/second.log" >&2; fail "the second job did not resume from step $term"; }
+[ "$(grep -c "was left by job $first on n[1-3] for $SCRATCH/ckpt, not this run's (job $second" "$SCRATCH/second.log")" -eq 3 ] ||
+  { grep "node tier" "$SCRATCH/second.log" >&2; fail "not every rank refused job $first's node tier"; }
+grep -q "node tier: an earlier process" "$SCRATCH/second.log" && fail "the second job used a node tier"
+restored_bytes "$SCRATCH/second.log" > "$SCRATCH/second.bytes"
+while read -r read_bytes held_bytes; do
+  [ "$read_bytes" -ge $((EXTRA_MIB << 20)) ] && [ "$held_bytes" -eq 0 ] ||
+    { grep "node tier\|restored" "$SCRATCH/second.log" >&2; fail "a rank read $read_bytes bytes and found $held_bytes in memory"; }
+done < "$SCRATCH/second.bytes"
+[ "$(wc -l < "$SCRATCH/second.bytes")" -eq 3 ] || fail "not 3 restore lines in the second job"
+cmp -s "$SCRATCH/straight.bin" "$SCRATCH/second.bin" || fail "final weights differ in the second job"
+grep "was left by job" "$SCRATCH/second.log" | head -1 | sed 's/^/  /'
+pass "job $second never used job $first's node tier planted in its dir: every rank read its shard from the checkpoint dir; final weights bitwise identical"
+scancel "$second"
+finish
