@@ -12,6 +12,8 @@
 #  4. Another job resumes from the same checkpoint dir with the first job's node tier (a copy taken after the crash:
 #     the very bytes of the checkpoint) planted in its own node tier's dir. It is never used: each rank says whose it
 #     was and reads its shard from the dir; the final weights are bitwise the same again.
+#  5. Attacks on the epilog (root): links to root's files in, or as, a user's node tier dir are removed, never what
+#     they point at; another user's dir made under a job's name is refused by its ranks and left alone at the end.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/torch_lib.sh"
 have_torch || fail "needs python3-torch and a built slurm_ckpt"
@@ -113,4 +115,48 @@ cmp -s "$SCRATCH/straight.bin" "$SCRATCH/second.bin" || fail "final weights diff
 grep "was left by job" "$SCRATCH/second.log" | head -1 | sed 's/^/  /'
 pass "job $second never used job $first's node tier planted in its dir: every rank read its shard from the checkpoint dir; final weights bitwise identical"
 scancel "$second"
+
+# ---- 5. attacks on the epilog, which runs as root ----
+# A user's job points its node tier (or a link inside it) at files root owns: the epilog removes only the links.
+mkdir -p "$SCRATCH/precious"
+echo keep > "$SCRATCH/precious/file"
+chmod 755 "$SCRATCH/precious"
+as_user() { runuser -u "$TEST_USER" -- env SLURM_CONF="$SLURM_CONF" "$@"; }
+uid=$(id -u "$TEST_USER")
+mkdir -p "$SCRATCH/user"
+chown "$TEST_USER" "$SCRATCH/user"
+for plant in inside top; do
+  as_user srun -N1 -w n1 -J "nodetier-$plant-$tag" bash -c '
+    d=/dev/shm/slurm-ckpt.$(id -u).$SLURM_JOB_ID
+    if [ "$1" = inside ]; then
+      mkdir -m 700 "$d" && ln -s "$2" "$d/escape" && ln -s "$2/file" "$d/file-link"
+    else
+      ln -s "$2" "$d"
+    fi
+    echo "$SLURM_JOB_ID" > "$3/$1.job"' _ "$plant" "$SCRATCH/precious" "$SCRATCH/user" 2> "$SCRATCH/$plant.err" ||
+    { cat "$SCRATCH/$plant.err" >&2; fail "the $plant job could not run"; }
+done
+for plant in inside top; do
+  [ -s "$SCRATCH/user/$plant.job" ] || fail "the $plant job did not run (as $TEST_USER)"
+  d=/dev/shm/slurm-ckpt.$uid.$(cat "$SCRATCH/user/$plant.job")
+  for _ in $(seq 100); do [ -e "$d" ] || [ -L "$d" ] || break; sleep 0.1; done
+  { [ -e "$d" ] || [ -L "$d" ]; } && fail "$plant: $d outlived its job"
+  [ "$(cat "$SCRATCH/precious/file" 2> /dev/null)" = keep ] || fail "$plant: the epilog removed what a link pointed at"
+done
+pass "links to root's files in (and as) a user's node tier: the epilog removed the links, not what they point at"
+
+# Another user makes a job's node tier dir before the job's ranks do: the tier is off with one line, training goes
+# on from the dir, and the epilog leaves the squatter's dir alone.
+allocate squatted
+as_user mkdir -m 700 "$(tier_dir "$job")"
+as_user touch "$(tier_dir "$job")/mine"
+STEPS=4 train "$SCRATCH/squatted.log" "$SCRATCH/squatted.bin" --jobid="$job" --ckpt-memory=512M \
+  --ckpt-dir="$SCRATCH/squatted" || { cat "$SCRATCH/squatted.log" >&2; fail "the squatted job failed"; }
+[ "$(grep -c "node tier off: $(tier_dir "$job") is owned by uid $uid" "$SCRATCH/squatted.log")" -eq 3 ] ||
+  { grep "node tier" "$SCRATCH/squatted.log" >&2; fail "not every rank refused the squatted dir"; }
+scancel "$job"
+sleep 2
+[ -e "$(tier_dir "$job")/mine" ] || fail "the epilog removed another user's dir"
+rm -rf "$(tier_dir "$job")"
+pass "a node tier dir made by $TEST_USER for root's job: refused by every rank, training went on, left alone at the end"
 finish
