@@ -552,11 +552,11 @@ overlay::Gone Mesh::gone() const {
   return impl_->gone;
 }
 
-Result<int> Mesh::dial_partner(int peer, std::chrono::milliseconds limit) {
+Result<int> Mesh::dial_partner(int peer, std::chrono::milliseconds limit, const SocketWatch& on_socket) {
   if (peer < 0 || peer >= impl_->settings.world_size || peer == impl_->settings.rank) {
     return Error{"rank " + std::to_string(peer) + " is not another rank of this job"};
   }
-  auto linked = impl_->dial_once(peer, limit, kHelloPartner);
+  auto linked = impl_->dial_once(peer, limit, kHelloPartner, on_socket);
   if (!linked) return Error{linked.error()};
   return linked->first;
 }

@@ -185,11 +185,14 @@ class Mesh {
 
   // Partner links of the memory tier (memory_tier.hpp): connections made and authenticated like the network's own
   // links (the job's secret, the peer's rank) that carry checkpoint copies instead of heartbeats. dial_partner
-  // blocks (at most `limit` per phase) and returns the socket, blocking, once the acceptor proved it knows the
-  // secret. The acceptor gets each accepted one on the mesh thread (the socket, blocking, the dialer's rank and
-  // what it sent after its proof) and owns it from then on; without an acceptor they are refused.
+  // blocks (at most `limit` per phase: the connect, each read and write of the handshake) and returns the socket,
+  // blocking, once the acceptor proved it knows the secret. `on_socket` (may be empty) is told the socket before
+  // the connect and -1 before it is closed on a failure, so that another thread can shut it to end the dial early.
+  // The acceptor gets each accepted one on the mesh thread (the socket, blocking, the dialer's rank and what it
+  // sent after its proof) and owns it from then on; without an acceptor they are refused.
   using PartnerAcceptor = std::function<void(int fd, int from, std::string early)>;
-  Result<int> dial_partner(int peer, std::chrono::milliseconds limit);
+  using SocketWatch = std::function<void(int fd)>;
+  Result<int> dial_partner(int peer, std::chrono::milliseconds limit, const SocketWatch& on_socket = {});
   void set_partner_acceptor(PartnerAcceptor acceptor);
 
  private:

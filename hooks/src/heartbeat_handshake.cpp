@@ -138,7 +138,10 @@ void set_timeout(int fd, std::chrono::milliseconds timeout) {
   (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
-int dial(const std::string& host, const std::string& port) {
+// Connects within `limit` (SO_SNDTIMEO bounds a blocking connect: a host that drops the SYN fails it in `limit`,
+// not after the kernel's two minutes of retries).
+int dial(const std::string& host, const std::string& port, std::chrono::milliseconds limit,
+         const Mesh::SocketWatch& on_socket) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -148,8 +151,11 @@ int dial(const std::string& host, const std::string& port) {
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
     fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) continue;
+    set_timeout(fd, limit);
+    if (on_socket) on_socket(fd);
     if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
     const int err = errno;
+    if (on_socket) on_socket(-1);
     ::close(fd);
     errno = err;
     fd = -1;
@@ -298,19 +304,19 @@ Result<PeerId> Mesh::Impl::dial_handshake(int fd, int peer, const std::string& d
 }
 
 Result<std::pair<int, PeerId>> Mesh::Impl::dial_once(int peer, std::chrono::milliseconds limit,
-                                                    std::uint32_t type) {
+                                                    std::uint32_t type, const Mesh::SocketWatch& on_socket) {
   auto addr = read_address(peer);
   if (!addr) return Error{"it has published no address yet"};
   const std::string dialed = addr->first + " " + addr->second;
-  int fd = dial(addr->first, addr->second);
+  int fd = dial(addr->first, addr->second, limit, on_socket);
   if (fd < 0) {
     last_dial_refused = errno == ECONNREFUSED;
     return Error{dialed + ": " + errno_text(errno)};
   }
   last_dial_refused = false;
-  set_timeout(fd, limit);
   auto back = dial_handshake(fd, peer, dialed, type);
   if (!back) {
+    if (on_socket) on_socket(-1);
     ::close(fd);
     return Error{dialed + ": " + back.error()};
   }

@@ -160,7 +160,8 @@ struct Mesh::Impl {
   // What a failed dial of d.target says about it (see dial_loop); true when the loop backs off before the next.
   bool on_dial_failed(DialState& d, const DialChoice& choice, const std::string& error);
   // One attempt to link with `peer`; the socket, or why not.
-  Result<std::pair<int, PeerId>> dial_once(int peer, std::chrono::milliseconds limit, std::uint32_t type = kHello);
+  Result<std::pair<int, PeerId>> dial_once(int peer, std::chrono::milliseconds limit, std::uint32_t type = kHello,
+                                           const Mesh::SocketWatch& on_socket = {});
 
   // One accepted connection in its handshake.
   struct Pending {

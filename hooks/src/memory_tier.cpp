@@ -137,7 +137,18 @@ struct MemoryTier::Impl {
 
   std::mutex send_mu;
   int send_fd = -1;  // guarded by send_mu
-  std::atomic<int> send_shadow{-1};  // send_fd, for stop() to shut while a send holds send_mu
+  // The send link's socket from before its connect on, for stop() to shut while a dial or a copy holds send_mu
+  // (a partner that froze would otherwise hold stop() for a whole io_timeout). Set and cleared before the socket is
+  // closed, under shadow_mu, so stop() never shuts a number the process reused.
+  std::mutex shadow_mu;
+  int send_shadow = -1;        // guarded by shadow_mu
+  bool sends_stopped = false;  // guarded by shadow_mu: a socket made after stop() is shut at once
+
+  void watch_send_socket(int fd) {
+    std::lock_guard<std::mutex> lock(shadow_mu);
+    send_shadow = fd;
+    if (fd >= 0 && sends_stopped) ::shutdown(fd, SHUT_RDWR);
+  }
   bool refused_logged = false;
   std::atomic<std::uint64_t> partner_needs{0};  // what the partner said a copy would need, where it did not fit
 
@@ -310,7 +321,7 @@ struct MemoryTier::Impl {
   }
 
   void drop_send_link() {
-    send_shadow = -1;
+    watch_send_socket(-1);
     if (send_fd >= 0) ::close(send_fd);
     send_fd = -1;
   }
@@ -387,6 +398,11 @@ void MemoryTier::stop() {
       if (l->fd >= 0) ::shutdown(l->fd, SHUT_RDWR);
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(m.shadow_mu);  // a dial or a copy in flight ends now
+    m.sends_stopped = true;
+    if (m.send_shadow >= 0) ::shutdown(m.send_shadow, SHUT_RDWR);
+  }
   m.mesh->set_partner_acceptor(nullptr);
   {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -395,7 +411,6 @@ void MemoryTier::stop() {
   for (auto& l : links) {
     if (l->thread.joinable()) l->thread.join();
   }
-  if (const int fd = m.send_shadow.load(); fd >= 0) ::shutdown(fd, SHUT_RDWR);  // a send in flight ends now
   std::lock_guard<std::mutex> lock(m.send_mu);
   m.drop_send_link();
 }
@@ -422,10 +437,10 @@ Status MemoryTier::send(std::uint64_t step, const std::vector<Piece>& pieces) {
   }
   std::lock_guard<std::mutex> lock(m.send_mu);
   if (m.send_fd < 0) {
-    auto fd = m.mesh->dial_partner(m.settings.partner, m.settings.io_timeout);
+    auto fd = m.mesh->dial_partner(m.settings.partner, m.settings.io_timeout,
+                                   [&m](int socket) { m.watch_send_socket(socket); });
     if (!fd) return Status::failure("cannot reach rank " + std::to_string(m.settings.partner) + ": " + fd.error());
     m.send_fd = *fd;
-    m.send_shadow = *fd;
     set_io_timeout(m.send_fd, m.settings.io_timeout);
   }
   Status s = m.send_copy(step, pieces);

@@ -3,10 +3,13 @@
 // and what a copy may not do: exceed the budget, come from a rank that is no ward, or be bytes that are no copy.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -192,4 +195,38 @@ TEST_CASE("memory tier: copies over the budget, from a rank that is no ward, or 
     CHECK(logs.has("a chunk of 'model' does not match its checksum"));
     CHECK(holder->verified_copies().empty());
   }
+}
+
+TEST_CASE("memory tier: stop() ends a partner dial that a frozen partner never answers", "[hooks][memtier]") {
+  TempDir dir;
+  LogCapture logs;
+  auto meshes = start_meshes(dir.sub("mesh"));
+  // A frozen rank 1: its kernel completes the connect (the listen backlog), its process never answers the handshake.
+  const int frozen = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(frozen >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(frozen, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(frozen, 8) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(frozen, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  {
+    std::ofstream out(dir.sub("mesh") + "/rank-1.addr", std::ios::trunc);
+    out << "127.0.0.1 " << ntohs(addr.sin_port) << " frozen-node\n";
+  }
+  MemoryTier::Settings s = tier_settings(0, 1, {});
+  s.io_timeout = 30s;
+  auto ward = MemoryTier::start(s, *meshes[0]);
+  Shard shard(4);
+  Status sent = Status::success();
+  std::thread sender([&] { sent = ward->send(4, shard.pieces); });
+  std::this_thread::sleep_for(500ms);  // the dial is in its handshake by now
+  const auto t0 = std::chrono::steady_clock::now();
+  ward->stop();
+  const double stop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  sender.join();
+  ::close(frozen);
+  CHECK(stop_s < 3.0);  // not the 30 s io_timeout
+  CHECK_FALSE(sent);
 }
