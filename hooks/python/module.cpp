@@ -164,6 +164,7 @@ py::dict stats_dict(const ckpt::hooks::Stats& s) {
   d["blob_bytes"] = s.blob_bytes;
   d["restore_read_bytes"] = s.restore_read_bytes;
   d["restore_live_bytes"] = s.restore_live_bytes;
+  d["restore_s"] = s.restore_s;
   d["auto_interval_s"] = s.auto_interval_s;
   d["auto_cost_s"] = s.auto_cost_s;
   d["auto_stall_s"] = s.auto_stall_s;

@@ -402,6 +402,7 @@ Status Checkpointer::Impl::copy_into_registered(std::uint64_t step) {
 Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
   if (life.started) return Error{"ckpt: restore() must come before the first after_step()"};
   queue.wait_idle();
+  const auto t0 = Clock::now();
   std::unique_ptr<RestoreAgreement> agreement;
   if (config.world_size > 1) {
     auto tally = coord->restore_tally();
@@ -416,9 +417,16 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
   if (copy_into_regions && *loaded) {
     if (Status s = copy_into_registered(step); !s) return Error{s.error()};
   }
+  const double took = seconds_since(t0);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.restore_s = took;
+  }
   if (*loaded) {
     Stats s = stats_copy();
-    log::info(rank, "restored step " + std::to_string(step) + " from " + plan.root + " (" +
+    char in[32];
+    std::snprintf(in, sizeof in, " in %.3f s (", took);
+    log::info(rank, "restored step " + std::to_string(step) + " from " + plan.root + in +
                         std::to_string(s.restore_read_bytes) + " bytes read, " +
                         std::to_string(s.restore_live_bytes) + " found in memory)");
   }

@@ -46,7 +46,7 @@ train() {
 }
 
 tier_dir() { echo "/dev/shm/slurm-ckpt.$(id -u).$1"; }
-# The "restored step N from DIR (R bytes read, M found in memory)" lines of LOG: "R M" per rank.
+# The "restored step N from DIR in T s (R bytes read, M found in memory)" lines of LOG: "R M" per rank.
 restored_bytes() { sed -n 's/.*restored step [0-9]* from .* (\([0-9]*\) bytes read, \([0-9]*\) found in memory).*/\1 \2/p' "$1"; }
 
 train "$SCRATCH/straight.log" "$SCRATCH/straight.bin" -J "nodetier-straight-$tag" --ckpt-dir="$SCRATCH/straight" ||

@@ -174,7 +174,7 @@ expected = sum(s["length"] for r in range(m) for s in shards[r % 4] if not parti
     sum(s["length"] for states in shards.values() for s in states if partition(s))
 read = 0
 for r in range(m):
-    found = re.findall(r"restored step 20 from \S+ \((\d+) bytes read", open(os.path.join(run, f"rank{r}.log")).read())
+    found = re.findall(r"restored step 20 from \S+ in [0-9.]+ s \((\d+) bytes read", open(os.path.join(run, f"rank{r}.log")).read())
     assert len(found) == 1, (r, found)
     read += int(found[0])
 assert read == expected, f"{m} ranks read {read} bytes at resume; one copy of what they hold is {expected}"

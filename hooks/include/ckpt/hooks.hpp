@@ -201,6 +201,7 @@ struct Stats {
   std::uint64_t blob_bytes = 0;           // bytes of small blobs held
   std::uint64_t restore_read_bytes = 0;   // the last restore: bytes read from the checkpoint dir
   std::uint64_t restore_live_bytes = 0;   // the last restore: bytes found already in this rank's memory
+  double restore_s = 0;                   // the last restore: its time, agreement and loading together
   // The memory tier (CKPT_MEMORY): checkpoints kept in staging with a copy on the partner rank.
   std::uint64_t memory_checkpoints = 0;   // memory-only checkpoints started (the others count in `snapshots`)
   std::uint64_t partner_copies = 0;       // copies the partner kept
