@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# A relaunch's restore from the node tier (a benchmark, not a test): slurm-examples/train_ddp.py as 2 local ranks
-# (torchrun-style, each told it runs on a node of its own), MIB of extra parameters per rank (AdamW: three times that
-# in each checkpoint), last words and the memory tier on, no periodic checkpoint, all launches one job
-# (CKPT_JOB_ID). Rank 1 is killed (SIGKILL) at step 6; rank 0's last words write the terminal checkpoint. Then both
-# ranks are started again to the step it holds, ROUNDS times each way, in turn:
+# A relaunch's restore from the node tier (a benchmark, not a test): slurm-examples/train_ddp.py --zero1 as 2 local
+# ranks (torchrun-style, each told it runs on a node of its own), MIB of extra parameters (each rank's shard: the
+# weights and its half of AdamW's state), last words and the memory tier on, no periodic checkpoint, all launches
+# one job (CKPT_JOB_ID). Rank 1 is killed (SIGKILL) at step 6; rank 0's last words write the terminal checkpoint,
+# rank 1's shard from the partner copy rank 0 holds. Then both ranks are started again to the step it holds,
+# ROUNDS times each way, in turn:
 #   node  the node tier (/dev/shm, the default): every range from the staging files the killed processes left
 #   cold  CKPT_NODE_DIR=off, the page cache dropped first: every byte from the disk, as from a parallel file system
 #   warm  CKPT_NODE_DIR=off, the shards already in the page cache
 # Prints each way's median restore time (the hooks' "restored step S from DIR in T s"), the bytes read from the
-# checkpoint dir and found in memory, and the floor measured in the same run: one memcpy of a rank's state.
+# checkpoint dir and found in memory, and the floor measured in the same run: one memcpy of a rank's shard (the
+# weights and half of AdamW's two moments: twice MIB).
 #   bench/memtier/relaunch.sh [MIB] [ROUNDS]      (default 256 MiB, 3 rounds; root, for drop_caches)
 set -euo pipefail
 MIB=${1:-256}
@@ -17,7 +19,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=${CKPT_BUILD_DIR:-$SRC/build}/python${PYTHONPATH:+:$PYTHONPATH}
 WORK=$(mktemp -d /tmp/bench-relaunch.XXXXXX)
 JOB=bench$$
-trap 'rm -rf "$WORK" "/dev/shm/slurm-ckpt.$(id -u).$JOB"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$WORK" "/dev/shm/slurm-ckpt.$(id -u).$JOB"' EXIT
 
 # launch NAME STEPS [VAR=VALUE...]: both ranks, into $WORK/NAME.r<rank>.log; rank 0's pid in $WORK/NAME.pid1 too.
 launch() {
@@ -26,8 +28,8 @@ launch() {
   for r in 0 1; do
     env MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
       SLURMD_NODENAME=bench-node$r CKPT_JOB_ID=$JOB CKPT_RUN_ID="$JOB.$name" CKPT_DIR="$WORK/ckpt" \
-      CKPT_INTERVAL=100000steps CKPT_LAST_WORDS=on CKPT_LAYOUT=dp=2 CKPT_MEMORY=8G "$@" \
-      /usr/bin/python3 "$SRC/slurm-examples/train_ddp.py" --steps "$steps" --log-every 1 --extra-mib "$MIB" \
+      CKPT_INTERVAL=100000steps CKPT_LAST_WORDS=on CKPT_MEMORY=8G "$@" \
+      /usr/bin/python3 "$SRC/slurm-examples/train_ddp.py" --zero1 --steps "$steps" --log-every 1 --extra-mib "$MIB" \
       --step-sleep 0.3 --out "$WORK/final" > "$WORK/$name.r$r.log" 2>&1 &
     echo $! > "$WORK/$name.pid$r"
   done
@@ -52,22 +54,24 @@ for i in $(seq "$ROUNDS"); do
     wait
     for r in 0 1; do
       sed -n 's/.*restored step [0-9]* from .* in \([0-9.]*\) s (\([0-9]*\) bytes read, \([0-9]*\) found in memory).*/\1 \2 \3/p' \
-        "$WORK/$way$i.r$r.log" >> "$WORK/$way.rows"
+        "$WORK/$way$i.r$r.log" >> "$WORK/$way.r$r.rows"
     done
   done
 done
 floor=$(/usr/bin/python3 -c "
 import time, torch
-src = torch.ones(3 * $MIB << 18); dst = torch.empty_like(src); dst.copy_(src)
+src = torch.ones(2 * $MIB << 18); dst = torch.empty_like(src); dst.copy_(src)
 t = []
 for _ in range(5):
     t0 = time.perf_counter(); dst.copy_(src); t.append(time.perf_counter() - t0)
 print(f'{sorted(t)[2]:.3f}')")
-echo "relaunch: ${MIB} MiB extra per rank, terminal checkpoint of step $term, 2 ranks x $ROUNDS rounds per way"
-for way in node cold warm; do
-  [ -s "$WORK/$way.rows" ] || { echo "  $way: no restore line" >&2; exit 1; }
-  sort -n "$WORK/$way.rows" | awk -v way="$way" '{ t[NR] = $1; r += $2; m += $3 }
-    END { printf "  %-4s median restore %.3f s, per rank %.1f MiB read from the dir, %.1f MiB found in memory\n",
-          way, t[int((NR + 1) / 2)], r / NR / 1048576, m / NR / 1048576 }'
+echo "relaunch: ZeRO-1, ${MIB} MiB extra parameters, terminal checkpoint of step $term, $ROUNDS rounds per way"
+for r in 0 1; do
+  for way in node cold warm; do
+    [ -s "$WORK/$way.r$r.rows" ] || { echo "  rank $r, $way: no restore line" >&2; exit 1; }
+    sort -n "$WORK/$way.r$r.rows" | awk -v way="$way" -v r="$r" '{ t[NR] = $1; rd += $2; m += $3 }
+      END { printf "  rank %d (%s) %-4s median restore %.3f s, %.1f MiB read from the dir, %.1f MiB found in memory\n",
+            r, r ? "killed" : "survivor", way, t[int((NR + 1) / 2)], rd / NR / 1048576, m / NR / 1048576 }'
+  done
 done
 echo "  floor: one memcpy of a rank's state $floor s"
