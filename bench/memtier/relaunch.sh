@@ -16,6 +16,7 @@ set -euo pipefail
 MIB=${1:-256}
 ROUNDS=${2:-3}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
+source "$SRC/bench/memtier/floor.sh"
 export PYTHONPATH=${CKPT_BUILD_DIR:-$SRC/build}/python${PYTHONPATH:+:$PYTHONPATH}
 WORK=$(mktemp -d /tmp/bench-relaunch.XXXXXX)
 JOB=bench$$
@@ -58,13 +59,7 @@ for i in $(seq "$ROUNDS"); do
     done
   done
 done
-floor=$(/usr/bin/python3 -c "
-import time, torch
-src = torch.ones(2 * $MIB << 18); dst = torch.empty_like(src); dst.copy_(src)
-t = []
-for _ in range(5):
-    t0 = time.perf_counter(); dst.copy_(src); t.append(time.perf_counter() - t0)
-print(f'{sorted(t)[2]:.3f}')")
+floor=$(memcpy_floor $((2 * MIB)))
 echo "relaunch: ZeRO-1, ${MIB} MiB extra parameters, terminal checkpoint of step $term, $ROUNDS rounds per way"
 for r in 0 1; do
   for way in node cold warm; do

@@ -13,6 +13,7 @@ STEPS=${2:-25}
 ROUNDS=${3:-2}
 INTERVAL=${4:-1}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
+source "$SRC/bench/memtier/floor.sh"
 export PYTHONPATH=${CKPT_BUILD_DIR:-$SRC/build}/python${PYTHONPATH:+:$PYTHONPATH}
 WORK=$(mktemp -d /tmp/bench-memtier.XXXXXX)
 
@@ -35,13 +36,7 @@ median() { sort -n "$1" | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }
 for i in $(seq "$ROUNDS"); do run plain "$i"; run tier "$i"; done
 plain=$(median "$WORK/plain.times")
 tier=$(median "$WORK/tier.times")
-floor=$(/usr/bin/python3 -c "
-import time, torch
-src = torch.ones(3 * $MIB << 18); dst = torch.empty_like(src); dst.copy_(src)
-t = []
-for _ in range(5):
-    t0 = time.perf_counter(); dst.copy_(src); t.append(time.perf_counter() - t0)
-print(f'{sorted(t)[2]:.3f}')")
+floor=$(memcpy_floor $((3 * MIB)))
 echo "memtier stall: ${MIB} MiB extra per rank, $((STEPS - 5)) steps x $ROUNDS rounds: median step $plain s without," \
   "$tier s with a memory checkpoint every $INTERVAL step(s) (ratio $(awk -v a="$tier" -v b="$plain" 'BEGIN { printf "%.2f", a / b }'));" \
   "floor: one memcpy of a rank's state $floor s (its share of the step: $(awk -v f="$floor" -v b="$plain" 'BEGIN { printf "%.2f", f / b }'))"
