@@ -33,6 +33,28 @@ Result<T> surfaced(Result<T> r) {
   return Error{log::prefixed(r.error())};
 }
 
+// A phase of close() that took long says so when it ends: a rank that held up a recovery (which waits for every
+// survivor's close) names where it was.
+class SlowClosePhase {
+ public:
+  static constexpr double kSlowS = 5;
+  SlowClosePhase(int rank, const char* what) : rank_(rank), what_(what), t0_(std::chrono::steady_clock::now()) {}
+  ~SlowClosePhase() {
+    const double took = seconds_since(t0_);
+    if (took < kSlowS) return;
+    char line[160];
+    std::snprintf(line, sizeof line, "close: %s took %.1f s", what_, took);
+    log::warn(rank_, line);
+  }
+  SlowClosePhase(const SlowClosePhase&) = delete;
+  SlowClosePhase& operator=(const SlowClosePhase&) = delete;
+
+ private:
+  int rank_;
+  const char* what_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 }  // namespace
 
 // ---- regions -------------------------------------------------------------------------------------------------
@@ -205,12 +227,14 @@ Status Checkpointer::Impl::close(bool wait_for_peers) {
     // A training error on an armed job is most likely a dead peer (gloo resets within ~50 ms, the mesh needs up
     // to its silence limit): wait for the last words before this rank goes, or peers would count it dead too.
     if (speaks && (!wait_for_peers || watch.last_words->triggered())) {
+      SlowClosePhase phase(rank, "waiting for the last words");
       wait_for_peers = false;
       if (watch.last_words->wait_triggered(std::chrono::milliseconds(2000))) {
         (void)watch.last_words->wait_done(std::chrono::milliseconds(10000));
       }
     } else if (wait_for_peers) {
       // The last checkpoint's completion travels over the network: it stays up until this rank's part is done.
+      SlowClosePhase phase(rank, "finishing the last checkpoint with the other ranks");
       guard();
       queue.wait_idle();
       coord->drain(std::chrono::milliseconds(config.commit_timeout_s * 1000));
@@ -224,6 +248,7 @@ Status Checkpointer::Impl::close(bool wait_for_peers) {
     if (!wait_for_peers) coord->cancel();  // before the network goes: a commit waiting on it gives up as cancelled
     coord->detach();  // the persist thread may still publish; the network goes now
     if (tier) {
+      SlowClosePhase phase(rank, "stopping the memory tier (a copy in flight, its links)");
       if (wait_for_peers) queue.wait_idle();  // an orderly close lets a copy in flight end first
       tier->stop();
     }
@@ -234,8 +259,11 @@ Status Checkpointer::Impl::close(bool wait_for_peers) {
     watch.last_words.reset();
   }
   if (!wait_for_peers) coord->cancel();
-  guard();
-  queue.wait_idle();
+  {
+    SlowClosePhase phase(rank, "the last snapshot and persist");
+    guard();
+    queue.wait_idle();
+  }
   queue.stop();
   pool.reset();
   if (life.handlers) notice::release_handlers();
