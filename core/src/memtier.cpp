@@ -170,7 +170,7 @@ std::optional<int> uniform_tasks_per_node(std::string_view text) {
 }
 
 std::string node_dir_name(unsigned uid, std::string_view job) {
-  return "slurm-ckpt." + std::to_string(uid) + "." + std::string(job);
+  return kNodeDirPrefix + std::to_string(uid) + "." + std::string(job);
 }
 
 }  // namespace ckpt::memtier

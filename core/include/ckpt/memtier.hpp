@@ -83,6 +83,7 @@ std::optional<int> uniform_tasks_per_node(std::string_view text);
 // process ckpt-run relaunches in the same job restores from them. Its dir under the node dir, per user and job: the
 // hooks make it (0700, the user's own), the plugin removes it when the job ends on the node.
 inline constexpr const char* kNodeDir = "/dev/shm";
-std::string node_dir_name(unsigned uid, std::string_view job);
+inline constexpr const char* kNodeDirPrefix = "slurm-ckpt.";
+std::string node_dir_name(unsigned uid, std::string_view job);  // "slurm-ckpt.<uid>.<job>"
 
 }  // namespace ckpt::memtier
