@@ -1,5 +1,6 @@
 // slurmd's job epilog (slurm_spank_job_epilog): when a job ends on a node, its node tier goes (ckpt/memtier.hpp:
-// staging files in /dev/shm that outlive the job's processes on purpose, for a relaunch inside the job). The removal
+// staging files under the site's node_dir=, /dev/shm by default, that outlive the job's processes on purpose, for a
+// relaunch inside the job). The removal
 // runs in a child that has become the job's owner: root removes nothing the owner could not.
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,8 +25,10 @@ int job_epilog(spank_t sp) {
       spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS) {
     return 0;
   }
+  const std::string& node_dir = plugin_state().policy.node_dir;  // the site's node_dir=, which the ranks were given
+  if (node_dir.empty()) return 0;
   const std::string name = memtier::node_dir_name(uid, std::to_string(job_id));
-  const std::string path = std::string(memtier::kNodeDir) + "/" + name;
+  const std::string path = node_dir + "/" + name;
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return 0;  // most jobs: none here
   // Another user's dir of that name (made to be removed with root's rights) is not the job's: left alone.
@@ -41,7 +44,7 @@ int job_epilog(spank_t sp) {
   }
   if (pid == 0) {
     if (!posix::drop_privileges(uid, gid, nullptr, 0)) _exit(2);
-    Status removed = store::remove_tree(memtier::kNodeDir, name);
+    Status removed = store::remove_tree(node_dir, name);
     _exit(removed ? 0 : 1);
   }
   int status = 0;

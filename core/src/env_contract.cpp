@@ -24,6 +24,8 @@ const std::vector<Var>& contract() {
       {"shrink", "CKPT_SHRINK", "off, on, or the fewest data-parallel replicas to go on with", S::Plugin, {}},
       {"memory", "CKPT_MEMORY", "off, or a size like 4G, 512M or 1T (bytes without a unit)", S::Plugin, {}},
       {"memory_interval", "CKPT_MEMORY_INTERVAL", "a whole number of steps >= 1, or auto", S::Plugin, {}},
+      {"node_dir", "CKPT_NODE_DIR", "off, or the absolute path of a node-local memory file system like /dev/shm",
+       S::Plugin, {}},
       // The job's facts, as the plugin finds them at each step's start.
       {"restart_count", "CKPT_RESTART_COUNT", "a whole number", S::Plugin, {"SLURM_RESTART_COUNT"}},
       {"job_id", "CKPT_JOB_ID", "a job id", S::Plugin, {"SLURM_JOB_ID"}},
@@ -66,8 +68,6 @@ const std::vector<Var>& contract() {
       {"inplace_plan_timeout", "CKPT_INPLACE_PLAN_TIMEOUT", "seconds", S::Job, {}},
       {"inplace_join_timeout", "CKPT_INPLACE_JOIN_TIMEOUT", "seconds", S::Job, {}},
       {"memory_distance", "CKPT_MEMORY_DISTANCE", "a whole number of nodes >= 1", S::Job, {}},
-      {"node_dir", "CKPT_NODE_DIR", "off, or the absolute path of a node-local memory file system like /dev/shm",
-       S::Job, {}},
       {"inplace_state", "CKPT_INPLACE_STATE", "memory or files (where a restart in place takes the state from)", S::Job,
        {}},
   };

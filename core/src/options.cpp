@@ -143,8 +143,8 @@ const std::array<OptionSpec, kOptionCount>& option_specs() {
   return specs;
 }
 
-const std::array<SiteKeySpec, 8>& site_key_specs() {
-  static const std::array<SiteKeySpec, 8> specs{{
+const std::array<SiteKeySpec, 9>& site_key_specs() {
+  static const std::array<SiteKeySpec, 9> specs{{
       {"min_interval", "DURATION",
        "Shortest checkpoint interval a job may ask for, and the floor of auto; 0s: no floor", "5m"},
       {"max_interval", "DURATION", "Longest checkpoint interval, and the ceiling of auto; 0s: none", "6h"},
@@ -167,6 +167,11 @@ const std::array<SiteKeySpec, 8>& site_key_specs() {
        "Most host memory per rank a job's memory tier may use; a larger --ckpt-memory is capped to it; 0 or off: "
        "no memory tier (default: no maximum)",
        "64G"},
+      {"node_dir", "DIR|off",
+       "Where a job with the memory tier keeps its ranks' staging as files, so that a relaunch in the job restores "
+       "from the node's memory: a node-local memory file system; the plugin's job epilog removes each job's dir "
+       "there; off: staging in process memory only (default: /dev/shm)",
+       "/dev/shm"},
   }};
   return specs;
 }
@@ -288,6 +293,14 @@ Status set_site_key(SitePolicy& policy, const std::string& key, const std::strin
     auto n = parse_memory(value);
     if (!n) return invalid_site_value(key, value, option_spec(OptionId::Memory).expected);
     policy.max_memory = *n;
+  } else if (key == "node_dir") {
+    if (value == "off") {
+      policy.node_dir.clear();
+    } else {
+      auto dir = normalize_absolute_path(value);
+      if (!dir) return invalid_site_value(key, value, "an absolute path or off");
+      policy.node_dir = *dir;
+    }
   } else {
     // A bug, caught by tests.
     return Status::failure("plugstack.conf: " + key + ": in site_key_specs() but not parsed");
@@ -429,6 +442,7 @@ Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& poli
   s.memory_bytes = user.memory_bytes.value_or(site.memory_bytes.value_or(BuiltinDefaults::memory_bytes));
   s.memory_interval = user.memory_interval.value_or(site.memory_interval.value_or(BuiltinDefaults::memory_interval));
   s.max_spares = policy.max_spares;
+  s.node_dir = policy.node_dir;
   s.min_interval_s = policy.min_interval_s;
   s.max_interval_s = policy.max_interval_s;
   if (user.mtbf_s) {
@@ -506,6 +520,7 @@ std::vector<std::pair<std::string, std::string>> settings_environment(const Sett
       {env::name_of("shrink"), s.shrink},
       {env::name_of("memory"), format_memory(s.memory_bytes)},
       {env::name_of("memory_interval"), format_memory_interval(s.memory_interval)},
+      {env::name_of("node_dir"), s.node_dir.empty() ? "off" : s.node_dir},
   };
 }
 

@@ -307,6 +307,7 @@ TEST_CASE("the environment contract: what the plugin exports reads back as the s
     auto c = load(env);
     REQUIRE(c);
     CHECK(c->dir == s.dir);
+    CHECK(c->node_dir == s.node_dir);
     CHECK(c->interval == s.interval);
     CHECK(c->keep == s.keep);
     CHECK(c->last_words == s.last_words);

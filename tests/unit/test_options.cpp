@@ -205,6 +205,25 @@ TEST_CASE("parse_site_policy", "[options][config]") {
   }
 }
 
+TEST_CASE("the node tier's dir: the site's node_dir, exported to every rank", "[options]") {
+  JobContext job{"alice", "1", "train", "", 2};
+  auto exported = [&](std::vector<std::string> args) {
+    args.push_back("dir=/scratch/%u");
+    auto s = resolve_settings(JobOptions{}, *parse_site_policy(args), job);
+    REQUIRE(s);
+    for (const auto& [name, value] : settings_environment(*s)) {
+      if (name == "CKPT_NODE_DIR") return value;
+    }
+    return std::string("(none)");
+  };
+  CHECK(exported({}) == "/dev/shm");
+  CHECK(exported({"node_dir=/local/ram//"}) == "/local/ram");
+  CHECK(exported({"node_dir=off"}) == "off");
+  CHECK(parse_site_policy({"node_dir=ram"}).error() ==
+        "plugstack.conf: node_dir: invalid value 'ram' (expected an absolute path or off)");
+  CHECK(parse_site_policy({"node_dir=/a/../b"}).error().find("node_dir") != std::string::npos);
+}
+
 TEST_CASE("site_key_specs: every key parses, with its example", "[options][config]") {
   for (const auto& spec : site_key_specs()) {
     INFO(spec.key);

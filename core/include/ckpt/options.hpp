@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/memtier.hpp"
 #include "ckpt/result.hpp"
 
 namespace ckpt {
@@ -99,6 +100,9 @@ struct SitePolicy {
   // Most host memory per rank a job's memory tier may use (max_memory=); a larger --ckpt-memory is capped to it,
   // with one line for the user. nullopt: no maximum; 0: the site has no memory tier.
   std::optional<std::uint64_t> max_memory;
+  // Where a job's node tier lives (node_dir=; memtier.hpp): the ranks make their dir there, the plugin's job epilog
+  // removes it. Empty: off.
+  std::string node_dir = memtier::kNodeDir;
 };
 
 // Whether a site's `controller=` is the controller's http(s) URL (else it is a spool directory).
@@ -160,6 +164,7 @@ struct Settings {
   std::uint64_t max_interval_s = 0;  // 0: no maximum
   std::uint64_t memory_bytes = BuiltinDefaults::memory_bytes;  // within the site's max_memory; 0: off
   std::uint64_t memory_interval = BuiltinDefaults::memory_interval;
+  std::string node_dir = memtier::kNodeDir;  // the site's node_dir=; empty: off
   // What the site's policy changed of the job's request, one line each without "ckpt: " ("--ckpt-memory: 8G is
   // above the site maximum of 4G: the memory tier uses 4G"): srun and sbatch show them to the user.
   std::vector<std::string> notices;
@@ -175,7 +180,8 @@ Result<Settings> resolve_settings(const JobOptions& user, const SitePolicy& poli
 
 // The CKPT_* variables for the settings: CKPT_DIR, CKPT_INTERVAL, CKPT_KEEP, CKPT_LAST_WORDS, CKPT_MTBF,
 // CKPT_GRACE, CKPT_MAX_RESTARTS, CKPT_MIN_INTERVAL, CKPT_MAX_INTERVAL (0s: none), CKPT_SPARES, CKPT_MAX_SPARES,
-// CKPT_STRAGGLER, CKPT_SHRINK, CKPT_MEMORY (format_memory), CKPT_MEMORY_INTERVAL. Durations are exported in
+// CKPT_STRAGGLER, CKPT_SHRINK, CKPT_MEMORY (format_memory), CKPT_MEMORY_INTERVAL, CKPT_NODE_DIR (off when empty).
+// Durations are exported in
 // seconds ("900s").
 std::vector<std::pair<std::string, std::string>> settings_environment(const Settings& settings);
 

@@ -14,6 +14,6 @@ struct SiteKeySpec {
 };
 
 // The table, in the order spank_ckpt(8) lists it.
-const std::array<SiteKeySpec, 8>& site_key_specs();
+const std::array<SiteKeySpec, 9>& site_key_specs();
 
 }  // namespace ckpt
