@@ -46,7 +46,8 @@ void Checkpointer::Impl::update_staging_stats() {
 // anonymous, with one line.
 void Checkpointer::Impl::open_node_tier() {
   if (config.memory_bytes == 0 || config.node_dir.empty() || config.job_id.empty()) return;
-  auto opened = NodeTier::open(config.node_dir, NodeTier::Identity{config.job_id, {}, config.dir, rank});
+  auto opened = NodeTier::open(config.node_dir,
+                               NodeTier::Identity{config.job_id, config.restart_count, {}, config.dir, rank});
   if (!opened) {
     log::warn(rank, "node tier off: " + opened.error() + "; staging stays in this process's memory");
     return;

@@ -84,15 +84,25 @@ void NodeTier::adopt_earlier() {
       }
     }
   }
-  auto field = [&](const char* key) { return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string("?"); };
-  const bool same = j.is_object() && field("job") == identity_.job && field("host") == identity_.host &&
-                    field("dir") == identity_.checkpoint_dir && j.contains("rank") && j["rank"] == identity_.rank;
+  auto field = [&](const char* key) {
+    return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string("?");
+  };
+  const std::uint64_t restart = j.is_object() && j.contains("restart") && j["restart"].is_number_unsigned()
+                                    ? j["restart"].get<std::uint64_t>()
+                                    : ~std::uint64_t{0};
+  const bool same = j.is_object() && field("job") == identity_.job && restart == identity_.restart &&
+                    field("host") == identity_.host && field("dir") == identity_.checkpoint_dir &&
+                    j.contains("rank") && j["rank"] == identity_.rank;
   if (!same) {
-    // Never used, whatever its bytes: it is another run's (a job id reused, a dir copied, another checkpoint dir).
-    log::warn(identity_.rank, "node tier: " + path_ + "/" + index + " was left by job " + field("job") + " on " +
-                                  field("host") + " for " + field("dir") + ", not this run's (job " + identity_.job +
-                                  " on " + identity_.host + " for " + identity_.checkpoint_dir +
-                                  "): not used, removed");
+    // Never used, whatever its bytes: it is another run's (an earlier run of a requeued job, a job id reused, a dir
+    // copied, another checkpoint dir).
+    auto run = [](const std::string& job, std::uint64_t n) {
+      return "job " + job + (n == 0 ? std::string() : " (requeued " + std::to_string(n) + " times)");
+    };
+    log::warn(identity_.rank, "node tier: " + path_ + "/" + index + " was left by " + run(field("job"), restart) +
+                                  " on " + field("host") + " for " + field("dir") + ", not this run's (" +
+                                  run(identity_.job, identity_.restart) + " on " + identity_.host + " for " +
+                                  identity_.checkpoint_dir + "): not used, removed");
     for (const std::string& f : files) (void)::unlinkat(dir_.get(), f.c_str(), 0);
     (void)::unlinkat(dir_.get(), index.c_str(), 0);
     return;
@@ -206,6 +216,7 @@ void NodeTier::write_index() {
   // An earlier process's buffers stay listed until released: a crash before then must not lose them.
   for (const nlohmann::json& e : found_entries_) buffers.push_back(e);
   nlohmann::json j = {{"job", identity_.job},
+                      {"restart", identity_.restart},
                       {"host", identity_.host},
                       {"dir", identity_.checkpoint_dir},
                       {"rank", identity_.rank},

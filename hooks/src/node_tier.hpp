@@ -15,8 +15,8 @@
 //                             file and, once a snapshot is whole in it, that snapshot's step and pieces (name,
 //                             offset, size).
 // The index is rewritten (atomically) before a snapshot overwrites a buffer and after it is whole in it. A
-// relaunched rank maps the buffers of an index only when it names this job, this host, this checkpoint dir and this
-// rank; another run's index is said in one line, and its files are removed. The plugin removes the dir when the job
+// relaunched rank maps the buffers of an index only when it names this job and its restart count, this host, this
+// checkpoint dir and this rank; another run's index is said in one line, and its files are removed. The plugin removes the dir when the job
 // ends on the node (slurm_spank_job_epilog, as the job's user).
 //
 // Threads: the worker (allocate, drop, whole) and the training thread (overwriting, found, release_found; allocate
@@ -42,6 +42,7 @@ class NodeTier {
   // Whose buffers these are: an index that names anything else is another run's.
   struct Identity {
     std::string job;
+    std::uint64_t restart = 0;  // SLURM_RESTART_COUNT: a requeued job is another run, though its id is the same
     std::string host;
     std::string checkpoint_dir;
     int rank = 0;

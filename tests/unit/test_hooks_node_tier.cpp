@@ -144,6 +144,16 @@ TEST_CASE("node tier: a later process of the job restores from the staging files
       CHECK((std::find(before.begin(), before.end(), f) == before.end() || is_index(f)));
     }
   }
+  SECTION("the job's next run after a requeue (same job id) does not use it") {
+    auto o = tier_options(dir.path(), node.path(), "4242");
+    REQUIRE(o.set("restart_count", "1").ok());
+    Relaunch r = relaunch(o);
+    REQUIRE(r.step.ok());
+    CHECK(*r.step == 3);
+    CHECK(r.stats.restore_live_bytes == 0);
+    CHECK(log.has("was left by job 4242 on "));
+    CHECK(log.has("not this run's (job 4242 (requeued 1 times) on "));
+  }
   SECTION("a tier left for another checkpoint dir is never used") {
     test::TempDir copy;
     fs::copy(dir.path(), copy.path(), fs::copy_options::recursive | fs::copy_options::overwrite_existing);
@@ -206,14 +216,14 @@ TEST_CASE("node tier: off without the memory tier, without a job, or with CKPT_N
 
 TEST_CASE("node tier: an index names its buffers' steps only while they are whole", "[hooks][node_tier]") {
   test::TempDir node, ckpt_dir;
-  auto tier = NodeTier::open(node.path(), {"12", "host-a", ckpt_dir.path(), 3});
+  auto tier = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3});
   REQUIRE(tier.ok());
   auto buffer = (*tier)->allocate(4096);
   REQUIRE(buffer.ok());
   std::memset(buffer->data(), 7, 4096);
   (*tier)->whole(5, {Piece{"w", buffer->data() + 64, 100, {}}});
   {
-    auto later = NodeTier::open(node.path(), {"12", "host-a", ckpt_dir.path(), 3});
+    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3});
     REQUIRE(later.ok());
     auto found = (*later)->found();
     REQUIRE(found.size() == 1);
@@ -223,18 +233,23 @@ TEST_CASE("node tier: an index names its buffers' steps only while they are whol
   }
   (*tier)->overwriting(buffer->data());
   {
-    auto later = NodeTier::open(node.path(), {"12", "host-a", ckpt_dir.path(), 3});
+    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3});
     REQUIRE(later.ok());
     CHECK((*later)->found().empty());
   }
   (*tier)->whole(6, {Piece{"w", buffer->data(), 10, {}}});
   SECTION("another host's index is not used") {
-    auto elsewhere = NodeTier::open(node.path(), {"12", "host-b", ckpt_dir.path(), 3});
+    auto elsewhere = NodeTier::open(node.path(), {"12", 0, "host-b", ckpt_dir.path(), 3});
     REQUIRE(elsewhere.ok());
     CHECK((*elsewhere)->found().empty());
   }
+  SECTION("the job's next run after a requeue (same id, restart count 1) does not use it") {
+    auto requeued = NodeTier::open(node.path(), {"12", 1, "host-a", ckpt_dir.path(), 3});
+    REQUIRE(requeued.ok());
+    CHECK((*requeued)->found().empty());
+  }
   SECTION("another rank does not read it") {
-    auto other = NodeTier::open(node.path(), {"12", "host-a", ckpt_dir.path(), 4});
+    auto other = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 4});
     REQUIRE(other.ok());
     CHECK((*other)->found().empty());
   }
