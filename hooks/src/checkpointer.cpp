@@ -696,6 +696,9 @@ std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
     blobs.data = std::shared_ptr<std::byte>(held, held->data());
     out.push_back(std::move(blobs));
   }
+  // This process goes on in place with what it just took out: the node tier's files would only hold a second copy
+  // of the same bytes (the mappings taken out keep theirs until they are let go).
+  if (m.node) m.node->remove_all();
   return out;
 }
 

@@ -234,6 +234,14 @@ std::vector<store::LiveRange> NodeTier::found() const {
   return found_;
 }
 
+void NodeTier::remove_all() {
+  release_found();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Buffer& b : buffers_) (void)::unlinkat(dir_.get(), b.file.c_str(), 0);
+  buffers_.clear();
+  (void)::unlinkat(dir_.get(), index_name().c_str(), 0);
+}
+
 void NodeTier::release_found() {
   std::lock_guard<std::mutex> lock(mu_);
   if (found_files_.empty() && found_maps_.empty()) return;

@@ -75,6 +75,9 @@ class NodeTier {
   std::vector<store::LiveRange> found() const;
   // Unmaps what found() offered and removes its files (the first snapshot of this process, or close()).
   void release_found();
+  // Removes every file of this rank here, its index too (a restart in place: the process keeps its state itself).
+  // Mappings still held elsewhere keep their bytes until they are unmapped.
+  void remove_all();
 
  private:
   struct Buffer {

@@ -248,6 +248,14 @@ TEST_CASE("node tier: an index names its buffers' steps only while they are whol
     REQUIRE(requeued.ok());
     CHECK((*requeued)->found().empty());
   }
+  SECTION("remove_all (a restart in place keeps its state itself): no file of the rank is left, the mapping lives") {
+    (*tier)->remove_all();
+    CHECK(files_in(node.path() + "/" + NodeTier::dir_name(::geteuid(), "12")).empty());
+    CHECK(static_cast<unsigned char>(buffer->data()[0]) == 7);
+    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3});
+    REQUIRE(later.ok());
+    CHECK((*later)->found().empty());
+  }
   SECTION("another rank does not read it") {
     auto other = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 4});
     REQUIRE(other.ok());
