@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ckpt/memtier.hpp"
 #include "ckpt/posix.hpp"
@@ -17,7 +18,16 @@
 
 namespace ckpt::spank {
 
-int job_epilog(spank_t sp) {
+int job_epilog(spank_t sp, const std::vector<std::string>& args) {
+  // The site's node_dir=, which the ranks were given. A plugstack.conf broken since the job started is said and
+  // cleans nothing (every new step refuses it already); the epilog must not fail for it.
+  auto policy = parse_site_policy(args);
+  if (!policy) {
+    log_error("job epilog: " + policy.error() + "; the job's node tier is not removed");
+    return 0;
+  }
+  const std::string node_dir = policy->node_dir;
+  if (node_dir.empty()) return 0;
   uid_t uid = 0;
   gid_t gid = 0;
   std::uint32_t job_id = 0;
@@ -25,8 +35,6 @@ int job_epilog(spank_t sp) {
       spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS) {
     return 0;
   }
-  const std::string& node_dir = plugin_state().policy.node_dir;  // the site's node_dir=, which the ranks were given
-  if (node_dir.empty()) return 0;
   const std::string name = memtier::node_dir_name(uid, std::to_string(job_id));
   const std::string path = node_dir + "/" + name;
   struct stat st {};

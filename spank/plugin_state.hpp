@@ -4,6 +4,7 @@
 #include <array>
 #include <optional>
 #include <string>
+#include <vector>
 
 extern "C" {
 #include <slurm/slurm.h>
@@ -55,7 +56,7 @@ int fail_tasks(const std::string& line);
 
 // slurmd's job epilog, as root: removes the job's node tier on this node (ckpt/memtier.hpp) as the job's user.
 // Returns 0 always: a failing epilog drains the node.
-int job_epilog(spank_t sp);
+int job_epilog(spank_t sp, const std::vector<std::string>& args);
 
 // Remote context, in each task as its user: when the step was failed, prints the reason to the job's output
 // (local task 0) and returns -1, which makes slurmstepd end the task with exit code 1.

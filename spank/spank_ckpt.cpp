@@ -86,9 +86,10 @@ CKPT_SPANK_EXPORT int slurm_spank_task_exit(spank_t sp, int /*ac*/, char** /*av*
   return guarded([&] { return spank_remote(sp) ? ckpt::spank::report_task_exit(sp) : 0; });
 }
 
-// Never -1: a failing epilog drains the node.
-CKPT_SPANK_EXPORT int slurm_spank_job_epilog(spank_t sp, int /*ac*/, char** /*av*/) {
-  (void)guarded([&] { return ckpt::spank::job_epilog(sp); });
+// Never -1: a failing epilog drains the node. slurm_spank_init is not called in this context: the site policy
+// comes with the arguments.
+CKPT_SPANK_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
+  (void)guarded([&] { return ckpt::spank::job_epilog(sp, std::vector<std::string>(av, av + ac)); });
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #     was and reads its shard from the dir; the final weights are bitwise the same again.
 #  5. Attacks on the epilog (root): links to root's files in, or as, a user's node tier dir are removed, never what
 #     they point at; another user's dir made under a job's name is refused by its ranks and left alone at the end.
+#  6. plugstack.conf broken while a job runs: the job's epilog (which loads the plugin) drains no node.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/torch_lib.sh"
 have_torch || fail "needs python3-torch and a built slurm_ckpt"
@@ -159,4 +160,19 @@ sleep 2
 [ -e "$(tier_dir "$job")/mine" ] || fail "the epilog removed another user's dir"
 rm -rf "$(tier_dir "$job")"
 pass "a node tier dir made by $TEST_USER for root's job: refused by every rank, training went on, left alone at the end"
+
+# ---- 6. plugstack.conf broken while a job runs: its epilog must not drain the node ----
+stack=$CKPT_CLUSTER_DIR/etc/plugstack.conf
+cp "$stack" "$SCRATCH/plugstack.conf"
+trap 'cp "$SCRATCH/plugstack.conf" "$stack"; cleanup' EXIT
+allocate edited
+sed -i 's/$/ no_such_key=1/' "$stack"
+scancel "$job"
+for _ in $(seq 100); do squeue -h -j "$job" 2> /dev/null | grep -q . || break; sleep 0.1; done
+sleep 2
+cp "$SCRATCH/plugstack.conf" "$stack"
+trap cleanup EXIT
+states=$(sinfo -h -n 'n[1-3]' -o '%n %T')
+grep -qiE "drain|fail" <<< "$states" && { echo "$states" >&2; fail "a typo in plugstack.conf drained a node at a job's end"; }
+pass "plugstack.conf broken while job $job ran: its epilog drained no node ($(tr '\n' ' ' <<< "$states"))"
 finish
