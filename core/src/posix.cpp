@@ -1,6 +1,7 @@
 // The POSIX file layer (ckpt/posix.hpp).
 #include "ckpt/posix.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <sstream>
 #include <system_error>
 
@@ -287,6 +289,34 @@ Status make_private_dirs(const std::string& path) {
     }
   }
   return Status::success();
+}
+
+IoResult<std::vector<DirEntry>> list_dir(int dir_fd) {
+  int dup_fd = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dup_fd < 0) return {std::nullopt, {"cannot list directory: " + errno_text(errno), errno}};
+  DIR* dir = ::fdopendir(dup_fd);
+  if (dir == nullptr) {
+    int err = errno;
+    ::close(dup_fd);
+    return {std::nullopt, {"cannot list directory: " + errno_text(err), err}};
+  }
+  std::unique_ptr<DIR, int (*)(DIR*)> guard(dir, ::closedir);
+  std::vector<DirEntry> entries;
+  for (;;) {
+    errno = 0;
+    struct dirent* ent = ::readdir(dir);
+    if (ent == nullptr) {
+      if (errno != 0) return {std::nullopt, {"cannot list directory: " + errno_text(errno), errno}};
+      break;
+    }
+    std::string name = ent->d_name;
+    if (name == "." || name == "..") continue;
+    DirEntry entry{name, {}};
+    if (::fstatat(dir_fd, name.c_str(), &entry.st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    entries.push_back(std::move(entry));
+  }
+  std::sort(entries.begin(), entries.end(), [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
+  return {std::move(entries), {}};
 }
 
 Result<Fd> open_private_dir(const std::string& path) {

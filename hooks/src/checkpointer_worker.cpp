@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 #include "checkpointer_impl.hpp"
 #include "ckpt/memtier.hpp"
+#include "ckpt/parse.hpp"
 #include "continuation.hpp"
 #include "log.hpp"
 
@@ -46,8 +48,13 @@ void Checkpointer::Impl::update_staging_stats() {
 // anonymous, with one line.
 void Checkpointer::Impl::open_node_tier() {
   if (config.memory_bytes == 0 || config.node_dir.empty() || config.job_id.empty()) return;
-  auto opened = NodeTier::open(config.node_dir,
-                               NodeTier::Identity{config.job_id, config.restart_count, {}, config.dir, rank});
+  NodeTier::Identity identity{config.job_id, config.restart_count, {}, config.dir, rank, {}};
+  if (const char* gtids = std::getenv("SLURM_GTIDS")) {  // this step's ranks on this node, from slurmstepd
+    for (const std::string& id : split(gtids, ',')) {
+      if (auto n = parse_uint(id); n && *n < (1u << 24)) identity.node_ranks.push_back(static_cast<int>(*n));
+    }
+  }
+  auto opened = NodeTier::open(config.node_dir, identity);
   if (!opened) {
     log::warn(rank, "node tier off: " + opened.error() + "; staging stays in this process's memory");
     return;

@@ -1,6 +1,7 @@
 #include "node_tier.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,6 +49,7 @@ Result<std::unique_ptr<NodeTier>> NodeTier::open(const std::string& node_dir, co
   tier->dir_ = std::move(dir).value();
   tier->token_ = posix::random_suffix();
   tier->adopt_earlier();
+  tier->remove_left_behind();
   return tier;
 }
 
@@ -144,6 +146,53 @@ void NodeTier::adopt_earlier() {
   }
 }
 
+void NodeTier::remove_left_behind() {
+  if (identity_.node_ranks.empty()) return;
+  auto entries = posix::list_dir(dir_.get());
+  if (!entries.ok()) return;
+  const std::string mine = file_prefix(identity_.checkpoint_dir, 0);
+  const std::string head = mine.substr(0, mine.size() - 2);  // "<d>.rank-"
+  for (const posix::DirEntry& e : *entries.value) {
+    const std::string& name = e.name;
+    if (!S_ISREG(e.st.st_mode) || name.size() <= head.size() + 5 || name.rfind(head, 0) != 0 ||
+        name.compare(name.size() - 5, 5, ".json") != 0) {
+      continue;
+    }
+    const std::string digits = name.substr(head.size(), name.size() - 5 - head.size());
+    if (digits.empty() || digits.size() > 9 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    const int other = std::stoi(digits);
+    if (other == identity_.rank || std::find(identity_.node_ranks.begin(), identity_.node_ranks.end(), other) !=
+                                       identity_.node_ranks.end()) {
+      continue;  // a rank of this launch on this node: its own files, to adopt
+    }
+    auto text = posix::read_small_file(dir_.get(), name, kMaxIndexBytes);
+    if (!text.ok()) continue;
+    nlohmann::json j = nlohmann::json::parse(*text.value, nullptr, false);
+    if (!j.is_object() || !j.contains("host") || j["host"] != identity_.host || !j.contains("pid") ||
+        !j["pid"].is_number_integer()) {
+      continue;
+    }
+    const auto pid = j["pid"].get<long long>();
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // its writer may live
+    const std::string prefix = file_prefix(identity_.checkpoint_dir, other);
+    if (j.contains("buffers") && j["buffers"].is_array()) {
+      for (const auto& b : j["buffers"]) {
+        if (!b.is_object() || !b.contains("file") || !b["file"].is_string()) continue;
+        const std::string file = b["file"].get<std::string>();
+        if (file.rfind(prefix, 0) == 0 && file.find('/') == std::string::npos) {
+          (void)::unlinkat(dir_.get(), file.c_str(), 0);
+        }
+      }
+    }
+    (void)::unlinkat(dir_.get(), name.c_str(), 0);
+    log::info(identity_.rank, "node tier: removed the staging files rank " + std::to_string(other) +
+                                  " left on this node, where it no longer runs");
+  }
+}
+
 Result<HostBuffer> NodeTier::allocate(std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string file = file_prefix(identity_.checkpoint_dir, identity_.rank) + token_ + "." + std::to_string(next_file_++);
@@ -220,6 +269,7 @@ void NodeTier::write_index() {
                       {"host", identity_.host},
                       {"dir", identity_.checkpoint_dir},
                       {"rank", identity_.rank},
+                      {"pid", static_cast<long long>(::getpid())},
                       {"buffers", std::move(buffers)}};
   posix::AtomicWriteOptions options;
   options.durable = false;  // memory: it outlives the process, never the node

@@ -11,13 +11,16 @@
 //   <d>.rank-<r>.<token>.<n>  a staging buffer, mapped MAP_SHARED (d: the XXH3-64 of the checkpoint dir, so that
 //                             two steps of one allocation training into different dirs never meet; token: the
 //                             creating process's, random)
-//   <d>.rank-<r>.json         the index: the job, host, checkpoint dir and rank it belongs to, and per buffer its
+//   <d>.rank-<r>.json         the index: the job, restart count, host, checkpoint dir, rank and writing process it
+//                             belongs to, and per buffer its
 //                             file and, once a snapshot is whole in it, that snapshot's step and pieces (name,
 //                             offset, size).
 // The index is rewritten (atomically) before a snapshot overwrites a buffer and after it is whole in it. A
 // relaunched rank maps the buffers of an index only when it names this job and its restart count, this host, this
-// checkpoint dir and this rank; another run's index is said in one line, and its files are removed. The plugin removes the dir when the job
-// ends on the node (slurm_spank_job_epilog, as the job's user).
+// checkpoint dir and this rank; another run's index is said in one line, and its files are removed. A relaunch that
+// moved or shrank the job leaves files of ranks that no longer run on this node: where this launch's ranks on the
+// node are known (SLURM_GTIDS) and the process that wrote such an index is gone, they are removed at open. The
+// plugin removes the dir when the job ends on the node (slurm_spank_job_epilog, as the job's user).
 //
 // Threads: the worker (allocate, drop, whole) and the training thread (overwriting, found, release_found; allocate
 // and drop after wait_idle). Every function is thread-safe.
@@ -46,6 +49,7 @@ class NodeTier {
     std::string host;
     std::string checkpoint_dir;
     int rank = 0;
+    std::vector<int> node_ranks;  // this launch's ranks on this node (SLURM_GTIDS); empty: not known
   };
 
   // The job's dir's name under the node dir.
@@ -90,6 +94,7 @@ class NodeTier {
   };
   NodeTier() = default;
   void adopt_earlier();   // open(): the index an earlier process left
+  void remove_left_behind();  // open(): what ranks that no longer run on this node left
   void write_index();     // mu_ held
   std::string index_name() const;
 

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -216,14 +217,14 @@ TEST_CASE("node tier: off without the memory tier, without a job, or with CKPT_N
 
 TEST_CASE("node tier: an index names its buffers' steps only while they are whole", "[hooks][node_tier]") {
   test::TempDir node, ckpt_dir;
-  auto tier = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3});
+  auto tier = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}});
   REQUIRE(tier.ok());
   auto buffer = (*tier)->allocate(4096);
   REQUIRE(buffer.ok());
   std::memset(buffer->data(), 7, 4096);
   (*tier)->whole(5, {Piece{"w", buffer->data() + 64, 100, {}}});
   {
-    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3});
+    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}});
     REQUIRE(later.ok());
     auto found = (*later)->found();
     REQUIRE(found.size() == 1);
@@ -233,7 +234,7 @@ TEST_CASE("node tier: an index names its buffers' steps only while they are whol
   }
   (*tier)->overwriting(buffer->data());
   {
-    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3});
+    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}});
     REQUIRE(later.ok());
     CHECK((*later)->found().empty());
   }
@@ -252,7 +253,7 @@ TEST_CASE("node tier: an index names its buffers' steps only while they are whol
     (*tier)->remove_all();
     CHECK(files_in(node.path() + "/" + NodeTier::dir_name(::geteuid(), "12")).empty());
     CHECK(static_cast<unsigned char>(buffer->data()[0]) == 7);
-    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3});
+    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}});
     REQUIRE(later.ok());
     CHECK((*later)->found().empty());
   }
@@ -260,5 +261,55 @@ TEST_CASE("node tier: an index names its buffers' steps only while they are whol
     auto other = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 4});
     REQUIRE(other.ok());
     CHECK((*other)->found().empty());
+  }
+}
+
+TEST_CASE("node tier: files of a rank that no longer runs on this node, whose writer is gone, are removed",
+          "[hooks][node_tier]") {
+  test::TempDir node, ckpt_dir;
+  const std::string job_dir = node.path() + "/" + NodeTier::dir_name(::geteuid(), "31");
+  // Rank 5's process on this host: it leaves a whole snapshot and dies.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 5, {5}});
+    if (!tier) ::_exit(1);
+    auto buffer = (*tier)->allocate(4096);
+    if (!buffer) ::_exit(2);
+    (*tier)->whole(9, {Piece{"w", buffer->data(), 100, {}}});
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  const std::string prefix5 = NodeTier::file_prefix(ckpt_dir.path(), 5);
+  auto files_of_5 = [&] {
+    std::size_t n = 0;
+    for (const std::string& f : files_in(job_dir)) n += f.rfind(prefix5, 0) == 0 ? 1 : 0;
+    return n;
+  };
+  REQUIRE(files_of_5() == 2);  // its buffer and its index
+  SECTION("rank 5 runs on this node in this launch: its files are its own to adopt") {
+    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 3, {3, 5}});
+    REQUIRE(tier.ok());
+    CHECK(files_of_5() == 2);
+  }
+  SECTION("this launch's ranks here are not known (no SLURM_GTIDS): nothing is removed") {
+    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 3, {}});
+    REQUIRE(tier.ok());
+    CHECK(files_of_5() == 2);
+  }
+  SECTION("another host's index is not this node's to judge") {
+    auto tier = NodeTier::open(node.path(), {"31", 0, "host-b", ckpt_dir.path(), 3, {3, 4}});
+    REQUIRE(tier.ok());
+    CHECK(files_of_5() == 2);
+  }
+  SECTION("rank 5 runs elsewhere now and its writer is gone: removed") {
+    test::LogCapture log;
+    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 3, {3, 4}});
+    REQUIRE(tier.ok());
+    CHECK(files_of_5() == 0);
+    CHECK(log.has("node tier: removed the staging files rank 5 left on this node, where it no longer runs"));
   }
 }

@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "ckpt/result.hpp"
 
@@ -121,6 +122,13 @@ Status create_file_exclusive(int dir_fd, std::string_view name, std::string_view
 
 // Fills `out` from the kernel's random source (getrandom); false with errno set when it cannot.
 bool random_bytes(void* out, std::size_t size);
+
+struct DirEntry {
+  std::string name;
+  struct stat st {};
+};
+// Every entry of a directory with its lstat, sorted by name; entries that vanish while listing are skipped.
+IoResult<std::vector<DirEntry>> list_dir(int dir_fd);
 
 // Creates the directories of `path` that are missing, each with mode 0700. The error names the one that failed.
 Status make_private_dirs(const std::string& path);

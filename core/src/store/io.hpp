@@ -70,12 +70,8 @@ bool exists_at(int dir_fd, const std::string& name);
 void notify(const PhaseObserver& observer, SavePhase phase);
 
 
-struct DirEntry {
-  std::string name;
-  struct stat st {};
-};
-// Every entry of a directory with its lstat, sorted by name; entries that vanish while listing are skipped.
-IoResult<std::vector<DirEntry>> list_dir(int dir_fd);
+using posix::DirEntry;
+using posix::list_dir;
 // Removes the tree `name` under parent_fd without following symlinks: links are unlinked, never entered; a
 // missing one is success.
 Status remove_tree(int parent_fd, const std::string& name, int depth = 0);
