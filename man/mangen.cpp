@@ -468,7 +468,7 @@ std::string page_spank() {
   page.item(italic("/usr/lib/x86_64-linux-gnu/slurm-wlm/spank_ckpt.so"),
             "The plugin, in Debian's Slurm PluginDir (so plugstack.conf may name it without a path).");
   page.item(italic("/etc/slurm/plugstack.conf"), "Where Debian's Slurm reads SPANK plugins from, by default.");
-  page.item(italic(std::string(ckpt::memtier::kNodeDir) + "/" + ckpt::memtier::kNodeDirPrefix + "UID.JOBID"),
+  page.item(italic(std::string(BuiltinDefaults::node_dir) + "/" + ckpt::memtier::kNodeDirPrefix + "UID.JOBID"),
             "A job's node tier on each node (under the site's node_dir): with --ckpt-memory, the ranks' staging in "
             "files, so that a relaunch in the job restores from them. The plugin's job epilog removes it when the job ends on the node, as the "
             "job's user; a dir of that name that is not the user's is left alone.");

@@ -7,7 +7,6 @@
 #include "ckpt/env_contract.hpp"
 #include "ckpt/hooks.hpp"
 #include "ckpt/log_level.hpp"
-#include "ckpt/memtier.hpp"
 #include "ckpt/parse.hpp"
 #include "ckpt/recovery.hpp"
 
@@ -407,7 +406,7 @@ Status read_memory_tier(Lookup& lookup, Config& c) {
     return n;
   };
   if (Status e = read(lookup, "memory_distance", c.memory_distance, parse_distance); !e) return e;
-  c.node_dir = memtier::kNodeDir;
+  c.node_dir = BuiltinDefaults::node_dir;
   if (auto s = lookup.get("node_dir")) {
     if (s->value == "off") {
       c.node_dir.clear();

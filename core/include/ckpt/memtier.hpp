@@ -79,10 +79,10 @@ std::vector<int> stride_wards(int rank, int world, int per_node, int distance);
 // for counts that differ or anything else.
 std::optional<int> uniform_tasks_per_node(std::string_view text);
 
-// The node tier (hooks/src/node_tier.hpp): a rank's staging in files of a node-local memory file system, so that a
-// process ckpt-run relaunches in the same job restores from them. Its dir under the node dir, per user and job: the
-// hooks make it (0700, the user's own), the plugin removes it when the job ends on the node.
-inline constexpr const char* kNodeDir = "/dev/shm";
+// The node tier (hooks/src/node_tier.hpp): a rank's staging in files of a node-local memory file system (the site's
+// node_dir=, BuiltinDefaults::node_dir), so that a process ckpt-run relaunches in the same job restores from them.
+// Its dir under the node dir, per user and job: the hooks make it (0700, the user's own), the plugin removes it when
+// the job ends on the node.
 inline constexpr const char* kNodeDirPrefix = "slurm-ckpt.";
 std::string node_dir_name(unsigned uid, std::string_view job);  // "slurm-ckpt.<uid>.<job>"
 

@@ -10,7 +10,6 @@
 #include <utility>
 #include <vector>
 
-#include "ckpt/memtier.hpp"
 #include "ckpt/result.hpp"
 
 namespace ckpt {
@@ -84,6 +83,26 @@ Status set_job_option(JobOptions& options, OptionId id, std::string_view value);
 // Forgets one option's value, so that an explicit value can replace one inherited from sbatch.
 void clear_job_option(JobOptions& options, OptionId id);
 
+// Built-in defaults used when neither the user nor the site gives a value.
+struct BuiltinDefaults {
+  static constexpr std::uint64_t keep = 3;
+  static constexpr bool last_words = true;
+  static constexpr std::uint64_t mtbf_s = 24 * 3600;  // a cautious guess for a small job; sites set node_mtbf
+  static constexpr std::uint64_t max_restarts = 3;
+  static constexpr std::uint64_t grace_s = 120;       // time for one terminal checkpoint of a mid-size model
+  static constexpr std::uint64_t spares = 0;          // spares are nodes that idle: a job asks for them
+  // Stragglers are reported, never acted on unasked: leaving a node out is the user's or the site's choice.
+  static constexpr const char* straggler = "0.70,report";
+  // A job goes on with fewer replicas only when asked: it changes the training's arithmetic.
+  static constexpr const char* shrink = "off";
+  // The memory tier holds checkpoints in host memory (own staging and a partner's copy): only when asked.
+  static constexpr std::uint64_t memory_bytes = 0;
+  static constexpr std::uint64_t memory_interval = 1;  // steps between memory-tier checkpoints
+  // Where the memory tier keeps staging as files for a relaunch (the site's node_dir=): a node-local memory file
+  // system every Linux node has (ckpt/memtier.hpp names the job's dir in it).
+  static constexpr const char* node_dir = "/dev/shm";
+};
+
 // Site policy, from the `key=value` arguments after the plugin path in plugstack.conf.
 struct SitePolicy {
   JobOptions defaults;                      // interval=, dir=, keep=, last_words=, mtbf=, max_restarts=, grace=,
@@ -102,7 +121,7 @@ struct SitePolicy {
   std::optional<std::uint64_t> max_memory;
   // Where a job's node tier lives (node_dir=; memtier.hpp): the ranks make their dir there, the plugin's job epilog
   // removes it. Empty: off.
-  std::string node_dir = memtier::kNodeDir;
+  std::string node_dir = BuiltinDefaults::node_dir;
 };
 
 // Whether a site's `controller=` is the controller's http(s) URL (else it is a spool directory).
@@ -120,22 +139,6 @@ std::string join_trusted_prefixes(const std::vector<std::string>& prefixes);
 // Parses plugstack.conf arguments. Fails closed: an unknown key or a bad value is an error naming it.
 Result<SitePolicy> parse_site_policy(const std::vector<std::string>& args);
 
-// Built-in defaults used when neither the user nor the site gives a value.
-struct BuiltinDefaults {
-  static constexpr std::uint64_t keep = 3;
-  static constexpr bool last_words = true;
-  static constexpr std::uint64_t mtbf_s = 24 * 3600;  // a cautious guess for a small job; sites set node_mtbf
-  static constexpr std::uint64_t max_restarts = 3;
-  static constexpr std::uint64_t grace_s = 120;       // time for one terminal checkpoint of a mid-size model
-  static constexpr std::uint64_t spares = 0;          // spares are nodes that idle: a job asks for them
-  // Stragglers are reported, never acted on unasked: leaving a node out is the user's or the site's choice.
-  static constexpr const char* straggler = "0.70,report";
-  // A job goes on with fewer replicas only when asked: it changes the training's arithmetic.
-  static constexpr const char* shrink = "off";
-  // The memory tier holds checkpoints in host memory (own staging and a partner's copy): only when asked.
-  static constexpr std::uint64_t memory_bytes = 0;
-  static constexpr std::uint64_t memory_interval = 1;  // steps between memory-tier checkpoints
-};
 
 // What a job is, for expanding --ckpt-dir.
 struct JobContext {
@@ -164,7 +167,7 @@ struct Settings {
   std::uint64_t max_interval_s = 0;  // 0: no maximum
   std::uint64_t memory_bytes = BuiltinDefaults::memory_bytes;  // within the site's max_memory; 0: off
   std::uint64_t memory_interval = BuiltinDefaults::memory_interval;
-  std::string node_dir = memtier::kNodeDir;  // the site's node_dir=; empty: off
+  std::string node_dir = BuiltinDefaults::node_dir;  // the site's node_dir=; empty: off
   // What the site's policy changed of the job's request, one line each without "ckpt: " ("--ckpt-memory: 8G is
   // above the site maximum of 4G: the memory tier uses 4G"): srun and sbatch show them to the user.
   std::vector<std::string> notices;

@@ -119,7 +119,7 @@ struct Config {
   int memory_distance = 1;                 // CKPT_MEMORY_DISTANCE: the partner sits this many nodes away, >= 1
   // CKPT_NODE_DIR: with the memory tier in a job, staging lives in files under <node_dir>/slurm-ckpt.<uid>.<job>/,
   // so that a rank ckpt-run relaunches on the same node restores from them; empty ("off"): anonymous memory.
-  std::string node_dir;  // the site's node_dir= as the plugin exports it; load_config's default: memtier::kNodeDir
+  std::string node_dir;  // the site's node_dir= as the plugin exports it; load_config's default: BuiltinDefaults::node_dir
 };
 
 // Resolves overrides over the environment. Ranks: an override, else RANK/WORLD_SIZE/LOCAL_RANK (torchrun), else
