@@ -471,7 +471,8 @@ std::string page_spank() {
   page.item(italic(std::string(BuiltinDefaults::node_dir) + "/" + ckpt::memtier::kNodeDirPrefix + "UID.JOBID"),
             "A job's node tier on each node (under the site's node_dir): with --ckpt-memory, the ranks' staging in "
             "files, so that a relaunch in the job restores from them. The plugin's job epilog removes it when the job ends on the node, as the "
-            "job's user; a dir of that name that is not the user's is left alone.");
+            "job's user, and its job prolog removes one an earlier job with the same id left; a dir of that name that "
+            "is not the user's is left alone.");
   page.section("SEE ALSO");
   page.raw(".BR spank (7),\n.BR ckpt (1),\n.BR ckpt\\-controller (8),\n.BR ckpt\\-run (1),\n.BR slurm.conf (5)");
   return page.str();

@@ -54,8 +54,10 @@ int remote_user_init(spank_t sp);
 // returned from user_init would make slurmctld drain the node for the user's mistake.
 int fail_tasks(const std::string& line);
 
-// slurmd's job epilog, as root: removes the job's node tier on this node (ckpt/memtier.hpp) as the job's user.
-// Returns 0 always: a failing epilog drains the node.
+// slurmd's job prolog and epilog, as root: remove the job's node tier on this node (ckpt/memtier.hpp) as the job's
+// user; at the prolog, one an earlier job with the same id left. Return 0 always: a failing prolog or epilog drains
+// the node.
+int job_prolog(spank_t sp, const std::vector<std::string>& args);
 int job_epilog(spank_t sp, const std::vector<std::string>& args);
 
 // Remote context, in each task as its user: when the step was failed, prints the reason to the job's output

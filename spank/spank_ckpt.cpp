@@ -86,8 +86,13 @@ CKPT_SPANK_EXPORT int slurm_spank_task_exit(spank_t sp, int /*ac*/, char** /*av*
   return guarded([&] { return spank_remote(sp) ? ckpt::spank::report_task_exit(sp) : 0; });
 }
 
-// Never -1: a failing epilog drains the node. slurm_spank_init is not called in this context: the site policy
-// comes with the arguments.
+// Never -1: a failing prolog or epilog drains the node. slurm_spank_init is not called in these contexts: the site
+// policy comes with the arguments.
+CKPT_SPANK_EXPORT int slurm_spank_job_prolog(spank_t sp, int ac, char** av) {
+  (void)guarded([&] { return ckpt::spank::job_prolog(sp, std::vector<std::string>(av, av + ac)); });
+  return 0;
+}
+
 CKPT_SPANK_EXPORT int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
   (void)guarded([&] { return ckpt::spank::job_epilog(sp, std::vector<std::string>(av, av + ac)); });
   return 0;

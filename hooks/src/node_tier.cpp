@@ -25,6 +25,22 @@ bool safe_name_char(char c) {
          c == '.';
 }
 
+// The files an index names that are its rank's (named by `prefix`, never the index itself) and lie in the job's
+// dir (a safe name: no '/', no "..").
+std::vector<std::string> files_named(const nlohmann::json& index, const std::string& prefix) {
+  std::vector<std::string> files;
+  if (!index.is_object() || !index.contains("buffers") || !index["buffers"].is_array()) return files;
+  for (const auto& b : index["buffers"]) {
+    if (!b.is_object() || !b.contains("file") || !b["file"].is_string()) continue;
+    const std::string file = b["file"].get<std::string>();
+    if (file.size() > prefix.size() && file.rfind(prefix, 0) == 0 && file != prefix + "json" &&
+        std::all_of(file.begin(), file.end(), safe_name_char)) {
+      files.push_back(file);
+    }
+  }
+  return files;
+}
+
 std::string host_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return {};
@@ -73,19 +89,8 @@ void NodeTier::adopt_earlier() {
     return;
   }
   const std::string prefix = file_prefix(identity_.checkpoint_dir, identity_.rank);
-  auto ours = [&](const std::string& file) {
-    return file.size() > prefix.size() && file.rfind(prefix, 0) == 0 && file != index &&
-           std::all_of(file.begin(), file.end(), safe_name_char);
-  };
   nlohmann::json j = nlohmann::json::parse(*text.value, nullptr, false);
-  std::vector<std::string> files;
-  if (j.is_object() && j.contains("buffers") && j["buffers"].is_array()) {
-    for (const auto& b : j["buffers"]) {
-      if (b.is_object() && b.contains("file") && b["file"].is_string() && ours(b["file"].get<std::string>())) {
-        files.push_back(b["file"].get<std::string>());
-      }
-    }
-  }
+  const std::vector<std::string> files = files_named(j, prefix);
   auto field = [&](const char* key) {
     return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string("?");
   };
@@ -113,7 +118,7 @@ void NodeTier::adopt_earlier() {
   for (const auto& b : j["buffers"]) {
     if (!b.is_object() || !b.contains("file") || !b["file"].is_string()) continue;
     const std::string file = b["file"].get<std::string>();
-    if (!ours(file)) continue;
+    if (std::find(files.begin(), files.end(), file) == files.end()) continue;
     found_files_.push_back(file);
     if (!b.contains("step") || !b["step"].is_number_unsigned() || !b.contains("pieces") || !b["pieces"].is_array()) {
       continue;  // a snapshot was being written into it
@@ -177,15 +182,8 @@ void NodeTier::remove_left_behind() {
     }
     const auto pid = j["pid"].get<long long>();
     if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // its writer may live
-    const std::string prefix = file_prefix(identity_.checkpoint_dir, other);
-    if (j.contains("buffers") && j["buffers"].is_array()) {
-      for (const auto& b : j["buffers"]) {
-        if (!b.is_object() || !b.contains("file") || !b["file"].is_string()) continue;
-        const std::string file = b["file"].get<std::string>();
-        if (file.rfind(prefix, 0) == 0 && file.find('/') == std::string::npos) {
-          (void)::unlinkat(dir_.get(), file.c_str(), 0);
-        }
-      }
+    for (const std::string& file : files_named(j, file_prefix(identity_.checkpoint_dir, other))) {
+      (void)::unlinkat(dir_.get(), file.c_str(), 0);
     }
     (void)::unlinkat(dir_.get(), name.c_str(), 0);
     log::info(identity_.rank, "node tier: removed the staging files rank " + std::to_string(other) +

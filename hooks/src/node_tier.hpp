@@ -20,7 +20,8 @@
 // checkpoint dir and this rank; another run's index is said in one line, and its files are removed. A relaunch that
 // moved or shrank the job leaves files of ranks that no longer run on this node: where this launch's ranks on the
 // node are known (SLURM_GTIDS) and the process that wrote such an index is gone, they are removed at open. The
-// plugin removes the dir when the job ends on the node (slurm_spank_job_epilog, as the job's user).
+// plugin removes the dir when the job ends on the node (slurm_spank_job_epilog, as the job's user), and before the
+// job's first task on the node (slurm_spank_job_prolog: an earlier job with the same id left it, its epilog failed).
 //
 // Threads: the worker (allocate, drop, whole) and the training thread (overwriting, found, release_found; allocate
 // and drop after wait_idle). Every function is thread-safe.

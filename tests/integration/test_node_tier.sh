@@ -10,8 +10,10 @@
 #     final weights are bitwise those of an uninterrupted run.
 #  3. The job ends: the plugin's epilog removes its node tier.
 #  4. Another job resumes from the same checkpoint dir with the first job's node tier (a copy taken after the crash:
-#     the very bytes of the checkpoint) planted in its own node tier's dir. It is never used: each rank says whose it
-#     was and reads its shard from the dir; the final weights are bitwise the same again.
+#     the very bytes of the checkpoint) planted in its own node tier's dir, as a reused job id would find a tier
+#     whose epilog failed. Planted before the job's first step, the plugin's job prolog removes it. Planted after,
+#     it is never used: each rank says whose it was and reads its shard from the dir; the final weights are bitwise
+#     the same again.
 #  5. Attacks on the epilog (root): links to root's files in, or as, a user's node tier dir are removed, never what
 #     they point at; another user's dir made under a job's name is refused by its ranks and left alone at the end.
 #  6. plugstack.conf broken while a job runs: the job's epilog (which loads the plugin) drains no node.
@@ -99,6 +101,10 @@ pass "job $first ended: the epilog removed $(tier_dir "$first")"
 # ---- 4. another job's tier in this job's dir, with the checkpoint's very bytes: never used ----
 allocate second
 second=$job
+cp -a "$SCRATCH/first-tier" "$(tier_dir "$second")"
+srun -N3 -w 'n[1-3]' --jobid="$second" true || fail "the second job's first step failed"
+[ -e "$(tier_dir "$second")" ] && { ls -la "$(tier_dir "$second")" >&2; fail "the job prolog left job $first's node tier planted in job $second's dir"; }
+pass "job $first's node tier planted in job $second's dir before its first step: the job prolog removed it"
 cp -a "$SCRATCH/first-tier" "$(tier_dir "$second")"
 train "$SCRATCH/second.log" "$SCRATCH/second.bin" --jobid="$second" --ckpt-memory=512M --ckpt-dir="$SCRATCH/ckpt" ||
   { cat "$SCRATCH/second.log" >&2; fail "the second job failed"; }

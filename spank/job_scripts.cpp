@@ -1,7 +1,11 @@
-// slurmd's job epilog (slurm_spank_job_epilog): when a job ends on a node, its node tier goes (ckpt/memtier.hpp:
-// staging files under the site's node_dir=, /dev/shm by default, that outlive the job's processes on purpose, for a
-// relaunch inside the job). The removal
-// runs in a child that has become the job's owner: root removes nothing the owner could not.
+// slurmd's job prolog and epilog (slurm_spank_job_prolog, slurm_spank_job_epilog) remove the job's node tier on the
+// node (ckpt/memtier.hpp: staging files under the site's node_dir=, /dev/shm by default, that outlive the job's
+// processes on purpose, for a relaunch inside the job):
+//   epilog  when the job ends on the node: the tier's memory goes back;
+//   prolog  before the job's first task on the node: whatever is there under the job's name was left by an earlier
+//           job with the same id (ids are reused after a reset or a wrap) whose epilog failed, and is never this
+//           job's.
+// The removal runs in a child that has become the job's owner: root removes nothing the owner could not.
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,12 +22,14 @@
 
 namespace ckpt::spank {
 
-int job_epilog(spank_t sp, const std::vector<std::string>& args) {
+namespace {
+
+int remove_node_tier(spank_t sp, const std::vector<std::string>& args, const std::string& script) {
   // The site's node_dir=, which the ranks were given. A plugstack.conf broken since the job started is said and
-  // cleans nothing (every new step refuses it already); the epilog must not fail for it.
+  // cleans nothing (every new step refuses it already); the script must not fail for it.
   auto policy = parse_site_policy(args);
   if (!policy) {
-    log_error("job epilog: " + policy.error() + "; the job's node tier is not removed");
+    log_error(script + ": " + policy.error() + "; the job's node tier is not removed");
     return 0;
   }
   const std::string node_dir = policy->node_dir;
@@ -59,10 +65,19 @@ int job_epilog(spank_t sp, const std::vector<std::string>& args) {
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    log_error("job " + std::to_string(job_id) + ": the node tier " + path + " was not removed (helper status " +
-              std::to_string(status) + ")");
+    log_error("job " + std::to_string(job_id) + ": " + script + ": the node tier " + path +
+              " was not removed (helper status " + std::to_string(status) + ")");
+  } else if (script == "job prolog") {
+    log_user("job " + std::to_string(job_id) + ": job prolog: removed " + path +
+             ", left by an earlier job with the same id");
   }
   return 0;
 }
+
+}  // namespace
+
+int job_prolog(spank_t sp, const std::vector<std::string>& args) { return remove_node_tier(sp, args, "job prolog"); }
+
+int job_epilog(spank_t sp, const std::vector<std::string>& args) { return remove_node_tier(sp, args, "job epilog"); }
 
 }  // namespace ckpt::spank
