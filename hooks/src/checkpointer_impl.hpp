@@ -240,7 +240,8 @@ struct Checkpointer::Impl {
   bool commit_when_all_wrote(const PersistJob& job);
   void persist(const std::shared_ptr<const PersistJob>& job);
   // Worker, memory tier: `job`'s snapshot is whole in staging; its copy to the partner.
-  void keep_in_memory(const std::shared_ptr<const PersistJob>& job);
+  // sums: each piece's XXH3-64 where the node tier took them already; empty: the copy computes them.
+  void keep_in_memory(const std::shared_ptr<const PersistJob>& job, const std::vector<std::uint64_t>& sums);
   // The partner left the heartbeat network in order (it finished training first): a failed copy is no fault then.
   bool partner_left() const;
   // Whether `step` is a memory checkpoint: every CKPT_MEMORY_INTERVAL steps, or (auto) where rank 0 asked for one.
@@ -306,6 +307,12 @@ struct Checkpointer::Impl {
 
   // Leader (or the only rank): the candidate after `failed`, the plugin's choice first when it has not been tried.
   RestorePlan choose(const std::vector<std::uint64_t>& failed, bool& plugin_tried);
+  // Leader: `dir_plan`, or the newest memory snapshot this rank's node tier holds that is newer, of this world size
+  // and not passed over yet (node_failed: the steps of such rounds that failed).
+  RestorePlan prefer_node_tier(RestorePlan dir_plan, const std::vector<std::uint64_t>& node_failed) const;
+  // Every rank: the regions from the memory snapshot `plan` names in this rank's node tier, each checked against
+  // its checksum; a rank that does not hold it whole fails the round (definite: every rank walks back).
+  Status load_from_node_tier(const RestorePlan& plan);
   // Reads this rank's shard of the candidate into host staging, checked as it is read; a definite error means
   // the checkpoint is bad.
   Status load(const RestorePlan& plan, bool& definite);

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <unordered_map>
 
+#include <xxhash.h>
+
 #include "checkpointer_impl.hpp"
 #include "log.hpp"
 
@@ -52,6 +54,67 @@ RestorePlan Checkpointer::Impl::choose(const std::vector<std::uint64_t>& failed,
   for (const std::string& line : resolved.log) log::info(rank, line);
   if (!resolved.step || !resolved.manifest) return plan;
   return {resolved.step, config.dir, resolved.manifest->kind, resolved.manifest->world_size};
+}
+
+RestorePlan Checkpointer::Impl::prefer_node_tier(RestorePlan dir_plan,
+                                                const std::vector<std::uint64_t>& node_failed) const {
+  if (!node) return dir_plan;
+  for (const NodeTier::Snapshot& s : node->found_snapshots()) {  // newest first
+    if (dir_plan.step && s.step <= *dir_plan.step) break;
+    if (s.world_size != config.world_size ||
+        std::find(node_failed.begin(), node_failed.end(), s.step) != node_failed.end()) {
+      continue;
+    }
+    log::info(rank, "node tier: step " + std::to_string(s.step) + " of launch " + s.launch +
+                        " is in this node's memory, newer than " +
+                        (dir_plan.step ? "step " + std::to_string(*dir_plan.step) : std::string("anything")) +
+                        " in " + config.dir + ": every rank tries it first");
+    RestorePlan plan;
+    plan.step = s.step;
+    plan.root = config.dir;
+    plan.world_size = s.world_size;
+    plan.node_launch = s.launch;
+    return plan;
+  }
+  return dir_plan;
+}
+
+Status Checkpointer::Impl::load_from_node_tier(const RestorePlan& plan) {
+  const std::string at = "step " + std::to_string(*plan.step) + " of launch " + plan.node_launch + ": ";
+  const NodeTier::Snapshot* found = nullptr;
+  if (node) {
+    for (const NodeTier::Snapshot& s : node->found_snapshots()) {
+      if (s.step == *plan.step && s.launch == plan.node_launch) found = &s;
+    }
+  }
+  if (found == nullptr) return Status::failure(at + "not in this rank's node tier");
+  if (found->world_size != config.world_size) {
+    return Status::failure(at + "written by " + std::to_string(found->world_size) + " ranks, not " +
+                           std::to_string(config.world_size));
+  }
+  restored.regions.clear();
+  std::uint64_t bytes = 0;
+  for (const NodeTier::SnapshotPiece& p : found->pieces) {
+    if (XXH3_64bits(p.data, p.size) != p.checksum) {
+      restored.regions.clear();
+      return Status::failure(at + "'" + p.name + "' in the node tier no longer matches its checksum");
+    }
+    bytes += p.size;
+    restored.regions.push_back({p.name, p.meta.dump(), p.data, p.size});
+  }
+  for (const RegionSpec& r : regions) {
+    auto it = std::find_if(restored.regions.begin(), restored.regions.end(),
+                           [&](const RestoredRegion& x) { return x.name == r.name; });
+    if (it == restored.regions.end() || it->size != r.size) {
+      restored.regions.clear();
+      return Status::failure(at + "the node tier's snapshot lacks region '" + r.name + "' of " +
+                             std::to_string(r.size) + " bytes");
+    }
+  }
+  set_restore_bytes(0, bytes);
+  log::info(rank, at + std::to_string(found->pieces.size()) + " ranges (" + std::to_string(bytes) +
+                      " bytes) from this node's memory, checked against their checksums");
+  return Status::success();
 }
 
 Status Checkpointer::Impl::load_reshard_ranges(const std::string& root, const store::Manifest& m, int source,
@@ -303,6 +366,10 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
   definite = false;
   restored.resharded = false;
   restored.ranges.clear();
+  if (!plan.node_launch.empty()) {
+    definite = true;  // not this rank's access to anything: the snapshot is not here, so every rank walks back
+    return load_from_node_tier(plan);
+  }
   ShardChoice choice;
   if (Status s = choose_shard(plan, choice, definite); !s) return s;
   if (choice.relayout) return load_relayout(plan.root, *choice.manifest, definite);
@@ -334,11 +401,13 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
 
 Result<std::optional<std::uint64_t>> Checkpointer::Impl::agree_and_load(RestoreAgreement* agreement, RestorePlan& plan) {
   const bool leader = agreement == nullptr || rank == 0;
-  std::vector<std::uint64_t> failed;
+  std::vector<std::uint64_t> failed, node_failed;
   bool plugin_tried = false;
   for (int round = 0;; ++round) {
     if (leader) {
-      plan = choose(failed, plugin_tried);
+      const bool plugin_was_tried = plugin_tried;
+      plan = prefer_node_tier(choose(failed, plugin_tried), node_failed);
+      if (!plan.node_launch.empty()) plugin_tried = plugin_was_tried;  // the dir's choice comes next, unchanged
       // Before any rank learns the step: the others write nothing until then (each round, as the step may walk back).
       if (rank == 0) discard_incomplete_above(plan.step.value_or(0));
       if (agreement) {
@@ -365,6 +434,12 @@ Result<std::optional<std::uint64_t>> Checkpointer::Impl::agree_and_load(RestoreA
       return Error{"ckpt: step " + std::to_string(*plan.step) + ": restore stopped: " + outcome.reason};
     }
     if (!status) log::warn(rank, status.error() + "; every rank walks back");
+    if (!plan.node_launch.empty()) {
+      // Nothing in the dir was at fault: nothing is marked.
+      if (leader) log::info(rank, outcome.reason + "; every rank walks back to the checkpoint dir");
+      node_failed.push_back(*plan.step);
+      continue;
+    }
     if (leader) {
       Status marked = store::mark_failed(plan.root, *plan.step, outcome.reason, run_fence(config));
       log::warn(rank, outcome.reason + (marked ? "; marked FAILED" : "; not marked FAILED: " + marked.error()) +
@@ -426,7 +501,8 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
     Stats s = stats_copy();
     char in[32];
     std::snprintf(in, sizeof in, " in %.3f s (", took);
-    log::info(rank, "restored step " + std::to_string(step) + " from " + plan.root + in +
+    log::info(rank, "restored step " + std::to_string(step) + " from " +
+                        (plan.node_launch.empty() ? plan.root : "the node tier") + in +
                         std::to_string(s.restore_read_bytes) + " bytes read, " +
                         std::to_string(s.restore_live_bytes) + " found in memory)");
   }

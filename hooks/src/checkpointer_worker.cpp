@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include <xxhash.h>
+
 #include "checkpointer_impl.hpp"
 #include "ckpt/memtier.hpp"
 #include "ckpt/parse.hpp"
@@ -48,7 +50,8 @@ void Checkpointer::Impl::update_staging_stats() {
 // anonymous, with one line.
 void Checkpointer::Impl::open_node_tier() {
   if (config.memory_bytes == 0 || config.node_dir.empty() || config.job_id.empty()) return;
-  NodeTier::Identity identity{config.job_id, config.restart_count, {}, config.dir, rank, {}};
+  NodeTier::Identity identity{config.job_id, config.restart_count, {}, config.dir, rank, {}, config.run_id,
+                              config.world_size};
   if (const char* gtids = std::getenv("SLURM_GTIDS")) {  // this step's ranks on this node, from slurmstepd
     for (const std::string& id : split(gtids, ',')) {
       if (auto n = parse_uint(id); n && *n < (1u << 24)) identity.node_ranks.push_back(static_cast<int>(*n));
@@ -219,7 +222,8 @@ bool Checkpointer::Impl::commit_when_all_wrote(const PersistJob& job) {
 
 // Worker, memory tier: the snapshot is whole in staging, which the last words may now write from, and its copy
 // goes to the partner. A failed copy costs only this memory checkpoint: the partner keeps the one before.
-void Checkpointer::Impl::keep_in_memory(const std::shared_ptr<const PersistJob>& job) {
+void Checkpointer::Impl::keep_in_memory(const std::shared_ptr<const PersistJob>& job,
+                                        const std::vector<std::uint64_t>& sums) {
   {
     std::lock_guard<std::mutex> lock(mu);
     whole_snapshot = job;
@@ -241,7 +245,7 @@ void Checkpointer::Impl::keep_in_memory(const std::shared_ptr<const PersistJob>&
   }
   if (tier->settings().partner < 0) return;
   auto t0 = Clock::now();
-  Status sent = tier->send(job->step, job->pieces);
+  Status sent = tier->send(job->step, job->pieces, sums);
   const double took = seconds_since(t0);
   std::uint64_t failures = 0;
   {
@@ -288,8 +292,14 @@ void Checkpointer::Impl::persist(const std::shared_ptr<const PersistJob>& whole)
   double copy_s = job.host_copy ? pool->last_batch_seconds() : 0;
   Status outcome = job.error.empty() ? Status::success() : Status::failure(job.error);
   if (job.device_copy) outcome = device->wait();
-  if (node && outcome) node->whole(job.step, job.pieces);
-  if (tier && outcome) keep_in_memory(whole);
+  // Each piece's XXH3-64, once: the node tier's index keeps it and the partner's copy carries it.
+  std::vector<std::uint64_t> sums;
+  if (node && outcome) {
+    sums.reserve(job.pieces.size());
+    for (const Piece& p : job.pieces) sums.push_back(XXH3_64bits(p.data, p.size));
+    node->whole(job.step, job.pieces, sums);
+  }
+  if (tier && outcome) keep_in_memory(whole, sums);
   if (job.memory_only) {
     std::lock_guard<std::mutex> lock(mu);
     stats.last_copy_s = copy_s;

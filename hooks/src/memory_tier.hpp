@@ -69,7 +69,8 @@ class MemoryTier {
   void set_staging_bytes(std::uint64_t bytes);
 
   // Persist thread: `pieces` of `step` to the partner; returns once the partner kept the copy (or refused it).
-  Status send(std::uint64_t step, const std::vector<Piece>& pieces);
+  // sums: each piece's XXH3-64 where the caller has them already; empty: computed here.
+  Status send(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::uint64_t>& sums = {});
   // Where the partner refused a copy because it does not fit its budget: the bytes it would need there.
   std::optional<std::uint64_t> partner_needs() const;
 

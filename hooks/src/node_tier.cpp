@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/memtier.hpp"
@@ -19,6 +20,38 @@ namespace ckpt::hooks {
 namespace {
 
 constexpr std::size_t kMaxIndexBytes = 64u << 20;  // a piece per tensor: hundreds of thousands fit
+// The pieces of a snapshot outside staging (the optimizer's and the program's pickles) go into the index, as hex,
+// up to this much; a snapshot with more is not resumed from (its buffers still serve restore's ranges).
+constexpr std::size_t kMaxInlineBytes = 4u << 20;
+
+std::string to_hex(const std::byte* data, std::size_t size) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out(2 * size, '0');
+  for (std::size_t i = 0; i < size; ++i) {
+    const auto b = static_cast<unsigned char>(data[i]);
+    out[2 * i] = digits[b >> 4];
+    out[2 * i + 1] = digits[b & 15];
+  }
+  return out;
+}
+
+std::optional<std::vector<std::byte>> from_hex(const std::string& text) {
+  auto value = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  if (text.size() % 2 != 0) return std::nullopt;
+  std::vector<std::byte> out(text.size() / 2);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const int hi = value(text[2 * i]), lo = value(text[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out[i] = static_cast<std::byte>(hi * 16 + lo);
+  }
+  return out;
+}
+
+bool is_u64(const nlohmann::json& j, const char* key) { return j.contains(key) && j[key].is_number_unsigned(); }
 
 bool safe_name_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
@@ -131,20 +164,62 @@ void NodeTier::adopt_earlier() {
       log::warn(identity_.rank, "node tier: " + path_ + "/" + file + ": " + map.error());
       continue;
     }
+    // A snapshot to resume from needs every piece's checksum and the pieces outside staging, inline.
+    const std::uint64_t step = b["step"].get<std::uint64_t>();
+    Snapshot snapshot{step, b.contains("launch") && b["launch"].is_string() ? b["launch"].get<std::string>() : "",
+                      b.contains("world") && b["world"].is_number_integer() ? b["world"].get<int>() : 0, {}};
+    bool resumable = !snapshot.launch.empty() && b.contains("complete") && b["complete"] == true;
     for (const auto& p : b["pieces"]) {
-      if (!p.is_object() || !p.contains("name") || !p["name"].is_string() || !p.contains("offset") ||
-          !p["offset"].is_number_unsigned() || !p.contains("size") || !p["size"].is_number_unsigned()) {
+      if (!p.is_object() || !p.contains("name") || !p["name"].is_string() || !is_u64(p, "offset") ||
+          !is_u64(p, "size")) {
+        resumable = false;
         continue;
       }
       const auto offset = p["offset"].get<std::uint64_t>();
       const auto size = p["size"].get<std::uint64_t>();
-      if (offset > map->size() || size > map->size() - offset) continue;  // the checksums would refuse it anyway
+      if (offset > map->size() || size > map->size() - offset) {  // the checksums would refuse it anyway
+        resumable = false;
+        continue;
+      }
       found_.push_back({p["name"].get<std::string>(), map->data() + offset, static_cast<std::size_t>(size)});
+      if (!is_u64(p, "checksum")) resumable = false;
+      if (resumable) {
+        snapshot.pieces.push_back({p["name"].get<std::string>(), p.contains("meta") ? p["meta"] : nlohmann::json(),
+                                   map->data() + offset, static_cast<std::size_t>(size),
+                                   p["checksum"].get<std::uint64_t>()});
+      }
+    }
+    if (resumable && b.contains("inline") && b["inline"].is_array()) {
+      for (const auto& p : b["inline"]) {
+        auto bytes = p.is_object() && p.contains("hex") && p["hex"].is_string() ? from_hex(p["hex"].get<std::string>())
+                                                                              : std::nullopt;
+        if (!bytes || !p.contains("name") || !p["name"].is_string() || !is_u64(p, "checksum")) {
+          resumable = false;
+          break;
+        }
+        found_blobs_.push_back(std::move(*bytes));
+        snapshot.pieces.push_back({p["name"].get<std::string>(), p.contains("meta") ? p["meta"] : nlohmann::json(),
+                                   found_blobs_.back().data(), found_blobs_.back().size(),
+                                   p["checksum"].get<std::uint64_t>()});
+      }
+    }
+    if (resumable) {
+      // One snapshot may lie in several buffers: the entries of one step and launch are one.
+      auto same = std::find_if(snapshots_.begin(), snapshots_.end(), [&](const Snapshot& s) {
+        return s.step == snapshot.step && s.launch == snapshot.launch;
+      });
+      if (same == snapshots_.end()) {
+        snapshots_.push_back(std::move(snapshot));
+      } else {
+        for (SnapshotPiece& p : snapshot.pieces) same->pieces.push_back(std::move(p));
+      }
     }
     steps += (steps.empty() ? "" : ", ") + std::to_string(b["step"].get<std::uint64_t>());
     found_entries_.push_back(b);
     found_maps_.push_back(std::move(map).value());
   }
+  std::sort(snapshots_.begin(), snapshots_.end(),
+            [](const Snapshot& a, const Snapshot& b) { return a.step > b.step; });
   if (!steps.empty()) {
     log::info(identity_.rank, "node tier: an earlier process of this job left the snapshots of step(s) " + steps +
                                   " in " + path_ + "; restore takes the ranges that match the checkpoint from them");
@@ -225,23 +300,51 @@ void NodeTier::overwriting(const std::byte* data) {
   write_index();
 }
 
-void NodeTier::whole(std::uint64_t step, const std::vector<Piece>& pieces) {
+void NodeTier::whole(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::uint64_t>& sums) {
   std::lock_guard<std::mutex> lock(mu_);
-  bool changed = false;
+  std::vector<bool> placed(pieces.size(), false);
+  Buffer* first = nullptr;
   for (Buffer& b : buffers_) {
     std::vector<store::LiveRange> in;
-    for (const Piece& p : pieces) {
+    std::vector<std::uint64_t> in_sums;
+    std::vector<nlohmann::json> in_metas;
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const Piece& p = pieces[i];
       if (p.size > 0 && p.data >= b.data && p.data + p.size <= b.data + b.size) {
         in.push_back({p.name, p.data, p.size});
+        in_sums.push_back(i < sums.size() ? sums[i] : 0);
+        in_metas.push_back(p.meta);
+        placed[i] = true;
       }
     }
     if (in.empty()) continue;
     b.whole = true;
     b.step = step;
     b.pieces = std::move(in);
-    changed = true;
+    b.sums = std::move(in_sums);
+    b.metas = std::move(in_metas);
+    b.blobs = nlohmann::json::array();
+    if (first == nullptr) first = &b;
   }
-  if (changed) write_index();
+  if (first == nullptr) return;
+  // The rest (blobs; pieces of pinned staging) goes inline with the first buffer, when it is small.
+  nlohmann::json blobs = nlohmann::json::array();
+  std::size_t inline_bytes = 0;
+  for (std::size_t i = 0; i < pieces.size() && sums.size() == pieces.size(); ++i) {
+    if (placed[i]) continue;
+    inline_bytes += pieces[i].size;
+    if (inline_bytes > kMaxInlineBytes) {
+      blobs = nlohmann::json();
+      break;
+    }
+    blobs.push_back({{"name", pieces[i].name},
+                     {"meta", pieces[i].meta},
+                     {"checksum", sums[i]},
+                     {"hex", to_hex(pieces[i].data, pieces[i].size)}});
+  }
+  if (sums.size() != pieces.size()) blobs = nlohmann::json();
+  first->blobs = std::move(blobs);
+  write_index();
 }
 
 void NodeTier::write_index() {
@@ -250,13 +353,21 @@ void NodeTier::write_index() {
     nlohmann::json e = {{"file", b.file}, {"size", b.size}};
     if (b.whole) {
       e["step"] = b.step;
+      e["launch"] = identity_.launch;
+      e["world"] = identity_.world_size;
       nlohmann::json pieces = nlohmann::json::array();
-      for (const store::LiveRange& p : b.pieces) {
+      for (std::size_t i = 0; i < b.pieces.size(); ++i) {
+        const store::LiveRange& p = b.pieces[i];
         pieces.push_back({{"name", p.name},
                           {"offset", static_cast<const std::byte*>(p.data) - b.data},
-                          {"size", p.size}});
+                          {"size", p.size},
+                          {"checksum", b.sums[i]},
+                          {"meta", b.metas[i]}});
       }
       e["pieces"] = std::move(pieces);
+      // Complete: every piece outside this buffer is inline here, or in another buffer's entry of the step.
+      e["complete"] = !b.blobs.is_null();
+      if (b.blobs.is_array() && !b.blobs.empty()) e["inline"] = b.blobs;
     }
     buffers.push_back(std::move(e));
   }
@@ -294,6 +405,8 @@ void NodeTier::release_found() {
   std::lock_guard<std::mutex> lock(mu_);
   if (found_files_.empty() && found_maps_.empty()) return;
   found_.clear();
+  snapshots_.clear();
+  found_blobs_.clear();
   found_maps_.clear();
   found_entries_ = nlohmann::json::array();
   for (const std::string& f : found_files_) (void)::unlinkat(dir_.get(), f.c_str(), 0);

@@ -12,9 +12,9 @@
 //                             two steps of one allocation training into different dirs never meet; token: the
 //                             creating process's, random)
 //   <d>.rank-<r>.json         the index: the job, restart count, host, checkpoint dir, rank and writing process it
-//                             belongs to, and per buffer its
-//                             file and, once a snapshot is whole in it, that snapshot's step and pieces (name,
-//                             offset, size).
+//                             belongs to, and per buffer its file and, once a snapshot is whole in it, that
+//                             snapshot's step, launch (run id) and world size, its pieces (name, offset, size,
+//                             XXH3-64, meta) and, inline, the small pieces that lie outside staging (the blobs).
 // The index is rewritten (atomically) before a snapshot overwrites a buffer and after it is whole in it. A
 // relaunched rank maps the buffers of an index only when it names this job and its restart count, this host, this
 // checkpoint dir and this rank; another run's index is said in one line, and its files are removed. A relaunch that
@@ -51,6 +51,24 @@ class NodeTier {
     std::string checkpoint_dir;
     int rank = 0;
     std::vector<int> node_ranks;  // this launch's ranks on this node (SLURM_GTIDS); empty: not known
+    std::string launch;           // this launch's run id: the snapshots of one launch are one timeline
+    int world_size = 1;
+  };
+
+  // A snapshot an earlier process left whole, as restore() may resume from it when it is newer than the checkpoint
+  // dir's: every piece with the XXH3-64 it had when it was whole.
+  struct SnapshotPiece {
+    std::string name;
+    nlohmann::json meta;
+    const std::byte* data = nullptr;
+    std::size_t size = 0;
+    std::uint64_t checksum = 0;
+  };
+  struct Snapshot {
+    std::uint64_t step = 0;
+    std::string launch;
+    int world_size = 0;
+    std::vector<SnapshotPiece> pieces;
   };
 
   // The job's dir's name under the node dir.
@@ -72,12 +90,15 @@ class NodeTier {
   void drop(const std::byte* data);
   // A snapshot starts writing into the buffer at `data`: the index no longer lists what it held.
   void overwriting(const std::byte* data);
-  // The snapshot of `step` is whole: the pieces that lie in a buffer here are listed for it.
-  void whole(std::uint64_t step, const std::vector<Piece>& pieces);
+  // The snapshot of `step` is whole: the pieces that lie in a buffer here are listed for it, each with its XXH3-64
+  // (`sums`, one per piece); the small ones that lie elsewhere (blobs) are copied into the index.
+  void whole(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::uint64_t>& sums);
 
   // What an earlier process of this job left for this rank, as memory restore() may take ranges from. Valid until
   // release_found().
   std::vector<store::LiveRange> found() const;
+  // The whole snapshots among them, newest first. Valid until release_found().
+  const std::vector<Snapshot>& found_snapshots() const { return snapshots_; }
   // Unmaps what found() offered and removes its files (the first snapshot of this process, or close()).
   void release_found();
   // Removes every file of this rank here, its index too (a restart in place: the process keeps its state itself).
@@ -92,6 +113,9 @@ class NodeTier {
     bool whole = false;
     std::uint64_t step = 0;
     std::vector<store::LiveRange> pieces;  // data points into the buffer
+    std::vector<std::uint64_t> sums;       // one per piece
+    std::vector<nlohmann::json> metas;     // one per piece
+    nlohmann::json blobs;                  // the snapshot's pieces outside staging, inline; null: none or too big
   };
   NodeTier() = default;
   void adopt_earlier();   // open(): the index an earlier process left
@@ -110,6 +134,8 @@ class NodeTier {
   std::vector<std::string> found_files_;  // guarded by mu_
   nlohmann::json found_entries_ = nlohmann::json::array();  // guarded by mu_: their index entries, kept listed
   std::vector<store::LiveRange> found_;   // guarded by mu_
+  std::vector<Snapshot> snapshots_;       // set by open(), cleared by release_found() (training thread)
+  std::vector<std::vector<std::byte>> found_blobs_;  // what snapshots_' inline pieces point into
 };
 
 }  // namespace ckpt::hooks

@@ -62,6 +62,7 @@ std::string to_json(const RestorePlan& plan) {
   j["root"] = plan.root;
   j["kind"] = store::to_string(plan.kind);
   j["world_size"] = plan.world_size;
+  if (!plan.node_launch.empty()) j["node_launch"] = plan.node_launch;
   return j.dump();
 }
 
@@ -87,6 +88,10 @@ Result<RestorePlan> parse_restore_plan(std::string_view text) {
   if (k != "periodic" && k != "terminal") return Error{"unknown kind '" + k + "'"};
   plan.kind = k == "terminal" ? store::Kind::Terminal : store::Kind::Periodic;
   plan.world_size = world->get<int>();
+  if (auto launch = j.find("node_launch"); launch != j.end()) {
+    if (!launch->is_string()) return Error{"node_launch is not a string"};
+    plan.node_launch = launch->get<std::string>();
+  }
   return plan;
 }
 

@@ -30,6 +30,10 @@ struct RestorePlan {
   std::string root;
   store::Kind kind = store::Kind::Periodic;
   int world_size = 0;
+  // Not empty: the memory snapshot of `step` that the launch with this run id left in every rank's node tier
+  // (node_tier.hpp), newer than any checkpoint in the dir; a rank that does not hold it whole fails the round, and
+  // every rank walks back to the dir's, which nothing marks.
+  std::string node_launch;
 };
 std::string to_json(const RestorePlan& plan);
 Result<RestorePlan> parse_restore_plan(std::string_view text);

@@ -12,6 +12,10 @@
 #include <vector>
 
 #include "hooks_test_util.hpp"
+#include <xxhash.h>
+
+#include <cstring>
+
 #include "node_tier.hpp"
 
 using namespace ckpt;
@@ -222,7 +226,7 @@ TEST_CASE("node tier: an index names its buffers' steps only while they are whol
   auto buffer = (*tier)->allocate(4096);
   REQUIRE(buffer.ok());
   std::memset(buffer->data(), 7, 4096);
-  (*tier)->whole(5, {Piece{"w", buffer->data() + 64, 100, {}}});
+  (*tier)->whole(5, {Piece{"w", buffer->data() + 64, 100, {}}}, {0});
   {
     auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}});
     REQUIRE(later.ok());
@@ -238,7 +242,7 @@ TEST_CASE("node tier: an index names its buffers' steps only while they are whol
     REQUIRE(later.ok());
     CHECK((*later)->found().empty());
   }
-  (*tier)->whole(6, {Piece{"w", buffer->data(), 10, {}}});
+  (*tier)->whole(6, {Piece{"w", buffer->data(), 10, {}}}, {0});
   SECTION("another host's index is not used") {
     auto elsewhere = NodeTier::open(node.path(), {"12", 0, "host-b", ckpt_dir.path(), 3});
     REQUIRE(elsewhere.ok());
@@ -276,7 +280,7 @@ TEST_CASE("node tier: files of a rank that no longer runs on this node, whose wr
     if (!tier) ::_exit(1);
     auto buffer = (*tier)->allocate(4096);
     if (!buffer) ::_exit(2);
-    (*tier)->whole(9, {Piece{"w", buffer->data(), 100, {}}});
+    (*tier)->whole(9, {Piece{"w", buffer->data(), 100, {}}}, {0});
     ::_exit(0);
   }
   int status = 0;
@@ -311,5 +315,63 @@ TEST_CASE("node tier: files of a rank that no longer runs on this node, whose wr
     REQUIRE(tier.ok());
     CHECK(files_of_5() == 0);
     CHECK(log.has("node tier: removed the staging files rank 5 left on this node, where it no longer runs"));
+  }
+}
+
+// A memory snapshot of step 5 newer than the dir's step 3, as a rank of a multi-node job leaves it: written here
+// through the node tier itself (a job of one rank takes no memory checkpoint: its partner would share its node).
+TEST_CASE("node tier: a relaunch resumes from a memory snapshot newer than the checkpoint dir's, checked",
+          "[hooks][node_tier]") {
+  test::TempDir dir, node;
+  test::LogCapture log;
+  const auto o = tier_options(dir.path(), node.path(), "4343");
+  train(o, 3);  // the dir holds step 3
+  int world = 1;
+  std::string launch = "earlier-launch";
+  bool flip = false;
+  SECTION("step 5 from the node's memory: nothing read from the dir") {}
+  SECTION("a flipped byte in step 5's staging: refused, every rank walks back to the dir's step 3, nothing marked") {
+    flip = true;
+  }
+  SECTION("a snapshot of a launch with another world size is not resumed from") { world = 2; }
+  {
+    NodeTier::Identity id{"4343", 0, {}, dir.path(), 0, {}, launch, world};
+    auto tier = NodeTier::open(node.path(), id);
+    REQUIRE(tier.ok());
+    auto buffer = (*tier)->allocate((1 << 20) + 4096);
+    REQUIRE(buffer.ok());
+    auto a = state_at(1 << 20, 5), b = state_at(100, 5);
+    std::memcpy(buffer->data(), a.data(), a.size());
+    std::memcpy(buffer->data() + (1 << 20), b.data(), b.size());
+    const std::string blob = "a pickle";  // outside staging: inline in the index
+    std::vector<Piece> pieces{{"a", buffer->data(), a.size(), {}},
+                              {"b", buffer->data() + (1 << 20), b.size(), {}},
+                              {"opt", reinterpret_cast<const std::byte*>(blob.data()), blob.size(), {{"k", 1}}}};
+    std::vector<std::uint64_t> sums;
+    for (const Piece& p : pieces) sums.push_back(XXH3_64bits(p.data, p.size));
+    (*tier)->whole(5, pieces, sums);
+    if (flip) buffer->data()[77] ^= std::byte{0x10};
+  }
+  Relaunch r = relaunch(o);
+  REQUIRE(r.step.ok());
+  if (world == 1 && !flip) {
+    CHECK(*r.step == 5);
+    CHECK((r.a == state_at(1 << 20, 5)));
+    CHECK((r.b == state_at(100, 5)));
+    CHECK(r.stats.restore_read_bytes == 0);
+    CHECK(r.stats.restore_live_bytes == (1u << 20) + 100 + 8);
+    CHECK(log.has("node tier: step 5 of launch earlier-launch is in this node's memory, newer than step 3"));
+    CHECK(log.has("restored step 5 from the node tier"));
+  } else {
+    CHECK(*r.step == 3);
+    CHECK((r.a == state_at(1 << 20, 3)));
+    CHECK((r.b == state_at(100, 3)));
+    if (flip) {
+      CHECK(log.has("'a' in the node tier no longer matches its checksum"));
+      CHECK(log.has("every rank walks back to the checkpoint dir"));
+    } else {
+      CHECK_FALSE(log.has("node tier: step 5"));
+    }
+    for (const auto& e : fs::recursive_directory_iterator(dir.path())) CHECK(e.path().filename() != "FAILED");
   }
 }
