@@ -6,8 +6,11 @@
 #     terminal checkpoint, the dead rank's shard from its partner's copy. Every rank's staging stays in
 #     /dev/shm/slurm-ckpt.<uid>.<job>.
 #  2. The relaunch in the same job: every rank, the killed one too, takes its state from the files its node kept,
-#     each range checked against the checkpoint's checksum, and reads next to nothing from the checkpoint dir. The
-#     final weights are bitwise those of an uninterrupted run.
+#     each range checked against the checkpoint's checksum (or, where every rank's node kept a newer memory step
+#     whole, that step, checked against the checksums its index keeps), and reads next to nothing from the
+#     checkpoint dir. The final weights are bitwise those of an uninterrupted run.
+#  2b. Every task killed at once (no survivor for last words), nothing in the checkpoint dir: the relaunch resumes every rank
+#     from the newest memory step their nodes kept, reading nothing from the dir; bitwise again.
 #  3. The job ends: the plugin's epilog removes its node tier.
 #  4. Another job resumes from the same checkpoint dir with the first job's node tier (a copy taken after the crash:
 #     the very bytes of the checkpoint) planted in its own node tier's dir, as a reused job id would find a tier
@@ -43,7 +46,7 @@ train() {
   while [ $# -gt 0 ] && [ "$1" != -- ]; do opts+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) \
-    srun -N3 -n3 -w 'n[1-3]' --ckpt-interval=100000steps --ckpt-last-words=on "${opts[@]}" \
+    srun -N3 -n3 -w 'n[1-3]' --ckpt-interval=100000steps --ckpt-last-words="${LAST_WORDS:-on}" "${opts[@]}" \
     "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py" --zero1 --extra-mib $EXTRA_MIB --steps $STEPS \
     --out "$out" "$@" > "$log" 2>&1
 }
@@ -79,7 +82,14 @@ pass "the tasks on $victim killed at step ~$at: terminal checkpoint of step $ter
 # ---- 2. the relaunch in the same job reads its state from the node tier ----
 train "$SCRATCH/relaunch.log" "$SCRATCH/first.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/ckpt" ||
   { cat "$SCRATCH/relaunch.log" >&2; fail "the relaunch failed"; }
-grep -q "resumed from step $term " "$SCRATCH/relaunch.log" || { cat "$SCRATCH/relaunch.log" >&2; fail "the relaunch did not resume from step $term"; }
+# The terminal checkpoint's step, or a newer memory step every rank's node kept whole (the last words wrote the
+# newest step whose every shard they could reach; the dead rank's own staging may hold a newer one).
+resumed=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\) .*/\1/p' "$SCRATCH/relaunch.log")
+[ -n "$resumed" ] && [ "$resumed" -ge "$term" ] || { cat "$SCRATCH/relaunch.log" >&2; fail "the relaunch did not resume from step $term or later"; }
+if [ "$resumed" -gt "$term" ]; then
+  [ "$(grep -c "restored step $resumed from the node tier" "$SCRATCH/relaunch.log")" -eq 3 ] ||
+    { grep "node tier\|restored" "$SCRATCH/relaunch.log" >&2; fail "step $resumed is newer than the dir's $term, but not every rank took it from its node tier"; }
+fi
 [ "$(grep -c "node tier: an earlier process of this job left the snapshots" "$SCRATCH/relaunch.log")" -eq 3 ] ||
   { grep "node tier\|restored" "$SCRATCH/relaunch.log" >&2; fail "not every rank found its node's staging"; }
 restored_bytes "$SCRATCH/relaunch.log" > "$SCRATCH/relaunch.bytes"
@@ -90,7 +100,40 @@ while read -r read_bytes held_bytes; do
 done < "$SCRATCH/relaunch.bytes"
 cmp -s "$SCRATCH/straight.bin" "$SCRATCH/first.bin" || fail "final weights differ after the relaunch from the node tier"
 sed 's/^/  bytes read, found in memory: /' "$SCRATCH/relaunch.bytes"
-pass "relaunched in job $first from step $term: every rank's state from its node's memory; final weights bitwise identical"
+pass "relaunched in job $first from step $resumed (the dir's newest: $term): every rank's state from its node's memory; final weights bitwise identical"
+
+# ---- 2b. every task killed at once, so no last words: the relaunch resumes from the node's memory snapshot ----
+# Nothing is in the checkpoint dir (no periodic checkpoint, no terminal one): the newest memory step every rank's
+# node kept is newer, and the relaunch takes it, checked, reading nothing from the dir.
+at=$((8 + RANDOM % 8))
+train "$SCRATCH/all.log" "$SCRATCH/all.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/whole" -- \
+  --step-sleep 0.2 &
+pid=$!
+wait_logged_step "$SCRATCH/all.log" "$at" || { cat "$SCRATCH/all.log" >&2; fail "no step $at"; }
+# Frozen together, then killed: no rank outlives another long enough for last words.
+tasks=$(for n in n1 n2 n3; do "$CLUSTER" task-pids "$n"; done)
+[ "$(wc -w <<< "$tasks")" -eq 3 ] || fail "not 3 tasks to kill: $tasks"
+# shellcheck disable=SC2086
+kill -STOP $tasks && kill -KILL $tasks
+for _ in $(seq 300); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+kill "$pid" 2> /dev/null || true
+wait "$pid" 2> /dev/null || true
+[ "$(latest_step "$SCRATCH/whole")" -eq 0 ] || fail "a checkpoint in $SCRATCH/whole after killing every task"
+train "$SCRATCH/all-relaunch.log" "$SCRATCH/all.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/whole" ||
+  { cat "$SCRATCH/all-relaunch.log" >&2; fail "the relaunch after killing every task failed"; }
+mem=$(sed -n 's/.*restored step \([0-9]*\) from the node tier .*/\1/p' "$SCRATCH/all-relaunch.log" | sort -u)
+[ "$(wc -w <<< "$mem")" -eq 1 ] && [ "$mem" -ge $((at - 2)) ] ||
+  { grep "node tier\|restored\|resumed" "$SCRATCH/all-relaunch.log" >&2; fail "the relaunch did not resume every rank from one memory step (got '$mem', killed at ~$at)"; }
+grep -q "resumed from step $mem " "$SCRATCH/all-relaunch.log" || fail "the relaunch did not resume from step $mem"
+restored_bytes "$SCRATCH/all-relaunch.log" > "$SCRATCH/all.bytes"
+[ "$(wc -l < "$SCRATCH/all.bytes")" -eq 3 ] || fail "not 3 restore lines after killing every task"
+while read -r read_bytes held_bytes; do
+  [ "$read_bytes" -eq 0 ] && [ "$held_bytes" -ge $((EXTRA_MIB << 20)) ] ||
+    { grep "node tier\|restored" "$SCRATCH/all-relaunch.log" >&2; fail "a rank read $read_bytes bytes from the dir and found $held_bytes in memory"; }
+done < "$SCRATCH/all.bytes"
+cmp -s "$SCRATCH/straight.bin" "$SCRATCH/all.bin" || fail "final weights differ after resuming from the node's memory"
+{ grep "walks back to the checkpoint dir" "$SCRATCH/all-relaunch.log" || true; } | head -1 | sed 's/^/  /'
+pass "every task killed at step ~$at with no checkpoint in the dir: resumed from memory step $mem on every rank, 0 bytes read; final weights bitwise identical"
 
 # ---- 3. the job's end removes its node tier ----
 scancel "$first"
