@@ -1,6 +1,7 @@
-// The restore, on the training thread before the first step. Rank 0 (or the only rank) picks the candidate: the
-// plugin's choice, else the newest checkpoint whose manifest lists a complete set of shards; nothing but manifests is
-// read for that. Every rank reads the one shard it restores into host staging, checking its checksum as it reads,
+// The restore, on the training thread before the first step. Rank 0 (or the only rank) picks the candidate: a memory
+// snapshot its node tier holds that is newer than the dir's choice (node_tier.hpp; a rank that does not hold it
+// whole walks every rank back, marking nothing), else the plugin's choice, else the newest checkpoint whose manifest
+// lists a complete set of shards; nothing but manifests is read for that. Every rank reads the one shard it restores into host staging, checking its checksum as it reads,
 // then copies it into the regions. A candidate any rank cannot load is marked FAILED once, by rank 0, and every
 // rank walks back to the same older one (restore_agreement.hpp).
 #include <sys/stat.h>
