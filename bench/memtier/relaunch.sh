@@ -11,10 +11,17 @@
 # Prints each way's median restore time (the hooks' "restored step S from DIR in T s"), the bytes read from the
 # checkpoint dir and found in memory, and the floor measured in the same run: one memcpy of a rank's shard (the
 # weights and half of AdamW's two moments: twice MIB).
-#   bench/memtier/relaunch.sh [MIB] [ROUNDS]      (default 256 MiB, 3 rounds; root, for drop_caches)
+# Then the whole job killed at once (both ranks frozen, then killed: no survivor for last words), with a periodic
+# checkpoint every K steps and a memory checkpoint every step, at a random step between K+5 and 2K-2. Both ranks
+# are started again, ROUNDS times each way, to restore and stop:
+#   dir   CKPT_NODE_DIR=off: the dir's newest periodic checkpoint, the page cache dropped first
+#   node  the node tier: the newest memory step both ranks' staging files hold
+# Prints the steps each way lost, its median restore time and the bytes it read from the checkpoint dir.
+#   bench/memtier/relaunch.sh [MIB] [ROUNDS] [K]  (default 256 MiB, 3 rounds, K 20; root, for drop_caches)
 set -euo pipefail
 MIB=${1:-256}
 ROUNDS=${2:-3}
+K=${3:-20}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 source "$SRC/bench/memtier/floor.sh"
 export PYTHONPATH=${CKPT_BUILD_DIR:-$SRC/build}/python${PYTHONPATH:+:$PYTHONPATH}
@@ -70,3 +77,38 @@ for r in 0 1; do
   done
 done
 echo "  floor: one memcpy of a rank's state $floor s"
+
+# ---- the whole job killed at once ----
+at=$((K + 5 + RANDOM % (K - 6)))
+launch all 1000 CKPT_DIR="$WORK/all" CKPT_INTERVAL="${K}steps"
+for _ in $(seq 3000); do
+  grep -q "^train_ddp: step $at " "$WORK/all.r0.log" 2> /dev/null && break
+  sleep 0.1
+done
+pids="$(cat "$WORK/all.pid0") $(cat "$WORK/all.pid1")"
+# shellcheck disable=SC2086
+kill -STOP $pids && kill -KILL $pids
+wait || true
+killed=$(sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$WORK/all.r0.log" | tail -1)
+periodic=$(sed 's/^0*//' "$WORK/all/latest" 2> /dev/null || true)
+[ -n "$periodic" ] || { tail -20 "$WORK/all.r0.log" >&2; echo "relaunch: no periodic checkpoint before step $killed" >&2; exit 1; }
+for i in $(seq "$ROUNDS"); do
+  for way in dir node; do
+    opts=(CKPT_DIR="$WORK/all" CKPT_INTERVAL="${K}steps")
+    [ "$way" = dir ] && { opts+=(CKPT_NODE_DIR=off); sync; echo 3 > /proc/sys/vm/drop_caches; }
+    launch "all-$way$i" 1 "${opts[@]}"  # resumes, trains no step (train_ddp.py runs steps start..STEPS-1)
+    wait
+    for r in 0 1; do
+      sed -n 's/.*restored step \([0-9]*\) from .* in \([0-9.]*\) s (\([0-9]*\) bytes read, .*/\2 \1 \3/p' \
+        "$WORK/all-$way$i.r$r.log" >> "$WORK/all-$way.rows"
+    done
+  done
+done
+echo "relaunch: the whole job killed at step $killed (rank 0's last logged step), a periodic checkpoint every $K steps, a memory checkpoint every step, $ROUNDS rounds per way"
+for way in dir node; do
+  [ "$(wc -l < "$WORK/all-$way.rows")" -eq $((2 * ROUNDS)) ] || { echo "  $way: not a restore line per rank and round" >&2; exit 1; }
+  [ "$(cut -d' ' -f2 "$WORK/all-$way.rows" | sort -u | wc -l)" -eq 1 ] || { echo "  $way: the ranks resumed different steps" >&2; exit 1; }
+  sort -n "$WORK/all-$way.rows" | awk -v way="$way" -v killed="$killed" '{ t[NR] = $1; s = $2; rd += $3 }
+    END { printf "  %-4s resumed from step %d (%d step(s) lost), median restore %.3f s, %.1f MiB read from the dir per rank\n",
+          way, s, killed - s, t[int((NR + 1) / 2)], rd / NR / 1048576 }'
+done
