@@ -9,6 +9,8 @@
 #    nothing; split {n1} | {n2,n3,n4}, both sides decide to write and the claim must stop one.
 #  - The checkpoint left is complete and verified (`ckpt verify`), at most one step behind the cut, and holds only
 #    the winning side's shards; a new run resumes from it and ends bitwise equal to an uninterrupted run.
+#  - The {n1} | {n2,n3,n4} split runs with the memory tier on (--ckpt-memory): a partner copy in flight across the cut
+#    holds no decision up.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/torch_lib.sh"
 have_torch || fail "needs python3-torch and a built slurm_ckpt"
@@ -28,7 +30,7 @@ train() {  # NAME [srun options...]: DP=4 on the four hosts, one output file per
   shift
   mkdir -p "$SCRATCH/$name"
   MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) srun -N4 -n4 -J "part-$tag" --ckpt-interval=1000steps \
-    --ckpt-last-words=on --ckpt-dir="$SCRATCH/$name/ckpt" -o "$SCRATCH/$name/out-%t" "$@" \
+    --ckpt-last-words=on ${MEMORY:+--ckpt-memory=$MEMORY} --ckpt-dir="$SCRATCH/$name/ckpt" -o "$SCRATCH/$name/out-%t" "$@" \
     "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_dp_tp.py" --tp 1 --steps $STEPS --out "$SCRATCH/$name/final" \
     --step-sleep 0.2
 }
@@ -57,6 +59,10 @@ split() {
     sleep 0.1
   done
   grep -h "last words: \(writing\|committed\|the terminal\|no decision\)" "$SCRATCH/$name"/out-* | sed 's/^/  /'
+  if [ -n "${MEMORY:-}" ]; then
+    [ "$(grep -l "memory tier: a checkpoint in memory every 1 step(s)" "$SCRATCH/$name"/out-* | wc -l)" -ge 1 ] ||
+      { tail -n 8 "$SCRATCH/$name"/out-* >&2; fail "$name: the memory tier did not start"; }
+  fi
   committers=$(grep -l "last words: committed the terminal checkpoint" "$SCRATCH/$name"/out-* || true)
   [ "$(echo "$committers" | grep -c .)" = 1 ] ||
     { tail -n 8 "$SCRATCH/$name"/out-* >&2; fail "$name: not exactly one side committed a terminal checkpoint"; }
@@ -93,5 +99,6 @@ split() {
 }
 
 split halves n3 n4          # {n1,n2} | {n3,n4}
-MUST_CLAIM=yes split alone n1   # {n1} | {n2,n3,n4}: n1's rank 0 holds a whole replica too
+# With the memory tier on: partner copies cross the cut too, and their links hang there as the heartbeats' do.
+MUST_CLAIM=yes MEMORY=256M split alone n1   # {n1} | {n2,n3,n4}: n1's rank 0 holds a whole replica too
 finish
