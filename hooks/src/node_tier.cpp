@@ -164,56 +164,7 @@ void NodeTier::adopt_earlier() {
       log::warn(identity_.rank, "node tier: " + path_ + "/" + file + ": " + map.error());
       continue;
     }
-    // A snapshot to resume from needs every piece's checksum and the pieces outside staging, inline.
-    const std::uint64_t step = b["step"].get<std::uint64_t>();
-    Snapshot snapshot{step, b.contains("launch") && b["launch"].is_string() ? b["launch"].get<std::string>() : "",
-                      b.contains("world") && b["world"].is_number_integer() ? b["world"].get<int>() : 0, {}};
-    bool resumable = !snapshot.launch.empty() && b.contains("complete") && b["complete"] == true;
-    for (const auto& p : b["pieces"]) {
-      if (!p.is_object() || !p.contains("name") || !p["name"].is_string() || !is_u64(p, "offset") ||
-          !is_u64(p, "size")) {
-        resumable = false;
-        continue;
-      }
-      const auto offset = p["offset"].get<std::uint64_t>();
-      const auto size = p["size"].get<std::uint64_t>();
-      if (offset > map->size() || size > map->size() - offset) {  // the checksums would refuse it anyway
-        resumable = false;
-        continue;
-      }
-      found_.push_back({p["name"].get<std::string>(), map->data() + offset, static_cast<std::size_t>(size)});
-      if (!is_u64(p, "checksum")) resumable = false;
-      if (resumable) {
-        snapshot.pieces.push_back({p["name"].get<std::string>(), p.contains("meta") ? p["meta"] : nlohmann::json(),
-                                   map->data() + offset, static_cast<std::size_t>(size),
-                                   p["checksum"].get<std::uint64_t>()});
-      }
-    }
-    if (resumable && b.contains("inline") && b["inline"].is_array()) {
-      for (const auto& p : b["inline"]) {
-        auto bytes = p.is_object() && p.contains("hex") && p["hex"].is_string() ? from_hex(p["hex"].get<std::string>())
-                                                                              : std::nullopt;
-        if (!bytes || !p.contains("name") || !p["name"].is_string() || !is_u64(p, "checksum")) {
-          resumable = false;
-          break;
-        }
-        found_blobs_.push_back(std::move(*bytes));
-        snapshot.pieces.push_back({p["name"].get<std::string>(), p.contains("meta") ? p["meta"] : nlohmann::json(),
-                                   found_blobs_.back().data(), found_blobs_.back().size(),
-                                   p["checksum"].get<std::uint64_t>()});
-      }
-    }
-    if (resumable) {
-      // One snapshot may lie in several buffers: the entries of one step and launch are one.
-      auto same = std::find_if(snapshots_.begin(), snapshots_.end(), [&](const Snapshot& s) {
-        return s.step == snapshot.step && s.launch == snapshot.launch;
-      });
-      if (same == snapshots_.end()) {
-        snapshots_.push_back(std::move(snapshot));
-      } else {
-        for (SnapshotPiece& p : snapshot.pieces) same->pieces.push_back(std::move(p));
-      }
-    }
+    take_entry(b, *map);
     steps += (steps.empty() ? "" : ", ") + std::to_string(b["step"].get<std::uint64_t>());
     found_entries_.push_back(b);
     found_maps_.push_back(std::move(map).value());
@@ -223,6 +174,61 @@ void NodeTier::adopt_earlier() {
   if (!steps.empty()) {
     log::info(identity_.rank, "node tier: an earlier process of this job left the snapshots of step(s) " + steps +
                                   " in " + path_ + "; restore takes the ranges that match the checkpoint from them");
+  }
+}
+
+// An earlier process's index entry whose buffer is mapped at `map`: its pieces are offered to restore as ranges, and
+// as a snapshot to resume from where every piece has its checksum and the pieces outside staging are inline.
+void NodeTier::take_entry(const nlohmann::json& entry, const HostBuffer& map) {
+  Snapshot snapshot;
+  snapshot.step = entry["step"].get<std::uint64_t>();
+  if (entry.contains("launch") && entry["launch"].is_string()) snapshot.launch = entry["launch"].get<std::string>();
+  if (entry.contains("world") && entry["world"].is_number_integer()) snapshot.world_size = entry["world"].get<int>();
+  bool resumable = !snapshot.launch.empty() && entry.contains("complete") && entry["complete"] == true;
+  for (const auto& p : entry["pieces"]) {
+    if (!p.is_object() || !p.contains("name") || !p["name"].is_string() || !is_u64(p, "offset") ||
+        !is_u64(p, "size")) {
+      resumable = false;
+      continue;
+    }
+    const auto offset = p["offset"].get<std::uint64_t>();
+    const auto size = p["size"].get<std::uint64_t>();
+    if (offset > map.size() || size > map.size() - offset) {  // the checksums would refuse it anyway
+      resumable = false;
+      continue;
+    }
+    found_.push_back({p["name"].get<std::string>(), map.data() + offset, static_cast<std::size_t>(size)});
+    if (!is_u64(p, "checksum")) resumable = false;
+    if (resumable) {
+      snapshot.pieces.push_back({p["name"].get<std::string>(), p.contains("meta") ? p["meta"] : nlohmann::json(),
+                                 map.data() + offset, static_cast<std::size_t>(size),
+                                 p["checksum"].get<std::uint64_t>()});
+    }
+  }
+  if (resumable && entry.contains("inline") && entry["inline"].is_array()) {
+    for (const auto& p : entry["inline"]) {
+      auto bytes = p.is_object() && p.contains("hex") && p["hex"].is_string() ? from_hex(p["hex"].get<std::string>())
+                                                                            : std::nullopt;
+      if (!bytes || !p.contains("name") || !p["name"].is_string() || !is_u64(p, "checksum")) {
+        resumable = false;
+        break;
+      }
+      found_blobs_.push_back(std::move(*bytes));
+      snapshot.pieces.push_back({p["name"].get<std::string>(), p.contains("meta") ? p["meta"] : nlohmann::json(),
+                                 found_blobs_.back().data(), found_blobs_.back().size(),
+                                 p["checksum"].get<std::uint64_t>()});
+    }
+  }
+  if (resumable) {
+    // One snapshot may lie in several buffers: the entries of one step and launch are one.
+    auto same = std::find_if(snapshots_.begin(), snapshots_.end(), [&](const Snapshot& s) {
+      return s.step == snapshot.step && s.launch == snapshot.launch;
+    });
+    if (same == snapshots_.end()) {
+      snapshots_.push_back(std::move(snapshot));
+    } else {
+      for (SnapshotPiece& p : snapshot.pieces) same->pieces.push_back(std::move(p));
+    }
   }
 }
 

@@ -119,6 +119,7 @@ class NodeTier {
   };
   NodeTier() = default;
   void adopt_earlier();   // open(): the index an earlier process left
+  void take_entry(const nlohmann::json& entry, const HostBuffer& map);  // adopt_earlier(): one buffer's
   void remove_left_behind();  // open(): what ranks that no longer run on this node left
   void write_index();     // mu_ held
   std::string index_name() const;
