@@ -144,6 +144,9 @@ CredType=cred/munge
 AuthAltTypes=auth/jwt
 AuthAltParameters=jwt_key=$D/etc/jwt.key
 StateSaveLocation=$D/state
+# Job ids of their own per cluster (their first port's): two test clusters on one machine share /dev/shm, where a
+# job's node tier is named by its id, and a job's prolog and epilog remove that name.
+FirstJobId=$((BASE_PORT * 100))
 SlurmdSpoolDir=$D/spool/%n
 SlurmctldPidFile=$D/run/slurmctld.pid
 SlurmdPidFile=$D/run/slurmd-%n.pid

@@ -10,7 +10,8 @@
 #     whole, that step, checked against the checksums its index keeps), and reads next to nothing from the
 #     checkpoint dir. The final weights are bitwise those of an uninterrupted run.
 #  2b. Every task killed at once (no survivor for last words), nothing in the checkpoint dir: the relaunch resumes
-#     every rank from the newest memory step their nodes kept, reading nothing from the dir; bitwise again.
+#     every rank from the newest memory step their nodes kept, reading nothing from the dir; bitwise again. Before
+#     that, with one rank's node tier lost, no rank takes the memory step: all walk back together (to step 0).
 #  3. The job ends: the plugin's epilog removes its node tier.
 #  4. Another job resumes from the same checkpoint dir with the first job's node tier (a copy taken after the crash:
 #     the very bytes of the checkpoint) planted in its own node tier's dir, as a reused job id would find a tier
@@ -120,6 +121,26 @@ for _ in $(seq 300); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
 kill "$pid" 2> /dev/null || true
 wait "$pid" 2> /dev/null || true
 [ "$(latest_step "$SCRATCH/whole")" -eq 0 ] || fail "a checkpoint in $SCRATCH/whole after killing every task"
+
+# ---- 2c. one rank's node kept nothing: no rank resumes from memory alone ----
+# Rank 1's index gone (as with its node's tier lost): rank 0 proposes its memory step, rank 1 cannot take it, and
+# every rank walks back to the dir, which holds nothing: all three start again at step 0. Then the tier as the kill
+# left it goes back for 2b.
+cp -a "$(tier_dir "$first")" "$SCRATCH/all-tier"
+rm -f "$(tier_dir "$first")"/*.rank-1.json
+train "$SCRATCH/one-lost.log" "$SCRATCH/one-lost.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/whole" ||
+  { cat "$SCRATCH/one-lost.log" >&2; fail "the relaunch with rank 1's node tier lost failed"; }
+grep -q "rank 0: node tier: step [0-9]* of launch [^ ]* is in this node's memory" "$SCRATCH/one-lost.log" &&
+  grep -q "rank 1: step [0-9]* of launch [^ ]*: not in this rank's node tier" "$SCRATCH/one-lost.log" &&
+  grep -q "every rank walks back to the checkpoint dir" "$SCRATCH/one-lost.log" ||
+  { grep "node tier\|walks back\|restored" "$SCRATCH/one-lost.log" >&2; fail "rank 0's memory step was not proposed and refused by rank 1"; }
+grep -q "restored step" "$SCRATCH/one-lost.log" && { grep "restored step" "$SCRATCH/one-lost.log" >&2; fail "a rank restored a step while rank 1 held none"; }
+grep -q "^train_ddp: starting at step 0" "$SCRATCH/one-lost.log" || fail "the relaunch with rank 1's tier lost did not start at step 0"
+cmp -s "$SCRATCH/straight.bin" "$SCRATCH/one-lost.bin" || fail "final weights differ after starting again at step 0"
+rm -rf "$(tier_dir "$first")"
+cp -a "$SCRATCH/all-tier" "$(tier_dir "$first")"
+pass "rank 1's node tier lost: rank 0's memory step was proposed, rank 1 could not take it, every rank started again at step 0; final weights bitwise identical"
+
 train "$SCRATCH/all-relaunch.log" "$SCRATCH/all.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/whole" ||
   { cat "$SCRATCH/all-relaunch.log" >&2; fail "the relaunch after killing every task failed"; }
 mem=$(sed -n 's/.*restored step \([0-9]*\) from the node tier .*/\1/p' "$SCRATCH/all-relaunch.log" | sort -u)
