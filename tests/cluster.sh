@@ -7,6 +7,7 @@
 #   cluster.sh on nX CMD...      run CMD on nX's network (its namespace; in one-host mode, here)
 #   cluster.sh addr [nX]         the address nX has for its peers (without nX: this host's, as the nodes reach it:
 #                                where a controller or a fake one listens for the plugin and ckpt-run)
+#   cluster.sh shm nX            where this host sees nX's /dev/shm (its own memory file system in namespace mode)
 #   cluster.sh crash-node nX     SIGKILL nX's slurmd, its slurmstepds and their tasks (a dead host)
 #   cluster.sh freeze-node nX    SIGSTOP the same set (a silent host: only timeouts can tell)
 #   cluster.sh hang-tasks nX     SIGSTOP only the job tasks on nX (a hung rank): slurmd and slurmstepd answer on
@@ -24,7 +25,9 @@
 #
 # Each node is a host of its own (CKPT_CLUSTER_NET=netns, the default where namespaces are allowed): a network
 # namespace with its own IPv4 address on a bridge (10.<CKPT_CLUSTER_SUBNET, 77>.0.0/24, the bridge .1 in this namespace for slurmctld and controllers,
-# nodes .11-.14), its own host name (a UTS namespace) and its own /etc/hosts (bind-mounted):
+# nodes .11-.14), its own host name (a UTS namespace), its own /dev/shm (a tmpfs in its mount namespace: what a
+# node keeps in memory is its own, and a node that crashes and comes back has lost it) and its own /etc/hosts
+# (bind-mounted):
 # CKPT_CLUSTER_HOSTS=plain (names resolve to the nodes' addresses) or debian (each node's own name on 127.0.1.1
 # first, as Debian's installer writes it). munge and the checkpoint dirs stay shared, as on a real cluster. A
 # node's processes are those in its namespace (ip netns pids), never found by scanning the host. Where namespaces
@@ -144,7 +147,7 @@ CredType=cred/munge
 AuthAltTypes=auth/jwt
 AuthAltParameters=jwt_key=$D/etc/jwt.key
 StateSaveLocation=$D/state
-# Job ids of their own per cluster (their first port's): two test clusters on one machine share /dev/shm, where a
+# Job ids of their own per cluster (their first port's): in one-host mode two test clusters share /dev/shm, where a
 # job's node tier is named by its id, and a job's prolog and epilog remove that name.
 FirstJobId=$((BASE_PORT * 100))
 SlurmdSpoolDir=$D/spool/%n
@@ -218,8 +221,9 @@ start_slurmd() {
   if [ "$NET" = netns ]; then
     # Its own host: the node's namespace, host name and hosts file (`ip netns exec` would remount /sys and hide
     # the cgroup mounts slurmd 22.05 needs; nsenter does not).
-    daemon nsenter --net="/run/netns/$(netns_of "$node")" unshare --uts --mount sh -c \
-      "mount --bind '$D/etc/hosts-$node' /etc/hosts && hostname $node && exec slurmd -f '$SLURM_CONF' -N $node"
+    daemon nsenter --net="/run/netns/$(netns_of "$node")" unshare --uts --mount --propagation private sh -c \
+      "mount --bind '$D/etc/hosts-$node' /etc/hosts && mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm &&
+       hostname $node && exec slurmd -f '$SLURM_CONF' -N $node"
     return 0
   fi
   daemon slurmd -f "$SLURM_CONF" -N "$node"
@@ -508,6 +512,15 @@ cmd_on() {
   exec nsenter --net="/run/netns/$(netns_of "$node")" "$@"
 }
 
+cmd_shm() {
+  local node=${1:?node} pid
+  case $node in n[1-4]) ;; *) die "shm: no node $node" ;; esac
+  [ "$NET" = netns ] || { echo /dev/shm; return 0; }
+  pid=$(pid_of "$D/run/slurmd-$node.pid")
+  pid_alive "$pid" || die "shm: $node's slurmd is not running"
+  echo "/proc/$pid/root/dev/shm"  # its mount namespace's view, from here
+}
+
 cmd_addr() {
   if [ "$NET" = auto ]; then  # not up yet: the mode `up` will choose
     if netns_allowed; then NET=netns; else NET=host; fi
@@ -526,6 +539,7 @@ case ${1:-} in
   env) echo "export SLURM_CONF=$SLURM_CONF" ;;
   addr) cmd_addr "${2:-}" ;;
   on) shift; cmd_on "$@" ;;
+  shm) cmd_shm "${2:-}" ;;
   crash-node) cmd_crash_node "${2:?node}" ;;
   freeze-node) cmd_freeze_node "${2:?node}" ;;
   hang-tasks) cmd_hang_tasks "${2:?node}" ;;
@@ -537,5 +551,5 @@ case ${1:-} in
   revive-node) cmd_revive_node "${2:?node}" ;;
   partition-node) cmd_partition_node "${2:?node}" "${3:-}" ;;
   heal-node) cmd_heal_node "${2:?node}" ;;
-  *) echo "usage: $0 up|down|status|env|addr [NODE]|on NODE CMD...|crash-node NODE|freeze-node NODE|hang-tasks NODE|kill-tasks NODE|slow-node NODE FACTOR|unslow-node NODE|task-cpu NODE [SECONDS]|revive-node NODE|partition-node NODE [SIDE]|heal-node NODE" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|addr [NODE]|on NODE CMD...|shm NODE|crash-node NODE|freeze-node NODE|hang-tasks NODE|kill-tasks NODE|slow-node NODE FACTOR|unslow-node NODE|task-cpu NODE [SECONDS]|revive-node NODE|partition-node NODE [SIDE]|heal-node NODE" >&2; exit 2 ;;
 esac

@@ -474,7 +474,7 @@ Result<std::uint64_t> Checkpointer::restore(const RestoreOptions& options) {
   impl_->request.reshard_prefixes = options.reshard_prefixes;
   impl_->request.live.clear();
   for (const RegionSpec& r : options.live) {
-    if (r.memory == Memory::Host) impl_->request.live.push_back({r.name, r.data, r.size});
+    if (r.memory == Memory::Host) impl_->request.live.push_back({r.name, r.data, r.size, {}});
   }
   // After the program's own: what an earlier process of this job left in the node tier.
   if (impl_->node) {

@@ -310,8 +310,12 @@ struct Checkpointer::Impl {
   // Leader: `dir_plan`, or the newest memory snapshot this rank's node tier holds that is newer, of this world size
   // and not passed over yet (node_failed: the steps of such rounds that failed).
   RestorePlan prefer_node_tier(RestorePlan dir_plan, const std::vector<std::uint64_t>& node_failed) const;
+  // The memory snapshot `plan` names, where this rank's node tier holds it with this world size and every
+  // registered region (nothing hashed).
+  Result<const NodeTier::Snapshot*> find_node_snapshot(const RestorePlan& plan) const;
   // Every rank: the regions from the memory snapshot `plan` names in this rank's node tier, each checked against
-  // its checksum; a rank that does not hold it whole fails the round (definite: every rank walks back).
+  // its checksum (a probe: only whether it is there); a rank that does not hold it whole fails the round
+  // (definite: every rank walks back).
   Status load_from_node_tier(const RestorePlan& plan);
   // Reads this rank's shard of the candidate into host staging, checked as it is read; a definite error means
   // the checkpoint is bad.
@@ -325,6 +329,8 @@ struct Checkpointer::Impl {
     bool relayout = false;
   };
   Status choose_shard(const RestorePlan& plan, ShardChoice& choice, bool& definite);
+  // Host staging big enough to read `record` into.
+  Status grow_staging_for(const store::ShardRecord& record);
   // The whole shard into host staging, checked as it is read, and listed in `restored`: the bytes read.
   Result<std::uint64_t> load_whole_shard(const RestorePlan& plan, const store::ShardRecord& record, bool& definite);
   // The ranges `live` holds taken from there and the others read one by one; nullopt when nothing matched (or

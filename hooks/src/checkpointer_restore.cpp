@@ -40,7 +40,7 @@ RestorePlan Checkpointer::Impl::choose(const std::vector<std::uint64_t>& failed,
     }
     if (step && !passed_over(*step)) {
       auto manifest = store::check_records(root, *step);
-      if (manifest) return {step, root, manifest->kind, manifest->world_size};
+      if (manifest) return {step, root, manifest->kind, manifest->world_size, {}};
       log::warn(rank, "the checkpoint the job was given (step " + std::to_string(*step) + ") does not verify: " +
                           manifest.error() + "; looking for another");
     }
@@ -54,7 +54,7 @@ RestorePlan Checkpointer::Impl::choose(const std::vector<std::uint64_t>& failed,
   store::ResumeChoice resolved = store::resolve_resume(config.dir, options);
   for (const std::string& line : resolved.log) log::info(rank, line);
   if (!resolved.step || !resolved.manifest) return plan;
-  return {resolved.step, config.dir, resolved.manifest->kind, resolved.manifest->world_size};
+  return {resolved.step, config.dir, resolved.manifest->kind, resolved.manifest->world_size, {}};
 }
 
 RestorePlan Checkpointer::Impl::prefer_node_tier(RestorePlan dir_plan,
@@ -80,7 +80,7 @@ RestorePlan Checkpointer::Impl::prefer_node_tier(RestorePlan dir_plan,
   return dir_plan;
 }
 
-Status Checkpointer::Impl::load_from_node_tier(const RestorePlan& plan) {
+Result<const NodeTier::Snapshot*> Checkpointer::Impl::find_node_snapshot(const RestorePlan& plan) const {
   const std::string at = "step " + std::to_string(*plan.step) + " of launch " + plan.node_launch + ": ";
   const NodeTier::Snapshot* found = nullptr;
   if (node) {
@@ -88,14 +88,30 @@ Status Checkpointer::Impl::load_from_node_tier(const RestorePlan& plan) {
       if (s.step == *plan.step && s.launch == plan.node_launch) found = &s;
     }
   }
-  if (found == nullptr) return Status::failure(at + "not in this rank's node tier");
+  if (found == nullptr) return Error{at + "not in this rank's node tier"};
   if (found->world_size != config.world_size) {
-    return Status::failure(at + "written by " + std::to_string(found->world_size) + " ranks, not " +
-                           std::to_string(config.world_size));
+    return Error{at + "written by " + std::to_string(found->world_size) + " ranks, not " +
+                 std::to_string(config.world_size)};
   }
+  for (const RegionSpec& r : regions) {
+    auto it = std::find_if(found->pieces.begin(), found->pieces.end(),
+                           [&](const NodeTier::SnapshotPiece& p) { return p.name == r.name; });
+    if (it == found->pieces.end() || it->size != r.size) {
+      return Error{at + "the node tier's snapshot lacks region '" + r.name + "' of " + std::to_string(r.size) +
+                   " bytes"};
+    }
+  }
+  return found;
+}
+
+Status Checkpointer::Impl::load_from_node_tier(const RestorePlan& plan) {
+  auto found = find_node_snapshot(plan);
+  if (!found) return Status::failure(found.error());
+  if (plan.probe) return Status::success();  // held here; checked in the round after, once every rank holds it
+  const std::string at = "step " + std::to_string(*plan.step) + " of launch " + plan.node_launch + ": ";
   restored.regions.clear();
   std::uint64_t bytes = 0;
-  for (const NodeTier::SnapshotPiece& p : found->pieces) {
+  for (const NodeTier::SnapshotPiece& p : (*found)->pieces) {
     if (XXH3_64bits(p.data, p.size) != p.checksum) {
       restored.regions.clear();
       return Status::failure(at + "'" + p.name + "' in the node tier no longer matches its checksum");
@@ -103,17 +119,8 @@ Status Checkpointer::Impl::load_from_node_tier(const RestorePlan& plan) {
     bytes += p.size;
     restored.regions.push_back({p.name, p.meta.dump(), p.data, p.size});
   }
-  for (const RegionSpec& r : regions) {
-    auto it = std::find_if(restored.regions.begin(), restored.regions.end(),
-                           [&](const RestoredRegion& x) { return x.name == r.name; });
-    if (it == restored.regions.end() || it->size != r.size) {
-      restored.regions.clear();
-      return Status::failure(at + "the node tier's snapshot lacks region '" + r.name + "' of " +
-                             std::to_string(r.size) + " bytes");
-    }
-  }
   set_restore_bytes(0, bytes);
-  log::info(rank, at + std::to_string(found->pieces.size()) + " ranges (" + std::to_string(bytes) +
+  log::info(rank, at + std::to_string((*found)->pieces.size()) + " ranges (" + std::to_string(bytes) +
                       " bytes) from this node's memory, checked against their checksums");
   return Status::success();
 }
@@ -291,6 +298,11 @@ std::optional<Status> Checkpointer::Impl::load_with_live(const RestorePlan& plan
     }
   }
   if (matched == 0) return std::nullopt;  // nothing held here (a spare, another step): one sequential read
+  // Staging only where a range must be read: a restore from memory leaves it to the worker's growth after the
+  // program registers its regions, off the restore's path.
+  if (matched < record.states.size()) {
+    if (Status s = grow_staging_for(record); !s) return s;
+  }
   for (std::size_t i = 0; i < record.states.size(); ++i) {
     const store::StateRange& range = record.states[i];
     if (from_live[i] || range.length == 0) continue;
@@ -344,6 +356,12 @@ Status Checkpointer::Impl::choose_shard(const RestorePlan& plan, ShardChoice& ch
   return Status::success();
 }
 
+Status Checkpointer::Impl::grow_staging_for(const store::ShardRecord& record) {
+  if (Status s = grow_host(static_cast<std::size_t>(record.size)); !s) return s;
+  (void)ask_staging(staging.host.size(), 0);
+  return Status::success();
+}
+
 Result<std::uint64_t> Checkpointer::Impl::load_whole_shard(const RestorePlan& plan, const store::ShardRecord& record,
                                                            bool& definite) {
   const std::uint64_t step = *plan.step;
@@ -375,11 +393,10 @@ Status Checkpointer::Impl::load(const RestorePlan& plan, bool& definite) {
   if (Status s = choose_shard(plan, choice, definite); !s) return s;
   if (choice.relayout) return load_relayout(plan.root, *choice.manifest, definite);
   const store::ShardRecord& record = choice.record;
-  if (Status s = grow_host(static_cast<std::size_t>(record.size)); !s) return s;
-  (void)ask_staging(staging.host.size(), 0);
   if (!choice.reshard && !request.live.empty()) {
     if (std::optional<Status> s = load_with_live(plan, record, definite)) return *s;
   }
+  if (Status s = grow_staging_for(record); !s) return s;
   if (choice.reshard) {
     if (std::optional<Status> s = load_replica_ranges(plan, record, definite)) {
       if (!*s) return *s;
@@ -404,11 +421,20 @@ Result<std::optional<std::uint64_t>> Checkpointer::Impl::agree_and_load(RestoreA
   const bool leader = agreement == nullptr || rank == 0;
   std::vector<std::uint64_t> failed, node_failed;
   bool plugin_tried = false;
+  std::optional<RestorePlan> held_everywhere;  // leader: a memory snapshot every rank's probe found
   for (int round = 0;; ++round) {
     if (leader) {
-      const bool plugin_was_tried = plugin_tried;
-      plan = prefer_node_tier(choose(failed, plugin_tried), node_failed);
-      if (!plan.node_launch.empty()) plugin_tried = plugin_was_tried;  // the dir's choice comes next, unchanged
+      if (held_everywhere) {
+        plan = std::move(*held_everywhere);  // the probe of the round before: now each rank checks and loads it
+        held_everywhere.reset();
+      } else {
+        const bool plugin_was_tried = plugin_tried;
+        plan = prefer_node_tier(choose(failed, plugin_tried), node_failed);
+        if (!plan.node_launch.empty()) {
+          plugin_tried = plugin_was_tried;  // the dir's choice comes next, unchanged
+          plan.probe = agreement != nullptr;  // alone, the load itself finds out
+        }
+      }
       // Before any rank learns the step: the others write nothing until then (each round, as the step may walk back).
       if (rank == 0) discard_incomplete_above(plan.step.value_or(0));
       if (agreement) {
@@ -427,6 +453,15 @@ Result<std::optional<std::uint64_t>> Checkpointer::Impl::agree_and_load(RestoreA
       auto agreed = agreement->agree(round, status, definite);
       if (!agreed) return Error{agreed.error()};
       outcome = std::move(agreed).value();
+    }
+    if (outcome.verdict == RestoreVerdict::Ok && plan.probe) {
+      if (leader) {
+        log::info(rank, "node tier: every rank holds step " + std::to_string(*plan.step) + " of launch " +
+                            plan.node_launch + "; each checks its own now");
+        held_everywhere = plan;
+        held_everywhere->probe = false;
+      }
+      continue;
     }
     if (outcome.verdict == RestoreVerdict::Ok) return plan.step;
     restored.regions.clear();

@@ -149,25 +149,12 @@ void NodeTier::adopt_earlier() {
   }
   std::string steps;
   for (const auto& b : j["buffers"]) {
-    if (!b.is_object() || !b.contains("file") || !b["file"].is_string()) continue;
-    const std::string file = b["file"].get<std::string>();
-    if (std::find(files.begin(), files.end(), file) == files.end()) continue;
-    found_files_.push_back(file);
-    if (!b.contains("step") || !b["step"].is_number_unsigned() || !b.contains("pieces") || !b["pieces"].is_array()) {
-      continue;  // a snapshot was being written into it
+    if (std::optional<HostBuffer> map = map_entry(b, files)) {
+      take_entry(b, *map, true);
+      steps += (steps.empty() ? "" : ", ") + std::to_string(b["step"].get<std::uint64_t>());
+      found_entries_.push_back(b);
+      found_maps_.push_back(std::move(*map));
     }
-    struct stat st {};
-    auto fd = posix::open_regular(dir_.get(), file, &st);
-    if (!fd.ok() || st.st_uid != ::geteuid() || st.st_size <= 0) continue;
-    auto map = HostBuffer::map_file(fd.value->get(), static_cast<std::size_t>(st.st_size), false);
-    if (!map) {
-      log::warn(identity_.rank, "node tier: " + path_ + "/" + file + ": " + map.error());
-      continue;
-    }
-    take_entry(b, *map);
-    steps += (steps.empty() ? "" : ", ") + std::to_string(b["step"].get<std::uint64_t>());
-    found_entries_.push_back(b);
-    found_maps_.push_back(std::move(map).value());
   }
   std::sort(snapshots_.begin(), snapshots_.end(),
             [](const Snapshot& a, const Snapshot& b) { return a.step > b.step; });
@@ -177,14 +164,37 @@ void NodeTier::adopt_earlier() {
   }
 }
 
-// An earlier process's index entry whose buffer is mapped at `map`: its pieces are offered to restore as ranges, and
-// as a snapshot to resume from where every piece has its checksum and the pieces outside staging are inline.
-void NodeTier::take_entry(const nlohmann::json& entry, const HostBuffer& map) {
+// An earlier process's index entry, when it names one of `files` (those are removed at release_found()): its
+// buffer mapped read-only, where a snapshot is whole in it.
+std::optional<HostBuffer> NodeTier::map_entry(const nlohmann::json& entry, const std::vector<std::string>& files) {
+  if (!entry.is_object() || !entry.contains("file") || !entry["file"].is_string()) return std::nullopt;
+  const std::string file = entry["file"].get<std::string>();
+  if (std::find(files.begin(), files.end(), file) == files.end()) return std::nullopt;
+  found_files_.push_back(file);
+  if (!entry.contains("step") || !entry["step"].is_number_unsigned() || !entry.contains("pieces") ||
+      !entry["pieces"].is_array()) {
+    return std::nullopt;  // a snapshot was being written into it
+  }
+  struct stat st {};
+  auto fd = posix::open_regular(dir_.get(), file, &st);
+  if (!fd.ok() || st.st_uid != ::geteuid() || st.st_size <= 0) return std::nullopt;
+  auto map = HostBuffer::map_file(fd.value->get(), static_cast<std::size_t>(st.st_size), false);
+  if (!map) {
+    log::warn(identity_.rank, "node tier: " + path_ + "/" + file + ": " + map.error());
+    return std::nullopt;
+  }
+  return std::move(map).value();
+}
+
+// An earlier process's index entry whose buffer is mapped at `map`: its pieces are offered to restore as ranges, and,
+// where they are this rank's own (`own`), as a snapshot to resume from where every piece has its checksum and the
+// pieces outside staging are inline.
+void NodeTier::take_entry(const nlohmann::json& entry, const HostBuffer& map, bool own) {
   Snapshot snapshot;
   snapshot.step = entry["step"].get<std::uint64_t>();
   if (entry.contains("launch") && entry["launch"].is_string()) snapshot.launch = entry["launch"].get<std::string>();
   if (entry.contains("world") && entry["world"].is_number_integer()) snapshot.world_size = entry["world"].get<int>();
-  bool resumable = !snapshot.launch.empty() && entry.contains("complete") && entry["complete"] == true;
+  bool resumable = own && !snapshot.launch.empty() && entry.contains("complete") && entry["complete"] == true;
   for (const auto& p : entry["pieces"]) {
     if (!p.is_object() || !p.contains("name") || !p["name"].is_string() || !is_u64(p, "offset") ||
         !is_u64(p, "size")) {
@@ -197,8 +207,13 @@ void NodeTier::take_entry(const nlohmann::json& entry, const HostBuffer& map) {
       resumable = false;
       continue;
     }
-    found_.push_back({p["name"].get<std::string>(), map.data() + offset, static_cast<std::size_t>(size)});
-    if (!is_u64(p, "checksum")) resumable = false;
+    store::LiveRange range{p["name"].get<std::string>(), map.data() + offset, static_cast<std::size_t>(size), {}};
+    if (is_u64(p, "checksum")) {
+      range.recorded = p["checksum"].get<std::uint64_t>();
+    } else {
+      resumable = false;
+    }
+    found_.push_back(std::move(range));
     if (resumable) {
       snapshot.pieces.push_back({p["name"].get<std::string>(), p.contains("meta") ? p["meta"] : nlohmann::json(),
                                  map.data() + offset, static_cast<std::size_t>(size),
@@ -214,9 +229,10 @@ void NodeTier::take_entry(const nlohmann::json& entry, const HostBuffer& map) {
         break;
       }
       found_blobs_.push_back(std::move(*bytes));
+      const std::vector<std::byte>& held = found_blobs_.back();  // its bytes stay put as the outer vector grows
+      found_.push_back({p["name"].get<std::string>(), held.data(), held.size(), p["checksum"].get<std::uint64_t>()});
       snapshot.pieces.push_back({p["name"].get<std::string>(), p.contains("meta") ? p["meta"] : nlohmann::json(),
-                                 found_blobs_.back().data(), found_blobs_.back().size(),
-                                 p["checksum"].get<std::uint64_t>()});
+                                 held.data(), held.size(), p["checksum"].get<std::uint64_t>()});
     }
   }
   if (resumable) {
@@ -263,13 +279,45 @@ void NodeTier::remove_left_behind() {
     }
     const auto pid = j["pid"].get<long long>();
     if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // its writer may live
-    for (const std::string& file : files_named(j, file_prefix(identity_.checkpoint_dir, other))) {
-      (void)::unlinkat(dir_.get(), file.c_str(), 0);
+    const std::vector<std::string> files = files_named(j, file_prefix(identity_.checkpoint_dir, other));
+    if (offer_departed(j, other, files)) {
+      found_files_.push_back(name);
+      continue;
     }
+    for (const std::string& file : files) (void)::unlinkat(dir_.get(), file.c_str(), 0);
     (void)::unlinkat(dir_.get(), name.c_str(), 0);
     log::info(identity_.rank, "node tier: removed the staging files rank " + std::to_string(other) +
                                   " left on this node, where it no longer runs");
   }
+}
+
+// The index of rank `other`, which no longer runs on this node (a relaunch moved it), when it is this run's: its
+// snapshots' ranges are offered to restore beside this rank's own, since ranges that data-parallel ranks hold alike
+// (the model's weights, a replicated optimizer's state) are the same bytes, and restore takes a range only where its
+// bytes hash to this rank's recorded checksum. Never a snapshot to resume from: its other ranges are another rank's.
+// Its files go at release_found(). False when it is another run's (the caller removes it).
+bool NodeTier::offer_departed(const nlohmann::json& index, int other, const std::vector<std::string>& files) {
+  auto field = [&](const char* key) {
+    return index.contains(key) && index[key].is_string() ? index[key].get<std::string>() : std::string();
+  };
+  const bool this_run = field("job") == identity_.job && index.contains("restart") &&
+                        index["restart"].is_number_unsigned() &&
+                        index["restart"].get<std::uint64_t>() == identity_.restart &&
+                        field("dir") == identity_.checkpoint_dir && index.contains("buffers") &&
+                        index["buffers"].is_array();
+  if (!this_run) return false;
+  std::string steps;
+  for (const auto& b : index["buffers"]) {
+    if (std::optional<HostBuffer> map = map_entry(b, files)) {
+      take_entry(b, *map, false);
+      steps += (steps.empty() ? "" : ", ") + std::to_string(b["step"].get<std::uint64_t>());
+      found_maps_.push_back(std::move(*map));
+    }
+  }
+  log::info(identity_.rank, "node tier: rank " + std::to_string(other) + ", which no longer runs on this node, left" +
+                                (steps.empty() ? std::string(" no whole snapshot") : " the snapshots of step(s) " + steps) +
+                                " here; restore takes the ranges it holds alike from them");
+  return true;
 }
 
 Result<HostBuffer> NodeTier::allocate(std::size_t bytes) {
@@ -282,7 +330,7 @@ Result<HostBuffer> NodeTier::allocate(std::size_t bytes) {
     (void)::unlinkat(dir_.get(), file.c_str(), 0);
     return Error{path_ + "/" + file + ": " + buffer.error()};
   }
-  buffers_.push_back({file, buffer->data(), buffer->size(), false, 0, {}});
+  buffers_.push_back({file, buffer->data(), buffer->size(), false, 0, {}, {}, {}, {}});
   write_index();
   return buffer;
 }
@@ -317,7 +365,7 @@ void NodeTier::whole(std::uint64_t step, const std::vector<Piece>& pieces, const
     for (std::size_t i = 0; i < pieces.size(); ++i) {
       const Piece& p = pieces[i];
       if (p.size > 0 && p.data >= b.data && p.data + p.size <= b.data + b.size) {
-        in.push_back({p.name, p.data, p.size});
+        in.push_back({p.name, p.data, p.size, {}});
         in_sums.push_back(i < sums.size() ? sums[i] : 0);
         in_metas.push_back(p.meta);
         placed[i] = true;

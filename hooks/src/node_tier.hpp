@@ -19,7 +19,9 @@
 // relaunched rank maps the buffers of an index only when it names this job and its restart count, this host, this
 // checkpoint dir and this rank; another run's index is said in one line, and its files are removed. A relaunch that
 // moved or shrank the job leaves files of ranks that no longer run on this node: where this launch's ranks on the
-// node are known (SLURM_GTIDS) and the process that wrote such an index is gone, they are removed at open. The
+// node are known (SLURM_GTIDS) and the process that wrote such an index is gone, its ranges are offered to restore
+// too (what data-parallel ranks hold alike is the same bytes, and a range is taken only where it hashes to this
+// rank's own recorded checksum), never as a snapshot to resume from, and its files go with this rank's. The
 // plugin removes the dir when the job ends on the node (slurm_spank_job_epilog, as the job's user), and before the
 // job's first task on the node (slurm_spank_job_prolog: an earlier job with the same id left it, its epilog failed).
 //
@@ -30,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -119,8 +122,10 @@ class NodeTier {
   };
   NodeTier() = default;
   void adopt_earlier();   // open(): the index an earlier process left
-  void take_entry(const nlohmann::json& entry, const HostBuffer& map);  // adopt_earlier(): one buffer's
+  std::optional<HostBuffer> map_entry(const nlohmann::json& entry, const std::vector<std::string>& files);
+  void take_entry(const nlohmann::json& entry, const HostBuffer& map, bool own);  // one mapped buffer's pieces
   void remove_left_behind();  // open(): what ranks that no longer run on this node left
+  bool offer_departed(const nlohmann::json& index, int other, const std::vector<std::string>& files);
   void write_index();     // mu_ held
   std::string index_name() const;
 
@@ -136,7 +141,7 @@ class NodeTier {
   nlohmann::json found_entries_ = nlohmann::json::array();  // guarded by mu_: their index entries, kept listed
   std::vector<store::LiveRange> found_;   // guarded by mu_
   std::vector<Snapshot> snapshots_;       // set by open(), cleared by release_found() (training thread)
-  std::vector<std::vector<std::byte>> found_blobs_;  // what snapshots_' inline pieces point into
+  std::vector<std::vector<std::byte>> found_blobs_;  // what the inline pieces of snapshots_ and found_ point into
 };
 
 }  // namespace ckpt::hooks

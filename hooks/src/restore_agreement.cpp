@@ -63,6 +63,7 @@ std::string to_json(const RestorePlan& plan) {
   j["kind"] = store::to_string(plan.kind);
   j["world_size"] = plan.world_size;
   if (!plan.node_launch.empty()) j["node_launch"] = plan.node_launch;
+  if (plan.probe) j["probe"] = true;
   return j.dump();
 }
 
@@ -92,6 +93,11 @@ Result<RestorePlan> parse_restore_plan(std::string_view text) {
     if (!launch->is_string()) return Error{"node_launch is not a string"};
     plan.node_launch = launch->get<std::string>();
   }
+  if (auto probe = j.find("probe"); probe != j.end()) {
+    if (!probe->is_boolean()) return Error{"probe is not a boolean"};
+    plan.probe = probe->get<bool>();
+  }
+  if (plan.probe && plan.node_launch.empty()) return Error{"probe without node_launch"};
   return plan;
 }
 

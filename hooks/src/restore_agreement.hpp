@@ -34,6 +34,10 @@ struct RestorePlan {
   // (node_tier.hpp), newer than any checkpoint in the dir; a rank that does not hold it whole fails the round, and
   // every rank walks back to the dir's, which nothing marks.
   std::string node_launch;
+  // With node_launch: this round only asks whether every rank holds that snapshot (no byte is hashed); the round
+  // after it, which the leader proposes only when every rank does, checks and loads it. A rank that lacks it thus
+  // costs no rank a pass over its state.
+  bool probe = false;
 };
 std::string to_json(const RestorePlan& plan);
 Result<RestorePlan> parse_restore_plan(std::string_view text);

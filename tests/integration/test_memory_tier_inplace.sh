@@ -8,6 +8,14 @@
 #  - every rank restores that step reading nothing from the checkpoint dir (each survivor from its live state or
 #    its staging's snapshots, the replacement from the partner's copy, every range checked against the
 #    checkpoint's checksums), at most one step is lost, and the final weights are bitwise identical to an uninterrupted run's.
+# Then the same crash under `ckpt-run` without --spares, which relaunches the step inside the allocation (n4 in the
+# dead node's place) on the controller's decision:
+#  - the terminal checkpoint is written as above, the dead rank's shard from its partner's copy;
+#  - n2 crashes. The relaunched rank 0 runs on n1 again and restores from the node tier (the staging the killed
+#    process left in n1's /dev/shm), reading nothing from the checkpoint dir; rank 1, which the relaunch moves to
+#    n3, takes the weights from what rank 2 left there and reads only its own optimizer partition; rank 2, on n4,
+#    reads its shard;
+#  - at most one step is lost, and the final weights are bitwise identical to the uninterrupted run's.
 # The batch host (n1) is never the victim: its failure ends the batch script, and any Slurm job with it.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/controller_lib.sh"
@@ -78,3 +86,60 @@ for r in 0 1 2; do
     { grep "restored step\|ckpt:" "$log" >&2; fail "rank $r read its state from the checkpoint dir"; }
 done
 pass "crash of $crashed at step $seen: rank $dead's shard from its partner's copy, in place from step $term; every rank's state from memory, nothing read; bitwise identical"
+
+# ---- ckpt-run relaunches the step inside the allocation ----
+# The batch script's ckpt-run gets no --spares: a failed step is relaunched, not recovered in place. Outside
+# restart in place train_ddp.py seeds dropout once per rank, not per step: its own uninterrupted run to compare.
+export RUN_SPARES=""
+submit reference-relaunch
+wait_gone reference-relaunch
+[ -s "$SCRATCH/reference-relaunch/final" ] || { cat "$SCRATCH/reference-relaunch/log" >&2; fail "the uninterrupted run without spares failed"; }
+name=relaunch
+submit $name
+unset RUN_SPARES
+log=$SCRATCH/$name/log
+at=$((15 + RANDOM % 10))
+for _ in $(seq 1500); do s=$(logged "$log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break; sleep 0.02; done
+seen=$(logged "$log")
+[ -n "$seen" ] && [ "$seen" -lt "$STEPS" ] || fail "training did not reach step $at: $(tail -3 "$log")"
+victim=n2  # so that the relaunch moves rank 1 onto n3, which rank 2 left; rank 0 stays on n1
+crashed=$victim
+"$CLUSTER" crash-node "$victim" > /dev/null
+for _ in $(seq 900); do
+  [ -s "$SCRATCH/$name/final.sha256" ] && break
+  squeue -h -j "$job" 2>/dev/null | grep -q . || break
+  sleep 0.2
+done
+"$CLUSTER" revive-node "$victim" > /dev/null
+victim=""
+wait_gone $name
+assert_contains "$log" "ckpt-run: relaunch 1: srun started at"
+grep -q "in-place recovery" "$log" && { cat "$log" >&2; fail "the step was recovered in place, not relaunched"; }
+term=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\).*/\1/p' "$log" | tail -1)
+[ -n "$term" ] && [ "$term" -ge $((seen - 1)) ] || { cat "$log" >&2; fail "crash at step $seen: resumed from step ${term:-?}"; }
+dead=1  # one rank per node, in node order: n1 rank 0, n2 rank 1, n3 rank 2
+grep -q "last words: wrote rank $dead's terminal shard of step [0-9]* from its partner copy" "$log" ||
+  { grep "last words\|memory tier" "$log" >&2; fail "rank $dead's terminal shard was not written from a partner copy"; }
+cmp -s "$SCRATCH/reference-relaunch/final" "$SCRATCH/$name/final" || fail "the final weights differ from the uninterrupted run's"
+# The relaunch runs on n1, n3 and n4, one rank each in that order: rank 0 stays on n1, rank 1 moves to n3, and
+# rank 2 runs on n4, which holds nothing of the job.
+for r in 0 1 2; do
+  line=$(grep "ckpt: rank $r: restored step [0-9]* from .* bytes read, .* found in memory)" "$log" | tail -1)
+  read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
+  live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
+  [ -n "$read_b" ] && [ -n "$live_b" ] || { grep "restored step\|ckpt:" "$log" >&2; fail "rank $r logged no restore"; }
+  if [ "$r" = 0 ]; then
+    echo "  rank $r (on its node again): $read_b bytes read, $live_b found in the node tier"
+    [ "$read_b" -eq 0 ] && [ "$live_b" -gt 8388608 ] ||
+      { grep "restored step\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r ran on its node again but read from the checkpoint dir"; }
+  elif [ "$r" = 1 ]; then
+    echo "  rank $r (moved to n3): $read_b bytes read, $live_b found in what rank 2 left there"
+    assert_contains "$log" "ckpt: rank 1: node tier: rank 2, which no longer runs on this node, left the snapshots of step(s)"
+    [ "$live_b" -ge 8388608 ] && [ "$read_b" -gt 0 ] && [ "$read_b" -lt 8388608 ] ||
+      { grep "restored step\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank 1 on n3 did not take the weights from rank 2's staging"; }
+  else
+    echo "  rank $r (on n4): $read_b bytes read, $live_b found in memory"
+    [ "$read_b" -gt 8388608 ] || { grep "restored step\|ckpt: rank $r" "$log" >&2; fail "rank $r read only $read_b bytes"; }
+  fi
+done
+pass "ckpt-run relaunch after $crashed crashed at step $seen: rank 1's shard from its partner's copy, resumed step $term; rank 0 from its node tier (nothing read), rank 1 on n3 the weights from rank 2's staging; bitwise identical"

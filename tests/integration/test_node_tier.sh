@@ -4,7 +4,7 @@
 # `salloc --no-shell` so that a relaunch is a new step of the same job, as ckpt-run's is.
 #  1. A rank's process is killed (SIGKILL; its node lives on) at a random step. The survivors' last words write the
 #     terminal checkpoint, the dead rank's shard from its partner's copy. Every rank's staging stays in
-#     /dev/shm/slurm-ckpt.<uid>.<job>.
+#     /dev/shm/slurm-ckpt.<uid>.<job> (each node's own /dev/shm).
 #  2. The relaunch in the same job: every rank, the killed one too, takes its state from the files its node kept,
 #     each range checked against the checkpoint's checksum (or, where every rank's node kept a newer memory step
 #     whole, that step, checked against the checksums its index keeps), and reads next to nothing from the
@@ -52,7 +52,11 @@ train() {
     --out "$out" "$@" > "$log" 2>&1
 }
 
-tier_dir() { echo "/dev/shm/slurm-ckpt.$(id -u).$1"; }
+# tier_dir NODE JOB [UID]: the job's node tier on NODE, as this host sees NODE's own /dev/shm.
+tier_dir() { echo "$("$CLUSTER" shm "$1")/slurm-ckpt.${3:-$(id -u)}.$2"; }
+# save_tiers JOB DEST / put_tiers SRC JOB: every node's tier of JOB, kept per node (DEST/n1 ...) and put back.
+save_tiers() { local n; for n in n1 n2 n3; do rm -rf "${2:?}/$n"; mkdir -p "$2"; cp -a "$(tier_dir "$n" "$1")" "$2/$n"; done; }
+put_tiers() { local n; for n in n1 n2 n3; do rm -rf "$(tier_dir "$n" "$2")"; cp -a "$1/$n" "$(tier_dir "$n" "$2")"; done; }
 # The "restored step N from DIR in T s (R bytes read, M found in memory)" lines of LOG: "R M" per rank.
 restored_bytes() { sed -n 's/.*restored step [0-9]* from .* (\([0-9]*\) bytes read, \([0-9]*\) found in memory).*/\1 \2/p' "$1"; }
 
@@ -75,10 +79,12 @@ kill "$pid" 2> /dev/null || true
 wait "$pid" 2> /dev/null || true
 term=$(latest_step "$SCRATCH/ckpt")
 [ "$term" -gt 0 ] || { grep "last words\|memory tier\|node tier" "$SCRATCH/crash.log" >&2; fail "no terminal checkpoint after the kill on $victim"; }
-[ "$(ls "$(tier_dir "$first")"/*.json 2> /dev/null | wc -l)" -eq 3 ] ||
-  { ls -la "$(tier_dir "$first")" >&2 || true; fail "the node tier of job $first does not hold an index per rank"; }
-cp -a "$(tier_dir "$first")" "$SCRATCH/first-tier"
-pass "the tasks on $victim killed at step ~$at: terminal checkpoint of step $term; every rank's staging in $(tier_dir "$first")"
+for n in n1 n2 n3; do
+  [ "$(ls "$(tier_dir $n "$first")"/*.json 2> /dev/null | wc -l)" -eq 1 ] ||
+    { ls -la "$(tier_dir $n "$first")" >&2 || true; fail "the node tier of job $first on $n does not hold its rank's index"; }
+done
+save_tiers "$first" "$SCRATCH/first-tier"
+pass "the tasks on $victim killed at step ~$at: terminal checkpoint of step $term; every rank's staging in its node's /dev/shm"
 
 # ---- 2. the relaunch in the same job reads its state from the node tier ----
 train "$SCRATCH/relaunch.log" "$SCRATCH/first.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/ckpt" ||
@@ -126,19 +132,21 @@ wait "$pid" 2> /dev/null || true
 # Rank 1's index gone (as with its node's tier lost): rank 0 proposes its memory step, rank 1 cannot take it, and
 # every rank walks back to the dir, which holds nothing: all three start again at step 0. Then the tier as the kill
 # left it goes back for 2b.
-cp -a "$(tier_dir "$first")" "$SCRATCH/all-tier"
-rm -f "$(tier_dir "$first")"/*.rank-1.json
+save_tiers "$first" "$SCRATCH/all-tier"
+rm -f "$(tier_dir n2 "$first")"/*.rank-1.json  # rank 1 runs on n2
 train "$SCRATCH/one-lost.log" "$SCRATCH/one-lost.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/whole" ||
   { cat "$SCRATCH/one-lost.log" >&2; fail "the relaunch with rank 1's node tier lost failed"; }
 grep -q "rank 0: node tier: step [0-9]* of launch [^ ]* is in this node's memory" "$SCRATCH/one-lost.log" &&
   grep -q "rank 1: step [0-9]* of launch [^ ]*: not in this rank's node tier" "$SCRATCH/one-lost.log" &&
   grep -q "every rank walks back to the checkpoint dir" "$SCRATCH/one-lost.log" ||
   { grep "node tier\|walks back\|restored" "$SCRATCH/one-lost.log" >&2; fail "rank 0's memory step was not proposed and refused by rank 1"; }
+# Asked before anyone checks it: no rank hashed a snapshot that rank 1 does not hold.
+grep "from this node's memory, checked against their checksums" "$SCRATCH/one-lost.log" >&2 &&
+  fail "a rank checked the memory step before every rank was known to hold it"
 grep -q "restored step" "$SCRATCH/one-lost.log" && { grep "restored step" "$SCRATCH/one-lost.log" >&2; fail "a rank restored a step while rank 1 held none"; }
 grep -q "^train_ddp: starting at step 0" "$SCRATCH/one-lost.log" || fail "the relaunch with rank 1's tier lost did not start at step 0"
 cmp -s "$SCRATCH/straight.bin" "$SCRATCH/one-lost.bin" || fail "final weights differ after starting again at step 0"
-rm -rf "$(tier_dir "$first")"
-cp -a "$SCRATCH/all-tier" "$(tier_dir "$first")"
+put_tiers "$SCRATCH/all-tier" "$first"
 pass "rank 1's node tier lost: rank 0's memory step was proposed, rank 1 could not take it, every rank started again at step 0; final weights bitwise identical"
 
 train "$SCRATCH/all-relaunch.log" "$SCRATCH/all.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/whole" ||
@@ -159,18 +167,22 @@ pass "every task killed after step $killed with no checkpoint in the dir: resume
 
 # ---- 3. the job's end removes its node tier ----
 scancel "$first"
-for _ in $(seq 200); do [ -e "$(tier_dir "$first")" ] || break; sleep 0.1; done
-[ -e "$(tier_dir "$first")" ] && fail "$(tier_dir "$first") outlived job $first"
-pass "job $first ended: the epilog removed $(tier_dir "$first")"
+for n in n1 n2 n3; do
+  for _ in $(seq 200); do [ -e "$(tier_dir $n "$first")" ] || break; sleep 0.1; done
+  [ -e "$(tier_dir $n "$first")" ] && fail "job $first's node tier on $n outlived the job"
+done
+pass "job $first ended: the epilog removed its node tier on every node"
 
 # ---- 4. another job's tier in this job's dir, with the checkpoint's very bytes: never used ----
 allocate second
 second=$job
-cp -a "$SCRATCH/first-tier" "$(tier_dir "$second")"
+put_tiers "$SCRATCH/first-tier" "$second"
 srun -N3 -w 'n[1-3]' --jobid="$second" true || fail "the second job's first step failed"
-[ -e "$(tier_dir "$second")" ] && { ls -la "$(tier_dir "$second")" >&2; fail "the job prolog left job $first's node tier planted in job $second's dir"; }
+for n in n1 n2 n3; do
+  [ -e "$(tier_dir $n "$second")" ] && { ls -la "$(tier_dir $n "$second")" >&2; fail "the job prolog left job $first's node tier planted in job $second's dir on $n"; }
+done
 pass "job $first's node tier planted in job $second's dir before its first step: the job prolog removed it"
-cp -a "$SCRATCH/first-tier" "$(tier_dir "$second")"
+put_tiers "$SCRATCH/first-tier" "$second"
 train "$SCRATCH/second.log" "$SCRATCH/second.bin" --jobid="$second" --ckpt-memory=512M --ckpt-dir="$SCRATCH/ckpt" ||
   { cat "$SCRATCH/second.log" >&2; fail "the second job failed"; }
 grep -q "resumed from step $term " "$SCRATCH/second.log" || { cat "$SCRATCH/second.log" >&2; fail "the second job did not resume from step $term"; }
@@ -210,7 +222,7 @@ for plant in inside top; do
 done
 for plant in inside top; do
   [ -s "$SCRATCH/user/$plant.job" ] || fail "the $plant job did not run (as $TEST_USER)"
-  d=/dev/shm/slurm-ckpt.$uid.$(cat "$SCRATCH/user/$plant.job")
+  d=$(tier_dir n1 "$(cat "$SCRATCH/user/$plant.job")" "$uid")
   for _ in $(seq 100); do [ -e "$d" ] || [ -L "$d" ] || break; sleep 0.1; done
   { [ -e "$d" ] || [ -L "$d" ]; } && fail "$plant: $d outlived its job"
   [ "$(cat "$SCRATCH/precious/file" 2> /dev/null)" = keep ] || fail "$plant: the epilog removed what a link pointed at"
@@ -220,16 +232,19 @@ pass "links to root's files in (and as) a user's node tier: the epilog removed t
 # Another user makes a job's node tier dir before the job's ranks do: the tier is off with one line, training goes
 # on from the dir, and the epilog leaves the squatter's dir alone.
 allocate squatted
-as_user mkdir -m 700 "$(tier_dir "$job")"
-as_user touch "$(tier_dir "$job")/mine"
+for n in n1 n2 n3; do  # made here on each node's /dev/shm, then the user's, as the user would have made it
+  mkdir -m 700 "$(tier_dir $n "$job")" && touch "$(tier_dir $n "$job")/mine" && chown -R "$TEST_USER" "$(tier_dir $n "$job")"
+done
 STEPS=4 train "$SCRATCH/squatted.log" "$SCRATCH/squatted.bin" --jobid="$job" --ckpt-memory=512M \
   --ckpt-dir="$SCRATCH/squatted" || { cat "$SCRATCH/squatted.log" >&2; fail "the squatted job failed"; }
-[ "$(grep -c "node tier off: $(tier_dir "$job") is owned by uid $uid" "$SCRATCH/squatted.log")" -eq 3 ] ||
+[ "$(grep -c "node tier off: /dev/shm/slurm-ckpt.$(id -u).$job is owned by uid $uid" "$SCRATCH/squatted.log")" -eq 3 ] ||
   { grep "node tier" "$SCRATCH/squatted.log" >&2; fail "not every rank refused the squatted dir"; }
 scancel "$job"
 sleep 2
-[ -e "$(tier_dir "$job")/mine" ] || fail "the epilog removed another user's dir"
-rm -rf "$(tier_dir "$job")"
+for n in n1 n2 n3; do
+  [ -e "$(tier_dir $n "$job")/mine" ] || fail "the epilog removed another user's dir on $n"
+  rm -rf "$(tier_dir $n "$job")"
+done
 pass "a node tier dir made by $TEST_USER for root's job: refused by every rank, training went on, left alone at the end"
 
 # ---- 6. plugstack.conf broken while a job runs: its epilog must not drain the node ----

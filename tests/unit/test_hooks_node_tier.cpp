@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hooks_test_util.hpp"
@@ -268,7 +269,8 @@ TEST_CASE("node tier: an index names its buffers' steps only while they are whol
   }
 }
 
-TEST_CASE("node tier: files of a rank that no longer runs on this node, whose writer is gone, are removed",
+TEST_CASE("node tier: files of a rank that no longer runs on this node, whose writer is gone: offered as ranges, "
+          "then removed; another run's removed at once",
           "[hooks][node_tier]") {
   test::TempDir node, ckpt_dir;
   const std::string job_dir = node.path() + "/" + NodeTier::dir_name(::geteuid(), "31");
@@ -280,7 +282,8 @@ TEST_CASE("node tier: files of a rank that no longer runs on this node, whose wr
     if (!tier) ::_exit(1);
     auto buffer = (*tier)->allocate(4096);
     if (!buffer) ::_exit(2);
-    (*tier)->whole(9, {Piece{"w", buffer->data(), 100, {}}}, {0});
+    std::memset(buffer->data(), 3, 100);
+    (*tier)->whole(9, {Piece{"w", buffer->data(), 100, {}}}, {XXH3_64bits(buffer->data(), 100)});
     ::_exit(0);
   }
   int status = 0;
@@ -309,11 +312,30 @@ TEST_CASE("node tier: files of a rank that no longer runs on this node, whose wr
     REQUIRE(tier.ok());
     CHECK(files_of_5() == 2);
   }
-  SECTION("rank 5 runs elsewhere now and its writer is gone: removed") {
+  SECTION("rank 5 runs elsewhere now and its writer is gone: its ranges are offered, never as a snapshot; removed "
+          "at release") {
     test::LogCapture log;
     auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 3, {3, 4}});
     REQUIRE(tier.ok());
+    CHECK(log.has("node tier: rank 5, which no longer runs on this node, left the snapshots of step(s) 9 here"));
+    auto found = (*tier)->found();
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].name == "w");
+    CHECK(found[0].size == 100);
+    std::vector<unsigned char> threes(100, 3);
+    CHECK(found[0].recorded == std::optional<std::uint64_t>(XXH3_64bits(threes.data(), threes.size())));
+    CHECK(std::memcmp(found[0].data, threes.data(), threes.size()) == 0);
+    CHECK((*tier)->found_snapshots().empty());  // rank 5's, not rank 3's to resume from
+    CHECK(files_of_5() == 2);
+    (*tier)->release_found();
     CHECK(files_of_5() == 0);
+  }
+  SECTION("rank 5's files of another run (the job requeued since): removed at once, nothing offered") {
+    test::LogCapture log;
+    auto tier = NodeTier::open(node.path(), {"31", 1, "host-a", ckpt_dir.path(), 3, {3, 4}});
+    REQUIRE(tier.ok());
+    CHECK(files_of_5() == 0);
+    CHECK((*tier)->found().empty());
     CHECK(log.has("node tier: removed the staging files rank 5 left on this node, where it no longer runs"));
   }
 }
@@ -373,5 +395,63 @@ TEST_CASE("node tier: a relaunch resumes from a memory snapshot newer than the c
       CHECK_FALSE(log.has("node tier: step 5"));
     }
     for (const auto& e : fs::recursive_directory_iterator(dir.path())) CHECK(e.path().filename() != "FAILED");
+  }
+}
+
+// Two ranks of one job restore at once, each on its own thread as separate processes would. Rank 0's node tier
+// holds a memory snapshot of step 5 of an earlier launch; rank 1's too, or nothing (its node was replaced).
+TEST_CASE("node tier: a memory step is checked only once every rank holds it; a rank without it costs no hash",
+          "[hooks][node_tier]") {
+  test::TempDir dir, node;
+  test::LogCapture log;
+  bool both = false;
+  SECTION("rank 1 lacks it: every rank starts at step 0, and no rank hashed the snapshot") {}
+  SECTION("both hold it: asked first, then checked and loaded by each") { both = true; }
+  auto plant = [&](int rank) {
+    auto tier = NodeTier::open(node.path(), {"4545", 0, {}, dir.path(), rank, {}, "earlier-launch", 2});
+    REQUIRE(tier.ok());
+    auto buffer = (*tier)->allocate(1 << 20);
+    REQUIRE(buffer.ok());
+    auto a = state_at(1 << 20, 5 + static_cast<std::uint64_t>(rank));
+    std::memcpy(buffer->data(), a.data(), a.size());
+    (*tier)->whole(5, {Piece{"a", buffer->data(), a.size(), {}}}, {XXH3_64bits(a.data(), a.size())});
+  };
+  plant(0);
+  if (both) plant(1);
+  std::vector<Result<std::uint64_t>> steps(2, Error{"not run"});
+  std::vector<std::vector<unsigned char>> regions(2, std::vector<unsigned char>(1 << 20, 0));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      Options o = tier_options(dir.path(), node.path(), "4545");
+      if (!o.set("rank", std::to_string(rank)).ok() || !o.set("world_size", "2").ok() ||
+          !o.set("run_id", "relaunch").ok()) {
+        return;
+      }
+      auto& a = regions[static_cast<std::size_t>(rank)];
+      auto cp = test::make(o);
+      if (!cp->register_region({"a", a.data(), a.size()})) return;
+      steps[static_cast<std::size_t>(rank)] = cp->restore();
+      (void)cp->close();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    const auto& step = steps[static_cast<std::size_t>(rank)];
+    REQUIRE(step.ok());
+    if (both) {
+      CHECK(*step == 5);
+      CHECK((regions[static_cast<std::size_t>(rank)] == state_at(1 << 20, 5 + static_cast<std::uint64_t>(rank))));
+    } else {
+      CHECK(*step == 0);
+    }
+  }
+  if (both) {
+    CHECK(log.has("node tier: every rank holds step 5 of launch earlier-launch; each checks its own now"));
+    CHECK(log.has("restored step 5 from the node tier"));
+  } else {
+    CHECK(log.has("step 5 of launch earlier-launch: not in this rank's node tier"));
+    CHECK_FALSE(log.has("from this node's memory, checked against their checksums"));
   }
 }

@@ -663,3 +663,31 @@ TEST_CASE("match_live_ranges: memory that holds a range's bytes exactly, by name
   m = match_live_ranges(record, {{"a", a.data(), a.size()}, {"a", a.data(), a.size()}});
   CHECK(m[0] == std::optional<std::size_t>(0));
 }
+
+TEST_CASE("match_live_ranges: memory recorded with the range's checksum comes first; recorded otherwise, never",
+          "[store][fs]") {
+  std::vector<unsigned char> a(4096, 7), fresh(4096, 0);
+  StateRange ra;
+  ra.name = "a";
+  ra.length = a.size();
+  ra.checksum = XXH3_64bits(a.data(), a.size());
+  ShardRecord record;
+  record.states = {ra};
+  std::vector<unsigned char> tier = a;  // a node tier's copy of the same bytes
+  // A relaunch: the program's fresh tensor first, the node tier's range after it, recorded with the range's sum.
+  auto m = match_live_ranges(record, {{"a", fresh.data(), fresh.size(), {}}, {"a", tier.data(), tier.size(), *ra.checksum}});
+  CHECK(m[0] == std::optional<std::size_t>(1));
+  // The program's memory holds the bytes too: the recorded range still comes first (its checksum is the record's).
+  m = match_live_ranges(record, {{"a", a.data(), a.size(), {}}, {"a", tier.data(), tier.size(), *ra.checksum}});
+  CHECK(m[0] == std::optional<std::size_t>(1));
+  // Recorded with that checksum but its bytes changed since: checked, refused, and the program's memory used.
+  tier[10] ^= 1;
+  m = match_live_ranges(record, {{"a", a.data(), a.size(), {}}, {"a", tier.data(), tier.size(), *ra.checksum}});
+  CHECK(m[0] == std::optional<std::size_t>(0));
+  // Recorded with another checksum (another step's bytes): never taken, even where the bytes would match now.
+  tier = a;
+  m = match_live_ranges(record, {{"a", tier.data(), tier.size(), *ra.checksum + 1}});
+  CHECK_FALSE(m[0]);
+  m = match_live_ranges(record, {{"a", tier.data(), tier.size(), *ra.checksum + 1}, {"a", a.data(), a.size(), {}}});
+  CHECK(m[0] == std::optional<std::size_t>(1));
+}

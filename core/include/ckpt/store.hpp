@@ -458,11 +458,15 @@ struct LiveRange {
   std::string name;
   const void* data = nullptr;
   std::size_t size = 0;
+  // The XXH3-64 its holder recorded for these bytes (a node tier's snapshot), where it has one.
+  std::optional<std::uint64_t> recorded;
 };
 // For each range of `record.states`, the index in `live` of memory that holds that range's bytes exactly: the
 // same name and length, and an XXH3-64 equal to the range's own checksum; where `live` names a range more than once
-// (a survivor's live tensor, then its staging's copy), the first that matches. A range without a checksum (an
-// older checkpoint) never matches. Reads nothing but `live`'s memory.
+// (a survivor's live tensor, then its staging's copy), the first that matches. Memory whose recorded checksum is the
+// range's is tried before memory without one, and memory recorded with another checksum is never hashed: a
+// relaunch's fresh tensors are not hashed in vain where the node tier holds the range. A range without a checksum
+// (an older checkpoint) never matches. Reads nothing but `live`'s memory.
 std::vector<std::optional<std::size_t>> match_live_ranges(const ShardRecord& record,
                                                           const std::vector<LiveRange>& live);
 

@@ -410,13 +410,17 @@ std::vector<std::optional<std::size_t>> match_live_ranges(const ShardRecord& rec
     const StateRange& range = record.states[r];
     auto it = by_name.find(range.name);
     if (!range.checksum || it == by_name.end()) continue;
-    for (std::size_t i : it->second) {
-      const LiveRange& mine = live[i];
-      if (mine.size != range.length || (mine.size > 0 && mine.data == nullptr)) continue;
-      if (XXH3_64bits(mine.data, mine.size) == *range.checksum) {
-        matches[r] = i;
-        break;
+    for (const bool recorded_pass : {true, false}) {
+      for (std::size_t i : it->second) {
+        const LiveRange& mine = live[i];
+        if (mine.recorded.has_value() != recorded_pass || (mine.recorded && *mine.recorded != *range.checksum)) continue;
+        if (mine.size != range.length || (mine.size > 0 && mine.data == nullptr)) continue;
+        if (XXH3_64bits(mine.data, mine.size) == *range.checksum) {
+          matches[r] = i;
+          break;
+        }
       }
+      if (matches[r]) break;
     }
   }
   return matches;
