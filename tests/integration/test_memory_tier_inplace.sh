@@ -45,6 +45,42 @@ wait_gone() {
   for _ in $(seq 900); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
   fail "job $job did not end: $(tail -5 "$SCRATCH/$1/log")"
 }
+# crash_node_at_random_step NAME NODE: once run NAME logged a step from 15 to 24, NODE crashes; back in service
+# once the job is over. Sets seen (the step logged before the crash) and crashed.
+crash_node_at_random_step() {
+  local at=$((15 + RANDOM % 10)) s
+  for _ in $(seq 1500); do s=$(logged "$SCRATCH/$1/log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break; sleep 0.02; done
+  seen=$(logged "$SCRATCH/$1/log")
+  [ -n "$seen" ] && [ "$seen" -lt "$STEPS" ] || fail "training did not reach step $at: $(tail -3 "$SCRATCH/$1/log")"
+  victim=$2 crashed=$2
+  "$CLUSTER" crash-node "$victim" > /dev/null
+  for _ in $(seq 900); do
+    [ -s "$SCRATCH/$1/final.sha256" ] && break
+    squeue -h -j "$job" 2>/dev/null | grep -q . || break
+    sleep 0.2
+  done
+  "$CLUSTER" revive-node "$victim" > /dev/null
+  victim=""
+  wait_gone "$1"
+}
+# resumed_after_crash NAME REFERENCE DEAD: run NAME resumed from step term >= seen - 1 (sets term), the terminal
+# shard of rank DEAD came from its partner's copy, and NAME's final weights are REFERENCE's, bitwise.
+resumed_after_crash() {
+  local log=$SCRATCH/$1/log
+  term=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\).*/\1/p' "$log" | tail -1)
+  [ -n "$term" ] && [ "$term" -ge $((seen - 1)) ] || { cat "$log" >&2; fail "crash at step $seen: resumed from step ${term:-?}"; }
+  grep -q "last words: wrote rank $3's terminal shard of step $term from its partner copy" "$log" ||
+    { grep "last words\|memory tier" "$log" >&2; fail "rank $3's terminal shard was not written from a partner copy"; }
+  cmp -s "$SCRATCH/$2/final" "$SCRATCH/$1/final" || fail "$1: the final weights differ from the uninterrupted run's"
+}
+# restore_bytes LOG RANK: read_b and live_b, the bytes RANK's restore read from the dir and found in memory.
+restore_bytes() {
+  local line
+  line=$(grep "ckpt: rank $2: restored step [0-9]* from .* bytes read, .* found in memory)" "$1" | tail -1)
+  read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
+  live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
+  [ -n "$read_b" ] && [ -n "$live_b" ] || { grep "restored step\|ckpt:" "$1" >&2; fail "rank $2 logged no restore"; }
+}
 
 submit reference
 wait_gone reference
@@ -55,34 +91,14 @@ pass "uninterrupted ZeRO-1 run with the memory tier: 3 nodes train, n4 waits as 
 name=crash
 submit $name
 log=$SCRATCH/$name/log
-at=$((15 + RANDOM % 10))
-for _ in $(seq 1500); do s=$(logged "$log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break; sleep 0.02; done
-seen=$(logged "$log")
-[ -n "$seen" ] && [ "$seen" -lt "$STEPS" ] || fail "training did not reach step $at: $(tail -3 "$log")"
-victim=n$((2 + RANDOM % 2))
-crashed=$victim
-"$CLUSTER" crash-node "$victim" > /dev/null
-for _ in $(seq 900); do
-  [ -s "$SCRATCH/$name/final.sha256" ] && break
-  squeue -h -j "$job" 2>/dev/null | grep -q . || break
-  sleep 0.2
-done
-"$CLUSTER" revive-node "$victim" > /dev/null
-victim=""
-wait_gone $name
+crash_node_at_random_step $name n$((2 + RANDOM % 2))
 dead=$(sed -n "s/.*in-place recovery 1: ranks \[\([0-9]*\)\] lost; spares \['n4.0'\] take them over.*/\1/p" "$log" | head -1)
 [ -n "$dead" ] || { cat "$log" >&2; fail "no in-place recovery"; }
-term=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\).*/\1/p' "$log" | tail -1)
-[ -n "$term" ] && [ "$term" -ge $((seen - 1)) ] || { cat "$log" >&2; fail "crash at step $seen: resumed from step ${term:-?}"; }
-grep -q "last words: wrote rank $dead's terminal shard of step $term from its partner copy" "$log" ||
-  { grep "last words\|memory tier" "$log" >&2; fail "rank $dead's terminal shard was not written from a partner copy"; }
-cmp -s "$SCRATCH/reference/final" "$SCRATCH/$name/final" || fail "the final weights differ from the uninterrupted run's"
+resumed_after_crash $name reference "$dead"
 for r in 0 1 2; do
-  line=$(grep "ckpt: rank $r: restored step $term from .* bytes read, .* found in memory)" "$log" | tail -1)
-  read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
-  live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
-  echo "  rank $r$([ "$r" = "$dead" ] && echo " (the replacement)"): ${read_b:-?} bytes read, ${live_b:-?} found in memory"
-  [ -n "$read_b" ] && [ -n "$live_b" ] && [ "$live_b" -gt 8000000 ] && [ "$read_b" -eq 0 ] ||
+  restore_bytes "$log" $r
+  echo "  rank $r$([ "$r" = "$dead" ] && echo " (the replacement)"): $read_b bytes read, $live_b found in memory"
+  [ "$live_b" -gt 8000000 ] && [ "$read_b" -eq 0 ] ||
     { grep "restored step\|ckpt:" "$log" >&2; fail "rank $r read its state from the checkpoint dir"; }
 done
 pass "crash of $crashed at step $seen: rank $dead's shard from its partner's copy, in place from step $term; every rank's state from memory, nothing read; bitwise identical"
@@ -98,36 +114,14 @@ name=relaunch
 submit $name
 unset RUN_SPARES
 log=$SCRATCH/$name/log
-at=$((15 + RANDOM % 10))
-for _ in $(seq 1500); do s=$(logged "$log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break; sleep 0.02; done
-seen=$(logged "$log")
-[ -n "$seen" ] && [ "$seen" -lt "$STEPS" ] || fail "training did not reach step $at: $(tail -3 "$log")"
-victim=n2  # so that the relaunch moves rank 1 onto n3, which rank 2 left; rank 0 stays on n1
-crashed=$victim
-"$CLUSTER" crash-node "$victim" > /dev/null
-for _ in $(seq 900); do
-  [ -s "$SCRATCH/$name/final.sha256" ] && break
-  squeue -h -j "$job" 2>/dev/null | grep -q . || break
-  sleep 0.2
-done
-"$CLUSTER" revive-node "$victim" > /dev/null
-victim=""
-wait_gone $name
+crash_node_at_random_step $name n2  # the relaunch moves rank 1 onto n3, which rank 2 left; rank 0 stays on n1
 assert_contains "$log" "ckpt-run: relaunch 1: srun started at"
 grep -q "in-place recovery" "$log" && { cat "$log" >&2; fail "the step was recovered in place, not relaunched"; }
-term=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\).*/\1/p' "$log" | tail -1)
-[ -n "$term" ] && [ "$term" -ge $((seen - 1)) ] || { cat "$log" >&2; fail "crash at step $seen: resumed from step ${term:-?}"; }
-dead=1  # one rank per node, in node order: n1 rank 0, n2 rank 1, n3 rank 2
-grep -q "last words: wrote rank $dead's terminal shard of step [0-9]* from its partner copy" "$log" ||
-  { grep "last words\|memory tier" "$log" >&2; fail "rank $dead's terminal shard was not written from a partner copy"; }
-cmp -s "$SCRATCH/reference-relaunch/final" "$SCRATCH/$name/final" || fail "the final weights differ from the uninterrupted run's"
+resumed_after_crash $name reference-relaunch 1  # one rank per node in node order: rank 1 ran on n2
 # The relaunch runs on n1, n3 and n4, one rank each in that order: rank 0 stays on n1, rank 1 moves to n3, and
 # rank 2 runs on n4, which holds nothing of the job.
 for r in 0 1 2; do
-  line=$(grep "ckpt: rank $r: restored step [0-9]* from .* bytes read, .* found in memory)" "$log" | tail -1)
-  read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
-  live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
-  [ -n "$read_b" ] && [ -n "$live_b" ] || { grep "restored step\|ckpt:" "$log" >&2; fail "rank $r logged no restore"; }
+  restore_bytes "$log" $r
   if [ "$r" = 0 ]; then
     echo "  rank $r (on its node again): $read_b bytes read, $live_b found in the node tier"
     [ "$read_b" -eq 0 ] && [ "$live_b" -gt 8388608 ] ||

@@ -629,19 +629,22 @@ TEST_CASE("control files: atomic, read back whole, never through a symlink", "[s
   CHECK_FALSE(fs::exists(other / "real/x"));
 }
 
+// A shard record's range named `name` at `offset` holding `bytes`, with their checksum.
+static StateRange range_holding(const std::string& name, std::uint64_t offset, const std::vector<unsigned char>& bytes) {
+  StateRange r;
+  r.name = name;
+  r.offset = offset;
+  r.length = bytes.size();
+  r.checksum = XXH3_64bits(bytes.data(), bytes.size());
+  return r;
+}
+
 TEST_CASE("match_live_ranges: memory that holds a range's bytes exactly, by name, length and checksum",
           "[store][fs]") {
   ShardRecord record;
   std::vector<unsigned char> a(4096, 7), b(64, 9);
-  StateRange ra;
-  ra.name = "a";
-  ra.length = a.size();
-  ra.checksum = XXH3_64bits(a.data(), a.size());
-  StateRange rb;
-  rb.name = "b";
-  rb.offset = a.size();
-  rb.length = b.size();
-  rb.checksum = XXH3_64bits(b.data(), b.size());
+  StateRange ra = range_holding("a", 0, a);
+  StateRange rb = range_holding("b", a.size(), b);
   StateRange old;  // written before ranges had checksums
   old.name = "old";
   old.length = b.size();
@@ -667,10 +670,7 @@ TEST_CASE("match_live_ranges: memory that holds a range's bytes exactly, by name
 TEST_CASE("match_live_ranges: memory recorded with the range's checksum comes first; recorded otherwise, never",
           "[store][fs]") {
   std::vector<unsigned char> a(4096, 7), fresh(4096, 0);
-  StateRange ra;
-  ra.name = "a";
-  ra.length = a.size();
-  ra.checksum = XXH3_64bits(a.data(), a.size());
+  StateRange ra = range_holding("a", 0, a);
   ShardRecord record;
   record.states = {ra};
   std::vector<unsigned char> tier = a;  // a node tier's copy of the same bytes
