@@ -40,7 +40,9 @@ crash() {
   local name=$1 at=$((10 + RANDOM % 15)) pid
   shift
   victim=n$((1 + RANDOM % 3))
-  train "$name" "$@" -- --step-sleep 0.2 > "$SCRATCH/$name.log" 2>&1 &
+  # Every step logged: with a line every 20 steps, a draw past 20 waited for step 40, the last, and crashed a
+  # node of a job that had finished training.
+  train "$name" "$@" -- --step-sleep 0.2 --log-every 1 > "$SCRATCH/$name.log" 2>&1 &
   pid=$!
   wait_logged_step "$SCRATCH/$name.log" "$at" || { cat "$SCRATCH/$name.log" >&2; fail "$name: no step $at"; }
   seen=$(logged_step "$SCRATCH/$name.log")
