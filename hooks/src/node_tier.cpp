@@ -130,10 +130,7 @@ void NodeTier::adopt_earlier() {
   const std::uint64_t restart = j.is_object() && j.contains("restart") && j["restart"].is_number_unsigned()
                                     ? j["restart"].get<std::uint64_t>()
                                     : ~std::uint64_t{0};
-  const bool same = j.is_object() && field("job") == identity_.job && restart == identity_.restart &&
-                    field("host") == identity_.host && field("dir") == identity_.checkpoint_dir &&
-                    j.contains("rank") && j["rank"] == identity_.rank;
-  if (!same) {
+  if (!of_this_run(j) || !j.contains("rank") || j["rank"] != identity_.rank) {
     // Never used, whatever its bytes: it is another run's (an earlier run of a requeued job, a job id reused, a dir
     // copied, another checkpoint dir).
     auto run = [](const std::string& job, std::uint64_t n) {
@@ -147,21 +144,40 @@ void NodeTier::adopt_earlier() {
     (void)::unlinkat(dir_.get(), index.c_str(), 0);
     return;
   }
-  std::string steps;
-  for (const auto& b : j["buffers"]) {
-    if (std::optional<HostBuffer> map = map_entry(b, files)) {
-      take_entry(b, *map, true);
-      steps += (steps.empty() ? "" : ", ") + std::to_string(b["step"].get<std::uint64_t>());
-      found_entries_.push_back(b);
-      found_maps_.push_back(std::move(*map));
-    }
-  }
+  const std::string steps = take_buffers(j, files, true);
   std::sort(snapshots_.begin(), snapshots_.end(),
             [](const Snapshot& a, const Snapshot& b) { return a.step > b.step; });
   if (!steps.empty()) {
     log::info(identity_.rank, "node tier: an earlier process of this job left the snapshots of step(s) " + steps +
                                   " in " + path_ + "; restore takes the ranges that match the checkpoint from them");
   }
+}
+
+// Whether an index names this run: this job and restart count (a requeued job's next run is another run), this host
+// and this checkpoint dir.
+bool NodeTier::of_this_run(const nlohmann::json& index) const {
+  auto is = [&](const char* key, const std::string& want) {
+    return index.contains(key) && index[key].is_string() && index[key].get<std::string>() == want;
+  };
+  return index.is_object() && is("job", identity_.job) && index.contains("restart") &&
+         index["restart"].is_number_unsigned() && index["restart"].get<std::uint64_t>() == identity_.restart &&
+         is("host", identity_.host) && is("dir", identity_.checkpoint_dir);
+}
+
+// Every buffer of an earlier process's `index` that names one of `files`, mapped and taken (take_entry; `own`: this
+// rank's, also kept listed in this rank's index). Returns the steps of the snapshots whole in them, for the log.
+std::string NodeTier::take_buffers(const nlohmann::json& index, const std::vector<std::string>& files, bool own) {
+  std::string steps;
+  if (!index.contains("buffers") || !index["buffers"].is_array()) return steps;
+  for (const auto& b : index["buffers"]) {
+    if (std::optional<HostBuffer> map = map_entry(b, files)) {
+      take_entry(b, *map, own);
+      steps += (steps.empty() ? "" : ", ") + std::to_string(b["step"].get<std::uint64_t>());
+      if (own) found_entries_.push_back(b);
+      found_maps_.push_back(std::move(*map));
+    }
+  }
+  return steps;
 }
 
 // An earlier process's index entry, when it names one of `files` (those are removed at release_found()): its
@@ -297,23 +313,8 @@ void NodeTier::remove_left_behind() {
 // bytes hash to this rank's recorded checksum. Never a snapshot to resume from: its other ranges are another rank's.
 // Its files go at release_found(). False when it is another run's (the caller removes it).
 bool NodeTier::offer_departed(const nlohmann::json& index, int other, const std::vector<std::string>& files) {
-  auto field = [&](const char* key) {
-    return index.contains(key) && index[key].is_string() ? index[key].get<std::string>() : std::string();
-  };
-  const bool this_run = field("job") == identity_.job && index.contains("restart") &&
-                        index["restart"].is_number_unsigned() &&
-                        index["restart"].get<std::uint64_t>() == identity_.restart &&
-                        field("dir") == identity_.checkpoint_dir && index.contains("buffers") &&
-                        index["buffers"].is_array();
-  if (!this_run) return false;
-  std::string steps;
-  for (const auto& b : index["buffers"]) {
-    if (std::optional<HostBuffer> map = map_entry(b, files)) {
-      take_entry(b, *map, false);
-      steps += (steps.empty() ? "" : ", ") + std::to_string(b["step"].get<std::uint64_t>());
-      found_maps_.push_back(std::move(*map));
-    }
-  }
+  if (!of_this_run(index)) return false;
+  const std::string steps = take_buffers(index, files, false);
   log::info(identity_.rank, "node tier: rank " + std::to_string(other) + ", which no longer runs on this node, left" +
                                 (steps.empty() ? std::string(" no whole snapshot") : " the snapshots of step(s) " + steps) +
                                 " here; restore takes the ranges it holds alike from them");

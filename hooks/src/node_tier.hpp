@@ -122,6 +122,8 @@ class NodeTier {
   };
   NodeTier() = default;
   void adopt_earlier();   // open(): the index an earlier process left
+  bool of_this_run(const nlohmann::json& index) const;
+  std::string take_buffers(const nlohmann::json& index, const std::vector<std::string>& files, bool own);
   std::optional<HostBuffer> map_entry(const nlohmann::json& entry, const std::vector<std::string>& files);
   void take_entry(const nlohmann::json& entry, const HostBuffer& map, bool own);  // one mapped buffer's pieces
   void remove_left_behind();  // open(): what ranks that no longer run on this node left
