@@ -167,6 +167,10 @@ void bind_inplace(py::module& parent) {
     return ip::state_donors(p, layout_of(layout));
   }, py::arg("plan"), py::arg("layout"),
         "Replacement rank -> the survivor that hands it its state (a Checkpointer config's layout dict).");
+  m.def("training_stuck", [](bool last_words_done, bool returned, double cpu_idle_s) {
+    return ip::training_stuck(ip::TrainingThread{last_words_done, returned, cpu_idle_s});
+  }, py::arg("last_words_done"), py::arg("returned"), py::arg("cpu_idle_s"));
+  m.attr("STUCK_IDLE_S") = ip::kStuckIdleS;
   m.def("after_join_failure", &ip::after_join_failure, py::arg("generation"), py::arg("missing"));
   m.def("join_failure", &ip::join_failure, py::arg("plan"), py::arg("missing"), py::arg("now_unix"));
   m.def("recovery_role", &ip::recovery_role, py::arg("world"), py::arg("failure"), py::arg("rank"),

@@ -54,10 +54,10 @@ def wait_until(condition, timeout_s=5.0):
 
 
 class WatchdogTest(unittest.TestCase):
-    def form(self):
+    def form(self, on_stuck=None):
         plan = plan_of(0, 1)
         store = restart._store_master(plan)
-        return restart._Group("gloo", plan, 0, SECRET, *store)
+        return restart._Group("gloo", plan, 0, SECRET, *store, on_stuck=on_stuck)
 
     def test_previous_generation_loss_does_not_shut_the_new_group(self):
         stale = FakeCheckpointer({"armed": True, "lost_peer": True, "lost": [1]})
@@ -91,6 +91,35 @@ class WatchdogTest(unittest.TestCase):
         finally:
             group.leave(failed=True)
             restart._state["checkpointer"] = None
+
+
+    def lose_peer_while(self, train):
+        """The group's peer is lost and the last words are done while this thread (the one that formed the group,
+        as run()'s does) runs `train`; the idle times the watchdog reported stuck."""
+        stuck = []
+        group = self.form(on_stuck=stuck.append)
+        try:
+            restart.note_checkpointer(FakeCheckpointer({"armed": True, "lost_peer": True, "lost": [1], "done": True}))
+            train()
+            group.train_ended()
+            time.sleep(0.5)  # the watchdog's turns after train() returned
+            return stuck
+        finally:
+            group.leave(failed=True)
+            restart._state["checkpointer"] = None
+
+    def test_a_thread_blocked_after_the_loss_is_stuck(self):
+        stuck = self.lose_peer_while(lambda: time.sleep(restart._core.STUCK_IDLE_S + 2))  # blocked, no CPU
+        self.assertEqual(len(stuck), 1)
+        self.assertGreaterEqual(stuck[0], restart._core.STUCK_IDLE_S)
+
+    def test_a_thread_that_computes_or_returns_is_not_stuck(self):
+        def compute():
+            deadline = time.monotonic() + restart._core.STUCK_IDLE_S + 2
+            while time.monotonic() < deadline:
+                sum(range(1000))
+        self.assertEqual(self.lose_peer_while(compute), [])
+        self.assertEqual(self.lose_peer_while(lambda: None), [])
 
 
 class ReaperTest(unittest.TestCase):

@@ -8,6 +8,9 @@
 #  - every rank restores that step reading nothing from the checkpoint dir (each survivor from its live state or
 #    its staging's snapshots, the replacement from the partner's copy, every range checked against the
 #    checkpoint's checksums), at most one step is lost, and the final weights are bitwise identical to an uninterrupted run's.
+#  A survivor whose crash caught it in ZeRO-1's parameter broadcast with a send in flight cannot go on in place
+#  (gloo never fails that send): it must hand over at once, and the requeued job resume from the terminal
+#  checkpoint, the dead rank's shard from its partner's copy, bitwise.
 # Then the same crash under `ckpt-run` without --spares, which relaunches the step inside the allocation (n4 in the
 # dead node's place) on the controller's decision:
 #  - the terminal checkpoint is written as above, the dead rank's shard from its partner's copy;
@@ -92,16 +95,25 @@ name=crash
 submit $name
 log=$SCRATCH/$name/log
 crash_node_at_random_step $name n$((2 + RANDOM % 2))
-dead=$(sed -n "s/.*in-place recovery 1: ranks \[\([0-9]*\)\] lost; spares \['n4.0'\] take them over.*/\1/p" "$log" | head -1)
-[ -n "$dead" ] || { cat "$log" >&2; fail "no in-place recovery"; }
-resumed_after_crash $name reference "$dead"
-for r in 0 1 2; do
-  restore_bytes "$log" $r
-  echo "  rank $r$([ "$r" = "$dead" ] && echo " (the replacement)"): $read_b bytes read, $live_b found in memory"
-  [ "$live_b" -gt 8000000 ] && [ "$read_b" -eq 0 ] ||
-    { grep "restored step\|ckpt:" "$log" >&2; fail "rank $r read its state from the checkpoint dir"; }
-done
-pass "crash of $crashed at step $seen: rank $dead's shard from its partner's copy, in place from step $term; every rank's state from memory, nothing read; bitwise identical"
+if grep -q "training is stuck in a collective of generation 0" "$log"; then
+  # A survivor caught in ZeRO-1's parameter broadcast with a send in flight: gloo never fails that send, so the
+  # survivor cannot go on in place. It must hand over at once, and the requeue resume from the terminal checkpoint.
+  dead=$(sed -n "s/.*last words: wrote rank \([0-9]*\)'s terminal shard of step .* from its partner copy.*/\1/p" "$log" | head -1)
+  grep -q "^run 1 on" "$log" || { cat "$log" >&2; fail "a survivor was stuck, and the job was not requeued"; }
+  resumed_after_crash $name reference "$dead"
+  pass "crash of $crashed at step $seen caught a survivor in gloo's parameter broadcast: it handed over at once; requeued from step $term (rank $dead's shard from its partner's copy); bitwise identical"
+else
+  dead=$(sed -n "s/.*in-place recovery 1: ranks \[\([0-9]*\)\] lost; spares \['n4.0'\] take them over.*/\1/p" "$log" | head -1)
+  [ -n "$dead" ] || { cat "$log" >&2; fail "no in-place recovery"; }
+  resumed_after_crash $name reference "$dead"
+  for r in 0 1 2; do
+    restore_bytes "$log" $r
+    echo "  rank $r$([ "$r" = "$dead" ] && echo " (the replacement)"): $read_b bytes read, $live_b found in memory"
+    [ "$live_b" -gt 8000000 ] && [ "$read_b" -eq 0 ] ||
+      { grep "restored step\|ckpt:" "$log" >&2; fail "rank $r read its state from the checkpoint dir"; }
+  done
+  pass "crash of $crashed at step $seen: rank $dead's shard from its partner's copy, in place from step $term; every rank's state from memory, nothing read; bitwise identical"
+fi
 
 # ---- ckpt-run relaunches the step inside the allocation ----
 # The batch script's ckpt-run gets no --spares: a failed step is relaunched, not recovered in place. Outside

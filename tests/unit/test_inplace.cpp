@@ -127,6 +127,20 @@ TEST_CASE("a generation that did not form", "[inplace]") {
   CHECK(join_failure(plan, {2}, 1).root == -1);  // the plan's root is among the missing
 }
 
+TEST_CASE("training_stuck: a thread that neither returned nor used CPU after the last words ended", "[inplace]") {
+  using ckpt::inplace::kStuckIdleS;
+  // Stuck: last words done, train() still running, no CPU for the idle limit.
+  CHECK(training_stuck(TrainingThread{true, false, kStuckIdleS}));
+  CHECK(training_stuck(TrainingThread{true, false, kStuckIdleS * 10}));
+  // Computing (its CPU time advances), or idle for less: it will reach a failing collective itself.
+  CHECK_FALSE(training_stuck(TrainingThread{true, false, kStuckIdleS - 0.1}));
+  CHECK_FALSE(training_stuck(TrainingThread{true, false, 0}));
+  // Waiting on the last words (before_update waits for them, close too): not stuck until they are done.
+  CHECK_FALSE(training_stuck(TrainingThread{false, false, kStuckIdleS * 10}));
+  // Returned: recovery goes on, however long the thread was idle.
+  CHECK_FALSE(training_stuck(TrainingThread{true, true, kStuckIdleS * 10}));
+}
+
 TEST_CASE("the recovery's root and the plan's way down the tree", "[inplace]") {
   SECTION("the decider when it survived, else the lowest survivor") {
     CHECK(recovery_root(8, failure_of({3}, 5)) == 5);

@@ -150,6 +150,21 @@ enum class AfterTrain {
 const char* to_string(AfterTrain next);
 AfterTrain after_train(std::uint32_t generation, const TrainOutcome& outcome);
 
+// A training thread that cannot unwind. Once a peer is lost the failed group's connections are shut and every
+// collective blocked on them fails at once, but one: gloo never fails an unbound-buffer send that was partly
+// written when its pair closed (a large broadcast, as ZeRO-1's parameter sync, to a peer that stopped reading),
+// and the send waits out the group's collective timeout (30 minutes by default). Seen from outside: the last words
+// are done, train() has not returned, and the thread that runs it has used no CPU for kStuckIdleS. The process
+// cannot go on in place; it hands over to a requeue at once (the terminal checkpoint holds its state), rather than
+// leave the other survivors waiting for it until they give up.
+constexpr double kStuckIdleS = 5.0;
+struct TrainingThread {
+  bool last_words_done = false;  // this rank's last words for the lost peer ended (written, committed or given up)
+  bool returned = false;         // train() returned or raised
+  double cpu_idle_s = 0;         // since the thread's CPU time last advanced
+};
+bool training_stuck(const TrainingThread& thread);
+
 enum class AfterJoinFailure {
   Raise,     // generation 0 did not form: the launch failed, nothing to recover
   HandOver,  // the store is gone, or nobody is missing: no way on in place

@@ -106,6 +106,11 @@ AfterTrain after_train(std::uint32_t generation, const TrainOutcome& outcome) {
   return outcome.raised ? AfterTrain::Raise : AfterTrain::Return;
 }
 
+bool training_stuck(const TrainingThread& thread) {
+  // A thread still computing uses CPU, and one that waits on the last words waits until they are done.
+  return thread.last_words_done && !thread.returned && thread.cpu_idle_s >= kStuckIdleS;
+}
+
 const char* to_string(AfterJoinFailure next) {
   switch (next) {
     case AfterJoinFailure::Raise: return "raise";

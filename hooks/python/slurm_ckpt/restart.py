@@ -261,7 +261,7 @@ def _missing(plan, rank, secret):
 class _Group:
     """One generation's process group, and the sockets it opened, which a watchdog shuts when a peer is lost."""
 
-    def __init__(self, backend, plan, rank, secret, store=None, before=None, keep_port=None):
+    def __init__(self, backend, plan, rank, secret, store=None, before=None, keep_port=None, on_stuck=None):
         before = _sockets() if before is None else before  # the master's: taken before its store was made
         self.store_port = plan.port
         world = plan.world
@@ -299,6 +299,9 @@ class _Group:
         # see only the one train() makes now (on a loaded host it would otherwise shut the new group at once).
         _state["checkpointer"] = None
         self._stop = threading.Event()
+        self._returned = threading.Event()
+        self._trainer = threading.get_ident()  # the thread that runs train() in this generation
+        self._on_stuck = on_stuck
         self._watch = threading.Thread(target=self._watchdog, name="ckpt-inplace-watch", daemon=True)
         self._watch.start()
 
@@ -317,7 +320,30 @@ class _Group:
             lw = _last_words()
             if lw.get("lost_peer") or lw.get("counted_dead"):
                 self.shut()
+                self._watch_unwinding()
                 return
+
+    def _watch_unwinding(self):
+        """After the shut, until train() returns: a training thread the core finds stuck (training_stuck: blocked
+        in a send gloo never fails) is reported to on_stuck, with how long it has used no CPU."""
+        if self._on_stuck is None:
+            return
+        try:
+            clock = time.pthread_getcpuclockid(self._trainer)
+            cpu, idle_since = time.clock_gettime(clock), time.monotonic()
+            while not self._stop.wait(0.2):
+                now, used = time.monotonic(), time.clock_gettime(clock)
+                if used != cpu:
+                    cpu, idle_since = used, now
+                if _core.training_stuck(bool(_last_words().get("done")), self._returned.is_set(), now - idle_since):
+                    self._on_stuck(now - idle_since)
+                    return
+        except OSError:  # the thread is gone
+            return
+
+    def train_ended(self):
+        """train() returned or raised: the training thread is not stuck."""
+        self._returned.set()
 
     def shut(self):
         """Shuts the group's connections (not its store's): blocked collectives fail at once."""
@@ -582,7 +608,7 @@ class _Run:
         _set_rank_env(self.rank, self.world, self.launch, self.generation)
         try:
             self.group = _Group(self.backend, self.plan, self.rank, self.secret, *(self.store or (None, None)),
-                                keep_port=self.mailbox.port)
+                                keep_port=self.mailbox.port, on_stuck=self._on_training_stuck)
         except (_JoinFailed, RuntimeError) as e:
             missing = e.missing if isinstance(e, _JoinFailed) else None
             self._on_join_failed(missing, e, why=f"generation {self.generation} did not form: {e}")
@@ -619,6 +645,7 @@ class _Run:
             self.result = train(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - a dead peer surfaces as any error of the training code
             error = e
+        self.group.train_ended()
         cp = _state["checkpointer"]
         lw = _last_words()
         if cp is not None and ((error is not None and lw.get("armed")) or lw.get("lost_peer")
@@ -666,6 +693,14 @@ class _Run:
         failed_plan = self.plan
         self.machine.on(_core.Event.PEER_LOST)
         self._recover(_peer_loss(), failed_plan)
+
+    def _on_training_stuck(self, idle_s):
+        """On the group's watchdog thread: train() cannot unwind after the peer loss (see training_stuck). The
+        terminal checkpoint holds this rank's state; a requeue takes over now, not when the others give up."""
+        why = (f"rank {self.rank}: training is stuck in a collective of generation {self.generation}: no CPU for "
+               f"{idle_s:.1f} s after the peer loss (gloo does not fail a send in flight when its connection closes)")
+        self.members.mark("abandoned", why)
+        self._leave(f"{why}; handing over to a requeue")
 
     # ---- recovering ----------------------------------------------------------------------------------------------
 
