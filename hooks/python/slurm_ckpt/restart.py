@@ -320,7 +320,8 @@ class _Group:
             lw = _last_words()
             if lw.get("lost_peer") or lw.get("counted_dead"):
                 self.shut()
-                self._watch_unwinding()
+                if not lw.get("counted_dead"):  # a rank the others count as dead leaves on its own
+                    self._watch_unwinding()
                 return
 
     def _watch_unwinding(self):
@@ -335,7 +336,10 @@ class _Group:
                 now, used = time.monotonic(), time.clock_gettime(clock)
                 if used != cpu:
                     cpu, idle_since = used, now
-                if _core.training_stuck(bool(_last_words().get("done")), self._returned.is_set(), now - idle_since):
+                lw = _last_words()
+                if lw.get("counted_dead"):
+                    return
+                if _core.training_stuck(bool(lw.get("done")), self._returned.is_set(), now - idle_since):
                     self._on_stuck(now - idle_since)
                     return
         except OSError:  # the thread is gone
