@@ -241,9 +241,7 @@ void Engine::start_requeue(JobRecord& r, const rec::RecoveryPlan& plan, double n
   i.id = next ? *next : 0;
   r.budget = plan.budget;
   r.intent = i;
-  r.clock.path = "requeue";
-  metrics_.add("ckpt_controller_restarts_total",
-               "ending=\"" + std::string(rec::to_string(plan.ending)) + "\",path=\"requeue\"");
+  r.clock.path = "requeue";  // counted in restarts_total once Slurm runs the job again (new_run)
   crash_point("decided");
   if (!transition(r, JobState::Requeueing, plan.reason, now)) return;
   // Nothing is sent to Slurm before the intent is durable: the end of this cycle saves every decision in one

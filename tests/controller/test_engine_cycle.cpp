@@ -151,6 +151,27 @@ TEST_CASE("engine cycle: a crashed task is requeued once and runs again", "[cont
   CHECK(h.slurm.requeues == 1);
 }
 
+TEST_CASE("engine cycle: a requeue is counted once the job runs again, never when its user cancelled it first",
+          "[controller][engine]") {
+  const std::string counted = "ckpt_controller_restarts_total{ending=\"task crash\",path=\"requeue\"} 1\n";
+  Harness h;
+  h.run_started();
+  h.every_rank_failed();
+  SECTION("carried out") {
+    REQUIRE(h.cycle_until([&] { return h.in("pending"); }));
+    CHECK(h.engine->metrics_text(h.now).find(counted) == std::string::npos);  // decided, not yet carried out
+    h.set_state(rec::SlurmState::Running);
+    REQUIRE(h.cycle_until([&] { return h.in("running"); }));
+    CHECK(h.engine->metrics_text(h.now).find(counted) != std::string::npos);
+  }
+  SECTION("the user's scancel overtook it") {
+    REQUIRE(h.cycle_until([&] { return h.in("requeueing"); }));
+    h.set_state(rec::SlurmState::Cancelled);
+    REQUIRE(h.cycle_until([&] { return h.in("cancelled"); }));
+    CHECK(h.engine->metrics_text(h.now).find("path=\"requeue\"} 1") == std::string::npos);
+  }
+}
+
 TEST_CASE("engine cycle: a node lost under ckpt-run is relaunched inside the allocation", "[controller][engine]") {
   Harness h;
   h.run_started(true);
