@@ -973,6 +973,8 @@ TEST_CASE("memory tier: a rank it does not fit turns it off for the whole job an
   std::vector<Rank> ranks = make_ranks(dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", "off1", {0, 1});
   for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
   REQUIRE(wait_for([&] { return logs.has("the memory tier is off for the whole job"); }, 10s));
+  // Each rank hears the word on its own (rank 0's line says only that rank 0 has): both, before training.
+  REQUIRE(wait_for([&] { return ranks[0].cp->stats().memory_tier_off && ranks[1].cp->stats().memory_tier_off; }, 10s));
   const Stats before = ranks[1].cp->stats();
   REQUIRE(train(ranks, 0, 10, 30ms));
   // Neither rank takes a memory checkpoint now, nor sends a copy.

@@ -222,14 +222,14 @@ TEST_CASE("node tier: off without the memory tier, without a job, or with CKPT_N
 
 TEST_CASE("node tier: an index names its buffers' steps only while they are whole", "[hooks][node_tier]") {
   test::TempDir node, ckpt_dir;
-  auto tier = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}});
+  auto tier = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}, "", 1});
   REQUIRE(tier.ok());
   auto buffer = (*tier)->allocate(4096);
   REQUIRE(buffer.ok());
   std::memset(buffer->data(), 7, 4096);
   (*tier)->whole(5, {Piece{"w", buffer->data() + 64, 100, {}}}, {0});
   {
-    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}});
+    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}, "", 1});
     REQUIRE(later.ok());
     auto found = (*later)->found();
     REQUIRE(found.size() == 1);
@@ -239,18 +239,18 @@ TEST_CASE("node tier: an index names its buffers' steps only while they are whol
   }
   (*tier)->overwriting(buffer->data());
   {
-    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}});
+    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}, "", 1});
     REQUIRE(later.ok());
     CHECK((*later)->found().empty());
   }
   (*tier)->whole(6, {Piece{"w", buffer->data(), 10, {}}}, {0});
   SECTION("another host's index is not used") {
-    auto elsewhere = NodeTier::open(node.path(), {"12", 0, "host-b", ckpt_dir.path(), 3});
+    auto elsewhere = NodeTier::open(node.path(), {"12", 0, "host-b", ckpt_dir.path(), 3, {}, "", 1});
     REQUIRE(elsewhere.ok());
     CHECK((*elsewhere)->found().empty());
   }
   SECTION("the job's next run after a requeue (same id, restart count 1) does not use it") {
-    auto requeued = NodeTier::open(node.path(), {"12", 1, "host-a", ckpt_dir.path(), 3});
+    auto requeued = NodeTier::open(node.path(), {"12", 1, "host-a", ckpt_dir.path(), 3, {}, "", 1});
     REQUIRE(requeued.ok());
     CHECK((*requeued)->found().empty());
   }
@@ -258,12 +258,12 @@ TEST_CASE("node tier: an index names its buffers' steps only while they are whol
     (*tier)->remove_all();
     CHECK(files_in(node.path() + "/" + NodeTier::dir_name(::geteuid(), "12")).empty());
     CHECK(static_cast<unsigned char>(buffer->data()[0]) == 7);
-    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}});
+    auto later = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 3, {}, "", 1});
     REQUIRE(later.ok());
     CHECK((*later)->found().empty());
   }
   SECTION("another rank does not read it") {
-    auto other = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 4});
+    auto other = NodeTier::open(node.path(), {"12", 0, "host-a", ckpt_dir.path(), 4, {}, "", 1});
     REQUIRE(other.ok());
     CHECK((*other)->found().empty());
   }
@@ -278,7 +278,7 @@ TEST_CASE("node tier: files of a rank that no longer runs on this node, whose wr
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 5, {5}});
+    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 5, {5}, "", 1});
     if (!tier) ::_exit(1);
     auto buffer = (*tier)->allocate(4096);
     if (!buffer) ::_exit(2);
@@ -298,24 +298,24 @@ TEST_CASE("node tier: files of a rank that no longer runs on this node, whose wr
   };
   REQUIRE(files_of_5() == 2);  // its buffer and its index
   SECTION("rank 5 runs on this node in this launch: its files are its own to adopt") {
-    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 3, {3, 5}});
+    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 3, {3, 5}, "", 1});
     REQUIRE(tier.ok());
     CHECK(files_of_5() == 2);
   }
   SECTION("this launch's ranks here are not known (no SLURM_GTIDS): nothing is removed") {
-    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 3, {}});
+    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 3, {}, "", 1});
     REQUIRE(tier.ok());
     CHECK(files_of_5() == 2);
   }
   SECTION("another host's index is not this node's to judge") {
-    auto tier = NodeTier::open(node.path(), {"31", 0, "host-b", ckpt_dir.path(), 3, {3, 4}});
+    auto tier = NodeTier::open(node.path(), {"31", 0, "host-b", ckpt_dir.path(), 3, {3, 4}, "", 1});
     REQUIRE(tier.ok());
     CHECK(files_of_5() == 2);
   }
   SECTION("rank 5 runs elsewhere now and its writer is gone: its ranges are offered, never as a snapshot; removed "
           "at release") {
     test::LogCapture log;
-    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 3, {3, 4}});
+    auto tier = NodeTier::open(node.path(), {"31", 0, "host-a", ckpt_dir.path(), 3, {3, 4}, "", 1});
     REQUIRE(tier.ok());
     CHECK(log.has("node tier: rank 5, which no longer runs on this node, left the snapshots of step(s) 9 here"));
     auto found = (*tier)->found();
@@ -332,7 +332,7 @@ TEST_CASE("node tier: files of a rank that no longer runs on this node, whose wr
   }
   SECTION("rank 5's files of another run (the job requeued since): removed at once, nothing offered") {
     test::LogCapture log;
-    auto tier = NodeTier::open(node.path(), {"31", 1, "host-a", ckpt_dir.path(), 3, {3, 4}});
+    auto tier = NodeTier::open(node.path(), {"31", 1, "host-a", ckpt_dir.path(), 3, {3, 4}, "", 1});
     REQUIRE(tier.ok());
     CHECK(files_of_5() == 0);
     CHECK((*tier)->found().empty());

@@ -207,6 +207,8 @@ struct Stats {
   std::uint64_t partner_copies = 0;       // copies the partner kept
   std::uint64_t partner_failures = 0;     // copies it refused or that did not arrive
   double last_partner_s = 0;              // the last copy's transfer, start to the partner's answer
+  bool memory_tier_off = false;           // the word reached this rank: the tier does not fit some rank, and is off
+                                          // for the whole job from its next step on
   std::uint64_t memory_interval = 0;      // steps between memory checkpoints: CKPT_MEMORY_INTERVAL, or (auto) rank
                                           // 0's current choice; 0 elsewhere under auto, and without the tier
   // CKPT_INTERVAL=auto, on rank 0 (the rank that decides timed checkpoints); zero elsewhere. Recomputed after
