@@ -124,15 +124,15 @@ void NodeTier::adopt_earlier() {
   const std::string prefix = file_prefix(identity_.checkpoint_dir, identity_.rank);
   nlohmann::json j = nlohmann::json::parse(*text.value, nullptr, false);
   const std::vector<std::string> files = files_named(j, prefix);
-  auto field = [&](const char* key) {
-    return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string("?");
-  };
-  const std::uint64_t restart = j.is_object() && j.contains("restart") && j["restart"].is_number_unsigned()
-                                    ? j["restart"].get<std::uint64_t>()
-                                    : ~std::uint64_t{0};
   if (!of_this_run(j) || !j.contains("rank") || j["rank"] != identity_.rank) {
     // Never used, whatever its bytes: it is another run's (an earlier run of a requeued job, a job id reused, a dir
     // copied, another checkpoint dir).
+    auto field = [&](const char* key) {
+      return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string("?");
+    };
+    const std::uint64_t restart = j.is_object() && j.contains("restart") && j["restart"].is_number_unsigned()
+                                      ? j["restart"].get<std::uint64_t>()
+                                      : ~std::uint64_t{0};
     auto run = [](const std::string& job, std::uint64_t n) {
       return "job " + job + (n == 0 ? std::string() : " (requeued " + std::to_string(n) + " times)");
     };
