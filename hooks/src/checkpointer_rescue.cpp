@@ -207,10 +207,6 @@ void Checkpointer::Impl::start_memory_tier() {
 
 void Checkpointer::Impl::on_tier_off(int who, std::uint64_t need, std::uint64_t budget) {
   tier_too_big = true;  // no memory checkpoint from the next step on; the worker closes the tier's links
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    stats.memory_tier_off = true;
-  }
   const auto why = memtier::refuse(need, budget, who);
   if (rank == 0 && why) log::warn(0, *why);
 }

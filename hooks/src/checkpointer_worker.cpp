@@ -24,7 +24,9 @@ Checkpointer::Impl::~Impl() {
 
 Stats Checkpointer::Impl::stats_copy() const {
   std::lock_guard<std::mutex> lock(mu);
-  return stats;
+  Stats s = stats;
+  s.memory_tier_off = tier_too_big;
+  return s;
 }
 
 void Checkpointer::Impl::record_error(const std::string& message) {
