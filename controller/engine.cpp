@@ -352,8 +352,7 @@ void Engine::new_run(JobRecord& r, std::uint32_t restart_count, double now) {
     r.clock.slurm_done = now;
     // A requeue counts once carried out: one that the user's scancel overtook never ran again.
     if (r.clock.path == "requeue" && r.ending) {
-      metrics_.add("ckpt_controller_restarts_total",
-                   "ending=\"" + std::string(rec::to_string(*r.ending)) + "\",path=\"requeue\"");
+      count_restart(*r.ending, "requeue");
     }
   }
   if (r.state != JobState::Running) transition(r, JobState::Running, "run " + std::to_string(restart_count) + " started", now);

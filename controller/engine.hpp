@@ -88,6 +88,7 @@ class Engine final : private IntentRunner::Host {
   Verdict handle_event(const Event& event, std::uint32_t uid, double now);
   void carry_out(JobRecord& r, const Event& e, std::uint32_t uid, const ckpt::recovery::EventEffects& fx, double now);
   void note_running_again(JobRecord& r, double now);
+  void count_restart(ckpt::recovery::Ending ending, const std::string& path);  // restarts_total{ending,path}
   void count_slow_node(const JobRecord& r, const ckpt::recovery::SlowNode& report, double now);
   Verdict handle_admin(const std::string& op, const std::string& arg, std::uint32_t uid, double now);
   Verdict handle_release(const std::string& arg, std::uint32_t uid, double now);

@@ -106,14 +106,16 @@ void Engine::carry_out(JobRecord& r, const Event& e, std::uint32_t uid, const re
   if (fx.to) transition(r, *fx.to, fx.why, now);
   if (!fx.exclude.empty()) exclude_nodes(r, fx.exclude, now, fx.exclude_reason);
   if (fx.slow_node) count_slow_node(r, *fx.slow_node, now);
-  if (fx.restarted) {
-    metrics_.add("ckpt_controller_restarts_total",
-                 "ending=\"" + std::string(rec::to_string(*fx.restarted)) + "\",path=\"" + r.clock.path + "\"");
-  }
+  if (fx.restarted) count_restart(*fx.restarted, r.clock.path);
   if (fx.give_up) give_up(r, *fx.give_up, nullptr, now);
   if (fx.start_failing) start_failing(r, now);
   if (fx.running_again) note_running_again(r, now);
   if (fx.check_now) runtime(r.job_id).next_check = 0;
+}
+
+void Engine::count_restart(rec::Ending ending, const std::string& path) {
+  metrics_.add("ckpt_controller_restarts_total",
+               "ending=\"" + std::string(rec::to_string(ending)) + "\",path=\"" + path + "\"");
 }
 
 // The first step of a recovered run started (in place: completed): the recovery's latency and its phases.

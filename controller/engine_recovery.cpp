@@ -225,8 +225,7 @@ void Engine::relaunch(JobRecord& r, const rec::RecoveryPlan& plan, double now) {
   r.budget = plan.budget;
   r.relaunch_step = plan.relaunch_step;
   r.clock.path = "relaunch";
-  metrics_.add("ckpt_controller_restarts_total",
-               "ending=\"" + std::string(rec::to_string(plan.ending)) + "\",path=\"relaunch\"");
+  count_restart(plan.ending, "relaunch");
   transition(r, JobState::Relaunching, plan.reason, now);
 }
 
