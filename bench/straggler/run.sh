@@ -74,5 +74,5 @@ for i in $(seq "$RUNS"); do
   stop_job
 done
 
-python3 "$SRC/bench/straggler/report.py" "$WORK"
+"$PY" "$SRC/bench/straggler/report.py" "$WORK"
 echo "reproduce: bench/straggler/run.sh -m $MINUTES -n $RUNS"

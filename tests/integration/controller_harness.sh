@@ -19,7 +19,7 @@ HOOK_PID=""
 for f in "$CTL" "$CKPT_RUN" "$TEST_JOB"; do
   [ -x "$f" ] || { echo "SKIP: $f is not built" >&2; exit 77; }
 done
-command -v python3 >/dev/null || { echo "SKIP: python3 missing" >&2; exit 77; }
+[ -x "$PY" ] || { echo "SKIP: $PY missing" >&2; exit 77; }
 
 ctl_cleanup() {
   local rc=$?
@@ -46,7 +46,7 @@ use_controller_in_plugstack() {
 }
 
 json_get() {  # json_get 'python expression on j' < json
-  python3 -c "import json,sys; j=json.load(sys.stdin); v=$1; print(v if not isinstance(v,(dict,list)) else json.dumps(v))"
+  "$PY" -c "import json,sys; j=json.load(sys.stdin); v=$1; print(v if not isinstance(v,(dict,list)) else json.dumps(v))"
 }
 
 start_restd() {
@@ -167,7 +167,7 @@ revive_node() { "$CLUSTER" revive-node "$1" >/dev/null 2>&1 || fail "revive-node
 
 # A local webhook receiver: appends each POSTed body as one line to $SCRATCH/alerts.
 start_webhook() {
-  python3 - "$HOOK_PORT" "$SCRATCH/alerts" > "$SCRATCH/webhook.log" 2>&1 <<'PY' &
+  "$PY" - "$HOOK_PORT" "$SCRATCH/alerts" > "$SCRATCH/webhook.log" 2>&1 <<'PY' &
 import http.server, sys
 port, out = int(sys.argv[1]), sys.argv[2]
 class H(http.server.BaseHTTPRequestHandler):

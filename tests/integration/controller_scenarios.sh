@@ -14,7 +14,7 @@ wait_idle_nodes() {  # wait_idle_nodes N: N nodes up and idle (a crashed node fr
 report_times() {  # report_times JOB CRASH_TIME LABEL [SRUN_START]
   local job=$1 t0=$2 label=$3 srun_start=${4:-}
   local clock; clock=$(job_json "$job" | json_get 'j["clock"]')
-  TOTAL=$(python3 - "$clock" "$t0" "$label" "$srun_start" <<'PY'
+  TOTAL=$("$PY" - "$clock" "$t0" "$label" "$srun_start" <<'PY'
 import json, sys
 c, t0, label, srun = json.loads(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
 slurm_end = float(srun) if srun else c["slurm_done"]

@@ -8,6 +8,7 @@ export SLURM_CONF=${SLURM_CONF:-$CKPT_CLUSTER_DIR/etc/slurm.conf}
 CLUSTER=$CKPT_SOURCE_DIR/tests/cluster.sh
 TEST_USER=${CKPT_TEST_USER:-ckptuser}
 TEST_NAME=$(basename "${BASH_SOURCE[1]:-$0}" .sh)
+source "$(dirname "${BASH_SOURCE[0]}")/python.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/free_port.sh"
 
 # A fresh scratch dir for this test under the cluster's shared checkpoint area, removed on success.
@@ -19,7 +20,8 @@ fail() {
   echo "(scratch kept in $SCRATCH)" >&2
   exit 1
 }
-pass() { echo "ok: $*"; }
+# Each line says when in the test it passed (seconds since the start): where a slow test spends its time.
+pass() { echo "ok [${SECONDS}s]: $*"; }
 
 # assert_contains FILE TEXT: FILE holds TEXT literally.
 assert_contains() { grep -qF -- "$2" "$1" || { echo "--- $1:" >&2; cat "$1" >&2; fail "expected '$2' in $1"; }; }

@@ -84,7 +84,7 @@ check_status_page() {
   echo "page saved by $TEST_USER (uid $(id -u "$TEST_USER")): job $job not shown"
 
   curl -sf "$CONTROLLER_URL/metrics" > "$SCRATCH/metrics" || fail "no /metrics"
-  python3 "$CKPT_SOURCE_DIR/tests/ops/check_dashboards.py" --metrics "$SCRATCH/metrics" \
+  "$PY" "$CKPT_SOURCE_DIR/tests/ops/check_dashboards.py" --metrics "$SCRATCH/metrics" \
     --dashboard "$CKPT_SOURCE_DIR/packaging/host/grafana-dashboard.json" \
     --rules "$CKPT_SOURCE_DIR/packaging/host/prometheus-alerts.yml" \
     --require-samples ckpt_controller_restarts_total,ckpt_controller_recovery_seconds_count \

@@ -5,6 +5,7 @@ set -euo pipefail
 
 : "${CKPT_BUILD_DIR:?CKPT_BUILD_DIR must name the build dir}"
 STORE_TEST=$(basename "$0" .sh)
+source "$(dirname "${BASH_SOURCE[0]}")/python.sh"
 CKPT="$CKPT_BUILD_DIR/cli/ckpt"
 CRASHER="$CKPT_BUILD_DIR/tests/store_crasher"
 for bin in "$CKPT" "$CRASHER"; do
@@ -26,7 +27,7 @@ step_dir() { printf '%s/%012d' "$1" "$2"; }
 # The state `ckpt ls --json` reports for a step, or "absent".
 state_of() {
   local root="$1" step="$2"
-  "$CKPT" ls "$root" --json | python3 -c '
+  "$CKPT" ls "$root" --json | "$PY" -c '
 import json, sys
 step = int(sys.argv[1])
 for e in json.load(sys.stdin):

@@ -20,7 +20,7 @@ expect() {
   fi
 }
 
-json_get() { python3 -c 'import json, sys; print(eval(sys.argv[1], {"d": json.load(sys.stdin)}))' "$1"; }
+json_get() { "$PY" -c 'import json, sys; print(eval(sys.argv[1], {"d": json.load(sys.stdin)}))' "$1"; }
 
 root="$work/ckpts"
 "$CRASHER" save "$root" 100 >/dev/null

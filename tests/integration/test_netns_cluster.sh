@@ -78,7 +78,7 @@ sleep 1.5
 before=$(cat "$SCRATCH/beat/n4"); sleep 1; after=$(cat "$SCRATCH/beat/n4")
 [ "$before" != "$after" ] || fail "n4's task stopped writing the shared file system when its link was cut"
 [ -n "$(ip netns pids "ckpt$CKPT_CLUSTER_SUBNET-n4")" ] || fail "n4's processes died with its link"
-reach() { python3 -c "import socket, sys
+reach() { "$PY" -c "import socket, sys
 try:
     socket.create_connection(('$SUBNET.14', $((CKPT_CLUSTER_PORT + 1))), timeout=2).close(); print('connected')
 except socket.timeout:

@@ -11,7 +11,7 @@ CTL=$CKPT_BUILD_DIR/controller/ckpt-controller
 SRC=$CKPT_SOURCE_DIR
 [ -x "$CTL" ] || fail "ckpt-controller is not built"
 command -v promtool > /dev/null || fail "promtool is not installed (Debian's prometheus; scripts/install-deps.sh)"
-CHECK=(python3 "$SRC/tests/ops/check_dashboards.py" --dashboard "$SRC/packaging/host/grafana-dashboard.json"
+CHECK=("$PY" "$SRC/tests/ops/check_dashboards.py" --dashboard "$SRC/packaging/host/grafana-dashboard.json"
        --rules "$SRC/packaging/host/prometheus-alerts.yml")
 
 promtool check rules "$SRC/packaging/host/prometheus-alerts.yml" > "$SCRATCH/check.out" 2>&1 \
@@ -32,7 +32,7 @@ for _ in $(seq 100); do curl -sf "$CONTROLLER_URL/metrics" > "$SCRATCH/metrics" 
 sed -e 's/ckpt_controller_lost_work_seconds_total/ckpt_controller_lost_work_total/' \
     -e 's/sum by (ending) (increase(ckpt_controller_restarts_total/sum by (endng) (increase(ckpt_controller_restarts_total/' \
     "$SRC/packaging/host/grafana-dashboard.json" > "$SCRATCH/broken.json"
-if python3 "$SRC/tests/ops/check_dashboards.py" --metrics "$SCRATCH/metrics" --dashboard "$SCRATCH/broken.json" \
+if "$PY" "$SRC/tests/ops/check_dashboards.py" --metrics "$SCRATCH/metrics" --dashboard "$SCRATCH/broken.json" \
      --rules "$SRC/packaging/host/prometheus-alerts.yml" > "$SCRATCH/broken.out"; then
   fail "the checker passed a dashboard with a misspelled metric and label"
 fi

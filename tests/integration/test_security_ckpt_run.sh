@@ -18,7 +18,7 @@ trap cleanup EXIT
 
 for mode in gave-up relaunch self-signed mistyped; do
   port=$(free_port)
-  (cd /tmp && exec "$CLUSTER" on n1 runuser -u nobody -- python3 "$CKPT_SOURCE_DIR/tests/integration/fake_controller.py" \
+  (cd /tmp && exec "$CLUSTER" on n1 runuser -u nobody -- "$PY" "$CKPT_SOURCE_DIR/tests/integration/fake_controller.py" \
     "$port" "$mode" "$MUNGE_SOCKET") > "$SCRATCH/fake-$mode.log" 2>&1 &
   fake=$!
   for _ in $(seq 50); do "$CLUSTER" on n1 curl -s -o /dev/null "http://127.0.0.1:$port/healthz" && break; sleep 0.1; done

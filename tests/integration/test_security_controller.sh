@@ -66,11 +66,11 @@ CONF
   else
     echo "note: no munged at $MUNGE_SOCKET: timing /healthz only"
   fi
-  python3 "$CKPT_SOURCE_DIR/tests/integration/controller_flood.py" 127.0.0.1 "$PORT" "$CTL_PID" 10 "$SCRATCH/creds" \
+  "$PY" "$CKPT_SOURCE_DIR/tests/integration/controller_flood.py" 127.0.0.1 "$PORT" "$CTL_PID" 10 "$SCRATCH/creds" \
     > "$SCRATCH/flood.json" || fail "the flood client failed"
   cat "$SCRATCH/flood.json"
   kill -0 "$CTL_PID" 2>/dev/null || { tail -20 "$SCRATCH/controller.log" >&2; fail "the controller died under the flood"; }
-  python3 - "$SCRATCH/flood.json" <<'PY' || fail "the flood hurt the controller (see above)"
+  "$PY" - "$SCRATCH/flood.json" <<'PY' || fail "the flood hurt the controller (see above)"
 import json, sys
 r = json.load(open(sys.argv[1]))
 ok = True
@@ -89,7 +89,7 @@ PY
   assert_contains "$SCRATCH/controller.log" "transfer codings (chunked bodies) are not accepted"
   assert_contains "$SCRATCH/controller.log" "request head is larger than 16384 bytes"
   stop_controller
-  pass "flood: peak RSS $(python3 -c "import json; print(json.load(open('$SCRATCH/flood.json'))['vm_hwm_kib'])") KiB; answers within 1 s"
+  pass "flood: peak RSS $("$PY" -c "import json; print(json.load(open('$SCRATCH/flood.json'))['vm_hwm_kib'])") KiB; answers within 1 s"
 }
 
 slurm_part() {
@@ -157,7 +157,7 @@ CONF
 
   # A reused job id: a record left from an older job with the same id (another submit time) is not carried on.
   stop_controller
-  python3 - "$SCRATCH/controller.db" "$mine" <<'PY' || fail "cannot plant an old record"
+  "$PY" - "$SCRATCH/controller.db" "$mine" <<'PY' || fail "cannot plant an old record"
 import json, sqlite3, sys
 db, job = sqlite3.connect(sys.argv[1]), int(sys.argv[2])
 rec = json.loads(db.execute("SELECT record FROM jobs WHERE job_id = ?", (job,)).fetchone()[0])

@@ -33,7 +33,7 @@ wait_job_state "$untracked" RUNNING 30
 
 # The flood, as the unprivileged test user: signed first, then sent from $CONNECTIONS connections.
 uid=$(id -u "$TEST_USER")
-(cd /tmp && exec runuser -u "$TEST_USER" -- python3 "$CKPT_SOURCE_DIR/tests/integration/event_flood.py" \
+(cd /tmp && exec runuser -u "$TEST_USER" -- "$PY" "$CKPT_SOURCE_DIR/tests/integration/event_flood.py" \
   "$CONTROLLER_URL" "$MUNGE_SOCKET" "$flooder,$untracked" "$uid" "$COUNT" "$CONNECTIONS" 90 "$SCRATCH/flooder/halfway") \
   > "$SCRATCH/flood.log" 2>&1 &
 flood=$!

@@ -45,7 +45,7 @@ sleep 1
 slurmd_port=$(scontrol show node n2 | sed -n 's/.*Port=\([0-9]*\).*/\1/p' | head -1)
 addr=$(scontrol show node n2 | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | head -1)
 [ -n "$slurmd_port" ] || slurmd_port=$(( ${CKPT_CLUSTER_PORT:-16817} + 2 ))
-(cd /tmp && exec runuser -u "$TEST_USER" -- python3 "$CKPT_SOURCE_DIR/tests/integration/slurmd_flood.py" \
+(cd /tmp && exec runuser -u "$TEST_USER" -- "$PY" "$CKPT_SOURCE_DIR/tests/integration/slurmd_flood.py" \
   "$addr" "$slurmd_port" "$CONNECTIONS" 90) > "$SCRATCH/flood.log" 2>&1 &
 flood=$!
 for _ in $(seq 100); do grep -q holding "$SCRATCH/flood.log" && break; sleep 0.1; done

@@ -31,7 +31,7 @@ dom_has status-page-anonymous 'id="no-jobs"'
 echo "anonymous page: 200 with no-store/DENY/nosniff and a CSP; /status/4242 401; /status/x 400"
 
 # The same page with a job in it: the history in the formats of controller/engine.cpp's note() calls.
-python3 - "$SCRATCH/anonymous.html" "$SCRATCH/sample.html" <<'PY' || fail "could not make the sample page"
+"$PY" - "$SCRATCH/anonymous.html" "$SCRATCH/sample.html" <<'PY' || fail "could not make the sample page"
 import json, re, sys
 t0 = 1796023561.0
 hostile = '</script><img src=x onerror="document.title=1"><b id="injected">bold</b> & "quotes"'

@@ -1,6 +1,6 @@
 # PyTorch for the tests and benchmarks that train (sourced; needs CKPT_BUILD_DIR): Debian's python3, which
 # python3-torch serves, with this build's slurm_ckpt module on its path, and the helpers they share.
-PY=${CKPT_PYTHON:-/usr/bin/python3}
+source "$(dirname "${BASH_SOURCE[0]}")/python.sh"
 export PYTHONPATH=$CKPT_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}
 
 # A test that starts local ranks: a scratch dir in $work, removed at exit, and every rank still listed in `pids`
