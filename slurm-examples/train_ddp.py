@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Data-parallel training of a small transformer with slurm-ckpt: deterministic, and bitwise resumable.
 
-Every rank holds the whole model; gradients are summed with one dist.all_reduce per parameter, in a fixed order,
-over gloo on CPU. (DistributedDataParallel is not bitwise-resumable: it rebuilds its gradient buckets after the
+Every rank holds the whole model; gradients are summed with dist.all_reduce over gloo on CPU, in buckets of
+consecutive parameters that are the same at every step. (DistributedDataParallel is not bitwise-resumable: it rebuilds its gradient buckets after the
 first iteration, so the first step after a restart sums in another order and rounds differently.) The data stream
 is a pure function of (seed, step, rank), so a run resumed from step S sees exactly the batches an uninterrupted run
 sees from S on; dropout's RNG state travels in the checkpoint.
@@ -97,6 +97,38 @@ def build(args):
     return [model, torch.optim.AdamW(model.parameters(), lr=3e-3)]
 
 
+# Gradients are summed in buckets of up to 64 KiB: gloo's cost per all_reduce on CPU is larger than this model's
+# compute, and one call a parameter made it most of a step. Larger buckets would save little more, and keep a large
+# send in flight when a peer is lost (docs/inplace.md, "A thread that cannot unwind").
+BUCKET_BYTES = 64 << 10
+
+
+def average_gradients(params, world, group=None):
+    """Averages every parameter's gradient over the `world` ranks of `group`: consecutive parameters are laid end to
+    end in buckets, always the same ones in the same order, so that every run and every resumed run rounds alike."""
+    def reduce(bucket):
+        grads = [p.grad for p in bucket]
+        flat = grads[0] if len(grads) == 1 else torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat.div_(world)
+        if len(grads) > 1:
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    bucket, size = [], 0
+    for p in params:
+        nbytes = p.grad.numel() * p.grad.element_size()
+        if bucket and size + nbytes > BUCKET_BYTES:
+            reduce(bucket)
+            bucket, size = [], 0
+        bucket.append(p)
+        size += nbytes
+    if bucket:
+        reduce(bucket)
+
+
 def zero1_optimizer(model, kept):
     """ZeRO-1 (each rank keeps AdamW's state of its own partition of the parameters) over the default group. A
     survivor of a restart in place keeps its optimizer, and with it its partition's state, bound to the new
@@ -155,9 +187,7 @@ def train(args, in_place=False, warm=None):
             loss = F.cross_entropy(model(tokens).reshape(-1, args.vocab), targets.reshape(-1))
             loss.backward()
         if world > 1:
-            for p in params:  # one all-reduce per parameter, always in this order
-                dist.all_reduce(p.grad)
-                p.grad.div_(world)
+            average_gradients(params, world)
         cp.before_update()  # the guard: the last checkpoint's snapshot has copied the weights
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

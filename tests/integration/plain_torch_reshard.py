@@ -52,9 +52,7 @@ def main():
         tokens, targets = train_ddp.batch(args, step, rank, world)
         loss = F.cross_entropy(model(tokens).reshape(-1, args.vocab), targets.reshape(-1))
         loss.backward()
-        for q in params:
-            dist.all_reduce(q.grad)
-            q.grad.div_(world)
+        train_ddp.average_gradients(params, world)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
