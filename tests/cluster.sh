@@ -306,21 +306,31 @@ cmd_up() {
   fi
 }
 
-stop_pid_file() {
-  local file=$1 pid
-  pid=$(pid_of "$file")
-  if pid_alive "$pid"; then
-    kill -CONT "$pid" 2>/dev/null || true
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do pid_alive "$pid" || break; sleep 0.1; done
-    pid_alive "$pid" && kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$file"
+# stop_pid_files FILE...: the daemons these pid files name get SIGTERM together (each may take seconds to shut
+# down), SIGKILL after 5 s; the files are removed.
+stop_pid_files() {
+  local file pid alive pids=()
+  for file in "$@"; do
+    pid=$(pid_of "$file")
+    if pid_alive "$pid"; then
+      kill -CONT "$pid" 2>/dev/null || true
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid")
+    fi
+  done
+  for _ in $(seq 50); do
+    alive=0
+    for pid in "${pids[@]}"; do pid_alive "$pid" && alive=1; done
+    [ $alive -eq 0 ] && break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do pid_alive "$pid" && kill -KILL "$pid" 2>/dev/null || true; done
+  rm -f "$@"
 }
 
 cmd_down() {
   [ -d "$D" ] || { say "down: nothing at $D"; return 0; }
-  local n pids
+  local n pids slurmds=()
   for n in "${NODES[@]}"; do
     cmd_unslow_node "$n"
     if [ "$NET" = netns ]; then
@@ -330,11 +340,11 @@ cmd_down() {
     fi
     # shellcheck disable=SC2086
     [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
-    stop_pid_file "$D/run/slurmd-$n.pid"
+    slurmds+=("$D/run/slurmd-$n.pid")
   done
-  stop_pid_file "$D/run/slurmrestd.pid"
-  stop_pid_file "$D/run/slurmctld.pid"
-  stop_pid_file "$D/munge/munged.pid"
+  stop_pid_files "${slurmds[@]}"
+  stop_pid_files "$D/run/slurmrestd.pid" "$D/run/slurmctld.pid"
+  stop_pid_files "$D/munge/munged.pid"
   [ "$NET" = netns ] && remove_network
   rm -f "$D/net"
   say "down (logs kept in $D/log)"
