@@ -348,12 +348,11 @@ void Engine::new_run(JobRecord& r, std::uint32_t restart_count, double now) {
   r.end_reported = false;
   r.intent.reset();
   runtime(r.job_id) = Runtime{};
-  if (r.clock.failed > 0 && r.clock.slurm_done == 0) {
-    r.clock.slurm_done = now;
-    // A requeue counts once carried out: one that the user's scancel overtook never ran again.
-    if (r.clock.path == "requeue" && r.ending) {
-      count_restart(*r.ending, "requeue");
-    }
+  if (r.clock.failed > 0 && r.clock.slurm_done == 0) r.clock.slurm_done = now;
+  // A requeue counts once carried out: one that the user's scancel overtook never ran again. Not keyed on
+  // slurm_done: the new run's batch step may report its start first, under the old restart count.
+  if (r.clock.failed > 0 && r.clock.launched == 0 && r.clock.path == "requeue" && r.ending) {
+    count_restart(*r.ending, "requeue");
   }
   if (r.state != JobState::Running) transition(r, JobState::Running, "run " + std::to_string(restart_count) + " started", now);
   mark_dirty(r, now);

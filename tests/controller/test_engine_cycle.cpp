@@ -164,6 +164,20 @@ TEST_CASE("engine cycle: a requeue is counted once the job runs again, never whe
     REQUIRE(h.cycle_until([&] { return h.in("running"); }));
     CHECK(h.engine->metrics_text(h.now).find(counted) != std::string::npos);
   }
+  SECTION("carried out, the new run's batch step heard from before Slurm's restart count") {
+    REQUIRE(h.cycle_until([&] { return h.in("pending"); }));
+    rec::Event e;  // run 1's batch step, under run 0's restart count (seen on the cluster)
+    e.type = rec::EventType::JobStart;
+    e.job_id = kJob;
+    e.step_id = rec::kBatchStep;
+    e.node = "n1";
+    e.restart_count = 0;
+    h.send(e);
+    h.cycle();
+    h.set_state(rec::SlurmState::Running);
+    REQUIRE(h.cycle_until([&] { return h.in("running"); }));
+    CHECK(h.engine->metrics_text(h.now).find(counted) != std::string::npos);
+  }
   SECTION("the user's scancel overtook it") {
     REQUIRE(h.cycle_until([&] { return h.in("requeueing"); }));
     h.set_state(rec::SlurmState::Cancelled);
