@@ -212,7 +212,7 @@ bool read_step(spank_t sp, JobIds& ids, StepFacts& step) {
   if (spank_get_item(sp, S_JOB_STEPID, &step.step_id) == ESPANK_SUCCESS && step.step_id == ckpt::recovery::kBatchStep) {
     adopt_orphans_under_linuxproc();
   }
-  spank_get_item(sp, S_SLURM_RESTART_COUNT, &step.restarts);
+  step.restarts = restart_count(sp);
   spank_get_item(sp, S_JOB_STEPID, &step.step_id);
   if (spank_get_item(sp, S_JOB_ARRAY_ID, &step.array_id) == ESPANK_SUCCESS && step.array_id != 0) {
     spank_get_item(sp, S_JOB_ARRAY_TASK_ID, &step.array_task);
@@ -246,10 +246,6 @@ void export_controller_env(spank_t sp, const ckpt::SitePolicy& policy) {
 
 // The run's restart count, the end of the job's time limit and Slurm's KillWait.
 void export_time_env(spank_t sp, std::uint32_t job_id, std::uint32_t restarts) {
-  // Steps of a requeued batch job report a restart count of 0; the job's environment has the real one.
-  if (auto count = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); count && *count > restarts) {
-    restarts = static_cast<std::uint32_t>(*count);
-  }
   export_env(sp, ckpt::env::name_of("restart_count"), std::to_string(restarts));
   if (std::time_t end = job_end_time(job_id); end > 0) {
     export_env(sp, ckpt::env::name_of("end_time"), std::to_string(end));

@@ -121,20 +121,14 @@ std::string node_name(spank_t sp, std::uint32_t step) {
 
 // The ids every event carries. False when this is not a job step.
 bool fill_ids(spank_t sp, rec::Event& e) {
-  std::uint32_t job = 0, step = 0, restarts = 0;
+  std::uint32_t job = 0, step = 0;
   uid_t uid = 0;
   if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS || job == 0) return false;
   if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS) step = rec::kBatchStep;
-  // Steps of a requeued job see S_SLURM_RESTART_COUNT 0; SLURM_RESTART_COUNT in their environment is right.
-  if (auto env = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); env && *env <= 0xffffffffULL) {
-    restarts = static_cast<std::uint32_t>(*env);
-  } else {
-    spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts);
-  }
   spank_get_item(sp, S_JOB_UID, &uid);
   e.job_id = job;
   e.step_id = step;
-  e.restart_count = restarts;
+  e.restart_count = restart_count(sp);
   e.uid = uid;
   e.node = node_name(sp, step);
   e.time = unix_seconds();

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "ckpt/parse.hpp"
+
 namespace ckpt::spank {
 
 namespace {
@@ -79,6 +81,15 @@ int register_options(spank_t sp) {
     }
   }
   return 0;
+}
+
+std::uint32_t restart_count(spank_t sp) {
+  std::uint32_t restarts = 0;
+  spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts);
+  if (auto env = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); env && *env > restarts && *env <= 0xffffffffULL) {
+    restarts = static_cast<std::uint32_t>(*env);
+  }
+  return restarts;
 }
 
 std::string job_getenv(spank_t sp, const char* name) {

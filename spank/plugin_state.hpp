@@ -35,6 +35,10 @@ int register_options(spank_t sp);
 // The environment of the job: spank_getenv in slurmstepd, getenv in srun/sbatch. Empty when unset.
 std::string job_getenv(spank_t sp, const char* name);
 
+// The run's restart count (SLURM_RESTART_COUNT): the larger of Slurm's item and the job's environment. Steps of a
+// requeued job see the item as 0, and the environment has the real count; the larger is never stale.
+std::uint32_t restart_count(spank_t sp);
+
 // The user's name for %u, from the job's uid; empty when unknown.
 std::string user_name(uid_t uid);
 
