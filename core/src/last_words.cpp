@@ -231,6 +231,17 @@ WriteSource source_for(const RankReport& mine, std::uint64_t step) {
   return WriteSource::None;
 }
 
+std::vector<int> behind(const Plan& plan, const std::vector<RankReport>& reports) {
+  std::vector<int> out;
+  if (!plan.write) return out;
+  for (const RankReport& r : reports) {
+    if (r.alive && source_for(r, plan.step) == WriteSource::None) out.push_back(r.coord.rank);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 std::string format_coord(int dp, int tp, int pp) {
   return "dp" + std::to_string(dp) + "/tp" + std::to_string(tp) + "/pp" + std::to_string(pp);
 }

@@ -105,7 +105,7 @@ void bind_inplace(py::module& parent) {
       .def_readwrite("lost", &ip::Failure::lost).def_readwrite("root", &ip::Failure::root)
       .def_readwrite("step", &ip::Failure::step).def_readwrite("detect_unix", &ip::Failure::detect_unix)
       .def_readwrite("decided_unix", &ip::Failure::decided_unix).def_readwrite("done_unix", &ip::Failure::done_unix)
-      .def_readwrite("stand_ins", &ip::Failure::stand_ins);
+      .def_readwrite("stand_ins", &ip::Failure::stand_ins).def_readwrite("behind", &ip::Failure::behind);
 
   auto plan = py::class_<ip::Plan>(m, "Plan");
   plan.def(py::init<>())
@@ -115,7 +115,7 @@ void bind_inplace(py::module& parent) {
       .def_readwrite("step", &ip::Plan::step).def_readwrite("takeover", &ip::Plan::takeover)
       .def_readwrite("detect_unix", &ip::Plan::detect_unix).def_readwrite("written_unix", &ip::Plan::written_unix)
       .def_readwrite("abandon", &ip::Plan::abandon).def_readwrite("world_before", &ip::Plan::world_before)
-      .def_readwrite("copies", &ip::Plan::copies)
+      .def_readwrite("copies", &ip::Plan::copies).def_readwrite("behind", &ip::Plan::behind)
       .def_property_readonly("abandons", &ip::Plan::abandons).def_property_readonly("shrinks", &ip::Plan::shrinks);
   json_methods<ip::Plan>(plan, &ip::parse_plan);
 

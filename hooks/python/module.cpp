@@ -192,6 +192,7 @@ py::dict last_words_dict(const ckpt::hooks::LastWordsReport& r) {
   d["done_unix"] = r.done_unix;
   d["summary"] = r.summary;
   d["stand_ins"] = r.stand_ins;
+  d["behind"] = r.behind;
   return d;
 }
 
@@ -318,7 +319,7 @@ PYBIND11_MODULE(_native, m) {
       .def("stats", [](PyCheckpointer& self) { return stats_dict(self.get().stats()); })
       .def("last_words", [](PyCheckpointer& self) { return last_words_dict(self.get().last_words_report()); },
            "What the last words did on this rank: triggered, done, lost_peer, lost ranks, committed, step, root, "
-           "times, stand_ins. Any thread may call it.")
+           "times, stand_ins, behind (the decider's only). Any thread may call it.")
       .def("release_memory_copies", [](PyCheckpointer& self) { return self.get().release_memory_copies(); },
            "After the last words, once close() or abort() returned: the partner copies this rank held and its own "
            "staging's last two snapshots and their blobs, moved out of the checkpointer ([MemoryCopy]); empty "

@@ -631,6 +631,7 @@ LastWordsReport Checkpointer::last_words_report() const {
   r.done_unix = o.done_unix;
   r.summary = o.summary;
   r.stand_ins = o.stand_ins;
+  r.behind = o.behind;
   return r;
 }
 

@@ -582,6 +582,7 @@ struct LastWords::Impl {
       }
     }
     decision.stand_ins_expected = static_cast<std::uint32_t>(decision.stand_ins.size());
+    if (write_it || already_durable) outcome.behind = last_words::behind(plan, rankreports);
     send_decision_locked(-1);
     cv.notify_all();
     return true;

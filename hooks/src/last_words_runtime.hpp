@@ -94,6 +94,7 @@ struct LastWordsOutcome {
   bool counted_dead = false;     // the other ranks count this rank as dead
   std::vector<int> lost;    // the peers this rank knows died before the outcome (not those that left), ascending
   std::map<int, int> stand_ins;  // the decision's: dead rank -> the survivor writing its shard from a partner copy
+  std::vector<int> behind;  // the root's only: survivors holding no state of the step (last_words::behind)
 };
 
 class LastWords {

@@ -34,7 +34,7 @@ logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || 
 # state_from_memory LOG STEP: at the restore of STEP in place, each survivor found its weights and optimizer state
 # in its own memory and the replacement in what a survivor sent it, each checked against the checkpoint's
 # checksums: only the small blobs were read from the checkpoint dir. A survivor that the last words found a step
-# behind (disqualified: "at step STEP-1, not the agreed step STEP") holds no bytes of STEP and reads its shard.
+# behind (disqualified: "at step STEP-1, not the agreed step STEP") took STEP from a survivor that holds it.
 state_from_memory() {
   local r line read_b live_b
   for r in 0 1 2; do
@@ -42,13 +42,9 @@ state_from_memory() {
     read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
     live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
     echo "rank $r: step $2: ${read_b:-?} bytes read, ${live_b:-?} found in memory" >&2
-    [ -n "$read_b" ] && [ -n "$live_b" ] || return 1
-    if grep -q "replica dp$r of stage pp0 disqualified: at step $(($2 - 1)), not the agreed step $2" "$1"; then
-      echo "  rank $r was a step behind: it read its shard from the checkpoint dir" >&2
-      [ "$read_b" -gt 100000 ] || return 1
-    else
-      [ "$live_b" -gt 100000 ] && [ "$read_b" -lt 65536 ] || return 1
-    fi
+    grep -q "replica dp$r of stage pp0 disqualified: at step $(($2 - 1)), not the agreed step $2" "$1" &&
+      echo "  rank $r was a step behind: a survivor at step $2 sent it the state" >&2
+    [ -n "$read_b" ] && [ -n "$live_b" ] && [ "$live_b" -gt 100000 ] && [ "$read_b" -lt 65536 ] || return 1
   done
 }
 # submit NAME NODES [SBATCH OPTION...]: the job, into $SCRATCH/NAME; sets `job`.

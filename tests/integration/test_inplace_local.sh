@@ -34,7 +34,7 @@ launch() {
     env -u SLURM_JOB_ID -u SLURM_STEP_ID -u SLURM_PROCID CKPT_DIR="$d/ckpt" CKPT_LAST_WORDS=on CKPT_HEARTBEAT_TIMEOUT=1s \
       CKPT_INPLACE_ID="local.$name" CKPT_INPLACE_WORLD=3 SLURM_PROCID=0 SLURM_LOCALID=0 SLURMD_NODENAME="h$i" \
       CKPT_INPLACE_JOIN_TIMEOUT=5 "${role[@]}" \
-      "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py" --steps 30 --ckpt-interval-steps 5 --step-sleep "${STEP_SLEEP:-0.05}" \
+      "$PY" "${PROGRAM:-$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py}" --steps 30 --ckpt-interval-steps 5 --step-sleep "${STEP_SLEEP:-0.05}" \
       --log-every 1 --out "$d/final" > "$d/log$i" 2>&1 &
     pids+=($!)
   done
@@ -130,6 +130,24 @@ grep -q "spare h3.0 takes rank 1 over (generation 1)" "$W/hostile/log3" ||
   { tail -n 20 "$W/hostile"/log* >&2; fail "hostile: no recovery in place with a stranger on the stores"; }
 cmp -s "$W/reference/final" "$W/hostile/final" || fail "hostile: the final weights differ"
 echo "ok: a stranger on every mailbox, the store and the spare (malformed bytes first, then keys and claims) read nothing, planted nothing the job used and stopped nothing; bitwise identical"
+
+# A survivor a step behind (tests/hooks/behind_ddp.py): rank 1's last collective of step 12 fails where rank 0's
+# ended, then rank 2 dies. The terminal checkpoint is of step 12, which rank 1 does not hold; rank 0 sends it its
+# state, as it sends the spare rank 2's: nobody reads more than the small blobs from the checkpoint dir.
+CKPT_TEST_BEHIND_AT=12 PROGRAM=$CKPT_SOURCE_DIR/tests/hooks/behind_ddp.py launch behind 1
+grep -q "replica dp1 of stage pp0 disqualified: at step 11, not the agreed step 12" "$W/behind"/log* ||
+  { tail -n 20 "$W/behind"/log* >&2; fail "behind: the last words did not find rank 1 a step behind"; }
+grep -q '"behind": *\[1\]' "$W/behind"/ckpt/.control/inplace-*/gen-1.plan ||
+  { cat "$W/behind"/ckpt/.control/inplace-*/gen-1.plan >&2; fail "behind: the plan does not name rank 1 behind"; }
+for r in 1 3; do
+  line=$(grep -h "ckpt: rank [12]: restored step 12 from" "$W/behind/log$r" | tail -1)
+  read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
+  live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
+  [ -n "$read_b" ] && [ "$read_b" -lt 65536 ] && [ "${live_b:-0}" -gt 100000 ] ||
+    { tail -n 20 "$W/behind/log$r" >&2; fail "behind: process $r did not restore step 12 from what rank 0 sent: $line"; }
+done
+cmp -s "$W/reference/final" "$W/behind/final" || fail "behind: the final weights differ"
+echo "ok: a survivor a step behind and the spare took step 12 from rank 0's memory ($read_b bytes read); bitwise identical"
 
 # DP2 x TP2 (train_dp_tp.py, which makes TP and DP subgroups): 2 "nodes" of 2 ranks and 1 spare. Rank 2's death
 # leaves rank 3 blocked in a TP collective and ranks 0 and 1 in DP ones: the watchdog must shut the subgroups'

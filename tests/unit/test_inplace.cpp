@@ -435,6 +435,28 @@ TEST_CASE("plan_generation: a lost rank's partner copy is named where a survivor
   }
 }
 
+TEST_CASE("plan_generation: the survivors behind the terminal checkpoint's step travel in the plan", "[inplace]") {
+  Failure f = failure_of({1}, 0, 20);
+  f.behind = {3, 2, 3, 1, 7};  // unsorted, repeated, a lost rank, one outside the world
+  Plan p = plan_generation(1, 4, 0, f, {"n5.0"});
+  CHECK(p.behind == std::vector<int>{2, 3});
+  p.addr = "10.0.0.1";
+  p.port = 4000;
+  auto back = parse_plan(to_json(p));
+  REQUIRE(back);
+  CHECK(back->behind == p.behind);
+  f.step.reset();  // no terminal checkpoint: the survivors resume from the newest complete one, from the dir
+  CHECK(plan_generation(1, 4, 0, f, {"n5.0"}).behind.empty());
+  CHECK(plan_generation(1, 4, 0, failure_of({1}, 0, 20), {"n5.0"}).behind.empty());
+  const std::string base = R"({"generation":1,"addr":"a","port":5,"root":0,"step":7,"detect_unix":1,)"
+                           R"("written_unix":1,"world":4,"lost":[1],"takeover":{"1":"n5.0"},"behind":)";
+  CHECK(parse_plan(base + "[2,3]}"));
+  for (const char* bad : {"[1]}", "[4]}", "[-1]}", R"({"2":1}})", R"(["2"]})"}) {
+    CAPTURE(bad);
+    CHECK_THAT(parse_plan(base + bad).error(), Catch::Contains("behind"));
+  }
+}
+
 TEST_CASE("state_donors: a survivor holding the same replica hands its state to each replacement, in turn",
           "[inplace]") {
   Plan p;
@@ -482,6 +504,32 @@ TEST_CASE("state_donors: a survivor holding the same replica hands its state to 
   SECTION("a live replica comes before a partner copy") {
     p.copies = {{1, 3}};
     CHECK(state_donors(p, dp).at(1) == Donor{0, false});
+  }
+  SECTION("a survivor behind the agreed step gets a live replica's state, after the replacements") {
+    p.behind = {0, 3};  // 0 and 3 hold step 39: they neither send nor are sent to by each other
+    auto d = state_donors(p, dp);
+    REQUIRE(d.size() == 4);
+    CHECK(d.at(1) == Donor{2, false});
+    CHECK(d.at(5) == Donor{4, false});
+    CHECK(d.at(0) == Donor{6, false});
+    CHECK(d.at(3) == Donor{7, false});
+    for (auto [to, from] : d) {
+      CHECK(std::find(p.lost.begin(), p.lost.end(), from.rank) == p.lost.end());
+      CHECK(std::find(p.behind.begin(), p.behind.end(), from.rank) == p.behind.end());
+    }
+    p.world = 4;
+    p.lost = {3};
+    p.behind = {1, 2};  // one replica left at the step: it serves all three
+    d = state_donors(p, {4, 1, 1, false});
+    CHECK(d == std::map<int, Donor>{{1, Donor{0, false}}, {2, Donor{0, false}}, {3, Donor{0, false}}});
+    p.behind = {0, 1, 2};  // nobody holds the step live: the replacement and the survivors read their shards
+    CHECK(state_donors(p, {4, 1, 1, false}).empty());
+  }
+  SECTION("ZeRO-1: a survivor behind has no live donor; one that holds a partner copy still sends it") {
+    ckpt::store::Layout zero{8, 1, 1, true};
+    p.copies = {{1, 2}, {5, 6}};
+    p.behind = {2, 3};
+    CHECK(state_donors(p, zero) == std::map<int, Donor>{{1, Donor{2, true}}, {5, Donor{6, true}}});
   }
   SECTION("nothing to hand over") {
     Plan newest = p;

@@ -763,3 +763,31 @@ TEST_CASE("last words: bad partner copies write nothing", "[last_words]") {
   reports[0].held = {{1, 100}};
   CHECK(last_words::plan(l, reports).write);
 }
+
+TEST_CASE("last words: behind, the survivors that hold no state of the agreed step", "[last_words]") {
+  const Layout l{4, 1, 1, false};
+  auto reports = healthy(l);
+  at(reports, 3, 0, 0).alive = false;
+  at(reports, 1, 0, 0).step = 99;  // its last all-reduce failed where dp0's and dp2's had ended
+  Plan plan = last_words::plan(l, reports);
+  REQUIRE(plan.write);
+  CHECK(plan.step == 100);
+  CHECK(last_words::behind(plan, reports) == std::vector<int>{1});  // the dead rank is not behind: it is lost
+
+  SECTION("caught mid-update: behind, unless its staging holds the step") {
+    at(reports, 2, 0, 0).mid_update = true;
+    plan = last_words::plan(l, reports);
+    REQUIRE(plan.write);
+    CHECK(last_words::behind(plan, reports) == std::vector<int>{1, 2});
+    at(reports, 2, 0, 0).memory_steps = {100};
+    at(reports, 1, 0, 0).memory_steps = {99};  // a snapshot of another step does not help
+    plan = last_words::plan(l, reports);
+    CHECK(last_words::behind(plan, reports) == std::vector<int>{1});
+  }
+  SECTION("a plan that writes nothing leaves nobody behind") {
+    for (RankReport& r : reports) r.mid_update = true;
+    plan = last_words::plan(l, reports);
+    REQUIRE_FALSE(plan.write);
+    CHECK(last_words::behind(plan, reports).empty());
+  }
+}

@@ -92,6 +92,9 @@ struct Failure {
   // The last words' stand-ins (CKPT_MEMORY): dead rank -> the survivor that wrote its terminal shard from the
   // partner copy it holds, and holds still.
   std::map<int, int> stand_ins;
+  // Survivors the last words found holding no state of `step` (a step behind, or caught mid-update without a
+  // snapshot of it), ascending; only the deciding root knows them (last_words::behind).
+  std::vector<int> behind;
 };
 
 // The plan of one generation, or its abandonment (`abandon` non-empty: the fields but generation are unset).
@@ -113,6 +116,9 @@ struct Plan {
   // Lost rank -> the survivor holding its partner copy of `step` in memory (the memory tier): the copy the last
   // words wrote its terminal shard from, which the replacement can take over the network instead.
   std::map<int, int> copies;
+  // Survivors that hold no state of `step` (Failure::behind), ascending: a live replica sends them its state, as
+  // it does a replacement (state_donors).
+  std::vector<int> behind;
 
   bool abandons() const { return !abandon.empty(); }
   bool shrinks() const { return world_before > 0; }
@@ -204,21 +210,23 @@ Plan plan_generation(std::uint32_t generation, int world, int root, const Failur
                      const std::vector<std::string>& free_spares, const Shrink& shrink = {},
                      const std::optional<store::Layout>& layout = std::nullopt);
 
-// Where a replacement's state comes from at the start of the generation `plan` forms, so that it reads nothing
-// from the checkpoint dir.
+// Where a replacement's state, or a survivor's that is behind (Plan::behind), comes from at the start of the
+// generation `plan` forms, so that it reads nothing from the checkpoint dir.
 struct Donor {
   int rank = -1;              // the survivor that sends it
   bool partner_copy = false;  // false: the donor's own live state (the same replica); true: the copy of the lost
                               // rank's whole shard the donor holds in memory (plan.copies)
   bool operator==(const Donor& o) const { return rank == o.rank && partner_copy == o.partner_copy; }
 };
-// Replacement rank -> its donor. Only where the plan resumes from a named step (a terminal checkpoint: the
-// survivors hold that step's state). A live donor holds the same replica: the same tensor-parallel and pipeline
-// coordinates (`layout`'s default placement), and no ZeRO-1 (each rank's optimizer partition is its own); live
-// donors take the lost ranks in turn, so none serves more than ceil(lost / replicas) of them. Where no live donor
-// holds the replica (ZeRO-1, or a split without replicas), the survivor holding the lost rank's partner copy sends
-// that. A replacement left out reads its shard; what a donor sends is checked against the checkpoint's checksums
-// before it is used, and a range that does not match is read from the dir.
+// Recipient (a replacement, or a survivor that is behind) -> its donor. Only where the plan resumes from a named
+// step (a terminal checkpoint: the survivors hold that step's state). A live donor is a survivor that is not
+// behind and holds the same replica: the same tensor-parallel and pipeline coordinates (`layout`'s default
+// placement), and no ZeRO-1 (each rank's optimizer partition is its own); live donors take the recipients in turn
+// (lost ranks first, then those behind), so none serves more than ceil(recipients / replicas) of them. Where no
+// live donor holds a lost rank's replica (ZeRO-1, or a split without replicas), the survivor holding its partner
+// copy sends that. A recipient left out reads its shard; what a donor sends is checked against the checkpoint's
+// checksums before it is used, and a range that does not match is read from the dir. A live donor is never a
+// recipient, so no donor waits on another: a survivor that is behind may still send the partner copy it holds.
 std::map<int, Donor> state_donors(const Plan& plan, const store::Layout& layout);
 
 // The ready spares no claim names, sorted, from a listing of the run's dir.

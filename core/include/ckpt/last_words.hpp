@@ -93,6 +93,13 @@ std::vector<std::string> writer_keys(const store::Layout& layout, const std::vec
 // stand-in's record is the ward's: the ward's rank and shard file name.
 std::vector<store::ShardRecord> planned_records(const Plan& plan);
 
+// The living ranks that hold no state of a writing plan's step, neither live nor in their staging (source_for() is
+// None): a survivor at another step (a step behind, in practice: its last collective failed where a peer's had
+// ended), or caught mid-update without a snapshot of the step. Once the terminal checkpoint is committed they must
+// load that step; a restart in place has a live replica send it (inplace::Plan::behind). Ascending; empty for a
+// plan that does not write.
+std::vector<int> behind(const Plan& plan, const std::vector<RankReport>& reports);
+
 // "dp1/tp0/pp2".
 std::string format_coord(int dp, int tp, int pp);
 

@@ -228,6 +228,13 @@ Plan plan_generation(std::uint32_t generation, int world, int root, const Failur
       const bool holder_lost = std::find(plan.lost.begin(), plan.lost.end(), holder) != plan.lost.end();
       if (ward_lost && !holder_lost && holder >= 0 && holder < world) plan.copies[ward] = holder;
     }
+    for (int r : failure.behind) {
+      if (r >= 0 && r < world && std::find(plan.lost.begin(), plan.lost.end(), r) == plan.lost.end()) {
+        plan.behind.push_back(r);
+      }
+    }
+    std::sort(plan.behind.begin(), plan.behind.end());
+    plan.behind.erase(std::unique(plan.behind.begin(), plan.behind.end()), plan.behind.end());
   }
   if (!replace) plan.root = rank_after(plan, root);
   return plan;
@@ -290,33 +297,50 @@ Verdict verdict(const std::optional<Plan>& plan, int rank) {
 std::map<int, Donor> state_donors(const Plan& plan, const store::Layout& layout) {
   std::map<int, Donor> donors;
   if (!plan.step || plan.abandons() || plan.shrinks() || plan.world != layout.world_size()) return donors;
-  std::vector<bool> lost(static_cast<std::size_t>(plan.world), false);
-  for (int r : plan.lost) {
-    if (r >= 0 && r < plan.world) lost[static_cast<std::size_t>(r)] = true;
+  const auto world = static_cast<std::size_t>(plan.world);
+  auto ranks_in = [&](const std::vector<int>& ranks) {  // sorted, distinct, inside the world
+    std::vector<int> out;
+    for (int r : ranks) {
+      if (r >= 0 && r < plan.world) out.push_back(r);
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  };
+  const std::vector<int> lost = ranks_in(plan.lost);
+  std::vector<int> behind;
+  for (int r : ranks_in(plan.behind)) {
+    if (!std::binary_search(lost.begin(), lost.end(), r)) behind.push_back(r);
   }
-  // Per (pp, tp): the survivors holding it, and how many replacements each has taken so far (a turn each).
+  std::vector<bool> recipient(world, false);
+  for (int r : lost) recipient[static_cast<std::size_t>(r)] = true;
+  for (int r : behind) recipient[static_cast<std::size_t>(r)] = true;
+  // Per (pp, tp): the survivors holding it live, and how many recipients each has taken so far (a turn each).
   std::map<std::pair<int, int>, std::vector<int>> holders;
   for (int r = 0; r < plan.world && !layout.zero1; ++r) {
-    if (lost[static_cast<std::size_t>(r)]) continue;
+    if (recipient[static_cast<std::size_t>(r)]) continue;
     store::RankCoord c = layout.coord_of(r);
     holders[{c.pp, c.tp}].push_back(r);
   }
   std::map<std::pair<int, int>, std::size_t> turn;
-  std::vector<int> sorted_lost = plan.lost;
-  std::sort(sorted_lost.begin(), sorted_lost.end());
-  sorted_lost.erase(std::unique(sorted_lost.begin(), sorted_lost.end()), sorted_lost.end());
-  for (int r : sorted_lost) {
-    if (r < 0 || r >= plan.world) continue;
+  auto live_donor = [&](int r) -> std::optional<int> {
     store::RankCoord c = layout.coord_of(r);
-    if (auto it = holders.find({c.pp, c.tp}); it != holders.end() && !it->second.empty()) {
-      std::size_t& next = turn[{c.pp, c.tp}];
-      donors[r] = Donor{it->second[next % it->second.size()], false};
-      ++next;
+    auto it = holders.find({c.pp, c.tp});
+    if (it == holders.end() || it->second.empty()) return std::nullopt;
+    std::size_t& next = turn[{c.pp, c.tp}];
+    return it->second[next++ % it->second.size()];
+  };
+  for (int r : lost) {
+    if (auto donor = live_donor(r)) {
+      donors[r] = Donor{*donor, false};
     } else if (auto copy = plan.copies.find(r);
                copy != plan.copies.end() && copy->second >= 0 && copy->second < plan.world &&
-               !lost[static_cast<std::size_t>(copy->second)]) {
+               !std::binary_search(lost.begin(), lost.end(), copy->second)) {
       donors[r] = Donor{copy->second, true};
     }
+  }
+  for (int r : behind) {
+    if (auto donor = live_donor(r)) donors[r] = Donor{*donor, false};
   }
   return donors;
 }

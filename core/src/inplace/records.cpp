@@ -173,6 +173,7 @@ std::string to_json(const Plan& plan) {
     for (const auto& [rank, holder] : plan.copies) copies[std::to_string(rank)] = holder;
     j["copies"] = copies;
   }
+  if (!plan.behind.empty()) j["behind"] = plan.behind;
   return j.dump();
 }
 
@@ -232,6 +233,13 @@ Result<Plan> parse_plan(std::string_view text) {
           return;
         }
         p.copies[static_cast<int>(*rank)] = static_cast<int>(holder.get<int>());
+      }
+    }
+    if (f.has("behind")) p.behind = f.ranks("behind", p.world);
+    for (int r : p.behind) {
+      if (std::find(p.lost.begin(), p.lost.end(), r) != p.lost.end()) {
+        f.bad<int>("behind", "names a lost rank");
+        return;
       }
     }
   });

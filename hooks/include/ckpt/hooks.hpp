@@ -240,6 +240,7 @@ struct LastWordsReport {
   double done_unix = 0;        // when the last words ended here
   std::string summary;         // the decision in one line
   std::map<int, int> stand_ins;  // dead rank -> the survivor that wrote its shard from the partner copy it holds
+  std::vector<int> behind;       // the decider's only: survivors that hold no state of the step, ascending
 };
 
 // A checkpoint in memory (CKPT_MEMORY) this rank held when its last words ended, taken out of the Checkpointer so

@@ -89,9 +89,9 @@ def note_phase(name, step=None):
 
 def handover(layout):
     """This rank's part in handing state over as a recovered generation starts (ckpt/inplace.hpp, state_donors):
-    (what it sends: [(replacement, items)] with items [(region name, uint8 tensor)], from its own live state
-    `held` (a callable giving those items) or from the partner copy it holds of the lost rank; the donor it receives
-    from, or None). A copy is sent once and then dropped; one that is missing, or of another step, goes out as
+    (what it sends: [(recipient, items)] with items [(region name, uint8 tensor)], None for its own live state, or
+    from the partner copy it holds of a lost rank; the donor it receives from, or None). A recipient is a
+    replacement, or a survivor the plan lists as behind its step. A copy is sent once and then dropped; one that is missing, or of another step, goes out as
     nothing, and the replacement reads its shard instead."""
     plan = _state["plan"]
     copies, _state["copies"] = _state["copies"], {}
@@ -509,6 +509,7 @@ def _peer_loss():
     failure.decided_unix = lw.get("decided_unix") or 0.0
     failure.done_unix = lw.get("done_unix") or 0.0
     failure.stand_ins = dict(lw.get("stand_ins", {}))
+    failure.behind = sorted(lw.get("behind", []))
     return failure
 
 

@@ -500,7 +500,7 @@ class Checkpointer:
     def _handover(self, held):
         """Restart in place: a survivor sends what it holds to the replacements it is the donor of (the core
         decides who, restart.handover): its own state, or the partner copy it holds of the lost rank's whole shard;
-        a replacement receives its donor's, which restore() checks against the checkpoint's checksums as it checks a
+        a replacement, or a survivor behind the plan's step, receives its donor's, which restore() checks against the checkpoint's checksums as it checks a
         survivor's own memory. Over the generation's process group."""
         if not _state_from_memory():
             _drop_memory_copies()  # gigabytes a survivor would otherwise hold to the end
