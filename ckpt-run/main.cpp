@@ -6,7 +6,8 @@
 //
 // The controller decides (it hears the ranks' failure reports, probes the silent nodes and applies the restart
 // budget); ckpt-run polls it, kills the failed step and starts `srun --overlap --exclude=<bad nodes> ...` on the
-// healthy nodes of the allocation, -N reduced only when --min-nodes allows. When too few healthy nodes remain it
+// healthy nodes of the allocation, -N reduced only when --min-nodes allows. Each rank stays on its node and a bad
+// node's ranks move to a free one (ckpt/placement.hpp, srun --distribution=arbitrary). When too few healthy nodes remain it
 // hands over to a requeue of the whole job. Without a reachable controller it runs srun once and returns its status.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -47,6 +48,8 @@ extern "C" {
 #include "ckpt/inplace.hpp"
 #include "ckpt/options.hpp"
 #include "ckpt/parse.hpp"
+#include "ckpt/placement.hpp"
+#include "ckpt/posix.hpp"
 #include "ckpt/recovery.hpp"
 #include "ckpt/srun_cmdline.hpp"
 #include "http.hpp"
@@ -78,6 +81,7 @@ struct SrunLine {
   std::optional<std::string> exclude;  // the user's -x value
   std::optional<std::string> ntasks_per_node;  // kept in `options` too
   bool ntasks = false;                 // -n/--ntasks was given (kept in `options`)
+  bool distribution = false;           // -m/--distribution was given (kept in `options`): its placement is the user's
 };
 
 ckpt::Result<SrunLine> parse_srun(const std::vector<std::string>& args) {
@@ -95,6 +99,7 @@ ckpt::Result<SrunLine> parse_srun(const std::vector<std::string>& args) {
     } else {
       if (name == "ntasks-per-node") line.ntasks_per_node = option.value.value_or("");
       if (name == "ntasks") line.ntasks = true;
+      if (name == "distribution") line.distribution = true;
       for (auto& word : option.words()) line.options.push_back(std::move(word));
     }
   }
@@ -187,6 +192,7 @@ struct Run {
   std::optional<std::uint64_t> nodes_wanted;
   std::set<std::uint32_t> handled_steps;  // failed steps whose relaunch decision was carried out
   unsigned attempt = 0;
+  std::vector<std::string> placement;  // the failed step's rank -> node, as slurmctld told it; empty if it did not
 };
 
 // Fills `run` from the srun line and the allocation's environment; returns an exit status when it cannot.
@@ -264,7 +270,64 @@ void forward_stop_signals() {
 struct Launch {
   std::vector<std::string> argv;
   std::vector<std::string> excluded;  // what --exclude names
+  std::string hostfile;               // SLURM_HOSTFILE of a kept placement (removed once srun ends); empty: none
 };
+
+// The step's placement, rank -> node, from slurmctld; empty when it cannot say.
+std::vector<std::string> step_placement(std::uint32_t job_id, std::uint32_t step) {
+  slurm_step_id_t id{};
+  id.job_id = job_id;
+  id.step_id = step;
+  id.step_het_comp = NO_VAL;
+  slurm_step_layout_t* layout = slurm_job_step_layout_get(&id);
+  if (layout == nullptr) return {};
+  std::vector<std::string> out;
+  auto nodes = rec::expand_hostlist(layout->node_list ? layout->node_list : "");
+  if (nodes && nodes->size() == layout->node_cnt && layout->task_cnt <= (1u << 20)) {
+    out.resize(layout->task_cnt);
+    for (std::uint32_t n = 0; n < layout->node_cnt; ++n) {
+      for (std::uint16_t t = 0; t < layout->tasks[n]; ++t) {
+        if (layout->tids[n][t] < out.size()) out[layout->tids[n][t]] = (*nodes)[n];
+      }
+    }
+  }
+  slurm_job_step_layout_free(layout);
+  if (std::find(out.begin(), out.end(), "") != out.end()) out.clear();
+  return out;
+}
+
+// A relaunch that keeps the failed step's placement (ckpt/placement.hpp): srun --distribution=arbitrary with a
+// host file of ckpt-run's own. False (srun places the ranks itself) where the user chose a distribution, slurmctld
+// gave no placement, too few nodes are free, or the file cannot be written.
+bool keep_placement(const Run& run, Launch& launch) {
+  if (run.line.distribution || run.placement.empty()) return false;
+  auto kept = ckpt::placement::keep_nodes(run.placement, run.excluded, run.alloc);
+  if (!kept) return false;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/ckpt-run-hosts." + run.job + ".XXXXXX";
+  ckpt::posix::Fd fd(::mkstemp(path.data()));  // 0600, the user's own
+  if (fd.get() < 0) {
+    log_error("cannot keep the ranks on their nodes: " + path + ": " + std::strerror(errno));
+    return false;
+  }
+  const std::string text = ckpt::placement::hostfile(*kept);
+  if (ckpt::Status written = ckpt::posix::write_all(fd.get(), text.data(), text.size(), path); !written) {
+    log_error("cannot keep the ranks on their nodes: " + written.error());
+    ::unlink(path.c_str());
+    return false;
+  }
+  launch.hostfile = path;
+  launch.argv.push_back("--distribution=arbitrary");
+  if (!run.line.ntasks) launch.argv.push_back("--ntasks=" + std::to_string(kept->size()));
+  std::set<std::string> moved;
+  for (std::size_t r = 0; r < kept->size(); ++r) {
+    if ((*kept)[r] != run.placement[r]) moved.insert(run.placement[r] + " -> " + (*kept)[r]);
+  }
+  std::string what;
+  for (const auto& m : moved) what += (what.empty() ? "" : ", ") + m;
+  log_info(what.empty() ? "relaunch: every rank keeps its node" : "relaunch: every rank keeps its node but those moved: " + what);
+  return true;
+}
 
 // The srun command of this attempt. On a relaunch without enough healthy nodes (and no shrinking allowed) it
 // hands the job over to a requeue and returns nullopt.
@@ -299,6 +362,7 @@ std::optional<Launch> next_launch(const Run& run) {
     }
   }
   if (!launch.excluded.empty()) launch.argv.push_back("--exclude=" + rec::join_nodes(launch.excluded));
+  if (run.attempt > 0 && nodes_arg == run.line.nodes.value_or("")) keep_placement(run, launch);
   launch.argv.insert(launch.argv.end(), run.line.options.begin(), run.line.options.end());
   launch.argv.insert(launch.argv.end(), run.line.command.begin(), run.line.command.end());
   return launch;
@@ -358,6 +422,7 @@ std::variant<int, Decision> wait_for_decision(Run& run, pid_t pid) {
 // an exit status when no relaunch follows (stopping, or the relaunches are used up).
 std::optional<int> apply_decision(Run& run, Decision& decision) {
   const std::uint32_t step = *decision.view.relaunch_step;
+  run.placement = step_placement(run.job_id, step);  // before the kill: the step must still exist
   slurm_kill_job_step(run.job_id, step, SIGKILL);
   for (const auto& n : decision.view.exclude) run.excluded.insert(n);
   const double decided = decision.view.decided;
@@ -378,8 +443,10 @@ int relaunch_loop(Run& run) {
     auto launch = next_launch(run);
     if (!launch) return 1;
     const double started = ckpt::unix_seconds();
-    pid_t pid = spawn(launch->argv, {{ckpt::env::name_of("relaunched"), "1"},
-                                            {ckpt::env::name_of("run_attempt"), std::to_string(run.attempt)}});
+    std::vector<std::pair<std::string, std::string>> env{
+        {ckpt::env::name_of("relaunched"), "1"}, {ckpt::env::name_of("run_attempt"), std::to_string(run.attempt)}};
+    if (!launch->hostfile.empty()) env.emplace_back("SLURM_HOSTFILE", launch->hostfile);
+    pid_t pid = spawn(launch->argv, env);
     if (pid < 0) {
       log_error(std::string("cannot fork: ") + std::strerror(errno));
       return 1;
@@ -390,6 +457,7 @@ int relaunch_loop(Run& run) {
                    launch->excluded.empty() ? "(none)" : rec::join_nodes(launch->excluded).c_str());
     }
     auto ending = wait_for_decision(run, pid);
+    if (!launch->hostfile.empty()) ::unlink(launch->hostfile.c_str());
     if (const int* status = std::get_if<int>(&ending)) return *status;
     if (auto done = apply_decision(run, std::get<Decision>(ending))) return *done;
   }

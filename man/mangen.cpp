@@ -353,7 +353,10 @@ std::string page_run() {
                  "relaunches it there without the bad nodes instead of giving up the allocation. The recovery "
                  "controller decides (it hears the ranks' failure reports, probes the silent nodes and applies "
                  "the restart budget); ckpt-run asks it, kills what is left of the failed step and starts srun "
-                 "--overlap --exclude=BAD_NODES with the same options on the healthy nodes. When too few healthy "
+                 "--overlap --exclude=BAD_NODES with the same options on the healthy nodes. Every rank stays on "
+                 "the node it ran on, where its node tier is, and the ranks of a bad node move together to a free "
+                 "node (srun --distribution=arbitrary with a host file; not where the srun line names its own "
+                 "distribution). When too few healthy "
                  "nodes remain, it hands the job over to the controller for a requeue of the whole job.");
   page.paragraph("Give the allocation spare nodes, and --no-kill so that it outlives a node's failure.");
   page.section("OPTIONS");

@@ -204,6 +204,20 @@ scenario_relaunch() {
   report_times "$job" "$t0" "$BACKEND in-allocation relaunch after a node crash" "$srun_start" >/dev/null
   local nodes; nodes=$(grep "run=0 step_id=1" "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | cut -d= -f2 | sort | tr '\n' ' ')
   [[ " $nodes " != *" $victim "* ]] || fail "the relaunch used the crashed node $victim: $nodes"
+  # Every rank stays on its node but the crashed node's, which goes to the spare (ckpt/placement.hpp): srun's own
+  # placement would have shifted the ranks after it, away from what their nodes keep for them.
+  local r before after moved=""
+  for r in 0 1 2; do
+    before=$(grep "rank=$r .*run=0 step_id=0 " "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | head -1 | cut -d= -f2)
+    after=$(grep "rank=$r .*run=0 step_id=1 " "$SCRATCH/out.$job" | grep -oE "node=[^ ]+" | head -1 | cut -d= -f2)
+    if [ "$before" = "$victim" ]; then
+      moved="$victim -> $after"
+    elif [ "$before" != "$after" ]; then
+      cat "$SCRATCH/out.$job" >&2; fail "the relaunch moved rank $r from $before to $after"
+    fi
+  done
+  [ -n "$moved" ] || fail "no rank ran on $victim"
+  assert_contains "$SCRATCH/out.$job" "relaunch: every rank keeps its node but those moved: $moved"
   local newest; newest=$(ctl history "$job" | grep -oE "newest complete checkpoint: step [0-9]+" | sed -n 1p | awk '{print $NF}')
   [ "$newest" -ge "$last_committed" ] || fail "decision saw step $newest, but step $last_committed was committed"
   grep "run=0 step_id=1" "$SCRATCH/out.$job" | grep "resume=$newest " > /dev/null || { cat "$SCRATCH/out.$job" >&2; fail "the relaunch did not resume from step $newest"; }

@@ -1,0 +1,25 @@
+#pragma once
+// Where a relaunch inside the allocation places each rank (ckpt-run, srun --distribution=arbitrary). Pure.
+//
+// srun's default placement fills nodes in their order, so a relaunch without a lost node's place shifts every rank
+// after it onto another node, where the node tier it left (hooks/README.md, "The node tier") is not its own: with
+// ZeRO-1, every shifted rank reads its shard from the checkpoint dir. Kept placement moves only the lost ranks.
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ckpt::placement {
+
+// The failed step's placement (rank r ran on node_of_rank[r]), kept where it can be: every rank whose node is not
+// `excluded` stays on it; the ranks of each excluded node move together to the first node of `alloc` (the
+// allocation, in its order) that is neither excluded nor used by the step, excluded nodes taken in the order they
+// first appear. nullopt when too few such nodes are left, or the placement is empty or names an empty node.
+std::optional<std::vector<std::string>> keep_nodes(const std::vector<std::string>& node_of_rank,
+                                                   const std::set<std::string>& excluded,
+                                                   const std::vector<std::string>& alloc);
+
+// SLURM_HOSTFILE's text for a placement: one node a line, in rank order.
+std::string hostfile(const std::vector<std::string>& node_of_rank);
+
+}  // namespace ckpt::placement

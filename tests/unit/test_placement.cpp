@@ -1,0 +1,43 @@
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ckpt/placement.hpp"
+
+using ckpt::placement::hostfile;
+using ckpt::placement::keep_nodes;
+using Nodes = std::vector<std::string>;
+
+TEST_CASE("placement: a relaunch keeps every rank on its node but the lost ones", "[placement]") {
+  const Nodes alloc{"n1", "n2", "n3", "n4", "n5"};
+  const Nodes before{"n1", "n1", "n2", "n2", "n3", "n3"};  // 2 ranks a node; n4, n5 free
+
+  SECTION("the lost node's ranks go together to the first free node") {
+    auto after = keep_nodes(before, {"n2"}, alloc);
+    REQUIRE(after);
+    CHECK(*after == Nodes{"n1", "n1", "n4", "n4", "n3", "n3"});  // srun's own order would have moved n3's ranks
+  }
+  SECTION("two lost nodes, in the order they first appear") {
+    auto after = keep_nodes(before, {"n3", "n1"}, alloc);
+    REQUIRE(after);
+    CHECK(*after == Nodes{"n4", "n4", "n2", "n2", "n5", "n5"});
+  }
+  SECTION("never an excluded node, nor one the step already uses") {
+    const Nodes shuffled{"n3", "n1", "n2"};  // a placement of its own (an earlier relaunch)
+    auto after = keep_nodes(shuffled, {"n1", "n4"}, alloc);
+    REQUIRE(after);
+    CHECK(*after == Nodes{"n3", "n5", "n2"});
+  }
+  SECTION("too few free nodes, or nothing to keep") {
+    CHECK_FALSE(keep_nodes(before, {"n1", "n2", "n3"}, alloc));
+    CHECK_FALSE(keep_nodes(before, {"n2", "n4", "n5"}, alloc));
+    CHECK_FALSE(keep_nodes({}, {"n2"}, alloc));
+    CHECK_FALSE(keep_nodes({"n1", ""}, {}, alloc));
+  }
+  SECTION("nothing lost: the placement as it was") {
+    CHECK(keep_nodes(before, {"n5"}, alloc) == before);
+  }
+  CHECK(hostfile({"n1", "n4", "n3"}) == "n1\nn4\nn3\n");
+}
