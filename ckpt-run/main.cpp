@@ -7,8 +7,9 @@
 // The controller decides (it hears the ranks' failure reports, probes the silent nodes and applies the restart
 // budget); ckpt-run polls it, kills the failed step and starts `srun --overlap --exclude=<bad nodes> ...` on the
 // healthy nodes of the allocation, -N reduced only when --min-nodes allows. Each rank stays on its node and a bad
-// node's ranks move to a free one (ckpt/placement.hpp, srun --distribution=arbitrary). When too few healthy nodes remain it
-// hands over to a requeue of the whole job. Without a reachable controller it runs srun once and returns its status.
+// node's ranks move to a free one (ckpt/placement.hpp, srun --distribution=arbitrary). When too few healthy nodes
+// remain it hands over to a requeue of the whole job. Without a reachable controller it runs srun once and returns
+// its status.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -325,7 +326,7 @@ bool keep_placement(const Run& run, Launch& launch) {
   }
   std::string what;
   for (const auto& m : moved) what += (what.empty() ? "" : ", ") + m;
-  log_info(what.empty() ? "relaunch: every rank keeps its node" : "relaunch: every rank keeps its node but those moved: " + what);
+  log_info("relaunch: every rank keeps its node" + (what.empty() ? "" : " but those moved: " + what));
   return true;
 }
 

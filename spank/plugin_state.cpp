@@ -86,9 +86,8 @@ int register_options(spank_t sp) {
 std::uint32_t restart_count(spank_t sp) {
   std::uint32_t restarts = 0;
   spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts);
-  if (auto env = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT")); env && *env > restarts && *env <= 0xffffffffULL) {
-    restarts = static_cast<std::uint32_t>(*env);
-  }
+  auto env = ckpt::parse_uint(job_getenv(sp, "SLURM_RESTART_COUNT"));
+  if (env && *env > restarts && *env <= 0xffffffffULL) restarts = static_cast<std::uint32_t>(*env);
   return restarts;
 }
 

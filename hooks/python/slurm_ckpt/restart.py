@@ -91,8 +91,8 @@ def handover(layout):
     """This rank's part in handing state over as a recovered generation starts (ckpt/inplace.hpp, state_donors):
     (what it sends: [(recipient, items)] with items [(region name, uint8 tensor)], None for its own live state, or
     from the partner copy it holds of a lost rank; the donor it receives from, or None). A recipient is a
-    replacement, or a survivor the plan lists as behind its step. A copy is sent once and then dropped; one that is missing, or of another step, goes out as
-    nothing, and the replacement reads its shard instead."""
+    replacement, or a survivor the plan lists as behind its step. A copy is sent once and then dropped; one that
+    is missing, or of another step, goes out as nothing, and the replacement reads its shard instead."""
     plan = _state["plan"]
     copies, _state["copies"] = _state["copies"], {}
     if plan is None:

@@ -498,10 +498,11 @@ class Checkpointer:
         return [(name, t) for name, t in held if not t.is_cuda and t.is_contiguous()]
 
     def _handover(self, held):
-        """Restart in place: a survivor sends what it holds to the replacements it is the donor of (the core
-        decides who, restart.handover): its own state, or the partner copy it holds of the lost rank's whole shard;
-        a replacement, or a survivor behind the plan's step, receives its donor's, which restore() checks against the checkpoint's checksums as it checks a
-        survivor's own memory. Over the generation's process group."""
+        """Restart in place: a survivor sends what it holds to the recipients it is the donor of (the core decides
+        who, restart.handover): its own state, or the partner copy it holds of the lost rank's whole shard; a
+        recipient (a replacement, or a survivor behind the plan's step) receives its donor's, which restore()
+        checks against the checkpoint's checksums as it checks a survivor's own memory. Over the generation's
+        process group."""
         if not _state_from_memory():
             _drop_memory_copies()  # gigabytes a survivor would otherwise hold to the end
             return []
