@@ -83,10 +83,15 @@ void run_rank(const Args& a, int rank, std::barrier<>& sync, RankResult& out) {
   for (std::uint64_t step = 1; step <= a.steps && out.error.empty(); ++step) {
     if (a.step_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(a.step_us));
     fill(stats, step, rank);  // the forward pass changes sync state before the guard
-    // The notice before the step's barrier: every rank's poll of this step sees it, so each asks for the same
-    // terminal step itself. Raised after it, a rank that polled first saw it a step later and relied on rank 0's
-    // request crossing the network within one step, which a loaded host does not promise.
-    if (rank == 0 && step == a.notice_at) std::raise(SIGUSR1);
+    // The notice between two barriers: every rank has polled the step before and none polls this one before it is
+    // raised, so each sees it at this step's poll and asks for the same terminal step itself. Raised before one
+    // barrier, a rank still in the previous step's poll saw it a step early (CI: ranks 1 and 2 stopped at 301, rank
+    // 0 at 302); after it, a rank that polled first saw it a step late. Either relied on a request crossing the
+    // network within a step, which a loaded host does not promise.
+    if (step == a.notice_at) {
+      sync.arrive_and_wait();
+      if (rank == 0) std::raise(SIGUSR1);
+    }
     sync.arrive_and_wait();
     if (a.guard) {
       if (Status g = cp->before_update(); !g) out.error = g.error();

@@ -14,10 +14,9 @@
 # Then the same crash under `ckpt-run` without --spares, which relaunches the step inside the allocation (n4 in the
 # dead node's place) on the controller's decision:
 #  - the terminal checkpoint is written as above, the dead rank's shard from its partner's copy;
-#  - n2 crashes. The relaunched rank 0 runs on n1 again and restores from the node tier (the staging the killed
-#    process left in n1's /dev/shm), reading nothing from the checkpoint dir; rank 1, which the relaunch moves to
-#    n3, takes the weights from what rank 2 left there and reads only its own optimizer partition; rank 2, on n4,
-#    reads its shard;
+#  - n2 crashes. The relaunch keeps every rank on its node but rank 1, which goes to n4 (ckpt/placement.hpp).
+#    Ranks 0 and 2 restore from their node tiers (the staging the killed processes left in n1's and n3's
+#    /dev/shm), reading nothing from the checkpoint dir; rank 1, on n4, reads its shard;
 #  - at most one step is lost, and the final weights are bitwise identical to the uninterrupted run's.
 # The batch host (n1) is never the victim: its failure ends the batch script, and any Slurm job with it.
 source "$(dirname "$0")/lib.sh"
@@ -126,26 +125,22 @@ name=relaunch
 submit $name
 unset RUN_SPARES
 log=$SCRATCH/$name/log
-crash_node_at_random_step $name n2  # the relaunch moves rank 1 onto n3, which rank 2 left; rank 0 stays on n1
+crash_node_at_random_step $name n2  # the relaunch moves rank 1 to n4; ranks 0 and 2 stay on n1 and n3
 assert_contains "$log" "ckpt-run: relaunch 1: srun started at"
 grep -q "in-place recovery" "$log" && { cat "$log" >&2; fail "the step was recovered in place, not relaunched"; }
 resumed_after_crash $name reference-relaunch 1  # one rank per node in node order: rank 1 ran on n2
-# The relaunch runs on n1, n3 and n4, one rank each in that order: rank 0 stays on n1, rank 1 moves to n3, and
-# rank 2 runs on n4, which holds nothing of the job.
+# The relaunch keeps ranks 0 and 2 on n1 and n3 and puts rank 1 on n4, which holds nothing of the job (srun's own
+# order would have moved rank 2 to n4 and rank 1 to n3, away from their node tiers).
+assert_contains "$log" "ckpt-run: relaunch: every rank keeps its node but those moved: n2 -> n4"
 for r in 0 1 2; do
   restore_bytes "$log" $r
-  if [ "$r" = 0 ]; then
+  if [ "$r" = 1 ]; then
+    echo "  rank $r (moved to n4): $read_b bytes read, $live_b found in memory"
+    [ "$read_b" -gt 8388608 ] || { grep "restored step\|ckpt: rank $r" "$log" >&2; fail "rank $r read only $read_b bytes"; }
+  else
     echo "  rank $r (on its node again): $read_b bytes read, $live_b found in the node tier"
     [ "$read_b" -eq 0 ] && [ "$live_b" -gt 8388608 ] ||
       { grep "restored step\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r ran on its node again but read from the checkpoint dir"; }
-  elif [ "$r" = 1 ]; then
-    echo "  rank $r (moved to n3): $read_b bytes read, $live_b found in what rank 2 left there"
-    assert_contains "$log" "ckpt: rank 1: node tier: rank 2, which no longer runs on this node, left the snapshots of step(s)"
-    [ "$live_b" -ge 8388608 ] && [ "$read_b" -gt 0 ] && [ "$read_b" -lt 8388608 ] ||
-      { grep "restored step\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank 1 on n3 did not take the weights from rank 2's staging"; }
-  else
-    echo "  rank $r (on n4): $read_b bytes read, $live_b found in memory"
-    [ "$read_b" -gt 8388608 ] || { grep "restored step\|ckpt: rank $r" "$log" >&2; fail "rank $r read only $read_b bytes"; }
   fi
 done
-pass "ckpt-run relaunch after $crashed crashed at step $seen: rank 1's shard from its partner's copy, resumed step $term; rank 0 from its node tier (nothing read), rank 1 on n3 the weights from rank 2's staging; bitwise identical"
+pass "ckpt-run relaunch after $crashed crashed at step $seen: rank 1's shard from its partner's copy, resumed step $term; ranks 0 and 2 on their nodes from their node tiers (nothing read), rank 1 on n4 its shard; bitwise identical"
