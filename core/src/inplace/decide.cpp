@@ -182,6 +182,17 @@ Role recovery_role(int world, const Failure& failure, int rank, bool plan_exists
 
 namespace {
 
+// `ranks` that lie in a world of `world` ranks and are not in `except` (sorted), sorted and distinct.
+std::vector<int> ranks_within(const std::vector<int>& ranks, int world, const std::vector<int>& except = {}) {
+  std::vector<int> out;
+  for (int r : ranks) {
+    if (r >= 0 && r < world && !std::binary_search(except.begin(), except.end(), r)) out.push_back(r);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 // Why the survivors of `world` ranks cannot go on without `lost` of them; empty when they can.
 std::string cannot_shrink(int world, std::size_t lost, const Shrink& shrink,
                           const std::optional<store::Layout>& layout) {
@@ -228,13 +239,7 @@ Plan plan_generation(std::uint32_t generation, int world, int root, const Failur
       const bool holder_lost = std::find(plan.lost.begin(), plan.lost.end(), holder) != plan.lost.end();
       if (ward_lost && !holder_lost && holder >= 0 && holder < world) plan.copies[ward] = holder;
     }
-    for (int r : failure.behind) {
-      if (r >= 0 && r < world && std::find(plan.lost.begin(), plan.lost.end(), r) == plan.lost.end()) {
-        plan.behind.push_back(r);
-      }
-    }
-    std::sort(plan.behind.begin(), plan.behind.end());
-    plan.behind.erase(std::unique(plan.behind.begin(), plan.behind.end()), plan.behind.end());
+    plan.behind = ranks_within(failure.behind, world, ranks_within(plan.lost, world));
   }
   if (!replace) plan.root = rank_after(plan, root);
   return plan;
@@ -298,20 +303,8 @@ std::map<int, Donor> state_donors(const Plan& plan, const store::Layout& layout)
   std::map<int, Donor> donors;
   if (!plan.step || plan.abandons() || plan.shrinks() || plan.world != layout.world_size()) return donors;
   const auto world = static_cast<std::size_t>(plan.world);
-  auto ranks_in = [&](const std::vector<int>& ranks) {  // sorted, distinct, inside the world
-    std::vector<int> out;
-    for (int r : ranks) {
-      if (r >= 0 && r < plan.world) out.push_back(r);
-    }
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    return out;
-  };
-  const std::vector<int> lost = ranks_in(plan.lost);
-  std::vector<int> behind;
-  for (int r : ranks_in(plan.behind)) {
-    if (!std::binary_search(lost.begin(), lost.end(), r)) behind.push_back(r);
-  }
+  const std::vector<int> lost = ranks_within(plan.lost, plan.world);
+  const std::vector<int> behind = ranks_within(plan.behind, plan.world, lost);
   std::vector<bool> recipient(world, false);
   for (int r : lost) recipient[static_cast<std::size_t>(r)] = true;
   for (int r : behind) recipient[static_cast<std::size_t>(r)] = true;
