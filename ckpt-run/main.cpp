@@ -193,8 +193,9 @@ struct Run {
   std::optional<std::uint64_t> nodes_wanted;
   std::set<std::uint32_t> handled_steps;  // failed steps whose relaunch decision was carried out
   unsigned attempt = 0;
-  std::vector<std::string> placement;  // the failed step's rank -> node; empty where nobody could say
-  std::vector<std::string> launched;   // the placement the running step was started with; empty: srun's own
+  // The running step's rank -> node: the placement ckpt-run started it with, else (srun's own) asked of slurmctld
+  // when it failed; empty where nobody could say.
+  std::vector<std::string> placement;
 };
 
 // Fills `run` from the srun line and the allocation's environment; returns an exit status when it cannot.
@@ -426,9 +427,9 @@ std::variant<int, Decision> wait_for_decision(Run& run, pid_t pid) {
 // an exit status when no relaunch follows (stopping, or the relaunches are used up).
 std::optional<int> apply_decision(Run& run, Decision& decision) {
   const std::uint32_t step = *decision.view.relaunch_step;
-  // The placement ckpt-run chose is known as chosen; srun's own is asked of slurmctld before the kill, while the
-  // step exists. Never an arbitrary step's layout: nothing says its node list keeps the host file's order.
-  run.placement = !run.launched.empty() ? run.launched : step_placement(run.job_id, step);
+  // srun's own placement is asked of slurmctld before the kill, while the step exists. Never an arbitrary step's
+  // layout: nothing says its node list keeps the host file's order, and ckpt-run knows the one it chose.
+  if (run.placement.empty()) run.placement = step_placement(run.job_id, step);
   slurm_kill_job_step(run.job_id, step, SIGKILL);
   for (const auto& n : decision.view.exclude) run.excluded.insert(n);
   const double decided = decision.view.decided;
@@ -458,7 +459,7 @@ int relaunch_loop(Run& run) {
       return 1;
     }
     g_child_group = pid;
-    run.launched = launch->placement;
+    run.placement = launch->placement;
     if (run.attempt > 0) {
       std::fprintf(stderr, "ckpt-run: relaunch %u: srun started at %.3f without %s\n", run.attempt, started,
                    launch->excluded.empty() ? "(none)" : rec::join_nodes(launch->excluded).c_str());
