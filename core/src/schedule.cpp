@@ -5,6 +5,7 @@ namespace ckpt::schedule {
 
 Requests requests(const Inputs& in, State& state) {
   Requests out;
+  if (in.missed_terminal) state.notice_sent = true;  // the job's terminal step is known and passed: none of its own
   if (!state.notice_sent) {
     // Every rank has the same end time; rank 0 alone acts on it so that one request goes out.
     const bool time_up = in.rank == 0 && in.end_time &&
@@ -28,8 +29,13 @@ Requests requests(const Inputs& in, State& state) {
   return out;
 }
 
-Decision decision(std::uint64_t step, const Interval& interval, std::optional<store::Kind> requested) {
+Decision decision(std::uint64_t step, const Interval& interval, std::optional<store::Kind> requested,
+                  std::optional<std::uint64_t> missed_terminal) {
   Decision d;
+  if (missed_terminal && *missed_terminal < step) {  // the others stopped there: a snapshot here cannot complete
+    d.stop = true;
+    return d;
+  }
   if (interval.kind == Interval::Kind::Steps && interval.value > 0 && step % interval.value == 0) d.snapshot = true;
   if (requested) {
     d.snapshot = true;

@@ -122,6 +122,7 @@ Decision Checkpointer::Impl::decide(std::uint64_t step) {
   in.now_unix = unix_seconds();
   in.end_time = config.end_time;
   in.grace_s = config.grace_s;
+  in.missed_terminal = coord->missed_terminal();
   const schedule::Requests asked = schedule::requests(in, sched.state);
   if (asked.terminal) {
     if (asked.for_time_limit) sched.time_limit_stop = *asked.terminal;  // continued in a new allocation once committed
@@ -131,7 +132,12 @@ Decision Checkpointer::Impl::decide(std::uint64_t step) {
   if (asked.periodic) {
     if (Status s = coord->request(*asked.periodic, store::Kind::Periodic); !s) log::error(rank, s.error());
   }
-  const schedule::Decision d = schedule::decision(step, config.interval, coord->requested(step));
+  const schedule::Decision d = schedule::decision(step, config.interval, coord->requested(step), in.missed_terminal);
+  if (in.missed_terminal && d.stop && !d.snapshot && !sched.stopped) {
+    record_error("the terminal checkpoint of step " + std::to_string(*in.missed_terminal) + " was asked for after "
+                 "this rank had passed it: the other ranks stopped there, so this rank stops after step " +
+                 std::to_string(step) + " without one");
+  }
   Decision out;
   out.snapshot = d.snapshot;
   out.stop = d.stop;

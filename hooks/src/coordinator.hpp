@@ -54,6 +54,9 @@ class Coordinator {
   virtual Status request(std::uint64_t step, store::Kind kind) = 0;
   // Training thread, every step: the request for exactly this step, if any rank made one (terminal wins).
   virtual std::optional<store::Kind> requested(std::uint64_t step) = 0;
+  // Training thread, every step before requested(): a terminal step asked for after this rank had passed it. The
+  // ranks that took it stop there; this one stops too (schedule.hpp).
+  virtual std::optional<std::uint64_t> missed_terminal() { return std::nullopt; }
   // CKPT_MEMORY_INTERVAL=auto, rank 0: a memory checkpoint of `step` on every rank (flooded like a request).
   virtual void request_memory(std::uint64_t /*step*/) {}
   // Every rank, once per step after requested(): whether a memory checkpoint of `step` was asked for.

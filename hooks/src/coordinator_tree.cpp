@@ -125,6 +125,8 @@ class TreeCoordinator final : public Coordinator {
   Status begin(std::uint64_t resume_step) override {
     std::lock_guard<std::mutex> lock(mu_);
     requests_.clear();
+    terminal_at_.reset();
+    missed_terminal_.reset();
     control_.begin(resume_step);
     return Status::success();
   }
@@ -152,6 +154,11 @@ class TreeCoordinator final : public Coordinator {
       }
     }
     return control_.requested(step);
+  }
+
+  std::optional<std::uint64_t> missed_terminal() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return missed_terminal_;
   }
 
   void request_memory(std::uint64_t step) override {
@@ -203,7 +210,7 @@ class TreeCoordinator final : public Coordinator {
     for (;;) {
       done = cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
         return cancelled_.load() || failed_.count(step) != 0 || counts_[step].total >= static_cast<std::uint64_t>(world) ||
-               !died_.empty();
+               !died_.empty() || after_terminal_locked(step);
       });
       if (done || Clock::now() >= deadline) break;
       if (Clock::now() >= recount_at) {
@@ -234,6 +241,11 @@ class TreeCoordinator final : public Coordinator {
     }
     if (cancelled_.load()) {
       return Status::failure("ckpt: step " + std::to_string(step) + ": training ended before every rank persisted");
+    }
+    if (total < static_cast<std::uint64_t>(world) && after_terminal_locked(step)) {
+      return Status::failure("ckpt: step " + std::to_string(step) + ": the other ranks stopped at the terminal "
+                             "checkpoint of step " + std::to_string(*terminal_at_) + ", asked for after this rank "
+                             "had passed it; " + lead_too_short());
     }
     if (total < static_cast<std::uint64_t>(world) && !died_.empty()) {
       if (words_ != nullptr && words_->triggered()) {
@@ -296,8 +308,11 @@ class TreeCoordinator final : public Coordinator {
     if (words_ == nullptr) return;
     const auto deadline = Clock::now() + timeout;
     while (Clock::now() < deadline && !cancelled_.load() && words_ != nullptr && !words_->triggered()) {
+      // A count that can never go up is not waited for: a subtree failed the step, or the job stopped before it.
       bool pending = false;
-      for (const auto& [step, c] : counts_) pending = pending || (c.own && !c.sent);
+      for (const auto& [step, c] : counts_) {
+        pending = pending || (c.own && !c.sent && failed_.count(step) == 0 && !after_terminal_locked(step));
+      }
       if (!pending) return;
       cv_.wait_for(lock, std::chrono::milliseconds(100));
     }
@@ -328,6 +343,7 @@ class TreeCoordinator final : public Coordinator {
 
   // False when the request was known already (it is not passed on again).
   bool note_request_locked(std::uint64_t step, store::Kind kind) {
+    if (kind == store::Kind::Terminal && (!terminal_at_ || step < *terminal_at_)) terminal_at_ = step;
     auto [it, fresh] = requests_.emplace(step, kind);
     if (fresh) return true;
     if (kind == store::Kind::Terminal && it->second != store::Kind::Terminal) {
@@ -487,10 +503,14 @@ class TreeCoordinator final : public Coordinator {
     return "CKPT_AGREE_LEAD=" + std::to_string(config_.agree_lead) + " steps is too short for this job's steps";
   }
 
+  // Every rank that took the terminal checkpoint stops at it: none of a later step can complete.
+  bool after_terminal_locked(std::uint64_t step) const { return terminal_at_ && *terminal_at_ < step; }
+
   // A request that came after this rank had passed its step: the rank never takes that checkpoint, so it says so
   // at once, up the tree and with the reason in the control dir, instead of leaving the root to wait out the commit
   // timeout. The cure is a larger lead (or a shorter path: a less loaded host).
   void on_late_request_locked(std::uint64_t step) {
+    if (requests_[step] == store::Kind::Terminal && !missed_terminal_) missed_terminal_ = step;
     if (failed_.count(step) != 0) return;
     failed_[step] = config_.rank;
     const std::string why = "the request for step " + std::to_string(step) + " reached this rank at step " +
@@ -615,6 +635,8 @@ class TreeCoordinator final : public Coordinator {
   std::uint64_t recounts_ = 0;                          // guarded by mu_: the root's recounts so far
   LastWords* words_ = nullptr;                          // guarded by mu_
   std::map<std::uint64_t, store::Kind> requests_;       // guarded by mu_
+  std::optional<std::uint64_t> terminal_at_;            // guarded by mu_: the lowest terminal step asked for
+  std::optional<std::uint64_t> missed_terminal_;        // guarded by mu_: one asked for after this rank passed it
   std::uint64_t passed_ = 0;                            // guarded by mu_: the last step training asked about
   std::set<std::uint64_t> memory_requests_;             // guarded by mu_: memory checkpoints asked for, not passed
   std::uint64_t memory_passed_ = 0;                     // guarded by mu_: the last step memory_requested() saw

@@ -308,3 +308,82 @@ TEST_CASE("the writer commits only when every rank persisted", "[hooks][coord]")
     CHECK(test::committed_steps(dir.path()).empty());
   }
 }
+
+// A terminal request that reaches a rank after it passed the step. Rank 0 runs far ahead of rank 1 (as in the late
+// request above); rank 1's signal then asks for a terminal checkpoint of a step rank 0 passed long ago. Rank 1 stops
+// there; rank 0 (the writer) must stop too and end at once, not wait out the commit timeout (60 s) for a
+// checkpoint of its own that rank 1 will never take.
+TEST_CASE("a terminal step one rank missed: every rank stops, none waits out the commit timeout", "[hooks][coord][notice]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  const auto o = [&](int r) {
+    return rank_options(dir.path(), r,
+                        {{"interval", "1000000steps"}, {"signals", "on"}, {"commit_timeout", "60s"}});
+  };
+  // own_first: rank 0 takes a terminal checkpoint of its own (its own signal) before rank 1's request reaches it.
+  const bool own_first = GENERATE(false, true);
+  INFO((own_first ? "rank 0 took its own terminal checkpoint first" : "rank 0 learns before its own"));
+  std::atomic<bool> go1{false};
+  std::optional<std::uint64_t> stopped1;
+  std::string error1;
+  Status closed1;
+  std::thread rank1([&] {
+    std::vector<std::uint64_t> w(512, 1);
+    auto cp = Checkpointer::create(o(1));
+    if (!cp) {
+      error1 = cp.error();
+      return;
+    }
+    (void)(*cp)->register_region({"w", w.data(), w.size() * 8});
+    (void)(*cp)->restore();
+    while (!go1) std::this_thread::sleep_for(10ms);
+    for (std::uint64_t step = 1; step <= 1000 && !stopped1; ++step) {
+      std::this_thread::sleep_for(5ms);
+      if (step == 10) std::raise(SIGUSR1);
+      (void)(*cp)->before_update();
+      auto stop = (*cp)->after_step(step);
+      if (!stop) error1 = stop.error();
+      if (!stop || *stop) stopped1 = step;
+    }
+    closed1 = (*cp)->close();
+  });
+  std::vector<std::uint64_t> w(512, 0);
+  auto cp = test::make(o(0));
+  REQUIRE(cp->register_region({"w", w.data(), w.size() * 8}).ok());
+  REQUIRE(cp->restore().ok());
+  const auto started = std::chrono::steady_clock::now();
+  std::optional<std::uint64_t> stopped0;
+  for (std::uint64_t step = 1; step <= 6000 && !stopped0; ++step) {
+    if (own_first && step == 5000) std::raise(SIGUSR1);
+    if (!own_first && step == 5001) {  // rank 1 runs now; rank 0 goes on once its request came
+      go1 = true;
+      while (!log.has("reached this rank at step 5000") && std::chrono::steady_clock::now() - started < 30s) {
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+    (void)cp->before_update();
+    auto stop = cp->after_step(step);
+    REQUIRE(stop.ok());
+    if (*stop) stopped0 = step;
+  }
+  go1 = true;  // own_first: rank 1 starts once rank 0 stopped at its own terminal step
+  const Status closed0 = cp->close();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  rank1.join();
+  REQUIRE(error1 == "");
+  REQUIRE(stopped1.has_value());
+  REQUIRE(stopped0.has_value());
+  CHECK(*stopped1 <= 13);  // its own request, a lead (2 steps) ahead (own_first: maybe rank 0's signal, at step 3)
+  CHECK(took < 30);        // the commit's own timeout is 60 s
+  REQUIRE_FALSE(closed0.ok());
+  const std::string missed = "the terminal checkpoint of step " + std::to_string(*stopped1);
+  if (own_first) {
+    CHECK(*stopped0 == 5002);  // its own terminal step, taken before it knew
+    CHECK_THAT(closed0.error(), Catch::Contains("step 5002: the other ranks stopped at " + missed));
+  } else {
+    CHECK(*stopped0 == 5001);  // at once, with no terminal of its own despite its signal
+    CHECK_THAT(closed0.error(), Catch::Contains(missed + " was asked for after this rank had passed it"));
+    CHECK_FALSE(log.has("terminal checkpoint at step 5003"));
+  }
+  CHECK(test::committed_steps(dir.path()).empty());
+}

@@ -99,3 +99,23 @@ TEST_CASE("schedule: the step's decision", "[schedule]") {
   CHECK(terminal.kind == store::Kind::Terminal);
   CHECK_FALSE(decision(0, Interval{Interval::Kind::Steps, 0}, std::nullopt).snapshot);  // never divides by zero
 }
+
+TEST_CASE("schedule: a terminal step this rank missed stops it at once, with no terminal of its own", "[schedule]") {
+  State state;
+  Inputs in = timed(5001, 0);
+  in.signal = 10;  // its own notice came too: the job's terminal step is known, and asking for another is futile
+  in.missed_terminal = 13;
+  CHECK_FALSE(requests(in, state).terminal);
+  in.missed_terminal.reset();
+  CHECK_FALSE(requests(in, state).terminal);  // and never after
+  const Interval steps{Interval::Kind::Steps, 5};
+  auto missed = decision(5001, steps, std::nullopt, 13);
+  CHECK(missed.stop);
+  CHECK_FALSE(missed.snapshot);
+  missed = decision(5005, steps, store::Kind::Terminal, 13);  // a later terminal (its own, asked before) included
+  CHECK(missed.stop);
+  CHECK_FALSE(missed.snapshot);
+  auto later = decision(13, steps, store::Kind::Terminal, 15);  // a missed step ahead of this one is no reason yet
+  CHECK(later.snapshot);
+  CHECK(later.kind == store::Kind::Terminal);
+}

@@ -9,6 +9,9 @@
 //      Every rank acts on a signal of its own. A request names step + lead, a step every rank has not passed yet.
 //   2. decision(): whether this step is checkpointed, from the interval in steps and what the coordinator says
 //      was requested for it.
+// A terminal request that reaches a rank after it passed the step (a lead too short for the path) is missed there:
+// the ranks that took it stop at it, so no later checkpoint can complete. The rank that missed it asks for no
+// terminal of its own and stops at its next step without one, instead of waiting out the commit timeout alone.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -32,6 +35,7 @@ struct Inputs {
   double now_unix = 0;
   std::optional<std::uint64_t> end_time;    // the job's time limit, unix seconds
   std::uint64_t grace_s = 0;                // CKPT_GRACE
+  std::optional<std::uint64_t> missed_terminal;  // a terminal step asked for after this rank passed it
 };
 
 // What the rank remembers from step to step (the Checkpointer keeps it; requests() updates it).
@@ -52,11 +56,13 @@ Requests requests(const Inputs& in, State& state);
 
 struct Decision {
   bool snapshot = false;   // a checkpoint of this step is taken
-  bool stop = false;       // it is terminal: the loop stops after this step
+  bool stop = false;       // it is terminal (or the terminal step was missed): the loop stops after this step
   store::Kind kind = store::Kind::Periodic;
 };
 
-// The step's decision from the interval in steps and the coordinator's answer for it (nullopt: nothing asked).
-Decision decision(std::uint64_t step, const Interval& interval, std::optional<store::Kind> requested);
+// The step's decision from the interval in steps, the coordinator's answer for it (nullopt: nothing asked) and a
+// terminal step this rank missed (then: stop, no snapshot).
+Decision decision(std::uint64_t step, const Interval& interval, std::optional<store::Kind> requested,
+                  std::optional<std::uint64_t> missed_terminal = std::nullopt);
 
 }  // namespace ckpt::schedule
