@@ -215,6 +215,26 @@ grep -q "ckpt: rank 1: restored step $resumed from .* found in memory)" "$W/shri
 ! grep -q "handing over to a requeue" "$W/shrink"/log* || fail "shrink: a survivor handed over to a requeue"
 echo "ok: no spare, CKPT_SHRINK=on: rank 1 lost, 2 replicas went on in place from step $resumed and finished"
 
+# Both: a survivor a step behind (as above) and no spare, CKPT_SHRINK=on. Rank 2 dies, the survivors go on as 2
+# replicas and rank 1 takes step 12 from rank 0's memory, reading only the small blobs; the same run with
+# CKPT_INPLACE_STATE=files (every rank reads its shard) ends with the same weights.
+for state in memory files; do
+  CKPT_INPLACE_STATE=$state CKPT_SHRINK=on CKPT_TEST_BEHIND_AT=12 PROGRAM=$CKPT_SOURCE_DIR/tests/hooks/behind_ddp.py \
+    launch "behind_shrink_$state" 0
+  [ "${status[0]}" = 0 ] && [ "${status[1]}" = 0 ] ||
+    { tail -n 20 "$W/behind_shrink_$state"/log* >&2; fail "behind, shrink ($state): exits ${status[*]}, not 0 0"; }
+done
+grep -q '"behind": *\[1\]' "$W/behind_shrink_memory"/ckpt/.control/inplace-*/gen-1.plan ||
+  { cat "$W/behind_shrink_memory"/ckpt/.control/inplace-*/gen-1.plan >&2; fail "behind, shrink: rank 1 not behind"; }
+line=$(grep -h "ckpt: rank 1: restored step 12 from" "$W/behind_shrink_memory/log1" | tail -1)
+read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
+live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
+[ -n "$read_b" ] && [ "$read_b" -lt 65536 ] && [ "${live_b:-0}" -gt 100000 ] ||
+  { tail -n 20 "$W/behind_shrink_memory/log1" >&2; fail "behind, shrink: rank 1 did not take step 12 from rank 0: $line"; }
+[ -s "$W/behind_shrink_memory/final" ] && cmp -s "$W/behind_shrink_files/final" "$W/behind_shrink_memory/final" ||
+  fail "behind, shrink: the final weights differ from the run that read every shard"
+echo "ok: a survivor a step behind, no spare, CKPT_SHRINK=on: it took step 12 from rank 0 ($read_b bytes read) as 2 replicas went on; bitwise identical to reading the shards"
+
 launch nospare 0 2 KILL 10
 [ "${status[0]}" = 75 ] && [ "${status[1]}" = 75 ] || fail "no spare: survivors exited ${status[0]} and ${status[1]}, not 75"
 grep -q "cannot recover in place (1 ranks lost, 0 spares ready); handing over to a requeue" "$W/nospare"/log* ||

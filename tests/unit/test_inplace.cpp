@@ -226,11 +226,29 @@ TEST_CASE("with too few spares and --ckpt-shrink, pure data parallelism goes on 
     CHECK(rank_after(p, 3) == 2);
     CHECK(verdict(p, 1) == Verdict::CountedLost);
     CHECK(verdict(p, 3) == Verdict::Go);
-    CHECK(state_donors(p, dp4).empty());  // nobody to hand state to: the survivors keep theirs
+    CHECK(state_donors(p, dp4).empty());  // a layout of the failed generation's world
+    CHECK(state_donors(p, {3, 1, 1, false}).empty());  // nobody to hand state to: the survivors keep theirs
     // The root is renumbered too (the plan is the new generation's).
     Plan rooted = plan_generation(2, 4, 3, failure_of({0, 2}, 3, 12), {}, Shrink{1}, dp4);
     CHECK(rooted.world == 2);
     CHECK(rooted.root == 1);
+  }
+  SECTION("a survivor behind the step takes a live replica's state, in the new numbering") {
+    Failure behind = failure_of({1}, 0, 12);
+    behind.behind = {3, 1};  // the lost rank is no survivor behind
+    Plan p = plan_generation(2, 4, 0, behind, {}, Shrink{1}, dp4);
+    REQUIRE(p.shrinks());
+    CHECK(p.behind == std::vector<int>{3});  // numbered as `lost`: the failed generation's ranks
+    p.addr = "10.0.0.1";
+    p.port = 4000;
+    auto parsed = parse_plan(to_json(p));
+    REQUIRE(parsed.ok());
+    CHECK(parsed->behind == std::vector<int>{3});  // rank 3 of the 4 before, though the plan's world is 3
+    CHECK(state_donors(p, {3, 1, 1, false}) == std::map<int, Donor>{{2, Donor{0, false}}});  // old 3 is new 2
+    behind.behind = {0, 2, 3};  // nobody at the step: each reads its shard
+    CHECK(state_donors(plan_generation(2, 4, 0, behind, {}, Shrink{1}, dp4), {3, 1, 1, false}).empty());
+    behind.step.reset();  // the newest complete checkpoint: nobody is behind it
+    CHECK(plan_generation(2, 4, 0, behind, {}, Shrink{1}, dp4).behind.empty());
   }
   SECTION("spares come first: a plan that can replace every lost rank does") {
     Plan p = plan_generation(2, 4, 0, f, {"n5.0"}, Shrink{1}, dp4);

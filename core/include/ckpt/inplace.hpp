@@ -116,8 +116,8 @@ struct Plan {
   // Lost rank -> the survivor holding its partner copy of `step` in memory (the memory tier): the copy the last
   // words wrote its terminal shard from, which the replacement can take over the network instead.
   std::map<int, int> copies;
-  // Survivors that hold no state of `step` (Failure::behind), ascending: a live replica sends them its state, as
-  // it does a replacement (state_donors).
+  // Survivors that hold no state of `step` (Failure::behind), ascending, numbered as `lost` is: a live replica
+  // sends them its state, as it does a replacement (state_donors), in a plan that shrinks too.
   std::vector<int> behind;
 
   bool abandons() const { return !abandon.empty(); }
@@ -218,7 +218,8 @@ struct Donor {
                               // rank's whole shard the donor holds in memory (plan.copies)
   bool operator==(const Donor& o) const { return rank == o.rank && partner_copy == o.partner_copy; }
 };
-// Recipient (a replacement, or a survivor that is behind) -> its donor. Only where the plan resumes from a named
+// Recipient (a replacement, or a survivor that is behind) -> its donor, both numbered in the generation the plan
+// forms (under a plan that shrinks, rank_after of the failed generation's). Only where the plan resumes from a named
 // step (a terminal checkpoint: the survivors hold that step's state). A live donor is a survivor that is not
 // behind and holds the same replica: the same tensor-parallel and pipeline coordinates (`layout`'s default
 // placement), and no ZeRO-1 (each rank's optimizer partition is its own); live donors take the recipients in turn

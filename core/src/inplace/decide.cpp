@@ -239,8 +239,9 @@ Plan plan_generation(std::uint32_t generation, int world, int root, const Failur
       const bool holder_lost = std::find(plan.lost.begin(), plan.lost.end(), holder) != plan.lost.end();
       if (ward_lost && !holder_lost && holder >= 0 && holder < world) plan.copies[ward] = holder;
     }
-    plan.behind = ranks_within(failure.behind, world, ranks_within(plan.lost, world));
   }
+  // In the failed generation's numbering, as `lost` is.
+  if (plan.step) plan.behind = ranks_within(failure.behind, world, ranks_within(plan.lost, world));
   if (!replace) plan.root = rank_after(plan, root);
   return plan;
 }
@@ -301,10 +302,16 @@ Verdict verdict(const std::optional<Plan>& plan, int rank) {
 
 std::map<int, Donor> state_donors(const Plan& plan, const store::Layout& layout) {
   std::map<int, Donor> donors;
-  if (!plan.step || plan.abandons() || plan.shrinks() || plan.world != layout.world_size()) return donors;
+  if (!plan.step || plan.abandons() || plan.world != layout.world_size()) return donors;
   const auto world = static_cast<std::size_t>(plan.world);
-  const std::vector<int> lost = ranks_within(plan.lost, plan.world);
-  const std::vector<int> behind = ranks_within(plan.behind, plan.world, lost);
+  // The plan names ranks of the failed generation; donors and recipients are ranks of the one it forms. A plan that
+  // shrinks drops its lost ranks (no replacement to send to) and renumbers the survivors (rank_after).
+  const int before = plan.shrinks() ? plan.world_before : plan.world;
+  const std::vector<int> lost = plan.shrinks() ? std::vector<int>{} : ranks_within(plan.lost, plan.world);
+  std::vector<int> behind;
+  for (int r : ranks_within(plan.behind, before, ranks_within(plan.lost, before))) {
+    behind.push_back(rank_after(plan, r));
+  }
   std::vector<bool> recipient(world, false);
   for (int r : lost) recipient[static_cast<std::size_t>(r)] = true;
   for (int r : behind) recipient[static_cast<std::size_t>(r)] = true;

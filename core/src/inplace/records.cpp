@@ -235,7 +235,7 @@ Result<Plan> parse_plan(std::string_view text) {
         p.copies[static_cast<int>(*rank)] = static_cast<int>(holder.get<int>());
       }
     }
-    if (f.has("behind")) p.behind = f.ranks("behind", p.world);
+    if (f.has("behind")) p.behind = f.ranks("behind", p.shrinks() ? p.world_before : p.world);
     for (int r : p.behind) {
       if (std::find(p.lost.begin(), p.lost.end(), r) != p.lost.end()) {
         f.bad<int>("behind", "names a lost rank");
