@@ -387,3 +387,75 @@ TEST_CASE("a terminal step one rank missed: every rank stops, none waits out the
   }
   CHECK(test::committed_steps(dir.path()).empty());
 }
+
+// The same where the rank that missed it is not the writer: rank 9 of 10, below rank 8 in the tree (groups of 8:
+// rank 8 leads the second, under rank 0). Rank 8 took the terminal checkpoint and must not wait in close() for a
+// count rank 9 will never send up, and rank 9 stops at once.
+TEST_CASE("a terminal step a rank below another missed: neither waits", "[hooks][coord][notice]") {
+  test::TempDir dir;
+  test::LogCapture log;
+  constexpr int kWorld = 10, kLate = 9;
+  const auto o = [&](int r) {
+    Options opt = rank_options(dir.path(), r, {{"interval", "1000000steps"}, {"commit_timeout", "60s"},
+                                               {"signals", r == 1 || r == kLate ? "on" : "off"}});
+    opt.set("world_size", std::to_string(kWorld));
+    return opt;
+  };
+  std::vector<RankRun> runs(kWorld);
+  std::barrier sync(kWorld - 1);
+  std::atomic<bool> ahead{false};
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      RankRun& run = runs[static_cast<std::size_t>(r)];
+      std::vector<std::uint64_t> w(512, static_cast<std::uint64_t>(r));
+      auto created = Checkpointer::create(o(r));
+      if (!created) {
+        run.error = created.error();
+        if (r != kLate) sync.arrive_and_drop();
+        return;
+      }
+      auto cp = std::move(created).value();
+      (void)cp->register_region({"w", w.data(), w.size() * 8});
+      (void)cp->restore();
+      if (r != kLate) {
+        while (!ahead) std::this_thread::sleep_for(10ms);
+      }
+      for (std::uint64_t step = 1; step <= 6000 && !run.stopped_at && run.error.empty(); ++step) {
+        if (r == kLate && step == 5001) {  // the others start now; it goes on once rank 1's request came
+          ahead = true;
+          while (!log.has("reached this rank at step 5000") && std::chrono::steady_clock::now() - started < 30s) {
+            std::this_thread::sleep_for(10ms);
+          }
+        }
+        if (r != kLate) {
+          std::this_thread::sleep_for(5ms);
+          sync.arrive_and_wait();
+          if (r == 1 && step == 10) std::raise(SIGUSR1);
+        }
+        (void)cp->before_update();
+        auto stop = cp->after_step(step);
+        if (!stop) run.error = stop.error();
+        if (stop && *stop) run.stopped_at = step;
+      }
+      if (r != kLate) sync.arrive_and_drop();
+      run.closed = cp->close();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  for (const RankRun& run : runs) CHECK(run.error == "");
+  for (int r = 0; r < kLate; ++r) {
+    INFO("rank " << r);
+    CHECK(runs[static_cast<std::size_t>(r)].stopped_at == std::optional<std::uint64_t>(12));
+  }
+  CHECK(runs[kLate].stopped_at == std::optional<std::uint64_t>(5001));
+  CHECK(took < 30);  // the commit's own timeout is 60 s
+  REQUIRE_FALSE(runs[0].closed.ok());
+  CHECK_THAT(runs[0].closed.error(), Catch::Contains("rank 9 could not persist step 12"));
+  CHECK(runs[8].closed.ok());
+  REQUIRE_FALSE(runs[kLate].closed.ok());
+  CHECK_THAT(runs[kLate].closed.error(), Catch::Contains("the terminal checkpoint of step 12 was asked for after"));
+  CHECK(test::committed_steps(dir.path()).empty());
+}
