@@ -173,7 +173,9 @@ struct RestoreOptions {
 // What after_step does at one step.
 struct Decision {
   bool snapshot = false;                      // a checkpoint of this step is taken
-  bool stop = false;                          // it is terminal: the loop should stop after this step
+  bool stop = false;                          // it is terminal: the loop should stop after this step (without
+                                              // a snapshot: the terminal step was asked for after this rank had
+                                              // passed it, and the other ranks stopped there)
   store::Kind kind = store::Kind::Periodic;
   bool memory_only = false;                   // a memory-tier checkpoint (CKPT_MEMORY): staging and the partner's
                                               // copy only, nothing written to the checkpoint dir
@@ -306,7 +308,8 @@ class Checkpointer {
   // What after_step(step) will do; idempotent for one step (the decision is taken once and remembered).
   CKPT_HOOKS_API Result<Decision> poll(std::uint64_t step);
   // Call after each update with the number of completed updates. Starts a checkpoint when one is due and
-  // returns true when the loop should stop (a terminal checkpoint was taken). Steps must increase.
+  // returns true when the loop should stop (a terminal checkpoint was taken, or this rank missed the terminal step
+  // the others took; close() then fails with why). Steps must increase.
   CKPT_HOOKS_API Result<bool> after_step(std::uint64_t step);
   // Training thread: a section of the current step's own work (no collective inside: a forward pass, a loss)
   // took `seconds`. With the update between before_update and after_step, which is timed anyway, it is the pace

@@ -668,7 +668,8 @@ class Checkpointer:
         """Call after each optimizer.step() with the number of completed steps. Takes a checkpoint when one is due
         (every rank at the same step). Returns True when the loop should stop: a terminal checkpoint was taken
         because the job is within CKPT_GRACE of its time limit, or SIGTERM/SIGUSR1/SIGUSR2 arrived (on any rank).
-        Then leave the loop, call close(), and exit normally."""
+        Then leave the loop, call close(), and exit normally. (A rank whose request came too late to take that
+        checkpoint stops too, and its close() raises saying so.)"""
         n = self._native
         _note_phase("first_step")
         if not n.enabled:
