@@ -498,9 +498,13 @@ class TreeCoordinator final : public Coordinator {
     });
   }
 
-  // The cure a late request names.
-  std::string lead_too_short() const {
-    return "CKPT_AGREE_LEAD=" + std::to_string(config_.agree_lead) + " steps is too short for this job's steps";
+  // The cure a late request names; where this rank knows how late it came (it was at step `at`), the lead that
+  // would have been in time.
+  std::string lead_too_short(std::optional<std::uint64_t> step = std::nullopt, std::uint64_t at = 0) const {
+    const std::uint64_t lead = config_.agree_lead;
+    std::string cure = "CKPT_AGREE_LEAD=" + std::to_string(lead) + " steps is too short for this job's steps";
+    if (step && at >= *step) cure += " (" + std::to_string(lead + (at - *step) + 1) + " would have been in time here)";
+    return cure;
   }
 
   // Every rank that took the terminal checkpoint stops at it: none of a later step can complete.
@@ -514,7 +518,8 @@ class TreeCoordinator final : public Coordinator {
     if (failed_.count(step) != 0) return;
     failed_[step] = config_.rank;
     const std::string why = "the request for step " + std::to_string(step) + " reached this rank at step " +
-                            std::to_string(passed_) + ", after it had passed that step; " + lead_too_short();
+                            std::to_string(passed_) + ", after it had passed that step; " +
+                            lead_too_short(step, passed_);
     log::warn(config_.rank, why);
     words_->network().send_up(heartbeat::ShardFailedFrame{step, config_.rank}.to_frame());
     cv_.notify_all();
@@ -530,7 +535,8 @@ class TreeCoordinator final : public Coordinator {
     if (step > memory_passed_ || memory_late_said_) return;
     memory_late_said_ = true;
     log::warn(config_.rank, "the memory checkpoint of step " + std::to_string(step) + " was asked for after this rank "
-                            "passed it (at step " + std::to_string(memory_passed_) + "): " + lead_too_short());
+                            "passed it (at step " + std::to_string(memory_passed_) + "): " +
+                            lead_too_short(step, memory_passed_));
   }
 
   void schedule_locked(std::function<void()> task) {

@@ -288,6 +288,12 @@ TEST_CASE("the writer commits only when every rank persisted", "[hooks][coord]")
     CHECK_THAT(error0, Catch::Contains("after it had passed that step; CKPT_AGREE_LEAD=1 steps is too short"));
     CHECK(took < 20);  // the commit's own timeout is 60 s
     CHECK(log.has("reached this rank at step 5000"));
+    // The lead that would have been in time: rank 0 asked at step S - 1 for step S, which came at step 5000.
+    const auto at = error0.find("reached this rank at step 5000");
+    const auto asked = error0.rfind("the request for step ", at);
+    REQUIRE(asked != std::string::npos);
+    const std::uint64_t s = std::stoull(error0.substr(asked + 21));
+    CHECK_THAT(error0, Catch::Contains("(" + std::to_string(1 + (5000 - s) + 1) + " would have been in time here)"));
     CHECK(test::committed_steps(dir.path()).empty());
   }
   SECTION("a rank whose persist fails tells the writer at once") {
