@@ -307,9 +307,10 @@ std::map<int, Donor> state_donors(const Plan& plan, const store::Layout& layout)
   // The plan names ranks of the failed generation; donors and recipients are ranks of the one it forms. A plan that
   // shrinks drops its lost ranks (no replacement to send to) and renumbers the survivors (rank_after).
   const int before = plan.shrinks() ? plan.world_before : plan.world;
-  const std::vector<int> lost = plan.shrinks() ? std::vector<int>{} : ranks_within(plan.lost, plan.world);
+  const std::vector<int> gone = ranks_within(plan.lost, before);
+  const std::vector<int> lost = plan.shrinks() ? std::vector<int>{} : gone;  // the recipients among them
   std::vector<int> behind;
-  for (int r : ranks_within(plan.behind, before, ranks_within(plan.lost, before))) {
+  for (int r : ranks_within(plan.behind, before, gone)) {
     behind.push_back(rank_after(plan, r));
   }
   std::vector<bool> recipient(world, false);
