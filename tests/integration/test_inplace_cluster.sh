@@ -39,8 +39,7 @@ state_from_memory() {
   local r line read_b live_b
   for r in 0 1 2; do
     line=$(grep "ckpt: rank $r: restored step $2 from .* bytes read, .* found in memory)" "$1" | tail -1)
-    read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
-    live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
+    restore_figures "$line"
     echo "rank $r: step $2: ${read_b:-?} bytes read, ${live_b:-?} found in memory" >&2
     grep -q "replica dp$r of stage pp0 disqualified: at step $(($2 - 1)), not the agreed step $2" "$1" &&
       echo "  rank $r was a step behind: a survivor at step $2 sent it the state" >&2

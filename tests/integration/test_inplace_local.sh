@@ -141,8 +141,7 @@ grep -q '"behind": *\[1\]' "$W/behind"/ckpt/.control/inplace-*/gen-1.plan ||
   { cat "$W/behind"/ckpt/.control/inplace-*/gen-1.plan >&2; fail "behind: the plan does not name rank 1 behind"; }
 for r in 1 3; do
   line=$(grep -h "ckpt: rank [12]: restored step 12 from" "$W/behind/log$r" | tail -1)
-  read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
-  live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
+  restore_figures "$line"
   [ -n "$read_b" ] && [ "$read_b" -lt 65536 ] && [ "${live_b:-0}" -gt 100000 ] ||
     { tail -n 20 "$W/behind/log$r" >&2; fail "behind: process $r did not restore step 12 from what rank 0 sent: $line"; }
 done
@@ -227,8 +226,7 @@ done
 grep -q '"behind": *\[1\]' "$W/behind_shrink_memory"/ckpt/.control/inplace-*/gen-1.plan ||
   { cat "$W/behind_shrink_memory"/ckpt/.control/inplace-*/gen-1.plan >&2; fail "behind, shrink: rank 1 not behind"; }
 line=$(grep -h "ckpt: rank 1: restored step 12 from" "$W/behind_shrink_memory/log1" | tail -1)
-read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
-live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
+restore_figures "$line"
 [ -n "$read_b" ] && [ "$read_b" -lt 65536 ] && [ "${live_b:-0}" -gt 100000 ] ||
   { tail -n 20 "$W/behind_shrink_memory/log1" >&2; fail "behind, shrink: rank 1 did not take step 12 from rank 0: $line"; }
 [ -s "$W/behind_shrink_memory/final" ] && cmp -s "$W/behind_shrink_files/final" "$W/behind_shrink_memory/final" ||

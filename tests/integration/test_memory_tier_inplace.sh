@@ -79,8 +79,7 @@ resumed_after_crash() {
 restore_bytes() {
   local line
   line=$(grep "ckpt: rank $2: restored step [0-9]* from .* bytes read, .* found in memory)" "$1" | tail -1)
-  read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$line")
-  live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$line")
+  restore_figures "$line"
   [ -n "$read_b" ] && [ -n "$live_b" ] || { grep "restored step\|ckpt:" "$1" >&2; fail "rank $2 logged no restore"; }
 }
 

@@ -3,6 +3,13 @@
 source "$(dirname "${BASH_SOURCE[0]}")/python.sh"
 export PYTHONPATH=$CKPT_BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}
 
+# The figures of a restore's line ("ckpt: rank R: restored step S from DIR in T s (N bytes read, M found in
+# memory)"): sets read_b to N and live_b to M, both empty where LINE is not such a line.
+restore_figures() {
+  read_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\1/p' <<< "$1")
+  live_b=$(sed -n 's/.*(\([0-9]*\) bytes read, \([0-9]*\) found in memory)$/\2/p' <<< "$1")
+}
+
 # A test that starts local ranks: a scratch dir in $work, removed at exit, and every rank still listed in `pids`
 # killed first (a failed check must not leave training processes behind).
 ranks_scratch() {
