@@ -187,8 +187,10 @@ struct Checkpointer::Impl {
   std::optional<AutoIntervalMeter> auto_meter;  // CKPT_INTERVAL=auto, rank 0 only
   Staging staging;
   Rescued rescued;
-  std::unique_ptr<MemoryTier> tier;  // CKPT_MEMORY where the last words are armed (memory_tier.hpp)
   std::unique_ptr<NodeTier> node;    // CKPT_MEMORY in a job: staging in files of CKPT_NODE_DIR (node_tier.hpp)
+  // CKPT_MEMORY where the last words are armed (memory_tier.hpp). After `node`: its receivers keep held copies
+  // there, so it goes first.
+  std::unique_ptr<MemoryTier> tier;
   // The tier does not fit some rank's CKPT_MEMORY, so it is off for the whole job: no memory checkpoint, no copy.
   std::atomic<bool> tier_too_big{false};
   bool tier_checked = false;              // the worker's: the budget was checked at the first memory checkpoint
@@ -304,6 +306,12 @@ struct Checkpointer::Impl {
   Status write_from_copy(int ward, std::uint64_t step, const std::vector<std::string>& keys);
 
   // ---- restore, training thread (checkpointer_restore.cpp) -------------------------------------------------------
+
+  // Before the restore, where this node's tier holds no snapshot of this rank (a relaunch on a node that replaced a
+  // dead one), and at a memory step's probe, where it lacks that one (`step` of `launch`): the copy of that memory
+  // checkpoint (without a step: the newest) that the partner's earlier process kept, fetched and offered like this
+  // node's own.
+  void fetch_own_copy(std::optional<std::uint64_t> step = {}, const std::string& launch = {});
 
   // Leader (or the only rank): the candidate after `failed`, the plugin's choice first when it has not been tried.
   RestorePlan choose(const std::vector<std::uint64_t>& failed, bool& plugin_tried);

@@ -152,6 +152,7 @@ void Checkpointer::Impl::start_memory_tier() {
   s.rank = rank;
   s.world_size = config.world_size;
   s.max_bytes = config.memory_bytes;
+  s.node = node.get();  // held copies outlive the process there, for a ward relaunched on a replaced node
   s.partner = memtier::stride_partner(rank, config.world_size, per_node, config.memory_distance);
   s.wards = memtier::stride_wards(rank, config.world_size, per_node, config.memory_distance);
   // The pairing assumes ranks fill nodes in order; the published node names check it for this rank's partner.

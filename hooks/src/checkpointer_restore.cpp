@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "checkpointer_impl.hpp"
+#include "ckpt/format.hpp"
 #include "log.hpp"
 
 namespace ckpt::hooks {
@@ -55,6 +56,45 @@ RestorePlan Checkpointer::Impl::choose(const std::vector<std::uint64_t>& failed,
   for (const std::string& line : resolved.log) log::info(rank, line);
   if (!resolved.step || !resolved.manifest) return plan;
   return {resolved.step, config.dir, resolved.manifest->kind, resolved.manifest->world_size, {}};
+}
+
+void Checkpointer::Impl::fetch_own_copy(std::optional<std::uint64_t> step, const std::string& launch) {
+  if (!node || !tier || life.started) return;
+  const std::vector<NodeTier::Snapshot>& held = node->found_snapshots();
+  if (step ? std::any_of(held.begin(), held.end(),
+                         [&](const NodeTier::Snapshot& s) { return s.step == *step && s.launch == launch; })
+           : !held.empty()) {
+    return;
+  }
+  const auto t0 = Clock::now();
+  auto fetched = tier->fetch_own(std::chrono::seconds(3), step, launch);
+  if (!fetched) {
+    log::warn(rank, "memory tier: " + fetched.error() + "; this rank restores without its partner's copy");
+    return;
+  }
+  std::optional<MemoryTier::Fetched> got = std::move(fetched).value();
+  if (!got) return;  // the partner kept none (a first launch, or its node was replaced too)
+  MemoryTier::Fetched& f = *got;
+  NodeTier::Snapshot snapshot;
+  snapshot.step = f.step;
+  snapshot.launch = f.launch;
+  snapshot.world_size = f.world_size;
+  std::uint64_t bytes = 0;
+  for (const store::StateRange& r : f.ranges) {
+    snapshot.pieces.push_back({r.name, r.meta, f.buffer.data() + r.offset, static_cast<std::size_t>(r.length),
+                               *r.checksum});
+    bytes += r.length;
+  }
+  char took[32];
+  std::snprintf(took, sizeof took, "%.3f s", seconds_since(t0));
+  const std::string what = "step " + std::to_string(f.step) + " of launch " + printable(f.launch);
+  for (const NodeTier::SnapshotPiece& p : snapshot.pieces) request.live.push_back({p.name, p.data, p.size, p.checksum});
+  log::info(rank, "memory tier: " +
+                      (step ? "this node lacks this rank's " + what + "; fetched it"
+                            : "this node holds no snapshot of this rank; fetched " + what) +
+                      " (" + std::to_string(bytes) + " bytes, every range checked) from the copy rank " +
+                      std::to_string(tier->settings().partner) + "'s node kept, in " + took);
+  node->adopt_fetched(std::move(snapshot), std::move(f.buffer));
 }
 
 RestorePlan Checkpointer::Impl::prefer_node_tier(RestorePlan dir_plan,
@@ -446,6 +486,7 @@ Result<std::optional<std::uint64_t>> Checkpointer::Impl::agree_and_load(RestoreA
       plan = std::move(proposed).value();
     }
     if (!plan.step) return std::optional<std::uint64_t>{};
+    if (plan.probe) fetch_own_copy(plan.step, plan.node_launch);  // the partner's node may hold what this one lacks
     bool definite = false;
     Status status = load(plan, definite);
     RoundOutcome outcome = solo_outcome(status, definite, rank);
@@ -514,6 +555,7 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
   if (life.started) return Error{"ckpt: restore() must come before the first after_step()"};
   queue.wait_idle();
   const auto t0 = Clock::now();
+  fetch_own_copy();  // where this node holds nothing of this rank: its partner's node may
   std::unique_ptr<RestoreAgreement> agreement;
   if (config.world_size > 1) {
     auto tally = coord->restore_tally();

@@ -22,6 +22,7 @@
 #include "ckpt/posix.hpp"
 #include "heartbeat.hpp"
 #include "log.hpp"
+#include "node_tier.hpp"
 
 namespace ckpt::hooks {
 
@@ -39,6 +40,11 @@ enum WireType : std::uint32_t {
                    // c = the length of the reason that follows
   kFull = 6,       // holder to ward, instead of the first kAck: the copy does not fit here; a = step, b = the bytes
                    // staging and the copies would need
+  kFetch = 7,      // ward to holder, a link's only message: a = the ward's world size, b = the step it asks for (0:
+                   // the newest), c = the length of the launch that follows (0: any); asks for that copy of the
+                   // ward's snapshots among those an earlier process of the holder kept in its node tier
+  kHave = 8,       // holder to ward, the answer: a = step, b = world size, c = the length of the launch that follows;
+                   // then the copy, kBegin to kEnd as a ward sends one. A kAck with b = 0 instead: none here
 };
 constexpr std::uint32_t kWireMagic = 0x544d454d;  // "MEMT"
 struct Wire {
@@ -150,7 +156,20 @@ struct MemoryTier::Impl {
     if (fd >= 0 && sends_stopped) ::shutdown(fd, SHUT_RDWR);
   }
   bool refused_logged = false;
+  std::atomic<bool> node_full_logged{false};
   std::atomic<std::uint64_t> partner_needs{0};  // what the partner said a copy would need, where it did not fit
+
+  // A held copy's buffer: a file of the node tier where there is one, so that it outlives this process.
+  Result<HostBuffer> allocate(std::uint64_t bytes) {
+    if (settings.node != nullptr) {
+      auto file = settings.node->allocate(bytes);
+      if (file) return file;
+      if (!node_full_logged.exchange(true)) {
+        log::warn(settings.rank, "memory tier: " + file.error() + "; held copies stay in this process's memory");
+      }
+    }
+    return HostBuffer::allocate(bytes);
+  }
 
   bool is_ward(int r) const {
     return std::find(settings.wards.begin(), settings.wards.end(), r) != settings.wards.end();
@@ -225,10 +244,16 @@ struct MemoryTier::Impl {
   }
 
   // One copy into the ward's incoming slot, checked; swapped in as held when whole. 1: kept; -1: refused (`why`;
-  // `full`: the bytes it would need, where it does not fit); 0: the link ended before a copy began.
+  // `full`: the bytes it would need, where it does not fit); 0: the link ended before a copy began, or it carried a
+  // fetch (served here).
   int receive_one(Link& link, std::string& early, std::uint64_t& step, std::string& why, std::uint64_t& full) {
     Wire w;
     if (!read_exact(link.fd, early, &w, sizeof w)) return 0;
+    if (w.magic == kWireMagic && w.type == kFetch) {
+      std::string launch(std::min<std::uint64_t>(w.c, 1024), '\0');
+      if (w.c <= 1024 && read_exact(link.fd, early, launch.data(), launch.size())) serve_fetch(link, w.a, w.b, launch);
+      return 0;
+    }
     if (w.magic != kWireMagic || w.type != kBegin) return why = "not the start of a copy", -1;
     step = w.a;
     const std::uint64_t total = w.b;
@@ -245,79 +270,195 @@ struct MemoryTier::Impl {
       if (pieces > kMaxPieces) return why = std::to_string(pieces) + " pieces", -1;
       slot = &wards[link.ward].incoming;
     }
+    if (settings.node != nullptr) settings.node->overwriting(slot->buffer.data());
     slot->whole = false;
     slot->ranges.clear();
     if (slot->buffer.size() < total) {
+      if (settings.node != nullptr) settings.node->drop(slot->buffer.data());
       slot->buffer = HostBuffer();
-      auto grown = HostBuffer::allocate(total);
+      auto grown = allocate(total);
       if (!grown) return why = grown.error(), -1;
       slot->buffer = std::move(grown).value();
     }
     // The ward sends the bytes only once told to: a refusal above reaches it before it has sent them.
     if (!send_ack(link.fd, step, true, "")) return 0;
+    if (!read_copy(link.fd, early, *slot, step, total, pieces, why)) return -1;
+    std::lock_guard<std::mutex> lock(mu);
+    if (frozen) return why = "the last words started: the copy held stays", -1;
+    Ward& ward = wards[link.ward];
+    std::swap(ward.held, ward.incoming);
+    ward.incoming.whole = false;
+    if (settings.node != nullptr) {
+      settings.node->held_copy(ward.held.buffer.data(), link.ward, ward.held.step, ward.held.ranges);
+    }
+    return 1;
+  }
+
+  // The rest of a copy whose start (`step`, `total` bytes in `pieces` pieces) was answered with "go on": into `slot`
+  // (at least `total` bytes), every chunk and every range checked as it arrives. False: refused (`why`).
+  bool read_copy(int fd, std::string& early, Slot& slot, std::uint64_t step, std::uint64_t total,
+                 std::uint64_t pieces, std::string& why) {
+    Wire w;
     std::uint64_t offset = 0;
     std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> range_hash(XXH3_createState(), &XXH3_freeState);
-    if (!range_hash) return why = "out of memory", -1;
+    if (!range_hash) return why = "out of memory", false;
     for (std::uint64_t i = 0; i < pieces; ++i) {
-      if (!read_exact(link.fd, early, &w, sizeof w)) return why = "the link ended inside the copy", -1;
+      if (!read_exact(fd, early, &w, sizeof w)) return why = "the link ended inside the copy", false;
       if (w.magic != kWireMagic || w.type != kPieceHead || w.b > kMaxJson || w.a > total - offset) {
-        return why = "a piece header out of bounds", -1;
+        return why = "a piece header out of bounds", false;
       }
       const std::uint64_t length = w.a;
       std::string head(w.b, '\0');
-      if (!read_exact(link.fd, early, head.data(), head.size())) return why = "the link ended inside the copy", -1;
+      if (!read_exact(fd, early, head.data(), head.size())) return why = "the link ended inside the copy", false;
       store::StateRange range;
       try {
         auto j = nlohmann::json::parse(head);
         range.name = j.at("name").get<std::string>();
         range.meta = j.at("meta");
       } catch (const std::exception&) {
-        return why = "a piece header that is not its JSON", -1;
+        return why = "a piece header that is not its JSON", false;
       }
       range.offset = offset;
       range.length = length;
       XXH3_64bits_reset(range_hash.get());
       for (std::uint64_t left = length; left > 0;) {
-        if (!read_exact(link.fd, early, &w, sizeof w)) return why = "the link ended inside the copy", -1;
+        if (!read_exact(fd, early, &w, sizeof w)) return why = "the link ended inside the copy", false;
         if (w.magic != kWireMagic || w.type != kChunk || w.a == 0 || w.a > kChunkBytes || w.a > left) {
-          return why = "a chunk out of bounds", -1;
+          return why = "a chunk out of bounds", false;
         }
-        std::byte* at = slot->buffer.data() + offset + (length - left);
-        if (!read_exact(link.fd, early, at, w.a)) return why = "the link ended inside the copy", -1;
-        if (XXH3_64bits(at, w.a) != w.b) return why = "a chunk of '" + range.name + "' does not match its checksum", -1;
+        std::byte* at = slot.buffer.data() + offset + (length - left);
+        if (!read_exact(fd, early, at, w.a)) return why = "the link ended inside the copy", false;
+        if (XXH3_64bits(at, w.a) != w.b) return why = "a chunk of '" + range.name + "' does not match its checksum", false;
         XXH3_64bits_update(range_hash.get(), at, w.a);
         left -= w.a;
       }
       range.checksum = XXH3_64bits_digest(range_hash.get());
       offset += length;
-      slot->ranges.push_back(std::move(range));
+      slot.ranges.push_back(std::move(range));
     }
-    if (!read_exact(link.fd, early, &w, sizeof w)) return why = "the link ended inside the copy", -1;
+    if (!read_exact(fd, early, &w, sizeof w)) return why = "the link ended inside the copy", false;
     if (w.magic != kWireMagic || w.type != kEnd || w.a != step || w.b > kMaxJson || offset != total) {
-      return why = "the copy's end does not match its start", -1;
+      return why = "the copy's end does not match its start", false;
     }
     std::string sums(w.b, '\0');
-    if (!read_exact(link.fd, early, sums.data(), sums.size())) return why = "the link ended inside the copy", -1;
+    if (!read_exact(fd, early, sums.data(), sums.size())) return why = "the link ended inside the copy", false;
     try {
       auto j = nlohmann::json::parse(sums);
-      if (!j.is_array() || j.size() != slot->ranges.size()) return why = "the ranges' checksums do not match", -1;
-      for (std::size_t i = 0; i < slot->ranges.size(); ++i) {
-        if (j[i].get<std::uint64_t>() != *slot->ranges[i].checksum) {
-          return why = "range '" + slot->ranges[i].name + "' does not match its checksum", -1;
+      if (!j.is_array() || j.size() != slot.ranges.size()) return why = "the ranges' checksums do not match", false;
+      for (std::size_t i = 0; i < slot.ranges.size(); ++i) {
+        if (j[i].get<std::uint64_t>() != *slot.ranges[i].checksum) {
+          return why = "range '" + slot.ranges[i].name + "' does not match its checksum", false;
         }
       }
     } catch (const std::exception&) {
-      return why = "the ranges' checksums are not their JSON", -1;
+      return why = "the ranges' checksums are not their JSON", false;
     }
-    slot->step = step;
-    slot->size = total;
-    slot->whole = true;
-    std::lock_guard<std::mutex> lock(mu);
-    if (frozen) return why = "the last words started: the copy held stays", -1;
-    Ward& ward = wards[link.ward];
-    std::swap(ward.held, ward.incoming);
-    ward.incoming.whole = false;
-    return 1;
+    slot.step = step;
+    slot.size = total;
+    slot.whole = true;
+    return true;
+  }
+
+  // Receiver thread: a relaunched ward asks for a copy of its snapshots that an earlier process of this rank kept
+  // in the node tier (of the ward's world size; `step` of `launch`, or the newest). Sent as the ward would send it,
+  // or refused; the ward checks every chunk, and every range against the checksum the snapshot recorded.
+  void serve_fetch(const Link& link, std::uint64_t world, std::uint64_t want, const std::string& launch) {
+    const std::string of = "rank " + std::to_string(link.ward) + "'s ";
+    Status sent = Status::success();
+    std::uint64_t step = 0, bytes = 0;
+    const std::optional<std::uint64_t> wanted = want == 0 ? std::nullopt : std::optional<std::uint64_t>(want);
+    const bool held = settings.node != nullptr && world <= (1u << 24) &&
+                      settings.node->with_ward_copy(link.ward, static_cast<int>(world), wanted, launch,
+                                                    [&](const NodeTier::Snapshot& c) {
+      step = c.step;
+      std::vector<Piece> pieces;
+      std::vector<std::uint64_t> sums;
+      for (const NodeTier::SnapshotPiece& p : c.pieces) {
+        pieces.push_back({p.name, p.data, p.size, p.meta});
+        sums.push_back(p.checksum);
+        bytes += p.size;
+      }
+      if (!send_wire(link.fd, kHave, c.step, static_cast<std::uint64_t>(c.world_size), c.launch.size()) ||
+          !posix::send_all(link.fd, c.launch.data(), c.launch.size())) {
+        sent = Status::failure("the link closed");
+        return;
+      }
+      sent = send_copy(link.fd, link.ward, c.step, pieces, sums);
+    });
+    if (!held) {
+      (void)send_ack(link.fd, 0, false, "this node keeps no copy of " + of +
+                                            (wanted ? "step " + std::to_string(want) + " of launch " + printable(launch)
+                                                    : std::string("snapshots")) +
+                                            " of " + std::to_string(world) + " ranks");
+      return;
+    }
+    if (sent) {
+      log::info(settings.rank, "memory tier: sent " + of + "relaunch its step " + std::to_string(step) + " (" +
+                                   mib_text(bytes) + "), from the copy this node kept");
+    } else {
+      log::warn(settings.rank, "memory tier: " + of + "fetch of its step " + std::to_string(step) + " ended: " +
+                                   sent.error());
+    }
+  }
+
+  // Training thread, on a new link to the partner: fetch_own's exchange.
+  Result<std::optional<Fetched>> fetch_on(int fd, std::uint64_t want, const std::string& launch) {
+    const std::string from = "rank " + std::to_string(settings.partner);
+    std::string early;
+    Wire w;
+    if (!send_wire(fd, kFetch, static_cast<std::uint64_t>(settings.world_size), want, launch.size()) ||
+        !posix::send_all(fd, launch.data(), launch.size()) || !read_exact(fd, early, &w, sizeof w) ||
+        w.magic != kWireMagic) {
+      return Error{"no answer from " + from};
+    }
+    if (w.type == kAck && w.b == 0 && w.c <= 4096) {
+      std::string why(w.c, '\0');
+      if (!read_exact(fd, early, why.data(), why.size())) return Error{"no answer from " + from};
+      log::debug(settings.rank, "memory tier: " + from + ": " + printable(why));
+      return std::optional<Fetched>{};
+    }
+    if (w.type != kHave || w.b != static_cast<std::uint64_t>(settings.world_size) || w.c > 1024) {
+      return Error{from + " answered with something else than a copy"};
+    }
+    if (want != 0 && w.a != want) return Error{from + " answered with another step than " + std::to_string(want)};
+    Fetched f;
+    f.step = w.a;
+    f.world_size = settings.world_size;
+    f.launch.assign(w.c, '\0');
+    if (!read_exact(fd, early, f.launch.data(), f.launch.size()) || !read_exact(fd, early, &w, sizeof w)) {
+      return Error{"the link to " + from + " ended inside the copy"};
+    }
+    const std::string what = from + "'s copy of this rank's step " + std::to_string(f.step);
+    if (w.magic != kWireMagic || w.type != kBegin || w.a != f.step) return Error{what + " does not start as a copy"};
+    const std::uint64_t total = w.b, pieces = w.c;
+    std::string why;
+    if (total > settings.max_bytes) {
+      why = mib_text(total) + ", over CKPT_MEMORY's " + mib_text(settings.max_bytes);
+    } else if (pieces > kMaxPieces) {
+      why = std::to_string(pieces) + " pieces";
+    }
+    Slot slot;
+    if (why.empty()) {
+      auto buffer = HostBuffer::allocate(total);
+      if (buffer) {
+        slot.buffer = std::move(buffer).value();
+      } else {
+        why = buffer.error();
+      }
+    }
+    if (!why.empty()) {
+      (void)send_ack(fd, f.step, false, why);
+      return Error{what + ": " + why};
+    }
+    if (!send_ack(fd, f.step, true, "")) return Error{"the link to " + from + " closed"};
+    if (!read_copy(fd, early, slot, f.step, total, pieces, why)) {
+      (void)send_ack(fd, f.step, false, why);
+      return Error{what + ": " + why};
+    }
+    (void)send_ack(fd, f.step, true, "");
+    f.ranges = std::move(slot.ranges);
+    f.buffer = std::move(slot.buffer);
+    return std::optional<Fetched>{std::move(f)};
   }
 
   void drop_send_link() {
@@ -326,20 +467,22 @@ struct MemoryTier::Impl {
     send_fd = -1;
   }
 
-  Status send_copy(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::uint64_t>& known) {
+  // A copy of `pieces` of `step` over `fd` to rank `to` (the partner, or a relaunched ward that fetches it back).
+  Status send_copy(int fd, int to, std::uint64_t step, const std::vector<Piece>& pieces,
+                   const std::vector<std::uint64_t>& known) {
     std::uint64_t total = 0;
     for (const Piece& p : pieces) total += p.size;
-    if (!send_wire(send_fd, kBegin, step, total, pieces.size())) return Status::failure("the link closed");
-    if (Status go = read_ack(step); !go) return go;
+    if (!send_wire(fd, kBegin, step, total, pieces.size())) return Status::failure("the link closed");
+    if (Status go = read_ack(fd, to, step); !go) return go;
     nlohmann::json sums = nlohmann::json::array();
     for (const Piece& p : pieces) {
       const std::string head = nlohmann::json{{"name", p.name}, {"meta", p.meta}}.dump();
-      if (!send_wire(send_fd, kPieceHead, p.size, head.size()) || !posix::send_all(send_fd, head.data(), head.size())) {
+      if (!send_wire(fd, kPieceHead, p.size, head.size()) || !posix::send_all(fd, head.data(), head.size())) {
         return Status::failure("the link closed");
       }
       for (std::uint64_t off = 0; off < p.size; off += kChunkBytes) {
         const std::uint64_t n = std::min<std::uint64_t>(kChunkBytes, p.size - off);
-        if (!send_wire(send_fd, kChunk, n, XXH3_64bits(p.data + off, n)) || !posix::send_all(send_fd, p.data + off, n)) {
+        if (!send_wire(fd, kChunk, n, XXH3_64bits(p.data + off, n)) || !posix::send_all(fd, p.data + off, n)) {
           return Status::failure("the link closed");
         }
       }
@@ -347,28 +490,28 @@ struct MemoryTier::Impl {
       sums.push_back(known.size() == pieces.size() ? known[i] : XXH3_64bits(p.data, p.size));
     }
     const std::string tail = sums.dump();
-    if (!send_wire(send_fd, kEnd, step, tail.size()) || !posix::send_all(send_fd, tail.data(), tail.size())) {
+    if (!send_wire(fd, kEnd, step, tail.size()) || !posix::send_all(fd, tail.data(), tail.size())) {
       return Status::failure("the link closed");
     }
-    return read_ack(step);
+    return read_ack(fd, to, step);
   }
 
   // The partner's answer about `step`: go on, or kept; a refusal with its reason.
-  Status read_ack(std::uint64_t step) {
+  Status read_ack(int fd, int to, std::uint64_t step) {
     Wire ack;
     std::string none;
-    if (!read_exact(send_fd, none, &ack, sizeof ack) || ack.magic != kWireMagic || ack.a != step) {
+    if (!read_exact(fd, none, &ack, sizeof ack) || ack.magic != kWireMagic || ack.a != step) {
       return Status::failure("no answer from the partner");
     }
     if (ack.type == kFull && ack.b > 0) {
       partner_needs = ack.b;
-      return Status::failure("rank " + std::to_string(settings.partner) + " cannot keep it within its CKPT_MEMORY: " +
+      return Status::failure("rank " + std::to_string(to) + " cannot keep it within its CKPT_MEMORY: " +
                              "it would need " + mib_text(ack.b) + " for its staging and copies");
     }
     if (ack.type != kAck || ack.c > 4096) return Status::failure("no answer from the partner");
     std::string why(ack.c, '\0');
-    if (!read_exact(send_fd, none, why.data(), why.size())) return Status::failure("no answer from the partner");
-    if (ack.b != 1) return Status::failure("rank " + std::to_string(settings.partner) + " refused it: " + printable(why));
+    if (!read_exact(fd, none, why.data(), why.size())) return Status::failure("no answer from the partner");
+    if (ack.b != 1) return Status::failure("rank " + std::to_string(to) + " refused it: " + printable(why));
     return Status::success();
   }
 };
@@ -444,9 +587,40 @@ Status MemoryTier::send(std::uint64_t step, const std::vector<Piece>& pieces, co
     m.send_fd = *fd;
     set_io_timeout(m.send_fd, m.settings.io_timeout);
   }
-  Status s = m.send_copy(step, pieces, sums);
+  Status s = m.send_copy(m.send_fd, m.settings.partner, step, pieces, sums);
   if (!s) m.drop_send_link();
   return s;
+}
+
+Result<std::optional<MemoryTier::Fetched>> MemoryTier::fetch_own(std::chrono::milliseconds reach,
+                                                                  std::optional<std::uint64_t> step,
+                                                                  const std::string& launch) {
+  Impl& m = *impl_;
+  if (m.settings.partner < 0) return std::optional<Fetched>{};
+  std::lock_guard<std::mutex> lock(m.send_mu);
+  const auto deadline = Clock::now() + reach;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> stopping(m.mu);
+      if (m.stopping) return Error{"the memory tier is stopped"};
+    }
+    auto fd = m.mesh->dial_partner(m.settings.partner, m.settings.io_timeout,
+                                   [&m](int socket) { m.watch_send_socket(socket); });
+    if (!fd) {
+      // The partner takes partner links once its own tier started, just after it joined the network.
+      if (Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      m.watch_send_socket(-1);
+      return Error{"cannot reach rank " + std::to_string(m.settings.partner) + ": " + fd.error()};
+    }
+    set_io_timeout(*fd, m.settings.io_timeout);
+    auto fetched = m.fetch_on(*fd, step.value_or(0), launch);
+    m.watch_send_socket(-1);
+    ::close(*fd);
+    return fetched;
+  }
 }
 
 void MemoryTier::freeze() {

@@ -15,8 +15,14 @@
 // from a rank that is not a ward, is refused. A holder keeps one copy per ward and receives the next beside it:
 // two copies per ward at most (ckpt::memtier::tier_bytes).
 //
+// With the node tier (node_tier.hpp) the held copies live in its files, so they outlive the holder's process. When
+// a relaunch puts a ward on a node that holds nothing of it (the node that died was replaced), the ward's restore
+// asks its partner for them (fetch_own): the relaunched holder sends the newest copy its earlier process kept, over
+// the same kind of link and with the same checks, the other way (kFetch, then kHave and the copy).
+//
 // Threads: the persist thread sends (send; one link to the partner, made on first use and again after a failure);
-// one receiver thread per accepted ward link; the last-words thread freezes the holder (no copy replaced after),
+// the training thread fetches (fetch_own, in restore(), before the first send); one receiver thread per accepted
+// ward link, which also serves a ward's fetch; the last-words thread freezes the holder (no copy replaced after),
 // lists the copies that verify and writes one (with_copy). Every public function is thread-safe.
 #include <chrono>
 #include <cstdint>
@@ -34,6 +40,7 @@ namespace ckpt::hooks {
 namespace heartbeat {
 class Mesh;
 }
+class NodeTier;
 
 class MemoryTier {
  public:
@@ -44,6 +51,9 @@ class MemoryTier {
     std::vector<int> wards;        // whose copies this rank keeps
     std::uint64_t max_bytes = 0;   // CKPT_MEMORY: staging and held copies together
     std::chrono::milliseconds io_timeout{30000};  // a link silent this long in a transfer is dropped
+    // Where the held copies live, so that they outlive this process, and what an earlier process of this rank kept
+    // there (served to a relaunched ward). Null: anonymous memory. Must outlive this object's stop().
+    NodeTier* node = nullptr;
   };
 
   // A copy this rank holds, whole: the ward's pieces back to back, as the ward's shard file holds them.
@@ -73,6 +83,21 @@ class MemoryTier {
   Status send(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::uint64_t>& sums = {});
   // Where the partner refused a copy because it does not fit its budget: the bytes it would need there.
   std::optional<std::uint64_t> partner_needs() const;
+
+  // A copy of this rank's snapshot, fetched back from the partner: it owns its bytes.
+  struct Fetched {
+    std::uint64_t step = 0;
+    std::string launch;  // the launch that took the snapshot
+    int world_size = 0;
+    std::vector<store::StateRange> ranges;  // offsets into `buffer`, each with its checksum, every one checked
+    HostBuffer buffer;
+  };
+  // Training thread, before the first send: a copy of this rank's snapshots that an earlier process of the
+  // partner kept in its node tier (`step` of `launch`, or the newest), checked chunk by chunk and range by range as
+  // it arrives. Nothing: the partner holds none (or there is no partner). Waits up to `reach` for the partner to
+  // take the link (it may still be starting its tier).
+  Result<std::optional<Fetched>> fetch_own(std::chrono::milliseconds reach, std::optional<std::uint64_t> step = {},
+                                           const std::string& launch = {});
 
   // Last words: no held copy is replaced from here on (a ward still sending finishes into the spare buffer).
   void freeze();

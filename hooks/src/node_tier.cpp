@@ -74,6 +74,25 @@ std::vector<std::string> files_named(const nlohmann::json& index, const std::str
   return files;
 }
 
+// A piece of an index entry whose buffer is mapped at `map`: where it lies there, and its checksum where one is
+// recorded (`checked`). Null where the entry is malformed or names bytes outside the buffer.
+std::optional<NodeTier::SnapshotPiece> piece_in(const nlohmann::json& p, const HostBuffer& map, bool& checked) {
+  checked = false;
+  if (!p.is_object() || !p.contains("name") || !p["name"].is_string() || !is_u64(p, "offset") || !is_u64(p, "size")) {
+    return std::nullopt;
+  }
+  const auto offset = p["offset"].get<std::uint64_t>();
+  const auto size = p["size"].get<std::uint64_t>();
+  if (offset > map.size() || size > map.size() - offset) return std::nullopt;  // the checksums would refuse it anyway
+  NodeTier::SnapshotPiece piece{p["name"].get<std::string>(), p.contains("meta") ? p["meta"] : nlohmann::json(),
+                                map.data() + offset, static_cast<std::size_t>(size), 0};
+  if (is_u64(p, "checksum")) {
+    piece.checksum = p["checksum"].get<std::uint64_t>();
+    checked = true;
+  }
+  return piece;
+}
+
 std::string host_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return {};
@@ -147,9 +166,20 @@ void NodeTier::adopt_earlier() {
   const std::string steps = take_buffers(j, files, true);
   std::sort(snapshots_.begin(), snapshots_.end(),
             [](const Snapshot& a, const Snapshot& b) { return a.step > b.step; });
+  std::sort(ward_copies_.begin(), ward_copies_.end(),
+            [](const WardCopy& a, const WardCopy& b) { return a.snapshot.step > b.snapshot.step; });
   if (!steps.empty()) {
     log::info(identity_.rank, "node tier: an earlier process of this job left the snapshots of step(s) " + steps +
                                   " in " + path_ + "; restore takes the ranges that match the checkpoint from them");
+  }
+  std::string copies;
+  for (const WardCopy& c : ward_copies_) {
+    copies += (copies.empty() ? "" : ", ") + std::string("rank ") + std::to_string(c.ward) + "'s step " +
+              std::to_string(c.snapshot.step);
+  }
+  if (!copies.empty()) {
+    log::info(identity_.rank, "node tier: an earlier process of this job left its partner copies of " + copies +
+                                  " here; a relaunched ward that finds nothing on its own node fetches its copy");
   }
 }
 
@@ -171,8 +201,12 @@ std::string NodeTier::take_buffers(const nlohmann::json& index, const std::vecto
   if (!index.contains("buffers") || !index["buffers"].is_array()) return steps;
   for (const auto& b : index["buffers"]) {
     if (std::optional<HostBuffer> map = map_entry(b, files)) {
-      take_entry(b, *map, own);
-      steps += (steps.empty() ? "" : ", ") + std::to_string(b["step"].get<std::uint64_t>());
+      if (!b.contains("ward")) {
+        take_entry(b, *map, own);
+        steps += (steps.empty() ? "" : ", ") + std::to_string(b["step"].get<std::uint64_t>());
+      } else if (own) {
+        take_ward_copy(b, *map);  // another rank's bytes: served to that rank, never restored here
+      }
       if (own) found_entries_.push_back(b);
       found_maps_.push_back(std::move(*map));
     }
@@ -212,29 +246,20 @@ void NodeTier::take_entry(const nlohmann::json& entry, const HostBuffer& map, bo
   if (entry.contains("world") && entry["world"].is_number_integer()) snapshot.world_size = entry["world"].get<int>();
   bool resumable = own && !snapshot.launch.empty() && entry.contains("complete") && entry["complete"] == true;
   for (const auto& p : entry["pieces"]) {
-    if (!p.is_object() || !p.contains("name") || !p["name"].is_string() || !is_u64(p, "offset") ||
-        !is_u64(p, "size")) {
+    bool checked = false;
+    std::optional<SnapshotPiece> piece = piece_in(p, map, checked);
+    if (!piece) {
       resumable = false;
       continue;
     }
-    const auto offset = p["offset"].get<std::uint64_t>();
-    const auto size = p["size"].get<std::uint64_t>();
-    if (offset > map.size() || size > map.size() - offset) {  // the checksums would refuse it anyway
-      resumable = false;
-      continue;
-    }
-    store::LiveRange range{p["name"].get<std::string>(), map.data() + offset, static_cast<std::size_t>(size), {}};
-    if (is_u64(p, "checksum")) {
-      range.recorded = p["checksum"].get<std::uint64_t>();
+    store::LiveRange range{piece->name, piece->data, piece->size, {}};
+    if (checked) {
+      range.recorded = piece->checksum;
     } else {
       resumable = false;
     }
     found_.push_back(std::move(range));
-    if (resumable) {
-      snapshot.pieces.push_back({p["name"].get<std::string>(), p.contains("meta") ? p["meta"] : nlohmann::json(),
-                                 map.data() + offset, static_cast<std::size_t>(size),
-                                 p["checksum"].get<std::uint64_t>()});
-    }
+    if (resumable) snapshot.pieces.push_back(std::move(*piece));
   }
   if (resumable && entry.contains("inline") && entry["inline"].is_array()) {
     for (const auto& p : entry["inline"]) {
@@ -262,6 +287,27 @@ void NodeTier::take_entry(const nlohmann::json& entry, const HostBuffer& map, bo
       for (SnapshotPiece& p : snapshot.pieces) same->pieces.push_back(std::move(p));
     }
   }
+}
+
+// An earlier process's copy of a ward's snapshot, mapped at `map`: kept to serve (with_ward_copy) where it names its
+// launch and world size and every piece lies in the buffer with its checksum.
+void NodeTier::take_ward_copy(const nlohmann::json& entry, const HostBuffer& map) {
+  if (!entry["ward"].is_number_integer() || !entry.contains("launch") || !entry["launch"].is_string() ||
+      !entry.contains("world") || !entry["world"].is_number_integer()) {
+    return;
+  }
+  WardCopy copy;
+  copy.ward = entry["ward"].get<int>();
+  copy.snapshot.step = entry["step"].get<std::uint64_t>();
+  copy.snapshot.launch = entry["launch"].get<std::string>();
+  copy.snapshot.world_size = entry["world"].get<int>();
+  for (const auto& p : entry["pieces"]) {
+    bool checked = false;
+    std::optional<SnapshotPiece> piece = piece_in(p, map, checked);
+    if (!piece || !checked) return;
+    copy.snapshot.pieces.push_back(std::move(*piece));
+  }
+  ward_copies_.push_back(std::move(copy));
 }
 
 void NodeTier::remove_left_behind() {
@@ -331,7 +377,7 @@ Result<HostBuffer> NodeTier::allocate(std::size_t bytes) {
     (void)::unlinkat(dir_.get(), file.c_str(), 0);
     return Error{path_ + "/" + file + ": " + buffer.error()};
   }
-  buffers_.push_back({file, buffer->data(), buffer->size(), false, 0, {}, {}, {}, {}});
+  buffers_.push_back({file, buffer->data(), buffer->size(), false, 0, {}, {}, {}, {}, -1});
   write_index();
   return buffer;
 }
@@ -351,8 +397,52 @@ void NodeTier::overwriting(const std::byte* data) {
   auto it = std::find_if(buffers_.begin(), buffers_.end(), [&](const Buffer& b) { return b.data == data; });
   if (it == buffers_.end() || !it->whole) return;
   it->whole = false;
+  it->ward = -1;
   it->pieces.clear();
   write_index();
+}
+
+void NodeTier::held_copy(const std::byte* data, int ward, std::uint64_t step,
+                         const std::vector<store::StateRange>& ranges) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find_if(buffers_.begin(), buffers_.end(), [&](const Buffer& b) { return b.data == data; });
+  if (it == buffers_.end()) return;
+  it->pieces.clear();
+  it->sums.clear();
+  it->metas.clear();
+  for (const store::StateRange& r : ranges) {
+    if (!r.checksum || r.offset > it->size || r.length > it->size - r.offset) return;  // not listed: never served
+    it->pieces.push_back({r.name, data + r.offset, static_cast<std::size_t>(r.length), {}});
+    it->sums.push_back(*r.checksum);
+    it->metas.push_back(r.meta);
+  }
+  it->whole = true;
+  it->step = step;
+  it->ward = ward;
+  it->blobs = nlohmann::json::array();  // a copy holds every piece of the ward's snapshot
+  write_index();
+}
+
+bool NodeTier::with_ward_copy(int ward, int world_size, std::optional<std::uint64_t> step, const std::string& launch,
+                              const std::function<void(const Snapshot&)>& use) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const WardCopy& c : ward_copies_) {  // newest first
+    if (c.ward != ward || c.snapshot.world_size != world_size) continue;
+    if (step && *step != c.snapshot.step) continue;
+    if (!launch.empty() && launch != c.snapshot.launch) continue;
+    use(c.snapshot);
+    return true;
+  }
+  return false;
+}
+
+void NodeTier::adopt_fetched(Snapshot snapshot, HostBuffer bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const SnapshotPiece& p : snapshot.pieces) found_.push_back({p.name, p.data, p.size, p.checksum});
+  found_maps_.push_back(std::move(bytes));  // a mapping: the pieces' addresses stay put
+  auto later = std::find_if(snapshots_.begin(), snapshots_.end(),
+                            [&](const Snapshot& s) { return s.step < snapshot.step; });
+  snapshots_.insert(later, std::move(snapshot));
 }
 
 void NodeTier::whole(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::uint64_t>& sums) {
@@ -407,6 +497,7 @@ void NodeTier::write_index() {
   for (const Buffer& b : buffers_) {
     nlohmann::json e = {{"file", b.file}, {"size", b.size}};
     if (b.whole) {
+      if (b.ward >= 0) e["ward"] = b.ward;
       e["step"] = b.step;
       e["launch"] = identity_.launch;
       e["world"] = identity_.world_size;
@@ -462,6 +553,7 @@ void NodeTier::release_found() {
   found_.clear();
   snapshots_.clear();
   found_blobs_.clear();
+  ward_copies_.clear();
   found_maps_.clear();
   found_entries_ = nlohmann::json::array();
   for (const std::string& f : found_files_) (void)::unlinkat(dir_.get(), f.c_str(), 0);

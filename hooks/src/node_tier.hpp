@@ -15,6 +15,9 @@
 //                             belongs to, and per buffer its file and, once a snapshot is whole in it, that
 //                             snapshot's step, launch (run id) and world size, its pieces (name, offset, size,
 //                             XXH3-64, meta) and, inline, the small pieces that lie outside staging (the blobs).
+//   A buffer may also hold the copy of a ward's snapshot this rank keeps as its partner (memory_tier.hpp): its
+//   entry names the ward. A relaunched holder never restores from it: it serves it to the ward's own relaunched
+//   process when that finds nothing of its own on its node (a node that replaced a dead one).
 // The index is rewritten (atomically) before a snapshot overwrites a buffer and after it is whole in it. A
 // relaunched rank maps the buffers of an index only when it names this job and its restart count, this host, this
 // checkpoint dir and this rank; another run's index is said in one line, and its files are removed. A relaunch that
@@ -25,11 +28,13 @@
 // plugin removes the dir when the job ends on the node (slurm_spank_job_epilog, as the job's user), and before the
 // job's first task on the node (slurm_spank_job_prolog: an earlier job with the same id left it, its epilog failed).
 //
-// Threads: the worker (allocate, drop, whole) and the training thread (overwriting, found, release_found; allocate
-// and drop after wait_idle). Every function is thread-safe.
+// Threads: the worker (allocate, drop, whole) and the training thread (overwriting, found, adopt_fetched,
+// release_found; allocate and drop after wait_idle); the memory tier's receivers (allocate, drop, overwriting,
+// held_copy, with_ward_copy). Every function is thread-safe.
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -97,6 +102,18 @@ class NodeTier {
   // (`sums`, one per piece); the small ones that lie elsewhere (blobs) are copied into the index.
   void whole(std::uint64_t step, const std::vector<Piece>& pieces, const std::vector<std::uint64_t>& sums);
 
+  // Holder: the buffer at `data` now holds `ward`'s copy of `step` whole, `ranges` at their offsets in it, each with
+  // its checksum.
+  void held_copy(const std::byte* data, int ward, std::uint64_t step, const std::vector<store::StateRange>& ranges);
+  // Holder: `use` on a copy of `ward`'s snapshot, of `world_size` ranks, that an earlier process of this rank kept
+  // here (`step` of `launch`, or the newest), under the lock (release_found() waits for it). False, `use` not
+  // called: there is none.
+  bool with_ward_copy(int ward, int world_size, std::optional<std::uint64_t> step, const std::string& launch,
+                      const std::function<void(const Snapshot&)>& use) const;
+  // A snapshot of this rank fetched from the copy its partner kept (`bytes` holds its pieces): offered to restore
+  // as if an earlier process had left it on this node, until release_found().
+  void adopt_fetched(Snapshot snapshot, HostBuffer bytes);
+
   // What an earlier process of this job left for this rank, as memory restore() may take ranges from. Valid until
   // release_found().
   std::vector<store::LiveRange> found() const;
@@ -119,6 +136,11 @@ class NodeTier {
     std::vector<std::uint64_t> sums;       // one per piece
     std::vector<nlohmann::json> metas;     // one per piece
     nlohmann::json blobs;                  // the snapshot's pieces outside staging, inline; null: none or too big
+    int ward = -1;                         // whole with a ward's copy (held_copy), not a snapshot of this rank's
+  };
+  struct WardCopy {
+    int ward = -1;
+    Snapshot snapshot;
   };
   NodeTier() = default;
   void adopt_earlier();   // open(): the index an earlier process left
@@ -126,6 +148,7 @@ class NodeTier {
   std::string take_buffers(const nlohmann::json& index, const std::vector<std::string>& files, bool own);
   std::optional<HostBuffer> map_entry(const nlohmann::json& entry, const std::vector<std::string>& files);
   void take_entry(const nlohmann::json& entry, const HostBuffer& map, bool own);  // one mapped buffer's pieces
+  void take_ward_copy(const nlohmann::json& entry, const HostBuffer& map);        // one mapped buffer's ward copy
   void remove_left_behind();  // open(): what ranks that no longer run on this node left
   bool offer_departed(const nlohmann::json& index, int other, const std::vector<std::string>& files);
   void write_index();     // mu_ held
@@ -144,6 +167,7 @@ class NodeTier {
   std::vector<store::LiveRange> found_;   // guarded by mu_
   std::vector<Snapshot> snapshots_;       // set by open(), cleared by release_found() (training thread)
   std::vector<std::vector<std::byte>> found_blobs_;  // what the inline pieces of snapshots_ and found_ point into
+  std::vector<WardCopy> ward_copies_;     // guarded by mu_: an earlier process's copies of its wards, newest first
 };
 
 }  // namespace ckpt::hooks

@@ -16,7 +16,8 @@
 #  - the terminal checkpoint is written as above, the dead rank's shard from its partner's copy;
 #  - n2 crashes. The relaunch keeps every rank on its node but rank 1, which goes to n4 (ckpt/placement.hpp).
 #    Ranks 0 and 2 restore from their node tiers (the staging the killed processes left in n1's and n3's
-#    /dev/shm), reading nothing from the checkpoint dir; rank 1, on n4, reads its shard;
+#    /dev/shm), reading nothing from the checkpoint dir; rank 1, on n4, which holds nothing of it, fetches back
+#    the copy of its snapshot that rank 2's killed process kept in n3's /dev/shm, and reads nothing either;
 #  - at most one step is lost, and the final weights are bitwise identical to the uninterrupted run's.
 # The batch host (n1) is never the victim: its failure ends the batch script, and any Slurm job with it.
 source "$(dirname "$0")/lib.sh"
@@ -135,11 +136,14 @@ for r in 0 1 2; do
   restore_bytes "$log" $r
   if [ "$r" = 1 ]; then
     echo "  rank $r (moved to n4): $read_b bytes read, $live_b found in memory"
-    [ "$read_b" -gt 8388608 ] || { grep "restored step\|ckpt: rank $r" "$log" >&2; fail "rank $r read only $read_b bytes"; }
+    grep -q "ckpt: rank 1: memory tier: this node holds no snapshot of this rank; fetched step [0-9]* of launch .* from the copy rank 2's node kept" "$log" &&
+      grep -q "ckpt: rank 2: memory tier: sent rank 1's relaunch its step" "$log" &&
+      [ "$read_b" -eq 0 ] && [ "$live_b" -gt 8388608 ] ||
+      { grep "restored step\|memory tier\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r, on n4, did not restore from its partner's copy"; }
   else
     echo "  rank $r (on its node again): $read_b bytes read, $live_b found in the node tier"
     [ "$read_b" -eq 0 ] && [ "$live_b" -gt 8388608 ] ||
       { grep "restored step\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r ran on its node again but read from the checkpoint dir"; }
   fi
 done
-pass "ckpt-run relaunch after $crashed crashed at step $seen: rank 1's shard from its partner's copy, resumed step $term; ranks 0 and 2 on their nodes from their node tiers (nothing read), rank 1 on n4 its shard; bitwise identical"
+pass "ckpt-run relaunch after $crashed crashed at step $seen: rank 1's shard from its partner's copy, resumed step $term; ranks 0 and 2 on their nodes from their node tiers, rank 1 on n4 from the copy n3 kept (nothing read by any rank); bitwise identical"

@@ -11,7 +11,9 @@
 #     checkpoint dir. The final weights are bitwise those of an uninterrupted run.
 #  2b. Every task killed at once (no survivor for last words), nothing in the checkpoint dir: the relaunch resumes
 #     every rank from the newest memory step their nodes kept, reading nothing from the dir; bitwise again. Before
-#     that, with one rank's node tier lost, no rank takes the memory step: all walk back together (to step 0).
+#     that, with one node's tier lost (as when the node was replaced), its rank fetches its memory step back from
+#     the copy its partner's node kept, and every rank resumes that step, reading nothing; with that copy lost too,
+#     no rank takes the memory step: all walk back together (to step 0).
 #  3. The job ends: the plugin's epilog removes its node tier.
 #  4. Another job resumes from the same checkpoint dir with the first job's node tier (a copy taken after the crash:
 #     the very bytes of the checkpoint) planted in its own node tier's dir, as a reused job id would find a tier
@@ -128,26 +130,50 @@ kill "$pid" 2> /dev/null || true
 wait "$pid" 2> /dev/null || true
 [ "$(latest_step "$SCRATCH/whole")" -eq 0 ] || fail "a checkpoint in $SCRATCH/whole after killing every task"
 
-# ---- 2c. one rank's node kept nothing: no rank resumes from memory alone ----
-# Rank 1's index gone (as with its node's tier lost): rank 0 proposes its memory step, rank 1 cannot take it, and
-# every rank walks back to the dir, which holds nothing: all three start again at step 0. Then the tier as the kill
-# left it goes back for 2b.
+# ---- 2c. one rank's node kept nothing: its partner's node did ----
+# n2's tier gone, as when n2 was replaced by a node that holds nothing of the job: rank 1 (on n2) asks rank 2, its
+# partner, for the copy of its memory checkpoint that rank 2's killed process kept on n3, and every rank resumes
+# the memory step all three hold, each checked, reading nothing from the dir. Then the tier as the kill left it
+# goes back.
 save_tiers "$first" "$SCRATCH/all-tier"
-rm -f "$(tier_dir n2 "$first")"/*.rank-1.json  # rank 1 runs on n2
+rm -rf "$(tier_dir n2 "$first")"  # rank 1 runs on n2
 train "$SCRATCH/one-lost.log" "$SCRATCH/one-lost.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/whole" ||
-  { cat "$SCRATCH/one-lost.log" >&2; fail "the relaunch with rank 1's node tier lost failed"; }
-grep -q "rank 0: node tier: step [0-9]* of launch [^ ]* is in this node's memory" "$SCRATCH/one-lost.log" &&
-  grep -q "rank 1: step [0-9]* of launch [^ ]*: not in this rank's node tier" "$SCRATCH/one-lost.log" &&
-  grep -q "every rank walks back to the checkpoint dir" "$SCRATCH/one-lost.log" ||
-  { grep "node tier\|walks back\|restored" "$SCRATCH/one-lost.log" >&2; fail "rank 0's memory step was not proposed and refused by rank 1"; }
-# Asked before anyone checks it: no rank hashed a snapshot that rank 1 does not hold.
-grep "from this node's memory, checked against their checksums" "$SCRATCH/one-lost.log" >&2 &&
-  fail "a rank checked the memory step before every rank was known to hold it"
-grep -q "restored step" "$SCRATCH/one-lost.log" && { grep "restored step" "$SCRATCH/one-lost.log" >&2; fail "a rank restored a step while rank 1 held none"; }
-grep -q "^train_ddp: starting at step 0" "$SCRATCH/one-lost.log" || fail "the relaunch with rank 1's tier lost did not start at step 0"
-cmp -s "$SCRATCH/straight.bin" "$SCRATCH/one-lost.bin" || fail "final weights differ after starting again at step 0"
+  { cat "$SCRATCH/one-lost.log" >&2; fail "the relaunch with n2's node tier lost failed"; }
+grep -q "rank 1: memory tier: this node holds no snapshot of this rank; fetched step [0-9]* of launch" "$SCRATCH/one-lost.log" &&
+  grep -q "rank 2: memory tier: sent rank 1's relaunch its step" "$SCRATCH/one-lost.log" ||
+  { grep "node tier\|memory tier\|restored" "$SCRATCH/one-lost.log" >&2; fail "rank 1 did not fetch its memory step from rank 2's node"; }
+mem=$(sed -n 's/.*restored step \([0-9]*\) from the node tier .*/\1/p' "$SCRATCH/one-lost.log" | sort -u)
+[ "$(grep -c "restored step [0-9]* from the node tier" "$SCRATCH/one-lost.log")" -eq 3 ] && [ "$(wc -w <<< "$mem")" -eq 1 ] &&
+  [ "$mem" -ge $((killed - 2)) ] ||
+  { grep "node tier\|memory tier\|restored\|resumed" "$SCRATCH/one-lost.log" >&2; fail "not every rank resumed one memory step (got '$mem', killed after step $killed)"; }
+restored_bytes "$SCRATCH/one-lost.log" | while read -r read_bytes held_bytes; do
+  [ "$read_bytes" -eq 0 ] && [ "$held_bytes" -ge $((EXTRA_MIB << 20)) ] ||
+    fail "a rank read $read_bytes bytes from the dir and found $held_bytes in memory, with n2's tier lost"
+done
+cmp -s "$SCRATCH/straight.bin" "$SCRATCH/one-lost.bin" || fail "final weights differ after rank 1 fetched its memory step"
 put_tiers "$SCRATCH/all-tier" "$first"
-pass "rank 1's node tier lost: rank 0's memory step was proposed, rank 1 could not take it, every rank started again at step 0; final weights bitwise identical"
+pass "n2's node tier lost: rank 1 fetched its memory step $mem back from the copy n3 kept; every rank resumed it, 0 bytes read; final weights bitwise identical"
+
+# ---- 2d. rank 1's snapshot lost on its node and on its partner's: no rank resumes from memory alone ----
+# n2's and n3's tiers gone: rank 2 fetches its own step back from n1, but rank 1's copy was on n3. Rank 0 proposes
+# its memory step, rank 1 cannot take it, and every rank walks back to the dir, which holds nothing: all three
+# start again at step 0. Then the tier as the kill left it goes back for 2b.
+rm -rf "$(tier_dir n2 "$first")" "$(tier_dir n3 "$first")"
+train "$SCRATCH/two-lost.log" "$SCRATCH/two-lost.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/whole" ||
+  { cat "$SCRATCH/two-lost.log" >&2; fail "the relaunch with n2's and n3's node tiers lost failed"; }
+grep -q "rank 0: node tier: step [0-9]* of launch [^ ]* is in this node's memory" "$SCRATCH/two-lost.log" &&
+  grep -q "rank 2: memory tier: this node holds no snapshot of this rank; fetched step" "$SCRATCH/two-lost.log" &&
+  grep -q "rank 1: step [0-9]* of launch [^ ]*: not in this rank's node tier" "$SCRATCH/two-lost.log" &&
+  grep -q "every rank walks back to the checkpoint dir" "$SCRATCH/two-lost.log" ||
+  { grep "node tier\|memory tier\|walks back\|restored" "$SCRATCH/two-lost.log" >&2; fail "rank 0's memory step was not proposed and refused by rank 1"; }
+# Asked before anyone checks it: no rank hashed a snapshot that rank 1 does not hold.
+grep "from this node's memory, checked against their checksums" "$SCRATCH/two-lost.log" >&2 &&
+  fail "a rank checked the memory step before every rank was known to hold it"
+grep -q "restored step" "$SCRATCH/two-lost.log" && { grep "restored step" "$SCRATCH/two-lost.log" >&2; fail "a rank restored a step while rank 1 held none"; }
+grep -q "^train_ddp: starting at step 0" "$SCRATCH/two-lost.log" || fail "the relaunch with rank 1's snapshots lost did not start at step 0"
+cmp -s "$SCRATCH/straight.bin" "$SCRATCH/two-lost.bin" || fail "final weights differ after starting again at step 0"
+put_tiers "$SCRATCH/all-tier" "$first"
+pass "rank 1's snapshots lost on n2 and with n3's tier: rank 0's memory step was proposed, rank 1 could not take it, every rank started again at step 0; final weights bitwise identical"
 
 train "$SCRATCH/all-relaunch.log" "$SCRATCH/all.bin" --jobid="$first" --ckpt-memory=512M --ckpt-dir="$SCRATCH/whole" ||
   { cat "$SCRATCH/all-relaunch.log" >&2; fail "the relaunch after killing every task failed"; }

@@ -16,6 +16,7 @@
 #include "heartbeat.hpp"
 #include "hooks_test_util.hpp"
 #include "memory_tier.hpp"
+#include "node_tier.hpp"
 
 using namespace ckpt;
 using namespace ckpt::hooks;
@@ -229,4 +230,102 @@ TEST_CASE("memory tier: stop() ends a partner dial that a frozen partner never a
   ::close(frozen);
   CHECK(stop_s < 3.0);  // not the 30 s io_timeout
   CHECK_FALSE(sent);
+}
+
+// Rank 1 keeps rank 0's copies in its node tier; then both processes end, as a relaunch finds them: rank 1 comes
+// back on its node, rank 0 on a node that holds nothing of it, and asks rank 1 for its snapshot back.
+TEST_CASE("memory tier: a relaunched ward fetches back the copy its partner's earlier process kept in the node tier",
+          "[hooks][memtier][node_tier]") {
+  TempDir dir;
+  LogCapture logs;
+  auto meshes = start_meshes(dir.sub("mesh"));
+  const std::string node_dir = dir.sub("node-of-rank-1");
+  auto holder_node = [&](const std::string& launch) {
+    auto node = NodeTier::open(node_dir, {"4747", 0, {}, dir.sub("ckpt"), 1, {}, launch, 3});
+    REQUIRE(node.ok());
+    return std::move(node).value();
+  };
+  enum class Case { Whole, Flipped, OtherWorld, NoWard };
+  const Case c = GENERATE(Case::Whole, Case::Flipped, Case::OtherWorld, Case::NoWard);
+  Shard five(5), six(6);
+  {
+    auto node = holder_node("launch-a");
+    MemoryTier::Settings hs = tier_settings(1, -1, {0});
+    hs.node = node.get();
+    auto holder = MemoryTier::start(hs, *meshes[1]);
+    auto ward = MemoryTier::start(tier_settings(0, 1, {}), *meshes[0]);
+    REQUIRE(ward->send(5, five.pieces));
+    REQUIRE(ward->send(6, six.pieces));
+    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 6}});
+    if (c == Case::Flipped) REQUIRE(holder->corrupt_for_testing(0));
+    ward->stop();
+    holder->stop();
+  }
+  auto node = holder_node("launch-b");  // the relaunched holder, on its own node again
+  CHECK(logs.has("node tier: an earlier process of this job left its partner copies of rank 0's step 6, rank 0's "
+                 "step 5 here"));
+  MemoryTier::Settings hs = tier_settings(1, -1, {0});
+  hs.node = node.get();
+  auto holder = MemoryTier::start(hs, *meshes[1]);
+  CHECK(holder->verified_copies().empty());  // another rank's bytes: never this rank's to restore or to write
+  MemoryTier::Settings ws = tier_settings(0, 1, {});
+  auto fetch = [&](const MemoryTier::Settings& s, int mesh) {
+    auto ward = MemoryTier::start(s, *meshes[static_cast<std::size_t>(mesh)]);
+    auto got = ward->fetch_own(2s);
+    ward->stop();
+    return got;
+  };
+  auto fetch_step = [&](std::uint64_t step, const std::string& launch) {
+    auto ward = MemoryTier::start(ws, *meshes[0]);
+    auto got = ward->fetch_own(2s, step, launch);
+    ward->stop();
+    return got;
+  };
+  if (c == Case::Whole) {  // the newest copy comes back whole, every range checked
+    auto got = fetch(ws, 0);
+    REQUIRE(got.ok());
+    std::optional<MemoryTier::Fetched> f = std::move(got).value();
+    REQUIRE(f.has_value());
+    CHECK(f->step == 6);
+    CHECK(f->launch == "launch-a");
+    CHECK(f->world_size == 3);
+    REQUIRE(f->ranges.size() == 2);
+    CHECK(f->ranges[0].name == "model");
+    CHECK(f->ranges[0].meta == nlohmann::json{{"dtype", "uint8"}});
+    CHECK(std::memcmp(f->buffer.data(), six.big.data(), six.big.size()) == 0);
+    CHECK(std::memcmp(f->buffer.data() + f->ranges[1].offset, six.small.data(), six.small.size()) == 0);
+    CHECK(wait_for([&] { return logs.has("memory tier: sent rank 0's relaunch its step 6"); }, 2s));
+    // A memory step the restore proposes: that one, of that launch, or none.
+    auto older = fetch_step(5, "launch-a");
+    REQUIRE(older.ok());
+    REQUIRE(older.value().has_value());
+    CHECK(older.value()->step == 5);
+    CHECK(std::memcmp(older.value()->buffer.data(), five.big.data(), five.big.size()) == 0);
+    for (auto [step, launch] : {std::make_pair(7, "launch-a"), std::make_pair(6, "launch-b")}) {
+      auto none = fetch_step(static_cast<std::uint64_t>(step), launch);
+      REQUIRE(none.ok());
+      CHECK_FALSE(none.value().has_value());
+    }
+  }
+  if (c == Case::Flipped) {  // a byte flipped in the kept file: the ward refuses the copy
+    auto got = fetch(ws, 0);
+    REQUIRE_FALSE(got.ok());
+    CHECK_THAT(got.error(), Catch::Contains("rank 1's copy of this rank's step 6: range 'model' does not match its "
+                                            "checksum"));
+    CHECK(wait_for([&] { return logs.has("memory tier: rank 0's fetch of its step 6 ended: rank 0 refused it"); }, 2s));
+  }
+  if (c == Case::OtherWorld) {  // a ward of another world size gets none
+    ws.world_size = 4;
+    auto got = fetch(ws, 0);
+    REQUIRE(got.ok());
+    CHECK_FALSE(got.value().has_value());
+  }
+  if (c == Case::NoWard) {  // a rank that is no ward of the holder gets nothing
+    MemoryTier::Settings stranger = tier_settings(2, 1, {});
+    auto got = fetch(stranger, 2);
+    CHECK_FALSE(got.ok());
+    CHECK(logs.has("memory tier: refused a partner link from rank 2"));
+    CHECK_FALSE(logs.has("memory tier: sent rank 2"));
+  }
+  holder->stop();
 }
