@@ -95,6 +95,8 @@ done
 echo "  floor: one memcpy of a rank's state $floor s"
 
 # ---- the whole job killed at once ----
+# The first part's node tier goes first: its staging and copies (four snapshots per rank) would only crowd memory.
+rm -rf "/dev/shm/slurm-ckpt.$(id -u).$JOB" "$WORK/replaced-node"
 at=$((K + 5 + RANDOM % (K - 6)))
 launch all 1000 CKPT_DIR="$WORK/all" CKPT_INTERVAL="${K}steps"
 for _ in $(seq 3000); do

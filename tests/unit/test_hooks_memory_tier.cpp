@@ -235,7 +235,7 @@ TEST_CASE("memory tier: stop() ends a partner dial that a frozen partner never a
 // Rank 1 keeps rank 0's copies in its node tier; then both processes end, as a relaunch finds them: rank 1 comes
 // back on its node, rank 0 on a node that holds nothing of it, and asks rank 1 for its snapshot back.
 TEST_CASE("memory tier: a relaunched ward fetches back the copy its partner's earlier process kept in the node tier",
-          "[hooks][memtier][node_tier]") {
+          "[hooks][memtier][node_tier][security]") {
   TempDir dir;
   LogCapture logs;
   auto meshes = start_meshes(dir.sub("mesh"));
