@@ -472,8 +472,9 @@ std::string page_spank() {
             "The plugin, in Debian's Slurm PluginDir (so plugstack.conf may name it without a path).");
   page.item(italic("/etc/slurm/plugstack.conf"), "Where Debian's Slurm reads SPANK plugins from, by default.");
   page.item(italic(std::string(BuiltinDefaults::node_dir) + "/" + ckpt::memtier::kNodeDirPrefix + "UID.JOBID"),
-            "A job's node tier on each node (under the site's node_dir): with --ckpt-memory, the ranks' staging in "
-            "files, so that a relaunch in the job restores from them. The plugin's job epilog removes it when the job ends on the node, as the "
+            "A job's node tier on each node (under the site's node_dir): with --ckpt-memory, the ranks' staging and "
+            "the partner copies they keep, in files, so that a relaunch in the job restores from them (a replaced "
+            "node's ranks from their partners'). The plugin's job epilog removes it when the job ends on the node, as the "
             "job's user, and its job prolog removes one an earlier job with the same id left; a dir of that name that "
             "is not the user's is left alone.");
   page.section("SEE ALSO");

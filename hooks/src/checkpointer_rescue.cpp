@@ -136,6 +136,7 @@ int ranks_per_node() {
 void Checkpointer::Impl::start_memory_tier() {
   if (config.memory_bytes == 0 || !watch.last_words) return;
   auto off = [&](const std::string& why) {
+    watch.last_words->network().set_partner_acceptor(nullptr);  // a partner link held since the join is refused
     // Every rank finds the same: rank 0 says it for the job.
     if (rank == 0) log::warn(0, "memory tier off: " + why + "; checkpoints go to the checkpoint dir alone");
   };

@@ -100,6 +100,7 @@ Mesh::Impl::~Impl() {
     if (link.fd >= 0) ::close(link.fd);
   }
   for (Pending& c : pending) ::close(c.fd);
+  for (HeldPartner& h : held_partners) ::close(h.fd);
   if (listener >= 0) ::close(listener);
   if (dirfd >= 0) ::close(dirfd);
 }
@@ -562,8 +563,20 @@ Result<int> Mesh::dial_partner(int peer, std::chrono::milliseconds limit, const 
 }
 
 void Mesh::set_partner_acceptor(PartnerAcceptor acceptor) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->partner_acceptor = std::move(acceptor);
+  std::vector<Impl::HeldPartner> held;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->partner_acceptor = acceptor;
+    impl_->partner_decided = true;
+    held.swap(impl_->held_partners);
+  }
+  for (Impl::HeldPartner& h : held) {
+    if (acceptor) {
+      acceptor(h.fd, h.from, std::move(h.early));
+    } else {
+      ::close(h.fd);  // this rank keeps no copies: the dialer sees its link end
+    }
+  }
 }
 
 std::string Mesh::node_of(int peer) const {

@@ -139,6 +139,9 @@ struct Settings {
   std::chrono::milliseconds period{100};
   std::chrono::milliseconds dead_after{1500};
   std::chrono::milliseconds connect_timeout{120000};  // how long start() waits for every rank to join
+  // A partner link (memory_tier.hpp) may come as soon as a peer has joined, before this rank's tier is up: held
+  // until set_partner_acceptor() says who takes it (or that nobody does) instead of refused.
+  bool hold_partner_links = false;
 };
 
 // What the mesh reports. Called on the mesh's threads: handlers must be quick and may call send(), send_up() and
@@ -193,6 +196,7 @@ class Mesh {
   using PartnerAcceptor = std::function<void(int fd, int from, std::string early)>;
   using SocketWatch = std::function<void(int fd)>;
   Result<int> dial_partner(int peer, std::chrono::milliseconds limit, const SocketWatch& on_socket = {});
+  // Who takes partner links from now on (null: nobody); the links held until now go to it, or are closed.
   void set_partner_acceptor(PartnerAcceptor acceptor);
 
  private:

@@ -69,6 +69,14 @@ struct Mesh::Impl {
   Settings settings;
   Handler handler;
   Mesh::PartnerAcceptor partner_acceptor;  // guarded by mu
+  // Partner links that came before set_partner_acceptor() (Settings::hold_partner_links): guarded by mu.
+  struct HeldPartner {
+    int fd = -1;
+    int from = -1;
+    std::string early;
+  };
+  std::vector<HeldPartner> held_partners;
+  bool partner_decided = false;  // guarded by mu: set_partner_acceptor() was called
   overlay::Shape shape;
   Secret secret{};           // the job's, read at start
   std::string address;       // "<host> <port>" as published

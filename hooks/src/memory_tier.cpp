@@ -503,7 +503,7 @@ struct MemoryTier::Impl {
     if (!read_exact(fd, none, &ack, sizeof ack) || ack.magic != kWireMagic || ack.a != step) {
       return Status::failure("no answer from the partner");
     }
-    if (ack.type == kFull && ack.b > 0) {
+    if (ack.type == kFull && ack.b > 0 && to == settings.partner) {  // only a holder says it is full
       partner_needs = ack.b;
       return Status::failure("rank " + std::to_string(to) + " cannot keep it within its CKPT_MEMORY: " +
                              "it would need " + mib_text(ack.b) + " for its staging and copies");
@@ -521,7 +521,9 @@ std::unique_ptr<MemoryTier> MemoryTier::start(const Settings& settings, heartbea
   impl->settings = settings;
   impl->mesh = &mesh;
   Impl* p = impl.get();
-  if (!settings.wards.empty()) {
+  if (settings.wards.empty()) {
+    mesh.set_partner_acceptor(nullptr);
+  } else {
     mesh.set_partner_acceptor([p](int fd, int from, std::string early) { p->on_accept(fd, from, std::move(early)); });
   }
   return std::unique_ptr<MemoryTier>(new MemoryTier(std::move(impl)));

@@ -407,11 +407,16 @@ void NodeTier::held_copy(const std::byte* data, int ward, std::uint64_t step,
   std::lock_guard<std::mutex> lock(mu_);
   auto it = std::find_if(buffers_.begin(), buffers_.end(), [&](const Buffer& b) { return b.data == data; });
   if (it == buffers_.end()) return;
+  it->whole = false;
   it->pieces.clear();
   it->sums.clear();
   it->metas.clear();
   for (const store::StateRange& r : ranges) {
-    if (!r.checksum || r.offset > it->size || r.length > it->size - r.offset) return;  // not listed: never served
+    if (!r.checksum || r.offset > it->size || r.length > it->size - r.offset) {
+      it->pieces.clear();  // not listed: never served
+      write_index();
+      return;
+    }
     it->pieces.push_back({r.name, data + r.offset, static_cast<std::size_t>(r.length), {}});
     it->sums.push_back(*r.checksum);
     it->metas.push_back(r.meta);

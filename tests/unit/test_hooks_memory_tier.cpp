@@ -25,8 +25,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Three ranks' meshes in one process.
-std::vector<std::unique_ptr<heartbeat::Mesh>> start_meshes(const std::string& dir) {
+// Three ranks' meshes in one process (`hold`: each holds partner links until its tier is up).
+std::vector<std::unique_ptr<heartbeat::Mesh>> start_meshes(const std::string& dir, bool hold = false) {
   std::vector<std::unique_ptr<heartbeat::Mesh>> meshes(3);
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
@@ -36,6 +36,7 @@ std::vector<std::unique_ptr<heartbeat::Mesh>> start_meshes(const std::string& di
       s.world_size = 3;
       s.rendezvous_dir = dir;
       s.connect_timeout = 10s;
+      s.hold_partner_links = hold;
       auto m = heartbeat::Mesh::start(s, [](const heartbeat::Event&) {});
       if (m) meshes[static_cast<std::size_t>(r)] = std::move(m).value();
     });
@@ -196,6 +197,39 @@ TEST_CASE("memory tier: copies over the budget, from a rank that is no ward, or 
     CHECK(logs.has("a chunk of 'model' does not match its checksum"));
     CHECK(holder->verified_copies().empty());
   }
+}
+
+// A ward's link may come as soon as both ranks joined the network, before the holder's tier is up (its rank still
+// in create()): the holder's mesh holds it until the tier takes it, or closes it when the tier is off.
+TEST_CASE("memory tier: a partner link that comes before the holder's tier is up waits for it", "[hooks][memtier]") {
+  TempDir dir;
+  LogCapture logs;
+  auto meshes = start_meshes(dir.sub("mesh"), true);
+  const bool keeps = GENERATE(true, false);
+  auto ward = MemoryTier::start(tier_settings(0, 1, {}), *meshes[0]);
+  Shard shard(3);
+  Status sent = Status::failure("not sent");
+  std::thread sender([&] { sent = ward->send(3, shard.pieces); });
+  std::this_thread::sleep_for(300ms);  // rank 1's mesh holds the link by now
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<MemoryTier> holder;
+  if (keeps) {
+    holder = MemoryTier::start(tier_settings(1, -1, {0}), *meshes[1]);
+  } else {
+    meshes[1]->set_partner_acceptor(nullptr);  // its tier is off
+  }
+  sender.join();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(waited < 3.0);  // not the 5 s io_timeout
+  if (keeps) {
+    CHECK(sent);
+    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 3}});
+    holder->stop();
+  } else {
+    CHECK_FALSE(sent);
+  }
+  CHECK_FALSE(logs.has("offers a partner copy, and this rank keeps none"));
+  ward->stop();
 }
 
 TEST_CASE("memory tier: stop() ends a partner dial that a frozen partner never answers", "[hooks][memtier]") {
