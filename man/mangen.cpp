@@ -356,7 +356,8 @@ std::string page_run() {
                  "--overlap --exclude=BAD_NODES with the same options on the healthy nodes. Every rank stays on "
                  "the node it ran on, where its node tier is, and the ranks of a bad node move together to a free "
                  "node (srun --distribution=arbitrary with a host file; not where the srun line names its own "
-                 "distribution). When too few healthy "
+                 "distribution), where with --ckpt-memory they fetch their state back from the copies their "
+                 "partners' nodes kept. When too few healthy "
                  "nodes remain, it hands the job over to the controller for a requeue of the whole job.");
   page.paragraph("Give the allocation spare nodes, and --no-kill so that it outlives a node's failure.");
   page.section("OPTIONS");
