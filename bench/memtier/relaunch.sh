@@ -19,7 +19,7 @@
 #   dir   CKPT_NODE_DIR=off: the dir's newest periodic checkpoint, the page cache dropped first
 #   node  the node tier: the newest memory step both ranks' staging files hold
 #   fetch rank 1's node replaced, as above: the newest memory step, rank 1's from rank 0's node tier
-# Prints the steps each way lost, its median restore time and the bytes it read from the checkpoint dir.
+# Prints the steps each way lost, each rank's median restore time and the bytes read from the checkpoint dir.
 #   bench/memtier/relaunch.sh [MIB] [ROUNDS] [K]  (default 256 MiB, 3 rounds, K 20; root, for drop_caches)
 set -euo pipefail
 MIB=${1:-256}
@@ -119,7 +119,7 @@ for i in $(seq "$ROUNDS"); do
     wait
     RANK1_ENV=""
     for r in 0 1; do
-      sed -n 's/.*restored step \([0-9]*\) from .* in \([0-9.]*\) s (\([0-9]*\) bytes read, .*/\2 \1 \3/p' \
+      sed -n "s/.*restored step \([0-9]*\) from .* in \([0-9.]*\) s (\([0-9]*\) bytes read, .*/\2 \1 \3 $r/p" \
         "$WORK/all-$way$i.r$r.log" >> "$WORK/all-$way.rows"
     done
   done
@@ -128,7 +128,7 @@ echo "relaunch: the whole job killed at step $killed (rank 0's last logged step)
 for way in dir node fetch; do
   [ "$(wc -l < "$WORK/all-$way.rows")" -eq $((2 * ROUNDS)) ] || { echo "  $way: not a restore line per rank and round" >&2; exit 1; }
   [ "$(cut -d' ' -f2 "$WORK/all-$way.rows" | sort -u | wc -l)" -eq 1 ] || { echo "  $way: the ranks resumed different steps" >&2; exit 1; }
-  sort -n "$WORK/all-$way.rows" | awk -v way="$way" -v killed="$killed" '{ t[NR] = $1; s = $2; rd += $3 }
-    END { printf "  %-5s resumed from step %d (%d step(s) lost), median restore %.3f s, %.1f MiB read from the dir per rank\n",
-          way, s, killed - s, t[int((NR + 1) / 2)], rd / NR / 1048576 }'
+  sort -n "$WORK/all-$way.rows" | awk -v way="$way" -v killed="$killed" '{ t[$4, ++n[$4]] = $1; s = $2; rd += $3 }
+    END { printf "  %-5s resumed from step %d (%d step(s) lost), median restore rank 0 %.3f s, rank 1 %.3f s, %.1f MiB read from the dir per rank\n",
+          way, s, killed - s, t[0, int((n[0] + 1) / 2)], t[1, int((n[1] + 1) / 2)], rd / NR / 1048576 }'
 done
