@@ -298,6 +298,9 @@ TEST_CASE("memory tier: a relaunched ward fetches back the copy its partner's ea
   auto node = holder_node("launch-b");  // the relaunched holder, on its own node again
   CHECK(logs.has("node tier: an earlier process of this job left its partner copies of rank 0's step 6, rank 0's "
                  "step 5 here"));
+  // Rank 0's bytes: never a snapshot for rank 1 to resume from, nor ranges for its own restore.
+  CHECK(node->found_snapshots().empty());
+  CHECK(node->found().empty());
   MemoryTier::Settings hs = tier_settings(1, -1, {0});
   hs.node = node.get();
   auto holder = MemoryTier::start(hs, *meshes[1]);
