@@ -67,7 +67,7 @@ void Checkpointer::Impl::fetch_own_copy(std::optional<std::uint64_t> step, const
     return;
   }
   const auto t0 = Clock::now();
-  auto fetched = tier->fetch_own(std::chrono::seconds(3), step, launch);
+  auto fetched = tier->fetch_own(step, launch);
   if (!fetched) {
     log::warn(rank, "memory tier: " + fetched.error() + "; this rank restores without its partner's copy");
     return;

@@ -482,19 +482,18 @@ bool Mesh::Impl::advance(Pending& c) {
     return refuse("it claims rank " + std::to_string(from) + " without knowing the job's secret");
   }
   if (c.hello.head.type == kHelloPartner) {
-    const int flags = ::fcntl(c.fd, F_GETFL);
+    const int flags = ::fcntl(c.fd, F_GETFL);  // a partner link is read by a thread of its own: blocking
+    if (flags >= 0) (void)::fcntl(c.fd, F_SETFL, flags & ~O_NONBLOCK);
     Mesh::PartnerAcceptor to;
     {
       std::lock_guard<std::mutex> lock(mu);
       to = partner_acceptor;
       if (!to && settings.hold_partner_links && !partner_decided) {  // this rank's tier is not up yet
-        if (flags >= 0) (void)::fcntl(c.fd, F_SETFL, flags & ~O_NONBLOCK);
         held_partners.push_back({c.fd, from, c.in.substr(sizeof(Handshake))});
         return false;
       }
     }
     if (!to) return refuse("rank " + std::to_string(from) + " offers a partner copy, and this rank keeps none");
-    if (flags >= 0) (void)::fcntl(c.fd, F_SETFL, flags & ~O_NONBLOCK);
     to(c.fd, from, c.in.substr(sizeof(Handshake)));
     return false;
   }

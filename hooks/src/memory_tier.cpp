@@ -594,35 +594,26 @@ Status MemoryTier::send(std::uint64_t step, const std::vector<Piece>& pieces, co
   return s;
 }
 
-Result<std::optional<MemoryTier::Fetched>> MemoryTier::fetch_own(std::chrono::milliseconds reach,
-                                                                  std::optional<std::uint64_t> step,
+Result<std::optional<MemoryTier::Fetched>> MemoryTier::fetch_own(std::optional<std::uint64_t> step,
                                                                   const std::string& launch) {
   Impl& m = *impl_;
   if (m.settings.partner < 0) return std::optional<Fetched>{};
-  std::lock_guard<std::mutex> lock(m.send_mu);
-  const auto deadline = Clock::now() + reach;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> stopping(m.mu);
-      if (m.stopping) return Error{"the memory tier is stopped"};
-    }
-    auto fd = m.mesh->dial_partner(m.settings.partner, m.settings.io_timeout,
-                                   [&m](int socket) { m.watch_send_socket(socket); });
-    if (!fd) {
-      // The partner takes partner links once its own tier started, just after it joined the network.
-      if (Clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
-      }
-      m.watch_send_socket(-1);
-      return Error{"cannot reach rank " + std::to_string(m.settings.partner) + ": " + fd.error()};
-    }
-    set_io_timeout(*fd, m.settings.io_timeout);
-    auto fetched = m.fetch_on(*fd, step.value_or(0), launch);
-    m.watch_send_socket(-1);
-    ::close(*fd);
-    return fetched;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (m.stopping) return Error{"the memory tier is stopped"};
   }
+  std::lock_guard<std::mutex> lock(m.send_mu);
+  auto fd = m.mesh->dial_partner(m.settings.partner, m.settings.io_timeout,
+                                 [&m](int socket) { m.watch_send_socket(socket); });
+  if (!fd) {
+    m.watch_send_socket(-1);
+    return Error{"cannot reach rank " + std::to_string(m.settings.partner) + ": " + fd.error()};
+  }
+  set_io_timeout(*fd, m.settings.io_timeout);
+  auto fetched = m.fetch_on(*fd, step.value_or(0), launch);
+  m.watch_send_socket(-1);
+  ::close(*fd);
+  return fetched;
 }
 
 void MemoryTier::freeze() {

@@ -94,10 +94,9 @@ class MemoryTier {
   };
   // Training thread, before the first send: a copy of this rank's snapshots that an earlier process of the
   // partner kept in its node tier (`step` of `launch`, or the newest), checked chunk by chunk and range by range as
-  // it arrives. Nothing: the partner holds none (or there is no partner). Waits up to `reach` for the partner to
-  // take the link (it may still be starting its tier).
-  Result<std::optional<Fetched>> fetch_own(std::chrono::milliseconds reach, std::optional<std::uint64_t> step = {},
-                                           const std::string& launch = {});
+  // it arrives. Nothing: the partner holds none (or there is no partner). A partner still starting its tier holds
+  // the link until the tier is up (heartbeat::Settings::hold_partner_links).
+  Result<std::optional<Fetched>> fetch_own(std::optional<std::uint64_t> step = {}, const std::string& launch = {});
 
   // Last words: no held copy is replaced from here on (a ward still sending finishes into the spare buffer).
   void freeze();

@@ -443,7 +443,6 @@ bool NodeTier::with_ward_copy(int ward, int world_size, std::optional<std::uint6
 
 void NodeTier::adopt_fetched(Snapshot snapshot, HostBuffer bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const SnapshotPiece& p : snapshot.pieces) found_.push_back({p.name, p.data, p.size, p.checksum});
   found_maps_.push_back(std::move(bytes));  // a mapping: the pieces' addresses stay put
   auto later = std::find_if(snapshots_.begin(), snapshots_.end(),
                             [&](const Snapshot& s) { return s.step < snapshot.step; });

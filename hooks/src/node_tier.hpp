@@ -110,8 +110,9 @@ class NodeTier {
   // called: there is none.
   bool with_ward_copy(int ward, int world_size, std::optional<std::uint64_t> step, const std::string& launch,
                       const std::function<void(const Snapshot&)>& use) const;
-  // A snapshot of this rank fetched from the copy its partner kept (`bytes` holds its pieces): offered to restore
-  // as if an earlier process had left it on this node, until release_found().
+  // A snapshot of this rank fetched from the copy its partner kept (`bytes` holds its pieces): among
+  // found_snapshots() as if an earlier process had left it on this node, until release_found(). Its ranges are not
+  // added to found(), which the restore has read by then: the caller offers them itself.
   void adopt_fetched(Snapshot snapshot, HostBuffer bytes);
 
   // What an earlier process of this job left for this rank, as memory restore() may take ranges from. Valid until

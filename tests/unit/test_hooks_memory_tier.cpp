@@ -308,13 +308,13 @@ TEST_CASE("memory tier: a relaunched ward fetches back the copy its partner's ea
   MemoryTier::Settings ws = tier_settings(0, 1, {});
   auto fetch = [&](const MemoryTier::Settings& s, int mesh) {
     auto ward = MemoryTier::start(s, *meshes[static_cast<std::size_t>(mesh)]);
-    auto got = ward->fetch_own(2s);
+    auto got = ward->fetch_own();
     ward->stop();
     return got;
   };
   auto fetch_step = [&](std::uint64_t step, const std::string& launch) {
     auto ward = MemoryTier::start(ws, *meshes[0]);
-    auto got = ward->fetch_own(2s, step, launch);
+    auto got = ward->fetch_own(step, launch);
     ward->stop();
     return got;
   };
