@@ -53,7 +53,14 @@ BRIDGE_ADDR=$SUBNET.1
 say() { echo "cluster: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-pid_alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+# A zombie is not alive: a daemon killed a moment ago stays one until its parent (here often a container's pid 1)
+# reaps it, and a cluster brought up then would take it for running.
+pid_alive() {
+  local stat
+  [ -n "${1:-}" ] && stat=$(cat "/proc/$1/stat" 2> /dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat:0:1}" != Z ]
+}
 pid_of() { [ -f "$1" ] && cat "$1" 2>/dev/null || true; }
 
 # The slurmstepd processes of node $1: those listening on a socket under that node's spool dir.
@@ -216,9 +223,13 @@ start_slurmctld() {
 }
 
 start_slurmd() {
-  local node=$1
+  local node=$1 orphans
   pid_alive "$(pid_of "$D/run/slurmd-$node.pid")" && return 0
   if [ "$NET" = netns ]; then
+    # With no slurmd, whatever still runs on the node is a killed run's (tasks whose stepd died with it).
+    orphans=$(node_pids "$node")
+    # shellcheck disable=SC2086
+    [ -n "$orphans" ] && kill -KILL $orphans 2>/dev/null || true
     # Its own host: the node's namespace, host name and hosts file (`ip netns exec` would remount /sys and hide
     # the cgroup mounts slurmd 22.05 needs; nsenter does not).
     daemon nsenter --net="/run/netns/$(netns_of "$node")" unshare --uts --mount --propagation private sh -c \
@@ -279,6 +290,19 @@ wait_for_nodes() {
   die "only $n of $want nodes are up (logs in $D/log)"
 }
 
+# A slurmctld started afresh recovers the jobs its state dir saved: a run that was killed leaves its jobs there, and
+# requeued, they would start again beside the next run's tests and hold its nodes. A cluster that comes up runs
+# none of them.
+cancel_recovered_jobs() {
+  local jobs
+  jobs=$(squeue -h -o %i 2>/dev/null || true)
+  [ -n "$jobs" ] || return 0
+  # shellcheck disable=SC2086
+  scancel $jobs 2>/dev/null || true
+  for _ in $(seq 60); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.5; done
+  say "cancelled $(wc -w <<< "$jobs") job(s) left from a run before: $(echo $jobs)"
+}
+
 netns_allowed() { command -v ip > /dev/null && ip netns add ckpt-probe-$$ 2> /dev/null && ip netns del ckpt-probe-$$; }
 
 cmd_up() {
@@ -295,10 +319,13 @@ cmd_up() {
   [ "$NET" = netns ] && make_network
   ensure_test_user
   start_munged
+  local fresh=0
+  pid_alive "$(pid_of "$D/run/slurmctld.pid")" || fresh=1
   start_slurmctld
   for n in "${NODES[@]}"; do start_slurmd "$n"; done
   for n in "${NODES[@]}"; do scontrol update nodename="$n" state=resume >/dev/null 2>&1 || true; done
   wait_for_nodes 4
+  [ $fresh -eq 1 ] && cancel_recovered_jobs
   if [ "$NET" = netns ]; then
     say "up: 4 hosts in $D, network $SUBNET.0/24 ($HOSTS_MODE hosts files; export SLURM_CONF=$SLURM_CONF)"
   else

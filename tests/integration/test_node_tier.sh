@@ -119,11 +119,18 @@ train "$SCRATCH/all.log" "$SCRATCH/all.bin" --jobid="$first" --ckpt-memory=512M 
   --step-sleep 0.2 --log-every 1 &
 pid=$!
 wait_logged_step "$SCRATCH/all.log" "$at" || { cat "$SCRATCH/all.log" >&2; fail "no step $at"; }
-# Frozen together, then killed: no rank outlives another long enough for last words.
-tasks=$(for n in n1 n2 n3; do "$CLUSTER" task-pids "$n"; done)
-[ "$(wc -w <<< "$tasks")" -eq 3 ] || fail "not 3 tasks to kill: $tasks"
+# Frozen together, then killed: no rank outlives another long enough for last words. Only this job's tasks: a node
+# may run another job's beside them.
+tasks=$(for n in n1 n2 n3; do
+  for p in $("$CLUSTER" task-pids "$n"); do
+    if tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx "SLURM_JOB_ID=$first"; then echo "$p"; fi
+  done
+done)
+[ "$(wc -w <<< "$tasks")" -eq 3 ] || fail "not 3 tasks of job $first to kill: $tasks"
 # shellcheck disable=SC2086
-kill -STOP $tasks && kill -KILL $tasks
+kill -STOP $tasks || fail "a task of job $first was gone before the kill"
+# shellcheck disable=SC2086
+kill -KILL $tasks
 killed=$(logged_step "$SCRATCH/all.log")
 for _ in $(seq 300); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
 kill "$pid" 2> /dev/null || true
