@@ -285,6 +285,9 @@ struct Checkpointer::Impl {
   double guard();
   void report_backpressure(std::uint64_t step, double waited);
   void snapshot(std::uint64_t step, store::Kind kind, bool memory_only = false);
+  // The memory tier, before the snapshot of `step` overwrites staging: waits for the wards' copies of the last one.
+  // Returns the seconds it waited.
+  double wait_for_ward_copies(std::uint64_t step);
   // Points `job` at staging and starts the copies of the regions into it (host: the copy pool; device: the backend).
   void start_copies(PersistJob& job, const StagingPlan& plan);
 

@@ -53,9 +53,41 @@ void Checkpointer::Impl::report_backpressure(std::uint64_t step, double waited) 
   if (waits > 1 && seconds_since(sched.backpressure_logged) < 60) return;
   sched.backpressure_logged = Clock::now();
   std::string line = "back-pressure: the checkpoint of step " + std::to_string(step) + " waited " + secs(waited) +
-                     " for the previous persist; the interval is shorter than a persist takes";
+                     " for the previous one's persist or copies; the interval is shorter than they take";
   if (waits > 1) line += " (" + std::to_string(waits) + " waits, " + secs(total) + " in all)";
   log::warn(rank, line);
+}
+
+// The memory tier: staging is about to lose the snapshot before the last one (step p's). A ward that dies now must
+// have left its copy of p here, or its copy and the survivors' staging (this step and p) would share no step and
+// the last words could write none. The ward took that snapshot before the collectives of the steps since, so its
+// copy is on the way: waited for, as for this rank's own previous copy (the persist above). A ward whose copy does
+// not come within the links' time limit is named in a warning, and the snapshots go on without waiting for it
+// until a copy of it comes.
+double Checkpointer::Impl::wait_for_ward_copies(std::uint64_t step) {
+  std::uint64_t previous = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!whole_snapshot) return 0;
+    previous = whole_snapshot->step;
+  }
+  const auto t0 = Clock::now();
+  const std::vector<int> owing = tier->wait_for_wards(previous, tier->settings().io_timeout, [this] {
+    return tracker.frozen() || closing.load() || tier_too_big.load();
+  });
+  const double waited = seconds_since(t0);
+  if (waited >= 0.001) {
+    log::debug(rank, "memory tier: the snapshot of step " + std::to_string(step) + " waited " + secs(waited) +
+                         " for the wards' copies of step " + std::to_string(previous));
+  }
+  if (owing.empty() || tracker.frozen() || closing) return waited;
+  std::string who;
+  for (int w : owing) who += (who.empty() ? "" : ", ") + std::to_string(w);
+  log::warn(rank, "memory tier: the snapshot of step " + std::to_string(step) + " goes on without rank(s) " + who +
+                      "'s copy of step " + std::to_string(previous) + " (none came within " +
+                      std::to_string(tier->settings().io_timeout.count()) +
+                      " ms): should such a rank die now, this rank holds its copy of an older step only");
+  return waited;
 }
 
 void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind, bool memory_only) {
@@ -66,6 +98,11 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind, bool mem
   guard();  // a snapshot nobody guarded (no before_update since) must finish before staging is reused
   auto t_wait = Clock::now();
   bool waited_for_persist = queue.wait_idle();
+  if (tier && !tier_too_big) {
+    // Back-pressure too: the previous memory checkpoint is not done until its copies are where they go.
+    if (wait_for_ward_copies(step) >= 0.001) waited_for_persist = true;
+    if (tracker.frozen()) return;  // the last words write from staging as it is
+  }
   double waited = seconds_since(t_wait);
   {
     std::lock_guard<std::mutex> lock(mu);

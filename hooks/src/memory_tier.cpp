@@ -57,6 +57,8 @@ struct Wire {
 static_assert(sizeof(Wire) == 32);
 
 constexpr std::uint64_t kChunkBytes = 4u << 20;
+// Why a copy ended that no one refused: its ward died or its link failed in the middle of it.
+constexpr const char* kLinkEnded = "the link ended inside the copy";
 constexpr std::uint64_t kMaxPieces = 1u << 20;
 constexpr std::uint64_t kMaxJson = 1u << 20;
 
@@ -123,6 +125,9 @@ struct MemoryTier::Impl {
   struct Ward {
     Slot held;
     Slot incoming;  // the receiver's own until it is swapped with `held`
+    std::optional<std::uint64_t> ended;  // the newest step whose copy ended here, kept or refused
+    bool linked = false;                 // it sends copies here: its link came at least once
+    bool lagging = false;                // a snapshot went on without its copy: not waited for until one is kept
   };
   struct Link {
     int fd = -1;
@@ -135,6 +140,7 @@ struct MemoryTier::Impl {
   heartbeat::Mesh* mesh = nullptr;
 
   std::mutex mu;
+  std::condition_variable changed;  // a copy ended, a link closed, or the tier froze or stopped
   std::map<int, Ward> wards;        // guarded by mu (incoming: its receiver's alone between swaps)
   std::vector<std::unique_ptr<Link>> links;  // guarded by mu
   bool frozen = false;              // guarded by mu
@@ -201,6 +207,7 @@ struct MemoryTier::Impl {
     set_io_timeout(fd, settings.io_timeout);
     link->fd = fd;
     link->ward = from;
+    wards[from].linked = true;
     Link* raw = link.get();
     link->thread = std::thread([this, raw, early = std::move(early)]() mutable {
       for (auto& old : raw->before) {
@@ -225,7 +232,11 @@ struct MemoryTier::Impl {
       {
         std::lock_guard<std::mutex> lock(mu);
         stopped = stopping;
+        Ward& ward = wards[link.ward];
+        if (why != kLinkEnded) ward.ended = std::max(ward.ended.value_or(0), step);  // kept, or refused
+        if (kept) ward.lagging = false;
       }
+      changed.notify_all();
       if (full > 0) {  // the ward turns the job's tier off, and rank 0 says so
         log::info(settings.rank, "memory tier: refused the copy of rank " + std::to_string(link.ward) + "'s step " +
                                      std::to_string(step) + ": " + why);
@@ -238,9 +249,36 @@ struct MemoryTier::Impl {
       }
       if (!send_ack(link.fd, step, kept, why) || !kept) break;
     }
-    std::lock_guard<std::mutex> lock(mu);
-    ::close(link.fd);
-    link.fd = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ::close(link.fd);
+      link.fd = -1;
+    }
+    changed.notify_all();
+  }
+
+  // Whether `ward` still owes this rank its copy of `step`: it sends copies here, is not lagging, and no copy of
+  // that step or a later one ended here. A link that broke does not settle it: the ward died (the last words
+  // freeze this tier) or dials again for its next copy. Under mu.
+  bool owes(int ward, std::uint64_t step) const {
+    auto it = wards.find(ward);
+    if (it == wards.end() || !it->second.linked || it->second.lagging) return false;
+    const Ward& w = it->second;
+    return !(w.held.whole && w.held.step >= step) && !(w.ended && *w.ended >= step);
+  }
+
+  // The wards that left the network in order (they send nothing more). Not under mu: the mesh's own locks.
+  std::vector<int> wards_left() const {
+    const overlay::Gone gone = mesh->gone();
+    const std::vector<int> died = mesh->died();
+    std::vector<int> left;
+    for (int w : settings.wards) {
+      if (w >= 0 && static_cast<std::size_t>(w) < gone.size() && gone[static_cast<std::size_t>(w)] != 0 &&
+          !std::binary_search(died.begin(), died.end(), w)) {
+        left.push_back(w);
+      }
+    }
+    return left;
   }
 
   // One copy into the ward's incoming slot, checked; swapped in as held when whole. 1: kept; -1: refused (`why`;
@@ -303,13 +341,13 @@ struct MemoryTier::Impl {
     std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> range_hash(XXH3_createState(), &XXH3_freeState);
     if (!range_hash) return why = "out of memory", false;
     for (std::uint64_t i = 0; i < pieces; ++i) {
-      if (!read_exact(fd, early, &w, sizeof w)) return why = "the link ended inside the copy", false;
+      if (!read_exact(fd, early, &w, sizeof w)) return why = kLinkEnded, false;
       if (w.magic != kWireMagic || w.type != kPieceHead || w.b > kMaxJson || w.a > total - offset) {
         return why = "a piece header out of bounds", false;
       }
       const std::uint64_t length = w.a;
       std::string head(w.b, '\0');
-      if (!read_exact(fd, early, head.data(), head.size())) return why = "the link ended inside the copy", false;
+      if (!read_exact(fd, early, head.data(), head.size())) return why = kLinkEnded, false;
       store::StateRange range;
       try {
         auto j = nlohmann::json::parse(head);
@@ -322,12 +360,12 @@ struct MemoryTier::Impl {
       range.length = length;
       XXH3_64bits_reset(range_hash.get());
       for (std::uint64_t left = length; left > 0;) {
-        if (!read_exact(fd, early, &w, sizeof w)) return why = "the link ended inside the copy", false;
+        if (!read_exact(fd, early, &w, sizeof w)) return why = kLinkEnded, false;
         if (w.magic != kWireMagic || w.type != kChunk || w.a == 0 || w.a > kChunkBytes || w.a > left) {
           return why = "a chunk out of bounds", false;
         }
         std::byte* at = slot.buffer.data() + offset + (length - left);
-        if (!read_exact(fd, early, at, w.a)) return why = "the link ended inside the copy", false;
+        if (!read_exact(fd, early, at, w.a)) return why = kLinkEnded, false;
         if (XXH3_64bits(at, w.a) != w.b) return why = "a chunk of '" + range.name + "' does not match its checksum", false;
         XXH3_64bits_update(range_hash.get(), at, w.a);
         left -= w.a;
@@ -336,12 +374,12 @@ struct MemoryTier::Impl {
       offset += length;
       slot.ranges.push_back(std::move(range));
     }
-    if (!read_exact(fd, early, &w, sizeof w)) return why = "the link ended inside the copy", false;
+    if (!read_exact(fd, early, &w, sizeof w)) return why = kLinkEnded, false;
     if (w.magic != kWireMagic || w.type != kEnd || w.a != step || w.b > kMaxJson || offset != total) {
       return why = "the copy's end does not match its start", false;
     }
     std::string sums(w.b, '\0');
-    if (!read_exact(fd, early, sums.data(), sums.size())) return why = "the link ended inside the copy", false;
+    if (!read_exact(fd, early, sums.data(), sums.size())) return why = kLinkEnded, false;
     try {
       auto j = nlohmann::json::parse(sums);
       if (!j.is_array() || j.size() != slot.ranges.size()) return why = "the ranges' checksums do not match", false;
@@ -496,21 +534,21 @@ struct MemoryTier::Impl {
     return read_ack(fd, to, step);
   }
 
-  // The partner's answer about `step`: go on, or kept; a refusal with its reason.
+  // The answer of rank `to` (the partner, or a relaunched ward) about `step`: go on, or kept; a refusal with its
+  // reason.
   Status read_ack(int fd, int to, std::uint64_t step) {
+    const Status silent = Status::failure("no answer from rank " + std::to_string(to));
     Wire ack;
     std::string none;
-    if (!read_exact(fd, none, &ack, sizeof ack) || ack.magic != kWireMagic || ack.a != step) {
-      return Status::failure("no answer from the partner");
-    }
+    if (!read_exact(fd, none, &ack, sizeof ack) || ack.magic != kWireMagic || ack.a != step) return silent;
     if (ack.type == kFull && ack.b > 0 && to == settings.partner) {  // only a holder says it is full
       partner_needs = ack.b;
       return Status::failure("rank " + std::to_string(to) + " cannot keep it within its CKPT_MEMORY: " +
                              "it would need " + mib_text(ack.b) + " for its staging and copies");
     }
-    if (ack.type != kAck || ack.c > 4096) return Status::failure("no answer from the partner");
+    if (ack.type != kAck || ack.c > 4096) return silent;
     std::string why(ack.c, '\0');
-    if (!read_exact(fd, none, why.data(), why.size())) return Status::failure("no answer from the partner");
+    if (!read_exact(fd, none, why.data(), why.size())) return silent;
     if (ack.b != 1) return Status::failure("rank " + std::to_string(to) + " refused it: " + printable(why));
     return Status::success();
   }
@@ -544,6 +582,7 @@ void MemoryTier::stop() {
       if (l->fd >= 0) ::shutdown(l->fd, SHUT_RDWR);
     }
   }
+  m.changed.notify_all();
   {
     std::lock_guard<std::mutex> lock(m.shadow_mu);  // a dial or a copy in flight ends now
     m.sends_stopped = true;
@@ -617,8 +656,34 @@ Result<std::optional<MemoryTier::Fetched>> MemoryTier::fetch_own(std::optional<s
 }
 
 void MemoryTier::freeze() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->frozen = true;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->frozen = true;
+  }
+  impl_->changed.notify_all();
+}
+
+std::vector<int> MemoryTier::wait_for_wards(std::uint64_t step, std::chrono::milliseconds limit,
+                                            const std::function<bool()>& give_up) {
+  Impl& m = *impl_;
+  const auto deadline = Clock::now() + limit;
+  for (;;) {
+    const std::vector<int> left = m.wards_left();
+    std::unique_lock<std::mutex> lock(m.mu);
+    std::vector<int> owing;
+    for (int ward : m.settings.wards) {
+      if (m.owes(ward, step) && std::find(left.begin(), left.end(), ward) == left.end()) owing.push_back(ward);
+    }
+    if (owing.empty() || m.frozen || m.stopping) return owing;
+    if (Clock::now() >= deadline) {
+      for (int ward : owing) m.wards[ward].lagging = true;  // one wait per ward, not one per snapshot
+      return owing;
+    }
+    // Polled: the last words freeze training, and the mesh learns who left, elsewhere than in this tier.
+    m.changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
+    lock.unlock();
+    if (give_up && give_up()) return owing;
+  }
 }
 
 bool MemoryTier::frozen() const {

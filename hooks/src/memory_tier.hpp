@@ -21,9 +21,10 @@
 // the same kind of link and with the same checks, the other way (kFetch, then kHave and the copy).
 //
 // Threads: the persist thread sends (send; one link to the partner, made on first use and again after a failure);
-// the training thread fetches (fetch_own, in restore(), before the first send); one receiver thread per accepted
-// ward link, which also serves a ward's fetch; the last-words thread freezes the holder (no copy replaced after),
-// lists the copies that verify and writes one (with_copy). Every public function is thread-safe.
+// the training thread fetches (fetch_own, in restore(), before the first send) and, before each snapshot, waits for
+// the wards' copies of the one before (wait_for_wards); one receiver thread per accepted ward link, which also
+// serves a ward's fetch; the last-words thread freezes the holder (no copy replaced after), lists the copies that
+// verify and writes one (with_copy). Every public function is thread-safe.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -97,6 +98,15 @@ class MemoryTier {
   // it arrives. Nothing: the partner holds none (or there is no partner). A partner still starting its tier holds
   // the link until the tier is up (heartbeat::Settings::hold_partner_links).
   Result<std::optional<Fetched>> fetch_own(std::optional<std::uint64_t> step = {}, const std::string& launch = {});
+
+  // Training thread, before a snapshot overwrites the staging of the one before `step`'s: waits until every ward
+  // that sends copies here has its copy of `step` or a later one kept here, or refused, or left the network in
+  // order; at most `limit` and until `give_up` (polled) or the last words' freeze. Without it, a ward that died with
+  // that copy in flight would leave here only its copy of the step before, which no survivor's staging holds any
+  // longer: the last words would find no step to write. Returns the wards whose copy is still owed; a ward that
+  // outlasted `limit` is not waited for again until a copy of it is kept.
+  std::vector<int> wait_for_wards(std::uint64_t step, std::chrono::milliseconds limit,
+                                  const std::function<bool()>& give_up = {});
 
   // Last words: no held copy is replaced from here on (a ward still sending finishes into the spare buffer).
   void freeze();

@@ -232,6 +232,98 @@ TEST_CASE("memory tier: a partner link that comes before the holder's tier is up
   ward->stop();
 }
 
+// Before a snapshot overwrites the staging of the one before the last, the holder waits for its wards' copies of
+// the last one: a ward that died with that copy in flight would otherwise leave only an older step here.
+TEST_CASE("memory tier: a holder waits for its wards' copies of a step, and for nothing a ward no longer owes",
+          "[hooks][memtier]") {
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  TempDir dir;
+  auto meshes = start_meshes(dir.sub("mesh"));
+  auto ward = MemoryTier::start(tier_settings(0, 1, {}), *meshes[0]);
+  auto holder = MemoryTier::start(tier_settings(1, -1, {0}), *meshes[1]);
+
+  auto t0 = Clock::now();
+  CHECK(holder->wait_for_wards(4, 5s).empty());  // the ward has sent nothing yet: nothing is owed
+  CHECK(seconds_since(t0) < 1.0);
+  Shard four(4);
+  REQUIRE(ward->send(4, four.pieces));
+  CHECK(holder->wait_for_wards(4, 5s).empty());
+  CHECK(holder->wait_for_wards(3, 5s).empty());
+
+  Shard five(5);
+  SECTION("the copy that comes ends the wait") {
+    std::thread late([&] {
+      std::this_thread::sleep_for(400ms);
+      CHECK(ward->send(5, five.pieces));
+    });
+    t0 = Clock::now();
+    CHECK(holder->wait_for_wards(5, 10s).empty());
+    const double waited = seconds_since(t0);
+    late.join();
+    CHECK(waited >= 0.35);
+    CHECK(waited < 5.0);
+    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 5}});
+  }
+  SECTION("a copy refused ends it too") {
+    holder->freeze();  // the last words: no copy is replaced from here on
+    CHECK_FALSE(ward->send(5, five.pieces));
+    t0 = Clock::now();
+    CHECK(holder->wait_for_wards(5, 10s).empty());
+    CHECK(seconds_since(t0) < 1.0);
+  }
+  SECTION("the last words' freeze ends it, the copy still owed") {
+    std::thread words([&] {
+      std::this_thread::sleep_for(300ms);
+      holder->freeze();
+    });
+    t0 = Clock::now();
+    CHECK(holder->wait_for_wards(5, 10s) == std::vector<int>{0});
+    const double waited = seconds_since(t0);
+    words.join();
+    CHECK(waited >= 0.25);
+    CHECK(waited < 5.0);
+  }
+  SECTION("a ward whose link ended is waited for until it left the network in order") {
+    ward->stop();  // its link closes: as a ward that died, whose death the last words have yet to see
+    t0 = Clock::now();
+    CHECK(holder->wait_for_wards(5, 10s, [&] { return seconds_since(t0) > 0.3; }) == std::vector<int>{0});
+    std::thread bye([&] {
+      std::this_thread::sleep_for(300ms);
+      meshes[0]->say_bye();
+    });
+    t0 = Clock::now();
+    CHECK(holder->wait_for_wards(5, 10s).empty());
+    const double waited = seconds_since(t0);
+    bye.join();
+    CHECK(waited >= 0.25);
+    CHECK(waited < 5.0);
+  }
+  SECTION("the limit, or the caller, ends it; a ward that outlasted the limit is not waited for again") {
+    t0 = Clock::now();
+    CHECK(holder->wait_for_wards(5, 10s, [&] { return seconds_since(t0) > 0.2; }) == std::vector<int>{0});
+    CHECK(seconds_since(t0) < 2.0);
+    t0 = Clock::now();
+    CHECK(holder->wait_for_wards(5, 300ms) == std::vector<int>{0});
+    CHECK(seconds_since(t0) >= 0.25);
+    t0 = Clock::now();
+    CHECK(holder->wait_for_wards(6, 10s).empty());  // lagging: the snapshots go on
+    CHECK(seconds_since(t0) < 1.0);
+    REQUIRE(ward->send(5, five.pieces));  // a copy kept: waited for again
+    std::thread late([&] {
+      std::this_thread::sleep_for(300ms);
+      Shard six(6);
+      CHECK(ward->send(6, six.pieces));
+    });
+    t0 = Clock::now();
+    CHECK(holder->wait_for_wards(6, 10s).empty());
+    CHECK(seconds_since(t0) >= 0.25);
+    late.join();
+  }
+  ward->stop();
+  holder->stop();
+}
+
 TEST_CASE("memory tier: stop() ends a partner dial that a frozen partner never answers", "[hooks][memtier]") {
   TempDir dir;
   LogCapture logs;

@@ -195,7 +195,7 @@ struct Stats {
   double last_persist_s = 0;              // shard write and fsync through its record
   double last_commit_s = 0;               // persist start to commit done (the writer only)
   std::uint64_t last_persist_bytes = 0;
-  std::uint64_t backpressure_waits = 0;   // snapshots that waited for the previous persist
+  std::uint64_t backpressure_waits = 0;   // snapshots that waited for the previous persist (or its partner copies)
   double backpressure_s = 0;              // time spent in those waits (included in the stalls)
   double last_backpressure_s = 0;
   std::uint64_t state_bytes = 0;          // bytes of the registered regions
