@@ -60,12 +60,7 @@ RestorePlan Checkpointer::Impl::choose(const std::vector<std::uint64_t>& failed,
 
 void Checkpointer::Impl::fetch_own_copy(std::optional<std::uint64_t> step, const std::string& launch) {
   if (!node || !tier || life.started) return;
-  const std::vector<NodeTier::Snapshot>& held = node->found_snapshots();
-  if (step ? std::any_of(held.begin(), held.end(),
-                         [&](const NodeTier::Snapshot& s) { return s.step == *step && s.launch == launch; })
-           : !held.empty()) {
-    return;
-  }
+  if (step ? node->find_snapshot(*step, launch) != nullptr : !node->found_snapshots().empty()) return;
   const auto t0 = Clock::now();
   auto fetched = tier->fetch_own(step, launch);
   if (!fetched) {
@@ -122,12 +117,7 @@ RestorePlan Checkpointer::Impl::prefer_node_tier(RestorePlan dir_plan,
 
 Result<const NodeTier::Snapshot*> Checkpointer::Impl::find_node_snapshot(const RestorePlan& plan) const {
   const std::string at = "step " + std::to_string(*plan.step) + " of launch " + plan.node_launch + ": ";
-  const NodeTier::Snapshot* found = nullptr;
-  if (node) {
-    for (const NodeTier::Snapshot& s : node->found_snapshots()) {
-      if (s.step == *plan.step && s.launch == plan.node_launch) found = &s;
-    }
-  }
+  const NodeTier::Snapshot* found = node ? node->find_snapshot(*plan.step, plan.node_launch) : nullptr;
   if (found == nullptr) return Error{at + "not in this rank's node tier"};
   if (found->world_size != config.world_size) {
     return Error{at + "written by " + std::to_string(found->world_size) + " ranks, not " +

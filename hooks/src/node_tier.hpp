@@ -120,6 +120,13 @@ class NodeTier {
   std::vector<store::LiveRange> found() const;
   // The whole snapshots among them, newest first. Valid until release_found().
   const std::vector<Snapshot>& found_snapshots() const { return snapshots_; }
+  // The one of `step` taken by `launch`, or null. Valid until release_found().
+  const Snapshot* find_snapshot(std::uint64_t step, const std::string& launch) const {
+    for (const Snapshot& s : snapshots_) {
+      if (s.step == step && s.launch == launch) return &s;
+    }
+    return nullptr;
+  }
   // Unmaps what found() offered and removes its files (the first snapshot of this process, or close()).
   void release_found();
   // Removes every file of this rank here, its index too (a restart in place: the process keeps its state itself).
