@@ -87,6 +87,8 @@ pass "with --ckpt-memory, the crash of $victim at step ~$seen: terminal checkpoi
 
 train tier -- > "$SCRATCH/tier-again.log" 2>&1 || { cat "$SCRATCH/tier-again.log" >&2; fail "tier: the rerun failed"; }
 grep -q "resumed from step $term " "$SCRATCH/tier-again.log" || { cat "$SCRATCH/tier-again.log" >&2; fail "tier: the rerun did not resume from step $term"; }
+# Every rank lives to the end: each snapshot found its wards' copies of the one before, none waited out the limit.
+assert_not_contains "$SCRATCH/tier-again.log" "goes on without rank(s)"
 cmp -s "$SCRATCH/straight/final.bin" "$SCRATCH/tier/final.bin" || fail "tier: final weights differ after resuming from step $term"
 pass "resumed from the terminal checkpoint of step $term (steps lost: $((seen > term ? seen - term : 0))); final weights bitwise identical"
 
