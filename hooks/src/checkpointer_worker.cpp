@@ -276,14 +276,7 @@ void Checkpointer::Impl::keep_in_memory(const std::shared_ptr<const PersistJob>&
 }
 
 bool Checkpointer::Impl::partner_left() const {
-  const int partner = tier->settings().partner;
-  const heartbeat::Mesh& mesh = watch.last_words->network();
-  const overlay::Gone gone = mesh.gone();
-  if (partner < 0 || static_cast<std::size_t>(partner) >= gone.size() || gone[static_cast<std::size_t>(partner)] == 0) {
-    return false;
-  }
-  const std::vector<int> died = mesh.died();
-  return std::find(died.begin(), died.end(), partner) == died.end();
+  return watch.last_words->network().left(tier->settings().partner);
 }
 
 void Checkpointer::Impl::persist(const std::shared_ptr<const PersistJob>& whole) {

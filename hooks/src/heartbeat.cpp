@@ -593,6 +593,13 @@ std::vector<int> Mesh::died() const {
   return out;
 }
 
+bool Mesh::left(int rank) const {
+  if (rank < 0 || rank >= impl_->settings.world_size) return false;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const auto r = static_cast<std::size_t>(rank);
+  return impl_->gone[r] && !impl_->died[r];
+}
+
 std::size_t Mesh::link_count() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->links.size();

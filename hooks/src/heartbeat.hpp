@@ -180,6 +180,8 @@ class Mesh {
   overlay::Gone gone() const;
   // The ranks that died (not left in order), ascending.
   std::vector<int> died() const;
+  // Whether `rank` left the network in order (said bye): it sends nothing more, and it did not fail.
+  bool left(int rank) const;
   // How many ranks this rank has a link with now.
   std::size_t link_count() const;
   // The node a peer runs on, as it published it (SLURMD_NODENAME, else its host name); empty when not known.

@@ -257,28 +257,17 @@ struct MemoryTier::Impl {
     changed.notify_all();
   }
 
-  // Whether `ward` still owes this rank its copy of `step`: it sends copies here, is not lagging, and no copy of
-  // that step or a later one ended here. A link that broke does not settle it: the ward died (the last words
-  // freeze this tier) or dials again for its next copy. Under mu.
-  bool owes(int ward, std::uint64_t step) const {
-    auto it = wards.find(ward);
-    if (it == wards.end() || !it->second.linked || it->second.lagging) return false;
-    const Ward& w = it->second;
-    return !(w.held.whole && w.held.step >= step) && !(w.ended && *w.ended >= step);
-  }
-
-  // The wards that left the network in order (they send nothing more). Not under mu: the mesh's own locks.
-  std::vector<int> wards_left() const {
-    const overlay::Gone gone = mesh->gone();
-    const std::vector<int> died = mesh->died();
-    std::vector<int> left;
-    for (int w : settings.wards) {
-      if (w >= 0 && static_cast<std::size_t>(w) < gone.size() && gone[static_cast<std::size_t>(w)] != 0 &&
-          !std::binary_search(died.begin(), died.end(), w)) {
-        left.push_back(w);
-      }
+  // The wards that still owe this rank their copy of `step`: each sends copies here, is not lagging, and no copy
+  // of that step or a later one ended here (`ended` counts the kept ones too). A link that broke does not settle
+  // it: the ward died (the last words freeze this tier) or dials again for its next copy. Under mu.
+  std::vector<int> owing(std::uint64_t step) const {
+    std::vector<int> out;
+    for (int ward : settings.wards) {
+      auto it = wards.find(ward);
+      if (it == wards.end() || !it->second.linked || it->second.lagging) continue;
+      if (!it->second.ended || *it->second.ended < step) out.push_back(ward);
     }
-    return left;
+    return out;
   }
 
   // One copy into the ward's incoming slot, checked; swapped in as held when whole. 1: kept; -1: refused (`why`;
@@ -667,14 +656,16 @@ std::vector<int> MemoryTier::wait_for_wards(std::uint64_t step, std::chrono::mil
                                             const std::function<bool()>& give_up) {
   Impl& m = *impl_;
   const auto deadline = Clock::now() + limit;
+  std::unique_lock<std::mutex> lock(m.mu);
   for (;;) {
-    const std::vector<int> left = m.wards_left();
-    std::unique_lock<std::mutex> lock(m.mu);
-    std::vector<int> owing;
-    for (int ward : m.settings.wards) {
-      if (m.owes(ward, step) && std::find(left.begin(), left.end(), ward) == left.end()) owing.push_back(ward);
-    }
+    std::vector<int> owing = m.owing(step);
     if (owing.empty() || m.frozen || m.stopping) return owing;
+    // A ward that left in order sends nothing more. Asked of the mesh outside mu: the mesh's own lock.
+    lock.unlock();
+    owing.erase(std::remove_if(owing.begin(), owing.end(), [&m](int ward) { return m.mesh->left(ward); }),
+                owing.end());
+    lock.lock();
+    if (owing.empty()) return owing;
     if (Clock::now() >= deadline) {
       for (int ward : owing) m.wards[ward].lagging = true;  // one wait per ward, not one per snapshot
       return owing;
@@ -682,7 +673,9 @@ std::vector<int> MemoryTier::wait_for_wards(std::uint64_t step, std::chrono::mil
     // Polled: the last words freeze training, and the mesh learns who left, elsewhere than in this tier.
     m.changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
     lock.unlock();
-    if (give_up && give_up()) return owing;
+    const bool stop = give_up && give_up();
+    lock.lock();
+    if (stop) return owing;
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -84,6 +85,20 @@ void check_copy(MemoryTier& holder, int ward, std::uint64_t step, const Shard& s
     return Status::success();
   });
   CHECK(s);
+}
+
+// Runs `event` on another thread after `delay` while `wait` runs here; the seconds `wait` took.
+double seconds_waiting_for(std::chrono::milliseconds delay, const std::function<void()>& event,
+                           const std::function<void()>& wait) {
+  std::thread later([&] {
+    std::this_thread::sleep_for(delay);
+    event();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  wait();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  later.join();
+  return waited;
 }
 
 }  // namespace
@@ -253,14 +268,8 @@ TEST_CASE("memory tier: a holder waits for its wards' copies of a step, and for 
 
   Shard five(5);
   SECTION("the copy that comes ends the wait") {
-    std::thread late([&] {
-      std::this_thread::sleep_for(400ms);
-      CHECK(ward->send(5, five.pieces));
-    });
-    t0 = Clock::now();
-    CHECK(holder->wait_for_wards(5, 10s).empty());
-    const double waited = seconds_since(t0);
-    late.join();
+    const double waited = seconds_waiting_for(
+        400ms, [&] { CHECK(ward->send(5, five.pieces)); }, [&] { CHECK(holder->wait_for_wards(5, 10s).empty()); });
     CHECK(waited >= 0.35);
     CHECK(waited < 5.0);
     CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 5}});
@@ -273,14 +282,8 @@ TEST_CASE("memory tier: a holder waits for its wards' copies of a step, and for 
     CHECK(seconds_since(t0) < 1.0);
   }
   SECTION("the last words' freeze ends it, the copy still owed") {
-    std::thread words([&] {
-      std::this_thread::sleep_for(300ms);
-      holder->freeze();
-    });
-    t0 = Clock::now();
-    CHECK(holder->wait_for_wards(5, 10s) == std::vector<int>{0});
-    const double waited = seconds_since(t0);
-    words.join();
+    const double waited = seconds_waiting_for(
+        300ms, [&] { holder->freeze(); }, [&] { CHECK(holder->wait_for_wards(5, 10s) == std::vector<int>{0}); });
     CHECK(waited >= 0.25);
     CHECK(waited < 5.0);
   }
@@ -288,14 +291,8 @@ TEST_CASE("memory tier: a holder waits for its wards' copies of a step, and for 
     ward->stop();  // its link closes: as a ward that died, whose death the last words have yet to see
     t0 = Clock::now();
     CHECK(holder->wait_for_wards(5, 10s, [&] { return seconds_since(t0) > 0.3; }) == std::vector<int>{0});
-    std::thread bye([&] {
-      std::this_thread::sleep_for(300ms);
-      meshes[0]->say_bye();
-    });
-    t0 = Clock::now();
-    CHECK(holder->wait_for_wards(5, 10s).empty());
-    const double waited = seconds_since(t0);
-    bye.join();
+    const double waited = seconds_waiting_for(
+        300ms, [&] { meshes[0]->say_bye(); }, [&] { CHECK(holder->wait_for_wards(5, 10s).empty()); });
     CHECK(waited >= 0.25);
     CHECK(waited < 5.0);
   }
@@ -310,15 +307,10 @@ TEST_CASE("memory tier: a holder waits for its wards' copies of a step, and for 
     CHECK(holder->wait_for_wards(6, 10s).empty());  // lagging: the snapshots go on
     CHECK(seconds_since(t0) < 1.0);
     REQUIRE(ward->send(5, five.pieces));  // a copy kept: waited for again
-    std::thread late([&] {
-      std::this_thread::sleep_for(300ms);
-      Shard six(6);
-      CHECK(ward->send(6, six.pieces));
-    });
-    t0 = Clock::now();
-    CHECK(holder->wait_for_wards(6, 10s).empty());
-    CHECK(seconds_since(t0) >= 0.25);
-    late.join();
+    Shard six(6);
+    CHECK(seconds_waiting_for(
+              300ms, [&] { CHECK(ward->send(6, six.pieces)); },
+              [&] { CHECK(holder->wait_for_wards(6, 10s).empty()); }) >= 0.25);
   }
   ward->stop();
   holder->stop();
