@@ -480,9 +480,9 @@ struct NodeStep {
   std::optional<int> status;
 };
 
-// The per-node steps: the first -N healthy nodes train (ranks node_index * K + SLURM_PROCID), the next --spares
-// wait. Fails with one line when the srun line or the allocation does not allow it.
-ckpt::Result<std::vector<NodeStep>> plan_node_steps(const Run& run) {
+// The per-node steps of the first launch: the first -N healthy nodes train (ranks node_index * K + SLURM_PROCID),
+// the next --spares wait. Fails with one line when the srun line or the allocation does not allow it.
+ckpt::Result<ckpt::placement::NodeSteps> plan_node_steps(const Run& run) {
   const std::string& source = run.s.spares_source;
   if (!run.line.ntasks_per_node) return ckpt::Error{source + " needs srun --ntasks-per-node=K (K ranks per node)"};
   if (run.line.ntasks) return ckpt::Error{source + ": give srun --ntasks-per-node, not -n/--ntasks"};
@@ -496,20 +496,15 @@ ckpt::Result<std::vector<NodeStep>> plan_node_steps(const Run& run) {
     return ckpt::Error{source + ": -N " + std::to_string(wanted) + " but the allocation has " +
                        std::to_string(healthy.size()) + " usable nodes"};
   }
-  const std::uint64_t spares = std::min<std::uint64_t>(*run.s.spares, healthy.size() - wanted);
-  if (spares < *run.s.spares) {
-    log_info(source + " " + std::to_string(*run.s.spares) + ": the allocation holds " + std::to_string(spares) +
-             " spare nodes beyond -N " + std::to_string(wanted));
+  if (wanted + *run.s.spares > kMaxNodeSteps) return ckpt::Error{source + ": too many nodes for one ckpt-run"};
+  auto steps = ckpt::placement::node_steps({healthy.begin(), healthy.begin() + static_cast<std::ptrdiff_t>(wanted)},
+                                           run.excluded, run.alloc, *run.s.spares);
+  if (!steps) return ckpt::Error{source + ": no node steps for -N " + std::to_string(wanted)};
+  if (steps->spares.size() < *run.s.spares) {
+    log_info(source + " " + std::to_string(*run.s.spares) + ": the allocation holds " +
+             std::to_string(steps->spares.size()) + " spare nodes beyond -N " + std::to_string(wanted));
   }
-  if (wanted + spares > kMaxNodeSteps) return ckpt::Error{source + ": too many nodes for one ckpt-run"};
-  std::vector<NodeStep> steps;
-  for (std::uint64_t i = 0; i < wanted + spares; ++i) {
-    NodeStep step;
-    step.node = healthy[i];
-    step.spare = i >= wanted;
-    steps.push_back(step);
-  }
-  return steps;
+  return std::move(*steps);
 }
 
 constexpr int kExitPeerLost = ckpt::inplace::kExitPeerLost;  // a survivor that could not go on
@@ -517,6 +512,32 @@ constexpr int kExitPeerLost = ckpt::inplace::kExitPeerLost;  // a survivor that 
 void kill_node_steps(std::vector<NodeStep>& steps) {
   for (std::size_t i = 0; i < steps.size(); ++i) {
     if (!steps[i].status && steps[i].pid > 0) kill(-steps[i].pid, SIGKILL);
+  }
+}
+
+// Ends what is left of the node steps before a relaunch: each Slurm step ckpt-run's srun started (known by the srun's
+// pid and the step's one node) is cancelled, so that its tasks end on their nodes too (a frozen node's when it
+// thaws), then the srun processes are killed and reaped.
+void cancel_node_steps(const Run& run, std::vector<NodeStep>& steps) {
+  job_step_info_response_msg_t* info = nullptr;
+  if (slurm_get_job_steps(0, run.job_id, NO_VAL, &info, SHOW_ALL) == SLURM_SUCCESS && info != nullptr) {
+    for (std::uint32_t k = 0; k < info->job_step_count; ++k) {
+      const job_step_info_t& st = info->job_steps[k];
+      for (const NodeStep& step : steps) {
+        if (!step.status && step.pid > 0 && st.srun_pid == static_cast<std::uint32_t>(step.pid) &&
+            st.nodes != nullptr && step.node == st.nodes) {
+          slurm_kill_job_step(run.job_id, st.step_id.step_id, SIGKILL);
+        }
+      }
+    }
+    slurm_free_job_step_info_response_msg(info);
+  }
+  kill_node_steps(steps);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].status || steps[i].pid <= 0) continue;
+    int status = 0;
+    if (waitpid(steps[i].pid, &status, 0) == steps[i].pid) steps[i].status = exit_status(status);
+    g_node_groups[i] = -1;
   }
 }
 
@@ -583,6 +604,7 @@ struct InPlaceWatch {
   double next_look = 0;                  // when to read the records without a notice
   bool look_now = false;                 // a notice came
   bool finished = false, abandoned = false;  // the markers, as last read
+  std::set<std::string> failed_nodes;    // the nodes that lost all their ranks in a recovery reported so far
 };
 
 void read_markers(const ckpt::inplace::Records& records, InPlaceWatch& watch) {
@@ -634,6 +656,7 @@ bool watch_in_place(const Run& run, InPlaceWatch& watch) {
                      r->phases.resumed - r->phases.detected);
         if (!run.s.url.empty()) report_in_place(run.s.url, run.job_id, *r);
         for (const auto& [rank, node] : r->replacement_node) watch.node_of_rank[rank] = node;
+        watch.failed_nodes.insert(r->failed_nodes.begin(), r->failed_nodes.end());
         if (r->world_before > 0) watch.node_of_rank = renumbered(watch.node_of_rank, r->lost_ranks);
         watch.next_view = ckpt::unix_seconds() + 0.5;
       } else {
@@ -651,12 +674,61 @@ bool watch_in_place(const Run& run, InPlaceWatch& watch) {
   return true;
 }
 
+// How the node steps of one launch ended: ckpt-run's exit status, or a relaunch inside the allocation.
+struct Ending {
+  int status = 0;
+  std::optional<ckpt::placement::NodeSteps> relaunch;
+};
+
+// The nodes a relaunch leaves out after the survivors gave up in place: those of the ranks they had lost (the
+// abandoned marker names them), those that lost all their ranks in an earlier recovery, and those whose step ended
+// with a status other than 0 or 75 (a crash, a kill).
+std::set<std::string> failed_nodes(const InPlaceWatch& watch, const std::vector<NodeStep>& steps, int world) {
+  std::set<std::string> failed = watch.failed_nodes;
+  if (auto records = ckpt::inplace::Records::open(watch.dir, /*create=*/false)) {
+    if (auto abandoned = records->read_abandoned(world)) {
+      for (int rank : abandoned->lost) {
+        if (auto it = watch.node_of_rank.find(rank); it != watch.node_of_rank.end()) failed.insert(it->second);
+      }
+    }
+  }
+  for (const NodeStep& step : steps) {
+    if (step.status && *step.status != 0 && *step.status != kExitPeerLost) failed.insert(step.node);
+  }
+  return failed;
+}
+
+// After the survivors gave up in place: the node steps of a relaunch inside the allocation (each group of ranks on
+// its node, a free node of the allocation in a failed node's place; run.excluded grows by the failed nodes), or why
+// there is none (the job then goes to a requeue). A relaunch resumes from what the ranks left: the terminal
+// checkpoint their last words wrote, each rank's own snapshots in its node tier, a moved rank's copy from its
+// partner's node, with no queue wait and no read of the checkpoint dir where the tiers hold the step.
+ckpt::Result<ckpt::placement::NodeSteps> plan_relaunch(Run& run, const InPlaceWatch& watch,
+                                                       const std::vector<NodeStep>& steps,
+                                                       const ckpt::placement::NodeSteps& launched, int world) {
+  if (watch.dir.empty()) return ckpt::Error{"the run's records are unknown (CKPT_DIR)"};
+  if (run.attempt + 1 > run.s.max_relaunches) return ckpt::Error{"ckpt-run --max-relaunches reached"};
+  const std::set<std::string> failed = failed_nodes(watch, steps, world);
+  if (failed.empty()) return ckpt::Error{"the survivors named no lost rank, and no node's step failed"};
+  std::set<std::string> excluded = run.excluded;
+  excluded.insert(failed.begin(), failed.end());
+  auto next = ckpt::placement::node_steps(launched.training, excluded, run.alloc, *run.s.spares);
+  if (!next) {
+    return ckpt::Error{"no free node in the allocation for the ranks of " + rec::join_nodes({failed.begin(), failed.end()})};
+  }
+  run.excluded = std::move(excluded);
+  return std::move(*next);
+}
+
 // Waits for the per-node steps. Training is done once `wanted` of them exited 0 (the training nodes, or spares in
 // a dead node's place) or rank 0 marked it finished: what is left then (a dead node's step Slurm has not ended yet;
 // idle spares leave on their own within a second) gets 3 s and is killed.
-// A step that exits 75 holds survivors that could not recover in place (no spare left): the job goes to a requeue.
-int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t wanted, InPlaceWatch& watch,
-                    Notices& notices) {
+// A step that exits 75 holds survivors that could not recover in place: ckpt-run relaunches the node steps inside
+// the allocation where it can (plan_relaunch), and hands the job over to a requeue where it cannot.
+Ending wait_node_steps(Run& run, std::vector<NodeStep>& steps, const ckpt::placement::NodeSteps& launched,
+                       InPlaceWatch& watch, Notices& notices) {
+  const std::uint64_t wanted = launched.training.size();
+  const int world = static_cast<int>(watch.node_of_rank.size());
   std::uint64_t zeros = 0;
   std::optional<int> failure;
   bool handed_over = false;
@@ -683,7 +755,13 @@ int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t 
       if (code == kExitPeerLost) read_markers(watch);  // a marker is written before its writer exits
       if (code == kExitPeerLost && !handed_over && !g_stopping && (watch.dir.empty() || watch.abandoned)) {
         handed_over = true;
-        log_info("survivors on " + steps[i].node + " could not recover in place; handing over to a requeue");
+        auto next = plan_relaunch(run, watch, steps, launched, world);
+        if (next) {
+          cancel_node_steps(run, steps);
+          return Ending{0, std::move(next).value()};
+        }
+        log_info("survivors on " + steps[i].node + " could not recover in place, and the node steps cannot be " +
+                 "relaunched inside the allocation (" + next.error() + "); handing over to a requeue");
         if (!run.s.url.empty()) hand_over(run.s, run.job_id, "no spare left for a recovery in place");
       }
     }
@@ -701,64 +779,103 @@ int wait_node_steps(const Run& run, std::vector<NodeStep>& steps, std::uint64_t 
     if (notices.wait(50)) watch.look_now = true;
   }
   read_markers(watch);
-  if ((zeros >= wanted || watch.finished) && !handed_over) return 0;
-  return failure.value_or(1);
+  if ((zeros >= wanted || watch.finished) && !handed_over) return Ending{0, std::nullopt};
+  return Ending{failure.value_or(1), std::nullopt};
 }
 
-int inplace_loop(Run& run) {
-  auto planned = plan_node_steps(run);
-  if (!planned) return usage(planned.error());
-  std::vector<NodeStep> steps = std::move(planned).value();
-  auto per_node = ckpt::parse_uint(*run.line.ntasks_per_node);
-  if (!per_node || *per_node == 0) {
-    return usage("srun --ntasks-per-node: invalid value '" + *run.line.ntasks_per_node + "'");
-  }
-  const std::uint64_t wanted = *run.nodes_wanted;
+// Starts one srun per node of `plan` for launch `run.attempt` (a relaunch: --overlap, since a cancelled step may
+// still hold CPUs, and generations counting on from `generation_base`); fills `watch` for it.
+ckpt::Result<std::vector<NodeStep>> start_node_steps(const Run& run, const ckpt::placement::NodeSteps& plan,
+                                                     std::uint64_t per_node, std::uint32_t generation_base,
+                                                     Notices& notices, InPlaceWatch& watch) {
   const char* restarts = std::getenv("SLURM_RESTART_COUNT");
-  const std::string id = run.job + ".r" + (restarts ? restarts : "0") + "." + std::to_string(getpid());
-  Notices notices;
-  notices.open();
+  std::string id = run.job + ".r" + (restarts ? restarts : "0") + "." + std::to_string(getpid());
+  if (run.attempt > 0) id += ".a" + std::to_string(run.attempt);
+  const std::uint64_t wanted = plan.training.size();
+  std::vector<NodeStep> steps;
+  for (const auto& node : plan.training) steps.push_back(NodeStep{node, false, -1, std::nullopt});
+  for (const auto& node : plan.spares) steps.push_back(NodeStep{node, true, -1, std::nullopt});
   for (std::size_t i = 0; i < steps.size(); ++i) {
     NodeStep& step = steps[i];
     // --ntasks: the batch script's SLURM_NTASKS (sbatch --ntasks-per-node) counts the whole allocation's tasks,
     // and srun would take it over and refuse one node's step.
-    std::vector<std::string> argv = {run.line.srun, "--nodes=1", "--ntasks=" + std::to_string(*per_node),
+    std::vector<std::string> argv = {run.line.srun, "--nodes=1", "--ntasks=" + std::to_string(per_node),
                                      "--nodelist=" + step.node};
+    if (run.attempt > 0) argv.push_back("--overlap");
     argv.insert(argv.end(), run.line.options.begin(), run.line.options.end());
     argv.insert(argv.end(), run.line.command.begin(), run.line.command.end());
     namespace env = ckpt::env;
     std::vector<std::pair<std::string, std::string>> vars = {
-        {env::name_of("inplace_id"), id}, {env::name_of("inplace_world"), std::to_string(wanted * *per_node)},
+        {env::name_of("inplace_id"), id}, {env::name_of("inplace_world"), std::to_string(wanted * per_node)},
         {env::name_of("inplace_notify"), notices.address()},
         {env::name_of("run_spares"), std::to_string(steps.size() - wanted)}};  // the controller's MinNodes
+    if (generation_base > 0) vars.emplace_back(env::name_of("inplace_generation_base"), std::to_string(generation_base));
     if (step.spare) {
       vars.emplace_back(env::name_of("inplace_spare"), "1");
     } else {
-      vars.emplace_back(env::name_of("inplace_rank_base"), std::to_string(i * *per_node));
+      vars.emplace_back(env::name_of("inplace_rank_base"), std::to_string(i * per_node));
     }
     step.pid = spawn(argv, vars);  // without CKPT_RUN: the controller does not relaunch these steps
-    if (step.pid < 0) {
-      log_error(std::string("cannot fork: ") + std::strerror(errno));
-      return 1;
-    }
+    if (step.pid < 0) return ckpt::Error{std::string("cannot fork: ") + std::strerror(errno)};
     g_node_groups[i] = step.pid;
   }
   std::string spares;
   for (const auto& st : steps) {
     if (st.spare) spares += (spares.empty() ? "" : ",") + st.node;
   }
+  if (run.attempt > 0) {
+    std::fprintf(stderr, "ckpt-run: relaunch %u: the node steps started at %.3f on %s without %s\n", run.attempt,
+                 ckpt::unix_seconds(), rec::join_nodes(plan.training).c_str(),
+                 rec::join_nodes({run.excluded.begin(), run.excluded.end()}).c_str());
+  }
   std::fprintf(stderr, "ckpt-run: %llu nodes train, %s (in-place id %s)\n", static_cast<unsigned long long>(wanted),
                spares.empty() ? "no spare" : ("spares " + spares).c_str(), id.c_str());
-  InPlaceWatch watch;
+  watch = InPlaceWatch{};
   if (const char* dir = std::getenv(ckpt::env::name_of("dir").c_str()); dir != nullptr && *dir == '/') {
     watch.dir = ckpt::inplace::records_dir(dir, id);
   }
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    for (std::uint64_t k = 0; !steps[i].spare && k < *per_node; ++k) {
-      watch.node_of_rank[static_cast<int>(i * *per_node + k)] = steps[i].node;
-    }
+  for (std::size_t i = 0; i < plan.training.size(); ++i) {
+    for (std::uint64_t k = 0; k < per_node; ++k) watch.node_of_rank[static_cast<int>(i * per_node + k)] = steps[i].node;
   }
-  return wait_node_steps(run, steps, wanted, watch, notices);
+  return steps;
+}
+
+// The generations a launch used: its plan records are numbered from 0 without gaps. A relaunch counts on from there.
+std::uint32_t generations_used(const InPlaceWatch& watch) {
+  auto records = ckpt::inplace::Records::open(watch.dir, /*create=*/false);
+  if (!records) return 1;
+  std::uint32_t g = 0;
+  while (g < (1u << 20) && records->has_plan(g)) ++g;
+  return std::max<std::uint32_t>(g, 1);
+}
+
+int inplace_loop(Run& run) {
+  auto planned = plan_node_steps(run);
+  if (!planned) return usage(planned.error());
+  ckpt::placement::NodeSteps plan = std::move(planned).value();
+  auto per_node = ckpt::parse_uint(*run.line.ntasks_per_node);
+  if (!per_node || *per_node == 0) {
+    return usage("srun --ntasks-per-node: invalid value '" + *run.line.ntasks_per_node + "'");
+  }
+  Notices notices;
+  notices.open();
+  std::uint32_t generation_base = 0;
+  for (;;) {
+    InPlaceWatch watch;
+    auto started = start_node_steps(run, plan, *per_node, generation_base, notices, watch);
+    if (!started) {
+      log_error(started.error());
+      return 1;
+    }
+    std::vector<NodeStep> steps = std::move(started).value();
+    Ending ending = wait_node_steps(run, steps, plan, watch, notices);
+    if (!ending.relaunch) return ending.status;
+    generation_base += generations_used(watch);
+    plan = std::move(*ending.relaunch);
+    ++run.attempt;
+    // a stop signal that came while the steps were cancelled: no relaunch after it
+    if (g_stopping) return 1;
+  }
 }
 
 }  // namespace

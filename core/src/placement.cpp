@@ -29,6 +29,20 @@ std::optional<std::vector<std::string>> keep_nodes(const std::vector<std::string
   return out;
 }
 
+std::optional<NodeSteps> node_steps(const std::vector<std::string>& training, const std::set<std::string>& excluded,
+                                    const std::vector<std::string>& alloc, std::size_t spares) {
+  auto kept = keep_nodes(training, excluded, alloc);
+  if (!kept) return std::nullopt;
+  NodeSteps steps;
+  steps.training = std::move(*kept);
+  const std::set<std::string> used(steps.training.begin(), steps.training.end());
+  for (const std::string& node : alloc) {
+    if (steps.spares.size() == spares) break;
+    if (excluded.count(node) == 0 && used.count(node) == 0) steps.spares.push_back(node);
+  }
+  return steps;
+}
+
 std::string hostfile(const std::vector<std::string>& node_of_rank) {
   std::string text;
   for (const std::string& node : node_of_rank) text += node + "\n";

@@ -214,8 +214,9 @@ void bind_inplace(py::module& parent) {
       .def("publish_mailbox", [](ip::Records& r, const ip::Mailbox& mb) { check(r.publish_mailbox(mb)); },
            py::arg("mailbox"))
       .def("read_mailbox", &ip::Records::read_mailbox, py::arg("rank"), gil())
-      .def("mark", [](ip::Records& r, const std::string& marker, const std::string& why) { check(r.mark(marker, why)); },
-           py::arg("marker"), py::arg("why") = "")
+      .def("mark", [](ip::Records& r, const std::string& marker, const std::string& why,
+                      const std::vector<int>& lost) { check(r.mark(marker, why, lost)); },
+           py::arg("marker"), py::arg("why") = "", py::arg("lost") = std::vector<int>{})
       .def("marked", &ip::Records::marked, py::arg("marker"), gil())
       .def("secret", [](const ip::Records& r) {
         auto s = take(r.secret());

@@ -703,9 +703,10 @@ std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
     blobs.data = std::shared_ptr<std::byte>(held, held->data());
     out.push_back(std::move(blobs));
   }
-  // This process goes on in place with what it just took out: the node tier's files would only hold a second copy
-  // of the same bytes (the mappings taken out keep theirs until they are let go).
-  if (m.node) m.node->remove_all();
+  // This process goes on in place with what it just took out, and the node tier's files hold the same pages. They
+  // stay until its next Checkpointer opens the node tier: where the survivors give up instead, ckpt-run relaunches
+  // the node steps inside the allocation and the relaunched ranks restore from them.
+  if (m.node) NodeTier::keep_until_next_open(std::move(m.node));
   return out;
 }
 

@@ -103,7 +103,23 @@ std::string host_name() {
 
 std::string NodeTier::dir_name(uid_t uid, const std::string& job) { return memtier::node_dir_name(uid, job); }
 
+namespace {
+std::mutex g_kept_mu;
+std::vector<std::unique_ptr<NodeTier>> g_kept;  // keep_until_next_open's tiers
+}  // namespace
+
+void NodeTier::keep_until_next_open(std::unique_ptr<NodeTier> tier) {
+  std::lock_guard<std::mutex> lock(g_kept_mu);
+  g_kept.push_back(std::move(tier));
+}
+
 Result<std::unique_ptr<NodeTier>> NodeTier::open(const std::string& node_dir, const Identity& identity) {
+  std::vector<std::unique_ptr<NodeTier>> kept;
+  {
+    std::lock_guard<std::mutex> lock(g_kept_mu);
+    kept.swap(g_kept);
+  }
+  for (auto& earlier : kept) earlier->remove_all();  // before the index of this rank is read: they are not offered
   if (identity.job.empty() || !std::all_of(identity.job.begin(), identity.job.end(), safe_name_char) ||
       identity.job.front() == '.') {
     return Error{"the job id '" + identity.job + "' cannot name a dir"};

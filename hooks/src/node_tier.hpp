@@ -132,6 +132,11 @@ class NodeTier {
   // Removes every file of this rank here, its index too (a restart in place: the process keeps its state itself).
   // Mappings still held elsewhere keep their bytes until they are unmapped.
   void remove_all();
+  // After the last words of a restart in place, the tier of the Checkpointer that ended: its files stay, the same
+  // pages as the mappings the process took out, until this process opens its next node tier (its next generation
+  // goes on in place), which removes them first. A process that gives up instead leaves them to ckpt-run's relaunch
+  // inside the allocation, which restores from them.
+  static void keep_until_next_open(std::unique_ptr<NodeTier> tier);
 
  private:
   struct Buffer {

@@ -39,10 +39,11 @@ controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 inplace_job "$SCRATCH/job.sbatch" "--ckpt-memory=256M --ckpt-interval=100000steps" \
   "--zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1"
 logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
+# submit NAME [SCRIPT]: the job (SCRIPT: $SCRATCH/job.sbatch unless given), into $SCRATCH/NAME; sets `job`.
 submit() {
   mkdir -p "$SCRATCH/$1"
   job=$(sbatch --parsable -N 4 -J "memtier-inplace-$1" -o "$SCRATCH/$1/log" --ckpt-dir="$SCRATCH/$1/ckpt" \
-    "$SCRATCH/job.sbatch" --out "$SCRATCH/$1/final")
+    "${2:-$SCRATCH/job.sbatch}" --out "$SCRATCH/$1/final")
 }
 wait_gone() {
   for _ in $(seq 900); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
@@ -96,11 +97,13 @@ log=$SCRATCH/$name/log
 crash_node_at_random_step $name n$((2 + RANDOM % 2))
 if grep -q "training is stuck in a collective of generation 0" "$log"; then
   # A survivor caught in ZeRO-1's parameter broadcast with a send in flight: gloo never fails that send, so the
-  # survivor cannot go on in place. It must hand over at once, and the requeue resume from the terminal checkpoint.
+  # survivor cannot go on in place. It hands over at once, and ckpt-run relaunches the node steps inside the
+  # allocation (the stuck case below checks the relaunch's restore in full).
   dead=$(sed -n "s/.*last words: wrote rank \([0-9]*\)'s terminal shard of step .* from its partner copy.*/\1/p" "$log" | head -1)
-  grep -q "^run 1 on" "$log" || { cat "$log" >&2; fail "a survivor was stuck, and the job was not requeued"; }
+  assert_contains "$log" "ckpt-run: relaunch 1: the node steps started at"
+  grep -q "^run 1 on" "$log" && { cat "$log" >&2; fail "a survivor was stuck, and the job was requeued"; }
   resumed_after_crash $name reference "$dead"
-  pass "crash of $crashed at step $seen caught a survivor in gloo's parameter broadcast: it handed over at once; requeued from step $term (rank $dead's shard from its partner's copy); bitwise identical"
+  pass "crash of $crashed at step $seen caught a survivor in gloo's parameter broadcast: it handed over at once; relaunched inside the allocation from step $term (rank $dead's shard from its partner's copy); bitwise identical"
 else
   dead=$(sed -n "s/.*in-place recovery 1: ranks \[\([0-9]*\)\] lost; spares \['n4.0'\] take them over.*/\1/p" "$log" | head -1)
   [ -n "$dead" ] || { cat "$log" >&2; fail "no in-place recovery"; }
@@ -113,6 +116,35 @@ else
   done
   pass "crash of $crashed at step $seen: rank $dead's shard from its partner's copy, in place from step $term; every rank's state from memory, nothing read; bitwise identical"
 fi
+
+# ---- a survivor that cannot unwind: ckpt-run relaunches the node steps inside the allocation ----
+# stuck_train.py blocks rank 0 (the recovery's root, on the batch host n1) after the peer loss, as gloo leaves a
+# survivor caught in a send it never fails; n3 (rank 2) crashes. The stuck root writes no plan: it says so within
+# 5 s of the last words and hands over, naming rank 2 lost. ckpt-run relaunches the node steps inside the
+# allocation, not a requeue: ranks 0 and 1 on n1 and n2 again, each from its node tier, rank 2 on n4 (the spare
+# node), which fetches its snapshot back from the copy rank 0's process left in n1's node tier. Nothing is read from
+# the checkpoint dir, and the final weights are the uninterrupted run's, bitwise.
+sed "s|slurm-examples/train_ddp.py|tests/integration/stuck_train.py|" "$SCRATCH/job.sbatch" > "$SCRATCH/stuck.sbatch"
+name=stuck
+STUCK_RANK=0 submit $name "$SCRATCH/stuck.sbatch"
+log=$SCRATCH/$name/log
+crash_node_at_random_step $name n3
+assert_contains "$log" "stuck_train: rank 0 blocks after the peer loss"
+assert_contains "$log" "rank 0: training is stuck in a collective of generation 0"
+assert_contains "$log" "ckpt-run: relaunch 1: the node steps started at"
+grep -q "ckpt-run: relaunch 1: the node steps started at .* on n1,n2,n4 without n3" "$log" ||
+  { grep "ckpt-run" "$log" >&2; fail "the relaunch did not keep ranks 0 and 1 on n1 and n2 and put rank 2 on n4"; }
+grep -q "^run 1 on" "$log" && { cat "$log" >&2; fail "the stuck survivor's job was requeued, not relaunched"; }
+resumed_after_crash $name reference 2
+grep -q "ckpt: rank 2: memory tier: this node holds no snapshot of this rank; fetched step [0-9]* of launch .* from the copy rank 0's node kept" "$log" ||
+  { grep "memory tier\|node tier\|ckpt: rank 2" "$log" >&2; fail "rank 2, on n4, did not fetch its snapshot from rank 0's node"; }
+for r in 0 1 2; do
+  restore_bytes "$log" $r
+  echo "  rank $r: $read_b bytes read, $live_b found in memory"
+  [ "$read_b" -eq 0 ] && [ "$live_b" -gt 8388608 ] ||
+    { grep "restored step\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r read its state from the checkpoint dir"; }
+done
+pass "a survivor stuck after $crashed crashed at step $seen: relaunched inside the allocation (no requeue) from step $term; ranks 0 and 1 from their node tiers, rank 2 on n4 from the copy n1 kept (nothing read by any rank); bitwise identical"
 
 # ---- ckpt-run relaunches the step inside the allocation ----
 # The batch script's ckpt-run gets no --spares: a failed step is relaunched, not recovered in place. Outside

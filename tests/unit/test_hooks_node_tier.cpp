@@ -269,6 +269,28 @@ TEST_CASE("node tier: an index names its buffers' steps only while they are whol
   }
 }
 
+TEST_CASE("node tier: after the last words a tier's files stay until the process opens its next one, which removes "
+          "them first",
+          "[hooks][node_tier]") {
+  test::TempDir node, ckpt_dir;
+  const std::string job_dir = node.path() + "/" + NodeTier::dir_name(::geteuid(), "14");
+  auto tier = NodeTier::open(node.path(), {"14", 0, "host-a", ckpt_dir.path(), 2, {}, "", 1});
+  REQUIRE(tier.ok());
+  auto buffer = (*tier)->allocate(4096);
+  REQUIRE(buffer.ok());
+  std::memset(buffer->data(), 9, 4096);
+  (*tier)->whole(4, {Piece{"w", buffer->data(), 100, {}}}, {0});
+  NodeTier::keep_until_next_open(std::move(tier).value());
+  // A process that gives up here leaves them to a relaunch (another process), which finds the snapshot.
+  REQUIRE(files_in(job_dir).size() == 2);  // the buffer and the index
+  // This process going on in place: its next tier removes them before it reads the index, and offers nothing.
+  auto next = NodeTier::open(node.path(), {"14", 0, "host-a", ckpt_dir.path(), 2, {}, "", 1});
+  REQUIRE(next.ok());
+  CHECK((*next)->found().empty());
+  CHECK(files_in(job_dir).empty());
+  CHECK(static_cast<unsigned char>(buffer->data()[0]) == 9);  // the mapping the process holds keeps its bytes
+}
+
 TEST_CASE("node tier: files of a rank that no longer runs on this node, whose writer is gone: offered as ranges, "
           "then removed; another run's removed at once",
           "[hooks][node_tier]") {

@@ -415,6 +415,20 @@ TEST_CASE("the run's dir: private, written whole, stale or torn records unread",
     CHECK(r.marked("abandoned"));
     CHECK_THAT(read_file(dir + "/abandoned"), Catch::Contains("no spare"));
     CHECK_FALSE(r.mark("../evil", "x"));
+    CHECK(r.read_abandoned(4)->lost.empty());
+  }
+  SECTION("the abandoned marker names the ranks lost, for ckpt-run's relaunch; a bad one reads as absent") {
+    CHECK_FALSE(r.read_abandoned(4));
+    REQUIRE(r.mark("abandoned", "training is stuck", {1, 3}));
+    auto a = r.read_abandoned(4);
+    REQUIRE(a);
+    CHECK(a->why == "training is stuck");
+    CHECK(a->lost == std::vector<int>{1, 3});
+    CHECK_FALSE(r.read_abandoned(3));  // rank 3 is no rank of a world of 3
+    write_file(dir + "/abandoned", R"({"why":"x","unix":1,"lost":"1"})");
+    CHECK_FALSE(r.read_abandoned(4));
+    write_file(dir + "/abandoned", R"({"why":"x","unix":1})");  // written before markers named the lost
+    CHECK(r.read_abandoned(4)->lost.empty());
   }
   SECTION("one private secret for every process; a readable one is refused") {
     auto a = r.secret();

@@ -8,6 +8,7 @@
 
 using ckpt::placement::hostfile;
 using ckpt::placement::keep_nodes;
+using ckpt::placement::node_steps;
 using Nodes = std::vector<std::string>;
 
 TEST_CASE("placement: a relaunch keeps every rank on its node but the lost ones", "[placement]") {
@@ -40,4 +41,34 @@ TEST_CASE("placement: a relaunch keeps every rank on its node but the lost ones"
     CHECK(keep_nodes(before, {"n5"}, alloc) == before);
   }
   CHECK(hostfile({"n1", "n4", "n3"}) == "n1\nn4\nn3\n");
+}
+
+TEST_CASE("placement: ckpt-run --spares relaunches each node's step on its node, a spare in a failed node's place",
+          "[placement]") {
+  const Nodes alloc{"n1", "n2", "n3", "n4", "n5"};
+  const Nodes training{"n1", "n2", "n3"};  // groups 0..2; n4, n5 the spares
+
+  SECTION("the first launch: the first nodes train, the next ones wait, as many as asked") {
+    auto steps = node_steps(training, {}, alloc, 1);
+    REQUIRE(steps);
+    CHECK(steps->training == training);
+    CHECK(steps->spares == Nodes{"n4"});
+    CHECK(node_steps(training, {}, alloc, 5)->spares == Nodes{"n4", "n5"});
+  }
+  SECTION("a failed node's group goes to the first spare; the other groups keep their nodes and node tiers") {
+    auto steps = node_steps(training, {"n2"}, alloc, 2);
+    REQUIRE(steps);
+    CHECK(steps->training == Nodes{"n1", "n4", "n3"});  // srun's own order would have moved n3's group too
+    CHECK(steps->spares == Nodes{"n5"});
+  }
+  SECTION("a spare that failed is not taken; an excluded spare is not one") {
+    auto steps = node_steps(training, {"n3", "n4"}, alloc, 2);
+    REQUIRE(steps);
+    CHECK(steps->training == Nodes{"n1", "n2", "n5"});
+    CHECK(steps->spares.empty());
+  }
+  SECTION("no node for a failed node's group, or no group at all") {
+    CHECK_FALSE(node_steps(training, {"n1", "n2", "n4"}, alloc, 2));
+    CHECK_FALSE(node_steps({}, {}, alloc, 2));
+  }
 }

@@ -259,6 +259,13 @@ struct Claim {
   int rank = 0;
 };
 
+// What the `abandoned` marker says: why the survivors handed over, and the ranks they had lost then (ckpt-run
+// leaves those ranks' nodes out when it relaunches the node steps inside the allocation).
+struct Abandoned {
+  std::string why;
+  std::vector<int> lost;
+};
+
 // Where a spare's claim mailbox listens, and the token a claim must carry.
 struct SpareMailbox {
   std::string addr;
@@ -322,9 +329,11 @@ class Records {
   std::vector<std::string> free_spares() const;
   Status publish_mailbox(const Mailbox& mailbox);
   std::optional<Mailbox> read_mailbox(int rank) const;
-  // `finished` or `abandoned` (why, and when); the idle spares leave once either exists.
-  Status mark(std::string_view marker, std::string_view why);
+  // `finished` or `abandoned` (why, when, and the ranks lost); the idle spares leave once either exists.
+  Status mark(std::string_view marker, std::string_view why, const std::vector<int>& lost = {});
   bool marked(std::string_view marker) const;
+  // The `abandoned` marker of a run of `world` ranks; nullopt when there is none or it cannot be read.
+  std::optional<Abandoned> read_abandoned(int world) const;
   // The run's secret (posix::private_secret): made by the first process that needs it.
   Result<posix::Secret> secret() const;
 

@@ -19,6 +19,20 @@ std::optional<std::vector<std::string>> keep_nodes(const std::vector<std::string
                                                    const std::set<std::string>& excluded,
                                                    const std::vector<std::string>& alloc);
 
+// ckpt-run --spares runs one step per node: the training nodes (group i holds ranks i*K .. i*K+K-1) and the spares.
+struct NodeSteps {
+  std::vector<std::string> training;  // group i's node
+  std::vector<std::string> spares;
+};
+
+// The node steps of a launch: each group keeps its node in `training` unless that node is `excluded` (the first
+// launch passes the first healthy nodes; a relaunch after the survivors gave up in place, the nodes the groups
+// were launched on); an excluded node's group moves to the first node of `alloc` that is neither excluded nor
+// training, as keep_nodes moves ranks, so that every other rank finds its node tier again. Up to `spares` of the
+// nodes left, in `alloc`'s order, wait as spares. nullopt when a group finds no node, or `training` is empty.
+std::optional<NodeSteps> node_steps(const std::vector<std::string>& training, const std::set<std::string>& excluded,
+                                    const std::vector<std::string>& alloc, std::size_t spares);
+
 // SLURM_HOSTFILE's text for a placement: one node a line, in rank order.
 std::string hostfile(const std::vector<std::string>& node_of_rank);
 

@@ -445,15 +445,26 @@ std::optional<Mailbox> Records::read_mailbox(int rank) const {
                    [&](const Mailbox& m) { return m.rank == rank; });
 }
 
-Status Records::mark(std::string_view marker, std::string_view why) {
+Status Records::mark(std::string_view marker, std::string_view why, const std::vector<int>& lost) {
   if (!is_marker(marker)) return Status::failure("ckpt: restart in place: no marker '" + std::string(marker) + "'");
-  json j = {{"why", std::string(why.substr(0, kMaxText))}, {"unix", unix_seconds()}};
+  json j = {{"why", std::string(why.substr(0, kMaxText))}, {"unix", unix_seconds()}, {"lost", lost}};
   return write(std::string(marker), j.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
 bool Records::marked(std::string_view marker) const {
   struct stat st {};
   return is_marker(marker) && ::fstatat(dir_.get(), std::string(marker).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+std::optional<Abandoned> Records::read_abandoned(int world) const {
+  auto text = read("abandoned");
+  if (!text) return std::nullopt;
+  auto marker = parse_record<Abandoned>(*text, "abandoned", [world](Fields& f, Abandoned& a) {
+    a.why = f.text("why");
+    if (f.has("lost")) a.lost = f.ranks("lost", world);  // a marker without it predates the relaunch
+  });
+  if (!marker) return std::nullopt;
+  return std::move(marker).value();
 }
 
 Result<posix::Secret> Records::secret() const {

@@ -233,6 +233,9 @@ class Launch:
         self.local = int(env.get("SLURM_LOCALID", "0"))
         self.node = env.get("SLURMD_NODENAME") or socket.gethostname()
         self.rank = None if self.spare else int(env[ENV["inplace_rank_base"]]) + int(env.get("SLURM_PROCID", "0"))
+        # After ckpt-run relaunched the node steps, generations count on from the abandoned launch's: the
+        # checkpoint dir's epoch record fences by generation, and the relaunch must be the newer run.
+        self.generation_base = int(env.get(ENV["inplace_generation_base"], "0"))
         root = env.get(ENV["dir"])
         if not root:
             raise RuntimeError(f"ckpt: in-place recovery needs a checkpoint dir ({ENV['dir']})")
@@ -355,10 +358,10 @@ class Membership:
         self.records.write_phases(phases)
         notify_launcher()
 
-    def mark(self, name, why=""):
+    def mark(self, name, why="", lost=()):
         """`finished` or `abandoned`: tells the idle spares to leave. ckpt-run is told of `finished` (rank 0 alone
         writes it); `abandoned`, which every survivor may write at once, it reads when a step exits 75, so that a
-        hand-over costs it no connection per rank."""
-        self.records.mark(name, why)
+        hand-over costs it no connection per rank. `lost`: the ranks lost, whose nodes a relaunch leaves out."""
+        self.records.mark(name, why, sorted(lost))
         if name == "finished":
             notify_launcher()

@@ -60,6 +60,11 @@ def _say(line):
     print(f"ckpt: {line}", file=sys.stderr, flush=True)
 
 
+# What a process that gives up on recovering in place leaves to ckpt-run: relaunching the node steps inside the
+# allocation without the lost ranks' nodes (a spare node in their place), or, where it cannot, a requeue.
+_HANDING_OVER = "handing over to ckpt-run (a relaunch inside the allocation, or a requeue)"
+
+
 def _leave(line, status=inplace.EXIT_PEER_LOST):
     if line:
         _say(line)
@@ -491,7 +496,7 @@ def _set_rank_env(rank, world, launch, generation):
     # CKPT_INPLACE_GENERATION fences earlier generations out of the checkpoint dir: a frozen rank that thaws
     # cannot commit there any more.
     os.environ.update({_ENV["rank"]: str(rank), _ENV["world_size"]: str(world), _ENV["local_rank"]: str(launch.local),
-                       _ENV["run_id"]: f"{launch.id}.g{generation}", _ENV["generation"]: str(generation)})
+                       _ENV["run_id"]: f"{launch.id}.g{generation}", _ENV["generation"]: str(launch.generation_base + generation)})
     if generation > 0:  # the plugin's choice was for generation 0: resume from the newest checkpoint instead
         os.environ.pop(_ENV["resume_step"], None)
         os.environ.pop(_ENV["resume_path"], None)
@@ -634,8 +639,8 @@ class _Run:
             self.machine.on(_core.Event.FAILED)
             raise error
         if after == _core.AfterJoinFailure.HAND_OVER:
-            self.members.mark("abandoned", why)
-            self._leave(f"rank {self.rank}: {why}; handing over to a requeue")
+            self.members.mark("abandoned", why, lost=missing or [])
+            self._leave(f"rank {self.rank}: {why}; {_HANDING_OVER}")
         _say(f"rank {self.rank}: {why}")
         _abandon(self.store)
         failed_plan = self.plan
@@ -704,8 +709,8 @@ class _Run:
         terminal checkpoint holds this rank's state; a requeue takes over now, not when the others give up."""
         why = (f"rank {self.rank}: training is stuck in a collective of generation {self.generation}: no CPU for "
                f"{idle_s:.1f} s after the peer loss (gloo does not fail a send in flight when its connection closes)")
-        self.members.mark("abandoned", why)
-        self._leave(f"{why}; handing over to a requeue")
+        self.members.mark("abandoned", why, lost=_last_words().get("lost", []))
+        self._leave(f"{why}; {_HANDING_OVER}")
 
     # ---- recovering ----------------------------------------------------------------------------------------------
 
@@ -726,12 +731,13 @@ class _Run:
             plan = _plan_of_tree(self.members, self.mailbox, self.generation, rank, role.sources, current)
         verdict = _core.verdict(plan, rank)
         if verdict == _core.Verdict.NO_PLAN:
-            self.members.mark("abandoned", f"no plan for generation {generation}")  # the idle spares leave too
+            # the idle spares leave too
+            self.members.mark("abandoned", f"no plan for generation {generation}", lost=failure.lost)
             self._leave(f"rank {rank}: no plan for generation {generation} within {_PLAN_TIMEOUT_S:g} s; "
-                        f"handing over to a requeue")
+                        f"{_HANDING_OVER}")
         if verdict == _core.Verdict.ABANDONED:
             self.mailbox.wait_taken(generation, len(role.children), 5)
-            self._leave(f"rank {rank}: cannot recover in place ({plan.abandon}); handing over to a requeue")
+            self._leave(f"rank {rank}: cannot recover in place ({plan.abandon}); {_HANDING_OVER}")
         if verdict == _core.Verdict.COUNTED_LOST:
             self._leave(f"rank {rank}: counted as lost by generation {generation}; leaving")
         if plan.shrinks:  # the lost ranks are dropped: this rank's place among the survivors, in a smaller world
@@ -757,7 +763,7 @@ class _Run:
                                      shrink=self.launch.shrink, layout=layout)
         store = None
         if plan.abandons:
-            self.members.mark("abandoned", plan.abandon)
+            self.members.mark("abandoned", plan.abandon, lost=failure.lost)
         else:
             store = _store_master(plan)
         claims = [(slot, r) for r, slot in sorted(plan.takeover.items())]

@@ -486,7 +486,8 @@ class Checkpointer:
         takes each range whose bytes here match the checkpoint's checksum from here and reads only the others. A
         fresh process (a spare, a requeue) offers nothing: its optimizer has no state yet, and hashing its new
         weights would find nothing."""
-        if os.environ.get(_ENV["generation"], "0") == "0" or not _state_from_memory():
+        first = os.environ.get(_ENV["inplace_generation_base"], "0")
+        if os.environ.get(_ENV["generation"], "0") == first or not _state_from_memory():
             return []
         if self.optimizer is not None and not any(self._state_optimizer.state.values()):
             return []
