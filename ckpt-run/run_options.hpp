@@ -20,12 +20,17 @@ inline constexpr std::array<RunOptionSpec, 5> kRunOptions{{
     {"--min-nodes", "N",
      "Fewest nodes the relaunched step may run on: without spare nodes, -N shrinks down to N (default: never "
      "shrink)"},
-    {"--max-relaunches", "N", "Relaunches within the allocation before handing the job over to a requeue (default 100)"},
+    {"--max-relaunches", "N",
+     "Relaunches within the allocation (of the step, or of the node steps under --spares) before handing the job "
+     "over to a requeue (default 100)"},
     {"--spares", "N",
      "Restart in place: one step per node of the -N nodes, each with the srun line's tasks per node, plus N spare "
      "nodes of the allocation whose processes wait, framework loaded, to take a dead node's ranks over (the program "
      "runs slurm_ckpt.torch.run). When a node dies the survivors stay alive and go on with a spare, without a "
-     "relaunch or a requeue; when no spare is left they exit 75 and the job is handed over to a requeue. Default: "
+     "relaunch or a requeue. When they cannot (no spare ready, or a survivor stuck in a collective) they exit 75, and "
+     "ckpt-run relaunches the node steps inside the allocation: every rank on its node, a spare node in place of "
+     "the nodes whose ranks were lost, each rank restoring from what its node's tier (or its partner's node) kept; "
+     "with no spare node left it hands the job over to a requeue. Default: "
      "$CKPT_SPARES when above 0 (the job's spares option of the SPANK plugin). At most $CKPT_MAX_SPARES when it is "
      "set (the site's max_spares)"},
     {"--decision-wait", "DURATION",

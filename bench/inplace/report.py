@@ -49,6 +49,7 @@ def read_run(path, reference):
     after = [float(t) for _, t in STEP_TIME.findall(log) if float(t) > failure["failed_unix"]]
     row["first_step_after"] = after[0] - failure["failed_unix"] if after else None
     row["requeued"] = bool(re.search(r"^run 1 on", log, re.M))
+    row["relaunched"] = "ckpt-run: relaunch 1: the node steps started" in log
     if not m:
         row["recovered"] = False
         return row
@@ -75,7 +76,8 @@ def main():
     for r in rows:
         if not r["recovered"]:
             took = f"{r['first_step_after']:.3f} s" if r["first_step_after"] is not None else "never"
-            print(f"{r['name']:10s} {r['victim']:4s} not in place ({'requeued' if r['requeued'] else 'no requeue'}): "
+            how = "requeued" if r["requeued"] else "relaunched in the allocation" if r["relaunched"] else "no requeue"
+            print(f"{r['name']:10s} {r['victim']:4s} not in place ({how}): "
                   f"first step after the failure {took}; read {r['read_mib']:.1f} MiB; bitwise {r['bitwise']}")
             continue
         print(f"{r['name']:10s} {r['victim']:4s} " + " ".join(f"{r['phases'][n]:12.3f}" for n in names) +
@@ -87,7 +89,7 @@ def main():
         if not done:
             took = [r["first_step_after"] for r in all_runs if r["first_step_after"] is not None]
             print(f"{mode}: no run recovered in place ({len(all_runs)} runs, {sum(r['requeued'] for r in all_runs)} "
-                  f"requeued); median failure -> first step {statistics.median(took) if took else float('nan'):.3f} s; "
+                  f"requeued, {sum(r['relaunched'] for r in all_runs)} relaunched in the allocation); median failure -> first step {statistics.median(took) if took else float('nan'):.3f} s; "
                   f"read {statistics.median(r['read_mib'] for r in all_runs):.1f} MiB (median); bitwise {sum(r['bitwise'] for r in all_runs)}/{len(all_runs)}")
             continue
         med = {n: statistics.median(r["phases"][n] for r in done) for n in names}

@@ -8,7 +8,10 @@
 # `requeue`, is the same crash without a spare (a 3-node allocation): the survivors hand over, and the controller
 # requeues the job off the dead node. Mode `shrink` is the same crash without a spare under --ckpt-shrink=on: the
 # survivors go on in place as 2 data-parallel replicas (its weights differ from the reference's by design: the
-# global batch changed). Prints per run and as medians the time from the failure to the first
+# global batch changed). Mode `stuck` is the crash with the spare where rank 0 (the recovery's root) cannot unwind
+# after the peer loss (tests/integration/stuck_train.py blocks it, as gloo blocks a survivor caught in a send it
+# never fails): the survivors give up in place and ckpt-run relaunches the node steps inside the allocation, the
+# spare node in the dead one's place (the requeue it replaced is mode `requeue`). Prints per run and as medians the time from the failure to the first
 # completed step after it, split (in place) into detection, agreement, last words, group re-formation, state load
 # and first step; the floors (the heartbeat timeout, one step); the steps lost; and whether the final weights
 # are bitwise identical to an uninterrupted run's; and the bytes the ranks read from the checkpoint dir at the
@@ -18,7 +21,7 @@
 # with ZeRO-1 (train_ddp.py --zero1: each rank alone holds AdamW's state of its partition of the parameters,
 # whole ones) and the memory tier (--ckpt-memory, a checkpoint in memory every step, its copy on the
 # next node's rank) instead of periodic checkpoints: the replacement's state comes from the partner's copy.
-#   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze partition requeue shrink"] [-t HEARTBEAT_TIMEOUT]
+#   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze partition requeue shrink stuck"] [-t HEARTBEAT_TIMEOUT]
 #                        [-s "memory files"] [-x EXTRA_MIB] [-z] [-o DIR]
 # (cluster up; CKPT_BUILD_DIR set or build/ in the source tree). The batch host (n1) is never the victim: its
 # failure ends the batch script, and with it any Slurm job; that case takes the requeue path.
@@ -75,12 +78,15 @@ echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
 $CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $SRC/slurm-examples/train_ddp.py \\
   --steps $STEPS $TRAIN_ARGS --step-sleep 0.1 --log-every 1 --log-time --extra-mib $EXTRA "\$@"
 JOB
+sed "s|slurm-examples/train_ddp.py|tests/integration/stuck_train.py|" "$WORK/job.sbatch" > "$WORK/stuck.sbatch"
 
 # submit NAME NODES [SBATCH OPTION...]: the job into $WORK/NAME (log, ckpt, final weights); sets `job`.
 submit() {
   mkdir -p "$WORK/$1"
-  job=$(CKPT_INPLACE_STATE=${state:-memory} sbatch --parsable -N "$2" -J "bench-inplace-$1" -o "$WORK/$1/log" --ckpt-last-words=on \
-    --ckpt-dir="$WORK/$1/ckpt" "${SBATCH_ARGS[@]}" "${@:3}" "$WORK/job.sbatch" --out "$WORK/$1/final")
+  local script=$WORK/job.sbatch
+  [ "${mode:-}" = stuck ] && script=$WORK/stuck.sbatch
+  job=$(STUCK_RANK=0 CKPT_INPLACE_STATE=${state:-memory} sbatch --parsable -N "$2" -J "bench-inplace-$1" -o "$WORK/$1/log" \
+    --ckpt-last-words=on --ckpt-dir="$WORK/$1/ckpt" "${SBATCH_ARGS[@]}" "${@:3}" "$script" --out "$WORK/$1/final")
 }
 wait_done() {
   for _ in $(seq $((WAIT_S * 5))); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
@@ -107,6 +113,7 @@ for mode in $MODES; do
     nodes=4 action=$mode-node options=()
     [ "$mode" = requeue ] && nodes=3 action=crash-node victim=n3  # no spare; Slurm gives n1..n3
     [ "$mode" = shrink ] && nodes=3 action=crash-node victim=n3 options=(--ckpt-shrink=on)
+    [ "$mode" = stuck ] && action=crash-node
     submit "$name" $nodes "${options[@]}"
     for _ in $(seq $((WAIT_S * 50))); do
       s=$(logged "$WORK/$name/log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break

@@ -146,7 +146,8 @@ log=$SCRATCH/shrink/log
 grep -q "in-place recovery 1: ranks \[2\] lost; no spare left: 2 of 3 data-parallel replicas go on" "$log" ||
   { cat "$log" >&2; fail "shrink: no recovery in place with 2 replicas"; }
 assert_not_contains "$log" "run 1 on"
-assert_not_contains "$log" "handing over to a requeue"
+assert_not_contains "$log" "handing over to ckpt-run"
+assert_not_contains "$log" "ckpt-run: relaunch"
 resumed=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\) (2 ranks,.*/\1/p' "$log" | tail -1)
 [ -n "$resumed" ] && [ "$resumed" -ge $((seen - 1)) ] ||
   fail "shrink: crash at step $seen, resumed on 2 ranks from step ${resumed:-?} (more than one step lost)"

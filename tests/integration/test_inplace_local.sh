@@ -211,7 +211,7 @@ resumed=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\) (2 ranks,.*/\1/p' "
 grep -q "done after step 30" "$W/shrink/log0" && [ -s "$W/shrink/final" ] || fail "shrink: training did not finish"
 grep -q "ckpt: rank 1: restored step $resumed from .* found in memory)" "$W/shrink/log2" ||
   { tail -n 10 "$W/shrink/log2" >&2; fail "shrink: the old rank 2 did not restore as rank 1 from its own memory"; }
-! grep -q "handing over to a requeue" "$W/shrink"/log* || fail "shrink: a survivor handed over to a requeue"
+! grep -q "handing over to ckpt-run" "$W/shrink"/log* || fail "shrink: a survivor handed over"
 echo "ok: no spare, CKPT_SHRINK=on: rank 1 lost, 2 replicas went on in place from step $resumed and finished"
 
 # Both: a survivor a step behind (as above) and no spare, CKPT_SHRINK=on. Rank 2 dies, the survivors go on as 2
@@ -235,8 +235,10 @@ echo "ok: a survivor a step behind, no spare, CKPT_SHRINK=on: it took step 12 fr
 
 launch nospare 0 2 KILL 10
 [ "${status[0]}" = 75 ] && [ "${status[1]}" = 75 ] || fail "no spare: survivors exited ${status[0]} and ${status[1]}, not 75"
-grep -q "cannot recover in place (1 ranks lost, 0 spares ready); handing over to a requeue" "$W/nospare"/log* ||
+grep -q "cannot recover in place (1 ranks lost, 0 spares ready); handing over to ckpt-run" "$W/nospare"/log* ||
   fail "no spare: no hand-over line"
-echo "ok: no spare: the survivors exit 75 for the requeue path"
+grep -q '"lost":\[2\]' "$W/nospare"/ckpt/.control/inplace-*/abandoned ||
+  { cat "$W/nospare"/ckpt/.control/inplace-*/abandoned >&2; fail "no spare: the abandoned marker does not name rank 2 lost"; }
+echo "ok: no spare: the survivors exit 75 for ckpt-run (a relaunch inside the allocation, or a requeue), naming rank 2 lost"
 rm -rf "$W"
 echo "PASS: test_inplace_local"
