@@ -686,22 +686,15 @@ struct Ending {
   std::optional<ckpt::placement::NodeSteps> relaunch;
 };
 
-// The nodes a relaunch leaves out after the survivors gave up in place: those of the ranks they had lost (the
-// abandoned marker names them), those that lost all their ranks in an earlier recovery, and those whose step ended
-// with a status other than 0 or 75 (a crash, a kill).
+// The nodes a relaunch leaves out (placement::failed_nodes), the lost ranks as the abandoned marker names them.
 std::set<std::string> failed_nodes(const InPlaceWatch& watch, const std::vector<NodeStep>& steps, int world) {
-  std::set<std::string> failed = watch.failed_nodes;
+  std::vector<int> lost;
   if (auto records = ckpt::inplace::Records::open(watch.dir, /*create=*/false)) {
-    if (auto abandoned = records->read_abandoned(world)) {
-      for (int rank : abandoned->lost) {
-        if (auto it = watch.node_of_rank.find(rank); it != watch.node_of_rank.end()) failed.insert(it->second);
-      }
-    }
+    if (auto abandoned = records->read_abandoned(world)) lost = abandoned->lost;
   }
-  for (const NodeStep& step : steps) {
-    if (step.status && *step.status != 0 && *step.status != kExitPeerLost) failed.insert(step.node);
-  }
-  return failed;
+  std::vector<ckpt::placement::StepEnd> ends;
+  for (const NodeStep& step : steps) ends.push_back({step.node, step.status});
+  return ckpt::placement::failed_nodes(watch.node_of_rank, lost, watch.failed_nodes, ends, kExitPeerLost);
 }
 
 // After the survivors gave up in place: the node steps of a relaunch inside the allocation (each group of ranks on

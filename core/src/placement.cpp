@@ -43,6 +43,19 @@ std::optional<NodeSteps> node_steps(const std::vector<std::string>& training, co
   return steps;
 }
 
+std::set<std::string> failed_nodes(const std::map<int, std::string>& node_of_rank, const std::vector<int>& lost,
+                                   const std::set<std::string>& failed_before, const std::vector<StepEnd>& steps,
+                                   int gave_up) {
+  std::set<std::string> failed = failed_before;
+  for (int rank : lost) {
+    if (auto it = node_of_rank.find(rank); it != node_of_rank.end()) failed.insert(it->second);
+  }
+  for (const StepEnd& step : steps) {
+    if (step.status && *step.status != 0 && *step.status != gave_up) failed.insert(step.node);
+  }
+  return failed;
+}
+
 std::string hostfile(const std::vector<std::string>& node_of_rank) {
   std::string text;
   for (const std::string& node : node_of_rank) text += node + "\n";

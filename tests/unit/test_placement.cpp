@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -8,7 +9,9 @@
 
 using ckpt::placement::hostfile;
 using ckpt::placement::keep_nodes;
+using ckpt::placement::failed_nodes;
 using ckpt::placement::node_steps;
+using ckpt::placement::StepEnd;
 using Nodes = std::vector<std::string>;
 
 TEST_CASE("placement: a relaunch keeps every rank on its node but the lost ones", "[placement]") {
@@ -70,5 +73,22 @@ TEST_CASE("placement: ckpt-run --spares relaunches each node's step on its node,
   SECTION("no node for a failed node's group, or no group at all") {
     CHECK_FALSE(node_steps(training, {"n1", "n2", "n4"}, alloc, 2));
     CHECK_FALSE(node_steps({}, {}, alloc, 2));
+  }
+}
+
+TEST_CASE("placement: the nodes a relaunch of the node steps leaves out after the survivors gave up in place",
+          "[placement]") {
+  const std::map<int, std::string> node_of_rank{{0, "n1"}, {1, "n1"}, {2, "n4"}, {3, "n3"}};  // rank 2 moved to n4
+  using Set = std::set<std::string>;
+  SECTION("the nodes the lost ranks ran on last, not the ones they were launched on") {
+    CHECK(failed_nodes(node_of_rank, {2}, {}, {}, 75) == Set{"n4"});
+    CHECK(failed_nodes(node_of_rank, {3, 9}, {}, {}, 75) == Set{"n3"});  // a rank of no node: nothing
+  }
+  SECTION("nodes that lost all their ranks before, and steps that crashed or were killed; not those that gave up") {
+    const std::vector<StepEnd> steps{{"n1", 75}, {"n2", 137}, {"n3", 0}, {"n4", std::nullopt}};
+    CHECK(failed_nodes(node_of_rank, {}, {"n5"}, steps, 75) == Set{"n2", "n5"});
+  }
+  SECTION("nothing names a failed node: no relaunch") {
+    CHECK(failed_nodes(node_of_rank, {}, {}, {{"n1", 75}, {"n3", 0}}, 75).empty());
   }
 }

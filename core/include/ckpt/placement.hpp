@@ -4,6 +4,7 @@
 // srun's default placement fills nodes in their order, so a relaunch without a lost node's place shifts every rank
 // after it onto another node, where the node tier it left (hooks/README.md, "The node tier") is not its own: with
 // ZeRO-1, every shifted rank reads its shard from the checkpoint dir. Kept placement moves only the lost ranks.
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -32,6 +33,20 @@ struct NodeSteps {
 // nodes left, in `alloc`'s order, wait as spares. nullopt when a group finds no node, or `training` is empty.
 std::optional<NodeSteps> node_steps(const std::vector<std::string>& training, const std::set<std::string>& excluded,
                                     const std::vector<std::string>& alloc, std::size_t spares);
+
+// What a node step's end says of its node: a status other than 0 (done) and `gave_up` (75: its ranks gave up in
+// place, or a stale rank left) is a crash or a kill. nullopt: still running.
+struct StepEnd {
+  std::string node;
+  std::optional<int> status;
+};
+
+// The nodes a relaunch of the node steps leaves out after the survivors gave up in place: those the ranks they
+// lost ran on last (`node_of_rank`), those that lost all their ranks in an earlier recovery, and those whose step
+// ended as a crash or a kill. Empty: nothing says which node failed (no relaunch: it would fail alike).
+std::set<std::string> failed_nodes(const std::map<int, std::string>& node_of_rank, const std::vector<int>& lost,
+                                   const std::set<std::string>& failed_before, const std::vector<StepEnd>& steps,
+                                   int gave_up);
 
 // SLURM_HOSTFILE's text for a placement: one node a line, in rank order.
 std::string hostfile(const std::vector<std::string>& node_of_rank);
