@@ -59,6 +59,7 @@ extern "C" {
 #include "ckpt/posix.hpp"
 #include "ckpt/recovery.hpp"
 #include "ckpt/srun_cmdline.hpp"
+#include "ckpt/store.hpp"
 #include "http.hpp"
 #include "log.hpp"
 #include "munge_auth.hpp"
@@ -521,23 +522,28 @@ void kill_node_steps(std::vector<NodeStep>& steps) {
   }
 }
 
-// Ends what is left of the node steps before a relaunch: each Slurm step ckpt-run's srun started (known by the srun's
-// pid and the step's one node) is cancelled, so that its tasks end on their nodes too (a frozen node's when it
-// thaws), then the srun processes are killed and reaped.
-void cancel_node_steps(const Run& run, std::vector<NodeStep>& steps) {
+// The Slurm steps ckpt-run's sruns started that still run (known by the srun's pid and the step's one node).
+std::vector<std::uint32_t> running_step_ids(const Run& run, const std::vector<NodeStep>& steps) {
+  std::vector<std::uint32_t> ids;
   job_step_info_response_msg_t* info = nullptr;
-  if (slurm_get_job_steps(0, run.job_id, NO_VAL, &info, SHOW_ALL) == SLURM_SUCCESS && info != nullptr) {
-    for (std::uint32_t k = 0; k < info->job_step_count; ++k) {
-      const job_step_info_t& st = info->job_steps[k];
-      for (const NodeStep& step : steps) {
-        if (!step.status && step.pid > 0 && st.srun_pid == static_cast<std::uint32_t>(step.pid) &&
-            st.nodes != nullptr && step.node == st.nodes) {
-          slurm_kill_job_step(run.job_id, st.step_id.step_id, SIGKILL);
-        }
+  if (slurm_get_job_steps(0, run.job_id, NO_VAL, &info, SHOW_ALL) != SLURM_SUCCESS || info == nullptr) return ids;
+  for (std::uint32_t k = 0; k < info->job_step_count; ++k) {
+    const job_step_info_t& st = info->job_steps[k];
+    for (const NodeStep& step : steps) {
+      if (!step.status && step.pid > 0 && st.srun_pid == static_cast<std::uint32_t>(step.pid) && st.nodes != nullptr &&
+          step.node == st.nodes) {
+        ids.push_back(st.step_id.step_id);
       }
     }
-    slurm_free_job_step_info_response_msg(info);
   }
+  slurm_free_job_step_info_response_msg(info);
+  return ids;
+}
+
+// Ends what is left of the node steps before a relaunch: each Slurm step in `ids` is cancelled, so that its tasks
+// end on their nodes too (a frozen node's when it thaws), then the srun processes are killed and reaped.
+void cancel_node_steps(const Run& run, std::vector<NodeStep>& steps, const std::vector<std::uint32_t>& ids) {
+  for (std::uint32_t id : ids) slurm_kill_job_step(run.job_id, id, SIGKILL);
   kill_node_steps(steps);
   for (std::size_t i = 0; i < steps.size(); ++i) {
     if (steps[i].status || steps[i].pid <= 0) continue;
@@ -686,6 +692,17 @@ struct Ending {
   std::optional<ckpt::placement::NodeSteps> relaunch;
 };
 
+// The newest complete checkpoint in CKPT_DIR, for the controller's restart budget (progress); nullopt when none.
+std::optional<std::uint64_t> newest_complete_step() {
+  const char* dir = std::getenv(ckpt::env::name_of("dir").c_str());
+  if (dir == nullptr || *dir != '/') return std::nullopt;
+  auto entries = ckpt::store::scan(dir);
+  if (!entries) return std::nullopt;
+  auto candidates = ckpt::store::resume_candidates(*entries);
+  if (candidates.empty()) return std::nullopt;
+  return candidates.front();
+}
+
 // The nodes a relaunch leaves out (placement::failed_nodes), the lost ranks as the abandoned marker names them.
 std::set<std::string> failed_nodes(const InPlaceWatch& watch, const std::vector<NodeStep>& steps, int world) {
   std::vector<int> lost;
@@ -756,7 +773,14 @@ Ending wait_node_steps(Run& run, std::vector<NodeStep>& steps, const ckpt::place
         handed_over = true;
         auto next = plan_relaunch(run, watch, steps, launched, world);
         if (next) {
-          cancel_node_steps(run, steps);
+          // The controller hears of it before the steps end: their tasks' exits are then no new failure to it.
+          const std::vector<std::uint32_t> ids = running_step_ids(run, steps);
+          if (!run.s.url.empty() && !ids.empty()) {
+            const std::set<std::string> failed = failed_nodes(watch, steps, world);
+            report_relaunch(run.s.url, run.job_id, {failed.begin(), failed.end()},
+                            *std::max_element(ids.begin(), ids.end()), newest_complete_step());
+          }
+          cancel_node_steps(run, steps, ids);
           return Ending{0, std::move(next).value()};
         }
         log_info("survivors on " + steps[i].node + " could not recover in place, and the node steps cannot be " +

@@ -154,6 +154,15 @@ void hand_over(const Settings& s, std::uint32_t job, const std::string& why) {
   post_event(s.url, e, "the hand-over");
 }
 
+void report_relaunch(const std::string& url, std::uint32_t job, const std::vector<std::string>& failed_nodes,
+                     std::uint32_t last_step, std::optional<std::uint64_t> resume_step) {
+  rec::Event e = event_from_here(rec::EventType::Relaunch, job);
+  e.step_id = last_step;
+  e.failed_nodes = rec::join_nodes(failed_nodes);
+  e.resume_step = resume_step;
+  post_event(url, e, "the relaunch of the node steps");
+}
+
 void report_in_place(const std::string& url, std::uint32_t job, const InPlaceRecovery& recovery) {
   rec::Event e = event_from_here(rec::EventType::InPlace, job);
   e.failed_nodes = rec::join_nodes(recovery.failed_nodes);

@@ -50,6 +50,13 @@ std::optional<JobView> read_job_view(const std::string& url, const std::string& 
 // Tells the controller that relaunching inside the allocation is not possible: requeue the job.
 void hand_over(const Settings& s, std::uint32_t job, const std::string& why);
 
+// Tells the controller that ckpt-run relaunches its node steps inside the allocation (the survivors gave up
+// recovering in place), leaving `failed_nodes` out and ending the steps up to `last_step` itself (their tasks' exits
+// are no new failure); `resume_step`: the dir's newest complete checkpoint. It spends a restart (or gives up on the
+// job, which ckpt-run sees in the job's view).
+void report_relaunch(const std::string& url, std::uint32_t job, const std::vector<std::string>& failed_nodes,
+                     std::uint32_t last_step, std::optional<std::uint64_t> resume_step);
+
 // Tells the controller that the job recovered in place: it records the recovery, excludes the failed nodes and
 // spends a restart (or gives up on the job, which ckpt-run sees in the job's view).
 void report_in_place(const std::string& url, std::uint32_t job, const InPlaceRecovery& recovery);

@@ -344,6 +344,7 @@ void Engine::new_run(JobRecord& r, std::uint32_t restart_count, double now) {
   r.replaced_in_place.clear();
   r.steps.clear();
   r.relaunch_step.reset();
+  r.ended_steps.reset();
   r.handover = false;
   r.end_reported = false;
   r.intent.reset();

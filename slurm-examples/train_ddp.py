@@ -167,7 +167,8 @@ def train(args, in_place=False, warm=None):
     if not cp.enabled:
         say("no checkpoint dir (--ckpt-dir or CKPT_DIR): training without checkpoints")
     start = cp.restore()
-    if start == 0 and warm is not None and os.environ.get("CKPT_INPLACE_GENERATION", "0") != "0":
+    first_generation = os.environ.get("CKPT_INPLACE_GENERATION_BASE", "0")  # ckpt-run's relaunch counts on
+    if start == 0 and warm is not None and os.environ.get("CKPT_INPLACE_GENERATION", "0") != first_generation:
         # A survivor re-entering with nothing to resume from: the initial state, as a fresh process has it
         model.load_state_dict(build(args)[0].state_dict())
         optimizer.state.clear()

@@ -939,3 +939,71 @@ TEST_CASE("plan: a requeue may start without the spares its excluded nodes cost"
     CHECK_FALSE(parse_event(bad));
   }
 }
+
+TEST_CASE("events: ckpt-run relaunching its node steps ends the failure; the steps it ended say nothing new",
+          "[recovery][events][in-place]") {
+  JobRecord r = record(JobState::Failing);  // the survivors' exits (75) came first
+  r.failures = {failure_in(4, "n1")};
+  r.budget.max_restarts = 3;
+  Event e = event(EventType::Relaunch, 6);
+  e.failed_nodes = "n2,n9";
+  e.resume_step = 120;
+  auto fx = apply_event(r, e, false, 200);
+  CHECK(fx.note == "relaunch from n1 (step 6): the in-place recovery was given up; ckpt-run relaunches the node "
+                   "steps inside the allocation without n2,n9, ending the steps up to 6");
+  CHECK(fx.to == JobState::Relaunching);
+  CHECK(fx.restarted == Ending::NodeFailure);
+  CHECK(fx.exclude == std::vector<std::string>{"n2"});  // the owner's word: n9 is not the job's
+  CHECK(r.budget.restarts == 1);
+  CHECK(r.budget.progress_step == 120u);
+  CHECK(r.failures.empty());
+  CHECK(r.ended_steps == 6u);
+  CHECK(r.clock.path == "relaunch");
+
+  SECTION("the ended steps' tasks exit: no new failure, also once the relaunch runs") {
+    Event killed = event(EventType::TaskExit, 5, "n3");
+    killed.signal = 9;
+    auto late = apply_event(r, killed, false, 201);
+    CHECK_FALSE(late.start_failing);
+    CHECK(late.note == "task_exit from n3 (step 5): from a step ckpt-run ended to relaunch the node steps; not a new "
+                       "failure");
+    r.state = JobState::Relaunching;
+    auto started = apply_event(r, event(EventType::JobStart, 7, "n4"), false, 202);
+    CHECK(started.to == JobState::Running);
+    r.state = JobState::Running;
+    CHECK_FALSE(apply_event(r, killed, false, 203).start_failing);
+    CHECK(r.failures.empty());
+    CHECK(apply_event(r, event(EventType::TaskExit, 7, "n4"), false, 204).start_failing);  // the relaunch's: news
+  }
+  SECTION("kept across a controller restart") {
+    auto back = parse_job_record(to_json(r));
+    REQUIRE(back);
+    CHECK(back->ended_steps == 6u);
+  }
+  SECTION("a decision taken already stands") {
+    JobRecord q = record(JobState::Requeueing);
+    auto fx2 = apply_event(q, e, false, 200);
+    CHECK_FALSE(fx2.to);
+    CHECK(q.budget.restarts == 0);
+    CHECK_FALSE(q.ended_steps);
+  }
+  SECTION("the budget spent without progress: the controller gives up") {
+    JobRecord g = record(JobState::Running);
+    g.budget.max_restarts = 1;
+    g.budget.without_progress = 1;
+    g.budget.progress_step = 120;
+    auto fx3 = apply_event(g, e, false, 200);
+    REQUIRE(fx3.give_up);
+    CHECK(fx3.give_up->find("ckpt-run relaunches inside the allocation, stop the job") != std::string::npos);
+  }
+  SECTION("a relaunch event names its step") {
+    Event bad = e;
+    bad.step_id = kBatchStep;
+    CHECK_FALSE(parse_event(to_json(bad)));
+    auto parsed = parse_event(to_json(e));
+    REQUIRE(parsed);
+    CHECK(parsed->type == EventType::Relaunch);
+    CHECK(parsed->failed_nodes == "n2,n9");
+    CHECK(parsed->resume_step == 120u);
+  }
+}

@@ -51,6 +51,7 @@ enum class EventType {
   JobEnd,    // the batch step ended on its node (the plugin's exit): reconcile the job now
   Handover,  // ckpt-run gives up relaunching inside the allocation: requeue the job
   InPlace,   // ckpt-run: the job recovered in place (survivors and spares went on in the same allocation)
+  Relaunch,  // ckpt-run relaunches its node steps inside the allocation (the in-place recovery was given up)
   SlowNode,  // the job's root rank: a node of the job ran slower than the job's best for several windows
 };
 const char* to_string(EventType type);
@@ -85,7 +86,7 @@ struct Event {
   std::uint32_t spares = 0;            // JobStart: spare nodes ckpt-run keeps in the allocation (CKPT_RUN_SPARES)
   double time = 0;                     // sender's clock, seconds since the epoch
   std::string detail;                  // free text (Handover: why; SlowNode: what the rank measured)
-  std::string failed_nodes;            // InPlace: hostlist of the nodes that were lost whole (may be empty)
+  std::string failed_nodes;            // InPlace, Relaunch: hostlist of the nodes that were lost whole (may be empty)
   std::uint32_t generation = 0;        // InPlace: the recovery's number in its run (1, 2, ...)
   std::optional<std::uint64_t> resume_step;  // InPlace: the checkpoint step training resumed from
   InPlacePhases phases;                // InPlace: when each phase of the recovery ended
@@ -344,6 +345,9 @@ struct JobRecord {
   std::vector<SlowNode> slow_nodes;      // the newest report per node, oldest first, at most kMaxSlowNodesPerRecord
   std::optional<Intent> intent;
   std::optional<std::uint32_t> relaunch_step;  // Relaunching: the failed step ckpt-run must replace
+  // of the current run: ckpt-run relaunched its node steps and ended the steps up to this one itself; their tasks'
+  // exits are no new failure
+  std::optional<std::uint32_t> ended_steps;
   bool handover = false;                 // ckpt-run asked for a requeue
   bool end_reported = false;             // the batch step's end was reported: ask Slurm now
   std::string reason;                    // the last decision's reason (shown by status)

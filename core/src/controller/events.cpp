@@ -139,6 +139,7 @@ const char* to_string(EventType type) {
     case EventType::TaskExit: return "task_exit";
     case EventType::JobEnd: return "job_end";
     case EventType::Handover: return "handover";
+    case EventType::Relaunch: return "relaunch";
     case EventType::InPlace: return "in-place";
     case EventType::SlowNode: return "slow_node";
   }
@@ -203,6 +204,7 @@ Status read_type(const json& j, Event& e) {
   else if (type == "job_end") e.type = EventType::JobEnd;
   else if (type == "handover") e.type = EventType::Handover;
   else if (type == "in-place") e.type = EventType::InPlace;
+  else if (type == "relaunch") e.type = EventType::Relaunch;
   else if (type == "slow_node") e.type = EventType::SlowNode;
   else return Status::failure("unknown event type '" + type.substr(0, 32) + "'");
   return Status::success();
@@ -348,6 +350,10 @@ std::string to_json(const Event& e) {
     if (e.resume_step) j["resume_step"] = *e.resume_step;
     for (const auto& [key, field] : kPhaseFields) j[key] = e.phases.*field;
   }
+  if (e.type == EventType::Relaunch) {
+    j["failed_nodes"] = e.failed_nodes;
+    if (e.resume_step) j["resume_step"] = *e.resume_step;
+  }
   if (e.type == EventType::SlowNode) {
     j["slow_node"] = e.slow_node;
     j["score"] = e.score;
@@ -372,6 +378,7 @@ Result<Event> parse_event(std::string_view input) {
     if (!safe_text(e.detail, 1024)) return Error{"event detail is too long or has control characters"};
     if (Status s = read_in_place(j, e); !s) return Error{s.error()};
     if (Status s = read_slow_node(j, e); !s) return Error{s.error()};
+    if (e.type == EventType::Relaunch && e.step_id == kBatchStep) return Error{"relaunch event names no step"};
     return e;
   } catch (const std::exception& ex) {
     return Error{std::string("bad event: ") + ex.what()};
@@ -449,6 +456,7 @@ std::string to_json(const JobRecord& r) {
                    {"not_before", i.not_before}, {"min_nodes", i.min_nodes}};
   }
   if (r.relaunch_step) j["relaunch_step"] = *r.relaunch_step;
+  if (r.ended_steps) j["ended_steps"] = *r.ended_steps;
   j["handover"] = r.handover;
   j["end_reported"] = r.end_reported;
   j["reason"] = r.reason;
@@ -586,6 +594,9 @@ Result<JobRecord> parse_job_record(std::string_view input) {
     read_bad_nodes(j, r.bad_nodes);
     read_slow_nodes(j, r.slow_nodes);
     if (Status s = read_intent(j, r.intent); !s) return Error{s.error()};
+    if (j.contains("ended_steps") && !j["ended_steps"].is_null()) {
+      r.ended_steps = number<std::uint32_t>(j, "ended_steps", 0);
+    }
     if (j.contains("relaunch_step") && !j["relaunch_step"].is_null()) {
       r.relaunch_step = number<std::uint32_t>(j, "relaunch_step", 0);
     }

@@ -87,6 +87,11 @@ void apply_task_exit(JobRecord& r, const Event& e, double now, EventEffects& fx)
     fx.note = describe(e) + ": from a node this run replaced in place; not a new failure";
     return;
   }
+  if (r.ended_steps && e.step_id <= *r.ended_steps) {
+    // ckpt-run ended this step itself to relaunch its node steps (apply_relaunch): its tasks' exits say nothing new.
+    fx.note = describe(e) + ": from a step ckpt-run ended to relaunch the node steps; not a new failure";
+    return;
+  }
   TaskFailure f;
   f.step_id = e.step_id;
   f.node = e.node;
@@ -190,6 +195,38 @@ void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx, double now) 
   fx.running_again = true;
 }
 
+void apply_relaunch(JobRecord& r, const Event& e, EventEffects& fx, double now) {
+  auto failed = expand_hostlist(e.failed_nodes);  // parse_event checked it
+  const auto nodes = failed ? *failed : std::vector<std::string>{};
+  fx.note = describe(e) + ": the in-place recovery was given up; ckpt-run relaunches the node steps inside the "
+            "allocation without " + nodes_or_none(nodes) + ", ending the steps up to " + std::to_string(e.step_id);
+  // A decision taken already (a requeue under way, the job given up) stands: ckpt-run's relaunch ends with it.
+  if (r.state != JobState::Running && r.state != JobState::Failing) return;
+  const Ending ending = nodes.empty() ? Ending::TaskCrash : Ending::NodeFailure;
+  // The resume step is the owner's word, as an in-place report's is (apply_in_place).
+  const auto verdict = decide_restart(ending, r.budget, e.resume_step, r.needs_checkpoint);
+  if (!verdict.restart) {
+    fx.give_up = verdict.reason + "; ckpt-run relaunches inside the allocation, stop the job";
+    return;
+  }
+  r.budget = verdict.after;
+  r.ending = ending;
+  fx.restarted = ending;
+  for (const auto& n : nodes) {  // the owner's word: only the job's own nodes
+    if (std::find(r.nodes.begin(), r.nodes.end(), n) != r.nodes.end()) fx.exclude.push_back(n);
+  }
+  r.failures.clear();
+  r.reporters.clear();
+  r.ended_steps = std::max(e.step_id, r.ended_steps.value_or(0));
+  r.relaunch_step = e.step_id;  // the next step started is the relaunch's (apply_job_start)
+  r.clock = RecoveryClock{};
+  r.clock.path = "relaunch";
+  r.clock.failed = r.clock.decided = now;
+  fx.reset_probes = true;
+  fx.to = JobState::Relaunching;
+  fx.why = "ckpt-run relaunches its node steps inside the allocation";
+}
+
 EventEffects apply_event(JobRecord& r, const Event& e, bool trusted, double now) {
   EventEffects fx;
   switch (e.type) {
@@ -201,6 +238,7 @@ EventEffects apply_event(JobRecord& r, const Event& e, bool trusted, double now)
       fx.check_now = true;
       break;
     case EventType::Handover: apply_handover(r, e, fx); break;
+    case EventType::Relaunch: apply_relaunch(r, e, fx, now); break;
     case EventType::InPlace: apply_in_place(r, e, fx, now); break;
     case EventType::SlowNode: apply_slow_node(r, e, fx, now); break;
   }
