@@ -11,6 +11,9 @@
 #  A survivor whose crash caught it in ZeRO-1's parameter broadcast with a send in flight cannot go on in place
 #  (gloo never fails that send): it must hand over at once, and the requeued job resume from the terminal
 #  checkpoint, the dead rank's shard from its partner's copy, bitwise.
+# Then a survivor that cannot unwind after the crash (tests/integration/stuck_train.py blocks rank 0): the survivors
+# give up in place, and ckpt-run relaunches the node steps inside the allocation (the spare node in the dead one's
+# place), telling the controller first; every rank restores from the node tiers, nothing read, bitwise.
 # Then the same crash under `ckpt-run` without --spares, which relaunches the step inside the allocation (n4 in the
 # dead node's place) on the controller's decision:
 #  - the terminal checkpoint is written as above, the dead rank's shard from its partner's copy;
@@ -135,6 +138,10 @@ assert_contains "$log" "ckpt-run: relaunch 1: the node steps started at"
 grep -q "ckpt-run: relaunch 1: the node steps started at .* on n1,n2,n4 without n3" "$log" ||
   { grep "ckpt-run" "$log" >&2; fail "the relaunch did not keep ranks 0 and 1 on n1 and n2 and put rank 2 on n4"; }
 grep -q "^run 1 on" "$log" && { cat "$log" >&2; fail "the stuck survivor's job was requeued, not relaunched"; }
+# The controller heard of the relaunch before the steps ended: the ended steps' tasks were no new failure to it.
+grep -q "job $job: .* -> relaunching: ckpt-run relaunches its node steps inside the allocation" "$SCRATCH/controller.log" &&
+  grep -q "job $job: relaunching -> running: ckpt-run relaunched the step as step" "$SCRATCH/controller.log" ||
+  { grep "job $job" "$SCRATCH/controller.log" >&2; fail "the controller did not follow the relaunch"; }
 resumed_after_crash $name reference 2
 grep -q "ckpt: rank 2: memory tier: this node holds no snapshot of this rank; fetched step [0-9]* of launch .* from the copy rank 0's node kept" "$log" ||
   { grep "memory tier\|node tier\|ckpt: rank 2" "$log" >&2; fail "rank 2, on n4, did not fetch its snapshot from rank 0's node"; }
