@@ -156,9 +156,27 @@ RecoveryClock in_place_clock(InPlacePhases p, double earliest, double now) {
 
 }  // namespace
 
+namespace {
+
+// The nodes an owner's report (in place, relaunch) names as failed, and the job's own among them: the report may
+// exclude only those, never name (and raise alerts about) others.
+struct ReportedNodes {
+  std::vector<std::string> all, own;
+};
+ReportedNodes reported_nodes(const JobRecord& r, const Event& e) {
+  ReportedNodes out;
+  if (auto failed = expand_hostlist(e.failed_nodes)) out.all = *failed;  // parse_event checked it
+  for (const auto& n : out.all) {
+    if (std::find(r.nodes.begin(), r.nodes.end(), n) != r.nodes.end()) out.own.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
 void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx, double now) {
-  auto failed = expand_hostlist(e.failed_nodes);  // parse_event checked it
-  const auto nodes = failed ? *failed : std::vector<std::string>{};
+  const ReportedNodes reported = reported_nodes(r, e);
+  const auto& nodes = reported.all;
   fx.note = describe(e) + ": recovery " + std::to_string(e.generation) + " in place without " +
             nodes_or_none(nodes) + ", resuming from " +
             (e.resume_step ? "step " + std::to_string(*e.resume_step) : std::string("no checkpoint"));
@@ -167,9 +185,7 @@ void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx, double now) 
   const Ending ending = nodes.empty() ? Ending::TaskCrash : Ending::NodeFailure;
   r.ending = ending;
   r.clock = in_place_clock(e.phases, std::min(r.created, now), now);
-  // The owner's word: it may exclude only the job's own nodes, never name (and raise alerts about) others.
-  for (const auto& n : nodes) {
-    if (std::find(r.nodes.begin(), r.nodes.end(), n) == r.nodes.end()) continue;
+  for (const auto& n : reported.own) {
     fx.exclude.push_back(n);
     if (!contains(r.replaced_in_place, n) && r.replaced_in_place.size() < 4096) r.replaced_in_place.push_back(n);
   }
@@ -196,13 +212,13 @@ void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx, double now) 
 }
 
 void apply_relaunch(JobRecord& r, const Event& e, EventEffects& fx, double now) {
-  auto failed = expand_hostlist(e.failed_nodes);  // parse_event checked it
-  const auto nodes = failed ? *failed : std::vector<std::string>{};
+  const ReportedNodes reported = reported_nodes(r, e);
   fx.note = describe(e) + ": the in-place recovery was given up; ckpt-run relaunches the node steps inside the "
-            "allocation without " + nodes_or_none(nodes) + ", ending the steps up to " + std::to_string(e.step_id);
+            "allocation without " + nodes_or_none(reported.all) + ", ending the steps up to " +
+            std::to_string(e.step_id);
   // A decision taken already (a requeue under way, the job given up) stands: ckpt-run's relaunch ends with it.
   if (r.state != JobState::Running && r.state != JobState::Failing) return;
-  const Ending ending = nodes.empty() ? Ending::TaskCrash : Ending::NodeFailure;
+  const Ending ending = reported.all.empty() ? Ending::TaskCrash : Ending::NodeFailure;
   // The resume step is the owner's word, as an in-place report's is (apply_in_place).
   const auto verdict = decide_restart(ending, r.budget, e.resume_step, r.needs_checkpoint);
   if (!verdict.restart) {
@@ -212,9 +228,7 @@ void apply_relaunch(JobRecord& r, const Event& e, EventEffects& fx, double now) 
   r.budget = verdict.after;
   r.ending = ending;
   fx.restarted = ending;
-  for (const auto& n : nodes) {  // the owner's word: only the job's own nodes
-    if (std::find(r.nodes.begin(), r.nodes.end(), n) != r.nodes.end()) fx.exclude.push_back(n);
-  }
+  fx.exclude = reported.own;
   r.failures.clear();
   r.reporters.clear();
   r.ended_steps = std::max(e.step_id, r.ended_steps.value_or(0));
