@@ -121,19 +121,21 @@ else
 fi
 
 # ---- a survivor that cannot unwind: ckpt-run relaunches the node steps inside the allocation ----
-# stuck_train.py blocks rank 0 (the recovery's root, on the batch host n1) after the peer loss, as gloo leaves a
-# survivor caught in a send it never fails; n3 (rank 2) crashes. The stuck root writes no plan: it says so within
-# 5 s of the last words and hands over, naming rank 2 lost. ckpt-run relaunches the node steps inside the
+# stuck_train.py blocks a survivor after the peer loss, as gloo leaves one caught in a send it never fails: rank 0
+# (the recovery's root, on the batch host n1, which then writes no plan) or rank 1 (whose root plans the spare in
+# and waits for it to join); n3 (rank 2) crashes. The stuck rank says so within 5 s of the last words and hands
+# over, naming rank 2 lost. ckpt-run relaunches the node steps inside the
 # allocation, not a requeue: ranks 0 and 1 on n1 and n2 again, each from its node tier, rank 2 on n4 (the spare
 # node), which fetches its snapshot back from the copy rank 0's process left in n1's node tier. Nothing is read from
 # the checkpoint dir, and the final weights are the uninterrupted run's, bitwise.
 sed "s|slurm-examples/train_ddp.py|tests/integration/stuck_train.py|" "$SCRATCH/job.sbatch" > "$SCRATCH/stuck.sbatch"
 name=stuck
-STUCK_RANK=0 submit $name "$SCRATCH/stuck.sbatch"
+stuck=${CKPT_TEST_STUCK_RANK:-$((RANDOM % 2))}
+STUCK_RANK=$stuck submit $name "$SCRATCH/stuck.sbatch"
 log=$SCRATCH/$name/log
 crash_node_at_random_step $name n3
-assert_contains "$log" "stuck_train: rank 0 blocks after the peer loss"
-assert_contains "$log" "rank 0: training is stuck in a collective of generation 0"
+assert_contains "$log" "stuck_train: rank $stuck blocks after the peer loss"
+assert_contains "$log" "rank $stuck: training is stuck in a collective of generation 0"
 assert_contains "$log" "ckpt-run: relaunch 1: the node steps started at"
 grep -q "ckpt-run: relaunch 1: the node steps started at .* on n1,n2,n4 without n3" "$log" ||
   { grep "ckpt-run" "$log" >&2; fail "the relaunch did not keep ranks 0 and 1 on n1 and n2 and put rank 2 on n4"; }
@@ -151,7 +153,7 @@ for r in 0 1 2; do
   [ "$read_b" -eq 0 ] && [ "$live_b" -gt 8388608 ] ||
     { grep "restored step\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r read its state from the checkpoint dir"; }
 done
-pass "a survivor stuck after $crashed crashed at step $seen: relaunched inside the allocation (no requeue) from step $term; ranks 0 and 1 from their node tiers, rank 2 on n4 from the copy n1 kept (nothing read by any rank); bitwise identical"
+pass "rank $stuck stuck after $crashed crashed at step $seen: relaunched inside the allocation (no requeue) from step $term; ranks 0 and 1 from their node tiers, rank 2 on n4 from the copy n1 kept (nothing read by any rank); bitwise identical"
 
 # ---- ckpt-run relaunches the step inside the allocation ----
 # The batch script's ckpt-run gets no --spares: a failed step is relaunched, not recovered in place. Outside
