@@ -714,17 +714,16 @@ std::set<std::string> failed_nodes(const InPlaceWatch& watch, const std::vector<
   return ckpt::placement::failed_nodes(watch.node_of_rank, lost, watch.failed_nodes, ends, kExitPeerLost);
 }
 
-// After the survivors gave up in place: the node steps of a relaunch inside the allocation (each group of ranks on
-// its node, a free node of the allocation in a failed node's place; run.excluded grows by the failed nodes), or why
-// there is none (the job then goes to a requeue). A relaunch resumes from what the ranks left: the terminal
+// After the survivors gave up in place, with `failed` the nodes to leave out (failed_nodes): the node steps of a
+// relaunch inside the allocation (each group of ranks on its node, a free node of the allocation in a failed node's
+// place; run.excluded grows by the failed nodes), or why there is none (the job then goes to a requeue). A relaunch resumes from what the ranks left: the terminal
 // checkpoint their last words wrote, each rank's own snapshots in its node tier, a moved rank's copy from its
 // partner's node, with no queue wait and no read of the checkpoint dir where the tiers hold the step.
 ckpt::Result<ckpt::placement::NodeSteps> plan_relaunch(Run& run, const InPlaceWatch& watch,
-                                                       const std::vector<NodeStep>& steps,
-                                                       const ckpt::placement::NodeSteps& launched, int world) {
+                                                       const std::set<std::string>& failed,
+                                                       const ckpt::placement::NodeSteps& launched) {
   if (watch.dir.empty()) return ckpt::Error{"the run's records are unknown (CKPT_DIR)"};
   if (run.attempt + 1 > run.s.max_relaunches) return ckpt::Error{"ckpt-run --max-relaunches reached"};
-  const std::set<std::string> failed = failed_nodes(watch, steps, world);
   if (failed.empty()) return ckpt::Error{"the survivors named no lost rank, and no node's step failed"};
   std::set<std::string> excluded = run.excluded;
   excluded.insert(failed.begin(), failed.end());
@@ -771,12 +770,12 @@ Ending wait_node_steps(Run& run, std::vector<NodeStep>& steps, const ckpt::place
       if (code == kExitPeerLost) read_markers(watch);  // a marker is written before its writer exits
       if (code == kExitPeerLost && !handed_over && !g_stopping && (watch.dir.empty() || watch.abandoned)) {
         handed_over = true;
-        auto next = plan_relaunch(run, watch, steps, launched, world);
+        const std::set<std::string> failed = failed_nodes(watch, steps, world);
+        auto next = plan_relaunch(run, watch, failed, launched);
         if (next) {
           // The controller hears of it before the steps end: their tasks' exits are then no new failure to it.
           const std::vector<std::uint32_t> ids = running_step_ids(run, steps);
           if (!run.s.url.empty() && !ids.empty()) {
-            const std::set<std::string> failed = failed_nodes(watch, steps, world);
             report_relaunch(run.s.url, run.job_id, {failed.begin(), failed.end()},
                             *std::max_element(ids.begin(), ids.end()), newest_complete_step());
           }
@@ -807,7 +806,7 @@ Ending wait_node_steps(Run& run, std::vector<NodeStep>& steps, const ckpt::place
 }
 
 // Starts one srun per node of `plan` for launch `run.attempt` (a relaunch: --overlap, since a cancelled step may
-// still hold CPUs, and generations counting on from `generation_base`); fills `watch` for it.
+// still hold CPUs, and generations counting on from `generation_base`); fills the fresh `watch` for it.
 ckpt::Result<std::vector<NodeStep>> start_node_steps(const Run& run, const ckpt::placement::NodeSteps& plan,
                                                      std::uint64_t per_node, std::uint32_t generation_base,
                                                      Notices& notices, InPlaceWatch& watch) {
@@ -853,7 +852,6 @@ ckpt::Result<std::vector<NodeStep>> start_node_steps(const Run& run, const ckpt:
   }
   std::fprintf(stderr, "ckpt-run: %llu nodes train, %s (in-place id %s)\n", static_cast<unsigned long long>(wanted),
                spares.empty() ? "no spare" : ("spares " + spares).c_str(), id.c_str());
-  watch = InPlaceWatch{};
   if (const char* dir = std::getenv(ckpt::env::name_of("dir").c_str()); dir != nullptr && *dir == '/') {
     watch.dir = ckpt::inplace::records_dir(dir, id);
   }

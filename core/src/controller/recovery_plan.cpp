@@ -172,6 +172,20 @@ ReportedNodes reported_nodes(const JobRecord& r, const Event& e) {
   return out;
 }
 
+// An owner's report of a recovery it made (in place, a relaunch): the restart spent with the same rule as a requeue
+// (the resume step is the owner's word: it can spare only the owner's own job a give-up, which not reporting at all
+// would too). False, with the give-up, past the budget.
+bool spend_reported_restart(JobRecord& r, Ending ending, const Event& e, const std::string& what, EventEffects& fx) {
+  const auto verdict = decide_restart(ending, r.budget, e.resume_step, r.needs_checkpoint);
+  if (!verdict.restart) {
+    fx.give_up = verdict.reason + "; " + what + ", stop the job";
+    return false;
+  }
+  r.budget = verdict.after;
+  fx.restarted = ending;
+  return true;
+}
+
 }  // namespace
 
 void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx, double now) {
@@ -189,16 +203,9 @@ void apply_in_place(JobRecord& r, const Event& e, EventEffects& fx, double now) 
     fx.exclude.push_back(n);
     if (!contains(r.replaced_in_place, n) && r.replaced_in_place.size() < 4096) r.replaced_in_place.push_back(n);
   }
-  // A relaunch decision on this failure spent its restart already. The resume step is the owner's word, as the
-  // report is: it can spare only the owner's own job a give-up, which not reporting at all would too.
-  if (r.state != JobState::Relaunching) {
-    const auto verdict = decide_restart(ending, r.budget, e.resume_step, r.needs_checkpoint);
-    if (!verdict.restart) {
-      fx.give_up = verdict.reason + "; ckpt-run recovered in place, stop the job";
-      return;
-    }
-    r.budget = verdict.after;
-    fx.restarted = ending;
+  // A relaunch decision on this failure spent its restart already.
+  if (r.state != JobState::Relaunching && !spend_reported_restart(r, ending, e, "ckpt-run recovered in place", fx)) {
+    return;
   }
   r.failures.clear();
   r.reporters.clear();
@@ -219,15 +226,8 @@ void apply_relaunch(JobRecord& r, const Event& e, EventEffects& fx, double now) 
   // A decision taken already (a requeue under way, the job given up) stands: ckpt-run's relaunch ends with it.
   if (r.state != JobState::Running && r.state != JobState::Failing) return;
   const Ending ending = reported.all.empty() ? Ending::TaskCrash : Ending::NodeFailure;
-  // The resume step is the owner's word, as an in-place report's is (apply_in_place).
-  const auto verdict = decide_restart(ending, r.budget, e.resume_step, r.needs_checkpoint);
-  if (!verdict.restart) {
-    fx.give_up = verdict.reason + "; ckpt-run relaunches inside the allocation, stop the job";
-    return;
-  }
-  r.budget = verdict.after;
+  if (!spend_reported_restart(r, ending, e, "ckpt-run relaunches inside the allocation", fx)) return;
   r.ending = ending;
-  fx.restarted = ending;
   fx.exclude = reported.own;
   r.failures.clear();
   r.reporters.clear();
