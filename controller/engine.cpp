@@ -366,6 +366,7 @@ void Engine::start_failing(JobRecord& r, double now) {
   rt.probe_started = false;
   rt.probe_done = false;
   rt.evidence = rec::NodeEvidence{};
+  rt.awaiting_ckpt_run = false;
   rt.next_check = now + config_.settle_s;  // let reports from live nodes arrive before probing the silent ones
   transition(r, JobState::Failing, "failure reported", now);
 }

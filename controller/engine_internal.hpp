@@ -35,6 +35,7 @@ struct Engine::Runtime {
   bool probe_started = false;
   bool probe_done = false;
   rec::NodeEvidence evidence;          // what the probes of the failure's silent nodes found
+  bool awaiting_ckpt_run = false;      // the failure waits for ckpt-run's relaunch or hand-over (noted once)
   std::future<CheckpointView> checkpoints;  // read with the owner's permissions, off the engine's lock
   bool checkpoints_started = false;
   double reuse_checked = 0;      // when Slurm was last asked whether this id still names the same job

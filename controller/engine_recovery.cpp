@@ -48,6 +48,16 @@ void Engine::check_failing(JobRecord& r, double now) {
   }
   if (!rt.probe_done && !collect_probe_evidence(r, now)) return;
   const auto lost = rec::lost_nodes(rt.evidence, config_.down_hung_nodes, nodes_slurm_has_down(r.nodes));
+  if (rec::awaits_ckpt_run(r, s, lost.dead, now)) {
+    if (!rt.awaiting_ckpt_run) {
+      rt.awaiting_ckpt_run = true;
+      const std::string wait = std::to_string(static_cast<int>(rec::kCkptRunWord_s));
+      note(r, "decision", "the survivors gave up in place; waiting up to " + wait +
+                              " s for ckpt-run's relaunch inside the allocation or its hand-over", now);
+    }
+    rt.next_check = now + 0.05;
+    return;
+  }
   rec::EndingFacts facts;
   facts.slurm = s;
   facts.failures = r.failures;

@@ -11,7 +11,9 @@
 # global batch changed). Mode `stuck` is the crash with the spare where rank 0 (the recovery's root) cannot unwind
 # after the peer loss (tests/integration/stuck_train.py blocks it, as gloo blocks a survivor caught in a send it
 # never fails): the survivors give up in place and ckpt-run relaunches the node steps inside the allocation, the
-# spare node in the dead one's place (the requeue it replaced is mode `requeue`). Prints per run and as medians the time from the failure to the first
+# spare node in the dead one's place (the requeue it replaced is mode `requeue`); `stuck-partition` is the same
+# with the node cut off instead of crashed (its step runs on where Slurm cannot reach it; the relaunch's epoch fences
+# its rank out of the checkpoint dir; its link comes back once training ended). Prints per run and as medians the time from the failure to the first
 # completed step after it, split (in place) into detection, agreement, last words, group re-formation, state load
 # and first step; the floors (the heartbeat timeout, one step); the steps lost; and whether the final weights
 # are bitwise identical to an uninterrupted run's; and the bytes the ranks read from the checkpoint dir at the
@@ -21,7 +23,7 @@
 # with ZeRO-1 (train_ddp.py --zero1: each rank alone holds AdamW's state of its partition of the parameters,
 # whole ones) and the memory tier (--ckpt-memory, a checkpoint in memory every step, its copy on the
 # next node's rank) instead of periodic checkpoints: the replacement's state comes from the partner's copy.
-#   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze partition requeue shrink stuck"] [-t HEARTBEAT_TIMEOUT]
+#   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze partition requeue shrink stuck stuck-partition"] [-t HEARTBEAT_TIMEOUT]
 #                        [-s "memory files"] [-x EXTRA_MIB] [-z] [-o DIR]
 # (cluster up; CKPT_BUILD_DIR set or build/ in the source tree). The batch host (n1) is never the victim: its
 # failure ends the batch script, and with it any Slurm job; that case takes the requeue path.
@@ -59,7 +61,7 @@ fi
 victim="" job="" mode=""
 # Brings the victim back: its link first when it was cut off, then its daemons and its state in Slurm.
 restore_victim() {
-  [ "$mode" = partition ] && "$SRC/tests/cluster.sh" heal-node "$victim" > /dev/null 2>&1
+  case "$mode" in partition | stuck-partition) "$SRC/tests/cluster.sh" heal-node "$victim" > /dev/null 2>&1 ;; esac
   "$SRC/tests/cluster.sh" revive-node "$victim" > /dev/null 2>&1
 }
 cleanup() {
@@ -84,7 +86,7 @@ sed "s|slurm-examples/train_ddp.py|tests/integration/stuck_train.py|" "$WORK/job
 submit() {
   mkdir -p "$WORK/$1"
   local script=$WORK/job.sbatch
-  [ "${mode:-}" = stuck ] && script=$WORK/stuck.sbatch
+  case "${mode:-}" in stuck | stuck-partition) script=$WORK/stuck.sbatch ;; esac
   job=$(STUCK_RANK=0 CKPT_INPLACE_STATE=${state:-memory} sbatch --parsable -N "$2" -J "bench-inplace-$1" -o "$WORK/$1/log" \
     --ckpt-last-words=on --ckpt-dir="$WORK/$1/ckpt" "${SBATCH_ARGS[@]}" "${@:3}" "$script" --out "$WORK/$1/final")
 }
@@ -114,6 +116,7 @@ for mode in $MODES; do
     [ "$mode" = requeue ] && nodes=3 action=crash-node victim=n3  # no spare; Slurm gives n1..n3
     [ "$mode" = shrink ] && nodes=3 action=crash-node victim=n3 options=(--ckpt-shrink=on)
     [ "$mode" = stuck ] && action=crash-node
+    [ "$mode" = stuck-partition ] && action=partition-node
     submit "$name" $nodes "${options[@]}"
     for _ in $(seq $((WAIT_S * 50))); do
       s=$(logged "$WORK/$name/log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break

@@ -225,6 +225,64 @@ TEST_CASE("engine cycle: a hand-over from ckpt-run is requeued without spending 
   CHECK(h.job()["reason"].get<std::string>().find("ckpt-run handed over") != std::string::npos);
 }
 
+TEST_CASE("engine cycle: survivors that gave up under ckpt-run --spares: its word decides, else a requeue",
+          "[controller][engine]") {
+  Harness h;
+  rec::Event start;  // ckpt-run's node steps: not relaunched by the controller, one spare kept
+  start.type = rec::EventType::JobStart;
+  start.job_id = kJob;
+  start.step_id = 0;
+  start.spares = 1;
+  for (const char* n : {"n1", "n2", "n3"}) {
+    start.node = n;
+    h.send(start);
+  }
+  h.send(rec::EventType::JobStart, rec::kBatchStep, "n1");
+  h.cycle();
+  h.slurm.nodes[2].down = true;  // n3 crashed; the survivors on n1 and n2 gave up in place
+  h.now += 11;                   // the engine's view of the nodes (kept 10 s) sees it at the failure
+  for (const char* n : {"n1", "n2"}) {
+    rec::Event exit75;
+    exit75.type = rec::EventType::TaskExit;
+    exit75.job_id = kJob;
+    exit75.step_id = 0;
+    exit75.node = n;
+    exit75.exit_code = rec::kExitPeerLost;
+    h.send(exit75);
+  }
+  const double failed = h.now;
+  // Probed and found dead within the wait (real time enough for the probes' thread), yet not requeued: ckpt-run's
+  // word is due.
+  while (h.now < failed + rec::kCkptRunWord_s - 1) {
+    h.cycle();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(h.in("failing"));
+  CHECK(h.slurm.requeues == 0);
+  SECTION("ckpt-run relaunches the node steps") {
+    rec::Event relaunch;
+    relaunch.type = rec::EventType::Relaunch;
+    relaunch.job_id = kJob;
+    relaunch.step_id = 0;
+    relaunch.node = "n1";
+    relaunch.failed_nodes = "n3";
+    relaunch.resume_step = 40;
+    h.send(relaunch);
+    h.cycle();
+    CHECK(h.in("relaunching"));
+    for (int i = 0; i < 100; ++i) h.cycle();  // past the wait: the decision stands
+    CHECK(h.in("relaunching"));
+    CHECK(h.slurm.requeues == 0);
+    CHECK(h.job()["budget"]["restarts"] == 1);
+  }
+  SECTION("ckpt-run says nothing (it hung): the failure is decided as any other") {
+    REQUIRE(h.cycle_until([&] { return h.in("pending"); }));
+    CHECK(h.now >= failed + rec::kCkptRunWord_s);
+    CHECK(h.slurm.requeues == 1);
+    CHECK(h.slurm.last_exclude == std::vector<std::string>{"n3"});
+  }
+}
+
 TEST_CASE("engine cycle: a spent budget gives up and holds nothing that is not pending", "[controller][engine]") {
   Harness h;
   rec::Event start;

@@ -4,8 +4,9 @@
 #       slow requests and endless header lines keep the controller's peak RSS under 100 MiB while /healthz and a
 #       valid event are answered within 1 s.
 #   test_security_controller.sh slurm   (the local cluster): a second user cannot read another user's jobs or
-#       history; a ckpt_dir in an event signed by the job's user is ignored; another user's slow-node report is
-#       refused; a reused job id starts a fresh record.
+#       history; a ckpt_dir in an event signed by the job's user is ignored; another user's slow-node report, and
+#       ckpt-run's words on a recovery (relaunch, in-place, handover) for another user's job, are refused; an owner's
+#       relaunch leaves out only nodes of the owner's job and marks none DOWN; a reused job id starts a fresh record.
 source "$(dirname "$0")/lib.sh"
 CTL=$CKPT_BUILD_DIR/controller/ckpt-controller
 [ -x "$CTL" ] || { echo "SKIP: controller not built" >&2; exit 77; }
@@ -49,6 +50,10 @@ job_start() {  # job_start JOB DIR: a job-start event as the plugin sends it
 
 slow_node() {  # slow_node JOB NODE: a slow-node report that would exclude NODE from JOB's next runs
   echo "{\"v\":1,\"type\":\"slow_node\",\"job_id\":$1,\"step_id\":0,\"restart_count\":0,\"node\":\"$2\",\"uid\":0,\"time\":0,\"slow_node\":\"$2\",\"score\":0.1,\"action\":\"exclude\",\"detail\":\"forged\"}"
+}
+owner_word() {  # owner_word TYPE JOB NODES: ckpt-run's word on a recovery (relaunch, in-place, handover) naming NODES failed
+  local now; now=$(date +%s)
+  echo "{\"v\":1,\"type\":\"$1\",\"job_id\":$2,\"step_id\":0,\"restart_count\":0,\"node\":\"n1\",\"uid\":0,\"time\":0,\"failed_nodes\":\"$3\",\"generation\":1,\"detected\":$now,\"resumed\":$((now + 1))}"
 }
 
 flood() {
@@ -135,6 +140,50 @@ CONF
   assert_contains "$SCRATCH/job-mine" '"bad_nodes":[]'
   assert_contains "$SCRATCH/controller.log" "rejected slow_node from ${node:-n1} (uid $user_uid) for job $mine"
   pass "another user's slow-node report for a job is refused and excludes nothing"
+
+  # ckpt-run's word on a recovery is the job owner's: another user's relaunch, in-place report or hand-over for
+  # root's job is refused and spends, excludes and marks nothing.
+  local type
+  for type in relaunch in-place handover; do
+    [ "$(post_event "$TEST_USER" "$(owner_word "$type" "$mine" "${node:-n1}")")" = 403 ] ||
+      { cat "$SCRATCH/answer" >&2; fail "$TEST_USER's $type event for job $mine was not refused"; }
+    assert_contains "$SCRATCH/controller.log" "rejected $type from n1 (uid $user_uid) for job $mine"
+  done
+  get_as root "/v1/jobs/$mine" > "$SCRATCH/job-mine"
+  assert_contains "$SCRATCH/job-mine" '"state":"running"'
+  assert_contains "$SCRATCH/job-mine" '"bad_nodes":[]'
+  assert_contains "$SCRATCH/job-mine" '"restarts":0'
+  # The owner's own relaunch may leave out only nodes of the owner's allocation: not root's job's node (where the two
+  # differ), not a made-up one; and it marks no node DOWN or DRAIN.
+  local their_node=""
+  for _ in $(seq 100); do
+    their_node=$(squeue -h -t running -j "$theirs" -o %N)
+    [ -n "$their_node" ] && break
+    sleep 0.2
+  done
+  [ -n "$their_node" ] || fail "job $theirs does not run"
+  for _ in $(seq 50); do  # the controller has the allocation from Slurm (its reconcile pass)
+    get_as root "/v1/jobs/$theirs" | head -1 | "$PY" -c 'import json, sys; sys.exit(not json.load(sys.stdin)["nodes"])' && break
+    sleep 0.1
+  done
+  [ "$(post_event "$TEST_USER" "$(owner_word relaunch "$theirs" "${node:-n1},n9,$their_node")")" = 202 ] ||
+    { cat "$SCRATCH/answer" >&2; fail "$TEST_USER's relaunch event for their own job $theirs was refused"; }
+  for _ in $(seq 50); do
+    get_as root "/v1/jobs/$theirs" > "$SCRATCH/job-theirs"
+    grep -q '"state":"relaunching"' "$SCRATCH/job-theirs" && break
+    sleep 0.1
+  done
+  assert_contains "$SCRATCH/job-theirs" '"state":"relaunching"'
+  assert_contains "$SCRATCH/job-theirs" "\"exclude\":[\"$their_node\"]"
+  assert_contains "$SCRATCH/job-theirs" '"restarts":1'
+  local n state
+  for n in ${node:-n1} $their_node; do
+    state=$(sinfo -h -n "$n" -o %t | head -1)
+    case "$state" in down* | drain* | drng*) fail "$n is $state after a user's relaunch event" ;; esac
+  done
+  get_as root "/v1/jobs/$mine" > "$SCRATCH/job-mine"
+  assert_contains "$SCRATCH/job-mine" '"bad_nodes":[]'
+  pass "another user's relaunch, in-place and hand-over words are refused; an owner's relaunch leaves out only their own job's node"
 
   # A second user reads neither another user's job nor its history; their own, yes; root sees all.
   get_as "$TEST_USER" "/v1/jobs/$mine/history" > "$SCRATCH/h"

@@ -639,6 +639,32 @@ TEST_CASE("hung nodes: named by this run's survivors, live, silent, of the alloc
   CHECK(hung_nodes(crash, lost, {}).empty());
 }
 
+TEST_CASE("plan: survivors that gave up under ckpt-run --spares wait a while for its relaunch or hand-over",
+          "[recovery][plan]") {
+  JobRecord r = survivors_reported_from({"n1", "n3"});  // n2 crashed
+  r.spares = 1;
+  const SlurmJob running = slurm(SlurmState::Running);
+  CHECK(awaits_ckpt_run(r, running, {"n2"}, 1000.1));
+  CHECK(awaits_ckpt_run(r, running, {"n2"}, 1000 + kCkptRunWord_s - 0.01));
+  CHECK_FALSE(awaits_ckpt_run(r, running, {"n2"}, 1000 + kCkptRunWord_s));  // late: decided as any failure
+  CHECK_FALSE(awaits_ckpt_run(r, running, {"n1"}, 1000.1));                // ckpt-run's node (the batch host) died
+  CHECK_FALSE(awaits_ckpt_run(r, slurm(SlurmState::Failed), {"n2"}, 1000.1));  // the job ended: ckpt-run with it
+
+  JobRecord no_spares = r;
+  no_spares.spares = 0;  // no ckpt-run --spares: nobody relaunches node steps
+  CHECK_FALSE(awaits_ckpt_run(no_spares, running, {"n2"}, 1000.1));
+  JobRecord handed_over = r;
+  handed_over.handover = true;  // ckpt-run said it: requeue now
+  CHECK_FALSE(awaits_ckpt_run(handed_over, running, {"n2"}, 1000.1));
+  JobRecord crashed = r;
+  crashed.failures.push_back(failure_in(0, "n3"));  // a rank's own failure, not a survivor's: ckpt-run does not act
+  CHECK_FALSE(awaits_ckpt_run(crashed, running, {"n2"}, 1000.1));
+  JobRecord killed = r;
+  killed.failures.front().signal = 9;
+  CHECK_FALSE(awaits_ckpt_run(killed, running, {"n2"}, 1000.1));
+  CHECK_FALSE(awaits_ckpt_run(record(JobState::Failing), running, {"n2"}, 1000.1));  // nothing reported
+}
+
 TEST_CASE("hung nodes: the survivors' record is parsed strictly", "[recovery][plan][security]") {
   PeerLost lost{"41", 2, {"n2", "gpu-07"}, 1234.5};
   auto back = parse_peer_lost(to_json(lost));

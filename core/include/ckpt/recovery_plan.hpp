@@ -125,6 +125,15 @@ std::vector<std::string> hung_nodes(const JobRecord& record, const std::optional
 // Whether a failure's reports include a survivor's "peer lost" (then the survivors' record is worth reading).
 bool survivors_reported(const JobRecord& record);
 
+// ckpt-run --spares decides what follows survivors that gave up recovering in place (they exit kExitPeerLost): a
+// relaunch of its node steps inside the allocation (its `relaunch` event) or a requeue (`handover`). It says which
+// within about 50 ms of the first such exit; a requeue the controller decided first would stand under the relaunch.
+// True while the controller waits for that word: the job has spares, every report of the failure is a survivor's
+// exit, Slurm still runs the job, the batch host (where ckpt-run runs) is not among the `dead`, and the first report
+// came less than kCkptRunWord_s ago. After that the failure is decided as any other.
+inline constexpr double kCkptRunWord_s = 5;
+bool awaits_ckpt_run(const JobRecord& record, const SlurmJob& slurm, const std::vector<std::string>& dead, double now);
+
 // MinNodes for a requeue that leaves `excluded` out: a job whose allocation held spares (ckpt-run's, r.spares)
 // may start with fewer of them, one fewer per excluded node of its allocation, never fewer than it trains on; 0
 // (as submitted) for a job without spares or when none of its nodes is excluded. Without it a -N4 job with one

@@ -341,6 +341,15 @@ bool survivors_reported(const JobRecord& r) {
                      [](const TaskFailure& f) { return f.signal == 0 && f.exit_code == kExitPeerLost; });
 }
 
+bool awaits_ckpt_run(const JobRecord& r, const SlurmJob& s, const std::vector<std::string>& dead, double now) {
+  if (r.spares == 0 || r.handover || r.failures.empty() || s.state != SlurmState::Running) return false;
+  if (contains(dead, r.batch_host)) return false;  // ckpt-run went with its node
+  const bool survivors_only = std::all_of(r.failures.begin(), r.failures.end(), [](const TaskFailure& f) {
+    return f.signal == 0 && f.exit_code == kExitPeerLost;
+  });
+  return survivors_only && now < r.clock.failed + kCkptRunWord_s;
+}
+
 std::vector<std::string> hung_nodes(const JobRecord& r, const std::optional<PeerLost>& lost,
                                     const std::vector<std::string>& dead) {
   std::vector<std::string> hung;
