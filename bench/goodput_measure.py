@@ -3,8 +3,8 @@
 
     goodput_measure.py [--memory NAME ...] STEP_S STEPS NAME LOG KILLS [NAME LOG KILLS ...]  ->  JSON on stdout
 
-Each LOG is train_dp_tp.py's with --log-time (rank 0's lines end with t=<unix seconds>), plus the batch script's
-"run N on ..." lines and libckpt's lines; each KILLS holds "<unix seconds> <pid>" per injected failure. STEP_S is
+Each LOG is train_dp_tp.py's or train_ddp.py's with --log-time (rank 0's lines end with t=<unix seconds>), plus
+the batch script's "run N on ..." lines and libckpt's lines; each KILLS holds "<unix seconds> <pid>" per injected failure. STEP_S is
 the step time of the run without checkpoints or failures: the useful work of a job is STEPS x STEP_S.
 
 The accounting matches `ckpt simulate`'s, so that its prediction can be held against what happened:
@@ -31,10 +31,10 @@ import statistics
 import sys
 
 WARMUP = 3
-STEP = re.compile(r"^train_dp_tp: step (\d+) loss \S+ t=([0-9.]+)$")
+STEP = re.compile(r"^train_(?:dp_tp|ddp): step (\d+) loss \S+ t=([0-9.]+)$")
 TERMINAL = re.compile(r"last words: committed the terminal checkpoint of step (\d+),")
 FROM_MEMORY = re.compile(r"last words: wrote .*terminal shard of step (\d+) from (?:staging|its partner copy)")
-START = re.compile(r"^train_dp_tp: (?:starting at|resumed from) step (\d+) .* t=([0-9.]+)$")
+START = re.compile(r"^train_(?:dp_tp|ddp): (?:starting at|resumed from) step (\d+) .* t=([0-9.]+)$")
 ALLOCATION = re.compile(r"^run \d+ on ")
 
 

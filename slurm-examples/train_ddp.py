@@ -42,7 +42,7 @@ def parse_args():
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--log-every", type=int, default=20)
-    p.add_argument("--log-time", action="store_true", help="end each step line with t=<unix seconds> (benchmarks)")
+    p.add_argument("--log-time", action="store_true", help="end each step line and the start line with t=<unix seconds> (benchmarks)")
     p.add_argument("--zero1", action="store_true",
                    help="shard the optimizer state across ranks (torch's ZeroRedundancyOptimizer over AdamW)")
     p.add_argument("--extra-mib", type=int, default=0,
@@ -176,7 +176,8 @@ def train(args, in_place=False, warm=None):
             optimizer.optim.state.clear()  # ZeRO-1's partition: the state its local optimizer holds
         torch.manual_seed(args.seed + 1 + rank)
     say(f"resumed from step {start}" if start else "starting at step 0",
-        f"({world} ranks, checkpoints every {cp.config['interval'] if cp.enabled else 'never'})")
+        f"({world} ranks, checkpoints every {cp.config['interval'] if cp.enabled else 'never'})"
+        + (f" t={time.time():.3f}" if args.log_time else ""))
 
     stopped = False
     step = start
