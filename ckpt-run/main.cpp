@@ -735,15 +735,40 @@ ckpt::Result<ckpt::placement::NodeSteps> plan_relaunch(Run& run, const InPlaceWa
   return std::move(*next);
 }
 
+// The survivors gave up in place (`why`): the node steps relaunched inside the allocation (plan_relaunch), told to
+// the controller first and the old steps cancelled; or, where that cannot be, the job handed over to a requeue
+// (nullopt: the steps end on their own).
+std::optional<ckpt::placement::NodeSteps> on_abandoned(Run& run, std::vector<NodeStep>& steps,
+                                                       const ckpt::placement::NodeSteps& launched,
+                                                       const InPlaceWatch& watch, const std::string& why) {
+  const std::set<std::string> failed = failed_nodes(watch, steps, static_cast<int>(watch.node_of_rank.size()));
+  auto next = plan_relaunch(run, watch, failed, launched);
+  if (next) {
+    // The controller hears of it before the steps end: their tasks' exits are then no new failure to it.
+    const std::vector<std::uint32_t> ids = running_step_ids(run, steps);
+    if (!run.s.url.empty() && !ids.empty()) {
+      report_relaunch(run.s.url, run.job_id, {failed.begin(), failed.end()}, *std::max_element(ids.begin(), ids.end()),
+                      newest_complete_step());
+    }
+    cancel_node_steps(run, steps, ids);
+    return std::move(next).value();
+  }
+  log_info(why + ", and the node steps cannot be relaunched inside the allocation (" + next.error() +
+           "); handing over to a requeue");
+  if (!run.s.url.empty()) hand_over(run.s, run.job_id, "no spare left for a recovery in place");
+  return std::nullopt;
+}
+
 // Waits for the per-node steps. Training is done once `wanted` of them exited 0 (the training nodes, or spares in
 // a dead node's place) or rank 0 marked it finished: what is left then (a dead node's step Slurm has not ended yet;
 // idle spares leave on their own within a second) gets 3 s and is killed.
-// A step that exits 75 holds survivors that could not recover in place: ckpt-run relaunches the node steps inside
-// the allocation where it can (plan_relaunch), and hands the job over to a requeue where it cannot.
+// Survivors that could not recover in place mark it (`abandoned`) and exit 75: on the marker, read when a step
+// ends or at a look (kLookEvery_s), on_abandoned relaunches the node steps or hands the job over. A step's status
+// does not say it: with several ranks on a node srun ends the others once one exits 75 (status 137), and a survivor
+// stuck in a collective leaves while the others on its node wait for it to join the next generation (30 s).
 Ending wait_node_steps(Run& run, std::vector<NodeStep>& steps, const ckpt::placement::NodeSteps& launched,
                        InPlaceWatch& watch, Notices& notices) {
   const std::uint64_t wanted = launched.training.size();
-  const int world = static_cast<int>(watch.node_of_rank.size());
   std::uint64_t zeros = 0;
   std::optional<int> failure;
   bool handed_over = false;
@@ -765,32 +790,27 @@ Ending wait_node_steps(Run& run, std::vector<NodeStep>& steps, const ckpt::place
       std::fprintf(stderr, "ckpt-run: the step on %s ended with status %d at %.3f\n", steps[i].node.c_str(), code,
                    ckpt::unix_seconds());
       if (!failure) failure = code;
-      // 75 hands over when the survivors gave up (they mark it); a stale rank that thawed after a recovery in
-      // place exits 75 too, and the job goes on without it.
-      if (code == kExitPeerLost) read_markers(watch);  // a marker is written before its writer exits
-      if (code == kExitPeerLost && !handed_over && !g_stopping && (watch.dir.empty() || watch.abandoned)) {
+      // The survivors gave up when they marked it (a step of several ranks then ends killed: srun ends the rest
+      // once one exits 75); a stale rank that thawed after a recovery in place exits 75 unmarked, and the job goes
+      // on without it. Without records, 75 alone says it.
+      read_markers(watch);  // a marker is written before its writer exits
+      if (!handed_over && !g_stopping && (watch.abandoned || (code == kExitPeerLost && watch.dir.empty()))) {
         handed_over = true;
-        const std::set<std::string> failed = failed_nodes(watch, steps, world);
-        auto next = plan_relaunch(run, watch, failed, launched);
-        if (next) {
-          // The controller hears of it before the steps end: their tasks' exits are then no new failure to it.
-          const std::vector<std::uint32_t> ids = running_step_ids(run, steps);
-          if (!run.s.url.empty() && !ids.empty()) {
-            report_relaunch(run.s.url, run.job_id, {failed.begin(), failed.end()},
-                            *std::max_element(ids.begin(), ids.end()), newest_complete_step());
-          }
-          cancel_node_steps(run, steps, ids);
-          return Ending{0, std::move(next).value()};
-        }
-        log_info("survivors on " + steps[i].node + " could not recover in place, and the node steps cannot be " +
-                 "relaunched inside the allocation (" + next.error() + "); handing over to a requeue");
-        if (!run.s.url.empty()) hand_over(run.s, run.job_id, "no spare left for a recovery in place");
+        auto next = on_abandoned(run, steps, launched, watch, "survivors on " + steps[i].node +
+                                                               " could not recover in place");
+        if (next) return Ending{0, std::move(next)};
       }
     }
     if (pid > 0) continue;
     if (watch_in_place(run, watch) && !g_stopping) {
       kill_node_steps(steps);
       handed_over = true;  // not to a requeue: the controller gave up; the status says the job failed
+    }
+    if (watch.abandoned && !handed_over && !g_stopping) {  // marked, read at a look (kLookEvery_s)
+      handed_over = true;
+      std::fprintf(stderr, "ckpt-run: the survivors gave up in place (marked at a look, %.3f)\n", ckpt::unix_seconds());
+      auto next = on_abandoned(run, steps, launched, watch, "the survivors could not recover in place");
+      if (next) return Ending{0, std::move(next)};
     }
     // Done: training ended, or it was handed over (idle spares and stuck steps have nothing left to do).
     if (done_at == 0 && (zeros >= wanted || handed_over || watch.finished)) done_at = ckpt::unix_seconds();

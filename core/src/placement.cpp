@@ -50,6 +50,7 @@ std::set<std::string> failed_nodes(const std::map<int, std::string>& node_of_ran
   for (int rank : lost) {
     if (auto it = node_of_rank.find(rank); it != node_of_rank.end()) failed.insert(it->second);
   }
+  if (!lost.empty()) return failed;
   for (const StepEnd& step : steps) {
     if (step.status && *step.status != 0 && *step.status != gave_up) failed.insert(step.node);
   }

@@ -44,17 +44,17 @@ controller_down() {
   "$CKPT_SOURCE_DIR/tests/cluster.sh" up > /dev/null 2>&1 || true
 }
 
-# inplace_job FILE "SBATCH OPTIONS" "TRAIN_DDP ARGS": the batch script of the restart-in-place tests: train_ddp.py on
-# 3 nodes, one rank each, under `ckpt-run --spares 1` ($RUN_SPARES at submit time replaces it) with last words on,
-# a 1 s heartbeat timeout and the test's controller (controller_up first). Arguments given to sbatch after the
-# script go to train_ddp.py.
+# inplace_job FILE "SBATCH OPTIONS" "TRAIN_DDP ARGS" [RANKS_PER_NODE]: the batch script of the restart-in-place tests:
+# train_ddp.py on 3 nodes, RANKS_PER_NODE ranks each (1 unless given), under `ckpt-run --spares 1` ($RUN_SPARES at
+# submit time replaces it) with last words on, a 1 s heartbeat timeout and the test's controller (controller_up
+# first). Arguments given to sbatch after the script go to train_ddp.py.
 inplace_job() {
   cat > "$1" <<JOB
 #!/bin/bash
 #SBATCH --no-kill --requeue --open-mode=append --ckpt-last-words=on${2:+ $2}
 export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=1s CKPT_CONTROLLER_URL=$CONTROLLER_URL
 echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
-$CKPT_BUILD_DIR/ckpt-run/ckpt-run \${RUN_SPARES---spares 1} srun -N3 --ntasks-per-node=1 $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
+$CKPT_BUILD_DIR/ckpt-run/ckpt-run \${RUN_SPARES---spares 1} srun -N3 --ntasks-per-node=${4:-1} $PY $CKPT_SOURCE_DIR/slurm-examples/train_ddp.py \\
   $3 "\$@"
 JOB
 }

@@ -11,9 +11,10 @@
 #  A survivor whose crash caught it in ZeRO-1's parameter broadcast with a send in flight cannot go on in place
 #  (gloo never fails that send): it must hand over at once, and the requeued job resume from the terminal
 #  checkpoint, the dead rank's shard from its partner's copy, bitwise.
-# Then a survivor that cannot unwind after the crash (tests/integration/stuck_train.py blocks rank 0): the survivors
-# give up in place, and ckpt-run relaunches the node steps inside the allocation (the spare node in the dead one's
-# place), telling the controller first; every rank restores from the node tiers, nothing read, bitwise.
+# Then, two ranks a node, a survivor that cannot unwind after the crash (tests/integration/stuck_train.py blocks it):
+# the survivors give up in place, and ckpt-run relaunches the node steps inside the allocation (the spare node in
+# the dead one's place), telling the controller first; every rank restores from the node tiers, nothing read,
+# bitwise.
 # Then the same crash under `ckpt-run` without --spares, which relaunches the step inside the allocation (n4 in the
 # dead node's place) on the controller's decision:
 #  - the terminal checkpoint is written as above, the dead rank's shard from its partner's copy;
@@ -121,39 +122,47 @@ else
 fi
 
 # ---- a survivor that cannot unwind: ckpt-run relaunches the node steps inside the allocation ----
-# stuck_train.py blocks a survivor after the peer loss, as gloo leaves one caught in a send it never fails: rank 0
-# (the recovery's root, on the batch host n1, which then writes no plan) or rank 1 (whose root plans the spare in
-# and waits for it to join); n3 (rank 2) crashes. The stuck rank says so within 5 s of the last words and hands
-# over, naming rank 2 lost. ckpt-run relaunches the node steps inside the
-# allocation, not a requeue: ranks 0 and 1 on n1 and n2 again, each from its node tier, rank 2 on n4 (the spare
-# node), which fetches its snapshot back from the copy rank 0's process left in n1's node tier. Nothing is read from
-# the checkpoint dir, and the final weights are the uninterrupted run's, bitwise.
-sed "s|slurm-examples/train_ddp.py|tests/integration/stuck_train.py|" "$SCRATCH/job.sbatch" > "$SCRATCH/stuck.sbatch"
+# Two ranks a node, as GPU nodes run them: n1 holds ranks 0 and 1, n2 ranks 2 and 3, n3 ranks 4 and 5, n4 two
+# spares. stuck_train.py blocks a survivor after the peer loss, as gloo leaves one caught in a send it never fails:
+# rank 0 (the recovery's root, which then writes no plan), rank 1 (beside the root, which plans the spares in and
+# waits for it to join) or rank 2 (on another node), at random; n3 crashes. The stuck rank says so within 5 s of the
+# last words and hands over, naming ranks 4 and 5 lost. Its node step's status says nothing of that (srun ends the
+# step's other rank once one exits 75, or the other rank waits for it to join): ckpt-run acts on the survivors'
+# marker and relaunches the node steps inside the allocation, not a requeue: ranks 0 to 3 on n1 and n2 again, each
+# from its node tier, ranks 4 and 5 on n4, which fetch their snapshots back from the copies their partners'
+# processes left. Nothing is read from the checkpoint dir, and the final weights are the uninterrupted run's, bitwise.
+inplace_job "$SCRATCH/two.sbatch" "--ckpt-memory=256M --ckpt-interval=100000steps --ntasks-per-node=2" \
+  "--zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1" 2
+sed "s|slurm-examples/train_ddp.py|tests/integration/stuck_train.py|" "$SCRATCH/two.sbatch" > "$SCRATCH/stuck.sbatch"
+submit reference-two "$SCRATCH/two.sbatch"
+wait_gone reference-two
+[ -s "$SCRATCH/reference-two/final" ] || { cat "$SCRATCH/reference-two/log" >&2; fail "the uninterrupted run of 2 ranks a node failed"; }
 name=stuck
-stuck=${CKPT_TEST_STUCK_RANK:-$((RANDOM % 2))}
+stuck=${CKPT_TEST_STUCK_RANK:-$((RANDOM % 3))}
 STUCK_RANK=$stuck submit $name "$SCRATCH/stuck.sbatch"
 log=$SCRATCH/$name/log
 crash_node_at_random_step $name n3
 assert_contains "$log" "stuck_train: rank $stuck blocks after the peer loss"
 assert_contains "$log" "rank $stuck: training is stuck in a collective of generation 0"
-assert_contains "$log" "ckpt-run: relaunch 1: the node steps started at"
 grep -q "ckpt-run: relaunch 1: the node steps started at .* on n1,n2,n4 without n3" "$log" ||
-  { grep "ckpt-run" "$log" >&2; fail "the relaunch did not keep ranks 0 and 1 on n1 and n2 and put rank 2 on n4"; }
+  { grep "ckpt-run\|srun" "$log" >&2; fail "the relaunch did not keep ranks 0 to 3 on n1 and n2 and put ranks 4 and 5 on n4"; }
 grep -q "^run 1 on" "$log" && { cat "$log" >&2; fail "the stuck survivor's job was requeued, not relaunched"; }
 # The controller heard of the relaunch before the steps ended: the ended steps' tasks were no new failure to it.
 grep -q "job $job: .* -> relaunching: ckpt-run relaunches its node steps inside the allocation" "$SCRATCH/controller.log" &&
   grep -q "job $job: relaunching -> running: ckpt-run relaunched the step as step" "$SCRATCH/controller.log" ||
   { grep "job $job" "$SCRATCH/controller.log" >&2; fail "the controller did not follow the relaunch"; }
-resumed_after_crash $name reference 2
-grep -q "ckpt: rank 2: memory tier: this node holds no snapshot of this rank; fetched step [0-9]* of launch .* from the copy rank 0's node kept" "$log" ||
-  { grep "memory tier\|node tier\|ckpt: rank 2" "$log" >&2; fail "rank 2, on n4, did not fetch its snapshot from rank 0's node"; }
-for r in 0 1 2; do
+resumed_after_crash $name reference-two 4
+for r in 4 5; do
+  grep -q "ckpt: rank $r: memory tier: this node holds no snapshot of this rank; fetched step [0-9]* of launch .* from the copy rank [0-9]*'s node kept" "$log" ||
+    { grep "memory tier\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r, on n4, did not fetch its snapshot from its partner's node"; }
+done
+for r in 0 1 2 3 4 5; do
   restore_bytes "$log" $r
   echo "  rank $r: $read_b bytes read, $live_b found in memory"
   [ "$read_b" -eq 0 ] && [ "$live_b" -gt 8388608 ] ||
     { grep "restored step\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r read its state from the checkpoint dir"; }
 done
-pass "rank $stuck stuck after $crashed crashed at step $seen: relaunched inside the allocation (no requeue) from step $term; ranks 0 and 1 from their node tiers, rank 2 on n4 from the copy n1 kept (nothing read by any rank); bitwise identical"
+pass "2 ranks a node, rank $stuck stuck after $crashed crashed at step $seen: relaunched inside the allocation (no requeue) from step $term; ranks 0 to 3 from their node tiers, ranks 4 and 5 on n4 from their partners' copies (nothing read by any rank); bitwise identical"
 
 # ---- ckpt-run relaunches the step inside the allocation ----
 # The batch script's ckpt-run gets no --spares: a failed step is relaunched, not recovered in place. Outside

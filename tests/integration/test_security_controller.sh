@@ -51,6 +51,13 @@ job_start() {  # job_start JOB DIR: a job-start event as the plugin sends it
 slow_node() {  # slow_node JOB NODE: a slow-node report that would exclude NODE from JOB's next runs
   echo "{\"v\":1,\"type\":\"slow_node\",\"job_id\":$1,\"step_id\":0,\"restart_count\":0,\"node\":\"$2\",\"uid\":0,\"time\":0,\"slow_node\":\"$2\",\"score\":0.1,\"action\":\"exclude\",\"detail\":\"forged\"}"
 }
+record_when() {  # record_when JOB FILE PATTERN: the job's record as root in FILE, once it holds PATTERN (10 s at most)
+  for _ in $(seq 50); do
+    get_as root "/v1/jobs/$1" > "$2"
+    grep -q "$3" "$2" && return 0
+    sleep 0.2
+  done
+}
 owner_word() {  # owner_word TYPE JOB NODES: ckpt-run's word on a recovery (relaunch, in-place, handover) naming NODES failed
   local now; now=$(date +%s)
   echo "{\"v\":1,\"type\":\"$1\",\"job_id\":$2,\"step_id\":0,\"restart_count\":0,\"node\":\"n1\",\"uid\":0,\"time\":0,\"failed_nodes\":\"$3\",\"generation\":1,\"detected\":$now,\"resumed\":$((now + 1))}"
@@ -168,11 +175,7 @@ CONF
   done
   [ "$(post_event "$TEST_USER" "$(owner_word relaunch "$theirs" "${node:-n1},n9,$their_node")")" = 202 ] ||
     { cat "$SCRATCH/answer" >&2; fail "$TEST_USER's relaunch event for their own job $theirs was refused"; }
-  for _ in $(seq 50); do
-    get_as root "/v1/jobs/$theirs" > "$SCRATCH/job-theirs"
-    grep -q '"state":"relaunching"' "$SCRATCH/job-theirs" && break
-    sleep 0.1
-  done
+  record_when "$theirs" "$SCRATCH/job-theirs" '"state":"relaunching"'
   assert_contains "$SCRATCH/job-theirs" '"state":"relaunching"'
   assert_contains "$SCRATCH/job-theirs" "\"exclude\":[\"$their_node\"]"
   assert_contains "$SCRATCH/job-theirs" '"restarts":1'
@@ -218,11 +221,7 @@ db.commit()
 PY
   start_controller
   local submit; submit=$(date -d "$(scontrol show job "$mine" | grep -oE 'SubmitTime=[^ ]+' | cut -d= -f2)" +%s)
-  for _ in $(seq 50); do
-    get_as root "/v1/jobs/$mine" > "$SCRATCH/reused"
-    grep -q '"state":"running"' "$SCRATCH/reused" && break
-    sleep 0.2
-  done
+  record_when "$mine" "$SCRATCH/reused" '"state":"running"'
   assert_contains "$SCRATCH/reused" '"state":"running"'
   assert_contains "$SCRATCH/reused" '"restart_count":0'
   assert_contains "$SCRATCH/reused" "\"submit_time\":$submit"

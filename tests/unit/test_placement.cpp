@@ -88,6 +88,12 @@ TEST_CASE("placement: the nodes a relaunch of the node steps leaves out after th
     const std::vector<StepEnd> steps{{"n1", 75}, {"n2", 137}, {"n3", 0}, {"n4", std::nullopt}};
     CHECK(failed_nodes(node_of_rank, {}, {"n5"}, steps, 75) == Set{"n2", "n5"});
   }
+  SECTION("where the survivors named their lost ranks, a killed step is no evidence: srun kills a step's other ranks "
+          "once one gives up") {
+    const std::vector<StepEnd> steps{{"n1", 137}, {"n3", 137}, {"n4", 137}};  // every step ended by srun
+    CHECK(failed_nodes(node_of_rank, {3}, {}, steps, 75) == Set{"n3"});
+    CHECK(failed_nodes(node_of_rank, {3}, {"n5"}, steps, 75) == Set{"n3", "n5"});
+  }
   SECTION("nothing names a failed node: no relaunch") {
     CHECK(failed_nodes(node_of_rank, {}, {}, {{"n1", 75}, {"n3", 0}}, 75).empty());
   }

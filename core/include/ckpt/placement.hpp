@@ -42,8 +42,11 @@ struct StepEnd {
 };
 
 // The nodes a relaunch of the node steps leaves out after the survivors gave up in place: those the ranks they
-// lost ran on last (`node_of_rank`), those that lost all their ranks in an earlier recovery, and those whose step
-// ended as a crash or a kill. Empty: nothing says which node failed (no relaunch: it would fail alike).
+// lost ran on last (`node_of_rank`), and those that lost all their ranks in an earlier recovery. Only where the
+// survivors named no lost rank (a marker of an older version), those whose step ended as a crash or a kill: a step
+// of several ranks ends killed once one of them gives up (srun ends the step), whatever its node's health, and a
+// node whose ranks died is named by the lost ranks. Empty: nothing says which node failed (no relaunch: it would
+// fail alike).
 std::set<std::string> failed_nodes(const std::map<int, std::string>& node_of_rank, const std::vector<int>& lost,
                                    const std::set<std::string>& failed_before, const std::vector<StepEnd>& steps,
                                    int gave_up);
