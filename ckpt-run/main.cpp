@@ -12,8 +12,8 @@
 // its status.
 //
 // With --spares it starts one step per node instead (restart in place, docs/inplace.md): the ranks recover in their
-// own processes, a spare node's in a dead one's place. When the survivors give up in place (they exit 75 and mark
-// the run abandoned, naming the ranks lost), ckpt-run relaunches the node steps inside the allocation on its own,
+// own processes, a spare node's in a dead one's place. When the survivors give up in place (they mark the run
+// abandoned, naming the ranks lost, and exit 75), ckpt-run relaunches the node steps inside the allocation on its own,
 // each group of ranks on its node and a free node in a failed one's place, or hands over to a requeue when no node
 // is free.
 #include <arpa/inet.h>

@@ -127,7 +127,8 @@ bool survivors_reported(const JobRecord& record);
 
 // ckpt-run --spares decides what follows survivors that gave up recovering in place (they exit kExitPeerLost): a
 // relaunch of its node steps inside the allocation (its `relaunch` event) or a requeue (`handover`). It says which
-// within about 50 ms of the first such exit; a requeue the controller decided first would stand under the relaunch.
+// when a node step ends or at its next look at the survivors' marker (within 2 s); a requeue the controller decided
+// first would stand under the relaunch.
 // True while the controller waits for that word: the job has spares, every report of the failure is a survivor's
 // exit, Slurm still runs the job, the batch host (where ckpt-run runs) is not among the `dead`, and the first report
 // came less than kCkptRunWord_s ago. After that the failure is decided as any other.

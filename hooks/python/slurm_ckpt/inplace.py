@@ -360,8 +360,8 @@ class Membership:
 
     def mark(self, name, why="", lost=()):
         """`finished` or `abandoned`: tells the idle spares to leave. ckpt-run is told of `finished` (rank 0 alone
-        writes it); `abandoned`, which every survivor may write at once, it reads when a step exits 75, so that a
-        hand-over costs it no connection per rank. `lost`: the ranks lost, whose nodes a relaunch leaves out."""
+        writes it); `abandoned`, which every survivor may write at once, it reads when a step ends and every 2 s, so
+        that a hand-over costs it no connection per rank. `lost`: the ranks lost, whose nodes a relaunch leaves out."""
         self.records.mark(name, why, sorted(lost))
         if name == "finished":
             notify_launcher()
