@@ -806,9 +806,9 @@ Ending wait_node_steps(Run& run, std::vector<NodeStep>& steps, const ckpt::place
       kill_node_steps(steps);
       handed_over = true;  // not to a requeue: the controller gave up; the status says the job failed
     }
-    if (watch.abandoned && !handed_over && !g_stopping) {  // marked, read at a look (kLookEvery_s)
+    if (watch.abandoned && !handed_over && !g_stopping) {  // read at a look, or when a stuck survivor told it
       handed_over = true;
-      std::fprintf(stderr, "ckpt-run: the survivors gave up in place (marked at a look, %.3f)\n", ckpt::unix_seconds());
+      std::fprintf(stderr, "ckpt-run: the survivors gave up in place (their marker, read at %.3f)\n", ckpt::unix_seconds());
       auto next = on_abandoned(run, steps, launched, watch, "the survivors could not recover in place");
       if (next) return Ending{0, std::move(next)};
     }

@@ -358,10 +358,12 @@ class Membership:
         self.records.write_phases(phases)
         notify_launcher()
 
-    def mark(self, name, why="", lost=()):
+    def mark(self, name, why="", lost=(), alone=False):
         """`finished` or `abandoned`: tells the idle spares to leave. ckpt-run is told of `finished` (rank 0 alone
-        writes it); `abandoned`, which every survivor may write at once, it reads when a step ends and every 2 s, so
-        that a hand-over costs it no connection per rank. `lost`: the ranks lost, whose nodes a relaunch leaves out."""
+        writes it), and of `abandoned` where its writer is `alone` in giving up (a survivor stuck in a collective:
+        the others wait for it to join); an `abandoned` every survivor writes at once it reads when a step ends and
+        every 2 s, so that a hand-over costs it no connection per rank. `lost`: the ranks lost, whose nodes a
+        relaunch leaves out."""
         self.records.mark(name, why, sorted(lost))
-        if name == "finished":
+        if name == "finished" or alone:
             notify_launcher()

@@ -709,7 +709,7 @@ class _Run:
         terminal checkpoint holds this rank's state; a requeue takes over now, not when the others give up."""
         why = (f"rank {self.rank}: training is stuck in a collective of generation {self.generation}: no CPU for "
                f"{idle_s:.1f} s after the peer loss (gloo does not fail a send in flight when its connection closes)")
-        self.members.mark("abandoned", why, lost=_last_words().get("lost", []))
+        self.members.mark("abandoned", why, lost=_last_words().get("lost", []), alone=True)
         self._leave(f"{why}; {_HANDING_OVER}")
 
     # ---- recovering ----------------------------------------------------------------------------------------------
