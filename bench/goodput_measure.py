@@ -4,8 +4,9 @@
     goodput_measure.py [--memory NAME ...] STEP_S STEPS NAME LOG KILLS [NAME LOG KILLS ...]  ->  JSON on stdout
 
 Each LOG is train_dp_tp.py's or train_ddp.py's with --log-time (rank 0's lines end with t=<unix seconds>), plus
-the batch script's "run N on ..." lines and libckpt's lines; each KILLS holds "<unix seconds> <pid>" per injected failure. STEP_S is
-the step time of the run without checkpoints or failures: the useful work of a job is STEPS x STEP_S.
+the batch script's "run N on ..." lines and libckpt's lines; each KILLS holds "<unix seconds> <pid>" per injected
+failure. STEP_S is the step time of the run without checkpoints or failures: the useful work of a job is
+STEPS x STEP_S.
 
 The accounting matches `ckpt simulate`'s, so that its prediction can be held against what happened:
   - a run (one start of the job) warms up over its first WARMUP steps (gloo connections, allocator, caches); that

@@ -13,9 +13,9 @@
 //
 // With --spares it starts one step per node instead (restart in place, docs/inplace.md): the ranks recover in their
 // own processes, a spare node's in a dead one's place. When the survivors give up in place (they mark the run
-// abandoned, naming the ranks lost, and exit 75), ckpt-run relaunches the node steps inside the allocation on its own,
-// each group of ranks on its node and a free node in a failed one's place, or hands over to a requeue when no node
-// is free.
+// abandoned, naming the ranks lost, and exit 75), ckpt-run relaunches the node steps inside the allocation on its
+// own, each group of ranks on its node and a free node in a failed one's place, or hands over to a requeue when no
+// node is free.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -716,9 +716,10 @@ std::set<std::string> failed_nodes(const InPlaceWatch& watch, const std::vector<
 
 // After the survivors gave up in place, with `failed` the nodes to leave out (failed_nodes): the node steps of a
 // relaunch inside the allocation (each group of ranks on its node, a free node of the allocation in a failed node's
-// place; run.excluded grows by the failed nodes), or why there is none (the job then goes to a requeue). A relaunch resumes from what the ranks left: the terminal
-// checkpoint their last words wrote, each rank's own snapshots in its node tier, a moved rank's copy from its
-// partner's node, with no queue wait and no read of the checkpoint dir where the tiers hold the step.
+// place; run.excluded grows by the failed nodes), or why there is none (the job then goes to a requeue). A
+// relaunch resumes from what the ranks left: the terminal checkpoint their last words wrote, each rank's own
+// snapshots in its node tier, a moved rank's copy from its partner's node, with no queue wait and no read of the
+// checkpoint dir where the tiers hold the step.
 ckpt::Result<ckpt::placement::NodeSteps> plan_relaunch(Run& run, const InPlaceWatch& watch,
                                                        const std::set<std::string>& failed,
                                                        const ckpt::placement::NodeSteps& launched) {
@@ -729,7 +730,8 @@ ckpt::Result<ckpt::placement::NodeSteps> plan_relaunch(Run& run, const InPlaceWa
   excluded.insert(failed.begin(), failed.end());
   auto next = ckpt::placement::node_steps(launched.training, excluded, run.alloc, *run.s.spares);
   if (!next) {
-    return ckpt::Error{"no free node in the allocation for the ranks of " + rec::join_nodes({failed.begin(), failed.end()})};
+    return ckpt::Error{"no free node in the allocation for the ranks of " +
+                       rec::join_nodes({failed.begin(), failed.end()})};
   }
   run.excluded = std::move(excluded);
   return std::move(*next);
@@ -808,7 +810,8 @@ Ending wait_node_steps(Run& run, std::vector<NodeStep>& steps, const ckpt::place
     }
     if (watch.abandoned && !handed_over && !g_stopping) {  // read at a look, or when a stuck survivor told it
       handed_over = true;
-      std::fprintf(stderr, "ckpt-run: the survivors gave up in place (their marker, read at %.3f)\n", ckpt::unix_seconds());
+      std::fprintf(stderr, "ckpt-run: the survivors gave up in place (their marker, read at %.3f)\n",
+                   ckpt::unix_seconds());
       auto next = on_abandoned(run, steps, launched, watch, "the survivors could not recover in place");
       if (next) return Ending{0, std::move(next)};
     }
@@ -851,7 +854,9 @@ ckpt::Result<std::vector<NodeStep>> start_node_steps(const Run& run, const ckpt:
         {env::name_of("inplace_id"), id}, {env::name_of("inplace_world"), std::to_string(wanted * per_node)},
         {env::name_of("inplace_notify"), notices.address()},
         {env::name_of("run_spares"), std::to_string(steps.size() - wanted)}};  // the controller's MinNodes
-    if (generation_base > 0) vars.emplace_back(env::name_of("inplace_generation_base"), std::to_string(generation_base));
+    if (generation_base > 0) {
+      vars.emplace_back(env::name_of("inplace_generation_base"), std::to_string(generation_base));
+    }
     if (step.spare) {
       vars.emplace_back(env::name_of("inplace_spare"), "1");
     } else {

@@ -28,8 +28,8 @@ inline constexpr std::array<RunOptionSpec, 5> kRunOptions{{
      "nodes of the allocation whose processes wait, framework loaded, to take a dead node's ranks over (the program "
      "runs slurm_ckpt.torch.run). When a node dies the survivors stay alive and go on with a spare, without a "
      "relaunch or a requeue. When they cannot (no spare ready, or a survivor stuck in a collective) they say so and "
-     "exit 75, and ckpt-run relaunches the node steps inside the allocation: every rank on its node, a spare node in place of "
-     "the nodes whose ranks were lost, each rank restoring from what its node's tier (or its partner's node) kept; "
+     "exit 75, and ckpt-run relaunches the node steps inside the allocation: every rank on its node, a spare node in "
+     "place of the nodes whose ranks were lost, each rank restoring from what its node's tier (or its partner's node) kept; "
      "with no spare node left it hands the job over to a requeue. Default: "
      "$CKPT_SPARES when above 0 (the job's spares option of the SPANK plugin). At most $CKPT_MAX_SPARES when it is "
      "set (the site's max_spares)"},

@@ -42,7 +42,8 @@ def parse_args():
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--log-every", type=int, default=20)
-    p.add_argument("--log-time", action="store_true", help="end each step line and the start line with t=<unix seconds> (benchmarks)")
+    p.add_argument("--log-time", action="store_true",
+                   help="end each step line and the start line with t=<unix seconds> (benchmarks)")
     p.add_argument("--zero1", action="store_true",
                    help="shard the optimizer state across ranks (torch's ZeroRedundancyOptimizer over AdamW)")
     p.add_argument("--extra-mib", type=int, default=0,

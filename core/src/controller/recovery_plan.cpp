@@ -14,6 +14,9 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
 
 bool running_or_finished(const SlurmJob& s) { return s.state == SlurmState::Running || is_finished(s.state); }
 
+// A survivor's exit after its peers were lost (kExitPeerLost), not a failure of its own.
+bool gave_up_on_peers(const TaskFailure& f) { return f.signal == 0 && f.exit_code == kExitPeerLost; }
+
 }  // namespace
 
 std::string nodes_or_none(const std::vector<std::string>& nodes) {
@@ -154,10 +157,6 @@ RecoveryClock in_place_clock(InPlacePhases p, double earliest, double now) {
   return clock;
 }
 
-}  // namespace
-
-namespace {
-
 // The nodes an owner's report (in place, relaunch) names as failed, and the job's own among them: the report may
 // exclude only those, never name (and raise alerts about) others.
 struct ReportedNodes {
@@ -167,7 +166,7 @@ ReportedNodes reported_nodes(const JobRecord& r, const Event& e) {
   ReportedNodes out;
   if (auto failed = expand_hostlist(e.failed_nodes)) out.all = *failed;  // parse_event checked it
   for (const auto& n : out.all) {
-    if (std::find(r.nodes.begin(), r.nodes.end(), n) != r.nodes.end()) out.own.push_back(n);
+    if (contains(r.nodes, n)) out.own.push_back(n);
   }
   return out;
 }
@@ -337,17 +336,14 @@ LostNodes lost_nodes(const NodeEvidence& probes, bool down_hung_nodes, const std
 }
 
 bool survivors_reported(const JobRecord& r) {
-  return std::any_of(r.failures.begin(), r.failures.end(),
-                     [](const TaskFailure& f) { return f.signal == 0 && f.exit_code == kExitPeerLost; });
+  return std::any_of(r.failures.begin(), r.failures.end(), gave_up_on_peers);
 }
 
 bool awaits_ckpt_run(const JobRecord& r, const SlurmJob& s, const std::vector<std::string>& dead, double now) {
   if (r.spares == 0 || r.handover || r.failures.empty() || s.state != SlurmState::Running) return false;
   if (contains(dead, r.batch_host)) return false;  // ckpt-run went with its node
-  const bool survivors_only = std::all_of(r.failures.begin(), r.failures.end(), [](const TaskFailure& f) {
-    return f.signal == 0 && f.exit_code == kExitPeerLost;
-  });
-  return survivors_only && now < r.clock.failed + kCkptRunWord_s;
+  return std::all_of(r.failures.begin(), r.failures.end(), gave_up_on_peers) &&
+         now < r.clock.failed + kCkptRunWord_s;
 }
 
 std::vector<std::string> hung_nodes(const JobRecord& r, const std::optional<PeerLost>& lost,
