@@ -46,6 +46,17 @@ wait_job_state() {
   fail "job $job is '$state', expected $want"
 }
 
+# wait_nodes_idle N [TIMEOUT]: wait until N nodes are idle and responding. srun returns while its nodes still
+# complete the job; a job allowed fewer nodes (-N3-4) submitted then starts without the ones still completing.
+wait_nodes_idle() {
+  local want=$1 timeout=${2:-30}
+  for _ in $(seq $((timeout * 10))); do
+    [ "$(sinfo -h -N -r -t idle -o %N | sort -u | wc -l)" -ge "$want" ] && return 0
+    sleep 0.1
+  done
+  fail "fewer than $want nodes idle after ${timeout} s: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')"
+}
+
 # now: this host's clock, seconds since the epoch; since A B: B - A in seconds, one decimal.
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }

@@ -71,6 +71,7 @@ one_failure() {
   local name=$1 how=$2 at seen fail_t run1_t took term dir
   dir=$SCRATCH/$name
   mkdir -p "$dir"
+  wait_nodes_idle 4  # -N3-4 takes 3 nodes while the fourth is still completing the last job
   write_train_sbatch "$SCRATCH/$name.sbatch" "-N3-4 -n4" train_dp_tp.py --steps $STEPS --out "$dir/final"
   at=$((15 + RANDOM % 20))
   job=$(sbatch --parsable -J "fz-$name-$tag" -o "$SCRATCH/$name.log" --ckpt-interval=1000steps --ckpt-last-words=on \

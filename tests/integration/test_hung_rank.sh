@@ -36,6 +36,7 @@ MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) \
   > "$SCRATCH/straight.log" 2>&1 || { cat "$SCRATCH/straight.log" >&2; fail "the uninterrupted run failed"; }
 pass "uninterrupted DP2xTP2 run on 4 nodes"
 
+wait_nodes_idle 4  # -N3-4 takes 3 nodes while the fourth is still completing the last job
 write_train_sbatch "$SCRATCH/hung.sbatch" "-N3-4 -n4" train_dp_tp.py --steps $STEPS --out "$SCRATCH/hung/final"
 at=$((15 + RANDOM % 20))
 job=$(sbatch --parsable -J "hung-$tag" -o "$SCRATCH/hung.log" --ckpt-interval=1000steps --ckpt-last-words=on \

@@ -77,6 +77,7 @@ pass "uninterrupted DP2xTP2 run on 4 nodes"
 # ---- 1. one node crashes: a terminal checkpoint from the survivors, the controller requeues, the job resumes ----
 # -N3-4: Slurm gives the first run all 4 nodes, the requeued run the 3 the controller did not exclude.
 mkdir -p "$SCRATCH/one"
+wait_nodes_idle 4  # -N3-4 takes 3 nodes while the fourth is still completing the last job
 write_train_sbatch "$SCRATCH/one.sbatch" "-N3-4 -n4" train_dp_tp.py --steps $STEPS --out "$SCRATCH/one/final"
 at=$((15 + RANDOM % 20))
 job=$(SLURM_MPI_TYPE=pmix sbatch --parsable -J "lw-one-$tag" -o "$SCRATCH/one.log" --ckpt-interval=1000steps --ckpt-last-words=on \
