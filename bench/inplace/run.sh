@@ -22,18 +22,19 @@
 # -x adds MiB of parameters per rank: train_ddp.py --extra-mib, three times that with AdamW's state). -z trains
 # with ZeRO-1 (train_ddp.py --zero1: each rank alone holds AdamW's state of its partition of the parameters,
 # whole ones) and the memory tier (--ckpt-memory, a checkpoint in memory every step, its copy on the
-# next node's rank) instead of periodic checkpoints: the replacement's state comes from the partner's copy.
+# next node's rank) instead of periodic checkpoints: the replacement's state comes from the partner's copy. -p runs
+# that many ranks on each node (1; a GPU node runs one per GPU): the spare takes over all of the lost node's ranks.
 #   bench/inplace/run.sh [-n RUNS] [-r REQUEUE_RUNS (3)] [-m "crash freeze partition requeue shrink stuck stuck-partition"] [-t HEARTBEAT_TIMEOUT]
-#                        [-s "memory files"] [-x EXTRA_MIB] [-z] [-o DIR]
+#                        [-s "memory files"] [-x EXTRA_MIB] [-z] [-p RANKS_PER_NODE] [-o DIR]
 # (cluster up; CKPT_BUILD_DIR set or build/ in the source tree). The batch host (n1) is never the victim: its
 # failure ends the batch script, and with it any Slurm job; that case takes the requeue path.
 set -euo pipefail
-RUNS=10 REQUEUE_RUNS=3 MODES="crash freeze partition requeue" HB=1s OUT="" STATES=memory EXTRA=0 ZERO1=""
-while getopts "n:r:m:t:o:s:x:z" o; do
+RUNS=10 REQUEUE_RUNS=3 MODES="crash freeze partition requeue" HB=1s OUT="" STATES=memory EXTRA=0 ZERO1="" PER_NODE=1
+while getopts "n:r:m:t:o:s:x:zp:" o; do
   case $o in
     n) RUNS=$OPTARG ;; r) REQUEUE_RUNS=$OPTARG ;; m) MODES=$OPTARG ;; t) HB=$OPTARG ;; o) OUT=$OPTARG ;;
-    s) STATES=$OPTARG ;; x) EXTRA=$OPTARG ;; z) ZERO1=1 ;;
-    *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+    s) STATES=$OPTARG ;; x) EXTRA=$OPTARG ;; z) ZERO1=1 ;; p) PER_NODE=$OPTARG ;;
+    *) sed -n '2,30p' "$0" >&2; exit 2 ;;
   esac
 done
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -48,9 +49,9 @@ WORK=${OUT:-$(mktemp -d "$D/ckpt/bench-inplace.XXXXXX")}
 mkdir -p "$WORK"
 chmod 755 "$WORK"
 STEPS=60
-# How long a run may take: 2 minutes, and 2 s more per MiB of extra state (a 256 MiB run's step takes about 2 s
-# here, with its all-reduce and AdamW on 2 cores).
-WAIT_S=$((120 + 2 * EXTRA))
+# How long a run may take: 2 minutes, and 2 s more per MiB of extra state and rank on a node (a 256 MiB run's step
+# takes about 2 s here with 1 rank a node, its all-reduce and AdamW on 2 cores).
+WAIT_S=$((120 + 2 * EXTRA * PER_NODE))
 # -z: no periodic checkpoint; the memory tier's budget is two snapshots in staging and two copies of a ward's state
 # (1 + 2/3 times the extra parameters per rank under ZeRO-1 over 3 ranks), with room for the model.
 TRAIN_ARGS="--ckpt-interval-steps 10" SBATCH_ARGS=()
@@ -77,7 +78,7 @@ cat > "$WORK/job.sbatch" <<JOB
 #SBATCH --no-kill --requeue --open-mode=append
 export PYTHONPATH=$PYTHONPATH CKPT_HEARTBEAT_TIMEOUT=$HB CKPT_CONTROLLER_URL=$CONTROLLER_URL
 echo "run \${SLURM_RESTART_COUNT:-0} on \$SLURM_JOB_NODELIST"
-$CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=1 $PY $SRC/slurm-examples/train_ddp.py \\
+$CKPT_BUILD_DIR/ckpt-run/ckpt-run --spares 1 srun -N3 --ntasks-per-node=$PER_NODE $PY $SRC/slurm-examples/train_ddp.py \\
   --steps $STEPS $TRAIN_ARGS --step-sleep 0.1 --log-every 1 --log-time --extra-mib $EXTRA "\$@"
 JOB
 sed "s|slurm-examples/train_ddp.py|tests/integration/stuck_train.py|" "$WORK/job.sbatch" > "$WORK/stuck.sbatch"
@@ -87,7 +88,7 @@ submit() {
   mkdir -p "$WORK/$1"
   local script=$WORK/job.sbatch
   case "${mode:-}" in stuck | stuck-partition) script=$WORK/stuck.sbatch ;; esac
-  job=$(STUCK_RANK=0 CKPT_INPLACE_STATE=${state:-memory} sbatch --parsable -N "$2" -J "bench-inplace-$1" -o "$WORK/$1/log" \
+  job=$(STUCK_RANK=0 CKPT_INPLACE_STATE=${state:-memory} sbatch --parsable -N "$2" --ntasks-per-node="$PER_NODE" -J "bench-inplace-$1" -o "$WORK/$1/log" \
     --ckpt-last-words=on --ckpt-dir="$WORK/$1/ckpt" "${SBATCH_ARGS[@]}" "${@:3}" "$script" --out "$WORK/$1/final")
 }
 wait_done() {
@@ -125,7 +126,7 @@ for mode in $MODES; do
     seen=$(logged "$WORK/$name/log")
     t0=$(date +%s.%N)
     "$SRC/tests/cluster.sh" "$action" "$victim" > /dev/null 2>&1
-    echo "{\"mode\": \"$mode\", \"state\": \"$state\", \"extra_mib\": $EXTRA, \"zero1\": ${ZERO1:-0}, \"victim\": \"$victim\", \"failed_unix\": $t0, \"step_at_failure\": ${seen:-0}, \"heartbeat_timeout\": \"$HB\"}" \
+    echo "{\"mode\": \"$mode\", \"state\": \"$state\", \"extra_mib\": $EXTRA, \"ranks_per_node\": $PER_NODE, \"zero1\": ${ZERO1:-0}, \"victim\": \"$victim\", \"failed_unix\": $t0, \"step_at_failure\": ${seen:-0}, \"heartbeat_timeout\": \"$HB\"}" \
       > "$WORK/$name/failure.json"
     # Training ends before Slurm has given up on the victim: revive it then, so the job can complete.
     for _ in $(seq $((WAIT_S * 5))); do
