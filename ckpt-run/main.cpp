@@ -796,7 +796,9 @@ Ending wait_node_steps(Run& run, std::vector<NodeStep>& steps, const ckpt::place
       // once one exits 75); a stale rank that thawed after a recovery in place exits 75 unmarked, and the job goes
       // on without it. Without records, 75 alone says it.
       read_markers(watch);  // a marker is written before its writer exits
-      if (!handed_over && !g_stopping && (watch.abandoned || (code == kExitPeerLost && watch.dir.empty()))) {
+      // Once rank 0 marked training finished, a rank that gave up as the others left has nothing to recover.
+      if (!handed_over && !g_stopping && !watch.finished &&
+          (watch.abandoned || (code == kExitPeerLost && watch.dir.empty()))) {
         handed_over = true;
         auto next = on_abandoned(run, steps, launched, watch, "survivors on " + steps[i].node +
                                                                " could not recover in place");
@@ -808,7 +810,8 @@ Ending wait_node_steps(Run& run, std::vector<NodeStep>& steps, const ckpt::place
       kill_node_steps(steps);
       handed_over = true;  // not to a requeue: the controller gave up; the status says the job failed
     }
-    if (watch.abandoned && !handed_over && !g_stopping) {  // read at a look, or when a stuck survivor told it
+    // The marker read at a look, or when a stuck survivor told it.
+    if (watch.abandoned && !watch.finished && !handed_over && !g_stopping) {
       handed_over = true;
       std::fprintf(stderr, "ckpt-run: the survivors gave up in place (their marker, read at %.3f)\n",
                    ckpt::unix_seconds());

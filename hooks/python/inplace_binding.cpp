@@ -157,9 +157,11 @@ void bind_inplace(py::module& parent) {
       .def_readonly("lost", &ip::Role::lost).def_readonly("sources", &ip::Role::sources)
       .def_readonly("children", &ip::Role::children);
 
-  m.def("after_train", [](std::uint32_t generation, bool raised, bool mesh_failed, bool lost_peer, bool counted_dead) {
-    return ip::after_train(generation, ip::TrainOutcome{raised, mesh_failed, lost_peer, counted_dead});
-  }, py::arg("generation"), py::arg("raised"), py::arg("mesh_failed"), py::arg("lost_peer"), py::arg("counted_dead"));
+  m.def("after_train", [](std::uint32_t generation, bool raised, bool mesh_failed, bool lost_peer, bool counted_dead,
+                          bool finished) {
+    return ip::after_train(generation, ip::TrainOutcome{raised, mesh_failed, lost_peer, counted_dead, finished});
+  }, py::arg("generation"), py::arg("raised"), py::arg("mesh_failed"), py::arg("lost_peer"), py::arg("counted_dead"),
+        py::arg("finished") = false);
   py::class_<ip::Donor>(m, "Donor", "Who sends a replacement its state (ckpt/inplace.hpp).")
       .def_readonly("rank", &ip::Donor::rank)
       .def_readonly("partner_copy", &ip::Donor::partner_copy);

@@ -59,6 +59,7 @@ static_assert(sizeof(Wire) == 32);
 constexpr std::uint64_t kChunkBytes = 4u << 20;
 // Why a copy ended that no one refused: its ward died or its link failed in the middle of it.
 constexpr const char* kLinkEnded = "the link ended inside the copy";
+constexpr const char* kFrozen = "the last words started: the copies held stay";
 constexpr std::uint64_t kMaxPieces = 1u << 20;
 constexpr std::uint64_t kMaxJson = 1u << 20;
 
@@ -124,7 +125,10 @@ struct MemoryTier::Impl {
   };
   struct Ward {
     Slot held;
-    Slot incoming;  // the receiver's own until it is swapped with `held`
+    // The copy before `held`, whole until the next copy begins into it (the receiver's buffer, swapped with `held`
+    // once a copy is whole). With several ranks of a dead node, one ward's copy of step N may have arrived and
+    // another's not: the older copy of the first lets the last words write step N - 1 for all of them.
+    Slot older;
     std::optional<std::uint64_t> ended;  // the newest step whose copy ended here, kept or refused
     bool linked = false;                 // it sends copies here: its link came at least once
     bool lagging = false;                // a snapshot went on without its copy: not waited for until one is kept
@@ -141,7 +145,7 @@ struct MemoryTier::Impl {
 
   std::mutex mu;
   std::condition_variable changed;  // a copy ended, a link closed, or the tier froze or stopped
-  std::map<int, Ward> wards;        // guarded by mu (incoming: its receiver's alone between swaps)
+  std::map<int, Ward> wards;        // guarded by mu (older: its receiver's alone while it is not whole)
   std::vector<std::unique_ptr<Link>> links;  // guarded by mu
   bool frozen = false;              // guarded by mu
   bool stopping = false;            // guarded by mu
@@ -181,6 +185,24 @@ struct MemoryTier::Impl {
     return std::find(settings.wards.begin(), settings.wards.end(), r) != settings.wards.end();
   }
 
+  // The first range of a whole copy whose bytes no longer match its checksum; nothing when all match.
+  static std::optional<std::string> mismatch(const Slot& slot) {
+    for (const store::StateRange& r : slot.ranges) {
+      if (XXH3_64bits(slot.buffer.data() + r.offset, r.length) != *r.checksum) return r.name;
+    }
+    return std::nullopt;
+  }
+
+  // The whole copy of `ward` at `step` held here, the newer one first; null when there is none. Under mu.
+  const Slot* whole_copy(int ward, std::uint64_t step) const {
+    auto it = wards.find(ward);
+    if (it == wards.end()) return nullptr;
+    for (const Slot* slot : {&it->second.held, &it->second.older}) {
+      if (slot->whole && slot->step == step) return slot;
+    }
+    return nullptr;
+  }
+
   // Mesh thread: a ward's new link.
   void on_accept(int fd, int from, std::string early) {
     std::lock_guard<std::mutex> lock(mu);
@@ -193,7 +215,7 @@ struct MemoryTier::Impl {
       return;
     }
     // A ward dials again after a failure: its old link is over, and its receiver must have left the ward's
-    // incoming slot before the new one writes there.
+    // older slot before the new one writes there.
     auto link = std::make_unique<Link>();
     for (auto it = links.begin(); it != links.end();) {
       if ((*it)->ward != from) {
@@ -270,7 +292,7 @@ struct MemoryTier::Impl {
     return out;
   }
 
-  // One copy into the ward's incoming slot, checked; swapped in as held when whole. 1: kept; -1: refused (`why`;
+  // One copy into the ward's older slot, checked; swapped in as held when whole. 1: kept; -1: refused (`why`;
   // `full`: the bytes it would need, where it does not fit); 0: the link ended before a copy began, or it carried a
   // fetch (served here).
   int receive_one(Link& link, std::string& early, std::uint64_t& step, std::string& why, std::uint64_t& full) {
@@ -295,10 +317,12 @@ struct MemoryTier::Impl {
                      mib_text(settings.max_bytes), -1;
       }
       if (pieces > kMaxPieces) return why = std::to_string(pieces) + " pieces", -1;
-      slot = &wards[link.ward].incoming;
+      // Frozen: the last words may use either copy held; nothing is written over them.
+      if (frozen) return why = kFrozen, -1;
+      slot = &wards[link.ward].older;
+      slot->whole = false;  // under mu: the last words see it whole, or not at all
     }
     if (settings.node != nullptr) settings.node->overwriting(slot->buffer.data());
-    slot->whole = false;
     slot->ranges.clear();
     if (slot->buffer.size() < total) {
       if (settings.node != nullptr) settings.node->drop(slot->buffer.data());
@@ -311,10 +335,9 @@ struct MemoryTier::Impl {
     if (!send_ack(link.fd, step, true, "")) return 0;
     if (!read_copy(link.fd, early, *slot, step, total, pieces, why)) return -1;
     std::lock_guard<std::mutex> lock(mu);
-    if (frozen) return why = "the last words started: the copy held stays", -1;
+    if (frozen) return why = kFrozen, -1;
     Ward& ward = wards[link.ward];
-    std::swap(ward.held, ward.incoming);
-    ward.incoming.whole = false;
+    std::swap(ward.held, ward.older);
     if (settings.node != nullptr) {
       settings.node->held_copy(ward.held.buffer.data(), link.ward, ward.held.step, ward.held.ranges);
     }
@@ -689,17 +712,17 @@ std::vector<std::pair<int, std::uint64_t>> MemoryTier::verified_copies() {
   std::vector<std::pair<int, std::uint64_t>> out;
   std::lock_guard<std::mutex> lock(m.mu);
   for (auto& [ward, w] : m.wards) {
-    if (!w.held.whole) continue;
-    for (const store::StateRange& r : w.held.ranges) {
-      if (XXH3_64bits(w.held.buffer.data() + r.offset, r.length) != *r.checksum) {
+    for (Impl::Slot* slot : {&w.held, &w.older}) {
+      if (!slot->whole) continue;
+      if (auto bad = m.mismatch(*slot)) {
         log::warn(m.settings.rank, "memory tier: the copy of rank " + std::to_string(ward) + "'s step " +
-                                       std::to_string(w.held.step) + " no longer matches the checksum of '" +
-                                       r.name + "': not used");
-        w.held.whole = false;
-        break;
+                                       std::to_string(slot->step) + " no longer matches the checksum of '" + *bad +
+                                       "': not used");
+        slot->whole = false;
+        continue;
       }
+      out.emplace_back(ward, slot->step);
     }
-    if (w.held.whole) out.emplace_back(ward, w.held.step);
   }
   return out;
 }
@@ -707,19 +730,16 @@ std::vector<std::pair<int, std::uint64_t>> MemoryTier::verified_copies() {
 Status MemoryTier::with_copy(int ward, std::uint64_t step, const std::function<Status(const Copy&)>& use) {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
-  auto it = m.wards.find(ward);
-  if (it == m.wards.end() || !it->second.held.whole || it->second.held.step != step) {
+  const Impl::Slot* slot = m.whole_copy(ward, step);
+  if (slot == nullptr) {
     return Status::failure("no whole copy of rank " + std::to_string(ward) + "'s step " + std::to_string(step) +
                            " is held here");
   }
-  const Impl::Slot& held = it->second.held;
-  for (const store::StateRange& r : held.ranges) {
-    if (XXH3_64bits(held.buffer.data() + r.offset, r.length) != *r.checksum) {
-      return Status::failure("the copy of rank " + std::to_string(ward) + "'s '" + r.name +
-                             "' no longer matches its checksum");
-    }
+  if (auto bad = m.mismatch(*slot)) {
+    return Status::failure("the copy of rank " + std::to_string(ward) + "'s '" + *bad +
+                           "' no longer matches its checksum");
   }
-  return use(Copy{ward, held.step, held.ranges, held.buffer.data(), held.size});
+  return use(Copy{ward, slot->step, slot->ranges, slot->buffer.data(), slot->size});
 }
 
 std::vector<MemoryTier::Kept> MemoryTier::release() {
@@ -728,20 +748,17 @@ std::vector<MemoryTier::Kept> MemoryTier::release() {
   std::lock_guard<std::mutex> lock(m.mu);
   if (!m.frozen) return out;
   for (auto& [ward, w] : m.wards) {
-    Impl::Slot& held = w.held;
-    if (!held.whole) continue;
-    held.whole = false;
-    bool intact = true;
-    for (const store::StateRange& r : held.ranges) {
-      intact = intact && XXH3_64bits(held.buffer.data() + r.offset, r.length) == *r.checksum;
+    for (Impl::Slot* slot : {&w.held, &w.older}) {
+      if (!slot->whole) continue;
+      slot->whole = false;
+      if (m.mismatch(*slot)) {
+        log::warn(m.settings.rank, "memory tier: the copy of rank " + std::to_string(ward) + "'s step " +
+                                       std::to_string(slot->step) + " no longer matches its checksums: not kept");
+        continue;
+      }
+      out.push_back(Kept{ward, slot->step, std::move(slot->ranges), std::move(slot->buffer), slot->size});
+      slot->ranges.clear();
     }
-    if (!intact) {
-      log::warn(m.settings.rank, "memory tier: the copy of rank " + std::to_string(ward) + "'s step " +
-                                     std::to_string(held.step) + " no longer matches its checksums: not kept");
-      continue;
-    }
-    out.push_back(Kept{ward, held.step, std::move(held.ranges), std::move(held.buffer), held.size});
-    held.ranges.clear();
   }
   return out;
 }

@@ -12,8 +12,10 @@
 // then every range's XXH3-64 (the same checksum the shard record keeps). The holder checks each chunk as it
 // arrives and every range at the end, and keeps the copy only when all match; it checks every range again before
 // it reports the copy to the last words and before it writes it. A copy that is bigger than the budget allows, or
-// from a rank that is not a ward, is refused. A holder keeps one copy per ward and receives the next beside it:
-// two copies per ward at most (ckpt::memtier::tier_bytes).
+// from a rank that is not a ward, is refused. A holder keeps two buffers per ward (ckpt::memtier::tier_bytes): the
+// newest copy, and the one before it, whole until the next copy begins into its buffer. The last words may use
+// either: when a node with several ranks dies, one rank's copy of step N may have arrived and another's not, and
+// the copies of N - 1 then cover them all.
 //
 // With the node tier (node_tier.hpp) the held copies live in its files, so they outlive the holder's process. When
 // a relaunch puts a ward on a node that holds nothing of it (the node that died was replaced), the ward's restore
@@ -108,11 +110,12 @@ class MemoryTier {
   std::vector<int> wait_for_wards(std::uint64_t step, std::chrono::milliseconds limit,
                                   const std::function<bool()>& give_up = {});
 
-  // Last words: no held copy is replaced from here on (a ward still sending finishes into the spare buffer).
+  // Last words: no copy held is replaced or written over from here on (a copy begun before is refused at its end,
+  // one begun after at its start).
   void freeze();
   bool frozen() const;
-  // Last words: the copies held whole now, each checked again against its ranges' checksums; a copy that fails
-  // is dropped with a line.
+  // Last words: the copies held whole now, (ward, step), a ward's newer copy first, each checked again against its
+  // ranges' checksums; a copy that fails is dropped with a line.
   std::vector<std::pair<int, std::uint64_t>> verified_copies();
   // Last words: `use` on the copy of `ward` at `step` while no receiver can touch it; fails when there is none.
   Status with_copy(int ward, std::uint64_t step, const std::function<Status(const Copy&)>& use);
@@ -129,7 +132,7 @@ class MemoryTier {
   // the tier (a restart in place sends it to the ward's replacement). Nothing before the freeze, or a second time.
   std::vector<Kept> release();
 
-  // Test seam: flips one byte of the copy held of `ward` (a fault the checks must catch).
+  // Test seam: flips one byte of the newest copy held of `ward` (a fault the checks must catch).
   bool corrupt_for_testing(int ward);
 
  private:

@@ -2,9 +2,11 @@
 # Restart in place of a ZeRO-1 job from the memory tier, on the real local cluster: slurm-examples/train_ddp.py
 # --zero1 (each rank alone holds AdamW's state of its partition) on 3 nodes with one spare node, under
 # `ckpt-run --spares 1`, --ckpt-memory (a checkpoint in memory every step, its copy on the next node's rank), no
-# periodic checkpoint. A training node crashes (SIGKILL) at a random step:
-#  - the survivors write the terminal checkpoint, the dead rank's shard from the copy its partner holds;
-#  - the spare takes the dead rank over in place, and receives that copy from the partner over the network;
+# periodic checkpoint. Four ranks a node: a training node crashes (SIGKILL) at a random step, and its 4 ranks die
+# while their copies of the last memory step travel (some may have arrived, others not):
+#  - the survivors write the terminal checkpoint, each dead rank's shard from the copy its partner holds (a step
+#    whose copies all arrived: the holders keep the copy before the newest whole too);
+#  - the spare node's 4 ranks take the dead ones over in place, each receiving its copy from the partner;
 #  - every rank restores that step reading nothing from the checkpoint dir (each survivor from its live state or
 #    its staging's snapshots, the replacement from the partner's copy, every range checked against the
 #    checkpoint's checksums), at most one step is lost, and the final weights are bitwise identical to an uninterrupted run's.
@@ -42,6 +44,8 @@ controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 
 inplace_job "$SCRATCH/job.sbatch" "--ckpt-memory=256M --ckpt-interval=100000steps" \
   "--zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1"
+inplace_job "$SCRATCH/four.sbatch" "--ckpt-memory=256M --ckpt-interval=100000steps --ntasks-per-node=4" \
+  "--zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1" 4
 logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
 # submit NAME [SCRIPT]: the job (SCRIPT: $SCRATCH/job.sbatch unless given), into $SCRATCH/NAME; sets `job`.
 submit() {
@@ -71,14 +75,16 @@ crash_node_at_random_step() {
   victim=""
   wait_gone "$1"
 }
-# resumed_after_crash NAME REFERENCE DEAD: run NAME resumed from step term >= seen - 1 (sets term), the terminal
-# shard of rank DEAD came from its partner's copy, and NAME's final weights are REFERENCE's, bitwise.
+# resumed_after_crash NAME REFERENCE DEAD...: run NAME resumed from step term >= seen - 1 (sets term), the terminal
+# shard of each rank DEAD came from its partner's copy, and NAME's final weights are REFERENCE's, bitwise.
 resumed_after_crash() {
-  local log=$SCRATCH/$1/log
+  local log=$SCRATCH/$1/log d
   term=$(sed -n 's/^train_ddp: resumed from step \([0-9]*\).*/\1/p' "$log" | tail -1)
   [ -n "$term" ] && [ "$term" -ge $((seen - 1)) ] || { cat "$log" >&2; fail "crash at step $seen: resumed from step ${term:-?}"; }
-  grep -q "last words: wrote rank $3's terminal shard of step $term from its partner copy" "$log" ||
-    { grep "last words\|memory tier" "$log" >&2; fail "rank $3's terminal shard was not written from a partner copy"; }
+  for d in "${@:3}"; do
+    grep -q "last words: wrote rank $d's terminal shard of step $term from its partner copy" "$log" ||
+      { grep "last words\|memory tier" "$log" >&2; fail "rank $d's terminal shard was not written from a partner copy"; }
+  done
   cmp -s "$SCRATCH/$2/final" "$SCRATCH/$1/final" || fail "$1: the final weights differ from the uninterrupted run's"
 }
 # restore_bytes LOG RANK: read_b and live_b, the bytes RANK's restore read from the dir and found in memory.
@@ -89,36 +95,37 @@ restore_bytes() {
   [ -n "$read_b" ] && [ -n "$live_b" ] || { grep "restored step\|ckpt:" "$1" >&2; fail "rank $2 logged no restore"; }
 }
 
-submit reference
+submit reference "$SCRATCH/four.sbatch"
 wait_gone reference
 [ -s "$SCRATCH/reference/final" ] || { cat "$SCRATCH/reference/log" >&2; fail "the uninterrupted run failed"; }
 assert_contains "$SCRATCH/reference/log" "memory tier: a checkpoint in memory every 1 step(s)"
-pass "uninterrupted ZeRO-1 run with the memory tier: 3 nodes train, n4 waits as the spare"
+pass "uninterrupted ZeRO-1 run with the memory tier: 3 nodes of 4 ranks train, n4 waits as the spare"
 
 name=crash
-submit $name
+submit $name "$SCRATCH/four.sbatch"
 log=$SCRATCH/$name/log
 crash_node_at_random_step $name n$((2 + RANDOM % 2))
 if grep -q "training is stuck in a collective of generation 0" "$log"; then
   # A survivor caught in ZeRO-1's parameter broadcast with a send in flight: gloo never fails that send, so the
   # survivor cannot go on in place. It hands over at once, and ckpt-run relaunches the node steps inside the
   # allocation (the stuck case below checks the relaunch's restore in full).
-  dead=$(sed -n "s/.*last words: wrote rank \([0-9]*\)'s terminal shard of step .* from its partner copy.*/\1/p" "$log" | head -1)
+  read -r -a dead <<< "$(sed -n "s/.*last words: wrote rank \([0-9]*\)'s terminal shard of step .* from its partner copy.*/\1/p" "$log" | sort -n | tr '\n' ' ')"
   assert_contains "$log" "ckpt-run: relaunch 1: the node steps started at"
   grep -q "^run 1 on" "$log" && { cat "$log" >&2; fail "a survivor was stuck, and the job was requeued"; }
-  resumed_after_crash $name reference "$dead"
-  pass "crash of $crashed at step $seen caught a survivor in gloo's parameter broadcast: it handed over at once; relaunched inside the allocation from step $term (rank $dead's shard from its partner's copy); bitwise identical"
+  [ "${#dead[@]}" = 4 ] || { cat "$log" >&2; fail "not 4 shards from partner copies: ranks ${dead[*]}"; }
+  resumed_after_crash $name reference "${dead[@]}"
+  pass "crash of $crashed at step $seen caught a survivor in gloo's parameter broadcast: it handed over at once; relaunched inside the allocation from step $term (ranks ${dead[*]}'s shards from their partners' copies); bitwise identical"
 else
-  dead=$(sed -n "s/.*in-place recovery 1: ranks \[\([0-9]*\)\] lost; spares \['n4.0'\] take them over.*/\1/p" "$log" | head -1)
-  [ -n "$dead" ] || { cat "$log" >&2; fail "no in-place recovery"; }
-  resumed_after_crash $name reference "$dead"
-  for r in 0 1 2; do
+  read -r -a dead <<< "$(sed -n "s/.*in-place recovery 1: ranks \[\([0-9, ]*\)\] lost; spares \[.*\] take them over.*/\1/p" "$log" | head -1 | tr -d ',')"
+  [ "${#dead[@]}" = 4 ] || { cat "$log" >&2; fail "no in-place recovery of $crashed's 4 ranks: ${dead[*]}"; }
+  resumed_after_crash $name reference "${dead[@]}"
+  for r in $(seq 0 11); do
     restore_bytes "$log" $r
-    echo "  rank $r$([ "$r" = "$dead" ] && echo " (the replacement)"): $read_b bytes read, $live_b found in memory"
+    echo "  rank $r$([[ " ${dead[*]} " == *" $r "* ]] && echo " (a replacement)"): $read_b bytes read, $live_b found in memory"
     [ "$live_b" -gt 8000000 ] && [ "$read_b" -eq 0 ] ||
       { grep "restored step\|ckpt:" "$log" >&2; fail "rank $r read its state from the checkpoint dir"; }
   done
-  pass "crash of $crashed at step $seen: rank $dead's shard from its partner's copy, in place from step $term; every rank's state from memory, nothing read; bitwise identical"
+  pass "crash of $crashed at step $seen: ranks ${dead[*]}'s shards from their partners' copies, in place from step $term; every rank's state from memory, nothing read; bitwise identical"
 fi
 
 # ---- a survivor that cannot unwind: ckpt-run relaunches the node steps inside the allocation ----
@@ -151,7 +158,7 @@ grep -q "^run 1 on" "$log" && { cat "$log" >&2; fail "the stuck survivor's job w
 grep -q "job $job: .* -> relaunching: ckpt-run relaunches its node steps inside the allocation" "$SCRATCH/controller.log" &&
   grep -q "job $job: relaunching -> running: ckpt-run relaunched the step as step" "$SCRATCH/controller.log" ||
   { grep "job $job" "$SCRATCH/controller.log" >&2; fail "the controller did not follow the relaunch"; }
-resumed_after_crash $name reference-two 4
+resumed_after_crash $name reference-two 4 5
 for r in 4 5; do
   grep -q "ckpt: rank $r: memory tier: this node holds no snapshot of this rank; fetched step [0-9]* of launch .* from the copy rank [0-9]*'s node kept" "$log" ||
     { grep "memory tier\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r, on n4, did not fetch its snapshot from its partner's node"; }

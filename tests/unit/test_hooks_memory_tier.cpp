@@ -118,20 +118,36 @@ TEST_CASE("memory tier: a copy goes to the partner, is kept whole, and is checke
   check_copy(*holder, 0, 5, five);
   CHECK_FALSE(holder->with_copy(0, 4, [](const MemoryTier::Copy&) { return Status::success(); }));
 
-  SECTION("the next copy replaces it") {
+  SECTION("the next copy becomes the newest; the one before stays whole until a third begins over it") {
     Shard six(6);
     REQUIRE(ward->send(6, six.pieces));
-    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 6}});
+    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 6}, {0, 5}});
     check_copy(*holder, 0, 6, six);
+    check_copy(*holder, 0, 5, five);
+    Shard seven(7);
+    REQUIRE(ward->send(7, seven.pieces));
+    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 7}, {0, 6}});
+    check_copy(*holder, 0, 7, seven);
+    check_copy(*holder, 0, 6, six);
+    CHECK_FALSE(holder->with_copy(0, 5, [](const MemoryTier::Copy&) { return Status::success(); }));
   }
-  SECTION("once frozen by the last words, the copy held stays") {
+  SECTION("once frozen by the last words, both copies held stay, and a copy is refused before it begins") {
+    Shard six(6);
+    REQUIRE(ward->send(6, six.pieces));
     holder->freeze();
     Shard seven(7);
     Status s = ward->send(7, seven.pieces);
     REQUIRE_FALSE(s);
     CHECK(s.error().find("the last words started") != std::string::npos);
-    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 5}});
+    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 6}, {0, 5}});
+    check_copy(*holder, 0, 6, six);
     check_copy(*holder, 0, 5, five);
+    std::vector<MemoryTier::Kept> kept = holder->release();
+    REQUIRE(kept.size() == 2);
+    CHECK(kept[0].step == 6);
+    CHECK(kept[1].step == 5);
+    CHECK(std::memcmp(kept[1].buffer.data(), five.big.data(), five.big.size()) == 0);
+    CHECK(holder->verified_copies().empty());
   }
   SECTION("a byte flipped in memory after it arrived is caught, and the copy is not used") {
     REQUIRE(holder->corrupt_for_testing(0));
@@ -272,7 +288,7 @@ TEST_CASE("memory tier: a holder waits for its wards' copies of a step, and for 
         400ms, [&] { CHECK(ward->send(5, five.pieces)); }, [&] { CHECK(holder->wait_for_wards(5, 10s).empty()); });
     CHECK(waited >= 0.35);
     CHECK(waited < 5.0);
-    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 5}});
+    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 5}, {0, 4}});
   }
   SECTION("a copy refused ends it too") {
     holder->freeze();  // the last words: no copy is replaced from here on
@@ -374,7 +390,7 @@ TEST_CASE("memory tier: a relaunched ward fetches back the copy its partner's ea
     auto ward = MemoryTier::start(tier_settings(0, 1, {}), *meshes[0]);
     REQUIRE(ward->send(5, five.pieces));
     REQUIRE(ward->send(6, six.pieces));
-    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 6}});
+    CHECK(holder->verified_copies() == std::vector<std::pair<int, std::uint64_t>>{{0, 6}, {0, 5}});
     if (c == Case::Flipped) REQUIRE(holder->corrupt_for_testing(0));
     ward->stop();
     holder->stop();

@@ -107,6 +107,15 @@ TEST_CASE("what run() does after train() of a generation", "[inplace]") {
   CHECK(after_train(0, o) == AfterTrain::Recover);
   o.counted_dead = true;
   CHECK(after_train(0, o) == AfterTrain::Leave);
+  // Rank 0 finished: a peer lost after this rank's train() returned is no failure; a raise still is one.
+  o = {};
+  o.lost_peer = true;
+  o.finished = true;
+  CHECK(after_train(1, o) == AfterTrain::Return);
+  o.counted_dead = true;
+  CHECK(after_train(1, o) == AfterTrain::Return);
+  o.raised = true;
+  CHECK(after_train(1, o) == AfterTrain::Leave);
 }
 
 TEST_CASE("a generation that did not form", "[inplace]") {

@@ -685,6 +685,40 @@ TEST_CASE("last words: ZeRO-1 with the memory tier", "[last_words]") {
   }
 }
 
+TEST_CASE("last words: a dead node's ranks whose copies straddle a step are covered by their holders' older copies",
+          "[last_words]") {
+  // ZeRO-1 over 3 nodes of 2 ranks (0, 1 | 2, 3 | 4, 5), each rank's copy on the rank 2 on. The node of ranks 4
+  // and 5 died while the copies of step 101 travelled: rank 4's arrived on rank 0, rank 5's did not reach rank 1.
+  // Rank 1's staging began the snapshot of step 101 and holds step 100 alone; every other survivor holds both.
+  const Layout l{6, 1, 1, true};
+  auto reports = healthy(l);
+  for (RankReport& r : reports) {
+    r.step = 101;
+    r.memory_steps = {101, 100};
+  }
+  at(reports, 4, 0, 0).alive = false;
+  at(reports, 5, 0, 0).alive = false;
+  at(reports, 1, 0, 0).memory_steps = {100};
+  at(reports, 1, 0, 0).mid_update = true;
+  at(reports, 1, 0, 0).held = {{5, 100}};
+
+  SECTION("with the newest copy alone on each holder, no step covers both dead ranks: nothing is written") {
+    at(reports, 0, 0, 0).held = {{4, 101}};
+    Plan plan = last_words::plan(l, reports);
+    check_against_store(l, plan);
+    CHECK_FALSE(plan.write);
+  }
+  SECTION("with the copy before it still whole on rank 0, step 100 is written, both dead shards from copies") {
+    at(reports, 0, 0, 0).held = {{4, 101}, {4, 100}};
+    Plan plan = last_words::plan(l, reports);
+    check_sources(l, reports, plan);
+    CHECK(plan.step == 100);
+    CHECK(plan.stand_ins == std::map<int, int>{{4, 0}, {5, 1}});
+    CHECK(plan.from_memory == std::set<int>{0, 1, 2, 3});
+    CHECK(plan.summary.ends_with("; 2 shards from partner copies, 4 shards from snapshots"));
+  }
+}
+
 TEST_CASE("last words: a dead holder cannot stand in", "[last_words]") {
   const Layout l{4, 1, 1, true};
   auto reports = healthy(l);

@@ -144,6 +144,7 @@ struct TrainOutcome {
   bool mesh_failed = false;   // the error is the Checkpointer's "not every rank joined the mesh"
   bool lost_peer = false;     // the last words report a lost peer
   bool counted_dead = false;  // the other ranks count this one as dead
+  bool finished = false;      // rank 0 marked the job's training finished (its train() returned)
 };
 
 enum class AfterTrain {

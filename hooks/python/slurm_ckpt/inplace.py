@@ -280,6 +280,10 @@ class Membership:
             spare.mailbox = mailbox.record()
         self.records.write_spare(spare)
 
+    def finished(self):
+        """Whether rank 0 marked training finished (its train() returned)."""
+        return self.records.marked("finished")
+
     def ended(self):
         """Whether training ended (`finished`) or was handed over (`abandoned`)."""
         return self.records.marked("finished") or self.records.marked("abandoned")

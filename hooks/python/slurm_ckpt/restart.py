@@ -97,7 +97,7 @@ def handover(layout):
     (what it sends: [(recipient, items)] with items [(region name, uint8 tensor)], None for its own live state, or
     from the partner copy it holds of a lost rank; the donor it receives from, or None). A recipient is a
     replacement, or a survivor the plan lists as behind its step. A copy is sent once and then dropped; one that
-    is missing, or of another step, goes out as nothing, and the replacement reads its shard instead."""
+    is missing (none of the plan's step is held) goes out as nothing, and the replacement reads its shard instead."""
     plan = _state["plan"]
     copies, _state["copies"] = _state["copies"], {}
     if plan is None:
@@ -111,8 +111,8 @@ def handover(layout):
         if not donor.partner_copy:
             sends.append((to, None))
             continue
-        copy = copies.get(to)
-        if copy is None or copy.step != plan.step:
+        copy = copies.get((to, plan.step))
+        if copy is None:
             _say(f"rank {rank}: holds no partner copy of rank {to}'s step {plan.step}; it reads its shard")
             sends.append((to, []))
             continue
@@ -149,7 +149,7 @@ def _keep_memory_copies(cp):
     copies = cp._native.release_memory_copies() if cp is not None and cp.enabled else []
     rank = int(os.environ.get(_ENV["rank"], "-1"))
     _state["own"] = [c for c in copies if c.rank == rank]
-    _state["copies"] = {c.rank: c for c in copies if c.rank != rank}
+    _state["copies"] = {(c.rank, c.step): c for c in copies if c.rank != rank}  # a ward's two newest copies
 
 
 def _last_words():
@@ -668,7 +668,8 @@ class _Run:
             _keep_memory_copies(cp)
         after = _core.after_train(self.generation, raised=error is not None,
                                   mesh_failed=error is not None and _MESH_FAILED in str(error),
-                                  lost_peer=bool(lw.get("lost_peer")), counted_dead=bool(lw.get("counted_dead")))
+                                  lost_peer=bool(lw.get("lost_peer")), counted_dead=bool(lw.get("counted_dead")),
+                                  finished=error is None and self.members.finished())
         if after == _core.AfterTrain.RETURN:
             self.group.leave(failed=False)
             self.machine.on(_core.Event.RETURNED)
