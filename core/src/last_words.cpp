@@ -605,8 +605,13 @@ bool update_finishes_alone(const Layout& layout) {
   return layout.dp >= 1 && layout.tp == 1 && layout.pp == 1 && !layout.zero1;
 }
 
-Plan plan(const Layout& layout, const std::vector<RankReport>& reports) {
+Plan plan(const Layout& layout, const std::vector<RankReport>& given, std::uint64_t oldest) {
   Plan out;
+  std::vector<RankReport> reports = given;
+  for (RankReport& r : reports) {  // memory older than the dir's newest checkpoint is worth nothing
+    std::erase_if(r.memory_steps, [oldest](std::uint64_t s) { return s < oldest; });
+    std::erase_if(r.held, [oldest](const std::pair<int, std::uint64_t>& h) { return h.second < oldest; });
+  }
   if (layout.dp < 1 || layout.tp < 1 || layout.pp < 1) {
     return no_write(out, "layout sizes must be at least 1 (dp " + std::to_string(layout.dp) + ", tp " +
                              std::to_string(layout.tp) + ", pp " + std::to_string(layout.pp) + ")");

@@ -524,6 +524,12 @@ struct LastWords::Impl {
     };
     std::optional<last_words::Plan> early;
     auto next_try = t0 + kSettle;
+    // The dir's newest committed step: no terminal checkpoint before it. Read by the root alone, once.
+    std::optional<std::uint64_t> oldest;
+    auto committed = [&] {
+      if (!oldest) oldest = store::latest_committed_step(config.dir).value_or(0);
+      return *oldest;
+    };
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
       if (stopping) return false;
@@ -533,7 +539,7 @@ struct LastWords::Impl {
       if (root && (tally.accounted.size() >= static_cast<std::size_t>(config.world_size) || now >= gather_until)) break;
       if (root && now >= next_try) {
         next_try = now + std::chrono::milliseconds(100);
-        last_words::Plan trial = last_words::plan(config.layout, current_reports());
+        last_words::Plan trial = last_words::plan(config.layout, current_reports(), committed());
         if (trial.write) {
           early = std::move(trial);
           break;
@@ -550,7 +556,7 @@ struct LastWords::Impl {
     std::vector<last_words::RankReport> rankreports = early ? std::vector<last_words::RankReport>{} : current_reports();
     const int alive = config.world_size - static_cast<int>(tally.gone.size());
     lock.unlock();
-    last_words::Plan plan = early ? std::move(*early) : last_words::plan(config.layout, rankreports);
+    last_words::Plan plan = early ? std::move(*early) : last_words::plan(config.layout, rankreports, committed());
     log::info(rank, plan.summary);  // "last words: writing ..." or "last words: not writing ..."
     for (const std::string& why : unable) log::info(rank, "last words: " + why);
     for (const std::string& why : plan.reasons) log::info(rank, "last words: " + why);

@@ -719,6 +719,27 @@ TEST_CASE("last words: a dead node's ranks whose copies straddle a step are cove
   }
 }
 
+TEST_CASE("last words: no terminal checkpoint before the dir's newest committed one", "[last_words]") {
+  // A periodic checkpoint of step 20 is committed; the survivors' staging holds steps 20 and 10, and the copy of
+  // the dead rank's step 20 failed its checksums: only its copy of step 10 is left.
+  const Layout l{3, 1, 1, true};
+  auto reports = healthy(l, 22);
+  for (RankReport& r : reports) r.memory_steps = {20, 10};
+  at(reports, 2, 0, 0).alive = false;
+  at(reports, 0, 0, 0).held = {{2, 10}};
+  Plan older = last_words::plan(l, reports);  // the dir not consulted: step 10 is written
+  check_sources(l, reports, older);
+  CHECK(older.step == 10);
+  Plan none = last_words::plan(l, reports, 20);
+  check_against_store(l, none);
+  CHECK_FALSE(none.write);
+  CHECK(none.stand_ins.empty());
+  at(reports, 0, 0, 0).held = {{2, 20}, {2, 10}};  // the copy of step 20 is whole: step 20, the committed one
+  Plan same = last_words::plan(l, reports, 20);
+  check_sources(l, reports, same);
+  CHECK(same.step == 20);
+}
+
 TEST_CASE("last words: a dead holder cannot stand in", "[last_words]") {
   const Layout l{4, 1, 1, true};
   auto reports = healthy(l);

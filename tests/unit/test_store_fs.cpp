@@ -124,6 +124,12 @@ TEST_CASE("save, commit, scan, verify, resolve", "[store][fs]") {
   CHECK(verify(t.path(), 200).ok());
   CHECK(verify(t.path(), 200, false).ok());
   CHECK(slurp(t / "latest") == "000000000200\n");
+  CHECK(latest_committed_step(t.path()) == std::optional<std::uint64_t>{200});
+  spit(t / "latest", "000000000300\n");  // names a step with no manifest: no hint
+  CHECK_FALSE(latest_committed_step(t.path()));
+  spit(t / "latest", "../etc\n");
+  CHECK_FALSE(latest_committed_step(t.path()));
+  spit(t / "latest", "000000000200\n");
 
   auto records = read_records(t.path(), 200);
   REQUIRE(records.ok());

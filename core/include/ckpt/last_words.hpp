@@ -80,7 +80,9 @@ bool update_finishes_alone(const store::Layout& layout);
 // deterministic: for each stage the lowest dp index whose group qualifies, groups whose ranks all write their own
 // shards (live or staging) before groups that need a stand-in, which writes a second shard on its holder; every
 // required state key is written exactly once.
-Plan plan(const store::Layout& layout, const std::vector<RankReport>& reports);
+// `oldest`: the newest checkpoint already committed in the dir; a step before it is no candidate (a terminal
+// checkpoint older than it would lose more than it), so snapshots and copies of such steps are not counted.
+Plan plan(const store::Layout& layout, const std::vector<RankReport>& reports, std::uint64_t oldest = 0);
 
 // The state keys rank `coord` writes under a plan whose stages went to `replica_of_stage` (Plan::replica_of_stage
 // of a plan that writes): exactly plan.writers[coord.rank]. The root of a job decides once and sends only the

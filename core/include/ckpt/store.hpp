@@ -496,6 +496,10 @@ const char* to_string(SavePhase phase);
 // The manifest of a committed checkpoint, parsed and checked against its step dir name. Does not verify shards.
 Result<Manifest> read_manifest(const std::string& root, std::uint64_t step);
 
+// The newest committed checkpoint's step as the root's `latest` pointer names it, when that step's manifest reads;
+// nothing otherwise. A cheap hint (one small file and one manifest), not a resolution: nothing is verified.
+std::optional<std::uint64_t> latest_committed_step(const std::string& root);
+
 // The records of the shards written so far (the rank-*.rec files), sorted by rank: what commit decides on.
 Result<std::vector<ShardRecord>> read_present_records(const std::string& root, std::uint64_t step);
 

@@ -425,6 +425,24 @@ Result<Manifest> read_manifest(const std::string& root, std::uint64_t step) {
   }
 }
 
+std::optional<std::uint64_t> latest_committed_step(const std::string& root) {
+  try {
+    auto root_fd = open_root(root);
+    if (!root_fd) return std::nullopt;
+    auto text = read_small_file(root_fd->get(), std::string(kLatestName), 64);
+    if (!text.ok()) return std::nullopt;
+    std::string_view name = *text.value;
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.remove_suffix(1);
+    const std::optional<std::uint64_t> step = parse_step_dir_name(name);
+    if (!step) return std::nullopt;
+    auto dir = open_step_dir(root_fd->get(), *step);
+    if (!dir.ok() || !load_manifest(dir.value->get(), *step).ok()) return std::nullopt;
+    return step;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 Result<std::vector<ShardRecord>> read_records(const std::string& root, std::uint64_t step) {
   auto manifest = read_manifest(root, step);
   if (!manifest) return Error{manifest.error()};
