@@ -51,7 +51,8 @@ wait_job_state() {
 wait_nodes_idle() {
   local want=$1 timeout=${2:-30}
   for _ in $(seq $((timeout * 10))); do
-    [ "$(sinfo -h -N -r -t idle -o %N | sort -u | wc -l)" -ge "$want" ] && return 0
+    # Not `sinfo -t idle`: it lists nodes that are still completing a job too.
+    [ "$(sinfo -h -N -r -o '%N %T' | awk '$2 == "idle" { print $1 }' | sort -u | wc -l)" -ge "$want" ] && return 0
     sleep 0.1
   done
   fail "fewer than $want nodes idle after ${timeout} s: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')"
