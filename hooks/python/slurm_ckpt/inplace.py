@@ -286,7 +286,7 @@ class Membership:
 
     def ended(self):
         """Whether training ended (`finished`) or was handed over (`abandoned`)."""
-        return self.records.marked("finished") or self.records.marked("abandoned")
+        return self.finished() or self.records.marked("abandoned")
 
     def wait_claim(self, mailbox=None):
         """A spare waits here: (its claim, the plan when it came through `mailbox`), or None when training ended
