@@ -191,6 +191,7 @@ struct Checkpointer::Impl {
   // CKPT_MEMORY where the last words are armed (memory_tier.hpp). After `node`: its receivers keep held copies
   // there, so it goes first.
   std::unique_ptr<MemoryTier> tier;
+  bool partner_kept_copy = false;  // the training thread's: restore() fetched a copy the partner's node kept
   // The tier does not fit some rank's CKPT_MEMORY, so it is off for the whole job: no memory checkpoint, no copy.
   std::atomic<bool> tier_too_big{false};
   bool tier_checked = false;              // the worker's: the budget was checked at the first memory checkpoint
@@ -311,10 +312,14 @@ struct Checkpointer::Impl {
   // ---- restore, training thread (checkpointer_restore.cpp) -------------------------------------------------------
 
   // Before the restore, where this node's tier holds no snapshot of this rank (a relaunch on a node that replaced a
-  // dead one), and at a memory step's probe, where it lacks that one (`step` of `launch`): the copy of that memory
-  // checkpoint (without a step: the newest) that the partner's earlier process kept, fetched and offered like this
-  // node's own.
+  // dead one), at a memory step's probe, where it lacks that one (`step` of `launch`), and at a round from the dir
+  // in a relaunch, where it lacks that step (any launch: the bytes are checked against the dir's manifest): the
+  // copy of that memory checkpoint (without a step: the newest) that the partner's earlier process kept, fetched
+  // and offered like this node's own.
   void fetch_own_copy(std::optional<std::uint64_t> step = {}, const std::string& launch = {});
+  // This process is a relaunch inside the allocation: its node tier held snapshots of this rank, or the partner's
+  // node kept a copy of one. Only then may a round from the dir find the round's step in the partner's memory.
+  bool relaunch_with_copies() const;
 
   // Leader (or the only rank): the candidate after `failed`, the plugin's choice first when it has not been tried.
   RestorePlan choose(const std::vector<std::uint64_t>& failed, bool& plugin_tried);

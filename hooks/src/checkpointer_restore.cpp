@@ -60,7 +60,13 @@ RestorePlan Checkpointer::Impl::choose(const std::vector<std::uint64_t>& failed,
 
 void Checkpointer::Impl::fetch_own_copy(std::optional<std::uint64_t> step, const std::string& launch) {
   if (!node || !tier || life.started) return;
-  if (step ? node->find_snapshot(*step, launch) != nullptr : !node->found_snapshots().empty()) return;
+  const auto& held = node->found_snapshots();
+  const bool here = step ? std::any_of(held.begin(), held.end(),
+                                       [&](const NodeTier::Snapshot& s) {
+                                         return s.step == *step && (launch.empty() || s.launch == launch);
+                                       })
+                         : !held.empty();
+  if (here) return;
   const auto t0 = Clock::now();
   auto fetched = tier->fetch_own(step, launch);
   if (!fetched) {
@@ -69,6 +75,7 @@ void Checkpointer::Impl::fetch_own_copy(std::optional<std::uint64_t> step, const
   }
   std::optional<MemoryTier::Fetched> got = std::move(fetched).value();
   if (!got) return;  // the partner kept none (a first launch, or its node was replaced too)
+  partner_kept_copy = true;
   MemoryTier::Fetched& f = *got;
   NodeTier::Snapshot snapshot;
   snapshot.step = f.step;
@@ -90,6 +97,10 @@ void Checkpointer::Impl::fetch_own_copy(std::optional<std::uint64_t> step, const
                       " (" + std::to_string(bytes) + " bytes, every range checked) from the copy rank " +
                       std::to_string(tier->settings().partner) + "'s node kept, in " + took);
   node->adopt_fetched(std::move(snapshot), std::move(f.buffer));
+}
+
+bool Checkpointer::Impl::relaunch_with_copies() const {
+  return node && tier && (partner_kept_copy || !node->found_snapshots().empty());
 }
 
 RestorePlan Checkpointer::Impl::prefer_node_tier(RestorePlan dir_plan,
@@ -476,7 +487,13 @@ Result<std::optional<std::uint64_t>> Checkpointer::Impl::agree_and_load(RestoreA
       plan = std::move(proposed).value();
     }
     if (!plan.step) return std::optional<std::uint64_t>{};
-    if (plan.probe) fetch_own_copy(plan.step, plan.node_launch);  // the partner's node may hold what this one lacks
+    if (plan.probe) {
+      fetch_own_copy(plan.step, plan.node_launch);  // the partner's node may hold what this one lacks
+    } else if (plan.node_launch.empty() && relaunch_with_copies()) {
+      // The dir's step (a terminal checkpoint the last words wrote from partner copies, say) may be older than the
+      // copy fetched before: the partner may keep this one too. One dial to one peer, only in a relaunch.
+      fetch_own_copy(plan.step);
+    }
     bool definite = false;
     Status status = load(plan, definite);
     RoundOutcome outcome = solo_outcome(status, definite, rank);

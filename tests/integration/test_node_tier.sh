@@ -49,7 +49,7 @@ train() {
   while [ $# -gt 0 ] && [ "$1" != -- ]; do opts+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) \
-    srun -N3 -n3 -w 'n[1-3]' --ckpt-interval=100000steps --ckpt-last-words="${LAST_WORDS:-on}" "${opts[@]}" \
+    srun -N3 -n3 -w 'n[1-3]' --ckpt-interval="${INTERVAL:-100000steps}" --ckpt-last-words="${LAST_WORDS:-on}" "${opts[@]}" \
     "$PY" "$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py" --zero1 --extra-mib $EXTRA_MIB --steps $STEPS \
     --out "$out" "$@" > "$log" 2>&1
 }
@@ -61,6 +61,27 @@ save_tiers() { local n; for n in n1 n2 n3; do rm -rf "${2:?}/$n"; mkdir -p "$2";
 put_tiers() { local n; for n in n1 n2 n3; do rm -rf "$(tier_dir "$n" "$2")"; cp -a "$1/$n" "$(tier_dir "$n" "$2")"; done; }
 # The "restored step N from DIR in T s (R bytes read, M found in memory)" lines of LOG: "R M" per rank.
 restored_bytes() { sed -n 's/.*restored step [0-9]* from .* (\([0-9]*\) bytes read, \([0-9]*\) found in memory).*/\1 \2/p' "$1"; }
+
+# kill_every_task LOG: job $first's 3 tasks frozen together, then killed, so no rank outlives another long enough for
+# last words (only this job's tasks: a node may run another job's beside them); waits for the srun ($pid). Sets
+# `killed`, the last step LOG shows.
+kill_every_task() {
+  local tasks n p
+  tasks=$(for n in n1 n2 n3; do
+    for p in $("$CLUSTER" task-pids "$n"); do
+      if tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx "SLURM_JOB_ID=$first"; then echo "$p"; fi
+    done
+  done)
+  [ "$(wc -w <<< "$tasks")" -eq 3 ] || fail "not 3 tasks of job $first to kill: $tasks"
+  # shellcheck disable=SC2086
+  kill -STOP $tasks || fail "a task of job $first was gone before the kill"
+  # shellcheck disable=SC2086
+  kill -KILL $tasks
+  killed=$(logged_step "$1")
+  for _ in $(seq 300); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+  kill "$pid" 2> /dev/null || true
+  wait "$pid" 2> /dev/null || true
+}
 
 train "$SCRATCH/straight.log" "$SCRATCH/straight.bin" -J "nodetier-straight-$tag" --ckpt-dir="$SCRATCH/straight" ||
   { cat "$SCRATCH/straight.log" >&2; fail "the uninterrupted run failed"; }
@@ -119,22 +140,7 @@ train "$SCRATCH/all.log" "$SCRATCH/all.bin" --jobid="$first" --ckpt-memory=512M 
   --step-sleep 0.2 --log-every 1 &
 pid=$!
 wait_logged_step "$SCRATCH/all.log" "$at" || { cat "$SCRATCH/all.log" >&2; fail "no step $at"; }
-# Frozen together, then killed: no rank outlives another long enough for last words. Only this job's tasks: a node
-# may run another job's beside them.
-tasks=$(for n in n1 n2 n3; do
-  for p in $("$CLUSTER" task-pids "$n"); do
-    if tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx "SLURM_JOB_ID=$first"; then echo "$p"; fi
-  done
-done)
-[ "$(wc -w <<< "$tasks")" -eq 3 ] || fail "not 3 tasks of job $first to kill: $tasks"
-# shellcheck disable=SC2086
-kill -STOP $tasks || fail "a task of job $first was gone before the kill"
-# shellcheck disable=SC2086
-kill -KILL $tasks
-killed=$(logged_step "$SCRATCH/all.log")
-for _ in $(seq 300); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
-kill "$pid" 2> /dev/null || true
-wait "$pid" 2> /dev/null || true
+kill_every_task "$SCRATCH/all.log"
 [ "$(latest_step "$SCRATCH/whole")" -eq 0 ] || fail "a checkpoint in $SCRATCH/whole after killing every task"
 
 # ---- 2c. one rank's node kept nothing: its partner's node did ----
@@ -197,6 +203,61 @@ done < "$SCRATCH/all.bytes"
 cmp -s "$SCRATCH/straight.bin" "$SCRATCH/all.bin" || fail "final weights differ after resuming from the node's memory"
 { grep "walks back to the checkpoint dir" "$SCRATCH/all-relaunch.log" || true; } | head -1 | sed 's/^/  /'
 pass "every task killed after step $killed with no checkpoint in the dir: resumed from memory step $mem on every rank, 0 bytes read; final weights bitwise identical"
+
+# ---- 2e. the dir's step is older than the newest copy a replaced node's rank fetched ----
+# A checkpoint in the dir every 10 steps, a memory step every 5, every task killed after step 27: the dir's newest is
+# step 20, and rank 2 (n3) holds rank 1's copies of steps 25 and 20. n2's tier gone (rank 1's node replaced) and
+# rank 0's own step 25 dropped from n1's index: the relaunch resumes step 20 from the dir. Rank 1 fetched its newest
+# copy (25) before the restore; for the dir's step it fetches step 20 too, and reads nothing from the dir.
+INTERVAL=10steps train "$SCRATCH/straddle.log" "$SCRATCH/straddle.bin" --jobid="$first" --ckpt-memory=512M \
+  --ckpt-memory-interval=5 --ckpt-dir="$SCRATCH/straddle" -- --step-sleep 0.3 --log-every 1 &
+pid=$!
+wait_logged_step "$SCRATCH/straddle.log" 27 || { cat "$SCRATCH/straddle.log" >&2; fail "no step 27"; }
+kill_every_task "$SCRATCH/straddle.log"
+[ "$(latest_step "$SCRATCH/straddle")" -eq 20 ] && [ "$killed" -lt 30 ] ||
+  fail "killed after step $killed: the dir's newest is step $(latest_step "$SCRATCH/straddle"), not 20"
+# index_steps NODE [WARD]: the steps NODE's tier holds whole, its rank's own or WARD's copies.
+index_steps() {
+  python3 - "$(tier_dir "$1" "$first")" "${2:-}" << 'PY'
+import glob, json, sys
+steps = set()
+for f in glob.glob(sys.argv[1] + "/*.json"):
+    for b in json.load(open(f)).get("buffers", []):
+        if "step" in b and str(b.get("ward", "")) == sys.argv[2]:
+            steps.add(b["step"])
+print(" ".join(str(s) for s in sorted(steps)))
+PY
+}
+[[ " $(index_steps n3 1) " == *" 20 25 "* ]] ||
+  fail "rank 2's node does not hold rank 1's copies of steps 20 and 25 (it holds: $(index_steps n3 1))"
+rm -rf "$(tier_dir n2 "$first")"
+python3 - "$(tier_dir n1 "$first")" << 'PY'
+import glob, json, os, sys
+for f in glob.glob(sys.argv[1] + "/*.json"):
+    index = json.load(open(f))
+    index["buffers"] = [b for b in index["buffers"] if "ward" in b or b.get("step", 0) <= 20]
+    with open(f + ".new", "w") as out:
+        json.dump(index, out)
+    st = os.stat(f)
+    os.chown(f + ".new", st.st_uid, st.st_gid)
+    os.chmod(f + ".new", st.st_mode & 0o777)
+    os.replace(f + ".new", f)
+PY
+[ "$(index_steps n1)" = 20 ] || [ -z "$(index_steps n1)" ] || fail "rank 0's node still holds steps $(index_steps n1)"
+train "$SCRATCH/straddle-relaunch.log" "$SCRATCH/straddle.bin" --jobid="$first" --ckpt-memory=512M \
+  --ckpt-memory-interval=5 --ckpt-dir="$SCRATCH/straddle" ||
+  { cat "$SCRATCH/straddle-relaunch.log" >&2; fail "the relaunch with n2's tier lost and the dir at step 20 failed"; }
+grep -q "^train_ddp: resumed from step 20 " "$SCRATCH/straddle-relaunch.log" ||
+  { grep "node tier\|memory tier\|restored\|resumed" "$SCRATCH/straddle-relaunch.log" >&2; fail "the relaunch did not resume from the dir's step 20"; }
+grep -q "rank 1: memory tier: this node holds no snapshot of this rank; fetched step 25 " "$SCRATCH/straddle-relaunch.log" &&
+  grep -q "rank 1: memory tier: this node lacks this rank's step 20 of launch [^ ]*; fetched it" "$SCRATCH/straddle-relaunch.log" ||
+  { grep "node tier\|memory tier\|restored" "$SCRATCH/straddle-relaunch.log" >&2; fail "rank 1 did not fetch step 25, then step 20, from rank 2's node"; }
+grep "rank 1: restored step 20 " "$SCRATCH/straddle-relaunch.log" > "$SCRATCH/straddle.line" || fail "no restore line of rank 1"
+read -r read_bytes held_bytes < <(restored_bytes "$SCRATCH/straddle.line")
+[ "$read_bytes" -eq 0 ] && [ "$held_bytes" -ge $((EXTRA_MIB << 20)) ] ||
+  { grep "node tier\|memory tier\|restored" "$SCRATCH/straddle-relaunch.log" >&2; fail "rank 1 read $read_bytes bytes from the dir and found $held_bytes in memory"; }
+cmp -s "$SCRATCH/straight.bin" "$SCRATCH/straddle.bin" || fail "final weights differ after rank 1 fetched step 20"
+pass "the dir at step 20, rank 1's node replaced, its partner holding its steps 25 and 20: rank 1 fetched 25, then 20 for the dir's round, and read nothing; final weights bitwise identical"
 
 # ---- 3. the job's end removes its node tier ----
 scancel "$first"
