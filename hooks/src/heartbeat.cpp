@@ -96,13 +96,60 @@ Mesh::Impl::~Impl() {
   if (thread.joinable()) thread.join();
   if (dialer.joinable()) dialer.join();
   unregister_mesh(&sockets);
+  // After a goodbye, a close must not read as a death: what a link still had to send goes first (the goodbye may
+  // be in it), a dialer that sent its proof has adopted the link already though this end never read it, and no
+  // link closes before its peer read the goodbye.
+  std::vector<int> after_bye = std::move(answered);
+  const Frame bye = frame(kBye);
   for (auto& [peer, link] : links) {
-    if (link.fd >= 0) ::close(link.fd);
+    if (link.fd < 0) continue;
+    if (!quiet) {
+      ::close(link.fd);
+      continue;
+    }
+    if (!link.outbox.empty()) {
+      (void)::send(link.fd, link.outbox.data(), link.outbox.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    after_bye.push_back(link.fd);
   }
-  for (Pending& c : pending) ::close(c.fd);
+  for (Pending& c : pending) {
+    if (quiet && c.replied && ::send(c.fd, &bye, sizeof bye, MSG_NOSIGNAL | MSG_DONTWAIT) == sizeof bye) {
+      after_bye.push_back(c.fd);
+    } else {
+      ::close(c.fd);
+    }
+  }
+  close_after_bye(after_bye);
   for (HeldPartner& h : held_partners) ::close(h.fd);
   if (listener >= 0) ::close(listener);
   if (dirfd >= 0) ::close(dirfd);
+}
+
+void Mesh::Impl::close_after_bye(const std::vector<int>& fds) {
+  constexpr auto kByeLinger = std::chrono::milliseconds(250);
+  std::vector<pollfd> open;
+  for (int fd : fds) {
+    (void)::shutdown(fd, SHUT_WR);  // the goodbye, then the end of what this rank sends
+    open.push_back({fd, POLLIN, 0});
+  }
+  const auto deadline = Clock::now() + kByeLinger;
+  char buf[4096];
+  while (!open.empty()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0 || ::poll(open.data(), open.size(), static_cast<int>(left)) < 0) break;
+    for (pollfd& p : open) {
+      if (p.revents == 0) continue;
+      ssize_t n = 0;
+      while ((n = ::recv(p.fd, buf, sizeof buf, MSG_DONTWAIT)) > 0) {
+      }
+      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        ::close(p.fd);  // the peer closed: it read the goodbye (or is gone)
+        p.fd = -1;
+      }
+    }
+    open.erase(std::remove_if(open.begin(), open.end(), [](const pollfd& p) { return p.fd < 0; }), open.end());
+  }
+  for (const pollfd& p : open) ::close(p.fd);
 }
 
 void Mesh::Impl::list_socket(int fd) {
@@ -212,18 +259,25 @@ void Mesh::Impl::flood(Frame f, int except) {
 }
 
 void Mesh::Impl::adopt(int peer, int fd, std::string first_bytes, const PeerId& who) {
-  if (quiet) {
-    // A link that completes after this rank said goodbye gets the goodbye too: closing it bare reads as a death.
-    const Frame bye = frame(kBye);
-    (void)::send(fd, &bye, sizeof bye, MSG_NOSIGNAL | MSG_DONTWAIT);
-    ::close(fd);
-    return;
-  }
   int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   {
     std::lock_guard<std::mutex> lock(mu);
+    if (quiet) {
+      // A link that completes after this rank said goodbye gets the goodbye too: closing it bare reads as a death.
+      // Asked under mu: say_bye() floods under it, so a link is either among those it reached or answered here.
+      const Frame bye = frame(kBye);
+      // Kept to close with the links, once the peer read it; a few dozen at most (a peer that keeps dialing a rank
+      // that left gets a bare close).
+      if (answered.size() < kMaxPending &&
+          ::send(fd, &bye, sizeof bye, MSG_NOSIGNAL | MSG_DONTWAIT) == sizeof bye) {
+        answered.push_back(fd);
+      } else {
+        ::close(fd);
+      }
+      return;
+    }
     if (gone[static_cast<std::size_t>(peer)] || links.count(peer) != 0 || stopping) {
       ::close(fd);
       return;

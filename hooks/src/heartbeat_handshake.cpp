@@ -46,12 +46,11 @@ using posix::Fd;
 using posix::random_bytes;
 
 constexpr const char* kSecretName = "secret";
-// How long an accepted connection may take to complete its handshake, and how many may be in it at once: a
-// stranger that connects and says nothing holds one slot for this long, never the mesh.
+// How long an accepted connection may take to complete its handshake (how many may be in it at once:
+// Impl::kMaxPending): a stranger that connects and says nothing holds one slot for this long, never the mesh.
 constexpr auto kHandshakeLimit = std::chrono::seconds(5);
 // With PMIx, how long a refused dial waits for the news that the peer left in order before it counts as a death.
 constexpr auto kLeaveNews = std::chrono::milliseconds(500);
-constexpr std::size_t kMaxPending = 64;
 
 std::string numeric(const sockaddr_in& a) {
   char buf[INET_ADDRSTRLEN] = {};

@@ -99,6 +99,7 @@ struct Mesh::Impl {
   std::string dial_error;                // guarded by mu: the dialer's last failure, for start's error line
   std::atomic<bool> stopping{false};
   std::atomic<bool> quiet{false};        // this rank said goodbye: peers closing on it are no news
+  std::vector<int> answered;             // guarded by mu: links that completed after the goodbye and were given it
   std::unique_ptr<RefusalLog, RefusalLogDelete> refusals;  // mesh thread only
   SocketSlots sockets{};
   std::thread thread;
@@ -130,6 +131,11 @@ struct Mesh::Impl {
   void receive(int peer, Link& link);
   void deliver(int peer, const Frame& f);
   void flush_outboxes();
+  // After the goodbye, at the end: each of `fds` (the goodbye sent on it) closes once its peer has read what was
+  // sent. A socket closed with bytes unread sends a reset, and a reset can overtake the goodbye: the peer would
+  // read this rank's orderly leave as a death. The peer closes its end when the goodbye reaches it, so each is read
+  // to its end, for kByeLinger at most.
+  static void close_after_bye(const std::vector<int>& fds);
   void list_socket(int fd);
   void unlist_socket(int fd);
 
@@ -171,6 +177,8 @@ struct Mesh::Impl {
   Result<std::pair<int, PeerId>> dial_once(int peer, std::chrono::milliseconds limit, std::uint32_t type = kHello,
                                            const Mesh::SocketWatch& on_socket = {});
 
+  // Accepted connections in their handshake at once; links answered with the goodbye, kept until the close.
+  static constexpr std::size_t kMaxPending = 64;
   // One accepted connection in its handshake.
   struct Pending {
     int fd = -1;

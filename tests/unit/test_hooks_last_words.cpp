@@ -420,6 +420,49 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
     }
   }
 
+  SECTION("20 ranks leave in order at about the same time: nobody is taken for dead") {
+    // The end of training: each rank says goodbye, then closes. Every leave changes its neighbours' views, and they
+    // link to new up neighbours while the others leave: a link that completes around a rank's goodbye must get the
+    // goodbye too, or its close reads as a death.
+    constexpr int kWorld = 20;
+    for (int round = 0; round < 12; ++round) {
+      CAPTURE(round);
+      std::vector<std::unique_ptr<heartbeat::Mesh>> meshes(kWorld);
+      std::mutex deaths_mu;
+      std::vector<std::string> deaths;
+      std::vector<std::thread> threads;
+      for (int r = 0; r < kWorld; ++r) {
+        threads.emplace_back([&, r] {
+          heartbeat::Settings s = settings(r, kWorld, 20s);
+          s.rendezvous_dir = dir.sub("mesh-leave-" + std::to_string(round));
+          auto m = heartbeat::Mesh::start(s, [&, r](const heartbeat::Event& e) {
+            if (e.kind != heartbeat::Event::Kind::PeerDead) return;
+            std::lock_guard<std::mutex> lock(deaths_mu);
+            deaths.push_back("rank " + std::to_string(r) + " took rank " + std::to_string(e.peer) +
+                             " for dead: " + e.why);
+          });
+          if (m) meshes[static_cast<std::size_t>(r)] = std::move(m).value();
+        });
+      }
+      for (auto& t : threads) t.join();
+      threads.clear();
+      for (auto& m : meshes) REQUIRE(m);
+      std::this_thread::sleep_for(100ms);
+      for (int r = 0; r < kWorld; ++r) {
+        threads.emplace_back([&, r] {
+          // Spread over a few milliseconds, as ranks end their last step; the close follows the goodbye closely.
+          std::this_thread::sleep_for(std::chrono::microseconds((r * 7919 + round * 104729) % 20000));
+          meshes[static_cast<std::size_t>(r)]->say_bye();
+          std::this_thread::sleep_for(std::chrono::microseconds((r * 6151 + round * 3571) % 1000));
+          meshes[static_cast<std::size_t>(r)].reset();
+        });
+      }
+      for (auto& t : threads) t.join();
+      std::lock_guard<std::mutex> lock(deaths_mu);
+      CHECK(deaths == std::vector<std::string>{});
+    }
+  }
+
   SECTION("a rank's forked children do not keep its connections open") {
     // Rank 1 lives in a child process that forks a long-lived worker (as a data loader does), then dies.
     int ready[2];
