@@ -60,13 +60,7 @@ RestorePlan Checkpointer::Impl::choose(const std::vector<std::uint64_t>& failed,
 
 void Checkpointer::Impl::fetch_own_copy(std::optional<std::uint64_t> step, const std::string& launch) {
   if (!node || !tier || life.started) return;
-  const auto& held = node->found_snapshots();
-  const bool here = step ? std::any_of(held.begin(), held.end(),
-                                       [&](const NodeTier::Snapshot& s) {
-                                         return s.step == *step && (launch.empty() || s.launch == launch);
-                                       })
-                         : !held.empty();
-  if (here) return;
+  if (step ? node->find_snapshot(*step, launch) != nullptr : !node->found_snapshots().empty()) return;
   const auto t0 = Clock::now();
   auto fetched = tier->fetch_own(step, launch);
   if (!fetched) {

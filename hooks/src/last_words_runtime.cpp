@@ -524,7 +524,8 @@ struct LastWords::Impl {
     };
     std::optional<last_words::Plan> early;
     auto next_try = t0 + kSettle;
-    // The dir's newest committed step: no terminal checkpoint before it. Read by the root alone, once.
+    // The dir's newest committed step: no terminal checkpoint before it. Read by the root alone, once, and never
+    // under mu: the mesh thread takes mu to deliver reports, and a slow read there would silence its heartbeats.
     std::optional<std::uint64_t> oldest;
     auto committed = [&] {
       if (!oldest) oldest = store::latest_committed_step(config.dir).value_or(0);
@@ -539,7 +540,12 @@ struct LastWords::Impl {
       if (root && (tally.accounted.size() >= static_cast<std::size_t>(config.world_size) || now >= gather_until)) break;
       if (root && now >= next_try) {
         next_try = now + std::chrono::milliseconds(100);
-        last_words::Plan trial = last_words::plan(config.layout, current_reports(), committed());
+        if (!oldest) {
+          lock.unlock();
+          (void)committed();
+          lock.lock();
+        }
+        last_words::Plan trial = last_words::plan(config.layout, current_reports(), *oldest);
         if (trial.write) {
           early = std::move(trial);
           break;

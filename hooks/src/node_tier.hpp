@@ -120,10 +120,10 @@ class NodeTier {
   std::vector<store::LiveRange> found() const;
   // The whole snapshots among them, newest first. Valid until release_found().
   const std::vector<Snapshot>& found_snapshots() const { return snapshots_; }
-  // The one of `step` taken by `launch`, or null. Valid until release_found().
+  // The one of `step` taken by `launch` (any launch where it is empty), or null. Valid until release_found().
   const Snapshot* find_snapshot(std::uint64_t step, const std::string& launch) const {
     for (const Snapshot& s : snapshots_) {
-      if (s.step == step && s.launch == launch) return &s;
+      if (s.step == step && (launch.empty() || s.launch == launch)) return &s;
     }
     return nullptr;
   }

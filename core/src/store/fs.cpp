@@ -434,9 +434,7 @@ std::optional<std::uint64_t> latest_committed_step(const std::string& root) {
     std::string_view name = *text.value;
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.remove_suffix(1);
     const std::optional<std::uint64_t> step = parse_step_dir_name(name);
-    if (!step) return std::nullopt;
-    auto dir = open_step_dir(root_fd->get(), *step);
-    if (!dir.ok() || !load_manifest(dir.value->get(), *step).ok()) return std::nullopt;
+    if (!step || !read_manifest(root, *step)) return std::nullopt;
     return step;
   } catch (const std::exception&) {
     return std::nullopt;
