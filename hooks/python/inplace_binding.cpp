@@ -157,11 +157,15 @@ void bind_inplace(py::module& parent) {
       .def_readonly("lost", &ip::Role::lost).def_readonly("sources", &ip::Role::sources)
       .def_readonly("children", &ip::Role::children);
 
+  // `finished` is asked (a file read on the shared dir) only where core says it can change the answer.
   m.def("after_train", [](std::uint32_t generation, bool raised, bool mesh_failed, bool lost_peer, bool counted_dead,
-                          bool finished) {
-    return ip::after_train(generation, ip::TrainOutcome{raised, mesh_failed, lost_peer, counted_dead, finished});
+                          const py::object& finished) {
+    ip::TrainOutcome outcome{raised, mesh_failed, lost_peer, counted_dead, false};
+    if (ip::finished_matters(outcome) && !finished.is_none()) outcome.finished = finished().cast<bool>();
+    return ip::after_train(generation, outcome);
   }, py::arg("generation"), py::arg("raised"), py::arg("mesh_failed"), py::arg("lost_peer"), py::arg("counted_dead"),
-        py::arg("finished") = false);
+        py::arg("finished") = py::none(),
+        "What run() does after train(); `finished` is a callable (rank 0 marked training finished), or None.");
   py::class_<ip::Donor>(m, "Donor", "Who sends a replacement its state (ckpt/inplace.hpp).")
       .def_readonly("rank", &ip::Donor::rank)
       .def_readonly("partner_copy", &ip::Donor::partner_copy);

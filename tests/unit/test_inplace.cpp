@@ -116,6 +116,17 @@ TEST_CASE("what run() does after train() of a generation", "[inplace]") {
   CHECK(after_train(1, o) == AfterTrain::Return);
   o.raised = true;
   CHECK(after_train(1, o) == AfterTrain::Leave);
+  // The marker is read only where it can change the answer.
+  CHECK_FALSE(finished_matters(o));
+  o = {};
+  CHECK_FALSE(finished_matters(o));
+  o.lost_peer = true;
+  CHECK(finished_matters(o));
+  o = {};
+  o.counted_dead = true;
+  CHECK(finished_matters(o));
+  o.raised = true;
+  CHECK_FALSE(finished_matters(o));
 }
 
 TEST_CASE("a generation that did not form", "[inplace]") {

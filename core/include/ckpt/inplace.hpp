@@ -156,6 +156,9 @@ enum class AfterTrain {
 };
 const char* to_string(AfterTrain next);
 AfterTrain after_train(std::uint32_t generation, const TrainOutcome& outcome);
+// Whether `finished` can change what after_train decides: the marker is a file on the shared dir, read per rank
+// only where it matters (train() returned, and a peer was lost or this rank counted dead).
+bool finished_matters(const TrainOutcome& outcome);
 
 // A training thread that cannot unwind. Once a peer is lost the failed group's connections are shut and every
 // collective blocked on them fails at once, but one: gloo never fails an unbound-buffer send that was partly

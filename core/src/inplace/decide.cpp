@@ -97,10 +97,14 @@ const char* to_string(AfterTrain next) {
   return "unknown";
 }
 
+bool finished_matters(const TrainOutcome& outcome) {
+  return !outcome.raised && (outcome.lost_peer || outcome.counted_dead);
+}
+
 AfterTrain after_train(std::uint32_t generation, const TrainOutcome& outcome) {
   // This rank's train() returned, and so did rank 0's: a peer lost after the last step costs nothing (a rank that
   // left as training ended can read as a death to a rank still closing).
-  if (!outcome.raised && outcome.finished) return AfterTrain::Return;
+  if (finished_matters(outcome) && outcome.finished) return AfterTrain::Return;
   // A replacement that died after the group formed, before the heartbeat mesh did: every live rank fails alike,
   // with no loss reported, and only a roll call tells who is gone. Generation 0 has no replacement to lose.
   if (generation > 0 && outcome.raised && outcome.mesh_failed && !outcome.lost_peer) return AfterTrain::RollCall;

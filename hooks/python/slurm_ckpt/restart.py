@@ -669,9 +669,7 @@ class _Run:
         after = _core.after_train(self.generation, raised=error is not None,
                                   mesh_failed=error is not None and _MESH_FAILED in str(error),
                                   lost_peer=bool(lw.get("lost_peer")), counted_dead=bool(lw.get("counted_dead")),
-                                  # read only where it can matter: one file on the shared dir per rank otherwise
-                                  finished=(error is None and bool(lw.get("lost_peer") or lw.get("counted_dead"))
-                                            and self.members.finished()))
+                                  finished=self.members.finished)
         if after == _core.AfterTrain.RETURN:
             self.group.leave(failed=False)
             self.machine.on(_core.Event.RETURNED)
