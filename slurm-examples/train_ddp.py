@@ -44,6 +44,8 @@ def parse_args():
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--log-time", action="store_true",
                    help="end each step line and the start line with t=<unix seconds> (benchmarks)")
+    p.add_argument("--log-stall", action="store_true",
+                   help="each rank prints how long checkpoints held each step (benchmarks)")
     p.add_argument("--zero1", action="store_true",
                    help="shard the optimizer state across ranks (torch's ZeroRedundancyOptimizer over AdamW)")
     p.add_argument("--extra-mib", type=int, default=0,
@@ -182,6 +184,7 @@ def train(args, in_place=False, warm=None):
 
     stopped = False
     step = start
+    stalled = 0.0
     for step in range(start, args.steps):
         if in_place:
             torch.manual_seed((args.seed + 1) * 1_000_003 + step * world + rank)
@@ -200,6 +203,11 @@ def train(args, in_place=False, warm=None):
         if cp.after_step(step + 1):
             stopped = True
             break
+        if args.log_stall:
+            stats = cp.stats()
+            stalled, before = stats["total_stall_s"], stalled
+            print(f"train_ddp: rank {rank} step {step + 1} stall {stalled - before:.4f} memory checkpoints"
+                  f" {stats['memory_checkpoints']} partner copies {stats['partner_copies']}", flush=True)
         if args.step_sleep:  # outside the update: last words can write the state of a rank that sleeps
             time.sleep(args.step_sleep)
     cp.close()

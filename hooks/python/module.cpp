@@ -165,6 +165,12 @@ py::dict stats_dict(const ckpt::hooks::Stats& s) {
   d["restore_read_bytes"] = s.restore_read_bytes;
   d["restore_live_bytes"] = s.restore_live_bytes;
   d["restore_s"] = s.restore_s;
+  d["memory_checkpoints"] = s.memory_checkpoints;
+  d["partner_copies"] = s.partner_copies;
+  d["partner_failures"] = s.partner_failures;
+  d["last_partner_s"] = s.last_partner_s;
+  d["memory_tier_off"] = s.memory_tier_off;
+  d["memory_interval"] = s.memory_interval;
   d["auto_interval_s"] = s.auto_interval_s;
   d["auto_cost_s"] = s.auto_cost_s;
   d["auto_stall_s"] = s.auto_stall_s;

@@ -569,7 +569,8 @@ struct LastWords::Impl {
     bool write_it = plan.write;
     bool already_durable = false;  // the survivors hold the decided step and it is in the dir: as good as written
     if (write_it && !claim_terminal(plan, alive)) write_it = false;
-    if (write_it && store::read_manifest(config.dir, plan.step)) {
+    // The dir's newest committed step was read above, its manifest with it; an older step's manifest is read here.
+    if (write_it && ((plan.step > 0 && plan.step == committed()) || store::read_manifest(config.dir, plan.step))) {
       log::info(rank, "last words: step " + std::to_string(plan.step) + " is committed already; nothing to write");
       write_it = false;
       already_durable = true;

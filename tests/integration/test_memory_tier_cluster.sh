@@ -42,7 +42,8 @@ crash() {
   victim=n$((1 + RANDOM % 3))
   # Every step logged: with a line every 20 steps, a draw past 20 waited for step 40, the last, and crashed a
   # node of a job that had finished training.
-  train "$name" "$@" -- --step-sleep 0.2 --log-every 1 > "$SCRATCH/$name.log" 2>&1 &
+  # --log-stall: each rank's counters each step (the Python stats() of the memory tier).
+  train "$name" "$@" -- --step-sleep 0.2 --log-every 1 --log-stall > "$SCRATCH/$name.log" 2>&1 &
   pid=$!
   wait_logged_step "$SCRATCH/$name.log" "$at" || { cat "$SCRATCH/$name.log" >&2; fail "$name: no step $at"; }
   seen=$(logged_step "$SCRATCH/$name.log")
@@ -68,12 +69,20 @@ pass "uninterrupted ZeRO-1 run on 3 nodes: $(cat "$SCRATCH/straight/final.bin.sh
 crash plain
 [ -f "$SCRATCH/plain/ckpt/latest" ] && { grep "last words" "$SCRATCH/plain.log" >&2; fail "plain: a checkpoint of step $(latest_step "$SCRATCH/plain/ckpt") without the memory tier"; }
 grep -q "last words: not writing" "$SCRATCH/plain.log" || { cat "$SCRATCH/plain.log" >&2; fail "plain: no decision not to write"; }
+grep -q " stall [0-9.]* memory checkpoints 0 partner copies 0$" "$SCRATCH/plain.log" ||
+  fail "plain: no rank logged its memory tier's counters"
+grep " stall [0-9.]* memory checkpoints" "$SCRATCH/plain.log" | grep -v "memory checkpoints 0 partner copies 0$" &&
+  fail "plain: a memory checkpoint counted without the memory tier"
 pass "without the memory tier, the crash of $victim at step ~$seen leaves no checkpoint (its optimizer shard is nowhere else)"
 
 # ---- 2. with the memory tier: the dead rank's shard from its partner's copy ----
 crash tier --ckpt-memory=256M
 grep -q "memory tier: a checkpoint in memory every 1 step(s)" "$SCRATCH/tier.log" ||
   { cat "$SCRATCH/tier.log" >&2; fail "tier: the memory tier did not start"; }
+for r in 0 1 2; do  # every rank counts its memory checkpoints and the copies its partner kept, step by step
+  grep -q "^train_ddp: rank $r step 9 stall [0-9.]* memory checkpoints 9 partner copies [1-9]$" "$SCRATCH/tier.log" ||
+    { grep " stall " "$SCRATCH/tier.log" >&2; fail "tier: rank $r's stats() did not count 9 memory checkpoints and their copies by step 9"; }
+done
 [ -f "$SCRATCH/tier/ckpt/latest" ] || { cat "$SCRATCH/tier.log" >&2; fail "tier: no terminal checkpoint after the crash of $victim"; }
 term=$(latest_step "$SCRATCH/tier/ckpt")
 grep -q '"kind": *"terminal"' "$SCRATCH/tier/ckpt/$(cat "$SCRATCH/tier/ckpt/latest")/MANIFEST.json" ||
