@@ -32,7 +32,8 @@
 # first, as Debian's installer writes it). munge and the checkpoint dirs stay shared, as on a real cluster. A
 # node's processes are those in its namespace (ip netns pids), never found by scanning the host. Where namespaces
 # are refused (no root, no iproute2), or with CKPT_CLUSTER_NET=host, the four slurmd share this host and 127.0.0.1;
-# `up` says so once. The mode chosen is kept in $D/net for the other commands and the tests.
+# `up` says so once. The mode chosen is kept in $D/net for the other commands and the tests. Each node has
+# CKPT_CLUSTER_CPUS CPUs as Slurm counts them (default 4; 8 for eight ranks a node).
 set -euo pipefail
 
 D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
@@ -46,6 +47,7 @@ export SLURM_CONF=$D/etc/slurm.conf
 NET=${CKPT_CLUSTER_NET:-auto}
 [ "$NET" = auto ] && [ -f "$D/net" ] && NET=$(cat "$D/net")
 HOSTS_MODE=${CKPT_CLUSTER_HOSTS:-plain}
+CPUS=${CKPT_CLUSTER_CPUS:-4}  # each node's CPUs as Slurm counts them (8: eight ranks a node, as a GPU node runs)
 SUBNET=10.${CKPT_CLUSTER_SUBNET:-77}.0
 BRIDGE=ckbr${CKPT_CLUSTER_SUBNET:-77}
 BRIDGE_ADDR=$SUBNET.1
@@ -133,12 +135,12 @@ CONF
 
   local host ctl_addr=127.0.0.1 node_lines
   host=$(hostname -s)
-  node_lines="NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=$((BASE_PORT + 1))-$((BASE_PORT + 4)) CPUs=4 RealMemory=2000 State=UNKNOWN"
+  node_lines="NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=$((BASE_PORT + 1))-$((BASE_PORT + 4)) CPUs=$CPUS RealMemory=2000 State=UNKNOWN"
   if [ "$NET" = netns ]; then
     ctl_addr=$BRIDGE_ADDR
     node_lines=""
     for n in "${NODES[@]}"; do
-      node_lines+="NodeName=$n NodeHostname=$n NodeAddr=$(addr_of "$n") Port=$((BASE_PORT + 1)) CPUs=4 RealMemory=2000 State=UNKNOWN"$'\n'
+      node_lines+="NodeName=$n NodeHostname=$n NodeAddr=$(addr_of "$n") Port=$((BASE_PORT + 1)) CPUs=$CPUS RealMemory=2000 State=UNKNOWN"$'\n'
     done
   fi
   cat > "$SLURM_CONF" <<CONF

@@ -180,6 +180,11 @@ class Mesh {
   overlay::Gone gone() const;
   // The ranks that died (not left in order), ascending.
   std::vector<int> died() const;
+  // Dials each of `ranks` that is not gone, once, within `limit` in all, and closes the connection before sending
+  // a byte. A refused connect (no listener: its process is gone) counts the rank dead, as the dialer's own probes
+  // do, flooded to the others; an answer or a timeout tells nothing. Returns the ranks found dead. For ranks nobody
+  // is linked with: a dead node's members, which only their dead leader was.
+  std::vector<int> probe(const std::vector<int>& ranks, std::chrono::milliseconds limit);
   // Whether `rank` left the network in order (said bye): it sends nothing more, and it did not fail.
   bool left(int rank) const;
   // How many ranks this rank has a link with now.

@@ -411,6 +411,33 @@ bool Mesh::Impl::on_dial_failed(DialState& d, const DialChoice& choice, const st
   return true;
 }
 
+std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::milliseconds limit) {
+  Impl& m = *impl_;
+  std::vector<int> dead;
+  const auto until = Clock::now() + limit;
+  for (int peer : ranks) {
+    if (peer < 0 || peer >= m.settings.world_size || peer == m.settings.rank) continue;
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      if (m.quiet || m.gone[static_cast<std::size_t>(peer)]) continue;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (left.count() <= 0) break;
+    auto addr = m.read_address(peer);
+    if (!addr) continue;  // not published, or (files) left in order
+    const int fd = dial(addr->first, addr->second, left, {});
+    if (fd >= 0) {
+      ::close(fd);
+      continue;
+    }
+    if (errno != ECONNREFUSED) continue;
+    m.mark_gone(peer, "its connection is refused: " + addr->first + " " + addr->second + ": " + errno_text(ECONNREFUSED),
+                true, -1);
+    dead.push_back(peer);
+  }
+  return dead;
+}
+
 void Mesh::Impl::unpublish() {
   if (rendezvous) rendezvous->withdraw();
 }
@@ -515,6 +542,10 @@ void Mesh::Impl::service_pending(const std::vector<char>& readable) {
       if (n > 0) {
         c.in.append(buf, static_cast<std::size_t>(n));
         open = advance(c);
+      } else if (n == 0 && !c.replied && c.in.empty()) {
+        // Connected and closed without a byte: a peer's probe (Mesh::probe), or a port check. Nothing to refuse.
+        ::close(c.fd);
+        open = false;
       } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         refusals->refused(c.peer, "it closed the connection during the handshake");
         ::close(c.fd);

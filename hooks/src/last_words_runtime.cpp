@@ -497,6 +497,7 @@ struct LastWords::Impl {
     // taken: waiting longer only serves ranks nobody has heard of (a dead node's, whose deaths take a chain of
     // probes, or frozen ones, whose silence takes dead_after), which at best adds the step one of them is ahead.
     constexpr auto kSettle = std::chrono::milliseconds(500);
+    constexpr auto kProbeUnheard = std::chrono::milliseconds(300);  // in all: a refused dial takes a round trip
     std::vector<std::string> unable;
     auto current_reports = [&] {
       std::vector<last_words::RankReport> out;
@@ -557,6 +558,18 @@ struct LastWords::Impl {
       }
       cv.wait_until(lock, std::min({root ? gather_until : deadline, root ? next_try : deadline,
                                     now + std::chrono::milliseconds(50)}));
+    }
+    // Ranks the decision goes without and that no link reported dead: a dead node's members were linked to their
+    // dead leader alone, and the mesh finds them one probe at a time. Those whose process is gone count as lost now,
+    // before the decision floods, so that every survivor counts them (restart in place plans its spares from that).
+    std::vector<int> unheard;
+    for (int p = 0; p < config.world_size; ++p) {
+      if (p != rank && tally.accounted.count(p) == 0) unheard.push_back(p);
+    }
+    if (!unheard.empty()) {
+      lock.unlock();
+      (void)net()->probe(unheard, kProbeUnheard);
+      lock.lock();
     }
     // This rank is the root: it decides, once.
     std::vector<last_words::RankReport> rankreports = early ? std::vector<last_words::RankReport>{} : current_reports();

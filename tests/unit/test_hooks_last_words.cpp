@@ -676,6 +676,53 @@ TEST_CASE("last words: a step committed already is the outcome, as if written", 
   }
 }
 
+TEST_CASE("last words: every rank of a dead node counts as lost, found by the mesh in time or not",
+          "[hooks][last_words]") {
+  // A node of 8 ranks (heartbeat group 2: ranks 16 to 23) dies, its members a little after their leader: rank 16
+  // is killed while 17 to 23 are frozen, and they are killed once rank 0's dialer, which probes the group's next
+  // leader, hangs in a handshake with frozen rank 17 (a probe that connects and then fails tells the dialer
+  // nothing). Only rank 16 was linked to a survivor. The survivors (16 of 24) decide as soon as they have reported;
+  // every rank the decision went without whose process is gone must count as lost, or restart in place plans one
+  // spare where eight are needed and its next generation waits out the join timeout for the other seven.
+  TempDir dir;
+  LogCapture logs;
+  std::vector<int> survivors;
+  for (int r = 0; r < 16; ++r) survivors.push_back(r);
+  const std::vector<int> members{17, 18, 19, 20, 21, 22, 23};
+  Child leader = spawn(dir.path(), 24, "dp=24", "lwnode", {16}, 5);
+  Child rest = spawn(dir.path(), 24, "dp=24", "lwnode", members, 5);
+  std::vector<Rank> ranks = make_ranks(dir.path(), 24, "dp=24", "lwnode", survivors);
+  for (int r : survivors) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+  REQUIRE(train(ranks, 0, 5));
+  char ok = 0;
+  REQUIRE(::read(rest.ready_fd, &ok, 1) == 1);
+  REQUIRE(ok == 1);
+  ::close(rest.ready_fd);
+  ::kill(rest.pid, SIGSTOP);
+  kill_child(leader);
+  std::this_thread::sleep_for(400ms);  // rank 0 probes rank 17 300 ms after rank 16's death
+  ::kill(rest.pid, SIGKILL);
+  int status = 0;
+  ::waitpid(rest.pid, &status, 0);
+  REQUIRE(wait_for([&] {
+    for (int r : survivors) {
+      if (!ranks[static_cast<std::size_t>(r)].cp->last_words_report().done) return false;
+    }
+    return true;
+  }, 10s));
+  std::vector<int> node{16};
+  node.insert(node.end(), members.begin(), members.end());
+  for (int r : survivors) {
+    CAPTURE(r);
+    const auto report = ranks[static_cast<std::size_t>(r)].cp->last_words_report();
+    CHECK(report.committed);
+    CHECK(report.lost == node);
+  }
+  for (Rank& r : ranks) {
+    if (r.cp) (void)r.cp->close();
+  }
+}
+
 TEST_CASE("last words: a lost pipeline stage writes nothing", "[hooks][last_words]") {
   TempDir dir;
   LogCapture logs;
