@@ -147,11 +147,16 @@ Child spawn(const std::string& dir, int world, const std::string& layout, const 
   return {pid, fds[0]};
 }
 
-void kill_child(Child& c) {
+// Waits until the child trained its ranks (and they settled).
+void wait_ready(Child& c) {
   char ok = 0;
   REQUIRE(::read(c.ready_fd, &ok, 1) == 1);
   REQUIRE(ok == 1);
   ::close(c.ready_fd);
+}
+
+void kill_child(Child& c) {
+  wait_ready(c);
   ::kill(c.pid, SIGKILL);
   int status = 0;
   ::waitpid(c.pid, &status, 0);
@@ -694,10 +699,7 @@ TEST_CASE("last words: every rank of a dead node counts as lost, found by the me
   std::vector<Rank> ranks = make_ranks(dir.path(), 24, "dp=24", "lwnode", survivors);
   for (int r : survivors) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
   REQUIRE(train(ranks, 0, 5));
-  char ok = 0;
-  REQUIRE(::read(rest.ready_fd, &ok, 1) == 1);
-  REQUIRE(ok == 1);
-  ::close(rest.ready_fd);
+  wait_ready(rest);
   ::kill(rest.pid, SIGSTOP);
   kill_child(leader);
   std::this_thread::sleep_for(400ms);  // rank 0 probes rank 17 300 ms after rank 16's death
