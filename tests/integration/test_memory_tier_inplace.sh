@@ -17,21 +17,16 @@
 # the survivors give up in place, and ckpt-run relaunches the node steps inside the allocation (the spare node in
 # the dead one's place), telling the controller first; every rank restores from the node tiers, nothing read,
 # bitwise.
-# Then the same crash under `ckpt-run` without --spares, which relaunches the step inside the allocation (n4 in the
-# dead node's place) on the controller's decision:
-#  - the terminal checkpoint is written as above, the dead rank's shard from its partner's copy;
-#  - n2 crashes. The relaunch keeps every rank on its node but rank 1, which goes to n4 (ckpt/placement.hpp).
-#    Ranks 0 and 2 restore from their node tiers (the staging the killed processes left in n1's and n3's
-#    /dev/shm), reading nothing from the checkpoint dir; rank 1, on n4, which holds nothing of it, fetches back
-#    the copy of its snapshot that rank 2's killed process kept in n3's /dev/shm, and reads nothing either;
-#  - at most one step is lost, and the final weights are bitwise identical to the uninterrupted run's.
+# ckpt-run's relaunch without --spares, on the controller's decision, is test_controller_*'s (scenario_relaunch:
+# placement, the controller's view) and test_node_tier.sh's (the node tiers and the partner's copy at a relaunch).
+# The uninterrupted runs go without the memory tier: a checkpoint in memory must not change training by a bit.
 # The batch host (n1) is never the victim: its failure ends the batch script, and any Slurm job with it.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/controller_lib.sh"
 source "$(dirname "$0")/torch_lib.sh"
 have_torch || fail "needs python3-torch and a built slurm_ckpt"
 [ -x "$CKPT_BUILD_DIR/ckpt-run/ckpt-run" ] || fail "ckpt-run is not built"
-STEPS=40
+STEPS=30
 PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 60 ))
 job="" victim=""
 cleanup() {
@@ -42,25 +37,29 @@ cleanup() {
 trap cleanup EXIT
 controller_up "$SCRATCH" "$PORT" > /dev/null || fail "no controller"
 
-inplace_job "$SCRATCH/job.sbatch" "--ckpt-memory=256M --ckpt-interval=100000steps" \
-  "--zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1"
-inplace_job "$SCRATCH/four.sbatch" "--ckpt-memory=256M --ckpt-interval=100000steps --ntasks-per-node=4" \
-  "--zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1" 4
+# jobs PER_NODE: $SCRATCH/PER_NODE.sbatch (the memory tier on) and PER_NODE-plain.sbatch (off), 3 nodes and a spare.
+jobs() {
+  inplace_job "$SCRATCH/$1.sbatch" "--ckpt-memory=256M --ckpt-interval=100000steps --ntasks-per-node=$1" \
+    "--zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1" "$1"
+  inplace_job "$SCRATCH/$1-plain.sbatch" "--ckpt-interval=100000steps --ntasks-per-node=$1" \
+    "--zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1" "$1"
+}
+jobs 4
 logged() { { sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$1" 2>/dev/null || true; } | tail -1; }
-# submit NAME [SCRIPT]: the job (SCRIPT: $SCRATCH/job.sbatch unless given), into $SCRATCH/NAME; sets `job`.
+# submit NAME SCRIPT: the job, into $SCRATCH/NAME; sets `job`.
 submit() {
   mkdir -p "$SCRATCH/$1"
   job=$(sbatch --parsable -N 4 -J "memtier-inplace-$1" -o "$SCRATCH/$1/log" --ckpt-dir="$SCRATCH/$1/ckpt" \
-    "${2:-$SCRATCH/job.sbatch}" --out "$SCRATCH/$1/final")
+    "$2" --out "$SCRATCH/$1/final")
 }
 wait_gone() {
   for _ in $(seq 900); do squeue -h -j "$job" 2>/dev/null | grep -q . || return 0; sleep 0.2; done
   fail "job $job did not end: $(tail -5 "$SCRATCH/$1/log")"
 }
-# crash_node_at_random_step NAME NODE: once run NAME logged a step from 15 to 24, NODE crashes; back in service
+# crash_node_at_random_step NAME NODE: once run NAME logged a step from 12 to 19, NODE crashes; back in service
 # once the job is over. Sets seen (the step logged before the crash) and crashed.
 crash_node_at_random_step() {
-  local at=$((15 + RANDOM % 10)) s
+  local at=$((12 + RANDOM % 8)) s
   for _ in $(seq 1500); do s=$(logged "$SCRATCH/$1/log"); [ -n "$s" ] && [ "$s" -ge "$at" ] && break; sleep 0.02; done
   seen=$(logged "$SCRATCH/$1/log")
   [ -n "$seen" ] && [ "$seen" -lt "$STEPS" ] || fail "training did not reach step $at: $(tail -3 "$SCRATCH/$1/log")"
@@ -95,16 +94,17 @@ restore_bytes() {
   [ -n "$read_b" ] && [ -n "$live_b" ] || { grep "restored step\|ckpt:" "$1" >&2; fail "rank $2 logged no restore"; }
 }
 
-submit reference "$SCRATCH/four.sbatch"
+submit reference "$SCRATCH/4-plain.sbatch"
 wait_gone reference
 [ -s "$SCRATCH/reference/final" ] || { cat "$SCRATCH/reference/log" >&2; fail "the uninterrupted run failed"; }
-assert_contains "$SCRATCH/reference/log" "memory tier: a checkpoint in memory every 1 step(s)"
-pass "uninterrupted ZeRO-1 run with the memory tier: 3 nodes of 4 ranks train, n4 waits as the spare"
+grep -q "memory tier:" "$SCRATCH/reference/log" && fail "the uninterrupted run had the memory tier on"
+pass "uninterrupted ZeRO-1 run without the memory tier: 3 nodes of 4 ranks train, n4 waits as the spare"
 
 name=crash
-submit $name "$SCRATCH/four.sbatch"
+submit $name "$SCRATCH/4.sbatch"
 log=$SCRATCH/$name/log
 crash_node_at_random_step $name n$((2 + RANDOM % 2))
+assert_contains "$log" "memory tier: a checkpoint in memory every 1 step(s)"
 if grep -q "training is stuck in a collective of generation 0" "$log"; then
   # A survivor caught in ZeRO-1's parameter broadcast with a send in flight: gloo never fails that send, so the
   # survivor cannot go on in place. It hands over at once, and ckpt-run relaunches the node steps inside the
@@ -138,10 +138,9 @@ fi
 # marker and relaunches the node steps inside the allocation, not a requeue: ranks 0 to 3 on n1 and n2 again, each
 # from its node tier, ranks 4 and 5 on n4, which fetch their snapshots back from the copies their partners'
 # processes left. Nothing is read from the checkpoint dir, and the final weights are the uninterrupted run's, bitwise.
-inplace_job "$SCRATCH/two.sbatch" "--ckpt-memory=256M --ckpt-interval=100000steps --ntasks-per-node=2" \
-  "--zero1 --extra-mib 8 --steps $STEPS --step-sleep 0.1 --log-every 1" 2
-sed "s|slurm-examples/train_ddp.py|tests/integration/stuck_train.py|" "$SCRATCH/two.sbatch" > "$SCRATCH/stuck.sbatch"
-submit reference-two "$SCRATCH/two.sbatch"
+jobs 2
+sed "s|slurm-examples/train_ddp.py|tests/integration/stuck_train.py|" "$SCRATCH/2.sbatch" > "$SCRATCH/stuck.sbatch"
+submit reference-two "$SCRATCH/2-plain.sbatch"
 wait_gone reference-two
 [ -s "$SCRATCH/reference-two/final" ] || { cat "$SCRATCH/reference-two/log" >&2; fail "the uninterrupted run of 2 ranks a node failed"; }
 name=stuck
@@ -170,37 +169,3 @@ for r in 0 1 2 3 4 5; do
     { grep "restored step\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r read its state from the checkpoint dir"; }
 done
 pass "2 ranks a node, rank $stuck stuck after $crashed crashed at step $seen: relaunched inside the allocation (no requeue) from step $term; ranks 0 to 3 from their node tiers, ranks 4 and 5 on n4 from their partners' copies (nothing read by any rank); bitwise identical"
-
-# ---- ckpt-run relaunches the step inside the allocation ----
-# The batch script's ckpt-run gets no --spares: a failed step is relaunched, not recovered in place. Outside
-# restart in place train_ddp.py seeds dropout once per rank, not per step: its own uninterrupted run to compare.
-export RUN_SPARES=""
-submit reference-relaunch
-wait_gone reference-relaunch
-[ -s "$SCRATCH/reference-relaunch/final" ] || { cat "$SCRATCH/reference-relaunch/log" >&2; fail "the uninterrupted run without spares failed"; }
-name=relaunch
-submit $name
-unset RUN_SPARES
-log=$SCRATCH/$name/log
-crash_node_at_random_step $name n2  # the relaunch moves rank 1 to n4; ranks 0 and 2 stay on n1 and n3
-assert_contains "$log" "ckpt-run: relaunch 1: srun started at"
-grep -q "in-place recovery" "$log" && { cat "$log" >&2; fail "the step was recovered in place, not relaunched"; }
-resumed_after_crash $name reference-relaunch 1  # one rank per node in node order: rank 1 ran on n2
-# The relaunch keeps ranks 0 and 2 on n1 and n3 and puts rank 1 on n4, which holds nothing of the job (srun's own
-# order would have moved rank 2 to n4 and rank 1 to n3, away from their node tiers).
-assert_contains "$log" "ckpt-run: relaunch: every rank keeps its node but those moved: n2 -> n4"
-for r in 0 1 2; do
-  restore_bytes "$log" $r
-  if [ "$r" = 1 ]; then
-    echo "  rank $r (moved to n4): $read_b bytes read, $live_b found in memory"
-    grep -q "ckpt: rank 1: memory tier: this node holds no snapshot of this rank; fetched step [0-9]* of launch .* from the copy rank 2's node kept" "$log" &&
-      grep -q "ckpt: rank 2: memory tier: sent rank 1's relaunch its step" "$log" &&
-      [ "$read_b" -eq 0 ] && [ "$live_b" -gt 8388608 ] ||
-      { grep "restored step\|memory tier\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r, on n4, did not restore from its partner's copy"; }
-  else
-    echo "  rank $r (on its node again): $read_b bytes read, $live_b found in the node tier"
-    [ "$read_b" -eq 0 ] && [ "$live_b" -gt 8388608 ] ||
-      { grep "restored step\|node tier\|ckpt: rank $r" "$log" >&2; fail "rank $r ran on its node again but read from the checkpoint dir"; }
-  fi
-done
-pass "ckpt-run relaunch after $crashed crashed at step $seen: rank 1's shard from its partner's copy, resumed step $term; ranks 0 and 2 on their nodes from their node tiers, rank 1 on n4 from the copy n3 kept (nothing read by any rank); bitwise identical"
