@@ -19,6 +19,8 @@
 #include <system_error>
 #include <thread>
 
+#include "ckpt/posix.hpp"
+
 extern "C" {
 #include <slurm/slurm.h>
 #include <slurm/slurm_errno.h>
@@ -41,22 +43,9 @@ bool is_refusal(int err) { return err == ECONNREFUSED || err == ECONNRESET; }
 // Starts a non-blocking connect; returns the socket, or -1 with `result` set when it failed at once.
 int start_connect(const ProbeTarget& t, ProbeResult& result) {
   result = ProbeResult::Unreachable;
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const std::string port = std::to_string(t.port);
-  if (getaddrinfo(t.address.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) return -1;
-  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    freeaddrinfo(res);
-    return -1;
-  }
-  int rc = connect(fd, res->ai_addr, res->ai_addrlen);
-  freeaddrinfo(res);
-  if (rc == 0 || errno == EINPROGRESS) return fd;
-  result = is_refusal(errno) ? ProbeResult::Refused : ProbeResult::Unreachable;
-  close(fd);
-  return -1;
+  const int fd = ckpt::posix::connect_start(t.address, std::to_string(t.port));
+  if (fd < 0 && is_refusal(errno)) result = ProbeResult::Refused;
+  return fd;
 }
 
 }  // namespace

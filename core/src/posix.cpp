@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <netdb.h>
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -52,6 +53,27 @@ bool send_all(int fd, const void* data, std::size_t length) {
     length -= static_cast<std::size_t>(n);
   }
   return true;
+}
+
+int connect_start(const std::string& host, const std::string& port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
+    errno = EHOSTUNREACH;
+    return -1;
+  }
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) != 0 && errno != EINPROGRESS) {
+    const int err = errno;
+    ::close(fd);
+    fd = -1;
+    errno = err;
+  }
+  const int err = errno;
+  ::freeaddrinfo(res);
+  errno = err;
+  return fd;
 }
 
 Status read_exactly(int fd, void* data, std::size_t size, const std::string& what) {

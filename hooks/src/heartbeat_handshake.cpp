@@ -412,30 +412,93 @@ bool Mesh::Impl::on_dial_failed(DialState& d, const DialChoice& choice, const st
 }
 
 std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::milliseconds limit) {
+  constexpr std::size_t kMaxProbes = 64;  // the sockets one probe holds open at once
   Impl& m = *impl_;
-  std::vector<int> dead;
-  const auto until = Clock::now() + limit;
+  struct Probe {
+    int peer = -1;
+    posix::Fd fd;
+    std::string dialed;  // "<address> <port>", as the answer's MAC covers it
+    Handshake hello;
+    bool sent = false;
+    std::string in;
+  };
+  std::vector<Probe> open;
+  std::vector<std::pair<int, std::string>> dead;  // rank, why
+  const overlay::Gone none(static_cast<std::size_t>(m.settings.world_size), 0);
   for (int peer : ranks) {
+    if (open.size() >= kMaxProbes) break;
     if (peer < 0 || peer >= m.settings.world_size || peer == m.settings.rank) continue;
     {
+      // Only a rank a death cut off: its link in the whole network went to a rank now gone. Any other is linked
+      // to a live rank, whose link tells of its death.
+      const std::optional<int> up = overlay::links_of(m.shape, peer, none).up;
       std::lock_guard<std::mutex> lock(m.mu);
       if (m.quiet || m.gone[static_cast<std::size_t>(peer)]) continue;
+      if (!up || !m.gone[static_cast<std::size_t>(*up)]) continue;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
-    if (left.count() <= 0) break;
     auto addr = m.read_address(peer);
     if (!addr) continue;  // not published, or (files) left in order
-    const int fd = dial(addr->first, addr->second, left, {});
-    if (fd >= 0) {
-      ::close(fd);
+    const std::string dialed = addr->first + " " + addr->second;
+    const int fd = posix::connect_start(addr->first, addr->second);
+    if (fd < 0) {
+      if (errno == ECONNREFUSED) dead.emplace_back(peer, "its connection is refused: " + dialed + ": " + errno_text(errno));
       continue;
     }
-    if (errno != ECONNREFUSED) continue;
-    m.mark_gone(peer, "its connection is refused: " + addr->first + " " + addr->second + ": " + errno_text(ECONNREFUSED),
-                true, -1);
-    dead.push_back(peer);
+    Probe p;
+    p.peer = peer;
+    p.fd = posix::Fd(fd);
+    p.dialed = dialed;
+    p.hello = m.handshake(kHelloProbe);
+    if (!random_bytes(p.hello.nonce, sizeof p.hello.nonce)) continue;
+    open.push_back(std::move(p));
   }
-  return dead;
+  // Each probe: connected (POLLOUT) -> hello sent -> the answer read (POLLIN). Done ones leave `open`.
+  const auto until = Clock::now() + limit;
+  for (bool last = false; !open.empty() && !last;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    last = left.count() <= 0;  // one more look at what came, however late this thread ran
+    std::vector<pollfd> pfds;
+    for (const Probe& p : open) pfds.push_back(pollfd{p.fd.get(), static_cast<short>(p.sent ? POLLIN : POLLOUT), 0});
+    const int n = ::poll(pfds.data(), pfds.size(), last ? 0 : static_cast<int>(left.count()));
+    if (n < 0 && errno != EINTR) break;
+    std::vector<Probe> still;
+    for (std::size_t i = 0; i < open.size(); ++i) {
+      Probe& p = open[i];
+      bool done = false;
+      if (n > 0 && pfds[i].revents != 0 && !p.sent) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        (void)::getsockopt(p.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err == ECONNREFUSED) {
+          dead.emplace_back(p.peer, "its connection is refused: " + p.dialed + ": " + errno_text(err));
+          done = true;
+        } else if (err != 0 || ::send(p.fd.get(), &p.hello, sizeof p.hello, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+                                   static_cast<ssize_t>(sizeof p.hello)) {
+          done = true;  // 104 bytes into a new connection's empty buffer are never partial
+        } else {
+          p.sent = true;
+        }
+      } else if (n > 0 && pfds[i].revents != 0) {
+        char buf[sizeof(Handshake)];
+        const ssize_t got = ::recv(p.fd.get(), buf, sizeof(Handshake) - p.in.size(), MSG_DONTWAIT);
+        if (got > 0) p.in.append(buf, static_cast<std::size_t>(got));
+        // Its mesh thread answered (or the connection closed): not a silent rank.
+        done = got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR) || p.in.size() == sizeof(Handshake);
+      }
+      if (!done) still.push_back(std::move(p));
+    }
+    open = std::move(still);
+  }
+  for (const Probe& p : open) {
+    dead.emplace_back(p.peer, "no answer to a probe within " + std::to_string(limit.count()) + " ms (" + p.dialed +
+                                  (p.sent ? ": connected" : ": not connected") + ")");
+  }
+  std::vector<int> found;
+  for (const auto& [peer, why] : dead) {
+    m.mark_gone(peer, why, true, -1);
+    found.push_back(peer);
+  }
+  return found;
 }
 
 void Mesh::Impl::unpublish() {
@@ -481,7 +544,9 @@ bool Mesh::Impl::advance(Pending& c) {
     std::memcpy(&c.hello, c.in.data(), sizeof(Handshake));
     c.in.clear();
     const Frame& h = c.hello.head;
-    if (h.pad != kMagic || (h.type != kHello && h.type != kHelloPartner)) return refuse("not a mesh hello");
+    if (h.pad != kMagic || (h.type != kHello && h.type != kHelloPartner && h.type != kHelloProbe)) {
+      return refuse("not a mesh hello");
+    }
     if (h.from < 0 || h.from >= settings.world_size || h.from == settings.rank) {
       return refuse("it claims rank " + std::to_string(h.from) + ", not another rank of this job");
     }
@@ -495,6 +560,10 @@ bool Mesh::Impl::advance(Pending& c) {
     // 104 bytes into the empty send buffer of a new connection: never partial.
     if (::send(c.fd, &c.reply, sizeof c.reply, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof c.reply)) {
       return refuse("cannot answer its hello: " + errno_text(errno));
+    }
+    if (h.type == kHelloProbe) {  // answered: the prober knows this rank's mesh thread runs, and wants no link
+      ::close(c.fd);
+      return false;
     }
     c.replied = true;
     return true;

@@ -497,7 +497,7 @@ struct LastWords::Impl {
     // taken: waiting longer only serves ranks nobody has heard of (a dead node's, whose deaths take a chain of
     // probes, or frozen ones, whose silence takes dead_after), which at best adds the step one of them is ahead.
     constexpr auto kSettle = std::chrono::milliseconds(500);
-    constexpr auto kProbeUnheard = std::chrono::milliseconds(300);  // in all: a refused dial takes a round trip
+    constexpr auto kProbeUnheard = std::chrono::milliseconds(300);  // the least a probe of the unheard waits
     std::vector<std::string> unable;
     auto current_reports = [&] {
       std::vector<last_words::RankReport> out;
@@ -560,15 +560,21 @@ struct LastWords::Impl {
                                     now + std::chrono::milliseconds(50)}));
     }
     // Ranks the decision goes without and that no link reported dead: a dead node's members were linked to their
-    // dead leader alone, and the mesh finds them one probe at a time. Those whose process is gone count as lost now,
-    // before the decision floods, so that every survivor counts them (restart in place plans its spares from that).
+    // dead leader alone, and the mesh finds them one probe at a time, or never when the node froze (its kernel
+    // accepts a dial, and nobody times their silence). Those whose process is gone or that do not answer a probe
+    // within dead_after (less when the deadline is near) count as lost now, before the decision floods, so that
+    // every survivor counts them: restart in place plans its spares from that, and the decision already goes
+    // without them. A rank that is alive answers at once.
     std::vector<int> unheard;
     for (int p = 0; p < config.world_size; ++p) {
       if (p != rank && tally.accounted.count(p) == 0) unheard.push_back(p);
     }
     if (!unheard.empty()) {
+      const auto to_deadline = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto limit = std::clamp<std::chrono::milliseconds>(to_deadline / 2, kProbeUnheard,
+                                                               std::max(kProbeUnheard, timing.dead_after));
       lock.unlock();
-      (void)net()->probe(unheard, kProbeUnheard);
+      (void)net()->probe(unheard, limit);
       lock.lock();
     }
     // This rank is the root: it decides, once.

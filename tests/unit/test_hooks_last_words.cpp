@@ -725,6 +725,84 @@ TEST_CASE("last words: every rank of a dead node counts as lost, found by the me
   }
 }
 
+TEST_CASE("last words: every rank of a frozen node counts as lost", "[hooks][last_words]") {
+  // A node of 8 ranks (heartbeat group 2: ranks 16 to 23) freezes whole: its processes stop, its kernel still
+  // accepts connections. Rank 16's parent finds it silent after dead_after; the members were linked to rank 16
+  // alone, and a dial of one connects and never gets an answer. The decision probes the ranks it has not heard
+  // from: no answer within the limit counts a rank as lost, so every survivor counts all 8 (restart in place
+  // plans eight spares, not one whose next generation waits out the join timeout for the other seven).
+  TempDir dir;
+  LogCapture logs;
+  std::vector<int> survivors;
+  for (int r = 0; r < 16; ++r) survivors.push_back(r);
+  const std::vector<int> node{16, 17, 18, 19, 20, 21, 22, 23};
+  Child frozen = spawn(dir.path(), 24, "dp=24", "lwfrozen", node, 5);
+  std::vector<Rank> ranks = make_ranks(dir.path(), 24, "dp=24", "lwfrozen", survivors);
+  for (int r : survivors) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+  REQUIRE(train(ranks, 0, 5));
+  wait_ready(frozen);
+  ::kill(frozen.pid, SIGSTOP);
+  const bool done = wait_for([&] {
+    for (int r : survivors) {
+      if (!ranks[static_cast<std::size_t>(r)].cp->last_words_report().done) return false;
+    }
+    return true;
+  }, 15s);
+  ::kill(frozen.pid, SIGKILL);
+  int status = 0;
+  ::waitpid(frozen.pid, &status, 0);
+  REQUIRE(done);
+  for (int r : survivors) {
+    CAPTURE(r);
+    const auto report = ranks[static_cast<std::size_t>(r)].cp->last_words_report();
+    CHECK(report.committed);
+    CHECK(report.lost == node);
+  }
+  CHECK(logs.has("no answer to a probe within"));
+  for (Rank& r : ranks) {
+    if (r.cp) (void)r.cp->close();
+  }
+}
+
+TEST_CASE("last words: a frozen leader's live members are not counted lost", "[hooks][last_words]") {
+  // The same node, only its leader (rank 16) frozen: ranks 17 to 23 find it silent too, link to the rest again and
+  // report, or answer the decision's probe. Only rank 16 counts as lost.
+  TempDir dir;
+  LogCapture logs;
+  std::vector<int> survivors;
+  for (int r = 0; r < 16; ++r) survivors.push_back(r);
+  const std::vector<int> members{17, 18, 19, 20, 21, 22, 23};
+  Child leader = spawn(dir.path(), 24, "dp=24", "lwleader", {16}, 5);
+  Child rest = spawn(dir.path(), 24, "dp=24", "lwleader", members, 5);
+  std::vector<Rank> ranks = make_ranks(dir.path(), 24, "dp=24", "lwleader", survivors);
+  for (int r : survivors) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+  REQUIRE(train(ranks, 0, 5));
+  wait_ready(rest);
+  wait_ready(leader);
+  ::kill(leader.pid, SIGSTOP);
+  const bool done = wait_for([&] {
+    for (int r : survivors) {
+      if (!ranks[static_cast<std::size_t>(r)].cp->last_words_report().done) return false;
+    }
+    return true;
+  }, 15s);
+  for (pid_t pid : {leader.pid, rest.pid}) {
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+  }
+  REQUIRE(done);
+  for (int r : survivors) {
+    CAPTURE(r);
+    const auto report = ranks[static_cast<std::size_t>(r)].cp->last_words_report();
+    CHECK(report.committed);
+    CHECK(report.lost == std::vector<int>{16});
+  }
+  for (Rank& r : ranks) {
+    if (r.cp) (void)r.cp->close();
+  }
+}
+
 TEST_CASE("last words: a lost pipeline stage writes nothing", "[hooks][last_words]") {
   TempDir dir;
   LogCapture logs;

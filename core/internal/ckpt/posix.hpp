@@ -73,6 +73,10 @@ Status write_all(int fd, const void* data, std::size_t length, const std::string
 // A socket's write_all: send() with MSG_NOSIGNAL (a peer that is gone is an error, never a SIGPIPE), retried on
 // EINTR and short sends; false when the connection failed (errno says why).
 bool send_all(int fd, const void* data, std::size_t length);
+// Starts a non-blocking TCP connect to host:port (a numeric address or a name, and a port number): the socket
+// (non-blocking, close-on-exec) while it connects or once connected, for poll(POLLOUT) and SO_ERROR to finish; -1
+// with errno set when it failed at once (ECONNREFUSED: nothing listens there).
+int connect_start(const std::string& host, const std::string& port);
 // Reads exactly `size` bytes; an error when the file ends first ("<what> ended early") or a read fails.
 Status read_exactly(int fd, void* data, std::size_t size, const std::string& what);
 // fsync, retried on EINTR; success where the file system cannot fsync (EINVAL: some cannot sync a directory).
