@@ -155,11 +155,36 @@ void wait_ready(Child& c) {
   ::close(c.ready_fd);
 }
 
-void kill_child(Child& c) {
-  wait_ready(c);
+// SIGKILLs a child (frozen or not) and reaps it.
+void end_child(const Child& c) {
   ::kill(c.pid, SIGKILL);
   int status = 0;
   ::waitpid(c.pid, &status, 0);
+}
+
+void kill_child(Child& c) {
+  wait_ready(c);
+  end_child(c);
+}
+
+// Whether every rank of `who` ended its last words within `limit`.
+bool last_words_done(std::vector<Rank>& ranks, const std::vector<int>& who, std::chrono::seconds limit) {
+  return wait_for([&] {
+    for (int r : who) {
+      if (!ranks[static_cast<std::size_t>(r)].cp->last_words_report().done) return false;
+    }
+    return true;
+  }, limit);
+}
+
+// Every rank of `who` committed the terminal checkpoint and counts exactly `lost` as lost.
+void check_lost(std::vector<Rank>& ranks, const std::vector<int>& who, const std::vector<int>& lost) {
+  for (int r : who) {
+    CAPTURE(r);
+    const auto report = ranks[static_cast<std::size_t>(r)].cp->last_words_report();
+    CHECK(report.committed);
+    CHECK(report.lost == lost);
+  }
 }
 
 // Raises SIGTERM and returns the manifest of the terminal checkpoint the ranks commit at `step`.
@@ -703,23 +728,11 @@ TEST_CASE("last words: every rank of a dead node counts as lost, found by the me
   ::kill(rest.pid, SIGSTOP);
   kill_child(leader);
   std::this_thread::sleep_for(400ms);  // rank 0 probes rank 17 300 ms after rank 16's death
-  ::kill(rest.pid, SIGKILL);
-  int status = 0;
-  ::waitpid(rest.pid, &status, 0);
-  REQUIRE(wait_for([&] {
-    for (int r : survivors) {
-      if (!ranks[static_cast<std::size_t>(r)].cp->last_words_report().done) return false;
-    }
-    return true;
-  }, 10s));
+  end_child(rest);
+  REQUIRE(last_words_done(ranks, survivors, 10s));
   std::vector<int> node{16};
   node.insert(node.end(), members.begin(), members.end());
-  for (int r : survivors) {
-    CAPTURE(r);
-    const auto report = ranks[static_cast<std::size_t>(r)].cp->last_words_report();
-    CHECK(report.committed);
-    CHECK(report.lost == node);
-  }
+  check_lost(ranks, survivors, node);
   for (Rank& r : ranks) {
     if (r.cp) (void)r.cp->close();
   }
@@ -742,22 +755,10 @@ TEST_CASE("last words: every rank of a frozen node counts as lost", "[hooks][las
   REQUIRE(train(ranks, 0, 5));
   wait_ready(frozen);
   ::kill(frozen.pid, SIGSTOP);
-  const bool done = wait_for([&] {
-    for (int r : survivors) {
-      if (!ranks[static_cast<std::size_t>(r)].cp->last_words_report().done) return false;
-    }
-    return true;
-  }, 15s);
-  ::kill(frozen.pid, SIGKILL);
-  int status = 0;
-  ::waitpid(frozen.pid, &status, 0);
+  const bool done = last_words_done(ranks, survivors, 15s);
+  end_child(frozen);
   REQUIRE(done);
-  for (int r : survivors) {
-    CAPTURE(r);
-    const auto report = ranks[static_cast<std::size_t>(r)].cp->last_words_report();
-    CHECK(report.committed);
-    CHECK(report.lost == node);
-  }
+  check_lost(ranks, survivors, node);
   CHECK(logs.has("no answer to a probe within"));
   for (Rank& r : ranks) {
     if (r.cp) (void)r.cp->close();
@@ -780,24 +781,11 @@ TEST_CASE("last words: a frozen leader's live members are not counted lost", "[h
   wait_ready(rest);
   wait_ready(leader);
   ::kill(leader.pid, SIGSTOP);
-  const bool done = wait_for([&] {
-    for (int r : survivors) {
-      if (!ranks[static_cast<std::size_t>(r)].cp->last_words_report().done) return false;
-    }
-    return true;
-  }, 15s);
-  for (pid_t pid : {leader.pid, rest.pid}) {
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-  }
+  const bool done = last_words_done(ranks, survivors, 15s);
+  end_child(leader);
+  end_child(rest);
   REQUIRE(done);
-  for (int r : survivors) {
-    CAPTURE(r);
-    const auto report = ranks[static_cast<std::size_t>(r)].cp->last_words_report();
-    CHECK(report.committed);
-    CHECK(report.lost == std::vector<int>{16});
-  }
+  check_lost(ranks, survivors, {16});
   for (Rank& r : ranks) {
     if (r.cp) (void)r.cp->close();
   }
