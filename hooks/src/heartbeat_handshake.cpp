@@ -417,10 +417,9 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
   struct Probe {
     int peer = -1;
     posix::Fd fd;
-    std::string dialed;  // "<address> <port>", as the answer's MAC covers it
+    std::string dialed;  // "<address> <port>"
     Handshake hello;
     bool sent = false;
-    std::string in;
   };
   std::vector<Probe> open;
   std::vector<std::pair<int, std::string>> dead;  // rank, why
@@ -441,7 +440,7 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
     const std::string dialed = addr->first + " " + addr->second;
     const int fd = posix::connect_start(addr->first, addr->second);
     if (fd < 0) {
-      if (errno == ECONNREFUSED) dead.emplace_back(peer, "its connection is refused: " + dialed + ": " + errno_text(errno));
+      if (errno == ECONNREFUSED) dead.emplace_back(peer, "its connection is refused: " + dialed + ": " + errno_text(ECONNREFUSED));
       continue;
     }
     Probe p;
@@ -460,7 +459,10 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
     std::vector<pollfd> pfds;
     for (const Probe& p : open) pfds.push_back(pollfd{p.fd.get(), static_cast<short>(p.sent ? POLLIN : POLLOUT), 0});
     const int n = ::poll(pfds.data(), pfds.size(), last ? 0 : static_cast<int>(left.count()));
-    if (n < 0 && errno != EINTR) break;
+    if (n < 0 && errno != EINTR) {
+      open.clear();  // this rank cannot tell: nobody counts as silent
+      break;
+    }
     std::vector<Probe> still;
     for (std::size_t i = 0; i < open.size(); ++i) {
       Probe& p = open[i];
@@ -479,11 +481,10 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
           p.sent = true;
         }
       } else if (n > 0 && pfds[i].revents != 0) {
+        // Its mesh thread answered (or the connection closed or failed): not a silent rank.
         char buf[sizeof(Handshake)];
-        const ssize_t got = ::recv(p.fd.get(), buf, sizeof(Handshake) - p.in.size(), MSG_DONTWAIT);
-        if (got > 0) p.in.append(buf, static_cast<std::size_t>(got));
-        // Its mesh thread answered (or the connection closed): not a silent rank.
-        done = got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR) || p.in.size() == sizeof(Handshake);
+        const ssize_t got = ::recv(p.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
+        done = got >= 0 || (errno != EAGAIN && errno != EINTR);
       }
       if (!done) still.push_back(std::move(p));
     }
