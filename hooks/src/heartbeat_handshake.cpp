@@ -423,17 +423,25 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
   };
   std::vector<Probe> open;
   std::vector<std::pair<int, std::string>> dead;  // rank, why
+  // Only a rank a death cut off: its link in the whole network goes up to a rank now gone, or to one of `ranks`
+  // (unheard as well) whose own does, and so on (a frozen group below a frozen group: several nodes at once). Any
+  // other is linked to a live rank, whose link tells of its death. The walk is the tree's depth at most.
   const overlay::Gone none(static_cast<std::size_t>(m.settings.world_size), 0);
+  const std::set<int> asked(ranks.begin(), ranks.end());
+  auto cut_off = [&](int rank) {  // mu held
+    for (std::optional<int> up = overlay::links_of(m.shape, rank, none).up; up;
+         up = overlay::links_of(m.shape, *up, none).up) {
+      if (m.gone[static_cast<std::size_t>(*up)]) return true;
+      if (asked.count(*up) == 0) return false;
+    }
+    return false;
+  };
   for (int peer : ranks) {
     if (open.size() >= kMaxProbes) break;
     if (peer < 0 || peer >= m.settings.world_size || peer == m.settings.rank) continue;
     {
-      // Only a rank a death cut off: its link in the whole network went to a rank now gone. Any other is linked
-      // to a live rank, whose link tells of its death.
-      const std::optional<int> up = overlay::links_of(m.shape, peer, none).up;
       std::lock_guard<std::mutex> lock(m.mu);
-      if (m.quiet || m.gone[static_cast<std::size_t>(peer)]) continue;
-      if (!up || !m.gone[static_cast<std::size_t>(*up)]) continue;
+      if (m.quiet || m.gone[static_cast<std::size_t>(peer)] || !cut_off(peer)) continue;
     }
     auto addr = m.read_address(peer);
     if (!addr) continue;  // not published, or (files) left in order

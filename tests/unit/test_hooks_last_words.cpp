@@ -765,6 +765,30 @@ TEST_CASE("last words: every rank of a frozen node counts as lost", "[hooks][las
   }
 }
 
+TEST_CASE("last words: every rank of two frozen nodes, one below the other, counts as lost", "[hooks][last_words]") {
+  // 40 ranks, 5 groups; the parent of group g is (g-1)/2. Groups 1 (ranks 8 to 15) and 3 (24 to 31, below group
+  // 1) freeze at once, as nodes behind one switch do. Rank 8's parent (rank 0) finds it silent; rank 24 was
+  // linked to rank 8 and its members to rank 24: nobody alive was linked to them. The probe must reach below rank
+  // 24 too, or restart in place plans spares for 9 ranks where 16 are needed.
+  TempDir dir;
+  LogCapture logs;
+  std::vector<int> frozen_ranks, survivors;
+  for (int r = 0; r < 40; ++r) ((r >= 8 && r < 16) || (r >= 24 && r < 32) ? frozen_ranks : survivors).push_back(r);
+  Child frozen = spawn(dir.path(), 40, "dp=40", "lwtwo", frozen_ranks, 5);
+  std::vector<Rank> ranks = make_ranks(dir.path(), 40, "dp=40", "lwtwo", survivors);
+  for (int r : survivors) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+  REQUIRE(train(ranks, 0, 5));
+  wait_ready(frozen);
+  ::kill(frozen.pid, SIGSTOP);
+  const bool done = last_words_done(ranks, survivors, 15s);
+  end_child(frozen);
+  REQUIRE(done);
+  check_lost(ranks, survivors, frozen_ranks);
+  for (Rank& r : ranks) {
+    if (r.cp) (void)r.cp->close();
+  }
+}
+
 TEST_CASE("last words: a frozen leader's live members are not counted lost", "[hooks][last_words]") {
   // The same node, only its leader (rank 16) frozen: ranks 17 to 23 find it silent too, link to the rest again and
   // report, or answer the decision's probe. Only rank 16 counts as lost.
