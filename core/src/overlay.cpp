@@ -87,4 +87,11 @@ Links links_of(const Shape& shape, int rank, const Gone& gone) {
   return out;
 }
 
+std::optional<int> up_when_whole(const Shape& shape, int rank) {
+  if (rank <= 0 || rank >= shape.world_size) return std::nullopt;
+  const int g = shape.group_of(rank);
+  if (rank != g * shape.group_size) return g * shape.group_size;
+  return (g - 1) / 2 * shape.group_size;
+}
+
 }  // namespace ckpt::overlay

@@ -426,11 +426,9 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
   // Only a rank a death cut off: its link in the whole network goes up to a rank now gone, or to one of `ranks`
   // (unheard as well) whose own does, and so on (a frozen group below a frozen group: several nodes at once). Any
   // other is linked to a live rank, whose link tells of its death. The walk is the tree's depth at most.
-  const overlay::Gone none(static_cast<std::size_t>(m.settings.world_size), 0);
   const std::set<int> asked(ranks.begin(), ranks.end());
   auto cut_off = [&](int rank) {  // mu held
-    for (std::optional<int> up = overlay::links_of(m.shape, rank, none).up; up;
-         up = overlay::links_of(m.shape, *up, none).up) {
+    for (std::optional<int> up = overlay::up_when_whole(m.shape, rank); up; up = overlay::up_when_whole(m.shape, *up)) {
       if (m.gone[static_cast<std::size_t>(*up)]) return true;
       if (asked.count(*up) == 0) return false;
     }

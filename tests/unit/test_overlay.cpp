@@ -72,6 +72,17 @@ TEST_CASE("overlay: groups of 8 with a leader each, a binary tree of leaders", "
   check_shape(shape, none);
 }
 
+TEST_CASE("overlay: up_when_whole is links_of's up with nothing gone", "[overlay]") {
+  for (int world : {1, 7, 8, 9, 20, 64, 100, 1000}) {
+    Shape shape{world};
+    Gone none(static_cast<std::size_t>(world), 0);
+    for (int r = 0; r < world; ++r) {
+      CAPTURE(world, r);
+      CHECK(up_when_whole(shape, r) == links_of(shape, r, none).up);
+    }
+  }
+}
+
 TEST_CASE("overlay: a dead leader is replaced by the next rank of its group, a dead group by its ancestor",
           "[overlay]") {
   Shape shape{64};  // groups 0..7: 1, 2 below 0; 3, 4 below 1; 5, 6 below 2; 7 below 3

@@ -47,5 +47,8 @@ struct Links {
 // alive). Members: up = their leader. Leaders: up = the leader of their nearest live ancestor group (or the root),
 // down = their live members and the leaders of the groups that hang below them.
 Links links_of(const Shape& shape, int rank, const Gone& gone);
+// links_of(shape, rank, nothing gone).up in O(1): a member's group leader, a leader's parent group's leader, none
+// for rank 0 (links_of copies the gone set: O(world size) a call).
+std::optional<int> up_when_whole(const Shape& shape, int rank);
 
 }  // namespace ckpt::overlay
