@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -184,6 +185,30 @@ void check_lost(std::vector<Rank>& ranks, const std::vector<int>& who, const std
     const auto report = ranks[static_cast<std::size_t>(r)].cp->last_words_report();
     CHECK(report.committed);
     CHECK(report.lost == lost);
+  }
+}
+
+// Ranks `frozen` (a child process) stop at once after step 5 of a dp job of `world`; every other rank (threads
+// here) must end its last words with the terminal checkpoint committed and exactly `frozen` counted lost.
+void check_frozen_counted_lost(const std::string& dir, int world, const std::string& run_id,
+                               const std::vector<int>& frozen) {
+  const std::string layout = "dp=" + std::to_string(world);
+  std::vector<int> survivors;
+  for (int r = 0; r < world; ++r) {
+    if (std::find(frozen.begin(), frozen.end(), r) == frozen.end()) survivors.push_back(r);
+  }
+  Child child = spawn(dir, world, layout, run_id, frozen, 5);
+  std::vector<Rank> ranks = make_ranks(dir, world, layout, run_id, survivors);
+  for (int r : survivors) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+  REQUIRE(train(ranks, 0, 5));
+  wait_ready(child);
+  ::kill(child.pid, SIGSTOP);
+  const bool done = last_words_done(ranks, survivors, 15s);
+  end_child(child);
+  REQUIRE(done);
+  check_lost(ranks, survivors, frozen);
+  for (Rank& r : ranks) {
+    if (r.cp) (void)r.cp->close();
   }
 }
 
@@ -746,23 +771,8 @@ TEST_CASE("last words: every rank of a frozen node counts as lost", "[hooks][las
   // plans eight spares, not one whose next generation waits out the join timeout for the other seven).
   TempDir dir;
   LogCapture logs;
-  std::vector<int> survivors;
-  for (int r = 0; r < 16; ++r) survivors.push_back(r);
-  const std::vector<int> node{16, 17, 18, 19, 20, 21, 22, 23};
-  Child frozen = spawn(dir.path(), 24, "dp=24", "lwfrozen", node, 5);
-  std::vector<Rank> ranks = make_ranks(dir.path(), 24, "dp=24", "lwfrozen", survivors);
-  for (int r : survivors) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
-  REQUIRE(train(ranks, 0, 5));
-  wait_ready(frozen);
-  ::kill(frozen.pid, SIGSTOP);
-  const bool done = last_words_done(ranks, survivors, 15s);
-  end_child(frozen);
-  REQUIRE(done);
-  check_lost(ranks, survivors, node);
+  check_frozen_counted_lost(dir.path(), 24, "lwfrozen", {16, 17, 18, 19, 20, 21, 22, 23});
   CHECK(logs.has("no answer to a probe within"));
-  for (Rank& r : ranks) {
-    if (r.cp) (void)r.cp->close();
-  }
 }
 
 TEST_CASE("last words: every rank of two frozen nodes, one below the other, counts as lost", "[hooks][last_words]") {
@@ -772,21 +782,7 @@ TEST_CASE("last words: every rank of two frozen nodes, one below the other, coun
   // 24 too, or restart in place plans spares for 9 ranks where 16 are needed.
   TempDir dir;
   LogCapture logs;
-  std::vector<int> frozen_ranks, survivors;
-  for (int r = 0; r < 40; ++r) ((r >= 8 && r < 16) || (r >= 24 && r < 32) ? frozen_ranks : survivors).push_back(r);
-  Child frozen = spawn(dir.path(), 40, "dp=40", "lwtwo", frozen_ranks, 5);
-  std::vector<Rank> ranks = make_ranks(dir.path(), 40, "dp=40", "lwtwo", survivors);
-  for (int r : survivors) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
-  REQUIRE(train(ranks, 0, 5));
-  wait_ready(frozen);
-  ::kill(frozen.pid, SIGSTOP);
-  const bool done = last_words_done(ranks, survivors, 15s);
-  end_child(frozen);
-  REQUIRE(done);
-  check_lost(ranks, survivors, frozen_ranks);
-  for (Rank& r : ranks) {
-    if (r.cp) (void)r.cp->close();
-  }
+  check_frozen_counted_lost(dir.path(), 40, "lwtwo", {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
 }
 
 TEST_CASE("last words: a frozen leader's live members are not counted lost", "[hooks][last_words]") {
