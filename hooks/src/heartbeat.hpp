@@ -184,12 +184,12 @@ class Mesh {
   std::vector<int> died() const;
   // Dials each of `ranks` that a death cut off (its link in the whole network goes up to a rank now gone, or
   // through others of `ranks` to one: a dead leader's members and child leaders, and theirs) and is not gone
-  // itself, at most 64, all at once, and asks for a handshake's answer within `limit`. A refused connect (no
-  // listener: its process is gone) and no answer within `limit` (a frozen process, whose kernel still accepts the
-  // connection, or a host that drops it) count the rank dead, flooded to the others, as a dead link or dead_after
-  // of silence does; anything else (an answer, a close, another error) tells nothing. Returns the ranks found
-  // dead. For ranks nobody may be linked with any more: a dead node's members were linked to their dead leader
-  // alone.
+  // itself, at most 1,024 (and a quarter of this process's descriptors), all at once, and asks for a
+  // handshake's answer within `limit`. A refused connect (no listener: its process is gone) and no answer within
+  // `limit` (a frozen process, whose kernel still accepts the connection, or a host that drops it) count the rank
+  // dead, flooded to the others, as a dead link or dead_after of silence does; anything else (an answer, a close,
+  // another error) tells nothing. Returns the ranks found dead. For ranks nobody may be linked with any more: a
+  // dead node's members were linked to their dead leader alone.
   std::vector<int> probe(const std::vector<int>& ranks, std::chrono::milliseconds limit);
   // Whether `rank` left the network in order (said bye): it sends nothing more, and it did not fail.
   bool left(int rank) const;

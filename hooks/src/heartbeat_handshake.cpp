@@ -12,6 +12,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -412,7 +413,14 @@ bool Mesh::Impl::on_dial_failed(DialState& d, const DialChoice& choice, const st
 }
 
 std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::milliseconds limit) {
-  constexpr std::size_t kMaxProbes = 64;  // the sockets one probe holds open at once
+  // The sockets one probe holds open at once: a failure of up to 1,024 ranks at once (128 nodes of 8) is found in
+  // one limit, with a quarter of this process's descriptors at most (the last words open files meanwhile); the rest
+  // are left to the mesh's repair.
+  rlimit files{};
+  const std::size_t max_probes =
+      ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+          ? std::clamp<std::size_t>(static_cast<std::size_t>(files.rlim_cur / 4), 16, 1024)
+          : 1024;
   Impl& m = *impl_;
   struct Probe {
     int peer = -1;
@@ -435,7 +443,7 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
     return false;
   };
   for (int peer : ranks) {
-    if (open.size() >= kMaxProbes) break;
+    if (open.size() >= max_probes) break;
     if (peer < 0 || peer >= m.settings.world_size || peer == m.settings.rank) continue;
     {
       std::lock_guard<std::mutex> lock(m.mu);
@@ -446,6 +454,7 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
     const std::string dialed = addr->first + " " + addr->second;
     const int fd = posix::connect_start(addr->first, addr->second);
     if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) break;  // no descriptor left: probe those open
       if (errno == ECONNREFUSED) dead.emplace_back(peer, "its connection is refused: " + dialed + ": " + errno_text(ECONNREFUSED));
       continue;
     }

@@ -785,6 +785,18 @@ TEST_CASE("last words: every rank of two frozen nodes, one below the other, coun
   check_frozen_counted_lost(dir.path(), 40, "lwtwo", {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
 }
 
+TEST_CASE("last words: every rank of nine frozen nodes counts as lost, more than 64 found by the probe",
+          "[hooks][last_words]") {
+  // 96 ranks, 12 groups; groups 1 to 9 (ranks 8 to 79) freeze at once, as a switch's nodes do. Their parents find
+  // the leaders of groups 1, 2, 4 and 5 silent (ranks 8, 16, 32, 40); the other 68 were linked only to frozen ranks
+  // and are found by the decision's probe, all in one limit.
+  TempDir dir;
+  LogCapture logs;
+  std::vector<int> frozen;
+  for (int r = 8; r < 80; ++r) frozen.push_back(r);
+  check_frozen_counted_lost(dir.path(), 96, "lwswitch", frozen);
+}
+
 TEST_CASE("last words: a frozen leader's live members are not counted lost", "[hooks][last_words]") {
   // The same node, only its leader (rank 16) frozen: ranks 17 to 23 find it silent too, link to the rest again and
   // report, or answer the decision's probe. Only rank 16 counts as lost.
