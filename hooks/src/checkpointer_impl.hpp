@@ -86,6 +86,12 @@ struct Staging {
   bool device_guard_pending = false;  // device copies queued; the compute streams do not wait yet
   std::pair<std::size_t, std::size_t> asked;  // guarded by Impl::mu: host and pinned bytes wanted
   bool lent = false;  // guarded by Impl::mu: the last words hold the pinned staging; nothing may grow it
+  // Training thread: growth waits until the restored state is loaded (restore() copying into the regions, or the
+  // program's next registration or step; a program without a restore: its first step). A restore from memory needs
+  // no staging, and must neither wait for gigabytes to be mapped nor share the CPU and memory with it, and a
+  // survivor holds its last snapshots until its restore has taken what it needs from them.
+  bool growth_held = true;
+  bool growth_pending = false;  // asked for while held
 };
 
 // What decides the step's checkpoint from step to step (training thread).
@@ -228,6 +234,8 @@ struct Checkpointer::Impl {
   bool ask_staging(std::size_t host_bytes, std::size_t pinned_bytes);
   // Training thread: asks the worker for the staging the current regions need.
   void plan_growth();
+  void queue_growth();
+  void release_growth();
   // The state keys this rank's record covers (store::state_keys_of_rank).
   std::vector<std::string> covers() const;
   store::Manifest manifest(const PersistJob& job) const;

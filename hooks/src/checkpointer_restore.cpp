@@ -392,7 +392,13 @@ Status Checkpointer::Impl::choose_shard(const RestorePlan& plan, ShardChoice& ch
 }
 
 Status Checkpointer::Impl::grow_staging_for(const store::ShardRecord& record) {
-  if (Status s = grow_host(static_cast<std::size_t>(record.size)); !s) return s;
+  // At least what the regions ask too: the growth after the restore must not release the buffer its views are in.
+  std::size_t asked = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    asked = staging.asked.first;
+  }
+  if (Status s = grow_host(std::max(static_cast<std::size_t>(record.size), asked)); !s) return s;
   (void)ask_staging(staging.host.size(), 0);
   return Status::success();
 }
@@ -586,6 +592,7 @@ Result<std::uint64_t> Checkpointer::Impl::restore(bool copy_into_regions) {
                         std::to_string(s.restore_live_bytes) + " found in memory)");
   }
   start(step);
+  if (copy_into_regions) release_growth();  // else once the program has loaded what restored() points at
   return step;
 }
 

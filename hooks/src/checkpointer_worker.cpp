@@ -133,22 +133,13 @@ bool Checkpointer::Impl::ask_staging(std::size_t host_bytes, std::size_t pinned_
 // A task grows to the latest size asked when it runs, so a burst of registrations maps staging once.
 void Checkpointer::Impl::plan_growth() {
   StagingPlan plan = plan_staging(regions);
-  if (ask_staging(plan.host_bytes, plan.device_bytes)) {
-    queue.enqueue(false, [this] {
-      std::pair<std::size_t, std::size_t> target;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        target = staging.asked;
-        if (staging.lent) target.second = 0;  // the last words are copying into it
-      }
-      if (Status s = grow_host(target.first); !s) log::error(rank, s.error() + " (retried at the next snapshot)");
-      if (Status s = grow_spare(target.first); !s) log::error(rank, s.error() + " (retried at the next snapshot)");
-      if (target.second > 0) {
-        if (Status s = grow_pinned(target.second); !s) {
-          log::error(rank, s.error() + " (retried at the next snapshot)");
-        }
-      }
-    });
+  const bool grew = ask_staging(plan.host_bytes, plan.device_bytes);
+  if (life.started) staging.growth_held = false;  // a registration after the restore: the state is loaded
+  if (staging.growth_held) {
+    staging.growth_pending = staging.growth_pending || grew;
+  } else if (grew || staging.growth_pending) {
+    staging.growth_pending = false;
+    queue_growth();
   }
   std::uint64_t state = 0;
   device_streams.clear();
@@ -161,6 +152,31 @@ void Checkpointer::Impl::plan_growth() {
   }
   std::lock_guard<std::mutex> lock(mu);
   stats.state_bytes = state;
+}
+
+// Training thread: the restore is done and its state loaded; staging grows now, in the background.
+void Checkpointer::Impl::release_growth() {
+  staging.growth_held = false;
+  if (!staging.growth_pending) return;
+  staging.growth_pending = false;
+  queue_growth();
+}
+
+// Training thread: a task that grows staging to the sizes asked when it runs.
+void Checkpointer::Impl::queue_growth() {
+  queue.enqueue(false, [this] {
+    std::pair<std::size_t, std::size_t> target;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      target = staging.asked;
+      if (staging.lent) target.second = 0;  // the last words are copying into it
+    }
+    if (Status s = grow_host(target.first); !s) log::error(rank, s.error() + " (retried at the next snapshot)");
+    if (Status s = grow_spare(target.first); !s) log::error(rank, s.error() + " (retried at the next snapshot)");
+    if (target.second > 0) {
+      if (Status s = grow_pinned(target.second); !s) log::error(rank, s.error() + " (retried at the next snapshot)");
+    }
+  });
 }
 
 // ---- the persist (worker) -----------------------------------------------------------------------------------

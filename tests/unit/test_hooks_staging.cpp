@@ -162,3 +162,42 @@ TEST_CASE("staging is allocated once, in the background, and reused", "[hooks][s
   CHECK_FALSE(log.has("inside the snapshot"));  // the background allocation was ready in time
   CHECK(test::committed_steps(dir.path()).back() == 4);
 }
+
+TEST_CASE("staging grows once the restored state is loaded, not while the restore runs", "[hooks][staging]") {
+  // A restore from memory needs no staging: mapping gigabytes then would hold it up and share the CPU with it.
+  using namespace std::chrono_literals;
+  test::TempDir dir;
+  test::LogCapture log;
+  auto cp = test::make(test::options({{"dir", dir.path()}, {"interval", "1steps"}}));
+  std::vector<std::byte> big = pattern(3u << 20, 1);
+  REQUIRE(cp->register_region({"big", big.data(), big.size()}).ok());
+  std::this_thread::sleep_for(300ms);  // time enough for a background growth of 3 MiB, were it started
+  CHECK(cp->stats().staging_bytes == 0);
+  SECTION("restore() copying into the regions: at its end") {
+    REQUIRE(*cp->restore() == 0);
+  }
+  SECTION("restore() leaving the load to the program: at its next registration") {
+    REQUIRE(*cp->restore(false) == 0);
+    std::this_thread::sleep_for(300ms);
+    CHECK(cp->stats().staging_bytes == 0);
+    REQUIRE(cp->register_region({"big", big.data(), big.size()}).ok());
+  }
+  CHECK(test::wait_for([&] { return cp->stats().staging_bytes >= big.size(); }, 5s));
+  REQUIRE(cp->before_update().ok());
+  REQUIRE_FALSE(*cp->after_step(1));
+  REQUIRE(cp->close().ok());
+  CHECK_FALSE(log.has("inside the snapshot"));
+  CHECK(test::committed_steps(dir.path()).back() == 1);
+}
+
+TEST_CASE("staging of a program without a restore grows at its first step", "[hooks][staging]") {
+  test::TempDir dir;
+  auto cp = test::make(test::options({{"dir", dir.path()}, {"interval", "1steps"}}));
+  std::vector<std::byte> big = pattern(1u << 20, 1);
+  REQUIRE(cp->register_region({"big", big.data(), big.size()}).ok());
+  REQUIRE(cp->before_update().ok());
+  REQUIRE_FALSE(*cp->after_step(1));
+  CHECK(cp->stats().staging_bytes >= big.size());
+  REQUIRE(cp->close().ok());
+  CHECK(test::committed_steps(dir.path()).back() == 1);
+}

@@ -276,7 +276,8 @@ class Checkpointer {
   CKPT_HOOKS_API bool enabled() const;
   CKPT_HOOKS_API const Config& config() const;
 
-  // Adds a region, or replaces the one of the same name. Staging grows in the background when needed.
+  // Adds a region, or replaces the one of the same name. Staging grows in the background when needed, from the
+  // moment the restored state is loaded (see restore()): a restore from memory never waits for it.
   CKPT_HOOKS_API Status register_region(const RegionSpec& region);
   // Replaces every region at once (a helper re-registering a model whose tensors moved).
   CKPT_HOOKS_API Status set_regions(const std::vector<RegionSpec>& regions);
@@ -288,7 +289,8 @@ class Checkpointer {
   // FAILED the ones that do not; every rank of a job restores the same step, so all ranks call it together (each
   // reads and checks only its own shard). With `copy_into_regions`, fills every registered region from the region of the
   // same name (a missing one or a size mismatch is an error). Returns the step to resume from, 0 when none.
-  // Must come before the first after_step.
+  // Must come before the first after_step. Without `copy_into_regions` the program loads from restored() and then
+  // registers its regions again (or takes its first step): staging grows from then on.
   CKPT_HOOKS_API Result<std::uint64_t> restore(bool copy_into_regions = true);
   // A ZeRO-1 checkpoint written by another number of ranks is restored from the replica of rank % its world size
   // (the model); this rank's new partition of the optimizer state lies in the shards of its old owners. restore()

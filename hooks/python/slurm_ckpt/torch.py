@@ -369,7 +369,7 @@ class Checkpointer:
         self._extras_every_step = bool(config.get("last_words") and config.get("layout_declared")
                                        and self._native.world_size > 1)
         if self._native.enabled:
-            self._register()  # the model's staging is allocated and faulted in now, in the background
+            self._register()  # its staging is allocated in the background once restore() has loaded the state
             self._time_forward(model)
         _note_checkpointer(self)  # run() reads its last words when train() ends
 
@@ -446,7 +446,8 @@ class Checkpointer:
         state = {}
         for local, g in enumerate(self._global_indices()):
             prefix = f"{_OPTIM}{g}/"
-            entry = {name[len(prefix):]: _tensor_from(region) for name, region in regions.items()
+            # Views, not copies: load_state_dict below copies them.
+            entry = {name[len(prefix):]: _tensor_from(region, copy=False) for name, region in regions.items()
                      if name.startswith(prefix)}
             if not entry:
                 continue  # no state yet (never updated)
@@ -530,10 +531,12 @@ class Checkpointer:
             received.append((str(name), buf))
         return received
 
-    def _register(self):
+    def _register(self, loaded=False):
+        """The regions, to the native side when they changed. `loaded`: restore() has loaded the state, and says
+        so: staging, held back until then, grows now."""
         regions = self._regions()
         signature = tuple(r[:5] for r in regions)
-        if signature != self._signature:
+        if signature != self._signature or loaded:
             self._native.set_regions(regions)
             self._signature = signature
 
@@ -576,7 +579,7 @@ class Checkpointer:
         live = [(name, t.data_ptr(), t.numel() * t.element_size()) for name, t in own + kept + received]
         step = n.restore(copy_into_regions=False, reshard_prefixes=prefixes, live=live)
         if step == 0:
-            self._register()
+            self._register(loaded=True)
             _note_phase("restored", 0)
             return 0
         regions = {name: (json.loads(meta), view, address) for name, meta, view, address in n.restored()}
@@ -598,21 +601,26 @@ class Checkpointer:
         loaded = {name: target[name] if _MODEL + name in mine else _tensor_from(need(_MODEL + name), copy=False)
                   for name in target}
         self.model.load_state_dict(loaded)
-        if meta is not None and zero is not None:
+        refs = [v.name for entry in meta["state"].values() for v in entry.values()
+                if isinstance(v, _Ref)] if meta is not None else []
+        # The optimizer (ZeRO-1: this rank's partition) is left as it is when every state tensor is its own and the
+        # rest (hyperparameters, values that are no tensor) equals what the checkpoint holds.
+        if meta is None or (refs and all(r in mine for r in refs) and meta == self._optimizer_meta()):
+            pass
+        elif zero is not None:
             self._load_partition(meta, regions, step)
-        elif meta is not None:
-            refs = [v.name for entry in meta["state"].values() for v in entry.values() if isinstance(v, _Ref)]
-            # The optimizer is left as it is when every state tensor is its own and the rest (hyperparameters,
-            # values that are no tensor) equals what the checkpoint holds.
-            if not (refs and all(r in mine for r in refs) and meta == self._optimizer_meta()):
-                state = {index: {key: (_tensor_from(need(value.name), copy=False) if isinstance(value, _Ref)
-                                       else value)
-                                 for key, value in entry.items()}
-                         for index, entry in meta["state"].items()}
-                self._state_optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        else:
+            state = {index: {key: (_tensor_from(need(value.name), copy=False) if isinstance(value, _Ref)
+                                   else value)
+                             for key, value in entry.items()}
+                     for index, entry in meta["state"].items()}
+            self._state_optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
         _set_rng_state(extras["rng"])
         self._load_user_extra(extras["user"])
-        self._register()  # the optimizer's state tensors are new
+        # The memory the state came from (a survivor's last snapshots, a donor's copy) is let go before staging
+        # grows: a survivor never holds both.
+        del own, kept, received, regions, loaded
+        self._register(loaded=True)  # the optimizer's state tensors may be new
         _note_phase("restored", step)
         return step
 
