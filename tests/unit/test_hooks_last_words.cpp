@@ -188,6 +188,28 @@ void check_lost(std::vector<Rank>& ranks, const std::vector<int>& who, const std
   }
 }
 
+// A node of 8 ranks (heartbeat group 2: ranks 16 to 23) of a dp job of 24, as two children trained to step 5: its
+// leader (rank 16) alone, and its members; beside it the 16 survivors (threads here), restored and trained alike.
+struct NodeOfEight {
+  std::vector<int> survivors;
+  std::vector<int> members{17, 18, 19, 20, 21, 22, 23};
+  Child leader, rest;
+  std::vector<Rank> ranks;
+};
+
+NodeOfEight node_of_eight(const std::string& dir, const std::string& run_id) {
+  NodeOfEight n;
+  for (int r = 0; r < 16; ++r) n.survivors.push_back(r);
+  n.leader = spawn(dir, 24, "dp=24", run_id, {16}, 5);
+  n.rest = spawn(dir, 24, "dp=24", run_id, n.members, 5);
+  n.ranks = make_ranks(dir, 24, "dp=24", run_id, n.survivors);
+  for (int r : n.survivors) REQUIRE(n.ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
+  REQUIRE(train(n.ranks, 0, 5));
+  wait_ready(n.rest);
+  wait_ready(n.leader);
+  return n;
+}
+
 // Ranks `frozen` (a child process) stop at once after step 5 of a dp job of `world`; every other rank (threads
 // here) must end its last words with the terminal checkpoint committed and exactly `frozen` counted lost.
 void check_frozen_counted_lost(const std::string& dir, int world, const std::string& run_id,
@@ -741,24 +763,16 @@ TEST_CASE("last words: every rank of a dead node counts as lost, found by the me
   // spare where eight are needed and its next generation waits out the join timeout for the other seven.
   TempDir dir;
   LogCapture logs;
-  std::vector<int> survivors;
-  for (int r = 0; r < 16; ++r) survivors.push_back(r);
-  const std::vector<int> members{17, 18, 19, 20, 21, 22, 23};
-  Child leader = spawn(dir.path(), 24, "dp=24", "lwnode", {16}, 5);
-  Child rest = spawn(dir.path(), 24, "dp=24", "lwnode", members, 5);
-  std::vector<Rank> ranks = make_ranks(dir.path(), 24, "dp=24", "lwnode", survivors);
-  for (int r : survivors) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
-  REQUIRE(train(ranks, 0, 5));
-  wait_ready(rest);
-  ::kill(rest.pid, SIGSTOP);
-  kill_child(leader);
+  NodeOfEight n = node_of_eight(dir.path(), "lwnode");
+  ::kill(n.rest.pid, SIGSTOP);
+  end_child(n.leader);
   std::this_thread::sleep_for(400ms);  // rank 0 probes rank 17 300 ms after rank 16's death
-  end_child(rest);
-  REQUIRE(last_words_done(ranks, survivors, 10s));
+  end_child(n.rest);
+  REQUIRE(last_words_done(n.ranks, n.survivors, 10s));
   std::vector<int> node{16};
-  node.insert(node.end(), members.begin(), members.end());
-  check_lost(ranks, survivors, node);
-  for (Rank& r : ranks) {
+  node.insert(node.end(), n.members.begin(), n.members.end());
+  check_lost(n.ranks, n.survivors, node);
+  for (Rank& r : n.ranks) {
     if (r.cp) (void)r.cp->close();
   }
 }
@@ -802,23 +816,14 @@ TEST_CASE("last words: a frozen leader's live members are not counted lost", "[h
   // report, or answer the decision's probe. Only rank 16 counts as lost.
   TempDir dir;
   LogCapture logs;
-  std::vector<int> survivors;
-  for (int r = 0; r < 16; ++r) survivors.push_back(r);
-  const std::vector<int> members{17, 18, 19, 20, 21, 22, 23};
-  Child leader = spawn(dir.path(), 24, "dp=24", "lwleader", {16}, 5);
-  Child rest = spawn(dir.path(), 24, "dp=24", "lwleader", members, 5);
-  std::vector<Rank> ranks = make_ranks(dir.path(), 24, "dp=24", "lwleader", survivors);
-  for (int r : survivors) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
-  REQUIRE(train(ranks, 0, 5));
-  wait_ready(rest);
-  wait_ready(leader);
-  ::kill(leader.pid, SIGSTOP);
-  const bool done = last_words_done(ranks, survivors, 15s);
-  end_child(leader);
-  end_child(rest);
+  NodeOfEight n = node_of_eight(dir.path(), "lwleader");
+  ::kill(n.leader.pid, SIGSTOP);
+  const bool done = last_words_done(n.ranks, n.survivors, 15s);
+  end_child(n.leader);
+  end_child(n.rest);
   REQUIRE(done);
-  check_lost(ranks, survivors, {16});
-  for (Rank& r : ranks) {
+  check_lost(n.ranks, n.survivors, {16});
+  for (Rank& r : n.ranks) {
     if (r.cp) (void)r.cp->close();
   }
 }
