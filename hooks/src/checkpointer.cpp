@@ -529,7 +529,7 @@ Result<Decision> Checkpointer::poll(std::uint64_t step) {
                  ": steps must increase"};
   }
   if (!m.life.started) m.start(0);
-  if (m.staging.growth_held) m.release_growth();
+  m.release_growth();
   Decision d = m.decide(step);
   m.sched.cached = std::make_pair(step, d);
   return d;
@@ -586,7 +586,7 @@ Status Checkpointer::save(std::uint64_t step, store::Kind kind) {
                            " was saved already");
   }
   if (!m.life.started) m.start(0);
-  if (m.staging.growth_held) m.release_growth();
+  m.release_growth();
   m.snapshot(step, kind);
   if (kind == store::Kind::Terminal) m.sched.stopped = true;
   return Status::success();

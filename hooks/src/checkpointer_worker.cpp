@@ -133,14 +133,8 @@ bool Checkpointer::Impl::ask_staging(std::size_t host_bytes, std::size_t pinned_
 // A task grows to the latest size asked when it runs, so a burst of registrations maps staging once.
 void Checkpointer::Impl::plan_growth() {
   StagingPlan plan = plan_staging(regions);
-  const bool grew = ask_staging(plan.host_bytes, plan.device_bytes);
-  if (life.started) staging.growth_held = false;  // a registration after the restore: the state is loaded
-  if (staging.growth_held) {
-    staging.growth_pending = staging.growth_pending || grew;
-  } else if (grew || staging.growth_pending) {
-    staging.growth_pending = false;
-    queue_growth();
-  }
+  if (ask_staging(plan.host_bytes, plan.device_bytes)) staging.growth_pending = true;
+  if (life.started) release_growth();  // a registration after the restore: the state is loaded
   std::uint64_t state = 0;
   device_streams.clear();
   for (const RegionSpec& r : regions) {
