@@ -6,7 +6,7 @@
 # with last words, and auto with last words and restart in place: `ckpt-run --spares 1` in a 3-node allocation,
 # whose third node holds 2 warm spare processes; a failure while one is left is recovered in the same processes,
 # the next one takes the requeue (a new allocation, with its spares again), and in place with the memory tier
-# (--ckpt-memory, a memory checkpoint every step, its copy on the other node): the last words then also catch the
+# (--ckpt-memory, a memory checkpoint every step or --memory-interval, its copy on the other node): the last words then also catch the
 # failures whose surviving replica was torn mid-update, from the step before in staging.
 # With --zero1 the job is slurm-examples/train_ddp.py --zero1 instead (ZeRO-1 over the 4 ranks: each rank alone
 # holds AdamW's state of its partition, whole parameters), so that no live replica holds a dead rank's optimizer
@@ -33,6 +33,8 @@
 #     --step-sleep  seconds each step sleeps (default 0.2; sets the step time)
 #     --hidden      hidden width of the MLP (default 16384: with 256 inputs, 17 MB of weights and momentum per rank)
 #     --memory      the memory tier's budget per rank, --ckpt-memory (default 256M)
+#     --memory-interval  steps between memory checkpoints, --ckpt-memory-interval: N or auto (default 1); other
+#                   than 1 needs --zero1 (train_ddp.py counts the memory checkpoints it took, --log-stall)
 #     --zero1       train slurm-examples/train_ddp.py --zero1 (pure data parallelism, the optimizer state sharded)
 #     --extra-mib   with --zero1: MiB of extra parameters per rank, train_ddp.py --extra-mib (default 16)
 #     --only        run only these policies, comma-separated names (a quick look; the acceptance needs them all)
@@ -42,6 +44,7 @@
 # reporting to its own controller; `tests/cluster.sh down` stops it.
 set -euo pipefail
 MTBF=60 WORK=200 FIXED=1,3,10,30 SEED=7 SLEEP=0.2 HIDDEN=16384 REPORT= ONLY= MEMORY=256M ZERO1= EXTRA=16
+MEMORY_INTERVAL=1
 while [ $# -gt 0 ]; do
   case $1 in
     --mtbf) MTBF=$2; shift 2 ;;
@@ -53,11 +56,16 @@ while [ $# -gt 0 ]; do
     --report) REPORT=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --memory) MEMORY=$2; shift 2 ;;
+    --memory-interval) MEMORY_INTERVAL=$2; shift 2 ;;
     --zero1) ZERO1=1; shift ;;
     --extra-mib) EXTRA=$2; shift 2 ;;
     *) echo "goodput: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+if [ "$MEMORY_INTERVAL" != 1 ] && [ -z "$ZERO1" ]; then
+  echo "goodput: --memory-interval $MEMORY_INTERVAL needs --zero1 (train_ddp.py counts its memory checkpoints)" >&2
+  exit 2
+fi
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${CKPT_BUILD_DIR:-$SRC/build}
 D=${CKPT_CLUSTER_DIR:-/tmp/slurm-ckpt-cluster}
@@ -218,10 +226,14 @@ for p in "${policies[@]}"; do
   log=$W/$name.out
   script=$W/train.sbatch tier=()
   [ "$name" = in-place ] && script=$W/train-inplace.sbatch
-  [ "$name" = memory-tier ] && script=$W/train-inplace.sbatch tier=(--ckpt-memory="$MEMORY" --ckpt-memory-interval=1)
+  extra=()
+  if [ "$name" = memory-tier ]; then
+    script=$W/train-inplace.sbatch tier=(--ckpt-memory="$MEMORY" --ckpt-memory-interval="$MEMORY_INTERVAL")
+    [ -n "$ZERO1" ] && extra=(--log-stall)  # each rank's count of memory checkpoints, after every step
+  fi
   job=$(sbatch --parsable -o "$log" --ckpt-dir="$W/$name.ckpt" --ckpt-interval="$interval" "${tier[@]}" \
     --ckpt-last-words="$words" --ckpt-mtbf="${MTBF}s" --ckpt-max-restarts=1000 --ckpt-keep=2 \
-    "$script" --steps "$STEPS" --out "$W/$name.final")
+    "$script" --steps "$STEPS" --out "$W/$name.final" "${extra[@]}")
   inject "$log" "$W/$name.kills" "$job" &
   injector=$!
   state=$(wait_done "$job")
@@ -249,10 +261,11 @@ STEP_SEEN=$(get "f\"{d['step_seen_s']:.4f}\"")
 # The fraction of failures the last words caught, pooled over the runs that had them on: a simulator input measured
 # like δ and R. A failure can tear the state (DP x TP: one tensor-parallel rank past the update, its peer not).
 CATCH=$(get "(lambda rs: f\"{sum(r['terminal_checkpoints'] for r in rs) / max(1, sum(r['failures'] for r in rs)):.3f}\")([r for r in d['runs'] if r['name'] in ('last-words', 'in-place')])")
-# The memory tier's run, in its own terms: R_in, the stall per memory checkpoint (one per step), and the fractions of
-# its failures caught from live state and (the rest of its terminal checkpoints) from the memory tier.
+# The memory tier's run, in its own terms: R_in, the stall per memory checkpoint, the steps between them, and the
+# fractions of its failures caught from live state and (the rest of its terminal checkpoints) from the memory tier.
 # Without that run (--only), the in-place R_in and zeros.
-read -r MEM_RESTART_IN MEM_COST MEM_LIVE MEM_CATCH <<< "$(get "(lambda r: f\"{__import__('statistics').median(r['restarts_in_place_s']) if r['restarts_in_place_s'] else $RESTART_IN:.3f} {r['memory_cost_s']:.4f} {(r['terminal_checkpoints'] - r['terminal_from_memory']) / max(1, r['failures']):.3f} {r['terminal_checkpoints'] / max(1, r['failures']):.3f}\" if r else '$RESTART_IN 0 0 0')(next((r for r in d['runs'] if r['name'] == 'memory-tier'), None))")"
+read -r MEM_RESTART_IN MEM_COST MEM_EVERY MEM_LIVE MEM_CATCH <<< "$(get "(lambda r: f\"{__import__('statistics').median(r['restarts_in_place_s']) if r['restarts_in_place_s'] else $RESTART_IN:.3f} {r['memory_cost_s']:.4f} {r['memory_every_steps']:.3f} {(r['terminal_checkpoints'] - r['terminal_from_memory']) / max(1, r['failures']):.3f} {r['terminal_checkpoints'] / max(1, r['failures']):.3f}\" if r else '$RESTART_IN 0 1 0 0')(next((r for r in d['runs'] if r['name'] == 'memory-tier'), None))")"
+MEM_INTERVAL_S=$(awk -v k="$MEM_EVERY" -v s="$STEP_SEEN" 'BEGIN { printf "%.4f", k * s }')
 SIM_WORK=$(awk -v n="$STEPS" -v s="$STEP_SEEN" 'BEGIN { printf "%.3f", n * s }')
 AUTO_LINE=$({ grep -h "CKPT_INTERVAL=auto: interval" "$W/auto.out" 2>/dev/null || true; } | tail -1 | sed "s/.*CKPT_INTERVAL=auto: //")
 
@@ -265,7 +278,7 @@ predict() {  # name interval failure-times
     auto) row=daly ;;
     in-place) fixed=(--in-place-restart "${RESTART_IN}s" --spares "$SPARE_RANKS"); row=in-place ;;
     memory-tier)
-      fixed=(--in-place-restart "${MEM_RESTART_IN}s" --spares "$SPARE_RANKS" --memory-interval "${STEP_SEEN}s"
+      fixed=(--in-place-restart "${MEM_RESTART_IN}s" --spares "$SPARE_RANKS" --memory-interval "${MEM_INTERVAL_S}s"
         --memory-cost "${MEM_COST}s" --memory-catchable "$MEM_CATCH")
       row=memory-tier ;;
     *) row=last-words ;;
@@ -285,7 +298,8 @@ predict() {  # name interval failure-times
   echo "the controller requeues; in place, $SPARE_RANKS spare ranks on $SPARE_NODES more node(s) take the first failures of an allocation over"
   echo "measured across the runs: checkpoint cost δ ${DELTA}s (median per run), restart R ${RESTART}s (median), in place"
   echo "R_in ${RESTART_IN}s (median), last words caught a fraction $CATCH of the failures; simulator inputs"
-  echo "memory tier (--ckpt-memory=$MEMORY, every step): R_in ${MEM_RESTART_IN}s, stall ${MEM_COST}s per step, caught $MEM_LIVE"
+  echo "memory tier (--ckpt-memory=$MEMORY --ckpt-memory-interval=$MEMORY_INTERVAL: one every $MEM_EVERY steps): R_in ${MEM_RESTART_IN}s,"
+  echo "stall ${MEM_COST}s per memory checkpoint, caught $MEM_LIVE"
   echo "of its failures from live state and $MEM_CATCH in all"
   echo "auto's last choice: $AUTO_LINE"
   printf '%-16s %8s %8s %6s %6s %9s %9s %9s %7s\n' policy wall_s failures ckpts words measured predicted expected diff

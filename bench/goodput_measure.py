@@ -20,9 +20,12 @@ The accounting matches `ckpt simulate`'s, so that its prediction can be held aga
   - failure times are the kills, relative to the start;
   - a restart in place (a start with no "run N on" line of the batch script before it: the same allocation and
     processes) is counted apart from the requeues, as R_in;
-  - a run named with --memory took a memory checkpoint every step: its steps are left out of the pooled step time,
-    and what its median step took beyond that is the memory checkpoint's stall δ_m; a terminal checkpoint whose
-    last words wrote a shard from staging or from a partner copy was caught from the memory tier.
+  - a run named with --memory took memory checkpoints: its steps are left out of the pooled step time. With one
+    every step, what its median step took beyond that is the memory checkpoint's stall δ_m. Where its log counts
+    them (train_ddp.py --log-stall: rank 0's "memory checkpoints N" after each step), its steps per memory
+    checkpoint k are that count's, and δ_m is k times what its mean step took beyond the pooled step (with
+    `--ckpt-memory-interval=auto` most steps carry none, and the median would miss the others). A terminal
+    checkpoint whose last words wrote a shard from staging or from a partner copy was caught from the memory tier.
 Pooled over the runs it reports that step time, δ (median over runs), R (median over the requeues) and R_in
 (median over the restarts in place).
 """
@@ -37,6 +40,7 @@ TERMINAL = re.compile(r"last words: committed the terminal checkpoint of step (\
 FROM_MEMORY = re.compile(r"last words: wrote .*terminal shard of step (\d+) from (?:staging|its partner copy)")
 START = re.compile(r"^train_(?:dp_tp|ddp): (?:starting at|resumed from) step (\d+) .* t=([0-9.]+)$")
 ALLOCATION = re.compile(r"^run \d+ on ")
+MEMORY_COUNT = re.compile(r"^train_ddp: rank 0 step \d+ stall \S+ memory checkpoints (\d+) ")
 
 
 def read_run(log, kills_file):
@@ -47,6 +51,8 @@ def read_run(log, kills_file):
     checkpoints = 0
     terminal = []  # the steps of the committed terminal checkpoints
     from_memory = set()  # steps whose terminal checkpoint took a shard from the memory tier
+    memory = [0, 0]  # rank 0's steps counted, memory checkpoints among them (its count restarts per Checkpointer)
+    count = 0
     for line in open(log, errors="replace"):
         line = line.rstrip("\n")
         if m := STEP.match(line):
@@ -64,11 +70,16 @@ def read_run(log, kills_file):
             terminal.append(int(m.group(1)))
         elif m := FROM_MEMORY.search(line):
             from_memory.add(int(m.group(1)))
-    return kills, runs, in_place, checkpoints, terminal, from_memory
+        elif m := MEMORY_COUNT.match(line):
+            now = int(m.group(1))
+            memory[0] += 1
+            memory[1] += now - count if now >= count else now
+            count = now
+    return kills, runs, in_place, checkpoints, terminal, from_memory, memory
 
 
 def measure(name, log, kills_file, step_s, steps):
-    kills, runs, in_place, checkpoints, terminal, from_memory = read_run(log, kills_file)
+    kills, runs, in_place, checkpoints, terminal, from_memory, memory = read_run(log, kills_file)
     last = [t for run in runs for t, s in run if s == steps]
     if not last:
         raise SystemExit(f"goodput_measure: {log}: the job did not reach step {steps}")
@@ -103,6 +114,8 @@ def measure(name, log, kills_file, step_s, steps):
         "restarts_in_place_s": restarts_in_place,
         "failure_times": [round(k - start, 3) for k in kills],
         "durations": durations,
+        # steps per memory checkpoint, where the log counts them
+        "memory_every_steps": memory[0] / memory[1] if memory[1] else None,
     }
 
 
@@ -116,13 +129,24 @@ def main():
     args = args[2:]
     runs = [measure(args[i], args[i + 1], args[i + 2], step_s, steps) for i in range(0, len(args), 3)]
     step_seen = statistics.median(d for r in runs if r["name"] not in memory for d in r["durations"])
-    for r in runs:
+    # Runs whose memory checkpoints the log counts come last: their mean step holds the periodic checkpoints' cost
+    # too, δ of the other runs per checkpoint, which is taken out of the memory tier's stall.
+    counted = [r for r in runs if r["name"] in memory and r["memory_every_steps"] is not None]
+    for r in [r for r in runs if r not in counted] + counted:
         durations = r.pop("durations")
-        stall = max(0.0, statistics.median(durations) - step_seen) if r["name"] in memory and durations else 0.0
+        every = r.pop("memory_every_steps") or 1.0
+        stall = 0.0  # per step, on average
+        if r in counted and durations:
+            periodic = [x["cost_s"] for x in runs if x not in counted and x.get("cost_s") is not None]
+            share = (statistics.median(periodic) if periodic else 0.0) * r["checkpoints"] / len(durations)
+            stall = max(0.0, statistics.mean(durations) - step_seen - share)
+        elif r["name"] in memory and durations:
+            stall = max(0.0, statistics.median(durations) - step_seen)
         if r["name"] in memory:
-            r["memory_cost_s"] = stall
+            r["memory_every_steps"] = every
+            r["memory_cost_s"] = stall * every  # per memory checkpoint
         excess = sum(d - step_seen - stall for d in durations)
-        r["cost_s"] = max(0.0, excess / r["checkpoints"]) if r["checkpoints"] else None
+        r["cost_s"] = max(0.0, excess / r["checkpoints"]) if r["checkpoints"] and r not in counted else None
     costs = [r["cost_s"] for r in runs if r["cost_s"] is not None]
     restarts = [x for r in runs for x in r["restarts_s"]]
     in_place = [x for r in runs for x in r["restarts_in_place_s"]]

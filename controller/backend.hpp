@@ -33,9 +33,9 @@ class SlurmBackend {
   // Requeues the job (Slurm's restart count goes up at once).
   virtual Status requeue(std::uint32_t job_id) = 0;
   // StartTime=now and ExcNodeList=exclude (empty clears it); releases the job too when `release`; MinNodes=min_nodes
-  // when it is not 0 (a job that may start without some of its spares).
+  // and NumTasks=min_tasks where they are not 0 (a job that may start without some of its spares).
   virtual Status expedite(std::uint32_t job_id, const std::vector<std::string>& exclude, bool release,
-                          std::uint32_t min_nodes = 0) = 0;
+                          std::uint32_t min_nodes = 0, std::uint32_t min_tasks = 0) = 0;
   // Holds a pending job (priority 0), so that Slurm does not start it again.
   virtual Status hold(std::uint32_t job_id) = 0;
   virtual Status set_node_down(const std::string& node, const std::string& reason) = 0;

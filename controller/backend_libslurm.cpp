@@ -58,6 +58,8 @@ SlurmJob convert(const slurm_job_info_t& j) {
     out.exit_code = WEXITSTATUS(status);
   }
   if (auto nodes = ckpt::recovery::expand_hostlist(str(j.nodes)); nodes) out.nodes = *nodes;
+  out.tasks = j.num_tasks == NO_VAL ? 0 : j.num_tasks;
+  out.tasks_per_node = j.ntasks_per_node >= NO_VAL16 ? 0 : j.ntasks_per_node;
   out.batch_host = str(j.batch_host);
   out.reason = str(j.state_desc);
   out.excluded = str(j.exc_nodes);
@@ -135,7 +137,7 @@ class LibslurmBackend final : public SlurmBackend {
   }
 
   Status expedite(std::uint32_t job_id, const std::vector<std::string>& exclude, bool release,
-                  std::uint32_t min_nodes) override {
+                  std::uint32_t min_nodes, std::uint32_t min_tasks) override {
     std::lock_guard<std::mutex> lock(mutex_);
     job_desc_msg_t desc;
     slurm_init_job_desc_msg(&desc);
@@ -145,6 +147,7 @@ class LibslurmBackend final : public SlurmBackend {
     desc.exc_nodes = excluded.data();
     if (release) desc.priority = INFINITE;
     if (min_nodes > 0) desc.min_nodes = min_nodes;  // max_nodes stays as submitted: the spares come back when free
+    if (min_tasks > 0) desc.num_tasks = min_tasks;
     if (slurm_update_job(&desc) != SLURM_SUCCESS) {
       return Status::failure("slurm_update_job " + std::to_string(job_id) + ": " + slurm_error_text());
     }

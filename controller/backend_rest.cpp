@@ -74,6 +74,9 @@ SlurmJob convert(const json& j) {
     out.exit_code = WEXITSTATUS(status);
   }
   if (auto nodes = ckpt::recovery::expand_hostlist(text(j, "nodes")); nodes) out.nodes = *nodes;
+  out.tasks = static_cast<std::uint32_t>(integer(j, "tasks"));
+  out.tasks_per_node = static_cast<std::uint32_t>(integer(j, "tasks_per_node"));
+  if (out.tasks_per_node >= 0xfffe) out.tasks_per_node = 0;  // NO_VAL16: not given
   out.batch_host = text(j, "batch_host");
   out.reason = text(j, "state_description");
   out.excluded = text(j, "excluded_nodes");
@@ -146,10 +149,11 @@ class RestBackend final : public SlurmBackend {
   }
 
   Status expedite(std::uint32_t job_id, const std::vector<std::string>& exclude, bool release,
-                  std::uint32_t min_nodes) override {
+                  std::uint32_t min_nodes, std::uint32_t min_tasks) override {
     json body = {{"begin_time", "now"}, {"exclude_nodes", ckpt::recovery::join_nodes(exclude)}};
     if (release) body["hold"] = false;
     if (min_nodes > 0) body["minimum_nodes"] = min_nodes;
+    if (min_tasks > 0) body["tasks"] = min_tasks;
     auto r = call("POST", "/slurm/v0.0.38/job/" + std::to_string(job_id), body.dump());
     if (!r) return Status::failure("update of job " + std::to_string(job_id) + ": " + r.error());
     return Status::success();

@@ -122,7 +122,7 @@ bool IntentRunner::on_requeue(JobRecord& r, SlurmJob& s, double now) {
 // StartTime=now and ExcNodeList: the job starts again at once, off the bad nodes.
 bool IntentRunner::on_expedite(JobRecord& r, const rec::IntentStep& step, double now) {
   Intent& i = *r.intent;
-  auto status = backend_.expedite(r.job_id, i.exclude, step.release, i.min_nodes);
+  auto status = backend_.expedite(r.job_id, i.exclude, step.release, i.min_nodes, i.min_tasks);
   if (!status) {
     metrics_.add("ckpt_controller_slurm_errors_total", "op=\"update\"");
     host_.note(r, "action", "could not update the job: " + status.error(), now);
@@ -136,7 +136,10 @@ bool IntentRunner::on_expedite(JobRecord& r, const rec::IntentStep& step, double
   }
   host_.crash_point("updated");
   const std::string fewer =
-      i.min_nodes > 0 ? " MinNodes=" + std::to_string(i.min_nodes) + " (it may start with fewer spares)" : "";
+      i.min_nodes > 0 ? " MinNodes=" + std::to_string(i.min_nodes) +
+                            (i.min_tasks > 0 ? " NumTasks=" + std::to_string(i.min_tasks) : std::string()) +
+                            " (it may start with fewer spares)"
+                      : "";
   host_.note(r, "action", std::string("StartTime=now ExcNodeList=") + rec::join_nodes(i.exclude) + fewer +
                         (step.release ? " and released" : ""), now);
   i.phase = step.next;

@@ -144,7 +144,7 @@ submit_job() {
   tj=("$@")
   local job
   job=$(sbatch --parsable -o "$SCRATCH/out.%j" --ckpt-dir="$SCRATCH/ckpt-%j" --ckpt-interval=1m "${sb[@]}" \
-    --wrap "srun --ntasks-per-node=1 $TEST_JOB ${tj[*]}") || fail "sbatch failed"
+    --wrap "srun --ntasks-per-node=1 -n \$SLURM_JOB_NUM_NODES $TEST_JOB ${tj[*]}") || fail "sbatch failed"
   echo "$job" >> "$SCRATCH/jobs"  # called in $(...): the cleanup reads the file
   echo "$job"
 }

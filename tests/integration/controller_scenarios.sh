@@ -87,11 +87,12 @@ scenario_node_crash_requeue() {
 
 # A job whose allocation held a spare (ckpt-run's steps say so: CKPT_RUN_SPARES) loses a node on the 4-node
 # cluster: three nodes are left of the four it asked for, so the requeue lets it start without its spare
-# (MinNodes=3) instead of waiting for a fourth node for good.
+# (MinNodes=3) instead of waiting for a fourth node for good. Its allocation asked for 2 tasks a node (8): on 3
+# nodes those fit only as 6 (NumTasks=6; with 8 Slurm keeps it pending for good, BadConstraints).
 scenario_spares_requeue() {
   wait_idle_nodes 4
   export CKPT_RUN_SPARES=1  # what ckpt-run --spares 1 sets in every step it starts
-  local job; job=$(submit_job -N4 -- --step-ms 100 --every 10)
+  local job; job=$(submit_job -N4 --ntasks-per-node=2 -- --step-ms 100 --every 10)
   unset CKPT_RUN_SPARES
   wait_output "$SCRATCH/out.$job" "committed step 10" 60
   wait_ctl_state "$job" '^running$' 10
@@ -99,7 +100,7 @@ scenario_spares_requeue() {
   crash_node "$victim"
   wait_output "$SCRATCH/out.$job" "run=1 step_id=0" 40
   ctl history "$job" > "$SCRATCH/history.$job" 2>&1
-  assert_contains "$SCRATCH/history.$job" "ExcNodeList=$victim MinNodes=3"
+  assert_contains "$SCRATCH/history.$job" "ExcNodeList=$victim MinNodes=3 NumTasks=6"
   local nodes; nodes=$(slurm_field "$job" NumNodes)
   [ "${nodes%%-*}" = 3 ] || { scontrol show job "$job" >&2; fail "run 1 has $nodes nodes, expected 3 of 4"; }
   scontrol show hostnames "$(slurm_field "$job" NodeList)" | grep -qx "$victim" && fail "run 1 went back to $victim"
@@ -107,7 +108,7 @@ scenario_spares_requeue() {
   ctl forget-node "$victim" > /dev/null || fail "forget-node failed"
   scancel "$job"
   wait_ctl_state "$job" '^cancelled$' 30
-  pass "$BACKEND: a job that held a spare lost $victim and ran again on 3 nodes (MinNodes=3), not waiting for a fourth"
+  pass "$BACKEND: a job that held a spare lost $victim and ran again on 3 nodes (MinNodes=3 NumTasks=6), not waiting for a fourth"
 }
 
 scenario_crash_loop() {

@@ -23,6 +23,7 @@ class FakeBackend final : public SlurmBackend {
   std::vector<std::string> downed, drained, resumed;
   std::vector<std::string> last_exclude;  // the ExcNodeList of the last update
   std::uint32_t last_min_nodes = 0;
+  std::uint32_t last_min_tasks = 0;
   bool refuse_requeue = false;            // Slurm answers the requeue with an error
   bool crash_after_requeue = false;       // Slurm requeues, then the controller dies before it hears the answer
 
@@ -54,10 +55,11 @@ class FakeBackend final : public SlurmBackend {
     return Status::success();
   }
   Status expedite(std::uint32_t id, const std::vector<std::string>& exclude, bool release,
-                  std::uint32_t min_nodes = 0) override {
+                  std::uint32_t min_nodes = 0, std::uint32_t min_tasks = 0) override {
     ++updates;
     last_exclude = exclude;
     last_min_nodes = min_nodes;
+    last_min_tasks = min_tasks;
     if (release) jobs[id].held = false;
     return Status::success();
   }

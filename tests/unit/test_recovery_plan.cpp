@@ -940,12 +940,38 @@ TEST_CASE("plan: a requeue may start without the spares its excluded nodes cost"
     auto plan = plan_recovery(r, facts(Ending::NodeFailure, SlurmState::Running, {"n1"}), {});
     REQUIRE(plan.action == RecoveryPlan::Action::Requeue);
     CHECK(plan.intent.min_nodes == 3);
+    CHECK(plan.intent.min_tasks == 0);  // no task count per node: Slurm spreads NumTasks over what it gets
     r.intent = plan.intent;
     auto back = parse_job_record(to_json(r));
     REQUIRE(back);
     CHECK(back->spares == 1);
     REQUIRE(back->intent);
     CHECK(back->intent->min_nodes == 3);
+  }
+  SECTION("a task count per node comes down with the nodes") {
+    SlurmJob s;
+    s.tasks = 8;  // -N4 --ntasks-per-node=2
+    CHECK(requeue_min_tasks(s, 3) == 0);  // tasks_per_node not given
+    s.tasks_per_node = 2;
+    CHECK(requeue_min_tasks(s, 0) == 0);  // MinNodes as submitted: NumTasks too
+    CHECK(requeue_min_tasks(s, 3) == 6);
+    CHECK(requeue_min_tasks(s, 4) == 0);  // they fit
+    s.tasks = 5;                          // -N4 -n5 --ntasks-per-node=2: 5 fit on 3 nodes
+    CHECK(requeue_min_tasks(s, 3) == 0);
+    CHECK(requeue_min_tasks(s, 2) == 4);
+    r.spares = 1;
+    auto f = facts(Ending::NodeFailure, SlurmState::Running, {"n1"});
+    f.slurm.tasks = 8;
+    f.slurm.tasks_per_node = 2;
+    auto plan = plan_recovery(r, f, {});
+    REQUIRE(plan.action == RecoveryPlan::Action::Requeue);
+    CHECK(plan.intent.min_nodes == 3);
+    CHECK(plan.intent.min_tasks == 6);
+    r.intent = plan.intent;
+    auto back = parse_job_record(to_json(r));
+    REQUIRE(back);
+    REQUIRE(back->intent);
+    CHECK(back->intent->min_tasks == 6);
   }
   SECTION("ckpt-run's steps say how many spares it keeps") {
     Event e;

@@ -129,6 +129,8 @@ struct SlurmJob {
   int exit_code = 0;                   // of the batch script, when finished
   int exit_signal = 0;
   std::vector<std::string> nodes;      // expanded allocation
+  std::uint32_t tasks = 0;             // NumTasks
+  std::uint32_t tasks_per_node = 0;    // --ntasks-per-node; 0: not given
   std::string batch_host;
   std::string reason;                  // state reason
   std::string excluded;                // ExcNodeList as Slurm has it
@@ -288,6 +290,8 @@ struct Intent {
   // MinNodes for the next run (0: as submitted): a job whose allocation held spares may start without them
   // when its excluded nodes leave fewer than it asked for (requeue_min_nodes).
   std::uint32_t min_nodes = 0;
+  // NumTasks with those fewer nodes (0: as submitted): requeue_min_tasks.
+  std::uint32_t min_tasks = 0;
   std::string reason;
   double created = 0;
   // Earliest StartTime=now: nodes revoke the old run's credential when it ends, with one-second resolution, and

@@ -140,6 +140,10 @@ bool awaits_ckpt_run(const JobRecord& record, const SlurmJob& slurm, const std::
 // (as submitted) for a job without spares or when none of its nodes is excluded. Without it a -N4 job with one
 // spare, one node excluded on a 4-node cluster, would wait for a fourth node it does not need, for good.
 std::uint32_t requeue_min_nodes(const JobRecord& r, const std::vector<std::string>& excluded);
+// NumTasks to go with MinNodes=`min_nodes`: a job submitted with a task count per node (-N3 --ntasks-per-node=2)
+// asks Slurm for nodes x that many tasks and at most that many on a node, so on fewer nodes its tasks never fit
+// (BadConstraints: pending for good) unless their count comes down too. 0 (as submitted) where nothing changes.
+std::uint32_t requeue_min_tasks(const SlurmJob& job, std::uint32_t min_nodes);
 
 // Adds `nodes` to a job's bad nodes for `ttl_s`, with `reason`; returns those that were not excluded already.
 std::vector<std::string> exclude_bad_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& nodes,

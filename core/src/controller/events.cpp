@@ -453,7 +453,8 @@ std::string to_json(const JobRecord& r) {
     j["intent"] = {{"id", i.id},           {"phase", to_string(i.phase)},    {"requeue", i.requeue},
                    {"expected_restart", i.expected_restart}, {"exclude", i.exclude}, {"mark_down", i.mark_down},
                    {"drain", i.drain},     {"reason", i.reason},             {"created", i.created},
-                   {"not_before", i.not_before}, {"min_nodes", i.min_nodes}};
+                   {"not_before", i.not_before}, {"min_nodes", i.min_nodes},
+                   {"min_tasks", i.min_tasks}};
   }
   if (r.relaunch_step) j["relaunch_step"] = *r.relaunch_step;
   if (r.ended_steps) j["ended_steps"] = *r.ended_steps;
@@ -540,6 +541,7 @@ Status read_intent(const json& j, std::optional<Intent>& intent) {
   i.created = number<double>(*it, "created", 0.0);
   i.not_before = number<double>(*it, "not_before", 0.0);
   i.min_nodes = number<std::uint32_t>(*it, "min_nodes", 0);
+  i.min_tasks = number<std::uint32_t>(*it, "min_tasks", 0);
   intent = i;
   return Status::success();
 }

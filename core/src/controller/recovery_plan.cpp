@@ -394,6 +394,12 @@ std::uint32_t requeue_min_nodes(const JobRecord& r, const std::vector<std::strin
   return held - std::min(lost, r.spares);
 }
 
+std::uint32_t requeue_min_tasks(const SlurmJob& job, std::uint32_t min_nodes) {
+  if (min_nodes == 0 || job.tasks_per_node == 0) return 0;
+  const std::uint64_t fit = std::uint64_t{min_nodes} * job.tasks_per_node;
+  return job.tasks > fit ? static_cast<std::uint32_t>(fit) : 0;
+}
+
 namespace {
 
 // The requeue part of a plan: the intent, or a give-up when the job or the backend cannot be requeued.
@@ -406,6 +412,7 @@ void plan_requeue(const JobRecord& r, const RecoveryFacts& f, const RecoveryPoli
   i.created = f.now;
   i.exclude = excluded;
   i.min_nodes = requeue_min_nodes(r, excluded);
+  i.min_tasks = requeue_min_tasks(f.slurm, i.min_nodes);
   // A requeued job stays COMPLETING until every node of its old run answers; a dead node never does, and slurmctld
   // would wait SlurmdTimeout to declare it down. Only on evidence nobody but the node can give (refused twice, or
   // Slurm's own state): a timeout is not.
