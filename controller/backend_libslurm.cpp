@@ -12,6 +12,7 @@ extern "C" {
 
 #include "backend.hpp"
 #include "slurm_handles.hpp"
+#include "ckpt/parse.hpp"
 
 namespace ckpt::controller {
 
@@ -60,6 +61,7 @@ SlurmJob convert(const slurm_job_info_t& j) {
   if (auto nodes = ckpt::recovery::expand_hostlist(str(j.nodes)); nodes) out.nodes = *nodes;
   out.tasks = j.num_tasks == NO_VAL ? 0 : j.num_tasks;
   out.tasks_per_node = j.ntasks_per_node >= NO_VAL16 ? 0 : j.ntasks_per_node;
+  out.partition = str(j.partition);
   out.batch_host = str(j.batch_host);
   out.reason = str(j.state_desc);
   out.excluded = str(j.exc_nodes);
@@ -122,6 +124,8 @@ class LibslurmBackend final : public SlurmBackend {
       out.down = (n.node_state & NODE_STATE_BASE) == NODE_STATE_DOWN || (n.node_state & NODE_STATE_NO_RESPOND) != 0;
       out.drained = (n.node_state & NODE_STATE_DRAIN) != 0;
       out.reason = str(n.reason);
+      out.partitions = ckpt::split(str(n.partitions), ',');
+      std::erase(out.partitions, std::string());
       nodes.push_back(std::move(out));
     }
     slurm_free_node_info_msg(msg);

@@ -77,6 +77,7 @@ SlurmJob convert(const json& j) {
   out.tasks = static_cast<std::uint32_t>(integer(j, "tasks"));
   out.tasks_per_node = static_cast<std::uint32_t>(integer(j, "tasks_per_node"));
   if (out.tasks_per_node >= 0xfffe) out.tasks_per_node = 0;  // NO_VAL16: not given
+  out.partition = text(j, "partition");
   out.batch_host = text(j, "batch_host");
   out.reason = text(j, "state_description");
   out.excluded = text(j, "excluded_nodes");
@@ -138,6 +139,11 @@ class RestBackend final : public SlurmBackend {
         }
       }
       if (state == "drain" || state == "draining" || state == "drained") out.drained = true;
+      if (auto parts = n.find("partitions"); parts != n.end() && parts->is_array()) {
+        for (const auto& p : *parts) {
+          if (p.is_string()) out.partitions.push_back(p.get<std::string>());
+        }
+      }
       out.reason = text(n, "reason");
       if (!out.name.empty()) nodes.push_back(std::move(out));
     }

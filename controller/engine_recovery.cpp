@@ -202,6 +202,8 @@ void Engine::decide(JobRecord& r, Ending ending, const SlurmJob& s, const std::v
   facts.time_limit_stop = ckpts.time_limit_stop;
   facts.slurm_requeued = slurm_requeued;
   facts.now = now;
+  refresh_nodes(now, true);  // which nodes a requeue may still use (requeue_min_tasks)
+  for (const auto& [name, node] : nodes_) facts.cluster.push_back(node);
   rec::RecoveryPolicy policy;
   policy.can_requeue = caps_.requeue;
   policy.can_set_node_state = caps_.node_state;

@@ -137,7 +137,8 @@ bool IntentRunner::on_expedite(JobRecord& r, const rec::IntentStep& step, double
   host_.crash_point("updated");
   const std::string fewer =
       i.min_nodes > 0 ? " MinNodes=" + std::to_string(i.min_nodes) +
-                            (i.min_tasks > 0 ? " NumTasks=" + std::to_string(i.min_tasks) : std::string()) +
+                            (i.min_tasks > 0 ? " NumTasks=" + std::to_string(i.min_tasks) + " (the nodes left hold no more)"
+                                             : std::string()) +
                             " (it may start with fewer spares)"
                       : "";
   host_.note(r, "action", std::string("StartTime=now ExcNodeList=") + rec::join_nodes(i.exclude) + fewer +

@@ -88,7 +88,7 @@ scenario_node_crash_requeue() {
 # A job whose allocation held a spare (ckpt-run's steps say so: CKPT_RUN_SPARES) loses a node on the 4-node
 # cluster: three nodes are left of the four it asked for, so the requeue lets it start without its spare
 # (MinNodes=3) instead of waiting for a fourth node for good. Its allocation asked for 2 tasks a node (8): on 3
-# nodes those fit only as 6 (NumTasks=6; with 8 Slurm keeps it pending for good, BadConstraints).
+# nodes those fit only as 6: with 8, Slurm keeps it pending for good (NumTasks=6, requeue_min_tasks).
 scenario_spares_requeue() {
   wait_idle_nodes 4
   export CKPT_RUN_SPARES=1  # what ckpt-run --spares 1 sets in every step it starts

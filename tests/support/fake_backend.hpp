@@ -60,6 +60,7 @@ class FakeBackend final : public SlurmBackend {
     last_exclude = exclude;
     last_min_nodes = min_nodes;
     last_min_tasks = min_tasks;
+    if (min_tasks > 0) jobs[id].tasks = min_tasks;
     if (release) jobs[id].held = false;
     return Status::success();
   }

@@ -940,7 +940,6 @@ TEST_CASE("plan: a requeue may start without the spares its excluded nodes cost"
     auto plan = plan_recovery(r, facts(Ending::NodeFailure, SlurmState::Running, {"n1"}), {});
     REQUIRE(plan.action == RecoveryPlan::Action::Requeue);
     CHECK(plan.intent.min_nodes == 3);
-    CHECK(plan.intent.min_tasks == 0);  // no task count per node: Slurm spreads NumTasks over what it gets
     r.intent = plan.intent;
     auto back = parse_job_record(to_json(r));
     REQUIRE(back);
@@ -948,17 +947,40 @@ TEST_CASE("plan: a requeue may start without the spares its excluded nodes cost"
     REQUIRE(back->intent);
     CHECK(back->intent->min_nodes == 3);
   }
-  SECTION("a task count per node comes down with the nodes") {
+  SECTION("a task count per node comes down as far as the nodes left hold") {
     SlurmJob s;
     s.tasks = 8;  // -N4 --ntasks-per-node=2
-    CHECK(requeue_min_tasks(s, 3) == 0);  // tasks_per_node not given
+    CHECK(requeue_min_tasks(s, 3, 3) == 0);  // tasks_per_node not given
     s.tasks_per_node = 2;
-    CHECK(requeue_min_tasks(s, 0) == 0);  // MinNodes as submitted: NumTasks too
-    CHECK(requeue_min_tasks(s, 3) == 6);
-    CHECK(requeue_min_tasks(s, 4) == 0);  // they fit
-    s.tasks = 5;                          // -N4 -n5 --ntasks-per-node=2: 5 fit on 3 nodes
-    CHECK(requeue_min_tasks(s, 3) == 0);
-    CHECK(requeue_min_tasks(s, 2) == 4);
+    CHECK(requeue_min_tasks(s, 0, 3) == 0);  // MinNodes as submitted: NumTasks too
+    CHECK(requeue_min_tasks(s, 3, 3) == 6);  // 3 nodes left
+    CHECK(requeue_min_tasks(s, 3, 2) == 6);  // fewer than MinNodes: it waits for them, with tasks that fit
+    CHECK(requeue_min_tasks(s, 3, 4) == 0);  // 4 left: they hold all 8, and the spare comes back with them
+    CHECK(requeue_min_tasks(s, 2, 3) == 6);  // two spares, 3 nodes left: as many as 3 hold
+    s.tasks = 5;                              // -N4 -n5 --ntasks-per-node=2: 5 fit on 3 nodes
+    CHECK(requeue_min_tasks(s, 3, 3) == 0);
+    CHECK(requeue_min_tasks(s, 2, 2) == 4);
+    // Usable: in the job's partition, up, not drained, not excluded.
+    auto node = [](std::string name, std::vector<std::string> parts, bool down = false, bool drained = false) {
+      SlurmNode n;
+      n.name = std::move(name);
+      n.partitions = std::move(parts);
+      n.down = down;
+      n.drained = drained;
+      return n;
+    };
+    const std::vector<SlurmNode> cluster = {node("n1", {"gpu"}), node("n2", {"gpu"}), node("n3", {"gpu"}, true),
+                                            node("n4", {"gpu"}, false, true), node("n5", {"cpu"}),
+                                            node("n6", {"cpu", "gpu"})};
+    SlurmJob job;
+    job.partition = "gpu";
+    CHECK(usable_nodes(cluster, job, {}) == 3);      // n1, n2, n6
+    CHECK(usable_nodes(cluster, job, {"n2"}) == 2);
+    job.partition = "cpu,gpu";
+    CHECK(usable_nodes(cluster, job, {"n2"}) == 3);  // n5 too
+    job.partition = "";
+    CHECK(usable_nodes(cluster, job, {}) == 4);      // any partition
+    // In the plan: n1 excluded of a 4-node cluster, 2 tasks a node.
     r.spares = 1;
     auto f = facts(Ending::NodeFailure, SlurmState::Running, {"n1"});
     f.slurm.tasks = 8;
@@ -966,7 +988,12 @@ TEST_CASE("plan: a requeue may start without the spares its excluded nodes cost"
     auto plan = plan_recovery(r, f, {});
     REQUIRE(plan.action == RecoveryPlan::Action::Requeue);
     CHECK(plan.intent.min_nodes == 3);
+    CHECK(plan.intent.min_tasks == 0);  // the cluster's nodes not known: as submitted
+    for (const char* n : {"n1", "n2", "n3", "n4"}) f.cluster.push_back(node(n, {}));
+    plan = plan_recovery(r, f, {});
     CHECK(plan.intent.min_tasks == 6);
+    f.cluster.push_back(node("n5", {}));  // a fifth node: all 8 fit
+    CHECK(plan_recovery(r, f, {}).intent.min_tasks == 0);
     r.intent = plan.intent;
     auto back = parse_job_record(to_json(r));
     REQUIRE(back);

@@ -131,6 +131,7 @@ struct SlurmJob {
   std::vector<std::string> nodes;      // expanded allocation
   std::uint32_t tasks = 0;             // NumTasks
   std::uint32_t tasks_per_node = 0;    // --ntasks-per-node; 0: not given
+  std::string partition;               // comma-separated where it may run in several
   std::string batch_host;
   std::string reason;                  // state reason
   std::string excluded;                // ExcNodeList as Slurm has it
@@ -146,6 +147,7 @@ struct SlurmNode {
   int port = 0;
   bool down = false;                   // DOWN, or not responding
   bool drained = false;                // DRAIN flag set
+  std::vector<std::string> partitions;
   std::string reason;
 };
 

@@ -141,9 +141,15 @@ bool awaits_ckpt_run(const JobRecord& record, const SlurmJob& slurm, const std::
 // spare, one node excluded on a 4-node cluster, would wait for a fourth node it does not need, for good.
 std::uint32_t requeue_min_nodes(const JobRecord& r, const std::vector<std::string>& excluded);
 // NumTasks to go with MinNodes=`min_nodes`: a job submitted with a task count per node (-N3 --ntasks-per-node=2)
-// asks Slurm for nodes x that many tasks and at most that many on a node, so on fewer nodes its tasks never fit
-// (BadConstraints: pending for good) unless their count comes down too. 0 (as submitted) where nothing changes.
-std::uint32_t requeue_min_tasks(const SlurmJob& job, std::uint32_t min_nodes);
+// asks Slurm for nodes x that many tasks and at most that many on a node, so where fewer nodes are left its tasks
+// never fit (BadConstraints: pending for good) unless their count comes down too. Lowered only as far as the nodes
+// left hold (`usable`, usable_nodes()): where they hold them all, the count stays, since Slurm gives a job no more
+// nodes than its tasks need (-N2-3 -n4 --ntasks-per-node=2 runs on 2) and its spares would not come back. 0 (as
+// submitted) where nothing changes.
+std::uint32_t requeue_min_tasks(const SlurmJob& job, std::uint32_t min_nodes, std::uint32_t usable);
+// The nodes a requeued job may run on: in its partition, neither DOWN nor drained, not excluded.
+std::uint32_t usable_nodes(const std::vector<SlurmNode>& cluster, const SlurmJob& job,
+                           const std::vector<std::string>& excluded);
 
 // Adds `nodes` to a job's bad nodes for `ttl_s`, with `reason`; returns those that were not excluded already.
 std::vector<std::string> exclude_bad_nodes(std::vector<BadNode>& bad_nodes, const std::vector<std::string>& nodes,
@@ -174,6 +180,7 @@ struct RecoveryFacts {
   std::optional<std::uint64_t> newest_complete;
   std::optional<TimeLimitStop> time_limit_stop;
   bool slurm_requeued = false;         // Slurm requeued the job on its own
+  std::vector<SlurmNode> cluster;      // the nodes Slurm has (empty: not known)
   double now = 0;
 };
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ckpt/parse.hpp"
+
 namespace ckpt::recovery {
 
 namespace {
@@ -394,10 +396,26 @@ std::uint32_t requeue_min_nodes(const JobRecord& r, const std::vector<std::strin
   return held - std::min(lost, r.spares);
 }
 
-std::uint32_t requeue_min_tasks(const SlurmJob& job, std::uint32_t min_nodes) {
+std::uint32_t requeue_min_tasks(const SlurmJob& job, std::uint32_t min_nodes, std::uint32_t usable) {
   if (min_nodes == 0 || job.tasks_per_node == 0) return 0;
-  const std::uint64_t fit = std::uint64_t{min_nodes} * job.tasks_per_node;
+  const std::uint64_t fit = std::uint64_t{std::max(min_nodes, usable)} * job.tasks_per_node;
   return job.tasks > fit ? static_cast<std::uint32_t>(fit) : 0;
+}
+
+std::uint32_t usable_nodes(const std::vector<SlurmNode>& cluster, const SlurmJob& job,
+                           const std::vector<std::string>& excluded) {
+  std::vector<std::string> partitions = split(job.partition, ',');
+  std::erase(partitions, std::string());
+  const auto in_partition = [&](const SlurmNode& n) {
+    if (partitions.empty()) return true;
+    for (const auto& p : n.partitions) {
+      if (contains(partitions, p)) return true;
+    }
+    return false;
+  };
+  return static_cast<std::uint32_t>(std::count_if(cluster.begin(), cluster.end(), [&](const SlurmNode& n) {
+    return !n.down && !n.drained && !contains(excluded, n.name) && in_partition(n);
+  }));
 }
 
 namespace {
@@ -412,7 +430,7 @@ void plan_requeue(const JobRecord& r, const RecoveryFacts& f, const RecoveryPoli
   i.created = f.now;
   i.exclude = excluded;
   i.min_nodes = requeue_min_nodes(r, excluded);
-  i.min_tasks = requeue_min_tasks(f.slurm, i.min_nodes);
+  if (!f.cluster.empty()) i.min_tasks = requeue_min_tasks(s, i.min_nodes, usable_nodes(f.cluster, s, excluded));
   // A requeued job stays COMPLETING until every node of its old run answers; a dead node never does, and slurmctld
   // would wait SlurmdTimeout to declare it down. Only on evidence nobody but the node can give (refused twice, or
   // Slurm's own state): a timeout is not.
