@@ -26,6 +26,7 @@ The accounting matches `ckpt simulate`'s, so that its prediction can be held aga
     checkpoint k are that count's, and δ_m is k times what its mean step took beyond the pooled step (with
     `--ckpt-memory-interval=auto` most steps carry none, and the median would miss the others). A terminal
     checkpoint whose last words wrote a shard from staging or from a partner copy was caught from the memory tier.
+  - a failure whose last words found its step committed already (a periodic checkpoint of that step) was caught.
 Pooled over the runs it reports that step time, δ (median over runs), R (median over the requeues) and R_in
 (median over the restarts in place).
 """
@@ -36,7 +37,9 @@ import sys
 
 WARMUP = 3
 STEP = re.compile(r"^train_(?:dp_tp|ddp): step (\d+) loss \S+ t=([0-9.]+)$")
-TERMINAL = re.compile(r"last words: committed the terminal checkpoint of step (\d+),")
+# A failure the last words caught: they committed its terminal checkpoint, or found its step committed already (a
+# periodic checkpoint of that very step), which the survivors resume from as well.
+TERMINAL = re.compile(r"last words: (?:committed the terminal checkpoint of step (\d+),|step (\d+) is committed already)")
 FROM_MEMORY = re.compile(r"last words: wrote .*terminal shard of step (\d+) from (?:staging|its partner copy)")
 START = re.compile(r"^train_(?:dp_tp|ddp): (?:starting at|resumed from) step (\d+) .* t=([0-9.]+)$")
 ALLOCATION = re.compile(r"^run \d+ on ")
@@ -67,7 +70,7 @@ def read_run(log, kills_file):
         elif "committed periodic checkpoint" in line:
             checkpoints += 1
         elif m := TERMINAL.search(line):
-            terminal.append(int(m.group(1)))
+            terminal.append(int(m.group(1) or m.group(2)))
         elif m := FROM_MEMORY.search(line):
             from_memory.add(int(m.group(1)))
         elif m := MEMORY_COUNT.match(line):

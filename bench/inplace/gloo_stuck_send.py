@@ -35,7 +35,10 @@ def group_sockets(before):
 
 def shut(fds):
     for fd in fds:
-        s = socket.socket(fileno=os.dup(fd))
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:  # closed since (the store's connection of the rendezvous)
+            continue
         try:
             s.getpeername()
             s.shutdown(socket.SHUT_RDWR)
