@@ -111,6 +111,11 @@ class LibslurmBackend final : public SlurmBackend {
     if (slurm_load_node(0, &msg, SHOW_ALL) != SLURM_SUCCESS || msg == nullptr) {
       return Error{"slurm_load_node: " + slurm_error_text()};
     }
+    // A node's partitions are filled in from the partitions' records (as sinfo does); without them, none is known.
+    partition_info_msg_t* parts = nullptr;
+    if (slurm_load_partitions(0, &parts, SHOW_ALL) == SLURM_SUCCESS && parts != nullptr) {
+      slurm_populate_node_partitions(msg, parts);
+    }
     std::vector<SlurmNode> nodes;
     for (std::uint32_t i = 0; i < msg->record_count; ++i) {
       const node_info_t& n = msg->node_array[i];
@@ -129,6 +134,7 @@ class LibslurmBackend final : public SlurmBackend {
       nodes.push_back(std::move(out));
     }
     slurm_free_node_info_msg(msg);
+    if (parts != nullptr) slurm_free_partition_info_msg(parts);
     return nodes;
   }
 

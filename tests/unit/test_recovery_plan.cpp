@@ -980,6 +980,8 @@ TEST_CASE("plan: a requeue may start without the spares its excluded nodes cost"
     CHECK(usable_nodes(cluster, job, {"n2"}) == 3);  // n5 too
     job.partition = "";
     CHECK(usable_nodes(cluster, job, {}) == 4);      // any partition
+    job.partition = "gpu";
+    CHECK(usable_nodes({node("n7", {})}, job, {}) == 1);  // its partitions not known: counted
     // In the plan: n1 excluded of a 4-node cluster, 2 tasks a node.
     r.spares = 1;
     auto f = facts(Ending::NodeFailure, SlurmState::Running, {"n1"});

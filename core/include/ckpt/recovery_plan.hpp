@@ -147,7 +147,8 @@ std::uint32_t requeue_min_nodes(const JobRecord& r, const std::vector<std::strin
 // nodes than its tasks need (-N2-3 -n4 --ntasks-per-node=2 runs on 2) and its spares would not come back. 0 (as
 // submitted) where nothing changes.
 std::uint32_t requeue_min_tasks(const SlurmJob& job, std::uint32_t min_nodes, std::uint32_t usable);
-// The nodes a requeued job may run on: in its partition, neither DOWN nor drained, not excluded.
+// The nodes a requeued job may run on: in its partition (a node whose partitions are not known counts), neither
+// DOWN nor drained, not excluded.
 std::uint32_t usable_nodes(const std::vector<SlurmNode>& cluster, const SlurmJob& job,
                            const std::vector<std::string>& excluded);
 

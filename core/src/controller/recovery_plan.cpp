@@ -407,7 +407,7 @@ std::uint32_t usable_nodes(const std::vector<SlurmNode>& cluster, const SlurmJob
   std::vector<std::string> partitions = split(job.partition, ',');
   std::erase(partitions, std::string());
   const auto in_partition = [&](const SlurmNode& n) {
-    if (partitions.empty()) return true;
+    if (partitions.empty() || n.partitions.empty()) return true;  // not known: counted, never lowered for it
     for (const auto& p : n.partitions) {
       if (contains(partitions, p)) return true;
     }
