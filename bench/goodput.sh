@@ -6,8 +6,8 @@
 # with last words, and auto with last words and restart in place: `ckpt-run --spares 1` in a 3-node allocation,
 # whose third node holds 2 warm spare processes; a failure while one is left is recovered in the same processes,
 # the next one takes the requeue (a new allocation, with its spares again), and in place with the memory tier
-# (--ckpt-memory, a memory checkpoint every step or --memory-interval, its copy on the other node): the last words then also catch the
-# failures whose surviving replica was torn mid-update, from the step before in staging.
+# (--ckpt-memory, a memory checkpoint every step or every --memory-interval, its copy on the other node): the last
+# words then also catch the failures whose surviving replica was torn mid-update, from the step before in staging.
 # With --zero1 the job is slurm-examples/train_ddp.py --zero1 instead (ZeRO-1 over the 4 ranks: each rank alone
 # holds AdamW's state of its partition, whole parameters), so that no live replica holds a dead rank's optimizer
 # shard: last words can write a terminal checkpoint only from the memory tier's partner copies.
