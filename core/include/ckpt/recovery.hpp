@@ -129,9 +129,6 @@ struct SlurmJob {
   int exit_code = 0;                   // of the batch script, when finished
   int exit_signal = 0;
   std::vector<std::string> nodes;      // expanded allocation
-  std::uint32_t tasks = 0;             // NumTasks
-  std::uint32_t tasks_per_node = 0;    // --ntasks-per-node; 0: not given
-  std::string partition;               // comma-separated where it may run in several
   std::string batch_host;
   std::string reason;                  // state reason
   std::string excluded;                // ExcNodeList as Slurm has it
@@ -139,6 +136,9 @@ struct SlurmJob {
   double begin_time = 0;               // eligible time, seconds since the epoch
   double start_time = 0;
   double end_time = 0;                 // when the run ended (or is expected to), 0 when unknown
+  std::uint32_t tasks = 0;             // NumTasks
+  std::uint32_t tasks_per_node = 0;    // --ntasks-per-node; 0: not given
+  std::string partition;               // comma-separated where it may run in several
 };
 
 struct SlurmNode {
@@ -147,8 +147,8 @@ struct SlurmNode {
   int port = 0;
   bool down = false;                   // DOWN, or not responding
   bool drained = false;                // DRAIN flag set
-  std::vector<std::string> partitions;
   std::string reason;
+  std::vector<std::string> partitions;
 };
 
 // ---- classification ---------------------------------------------------------------------------------------------
