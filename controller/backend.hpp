@@ -29,7 +29,8 @@ class SlurmBackend {
   virtual Result<std::vector<SlurmJob>> load_jobs() = 0;
   // One job; an empty optional when Slurm does not know it (any more).
   virtual Result<std::optional<SlurmJob>> load_job(std::uint32_t job_id) = 0;
-  virtual Result<std::vector<SlurmNode>> load_nodes() = 0;
+  // With `partitions`, each node's partitions too (libslurm: one more RPC).
+  virtual Result<std::vector<SlurmNode>> load_nodes(bool partitions = false) = 0;
   // Requeues the job (Slurm's restart count goes up at once).
   virtual Status requeue(std::uint32_t job_id) = 0;
   // StartTime=now and ExcNodeList=exclude (empty clears it); releases the job too when `release`; MinNodes=min_nodes

@@ -105,7 +105,7 @@ class LibslurmBackend final : public SlurmBackend {
     return job;
   }
 
-  Result<std::vector<SlurmNode>> load_nodes() override {
+  Result<std::vector<SlurmNode>> load_nodes(bool partitions) override {
     std::lock_guard<std::mutex> lock(mutex_);
     node_info_msg_t* msg = nullptr;
     if (slurm_load_node(0, &msg, SHOW_ALL) != SLURM_SUCCESS || msg == nullptr) {
@@ -113,7 +113,7 @@ class LibslurmBackend final : public SlurmBackend {
     }
     // A node's partitions are filled in from the partitions' records (as sinfo does); without them, none is known.
     partition_info_msg_t* parts = nullptr;
-    if (slurm_load_partitions(0, &parts, SHOW_ALL) == SLURM_SUCCESS && parts != nullptr) {
+    if (partitions && slurm_load_partitions(0, &parts, SHOW_ALL) == SLURM_SUCCESS && parts != nullptr) {
       slurm_populate_node_partitions(msg, parts);
     }
     std::vector<SlurmNode> nodes;

@@ -118,7 +118,7 @@ class RestBackend final : public SlurmBackend {
     return job;
   }
 
-  Result<std::vector<SlurmNode>> load_nodes() override {
+  Result<std::vector<SlurmNode>> load_nodes(bool /*partitions: listed with the nodes*/) override {
     auto body = call("GET", "/slurm/v0.0.38/nodes", "");
     if (!body) return Error{body.error()};
     std::vector<SlurmNode> nodes;

@@ -202,8 +202,16 @@ void Engine::decide(JobRecord& r, Ending ending, const SlurmJob& s, const std::v
   facts.time_limit_stop = ckpts.time_limit_stop;
   facts.slurm_requeued = slurm_requeued;
   facts.now = now;
-  refresh_nodes(now, true);  // which nodes a requeue may still use (requeue_min_tasks)
-  for (const auto& [name, node] : nodes_) facts.cluster.push_back(node);
+  // Which nodes a requeue may still use, where a task count per node could keep the job off fewer of them
+  // (requeue_min_tasks): with their partitions, which the periodic node list leaves out.
+  if (r.spares > 0 && s.tasks_per_node > 0) {
+    if (auto nodes = backend_.load_nodes(true)) {
+      facts.cluster = std::move(*nodes);
+    } else {
+      metrics_.add("ckpt_controller_slurm_errors_total", "op=\"load_nodes\"");
+      log_warning(nodes.error());
+    }
+  }
   rec::RecoveryPolicy policy;
   policy.can_requeue = caps_.requeue;
   policy.can_set_node_state = caps_.node_state;

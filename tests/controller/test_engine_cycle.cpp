@@ -49,7 +49,7 @@ struct Harness {
     config.settle_s = 0;
     config.probe_timeout_s = 0.2;
     config.hung_after_s = 0;
-    for (const char* n : {"n1", "n2", "n3"}) slurm.nodes.push_back(rec::SlurmNode{n, "127.0.0.1", 1, false, false, ""});
+    for (const char* n : {"n1", "n2", "n3"}) slurm.nodes.push_back(rec::SlurmNode{n, "127.0.0.1", 1, false, false, "", {}});
     rec::SlurmJob j;
     j.job_id = kJob;
     j.state = rec::SlurmState::Running;

@@ -40,7 +40,7 @@ class FakeBackend final : public SlurmBackend {
     if (it == jobs.end()) return std::optional<SlurmJob>{};
     return std::optional<SlurmJob>(it->second);
   }
-  Result<std::vector<SlurmNode>> load_nodes() override { return nodes; }
+  Result<std::vector<SlurmNode>> load_nodes(bool /*partitions*/ = false) override { return nodes; }
   Status requeue(std::uint32_t id) override {
     ++requeues;
     if (refuse_requeue) return Status::failure("fake: requeue refused");
