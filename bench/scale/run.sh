@@ -8,7 +8,8 @@
 #   freeze: the same again, but rank N/2 is SIGSTOPped: only silence tells (a frozen process; freezing a whole node
 #           of the shared cluster would stop other jobs), then SIGKILLed once the others are done or after 20 s.
 # With -V node, every rank of the third node (N/2 to 3N/4-1) is killed or stopped at once instead of rank N/2: a
-# crashed or frozen node as the job sees it. Every run checks each rank's restored state bitwise against a replay.
+# crashed or frozen node as the job sees it. With -V nodes, every rank of the third and fourth nodes (N/2 to N-1,
+# half the job): two nodes at once, as a switch or a rack takes them. Every run checks each rank's restored state bitwise against a replay.
 # A few ranks of each run (0, 1 and N-1; TRACE) run under strace to count their file-system operations on the
 # checkpoint dir. bench/scale/report.py turns the results into the table and the fits against N.
 #
@@ -19,7 +20,7 @@
 # the rank one node on, over one more link each way, and the connection and message counts include them.
 #
 #   bench/scale/run.sh [-n "16 32 64 96 128 256"] [-s STEPS] [-r RESUME_STEPS] [-k K] [-m STEP_MS] [-w on|off]
-#                      [-T TIMEOUT_S] [-o OUT] [-V rank|node] [-b STATE_BYTES] [-R files|pmix] [-M SIZE] [-F]
+#                      [-T TIMEOUT_S] [-o OUT] [-V rank|node|nodes] [-b STATE_BYTES] [-R files|pmix] [-M SIZE] [-F]
 #                      (-F: no freeze)
 # Needs the cluster up (tests/cluster.sh up) and bench_scale_rank built in $CKPT_BUILD_DIR (default build/).
 # Each run holds the cluster lock ($CKPT_CLUSTER_LOCK, /tmp/ckpt-cluster.lock) while it runs.
@@ -65,6 +66,7 @@ while getopts "n:s:r:k:m:w:T:o:V:b:R:M:Fh" opt; do
   esac
 done
 die() { echo "bench/scale: $*" >&2; exit 1; }
+case $VICTIM in rank | node | nodes) ;; *) die "-V takes rank, node or nodes, not '$VICTIM'" ;; esac
 case $RENDEZVOUS in
   files) MPI=() ;;
   pmix) MPI=(--mpi=pmix) ;;
@@ -117,10 +119,11 @@ run_phase() {
   while kill -0 "$pid" 2>/dev/null; do
     if [ -n "$kill_at" ] && [ -z "$t_kill" ] && [ -f "$dir/marker" ]; then
       # rank: rank N/2. node: every rank of the third node (ranks N/2 to 3N/4-1 under srun's block distribution),
-      # all at once: a crashed or frozen node as its peers see it.
+      # all at once: a crashed or frozen node as its peers see it. nodes: the third and fourth (N/2 to N-1).
       victim=$((n / 2))
       last=$victim
       [ "$VICTIM" = node ] && last=$((3 * n / 4 - 1))
+      [ "$VICTIM" = nodes ] && last=$((n - 1))
       victim_pid=""
       for r in $(seq "$victim" "$last"); do
         [ -f "$dir/pids/rank-$r" ] && victim_pid="$victim_pid $(cat "$dir/pids/rank-$r")"
@@ -130,7 +133,7 @@ run_phase() {
         # shellcheck disable=SC2086
         kill -"$signal" $victim_pid 2>/dev/null || t_kill=""
       fi
-      [ "$VICTIM" = node ] && victim="$victim-$last"
+      [ "$VICTIM" = rank ] || victim="$victim-$last"
     fi
     if [ "$signal" = STOP ] && [ -n "$t_kill" ] && [ -n "$victim_pid" ]; then
       done_ranks=$(find "$dir" -maxdepth 1 -name 'rank-*.txt' | wc -l)

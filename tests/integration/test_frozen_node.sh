@@ -11,6 +11,8 @@
 #     newer run owns. Nothing it does may change which checkpoint a restart would use, and the final weights must
 #     equal an uninterrupted run's bit for bit.
 #  2. Crash: the same with the node's processes killed (its slurmd refuses connections): same bounds.
+#  3. Two nodes frozen at once (n3 and n4, a whole data-parallel replica, as a switch takes them) in a job that
+#     accepts 2 to 4 nodes: both found hung, both DOWN, the job requeued on the two nodes left: same bounds.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/controller_lib.sh"
 source "$(dirname "$0")/torch_lib.sh"
@@ -21,11 +23,11 @@ BOUND_S=20
 tag=$RANDOM$RANDOM
 PORT=$(( ${CKPT_CONTROLLER_TEST_PORT:-16840} + 40 ))
 job=""
-victim=""
+victims=()
 
 cleanup() {
   [ -n "$job" ] && scancel "$job" 2>/dev/null || true
-  [ -n "$victim" ] && "$CLUSTER" revive-node "$victim" > /dev/null 2>&1 || true
+  for v in "${victims[@]}"; do "$CLUSTER" revive-node "$v" > /dev/null 2>&1 || true; done
   controller_down  # writes slurm.conf back with the default SlurmdTimeout
   scontrol reconfigure > /dev/null 2>&1 || true
 }
@@ -66,29 +68,31 @@ MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) \
   > "$SCRATCH/straight.log" 2>&1 || { cat "$SCRATCH/straight.log" >&2; fail "the uninterrupted run failed"; }
 pass "uninterrupted DP2xTP2 run on 4 nodes (SlurmdTimeout=120)"
 
-# one_failure NAME HOW: a 4-node job; node n4 fails by HOW (freeze-node or crash-node) at a random step.
+# one_failure NAME HOW [NODE...]: a 4-node job (sbatch $SPEC, -N3-4 -n4 unless set); the nodes (n4 unless named)
+# fail by HOW (freeze-node or crash-node) at once, at a random step.
 one_failure() {
-  local name=$1 how=$2 at seen fail_t run1_t took term dir
+  local name=$1 how=$2 at seen fail_t run1_t took term dir v min
+  shift 2
+  victims=("${@:-n4}")
   dir=$SCRATCH/$name
   mkdir -p "$dir"
   wait_nodes_idle 4  # -N3-4 takes 3 nodes while the fourth is still completing the last job
-  write_train_sbatch "$SCRATCH/$name.sbatch" "-N3-4 -n4" train_dp_tp.py --steps $STEPS --out "$dir/final"
+  write_train_sbatch "$SCRATCH/$name.sbatch" "${SPEC:--N3-4 -n4}" train_dp_tp.py --steps $STEPS --out "$dir/final"
   at=$((15 + RANDOM % 20))
   job=$(sbatch --parsable -J "fz-$name-$tag" -o "$SCRATCH/$name.log" --ckpt-interval=1000steps --ckpt-last-words=on \
     --ckpt-dir="$dir/ckpt" "$SCRATCH/$name.sbatch" --step-sleep 0.2)
   wait_logged_step "$SCRATCH/$name.log" "$at" || true  # the node check below says what went wrong
   [ "$(scontrol show hostnames "$(squeue -h -j "$job" -o %N)" | wc -l)" = 4 ] ||
     fail "$name: the first run is not on 4 nodes: $(squeue -h -j "$job" -o %N)"
-  victim=n4
   fail_t=$(now)
-  "$CLUSTER" "$how" n4 > /dev/null
+  for v in "${victims[@]}"; do "$CLUSTER" "$how" "$v" > /dev/null; done
   seen=$(logged_step "$SCRATCH/$name.log")
   for _ in $(seq 600); do grep -q "^run 1 " "$SCRATCH/$name.log" && break; sleep 0.05; done
   run1_t=$(now)
   grep -q "^run 1 " "$SCRATCH/$name.log" || { ctl history "$job" >&2; fail "$name: the job did not run again within 30 s"; }
   took=$(since "$fail_t" "$run1_t")
   term=$(sed -n 's/^run 1 on .*, resuming from step \([0-9]*\)$/\1/p' "$SCRATCH/$name.log")
-  echo "$name of n4 at step ~$seen: running again after $took s: $(grep '^run 1 ' "$SCRATCH/$name.log")"
+  echo "$name of ${victims[*]} at step ~$seen: running again after $took s: $(grep '^run 1 ' "$SCRATCH/$name.log")"
   ctl history "$job" | grep -E "decision|recovery|action" | sed 's/^/  /' | sed -n 1,14p
   awk -v t="$took" -v b="$BOUND_S" 'BEGIN { exit !(t <= b) }' || fail "$name: running again took $took s (bound $BOUND_S s)"
   [ -n "$term" ] || fail "$name: the new run has no checkpoint to resume from"
@@ -96,11 +100,14 @@ one_failure() {
     grep -q '"kind": *"terminal"' "$dir/ckpt/$(cat "$dir/ckpt/latest")/MANIFEST.json" ||
     fail "$name: step $term is not the survivors' terminal checkpoint"
   [ "$term" -ge $((seen - 1)) ] || fail "$name: resumed from step $term; the run was at step $seen (more than 1 step lost)"
-  grep "^run 1 " "$SCRATCH/$name.log" | grep -q "n4" && fail "$name: the new run went back to n4"
   ctl history "$job" | grep -q "node failure" || { ctl history "$job" >&2; fail "$name: the ending is not a node failure"; }
-  ctl history "$job" | grep -q "excluding n4" || { ctl history "$job" >&2; fail "$name: n4 was not excluded"; }
-  sinfo -h -n n4 -o '%T' | grep -qi down || fail "$name: n4 is $(sinfo -h -n n4 -o '%T'), not down"
-  pass "$name: running again after $took s (<= $BOUND_S s, SlurmdTimeout 120 s) from the terminal checkpoint of step $term (run at step ~$seen); n4 excluded and down; recorded as a node failure"
+  for v in "${victims[@]}"; do
+    scontrol show hostnames "$(grep '^run 1 ' "$SCRATCH/$name.log" | sed -n 's/^run 1 on \(.*\), resuming.*/\1/p')" |
+      grep -qx "$v" && fail "$name: the new run went back to $v"
+    ctl history "$job" | grep -q "excluding.*\b$v\b" || { ctl history "$job" >&2; fail "$name: $v was not excluded"; }
+    sinfo -h -n "$v" -o '%T' | grep -qi down || fail "$name: $v is $(sinfo -h -n "$v" -o '%T'), not down"
+  done
+  pass "$name: running again after $took s (<= $BOUND_S s, SlurmdTimeout 120 s) from the terminal checkpoint of step $term (run at step ~$seen); ${victims[*]} excluded and down; recorded as a node failure"
 }
 
 # ---- 1. freeze ------------------------------------------------------------------------------------------------
@@ -132,7 +139,7 @@ job=""
 same_weights frozen || fail "final weights differ after the freeze and thaw"
 pass "n4 thawed during run 1: the checkpoint dir's resolution stayed '$before'; final weights bitwise identical"
 "$CLUSTER" revive-node n4 > /dev/null
-victim=""
+victims=()
 
 # ---- 2. crash -------------------------------------------------------------------------------------------------
 one_failure crashed crash-node
@@ -145,4 +152,22 @@ done
 job=""
 same_weights crashed || fail "final weights differ after the crash"
 pass "crash of n4: final weights bitwise identical"
+"$CLUSTER" revive-node n4 > /dev/null
+victims=()
+
+# ---- 3. two nodes frozen at once ---------------------------------------------------------------------------------
+SPEC="-N2-4 -n4" one_failure frozen2 freeze-node n3 n4
+for v in n3 n4; do
+  ctl history "$job" | grep -q "$v hung (port open, 0 of" || { ctl history "$job" >&2; fail "the controller did not find $v hung"; }
+done
+grep "^run 1 " "$SCRATCH/frozen2.log" | grep -q "on n\[1-2\]" || fail "run 1 is not on n1 and n2: $(grep '^run 1 ' "$SCRATCH/frozen2.log")"
+for _ in $(seq 900); do
+  state=$(scontrol show job "$job" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+  [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
+  sleep 0.2
+done
+[ "$state" = COMPLETED ] || { tail -30 "$SCRATCH/frozen2.log" >&2; fail "the recovered job ended $state"; }
+job=""
+same_weights frozen2 || fail "final weights differ after two nodes froze"
+pass "n3 and n4 frozen at once: both found hung, the job went on on n1 and n2; final weights bitwise identical"
 finish
