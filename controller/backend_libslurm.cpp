@@ -64,6 +64,7 @@ SlurmJob convert(const slurm_job_info_t& j) {
   out.partition = str(j.partition);
   out.batch_host = str(j.batch_host);
   out.reason = str(j.state_desc);
+  out.bad_constraints = j.state_reason == FAIL_BAD_CONSTRAINTS;
   out.excluded = str(j.exc_nodes);
   out.requeue_allowed = j.requeue != 0;
   out.begin_time = static_cast<double>(j.eligible_time);

@@ -80,6 +80,7 @@ SlurmJob convert(const json& j) {
   out.partition = text(j, "partition");
   out.batch_host = text(j, "batch_host");
   out.reason = text(j, "state_description");
+  out.bad_constraints = text(j, "state_reason") == "BadConstraints";
   out.excluded = text(j, "excluded_nodes");
   auto requeue = j.find("requeue");
   out.requeue_allowed = requeue == j.end() || !requeue->is_boolean() || requeue->get<bool>();

@@ -329,6 +329,16 @@ void Engine::check_pending(JobRecord& r, const SlurmJob* known, double now) {
                                : "could not update the job: " + status.error(), now);
       break;
     }
+    case rec::SlurmNews::ExclusionsLapsed: {
+      ++rt.expedite_retries;
+      const auto active = rec::active_bad_nodes(r.bad_nodes, now);
+      const auto lapsed = rec::lapsed_exclusions(r, s, now);
+      auto status = backend_.expedite(r.job_id, active, rec::held_by_slurm(s));
+      note(r, "action", status ? "ExcNodeList=" + rec::join_nodes(active) + " (" + list(lapsed) +
+                                     " no longer excluded: bad_node_ttl ran out, or an admin forgot them)"
+                               : "could not update the job: " + status.error(), now);
+      break;
+    }
     default: break;
   }
   rt.next_check = now + 0.1;

@@ -85,6 +85,32 @@ scenario_node_crash_requeue() {
   pass "$BACKEND: node crash: job $job runs again on $nodes from step $newest in $TOTAL s, $victim excluded"
 }
 
+# A job that needs every node of the 4-node cluster (-N4, no spare) loses one: the requeue excludes it, and the job
+# waits, as it must, while the node is away. Once an admin takes the node back (forget-node), the pending job's
+# ExcNodeList must lose it too, or the job would wait for good (a job sized to its partition or reservation).
+scenario_forgotten_node_releases() {
+  wait_idle_nodes 4
+  local job; job=$(submit_job -N4 -- --step-ms 100 --every 10)
+  wait_output "$SCRATCH/out.$job" "committed step 10" 60
+  wait_ctl_state "$job" '^running$' 10
+  local victim; victim=$(second_node "$job")
+  crash_node "$victim"
+  wait_ctl_state "$job" '^pending$' $([ "$BACKEND" = rest ] && echo 90 || echo 40)
+  [ "$(slurm_field "$job" ExcNodeList)" = "$victim" ] || fail "ExcNodeList is $(slurm_field "$job" ExcNodeList), not $victim"
+  revive_node "$victim"
+  sleep 3
+  [ "$(slurm_field "$job" JobState)" = PENDING ] || fail "job $job is $(slurm_field "$job" JobState) while it excludes $victim"
+  ctl forget-node "$victim" > "$SCRATCH/forget" || fail "forget-node failed"
+  wait_output "$SCRATCH/out.$job" "run=1 step_id=0" 40
+  ctl history "$job" > "$SCRATCH/history.$job" 2>&1
+  assert_contains "$SCRATCH/history.$job" "($victim no longer excluded"
+  local nodes; nodes=$(slurm_field "$job" NumNodes)
+  [ "${nodes%%-*}" = 4 ] || { scontrol show job "$job" >&2; fail "run 1 has $nodes nodes, expected 4"; }
+  scancel "$job"
+  wait_ctl_state "$job" '^cancelled$' 30
+  pass "$BACKEND: a job of 4 nodes that lost $victim waits while it is excluded and runs on all 4 once an admin forgets it"
+}
+
 # A job whose allocation held a spare (ckpt-run's steps say so: CKPT_RUN_SPARES) loses a node on the 4-node
 # cluster: three nodes are left of the four it asked for, so the requeue lets it start without its spare
 # (MinNodes=3) instead of waiting for a fourth node for good. Its allocation asked for 2 tasks a node (8): on 3

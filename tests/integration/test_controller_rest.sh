@@ -20,6 +20,7 @@ scenario_needs_checkpoint
 scenario_relaunch
 scenario_crash_loop
 scenario_node_crash_requeue
+scenario_forgotten_node_releases
 grep -qF "$(sed 's/^SLURM_JWT=//' "$SCRATCH/jwt")" "$SCRATCH/controller.log" && fail "the controller logged its token"
 cat "$SCRATCH/timings"
 finish

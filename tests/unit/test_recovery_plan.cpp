@@ -484,6 +484,48 @@ TEST_CASE("news: a pending record", "[recovery][news]") {
   CHECK(news_of(r, s, 10, 0) == SlurmNews::Nothing);
 }
 
+TEST_CASE("news: a pending job's exclusions follow the record's bad nodes", "[recovery][news]") {
+  JobRecord r = record(JobState::Pending);
+  r.bad_nodes = {BadNode{"n3", "slurmd did not answer", 0, 100}, BadNode{"n4", "slurmd did not answer", 0, 50}};
+  SlurmJob s = slurm(SlurmState::Pending, 1);
+  s.excluded = "n[3-4]";
+  // Both still bad: nothing to do.
+  CHECK(lapsed_exclusions(r, s, 10).empty());
+  CHECK(news_of(r, s, 10, 0) == SlurmNews::Nothing);
+  // n4's bad_node_ttl ran out: the job must no longer exclude it (the update writes n3 alone).
+  CHECK(lapsed_exclusions(r, s, 60) == std::vector<std::string>{"n4"});
+  CHECK(news_of(r, s, 60, 0) == SlurmNews::ExclusionsLapsed);
+  CHECK(active_bad_nodes(r.bad_nodes, 60) == std::vector<std::string>{"n3"});
+  // An admin forgot n3 (forget-node): gone from the record, so lapsed too.
+  CHECK(forget_bad_node(r.bad_nodes, "n3"));
+  CHECK(lapsed_exclusions(r, s, 10) == std::vector<std::string>{"n3"});
+  // Once Slurm has the record's list, no more news; nor while the job completes or is held, nor after 3 updates.
+  s.excluded = "n4";
+  CHECK(news_of(r, s, 10, 0) == SlurmNews::Nothing);
+  s.excluded = "";
+  CHECK(news_of(r, s, 60, 0) == SlurmNews::Nothing);
+  s.excluded = "(null)";
+  CHECK(lapsed_exclusions(r, s, 60).empty());
+  s.excluded = "n[3-4]";
+  CHECK(news_of(r, s, 60, 3) == SlurmNews::Nothing);
+  s.completing = true;
+  CHECK(news_of(r, s, 60, 0) == SlurmNews::Nothing);
+  s.completing = false;
+  s.held = true;  // a person's hold
+  CHECK(news_of(r, s, 60, 0) == SlurmNews::Nothing);
+  CHECK_FALSE(held_by_slurm(s));
+  s.bad_constraints = true;  // Slurm's own: the job cannot start as it stands (it needs the node it excludes)
+  CHECK(held_by_slurm(s));
+  CHECK(news_of(r, s, 60, 0) == SlurmNews::ExclusionsLapsed);
+  s.held = false;
+  // A list that does not parse is left as it is.
+  s.excluded = "n[3-";
+  CHECK(lapsed_exclusions(r, s, 60).empty());
+  // Only a pending record's job: a running one's ExcNodeList is for its next requeue to write.
+  s.excluded = "n[3-4]";
+  CHECK(news_of(record(JobState::Running), slurm(SlurmState::Running), 60, 0) == SlurmNews::Nothing);
+}
+
 TEST_CASE("news: an ended record comes back only when Slurm runs it again", "[recovery][news]") {
   for (JobState st : {JobState::Completed, JobState::Cancelled, JobState::GaveUp}) {
     JobRecord r = record(st);

@@ -139,6 +139,7 @@ struct SlurmJob {
   std::uint32_t tasks = 0;             // NumTasks
   std::uint32_t tasks_per_node = 0;    // --ntasks-per-node; 0: not given
   std::string partition;               // comma-separated where it may run in several
+  bool bad_constraints = false;        // Slurm's reason BadConstraints: it cannot start as it stands
 };
 
 struct SlurmNode {

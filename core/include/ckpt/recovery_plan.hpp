@@ -89,11 +89,20 @@ enum class SlurmNews {
   RunEnded,         // the run the record follows ended
   Cancelled,        // a requeued job's user cancelled it while it was pending
   ExpediteAgain,    // a requeue that completed after the update pushed the start out again (Slurm's BeginTime)
+  ExclusionsLapsed, // the pending job still excludes nodes the controller no longer counts as bad (lapsed_exclusions)
 };
 // What Slurm's word on a job means for its record: Running, Relaunching and Failing (only a newer run there: the
 // failure's own checks decide the rest), Pending (`expedite_retries`: StartTime=now sent again so far), and the ended
 // states, where only a person's requeue that Slurm runs brings the record back.
 SlurmNews news_of(const JobRecord& record, const SlurmJob& slurm, double now, int expedite_retries);
+
+// The nodes a pending job's ExcNodeList (Slurm's, which the controller's requeue wrote) still names although the
+// record no longer counts them as bad: their bad_node_ttl ran out, or an admin's forget-node took them back. A job
+// that needs them (its MinNodes is the whole partition, or a reservation) would otherwise wait for good.
+std::vector<std::string> lapsed_exclusions(const JobRecord& record, const SlurmJob& slurm, double now);
+// A pending job Slurm itself holds because it can never start as it stands (priority 0, reason BadConstraints), not
+// a person's hold.
+bool held_by_slurm(const SlurmJob& slurm);
 
 // ---- a recovery's plan --------------------------------------------------------------------------------------------
 

@@ -300,12 +300,30 @@ SlurmNews news_of(const JobRecord& r, const SlurmJob& s, double now, int expedit
           expedite_retries < 3) {
         return SlurmNews::ExpediteAgain;
       }
+      // Slurm holds a job it can never start (priority 0, BadConstraints): a hold of its own, which the update ends.
+      if (s.state == SlurmState::Pending && !s.completing && (!s.held || held_by_slurm(s)) && expedite_retries < 3 &&
+          !lapsed_exclusions(r, s, now).empty()) {
+        return SlurmNews::ExclusionsLapsed;
+      }
       return SlurmNews::Nothing;
     case JobState::Completed:
     case JobState::Cancelled:
     case JobState::GaveUp: return newer && s.state == SlurmState::Running ? SlurmNews::NewRun : SlurmNews::Nothing;
     default: return SlurmNews::Nothing;
   }
+}
+
+bool held_by_slurm(const SlurmJob& s) { return s.held && s.bad_constraints; }
+
+std::vector<std::string> lapsed_exclusions(const JobRecord& r, const SlurmJob& s, double now) {
+  std::vector<std::string> lapsed;
+  auto excluded = expand_hostlist(s.excluded);
+  if (!excluded) return lapsed;  // a list that does not parse: left as it is
+  const auto active = active_bad_nodes(r.bad_nodes, now);
+  for (const auto& n : *excluded) {
+    if (!contains(active, n) && !contains(lapsed, n)) lapsed.push_back(n);
+  }
+  return lapsed;
 }
 
 // ---- a recovery's plan --------------------------------------------------------------------------------------------
