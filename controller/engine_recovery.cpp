@@ -192,6 +192,7 @@ void Engine::give_up(JobRecord& r, const std::string& reason, const SlurmJob* sl
 void Engine::decide(JobRecord& r, Ending ending, const SlurmJob& s, const std::vector<std::string>& dead,
                     const std::vector<std::string>& mark_down, const CheckpointView& ckpts, double now,
                     bool slurm_requeued, const std::vector<std::string>& hung) {
+  note_own_exclusions(r, s, now);
   rec::RecoveryFacts facts;
   facts.hung = hung;
   facts.ending = ending;
@@ -282,6 +283,13 @@ void Engine::record_ending(JobRecord& r, Ending ending, const SlurmJob& s, const
        now);
 }
 
+void Engine::note_own_exclusions(JobRecord& r, const SlurmJob& s, double now) {
+  if (r.own_excluded || s.job_id != r.job_id) return;
+  r.own_excluded = rec::own_exclusions(r, s);
+  if (!r.own_excluded->empty()) note(r, "event", "the job excludes " + list(*r.own_excluded) + " itself: kept at every requeue", now);
+  mark_dirty(r, now);
+}
+
 // Adds `nodes` to the job's excluded nodes (for bad_node_ttl); those not excluded already are counted and alerted once.
 void Engine::exclude_nodes(JobRecord& r, const std::vector<std::string>& nodes, double now, const std::string& reason) {
   const auto fresh = reason.empty()
@@ -324,14 +332,14 @@ void Engine::check_pending(JobRecord& r, const SlurmJob* known, double now) {
       return;
     case rec::SlurmNews::ExpediteAgain: {
       ++rt.expedite_retries;
-      auto status = backend_.expedite(r.job_id, rec::active_bad_nodes(r.bad_nodes, now), false);
+      auto status = backend_.expedite(r.job_id, rec::job_exclusions(r, rec::active_bad_nodes(r.bad_nodes, now)), false);
       note(r, "action", status ? "StartTime=now again (Slurm had moved it to " + fmt_time(s.begin_time) + ")"
                                : "could not update the job: " + status.error(), now);
       break;
     }
     case rec::SlurmNews::ExclusionsLapsed: {
       ++rt.expedite_retries;
-      const auto active = rec::active_bad_nodes(r.bad_nodes, now);
+      const auto active = rec::job_exclusions(r, rec::active_bad_nodes(r.bad_nodes, now));
       const auto lapsed = rec::lapsed_exclusions(r, s, now);
       auto status = backend_.expedite(r.job_id, active, rec::held_by_slurm(s));
       note(r, "action", status ? "ExcNodeList=" + rec::join_nodes(active) + " (" + list(lapsed) +
@@ -412,6 +420,7 @@ void Engine::reconcile(double now) {
       continue;
     }
     const SlurmJob& s = *it->second;
+    note_own_exclusions(r, s, now);
     r.uid = s.user_id;
     r.uid_known = true;
     r.gid = s.group_id;

@@ -85,6 +85,28 @@ scenario_node_crash_requeue() {
   pass "$BACKEND: node crash: job $job runs again on $nodes from step $newest in $TOTAL s, $victim excluded"
 }
 
+# A job that excludes a node itself (--exclude=n4) loses another: the requeue's ExcNodeList holds both, so the user's
+# own word survives the controller's update (which replaces Slurm's list), and the job never runs on n4.
+scenario_own_exclusions_kept() {
+  wait_idle_nodes 4
+  local job; job=$(submit_job -N2 --exclude=n4 -- --step-ms 100 --every 10)
+  wait_output "$SCRATCH/out.$job" "committed step 10" 60
+  wait_ctl_state "$job" '^running$' 10
+  local victim; victim=$(second_node "$job")
+  crash_node "$victim"
+  wait_output "$SCRATCH/out.$job" "run=1 step_id=0" 40
+  local excluded; excluded=$(scontrol show hostnames "$(slurm_field "$job" ExcNodeList)" | sort | tr '\n' ' ')
+  [ "$excluded" = "$(printf '%s\n' "$victim" n4 | sort | tr '\n' ' ')" ] || fail "ExcNodeList is '$excluded', not $victim and n4"
+  scontrol show hostnames "$(slurm_field "$job" NodeList)" | grep -qx n4 && fail "run 1 went to n4, which the job excludes"
+  ctl history "$job" > "$SCRATCH/history.$job" 2>&1
+  assert_contains "$SCRATCH/history.$job" "the job excludes n4 itself"
+  scancel "$job"
+  wait_ctl_state "$job" '^cancelled$' 30
+  revive_node "$victim"
+  ctl forget-node "$victim" > /dev/null || fail "forget-node failed"
+  pass "$BACKEND: a job that excludes n4 itself and lost $victim runs again without either (ExcNodeList $excluded)"
+}
+
 # A job that needs every node of the 4-node cluster (-N4, no spare) loses one: the requeue excludes it, and the job
 # waits, as it must, while the node is away. Once an admin takes the node back (forget-node), the pending job's
 # ExcNodeList must lose it too, or the job would wait for good (a job sized to its partition or reservation).

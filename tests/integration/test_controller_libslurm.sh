@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The recovery controller with its libslurm backend, on the real 4-node cluster: node crash (requeue and
-# in-allocation relaunch, timed), a pending job released when an admin forgets its excluded node, a requeue that
+# in-allocation relaunch, timed), a job's own exclusions kept by the requeue, a pending job released when an admin
+# forgets its excluded node, a requeue that
 # may do without its spare, crash loop, no false restarts, forged
 # events, checkpoint requirement, and events through a spool dir as well as over HTTP.
 source "$(dirname "$0")/lib.sh"
@@ -18,6 +19,7 @@ scenario_no_false_restarts
 scenario_needs_checkpoint
 scenario_node_crash_requeue
 scenario_forgotten_node_releases
+scenario_own_exclusions_kept
 scenario_spares_requeue
 scenario_relaunch
 scenario_relaunch_handover

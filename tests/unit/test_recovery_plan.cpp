@@ -962,6 +962,44 @@ TEST_CASE("intent: a refused requeue that happened anyway goes on", "[recovery][
   CHECK(requeue_happened_anyway(i, slurm(SlurmState::Pending, 2)));
 }
 
+TEST_CASE("plan: a requeue keeps the job's own exclusions beside the bad nodes", "[recovery][plan]") {
+  JobRecord r = record(JobState::Failing);
+  SlurmJob s = slurm(SlurmState::Running);
+  s.excluded = "n[8-9]";
+  // Read at the first look: all of Slurm's list but the controller's own bad nodes.
+  CHECK(own_exclusions(r, s) == std::vector<std::string>{"n8", "n9"});
+  r.bad_nodes = {BadNode{"n9", "slurmd did not answer", 0, 100}};
+  CHECK(own_exclusions(r, s) == std::vector<std::string>{"n8"});
+  s.excluded = "n[8-";  // does not parse: nothing of its own is known
+  CHECK(own_exclusions(r, s).empty());
+  r.bad_nodes.clear();
+  // Unknown (a record older than the field): the bad nodes alone, as before.
+  CHECK(job_exclusions(r, {"n2"}) == std::vector<std::string>{"n2"});
+  r.own_excluded = std::vector<std::string>{"n8", "n2"};
+  CHECK(job_exclusions(r, {"n2", "n1"}) == std::vector<std::string>{"n1", "n2", "n8"});
+  // The requeue writes both; the release too.
+  auto plan = plan_recovery(r, facts(Ending::NodeFailure, SlurmState::Running, {"n3"}), {});
+  REQUIRE(plan.action == RecoveryPlan::Action::Requeue);
+  CHECK(plan.intent.exclude == std::vector<std::string>{"n2", "n3", "n8"});
+  CHECK(plan_release(r, slurm(SlurmState::Failed), true, 0, 10).intent.exclude ==
+        std::vector<std::string>{"n2", "n8"});
+  // A pending job's own exclusions never lapse.
+  SlurmJob pending = slurm(SlurmState::Pending, 1);
+  pending.excluded = "n[2-3,8]";
+  r.bad_nodes = {BadNode{"n3", "slurmd did not answer", 0, 100}};
+  CHECK(lapsed_exclusions(r, pending, 10).empty());
+  CHECK(lapsed_exclusions(r, pending, 200) == std::vector<std::string>{"n3"});
+  // Kept in the record.
+  auto back = parse_job_record(to_json(r));
+  REQUIRE(back);
+  REQUIRE(back->own_excluded);
+  CHECK(*back->own_excluded == std::vector<std::string>{"n8", "n2"});
+  r.own_excluded.reset();
+  back = parse_job_record(to_json(r));
+  REQUIRE(back);
+  CHECK_FALSE(back->own_excluded);
+}
+
 TEST_CASE("plan: a requeue may start without the spares its excluded nodes cost", "[recovery][plan]") {
   JobRecord r = record(JobState::Failing);
   r.nodes = {"n1", "n2", "n3", "n4"};

@@ -349,6 +349,9 @@ struct JobRecord {
   std::map<std::uint32_t, StepInfo> steps;  // of the current run
   std::uint32_t spares = 0;              // the spare nodes ckpt-run kept in the allocation (its steps' JobStart)
   std::vector<BadNode> bad_nodes;
+  // The job's own ExcNodeList (its user's --exclude), read before the controller first wrote one: every requeue
+  // keeps it beside the bad nodes. Unset until the controller has seen the job in Slurm.
+  std::optional<std::vector<std::string>> own_excluded;
   std::vector<SlowNode> slow_nodes;      // the newest report per node, oldest first, at most kMaxSlowNodesPerRecord
   std::optional<Intent> intent;
   std::optional<std::uint32_t> relaunch_step;  // Relaunching: the failed step ckpt-run must replace

@@ -100,6 +100,11 @@ SlurmNews news_of(const JobRecord& record, const SlurmJob& slurm, double now, in
 // record no longer counts them as bad: their bad_node_ttl ran out, or an admin's forget-node took them back. A job
 // that needs them (its MinNodes is the whole partition, or a reservation) would otherwise wait for good.
 std::vector<std::string> lapsed_exclusions(const JobRecord& record, const SlurmJob& slurm, double now);
+// The nodes of a job's ExcNodeList that are its own (its user's --exclude): all of them but the record's bad nodes,
+// which only this controller writes there. Read once, at the first look at the job in Slurm (own_excluded).
+std::vector<std::string> own_exclusions(const JobRecord& record, const SlurmJob& slurm);
+// What a requeue or an update writes as the job's ExcNodeList: its own exclusions and the active bad nodes.
+std::vector<std::string> job_exclusions(const JobRecord& record, const std::vector<std::string>& bad);
 // A pending job Slurm itself holds because it can never start as it stands (priority 0, reason BadConstraints), not
 // a person's hold.
 bool held_by_slurm(const SlurmJob& slurm);

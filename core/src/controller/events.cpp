@@ -447,6 +447,7 @@ std::string to_json(const JobRecord& r) {
     bad.push_back({{"node", b.node}, {"reason", b.reason}, {"since", b.since}, {"expires", b.expires}});
   }
   j["bad_nodes"] = bad;
+  if (r.own_excluded) j["own_excluded"] = strings(*r.own_excluded);
   j["slow_nodes"] = slow_nodes_json(r.slow_nodes);
   if (r.intent) {
     const Intent& i = *r.intent;
@@ -594,6 +595,7 @@ Result<JobRecord> parse_job_record(std::string_view input) {
     r.batch_host = text(j, "batch_host");
     if (Status s = read_steps(j, r.steps); !s) return Error{s.error()};
     read_bad_nodes(j, r.bad_nodes);
+    if (j.contains("own_excluded") && j["own_excluded"].is_array()) r.own_excluded = strings_of(j, "own_excluded");
     read_slow_nodes(j, r.slow_nodes);
     if (Status s = read_intent(j, r.intent); !s) return Error{s.error()};
     if (j.contains("ended_steps") && !j["ended_steps"].is_null()) {

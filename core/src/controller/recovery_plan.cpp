@@ -313,15 +313,32 @@ SlurmNews news_of(const JobRecord& r, const SlurmJob& s, double now, int expedit
   }
 }
 
+std::vector<std::string> own_exclusions(const JobRecord& r, const SlurmJob& s) {
+  std::vector<std::string> own;
+  auto excluded = expand_hostlist(s.excluded);
+  if (!excluded) return own;
+  for (const auto& n : *excluded) {
+    const bool ours = std::any_of(r.bad_nodes.begin(), r.bad_nodes.end(), [&](const BadNode& b) { return b.node == n; });
+    if (!ours && !contains(own, n)) own.push_back(n);
+  }
+  return own;
+}
+
+std::vector<std::string> job_exclusions(const JobRecord& r, const std::vector<std::string>& bad) {
+  std::set<std::string> all(bad.begin(), bad.end());
+  if (r.own_excluded) all.insert(r.own_excluded->begin(), r.own_excluded->end());
+  return {all.begin(), all.end()};
+}
+
 bool held_by_slurm(const SlurmJob& s) { return s.held && s.bad_constraints; }
 
 std::vector<std::string> lapsed_exclusions(const JobRecord& r, const SlurmJob& s, double now) {
   std::vector<std::string> lapsed;
   auto excluded = expand_hostlist(s.excluded);
   if (!excluded) return lapsed;  // a list that does not parse: left as it is
-  const auto active = active_bad_nodes(r.bad_nodes, now);
+  const auto keep = job_exclusions(r, active_bad_nodes(r.bad_nodes, now));
   for (const auto& n : *excluded) {
-    if (!contains(active, n) && !contains(lapsed, n)) lapsed.push_back(n);
+    if (!contains(keep, n) && !contains(lapsed, n)) lapsed.push_back(n);
   }
   return lapsed;
 }
@@ -446,9 +463,9 @@ void plan_requeue(const JobRecord& r, const RecoveryFacts& f, const RecoveryPoli
   Intent& i = plan.intent;
   i.reason = plan.reason;
   i.created = f.now;
-  i.exclude = excluded;
+  i.exclude = job_exclusions(r, excluded);
   i.min_nodes = requeue_min_nodes(r, excluded);
-  if (!f.cluster.empty()) i.min_tasks = requeue_min_tasks(s, i.min_nodes, usable_nodes(f.cluster, s, excluded));
+  if (!f.cluster.empty()) i.min_tasks = requeue_min_tasks(s, i.min_nodes, usable_nodes(f.cluster, s, i.exclude));
   // A requeued job stays COMPLETING until every node of its old run answers; a dead node never does, and slurmctld
   // would wait SlurmdTimeout to declare it down. Only on evidence nobody but the node can give (refused twice, or
   // Slurm's own state): a timeout is not.
@@ -543,7 +560,7 @@ ReleasePlan plan_release(const JobRecord& r, const SlurmJob& s, bool can_requeue
   Intent& i = plan.intent;
   i.created = now;
   i.reason = "released by uid " + std::to_string(by_uid);
-  i.exclude = active_bad_nodes(r.bad_nodes, now);
+  i.exclude = job_exclusions(r, active_bad_nodes(r.bad_nodes, now));
   if (s.state == SlurmState::Pending) {
     i.requeue = false;  // already queued (held): only release and expedite it
     i.expected_restart = s.restart_count;
