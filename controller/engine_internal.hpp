@@ -41,6 +41,7 @@ struct Engine::Runtime {
   double reuse_checked = 0;      // when Slurm was last asked whether this id still names the same job
   double watch_until = 0;        // poll Slurm every cycle until then (a requeued job about to run)
   int expedite_retries = 0;
+  bool cannot_start_told = false;  // the history says once why Slurm cannot start the pending run
   double terminal_since = 0;     // when it reached a terminal state (for eviction from memory)
 };
 

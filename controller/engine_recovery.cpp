@@ -286,7 +286,9 @@ void Engine::record_ending(JobRecord& r, Ending ending, const SlurmJob& s, const
 void Engine::note_own_exclusions(JobRecord& r, const SlurmJob& s, double now) {
   if (r.own_excluded || s.job_id != r.job_id) return;
   r.own_excluded = rec::own_exclusions(r, s);
-  if (!r.own_excluded->empty()) note(r, "event", "the job excludes " + list(*r.own_excluded) + " itself: kept at every requeue", now);
+  if (!r.own_excluded->empty()) {
+    note(r, "event", "the job excludes " + list(*r.own_excluded) + " itself: kept at every requeue", now);
+  }
   mark_dirty(r, now);
 }
 
@@ -310,6 +312,7 @@ void Engine::watch_new_run(std::uint32_t job_id, double until) {
   Runtime& rt = runtime(job_id);
   rt.watch_until = until;
   rt.expedite_retries = 0;
+  rt.cannot_start_told = false;
 }
 
 void Engine::check_pending(JobRecord& r, const SlurmJob* known, double now) {
@@ -332,22 +335,29 @@ void Engine::check_pending(JobRecord& r, const SlurmJob* known, double now) {
       return;
     case rec::SlurmNews::ExpediteAgain: {
       ++rt.expedite_retries;
-      auto status = backend_.expedite(r.job_id, rec::job_exclusions(r, rec::active_bad_nodes(r.bad_nodes, now)), false);
+      const auto exclude = rec::job_exclusions(r, rec::active_bad_nodes(r.bad_nodes, now));
+      auto status = backend_.expedite(r.job_id, exclude, false);
       note(r, "action", status ? "StartTime=now again (Slurm had moved it to " + fmt_time(s.begin_time) + ")"
                                : "could not update the job: " + status.error(), now);
       break;
     }
     case rec::SlurmNews::ExclusionsLapsed: {
       ++rt.expedite_retries;
-      const auto active = rec::job_exclusions(r, rec::active_bad_nodes(r.bad_nodes, now));
+      const auto exclude = rec::job_exclusions(r, rec::active_bad_nodes(r.bad_nodes, now));
       const auto lapsed = rec::lapsed_exclusions(r, s, now);
-      auto status = backend_.expedite(r.job_id, active, rec::held_by_slurm(s));
-      note(r, "action", status ? "ExcNodeList=" + rec::join_nodes(active) + " (" + list(lapsed) +
+      auto status = backend_.expedite(r.job_id, exclude, rec::held_by_slurm(s));
+      note(r, "action", status ? "ExcNodeList=" + rec::join_nodes(exclude) + " (" + list(lapsed) +
                                      " no longer excluded: bad_node_ttl ran out, or an admin forgot them)"
                                : "could not update the job: " + status.error(), now);
       break;
     }
-    default: break;
+    default:
+      if (!rt.cannot_start_told) {
+        const std::string why = rec::cannot_start_why(r, s, now);
+        if (!why.empty()) note(r, "event", why, now);
+        rt.cannot_start_told = !why.empty();
+      }
+      break;
   }
   rt.next_check = now + 0.1;
 }

@@ -126,6 +126,7 @@ scenario_forgotten_node_releases() {
   wait_output "$SCRATCH/out.$job" "run=1 step_id=0" 40
   ctl history "$job" > "$SCRATCH/history.$job" 2>&1
   assert_contains "$SCRATCH/history.$job" "($victim no longer excluded"
+  assert_contains "$SCRATCH/history.$job" "Slurm cannot start the job as it stands (BadConstraints) while it excludes $victim"
   local nodes; nodes=$(slurm_field "$job" NumNodes)
   [ "${nodes%%-*}" = 4 ] || { scontrol show job "$job" >&2; fail "run 1 has $nodes nodes, expected 4"; }
   scancel "$job"

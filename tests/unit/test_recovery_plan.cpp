@@ -518,6 +518,16 @@ TEST_CASE("news: a pending job's exclusions follow the record's bad nodes", "[re
   CHECK(held_by_slurm(s));
   CHECK(news_of(r, s, 60, 0) == SlurmNews::ExclusionsLapsed);
   s.held = false;
+  // Why it waits, said once by the engine: the controller's exclusions and the first to lapse.
+  r.bad_nodes = {BadNode{"n3", "slurmd did not answer", 0, 100}, BadNode{"n4", "slurmd did not answer", 0, 50}};
+  s.excluded = "n[3-4]";
+  const std::string why = cannot_start_why(r, s, 10);
+  CHECK_THAT(why, Catch::Matchers::Contains("BadConstraints") && Catch::Matchers::Contains("excludes n3,n4") &&
+                      Catch::Matchers::Contains("in 40 s"));
+  s.excluded = "n9";  // none of them ours
+  CHECK_THAT(cannot_start_why(r, s, 10), Catch::Matchers::Contains("none of its exclusions"));
+  s.bad_constraints = false;
+  CHECK(cannot_start_why(r, s, 10).empty());
   // A list that does not parse is left as it is.
   s.excluded = "n[3-";
   CHECK(lapsed_exclusions(r, s, 60).empty());

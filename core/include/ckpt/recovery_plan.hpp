@@ -105,6 +105,10 @@ std::vector<std::string> lapsed_exclusions(const JobRecord& record, const SlurmJ
 std::vector<std::string> own_exclusions(const JobRecord& record, const SlurmJob& slurm);
 // What a requeue or an update writes as the job's ExcNodeList: its own exclusions and the active bad nodes.
 std::vector<std::string> job_exclusions(const JobRecord& record, const std::vector<std::string>& bad);
+// What the history says once a pending job's run cannot start as it stands (Slurm's BadConstraints): which of its
+// exclusions are the controller's and when the first of them lapses, or that they are all the job's own. Empty
+// when Slurm says nothing of the kind.
+std::string cannot_start_why(const JobRecord& record, const SlurmJob& slurm, double now);
 // A pending job Slurm itself holds because it can never start as it stands (priority 0, reason BadConstraints), not
 // a person's hold.
 bool held_by_slurm(const SlurmJob& slurm);

@@ -318,8 +318,8 @@ std::vector<std::string> own_exclusions(const JobRecord& r, const SlurmJob& s) {
   auto excluded = expand_hostlist(s.excluded);
   if (!excluded) return own;
   for (const auto& n : *excluded) {
-    const bool ours = std::any_of(r.bad_nodes.begin(), r.bad_nodes.end(), [&](const BadNode& b) { return b.node == n; });
-    if (!ours && !contains(own, n)) own.push_back(n);
+    const auto is_n = [&](const BadNode& b) { return b.node == n; };
+    if (std::none_of(r.bad_nodes.begin(), r.bad_nodes.end(), is_n) && !contains(own, n)) own.push_back(n);
   }
   return own;
 }
@@ -328,6 +328,24 @@ std::vector<std::string> job_exclusions(const JobRecord& r, const std::vector<st
   std::set<std::string> all(bad.begin(), bad.end());
   if (r.own_excluded) all.insert(r.own_excluded->begin(), r.own_excluded->end());
   return {all.begin(), all.end()};
+}
+
+std::string cannot_start_why(const JobRecord& r, const SlurmJob& s, double now) {
+  if (s.state != SlurmState::Pending || !s.bad_constraints) return "";
+  std::string why = "Slurm cannot start the job as it stands (BadConstraints)";
+  auto excluded = expand_hostlist(s.excluded);
+  std::vector<std::string> ours;
+  double first_lapse = 0;
+  for (const auto& b : r.bad_nodes) {
+    if (b.expires <= now || !excluded || !contains(*excluded, b.node) || contains(ours, b.node)) continue;
+    ours.push_back(b.node);
+    if (first_lapse == 0 || b.expires < first_lapse) first_lapse = b.expires;
+  }
+  if (ours.empty()) return why + ": none of its exclusions is this controller's";
+  char lapse[64];
+  std::snprintf(lapse, sizeof lapse, "%.0f s", first_lapse - now);
+  return why + " while it excludes " + nodes_or_none(ours) + " after failures: the first of them is let go in " +
+         lapse + " (bad_node_ttl), or at once by `ckpt-controller forget-node NODE` once the node is fixed";
 }
 
 bool held_by_slurm(const SlurmJob& s) { return s.held && s.bad_constraints; }
