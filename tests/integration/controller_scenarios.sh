@@ -43,12 +43,21 @@ check_requeued() {  # check_requeued JOB CRASH_TIME LABEL VICTIM
   [[ " $RUN1_NODES " != *" $victim "* ]] || fail "run 1 went back to the crashed node $victim: $RUN1_NODES"
 }
 
-scenario_node_crash_requeue() {
+# start_training STEP [sbatch options]: a test job on the idle cluster, running under the controller and past STEP;
+# sets JOB, and VICTIM (its second node: never the batch host).
+start_training() {
+  local step=$1
+  shift
   wait_idle_nodes 4
-  local job; job=$(submit_job -N3 -- --step-ms 100 --every 10)
-  wait_output "$SCRATCH/out.$job" "committed step 20" 60
-  wait_ctl_state "$job" '^running$' 10
-  local victim; victim=$(second_node "$job")
+  JOB=$(submit_job "$@" -- --step-ms 100 --every 10)
+  wait_output "$SCRATCH/out.$JOB" "committed step $step" 60
+  wait_ctl_state "$JOB" '^running$' 10
+  VICTIM=$(second_node "$JOB")
+}
+
+scenario_node_crash_requeue() {
+  start_training 20 -N3
+  local job=$JOB victim=$VICTIM
   local batch_host; batch_host=$(slurm_field "$job" BatchHost)
   [ "$victim" != "$batch_host" ] || fail "picked the batch host"
   local before; before=$(grep -c "committed step" "$SCRATCH/out.$job")
@@ -88,11 +97,8 @@ scenario_node_crash_requeue() {
 # A job that excludes a node itself (--exclude=n4) loses another: the requeue's ExcNodeList holds both, so the user's
 # own word survives the controller's update (which replaces Slurm's list), and the job never runs on n4.
 scenario_own_exclusions_kept() {
-  wait_idle_nodes 4
-  local job; job=$(submit_job -N2 --exclude=n4 -- --step-ms 100 --every 10)
-  wait_output "$SCRATCH/out.$job" "committed step 10" 60
-  wait_ctl_state "$job" '^running$' 10
-  local victim; victim=$(second_node "$job")
+  start_training 10 -N2 --exclude=n4
+  local job=$JOB victim=$VICTIM
   crash_node "$victim"
   wait_output "$SCRATCH/out.$job" "run=1 step_id=0" 40
   local excluded; excluded=$(scontrol show hostnames "$(slurm_field "$job" ExcNodeList)" | sort | tr '\n' ' ')
@@ -111,11 +117,8 @@ scenario_own_exclusions_kept() {
 # waits, as it must, while the node is away. Once an admin takes the node back (forget-node), the pending job's
 # ExcNodeList must lose it too, or the job would wait for good (a job sized to its partition or reservation).
 scenario_forgotten_node_releases() {
-  wait_idle_nodes 4
-  local job; job=$(submit_job -N4 -- --step-ms 100 --every 10)
-  wait_output "$SCRATCH/out.$job" "committed step 10" 60
-  wait_ctl_state "$job" '^running$' 10
-  local victim; victim=$(second_node "$job")
+  start_training 10 -N4
+  local job=$JOB victim=$VICTIM
   crash_node "$victim"
   wait_ctl_state "$job" '^pending$' $([ "$BACKEND" = rest ] && echo 90 || echo 40)
   [ "$(slurm_field "$job" ExcNodeList)" = "$victim" ] || fail "ExcNodeList is $(slurm_field "$job" ExcNodeList), not $victim"

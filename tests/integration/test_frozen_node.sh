@@ -68,6 +68,19 @@ MASTER_ADDR=$(rendezvous_addr) MASTER_PORT=$(free_port) \
   > "$SCRATCH/straight.log" 2>&1 || { cat "$SCRATCH/straight.log" >&2; fail "the uninterrupted run failed"; }
 pass "uninterrupted DP2xTP2 run on 4 nodes (SlurmdTimeout=120)"
 
+# ends_bitwise NAME: waits for the recovered job to end; it must complete with the uninterrupted run's weights.
+ends_bitwise() {
+  local name=$1 state=""
+  for _ in $(seq 900); do
+    state=$(scontrol show job "$job" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+    [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
+    sleep 0.2
+  done
+  [ "$state" = COMPLETED ] || { tail -30 "$SCRATCH/$name.log" >&2; fail "$name: the recovered job ended $state"; }
+  job=""
+  same_weights "$name" || fail "$name: final weights differ from the uninterrupted run's"
+}
+
 # one_failure NAME HOW [NODE...]: a 4-node job (sbatch $SPEC, -N3-4 -n4 unless set); the nodes (n4 unless named)
 # fail by HOW (freeze-node or crash-node) at once, at a random step.
 one_failure() {
@@ -143,14 +156,7 @@ victims=()
 
 # ---- 2. crash -------------------------------------------------------------------------------------------------
 one_failure crashed crash-node
-for _ in $(seq 900); do
-  state=$(scontrol show job "$job" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
-  [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
-  sleep 0.2
-done
-[ "$state" = COMPLETED ] || { tail -30 "$SCRATCH/crashed.log" >&2; fail "the recovered job ended $state"; }
-job=""
-same_weights crashed || fail "final weights differ after the crash"
+ends_bitwise crashed
 pass "crash of n4: final weights bitwise identical"
 "$CLUSTER" revive-node n4 > /dev/null
 victims=()
@@ -161,13 +167,6 @@ for v in n3 n4; do
   ctl history "$job" | grep -q "$v hung (port open, 0 of" || { ctl history "$job" >&2; fail "the controller did not find $v hung"; }
 done
 grep "^run 1 " "$SCRATCH/frozen2.log" | grep -q "on n\[1-2\]" || fail "run 1 is not on n1 and n2: $(grep '^run 1 ' "$SCRATCH/frozen2.log")"
-for _ in $(seq 900); do
-  state=$(scontrol show job "$job" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
-  [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
-  sleep 0.2
-done
-[ "$state" = COMPLETED ] || { tail -30 "$SCRATCH/frozen2.log" >&2; fail "the recovered job ended $state"; }
-job=""
-same_weights frozen2 || fail "final weights differ after two nodes froze"
+ends_bitwise frozen2
 pass "n3 and n4 frozen at once: both found hung, the job went on on n1 and n2; final weights bitwise identical"
 finish
