@@ -528,3 +528,42 @@ TEST_CASE("engine cycle: a slow-node report by another user, or of another job's
   CHECK(h.job()["exclude"].empty());
   CHECK(history_text(h).find("slow node gpu9 is not a node of the job's allocation; ignored") != std::string::npos);
 }
+
+TEST_CASE("engine cycle: a requeue keeps the job's own exclusions; a pending job lets go of a node an admin forgot",
+          "[controller][engine]") {
+  Harness h;
+  h.slurm.jobs[kJob].excluded = "n9";  // the user's own --exclude
+  h.run_started();
+  report_slow(h, "n3", rec::kSlowNodeExclude);
+  h.cycle();
+  h.every_rank_failed();
+  REQUIRE(h.cycle_until([&] { return h.in("pending"); }));
+  CHECK(h.slurm.last_exclude == std::vector<std::string>{"n3", "n9"});
+  CHECK(h.slurm.jobs[kJob].excluded == "n3,n9");
+  CHECK(history_text(h).find("the job excludes n9 itself: kept at every requeue") != std::string::npos);
+
+  // Slurm cannot start the job without n3 and holds it itself: the history says why, once; nothing lapsed yet.
+  h.slurm.jobs[kJob].held = true;
+  h.slurm.jobs[kJob].bad_constraints = true;
+  const std::size_t updates = h.slurm.updates;
+  for (int i = 0; i < 5; ++i) h.cycle();
+  CHECK(h.slurm.updates == updates);
+  const std::string why = "Slurm cannot start the job as it stands (BadConstraints) while it excludes n3";
+  const std::string history = history_text(h);
+  CHECK(history.find(why) != std::string::npos);
+  CHECK(history.find(why, history.find(why) + 1) == std::string::npos);
+
+  // An admin forgets n3: the job keeps its own n9 alone, and Slurm's hold ends with the update.
+  ckpt::controller::Verdict verdict;
+  std::thread admin([&] { verdict = h.engine->admin("forget-node", "n3", 0, 10); });
+  const bool updated = h.cycle_until([&] { return h.slurm.updates > updates; });
+  admin.join();
+  REQUIRE(updated);
+  CHECK(verdict.http_status == 200);
+  CHECK(h.slurm.last_exclude == std::vector<std::string>{"n9"});
+  CHECK(h.slurm.jobs[kJob].excluded == "n9");
+  CHECK_FALSE(h.slurm.jobs[kJob].held);
+  CHECK(history_text(h).find("ExcNodeList=n9 (n3 no longer excluded") != std::string::npos);
+  for (int i = 0; i < 5; ++i) h.cycle();
+  CHECK(h.slurm.updates == updates + 1);  // once
+}

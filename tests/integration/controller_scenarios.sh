@@ -123,13 +123,24 @@ scenario_forgotten_node_releases() {
   wait_ctl_state "$job" '^pending$' $([ "$BACKEND" = rest ] && echo 90 || echo 40)
   [ "$(slurm_field "$job" ExcNodeList)" = "$victim" ] || fail "ExcNodeList is $(slurm_field "$job" ExcNodeList), not $victim"
   revive_node "$victim"
-  sleep 3
+  # Slurm's scheduler finds that the job can never start as it stands and holds it (BadConstraints): at its next
+  # pass, within SchedulerParameters' sched_interval (60 s by default). The controller says why, once.
+  local reason=""
+  for _ in $(seq 350); do
+    reason=$(slurm_field "$job" Reason)
+    [ "$reason" = BadConstraints ] && break
+    sleep 0.2
+  done
   [ "$(slurm_field "$job" JobState)" = PENDING ] || fail "job $job is $(slurm_field "$job" JobState) while it excludes $victim"
+  [ "$reason" = BadConstraints ] || fail "Slurm gave job $job the reason '$reason', not BadConstraints, in 70 s"
+  local why="Slurm cannot start the job as it stands (BadConstraints) while it excludes $victim"
+  for _ in $(seq 50); do ctl history "$job" 2>&1 | grep -qF "$why" && break; sleep 0.2; done
+  ctl history "$job" > "$SCRATCH/history.$job" 2>&1
+  assert_contains "$SCRATCH/history.$job" "$why"
   ctl forget-node "$victim" > "$SCRATCH/forget" || fail "forget-node failed"
   wait_output "$SCRATCH/out.$job" "run=1 step_id=0" 40
   ctl history "$job" > "$SCRATCH/history.$job" 2>&1
   assert_contains "$SCRATCH/history.$job" "($victim no longer excluded"
-  assert_contains "$SCRATCH/history.$job" "Slurm cannot start the job as it stands (BadConstraints) while it excludes $victim"
   local nodes; nodes=$(slurm_field "$job" NumNodes)
   [ "${nodes%%-*}" = 4 ] || { scontrol show job "$job" >&2; fail "run 1 has $nodes nodes, expected 4"; }
   scancel "$job"

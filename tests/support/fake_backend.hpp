@@ -58,6 +58,7 @@ class FakeBackend final : public SlurmBackend {
                   std::uint32_t min_nodes = 0, std::uint32_t min_tasks = 0) override {
     ++updates;
     last_exclude = exclude;
+    jobs[id].excluded = ckpt::recovery::join_nodes(exclude);  // Slurm's ExcNodeList is replaced
     last_min_nodes = min_nodes;
     last_min_tasks = min_tasks;
     if (min_tasks > 0) jobs[id].tasks = min_tasks;
