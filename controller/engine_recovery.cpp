@@ -335,7 +335,7 @@ void Engine::check_pending(JobRecord& r, const SlurmJob* known, double now) {
       return;
     case rec::SlurmNews::ExpediteAgain: {
       ++rt.expedite_retries;
-      const auto exclude = rec::job_exclusions(r, rec::active_bad_nodes(r.bad_nodes, now));
+      const auto exclude = rec::job_exclusions_now(r, now);
       auto status = backend_.expedite(r.job_id, exclude, false);
       note(r, "action", status ? "StartTime=now again (Slurm had moved it to " + fmt_time(s.begin_time) + ")"
                                : "could not update the job: " + status.error(), now);
@@ -343,7 +343,7 @@ void Engine::check_pending(JobRecord& r, const SlurmJob* known, double now) {
     }
     case rec::SlurmNews::ExclusionsLapsed: {
       ++rt.expedite_retries;
-      const auto exclude = rec::job_exclusions(r, rec::active_bad_nodes(r.bad_nodes, now));
+      const auto exclude = rec::job_exclusions_now(r, now);
       const auto lapsed = rec::lapsed_exclusions(r, s, now);
       auto status = backend_.expedite(r.job_id, exclude, rec::held_by_slurm(s));
       note(r, "action", status ? "ExcNodeList=" + rec::join_nodes(exclude) + " (" + list(lapsed) +

@@ -105,6 +105,8 @@ std::vector<std::string> lapsed_exclusions(const JobRecord& record, const SlurmJ
 std::vector<std::string> own_exclusions(const JobRecord& record, const SlurmJob& slurm);
 // What a requeue or an update writes as the job's ExcNodeList: its own exclusions and the active bad nodes.
 std::vector<std::string> job_exclusions(const JobRecord& record, const std::vector<std::string>& bad);
+// The same with the record's bad nodes active at `now`: what a pending job's ExcNodeList should be.
+std::vector<std::string> job_exclusions_now(const JobRecord& record, double now);
 // What the history says once a pending job's run cannot start as it stands (Slurm's BadConstraints): which of its
 // exclusions are the controller's and when the first of them lapses, or that they are all the job's own. Empty
 // when Slurm says nothing of the kind.

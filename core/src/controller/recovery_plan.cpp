@@ -330,6 +330,10 @@ std::vector<std::string> job_exclusions(const JobRecord& r, const std::vector<st
   return {all.begin(), all.end()};
 }
 
+std::vector<std::string> job_exclusions_now(const JobRecord& r, double now) {
+  return job_exclusions(r, active_bad_nodes(r.bad_nodes, now));
+}
+
 std::string cannot_start_why(const JobRecord& r, const SlurmJob& s, double now) {
   if (s.state != SlurmState::Pending || !s.bad_constraints) return "";
   std::string why = "Slurm cannot start the job as it stands (BadConstraints)";
@@ -354,7 +358,7 @@ std::vector<std::string> lapsed_exclusions(const JobRecord& r, const SlurmJob& s
   std::vector<std::string> lapsed;
   auto excluded = expand_hostlist(s.excluded);
   if (!excluded) return lapsed;  // a list that does not parse: left as it is
-  const auto keep = job_exclusions(r, active_bad_nodes(r.bad_nodes, now));
+  const auto keep = job_exclusions_now(r, now);
   for (const auto& n : *excluded) {
     if (!contains(keep, n) && !contains(lapsed, n)) lapsed.push_back(n);
   }
@@ -578,7 +582,7 @@ ReleasePlan plan_release(const JobRecord& r, const SlurmJob& s, bool can_requeue
   Intent& i = plan.intent;
   i.created = now;
   i.reason = "released by uid " + std::to_string(by_uid);
-  i.exclude = job_exclusions(r, active_bad_nodes(r.bad_nodes, now));
+  i.exclude = job_exclusions_now(r, now);
   if (s.state == SlurmState::Pending) {
     i.requeue = false;  // already queued (held): only release and expedite it
     i.expected_restart = s.restart_count;
