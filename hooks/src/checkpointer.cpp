@@ -225,6 +225,7 @@ void Checkpointer::Impl::observe_memory_step() {
 Status Checkpointer::Impl::close(bool wait_for_peers) {
   if (life.closed) return life.close_status;
   life.closed = true;
+  BufferReserve::process().close();  // a generation that ends before its third snapshot leaves nothing kept
   closing = true;
   if (!enabled) return life.close_status;
   watch.nccl.reset();  // stops polling; the program destroys its communicators after close()
@@ -643,12 +644,25 @@ LastWordsReport Checkpointer::last_words_report() const {
   return r;
 }
 
+namespace {
+
+// A buffer the last words hand over: once the program lets go of it, the next generation may take it.
+std::shared_ptr<HostBuffer> handed_over(HostBuffer buffer) {
+  return std::shared_ptr<HostBuffer>(new HostBuffer(std::move(buffer)), [](HostBuffer* b) {
+    BufferReserve::process().give(std::move(*b));
+    delete b;
+  });
+}
+
+}  // namespace
+
 std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
   Impl& m = *impl_;
   std::vector<MemoryCopy> out;
   if (!m.tier || !m.life.closed || !m.tier->frozen()) return out;
+  BufferReserve::process().open();
   for (MemoryTier::Kept& kept : m.tier->release()) {
-    auto owner = std::make_shared<HostBuffer>(std::move(kept.buffer));
+    auto owner = handed_over(std::move(kept.buffer));
     std::shared_ptr<std::byte> data(owner, owner->data());
     out.push_back(MemoryCopy{kept.ward, kept.step, std::move(kept.ranges), std::move(data), kept.size});
   }
@@ -684,7 +698,7 @@ std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
       r.length = p.size;
       copy.ranges.push_back(std::move(r));
     }
-    auto owner = std::make_shared<HostBuffer>(std::move(*buffer));
+    auto owner = handed_over(std::move(*buffer));
     copy.data = std::shared_ptr<std::byte>(owner, owner->data());
     copy.size = owner->size();
     out.push_back(std::move(copy));

@@ -130,6 +130,7 @@ struct Lifecycle {
   bool handlers = false;         // holds the signal handlers (notice.hpp)
   bool closed = false;
   Status close_status;
+  std::uint64_t snapshots = 0;  // taken so far, memory checkpoints included
 };
 
 // What watches for a lost or slow peer: the last words (armed: see last_words_runtime.hpp), the pace tree of the

@@ -103,6 +103,9 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind, bool mem
     if (wait_for_ward_copies(step) >= 0.001) waited_for_persist = true;
     if (tracker.frozen()) return;  // the last words write from staging as it is
   }
+  // By its third snapshot this generation has grown its staging and taken its wards' first copies: what the last
+  // one left and nothing took is let go.
+  if (++life.snapshots == 3) BufferReserve::process().close();
   double waited = seconds_since(t_wait);
   {
     std::lock_guard<std::mutex> lock(mu);

@@ -68,15 +68,16 @@ void Checkpointer::Impl::open_node_tier() {
   log::debug(rank, "node tier: staging in " + node->path());
 }
 
-// A staging buffer: the node tier's file where there is one, else anonymous memory. A node tier that cannot grow
-// (its file system full) is said once; staging goes on in anonymous memory.
+// A staging buffer: the node tier's file where there is one, else anonymous memory (a buffer the last generation
+// left, where it did: BufferReserve). A node tier that cannot grow (its file system full) is said once; staging goes
+// on in anonymous memory.
 Result<HostBuffer> Checkpointer::Impl::new_staging(std::size_t bytes) {
   if (node && bytes > 0) {
     auto buffer = node->allocate(bytes);
     if (buffer) return buffer;
     log::warn(rank, "node tier: " + buffer.error() + "; this buffer is in process memory");
   }
-  return HostBuffer::allocate(bytes);
+  return BufferReserve::process().take_or_allocate(bytes);
 }
 
 // Worker or training thread (the latter only after wait_idle): host staging of at least `bytes`.

@@ -169,7 +169,8 @@ struct MemoryTier::Impl {
   std::atomic<bool> node_full_logged{false};
   std::atomic<std::uint64_t> partner_needs{0};  // what the partner said a copy would need, where it did not fit
 
-  // A held copy's buffer: a file of the node tier where there is one, so that it outlives this process.
+  // A held copy's buffer: a file of the node tier where there is one, so that it outlives this process; else
+  // anonymous memory (a buffer the last generation left, where it did: BufferReserve).
   Result<HostBuffer> allocate(std::uint64_t bytes) {
     if (settings.node != nullptr) {
       auto file = settings.node->allocate(bytes);
@@ -178,7 +179,7 @@ struct MemoryTier::Impl {
         log::warn(settings.rank, "memory tier: " + file.error() + "; held copies stay in this process's memory");
       }
     }
-    return HostBuffer::allocate(bytes);
+    return BufferReserve::process().take_or_allocate(bytes);
   }
 
   bool is_ward(int r) const {

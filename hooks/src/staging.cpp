@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <system_error>
@@ -25,6 +26,7 @@ Result<HostBuffer> HostBuffer::allocate(std::size_t bytes) {
   }
   buffer.data_ = static_cast<std::byte*>(p);
   buffer.size_ = rounded;
+  buffer.anonymous_ = true;
   return buffer;
 }
 
@@ -54,19 +56,74 @@ Result<HostBuffer> HostBuffer::map_file(int fd, std::size_t bytes, bool writable
 }
 
 HostBuffer::HostBuffer(HostBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      anonymous_(std::exchange(other.anonymous_, false)) {}
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
   if (this != &other) {
     if (data_ != nullptr) ::munmap(data_, size_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    anonymous_ = std::exchange(other.anonymous_, false);
   }
   return *this;
 }
 
 HostBuffer::~HostBuffer() {
   if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+BufferReserve& BufferReserve::process() {
+  static BufferReserve* reserve = new BufferReserve;  // never destroyed: buffers come back during exit too
+  return *reserve;
+}
+
+void BufferReserve::open() {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_ = true;
+}
+
+void BufferReserve::give(HostBuffer buffer) {
+  if (buffer.size() == 0 || !buffer.anonymous()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (open_) kept_.push_back(std::move(buffer));
+}  // not kept: unmapped here, after the lock is let go
+
+Result<HostBuffer> BufferReserve::take_or_allocate(std::size_t bytes) {
+  if (bytes == 0) return HostBuffer();
+  std::vector<HostBuffer> unused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t most = bytes + std::max(bytes / 16, page);
+    auto best = kept_.end();
+    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+      if (it->size() >= bytes && it->size() <= most && (best == kept_.end() || it->size() < best->size())) best = it;
+    }
+    if (best != kept_.end()) {
+      HostBuffer taken = std::move(*best);
+      kept_.erase(best);
+      return taken;
+    }
+    unused.swap(kept_);
+  }
+  unused.clear();  // unmapped before the new buffer is mapped
+  return HostBuffer::allocate(bytes);
+}
+
+void BufferReserve::close() {
+  std::vector<HostBuffer> unused;
+  std::lock_guard<std::mutex> lock(mu_);
+  open_ = false;
+  unused.swap(kept_);
+}
+
+std::size_t BufferReserve::kept_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t n = 0;
+  for (const HostBuffer& b : kept_) n += b.size();
+  return n;
 }
 
 StagingPlan plan_staging(const std::vector<RegionSpec>& regions) {

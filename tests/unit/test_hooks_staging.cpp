@@ -1,5 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <numeric>
@@ -200,4 +203,78 @@ TEST_CASE("staging of a program without a restore grows at its first step", "[ho
   CHECK(cp->stats().staging_bytes >= big.size());
   REQUIRE(cp->close().ok());
   CHECK(test::committed_steps(dir.path()).back() == 1);
+}
+
+TEST_CASE("buffer reserve: kept while open, taken by size, emptied by a request it cannot fill",
+          "[hooks][staging][reserve]") {
+  BufferReserve& reserve = BufferReserve::process();
+  reserve.close();
+  const std::size_t mib = 1u << 20;
+  auto make = [](std::size_t bytes) { return std::move(HostBuffer::allocate(bytes)).value(); };
+  reserve.give(make(mib));
+  CHECK(reserve.kept_bytes() == 0);  // closed: unmapped at once
+  reserve.open();
+  HostBuffer one = make(mib), two = make(2 * mib), big = make(16 * mib);
+  std::byte* one_at = one.data();
+  std::byte* two_at = two.data();
+  reserve.give(std::move(two));
+  reserve.give(std::move(one));
+  reserve.give(std::move(big));
+  CHECK(reserve.kept_bytes() == 19 * mib);
+  SECTION("the smallest that fits, never one much larger") {
+    auto a = reserve.take_or_allocate(mib - 100);
+    REQUIRE(a);
+    CHECK(a->data() == one_at);
+    auto b = reserve.take_or_allocate(2 * mib);
+    REQUIRE(b);
+    CHECK(b->data() == two_at);
+    CHECK(reserve.kept_bytes() == 16 * mib);
+    auto c = reserve.take_or_allocate(8 * mib);  // 16 MiB is twice that: a miss, which lets go of it first
+    REQUIRE(c);
+    CHECK(c->size() == 8 * mib);
+    CHECK(reserve.kept_bytes() == 0);
+  }
+  SECTION("a file's pages are never kept") {
+    test::TempDir dir;
+    const std::string path = dir.path() + "/f";
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
+    REQUIRE(fd >= 0);
+    auto file = HostBuffer::map_file(fd, mib, true);
+    ::close(fd);
+    REQUIRE(file);
+    CHECK_FALSE(file->anonymous());
+    reserve.give(std::move(file).value());
+    CHECK(reserve.kept_bytes() == 19 * mib);
+  }
+  SECTION("close lets go of everything, and of what comes later") {
+    reserve.close();
+    CHECK(reserve.kept_bytes() == 0);
+    reserve.give(make(mib));
+    CHECK(reserve.kept_bytes() == 0);
+  }
+  reserve.close();
+}
+
+TEST_CASE("buffer reserve: the next checkpointer's staging takes the buffer the last one left",
+          "[hooks][staging][reserve]") {
+  using namespace std::chrono_literals;
+  BufferReserve& reserve = BufferReserve::process();
+  const std::size_t mib = 1u << 20;
+  reserve.open();
+  reserve.give(std::move(HostBuffer::allocate(3 * mib)).value());  // the size the staging below asks for
+  reserve.give(std::move(HostBuffer::allocate(16 * mib)).value());  // one it has no use for
+  test::TempDir dir;
+  auto cp = test::make(test::options({{"dir", dir.path()}, {"interval", "1steps"}}));
+  std::vector<std::byte> big = pattern(3 * mib, 1);
+  REQUIRE(cp->register_region({"big", big.data(), big.size()}).ok());
+  REQUIRE(*cp->restore() == 0);
+  CHECK(test::wait_for([&] { return cp->stats().staging_bytes >= big.size(); }, 5s));
+  CHECK(reserve.kept_bytes() == 16 * mib);  // taken, not emptied by a miss
+  for (std::uint64_t step = 1; step <= 3; ++step) {
+    REQUIRE(cp->before_update().ok());
+    REQUIRE_FALSE(*cp->after_step(step));
+  }
+  CHECK(reserve.kept_bytes() == 0);  // the third snapshot let go of what nothing took
+  REQUIRE(cp->close().ok());
+  CHECK(test::committed_steps(dir.path()).back() == 3);
 }
