@@ -225,7 +225,7 @@ void Checkpointer::Impl::observe_memory_step() {
 Status Checkpointer::Impl::close(bool wait_for_peers) {
   if (life.closed) return life.close_status;
   life.closed = true;
-  BufferReserve::process().close();  // a generation that ends before its third snapshot leaves nothing kept
+  say_reserve_use(BufferReserve::process().close());  // a generation that ends before its third snapshot
   closing = true;
   if (!enabled) return life.close_status;
   watch.nccl.reset();  // stops polling; the program destroys its communicators after close()
@@ -662,6 +662,7 @@ std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
   if (!m.tier || !m.life.closed || !m.tier->frozen()) return out;
   BufferReserve::process().open();
   for (MemoryTier::Kept& kept : m.tier->release()) {
+    if (m.node) m.node->hand_over(kept.buffer);
     auto owner = handed_over(std::move(kept.buffer));
     std::shared_ptr<std::byte> data(owner, owner->data());
     out.push_back(MemoryCopy{kept.ward, kept.step, std::move(kept.ranges), std::move(data), kept.size});
@@ -698,6 +699,7 @@ std::vector<MemoryCopy> Checkpointer::release_memory_copies() {
       r.length = p.size;
       copy.ranges.push_back(std::move(r));
     }
+    if (m.node) m.node->hand_over(*buffer);
     auto owner = handed_over(std::move(*buffer));
     copy.data = std::shared_ptr<std::byte>(owner, owner->data());
     copy.size = owner->size();

@@ -227,6 +227,7 @@ struct Checkpointer::Impl {
   void update_staging_stats();
   void open_node_tier();
   Result<HostBuffer> new_staging(std::size_t bytes);
+  void say_reserve_use(const BufferReserve::Use& use) const;
   // Worker or training thread (the latter only after wait_idle): host staging of at least `bytes`.
   Status grow_host(std::size_t bytes);
   Status grow_pinned(std::size_t bytes);

@@ -105,7 +105,7 @@ void Checkpointer::Impl::snapshot(std::uint64_t step, store::Kind kind, bool mem
   }
   // By its third snapshot this generation has grown its staging and taken its wards' first copies: what the last
   // one left and nothing took is let go.
-  if (++life.snapshots == 3) BufferReserve::process().close();
+  if (++life.snapshots == 3) say_reserve_use(BufferReserve::process().close());
   double waited = seconds_since(t_wait);
   {
     std::lock_guard<std::mutex> lock(mu);

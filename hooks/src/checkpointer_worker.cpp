@@ -80,6 +80,13 @@ Result<HostBuffer> Checkpointer::Impl::new_staging(std::size_t bytes) {
   return BufferReserve::process().take_or_allocate(bytes);
 }
 
+// What this generation took of the buffers the last one left (BufferReserve), once it is known.
+void Checkpointer::Impl::say_reserve_use(const BufferReserve::Use& use) const {
+  if (use.taken == 0 && use.unused == 0) return;
+  log::info(rank, "in place: staging and held copies took " + mib(use.taken) +
+                      " the last generation left, instead of mapping them again (" + mib(use.unused) + " unused)");
+}
+
 // Worker or training thread (the latter only after wait_idle): host staging of at least `bytes`.
 Status Checkpointer::Impl::grow_host(std::size_t bytes) {
   if (staging.host.size() >= bytes) return Status::success();

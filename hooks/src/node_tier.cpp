@@ -384,8 +384,22 @@ bool NodeTier::offer_departed(const nlohmann::json& index, int other, const std:
 }
 
 Result<HostBuffer> NodeTier::allocate(std::size_t bytes) {
+  const std::string prefix = file_prefix(identity_.checkpoint_dir, identity_.rank);
+  std::optional<HostBuffer> kept = BufferReserve::process().take_file(bytes, path_ + "/" + prefix);
   std::lock_guard<std::mutex> lock(mu_);
-  const std::string file = file_prefix(identity_.checkpoint_dir, identity_.rank) + token_ + "." + std::to_string(next_file_++);
+  const std::string file = prefix + token_ + "." + std::to_string(next_file_++);
+  if (kept) {
+    // The last generation's file, its pages in memory and mapped already: renamed as this tier's.
+    const std::string old_name = kept->file().substr(path_.size() + 1);
+    if (::renameat(dir_.get(), old_name.c_str(), dir_.get(), file.c_str()) == 0) {
+      kept->set_file("");
+      buffers_.push_back({file, kept->data(), kept->size(), false, 0, {}, {}, {}, {}, -1, false});
+      write_index();
+      return std::move(*kept);
+    }
+    (void)::unlinkat(dir_.get(), old_name.c_str(), 0);
+    kept.reset();
+  }
   posix::Fd fd(::openat(dir_.get(), file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd.valid()) return Error{"cannot create " + path_ + "/" + file + ": " + posix::errno_text(errno)};
   auto buffer = HostBuffer::map_file(fd.get(), bytes, true);
@@ -393,9 +407,17 @@ Result<HostBuffer> NodeTier::allocate(std::size_t bytes) {
     (void)::unlinkat(dir_.get(), file.c_str(), 0);
     return Error{path_ + "/" + file + ": " + buffer.error()};
   }
-  buffers_.push_back({file, buffer->data(), buffer->size(), false, 0, {}, {}, {}, {}, -1});
+  buffers_.push_back({file, buffer->data(), buffer->size(), false, 0, {}, {}, {}, {}, -1, false});
   write_index();
   return buffer;
+}
+
+void NodeTier::hand_over(HostBuffer& buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find_if(buffers_.begin(), buffers_.end(), [&](const Buffer& b) { return b.data == buffer.data(); });
+  if (it == buffers_.end() || buffer.data() == nullptr) return;
+  it->handed_over = true;
+  buffer.set_file(path_ + "/" + it->file);
 }
 
 void NodeTier::drop(const std::byte* data) {
@@ -562,7 +584,9 @@ std::vector<store::LiveRange> NodeTier::found() const {
 void NodeTier::remove_all() {
   release_found();
   std::lock_guard<std::mutex> lock(mu_);
-  for (const Buffer& b : buffers_) (void)::unlinkat(dir_.get(), b.file.c_str(), 0);
+  for (const Buffer& b : buffers_) {
+    if (!b.handed_over) (void)::unlinkat(dir_.get(), b.file.c_str(), 0);
+  }
   buffers_.clear();
   (void)::unlinkat(dir_.get(), index_name().c_str(), 0);
 }

@@ -92,8 +92,13 @@ class NodeTier {
 
   const std::string& path() const { return path_; }
 
-  // A staging buffer of at least `bytes`, backed by a new file here. Fails (/dev/shm full) with a line.
+  // A staging buffer of at least `bytes`, backed by a file here: one the last generation of this process handed
+  // over (BufferReserve), renamed as this tier's, or a new one. Fails (/dev/shm full) with a line.
   Result<HostBuffer> allocate(std::size_t bytes);
+  // After the last words of a restart in place: `buffer`, one of this tier's, goes to the program (a MemoryCopy)
+  // and from there to the next generation. Its file is named on it and outlives remove_all(); the reserve that
+  // takes it back removes or renames it.
+  void hand_over(HostBuffer& buffer);
   // The buffer at `data` is about to be released: its file goes.
   void drop(const std::byte* data);
   // A snapshot starts writing into the buffer at `data`: the index no longer lists what it held.
@@ -129,8 +134,8 @@ class NodeTier {
   }
   // Unmaps what found() offered and removes its files (the first snapshot of this process, or close()).
   void release_found();
-  // Removes every file of this rank here, its index too (a restart in place: the process keeps its state itself).
-  // Mappings still held elsewhere keep their bytes until they are unmapped.
+  // Removes every file of this rank here, its index too (a restart in place: the process keeps its state itself),
+  // but those handed over. Mappings still held elsewhere keep their bytes until they are unmapped.
   void remove_all();
   // After the last words of a restart in place, the tier of the Checkpointer that ended: its files stay, the same
   // pages as the mappings the process took out, until this process opens its next node tier (its next generation
@@ -150,6 +155,7 @@ class NodeTier {
     std::vector<nlohmann::json> metas;     // one per piece
     nlohmann::json blobs;                  // the snapshot's pieces outside staging, inline; null: none or too big
     int ward = -1;                         // whole with a ward's copy (held_copy), not a snapshot of this rank's
+    bool handed_over = false;              // hand_over(): its file is the reserve's to remove
   };
   struct WardCopy {
     int ward = -1;

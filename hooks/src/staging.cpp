@@ -58,7 +58,8 @@ Result<HostBuffer> HostBuffer::map_file(int fd, std::size_t bytes, bool writable
 HostBuffer::HostBuffer(HostBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      anonymous_(std::exchange(other.anonymous_, false)) {}
+      anonymous_(std::exchange(other.anonymous_, false)),
+      file_(std::exchange(other.file_, std::string())) {}
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
   if (this != &other) {
@@ -66,6 +67,7 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     anonymous_ = std::exchange(other.anonymous_, false);
+    file_ = std::exchange(other.file_, std::string());
   }
   return *this;
 }
@@ -84,39 +86,88 @@ void BufferReserve::open() {
   open_ = true;
 }
 
-void BufferReserve::give(HostBuffer buffer) {
-  if (buffer.size() == 0 || !buffer.anonymous()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (open_) kept_.push_back(std::move(buffer));
-}  // not kept: unmapped here, after the lock is let go
+namespace {
 
-Result<HostBuffer> BufferReserve::take_or_allocate(std::size_t bytes) {
-  if (bytes == 0) return HostBuffer();
+// A buffer the reserve lets go of: a node tier file goes with its mapping (its tier no longer lists it).
+void let_go(std::vector<HostBuffer>& buffers) {
+  for (HostBuffer& b : buffers) {
+    if (!b.file().empty()) (void)::unlink(b.file().c_str());
+  }
+  buffers.clear();
+}
+
+}  // namespace
+
+void BufferReserve::give(HostBuffer buffer) {
+  if (buffer.size() == 0 || (!buffer.anonymous() && buffer.file().empty())) return;
+  std::vector<HostBuffer> unused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (open_) {
+      kept_.push_back(std::move(buffer));
+      return;
+    }
+  }
+  unused.push_back(std::move(buffer));
+  let_go(unused);
+}
+
+std::optional<HostBuffer> BufferReserve::take(std::size_t bytes, bool file, const std::string& prefix) {
   std::vector<HostBuffer> unused;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     const std::size_t most = bytes + std::max(bytes / 16, page);
+    auto of_kind = [&](const HostBuffer& b) { return file ? b.file().rfind(prefix, 0) == 0 : b.anonymous(); };
     auto best = kept_.end();
     for (auto it = kept_.begin(); it != kept_.end(); ++it) {
-      if (it->size() >= bytes && it->size() <= most && (best == kept_.end() || it->size() < best->size())) best = it;
+      if (of_kind(*it) && it->size() >= bytes && it->size() <= most && (best == kept_.end() || it->size() < best->size())) {
+        best = it;
+      }
     }
     if (best != kept_.end()) {
       HostBuffer taken = std::move(*best);
       kept_.erase(best);
+      use_.taken += taken.size();
       return taken;
     }
-    unused.swap(kept_);
+    for (auto it = kept_.begin(); it != kept_.end();) {
+      if (!of_kind(*it)) {
+        ++it;
+        continue;
+      }
+      use_.unused += it->size();
+      unused.push_back(std::move(*it));
+      it = kept_.erase(it);
+    }
   }
-  unused.clear();  // unmapped before the new buffer is mapped
+  let_go(unused);  // before anything new is mapped
+  return std::nullopt;
+}
+
+Result<HostBuffer> BufferReserve::take_or_allocate(std::size_t bytes) {
+  if (bytes == 0) return HostBuffer();
+  if (auto kept = take(bytes, false, "")) return std::move(*kept);
   return HostBuffer::allocate(bytes);
 }
 
-void BufferReserve::close() {
+std::optional<HostBuffer> BufferReserve::take_file(std::size_t bytes, const std::string& prefix) {
+  if (bytes == 0 || prefix.empty()) return std::nullopt;
+  return take(bytes, true, prefix);
+}
+
+BufferReserve::Use BufferReserve::close() {
   std::vector<HostBuffer> unused;
-  std::lock_guard<std::mutex> lock(mu_);
-  open_ = false;
-  unused.swap(kept_);
+  Use use;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const HostBuffer& b : kept_) use_.unused += b.size();
+    open_ = false;
+    unused.swap(kept_);
+    use = std::exchange(use_, Use{});
+  }
+  let_go(unused);
+  return use;
 }
 
 std::size_t BufferReserve::kept_bytes() const {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,39 +35,57 @@ class HostBuffer {
 
   std::byte* data() const { return data_; }
   std::size_t size() const { return size_; }
-  // Memory of this process alone (allocate()), not a file's pages: what BufferReserve may keep.
+  // Memory of this process alone (allocate()), not a file's pages.
   bool anonymous() const { return anonymous_; }
+  // The node tier's file this buffer maps, once the tier hands it over (NodeTier::hand_over); empty otherwise.
+  const std::string& file() const { return file_; }
+  void set_file(std::string path) { file_ = std::move(path); }
 
  private:
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
   bool anonymous_ = false;
+  std::string file_;
 };
 
 // The buffers of a generation that ended in place, kept for the next one: its staging and the memory tier's held
 // copies take them instead of mapping and faulting in the same gigabytes again (0.3 s of CPU per GiB on a 2-core
 // VM, spent in the new generation's first step). One per process. Opened when the last words hand their memory
-// over (Checkpointer::release_memory_copies); closed at the next Checkpointer's third snapshot or its close, when
-// every buffer it will ask for has been asked for. A request it cannot fill empties it before mapping anything:
-// the process never holds a kept buffer beside a new one, so it never holds more than the last generation did.
+// over (Checkpointer::release_memory_copies); a buffer comes back once the program lets go of the last view of
+// it, so nothing that still reads it is written over. Closed at the next Checkpointer's third snapshot or its
+// close, when every buffer it will ask for has been asked for. Two kinds: anonymous memory, and the node tier's
+// files (a taker renames the file as its own; one nobody takes is removed with its mapping). A request it cannot
+// fill lets go of every buffer of its kind first: the process never holds a kept buffer beside a new one, so never
+// more than the last generation did.
 class BufferReserve {
  public:
   static BufferReserve& process();
   // From now on, buffers given back are kept.
   void open();
-  // Keeps `buffer` while open (anonymous memory only); else unmaps it. Any thread.
+  // Keeps `buffer` while open (anonymous memory, or a node tier's file); else lets it go (a file's too). Any thread.
   void give(HostBuffer buffer);
-  // The smallest kept buffer of at least `bytes` and at most 1/16 more (or a page); else maps a new one, after
-  // letting go of everything kept.
+  // Anonymous memory of at least `bytes`: the smallest kept buffer of at most 1/16 more (or a page), else a new
+  // mapping, made after letting go of every anonymous buffer kept.
   Result<HostBuffer> take_or_allocate(std::size_t bytes);
-  // Unmaps what is kept; later buffers given back are unmapped at once.
-  void close();
+  // A kept node tier file of at least `bytes` (at most 1/16 more) whose path begins with `prefix`, still mapped;
+  // nothing (after letting go of every file kept) when there is none.
+  std::optional<HostBuffer> take_file(std::size_t bytes, const std::string& prefix);
+  // What a reserve did between its open and its close.
+  struct Use {
+    std::size_t taken = 0;   // bytes the next generation took
+    std::size_t unused = 0;  // bytes let go untaken (a miss, or the close)
+  };
+  // Lets go of what is kept; later buffers given back are let go at once. What it did since it was opened, once.
+  Use close();
   std::size_t kept_bytes() const;
 
  private:
+  std::optional<HostBuffer> take(std::size_t bytes, bool file, const std::string& prefix);
+
   mutable std::mutex mu_;
   bool open_ = false;              // guarded by mu_
   std::vector<HostBuffer> kept_;   // guarded by mu_
+  Use use_;                        // guarded by mu_
 };
 
 // One named byte range of a shard, pointing into staging or into a blob the job owns.

@@ -2,11 +2,11 @@
 # CKPT_BUILD_DIR). controller_up DIR PORT brings the cluster up with the plugin reporting to a controller on
 # this host's address on the cluster's network, port PORT (libslurm backend, quick settle and reconcile) whose config, database and log live in DIR;
 # ctl runs its client commands; controller_down stops it and puts plugstack.conf back as tests/cluster.sh writes it. CKPT_CONTROLLER_CONF_EXTRA
-# holds more lines for its config (a site's opt-ins).
+# holds more lines for its config (a site's opt-ins); CKPT_CLUSTER_PLUGIN_ARGS more plugstack.conf options.
 controller_up() {
   local dir=$1 port=$2 addr
   addr=$("$CKPT_SOURCE_DIR/tests/cluster.sh" addr)  # where the nodes reach this host
-  CKPT_CLUSTER_PLUGIN_ARGS="controller=http://$addr:$port" "$CKPT_SOURCE_DIR/tests/cluster.sh" up
+  CKPT_CLUSTER_PLUGIN_ARGS="controller=http://$addr:$port ${CKPT_CLUSTER_PLUGIN_ARGS:-}" "$CKPT_SOURCE_DIR/tests/cluster.sh" up
   CONTROLLER_CONF=$dir/controller.conf
   cat > "$CONTROLLER_CONF" <<CONF
 listen = $addr:$port

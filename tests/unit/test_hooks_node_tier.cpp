@@ -291,6 +291,60 @@ TEST_CASE("node tier: after the last words a tier's files stay until the process
   CHECK(static_cast<unsigned char>(buffer->data()[0]) == 9);  // the mapping the process holds keeps its bytes
 }
 
+TEST_CASE("node tier: a process going on in place gives its next tier the files its last one handed over, renamed",
+          "[hooks][node_tier][reserve]") {
+  test::TempDir node, ckpt_dir;
+  const std::string job_dir = node.path() + "/" + NodeTier::dir_name(::geteuid(), "15");
+  const NodeTier::Identity identity{"15", 0, "host-a", ckpt_dir.path(), 2, {}, "", 1};
+  const std::size_t mib = 1u << 20;
+  BufferReserve& reserve = BufferReserve::process();
+  reserve.close();
+  auto tier = NodeTier::open(node.path(), identity);
+  REQUIRE(tier.ok());
+  auto allocated_a = (*tier)->allocate(mib);
+  auto allocated_b = (*tier)->allocate(2 * mib);
+  REQUIRE(allocated_a.ok());
+  REQUIRE(allocated_b.ok());
+  HostBuffer a = std::move(allocated_a).value(), b = std::move(allocated_b).value();
+  std::memset(a.data(), 9, mib);
+  std::byte* a_at = a.data();
+  (*tier)->whole(4, {Piece{"w", a.data(), 100, {}}}, {0});
+  // The last words hand both over (Checkpointer::release_memory_copies): named on the buffers, kept by remove_all.
+  reserve.open();
+  (*tier)->hand_over(a);
+  (*tier)->hand_over(b);
+  const std::string a_file = a.file(), b_file = b.file();
+  CHECK(a_file.rfind(job_dir + "/", 0) == 0);
+  NodeTier::keep_until_next_open(std::move(tier).value());
+  auto next = NodeTier::open(node.path(), identity);
+  REQUIRE(next.ok());
+  CHECK((*next)->found().empty());  // this process's own state is not offered to it
+  CHECK(files_in(job_dir).size() == 2);  // the two files handed over; the index went
+  // The program lets go of them: the reserve keeps them, mapped.
+  reserve.give(std::move(a));
+  reserve.give(std::move(b));
+  CHECK(reserve.kept_bytes() == 3 * mib);
+  auto again = (*next)->allocate(mib);
+  REQUIRE(again.ok());
+  CHECK(again->data() == a_at);  // the same pages: nothing mapped or faulted in again
+  CHECK(static_cast<unsigned char>(again->data()[0]) == 9);
+  CHECK_FALSE(fs::exists(a_file));  // renamed as the next tier's
+  CHECK(files_in(job_dir).size() == 3);  // that file, b's, and the next tier's index
+  const BufferReserve::Use use = reserve.close();
+  CHECK(use.taken == mib);
+  CHECK(use.unused == 2 * mib);
+  CHECK_FALSE(fs::exists(b_file));  // nobody took it: it went with the reserve
+  CHECK(files_in(job_dir).size() == 2);
+  // The renamed file is the next tier's own: a later process finds its snapshot there.
+  std::memset(again->data(), 5, mib);
+  (*next)->whole(6, {Piece{"w", again->data(), 100, {}}}, {0});
+  auto later = NodeTier::open(node.path(), identity);
+  REQUIRE(later.ok());
+  auto found = (*later)->found();
+  REQUIRE(found.size() == 1);
+  CHECK(static_cast<const unsigned char*>(found[0].data)[0] == 5);
+}
+
 TEST_CASE("node tier: files of a rank that no longer runs on this node, whose writer is gone: offered as ranges, "
           "then removed; another run's removed at once",
           "[hooks][node_tier]") {

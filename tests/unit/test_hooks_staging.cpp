@@ -234,7 +234,7 @@ TEST_CASE("buffer reserve: kept while open, taken by size, emptied by a request 
     CHECK(c->size() == 8 * mib);
     CHECK(reserve.kept_bytes() == 0);
   }
-  SECTION("a file's pages are never kept") {
+  SECTION("a file's pages that no node tier handed over are never kept") {
     test::TempDir dir;
     const std::string path = dir.path() + "/f";
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
