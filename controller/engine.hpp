@@ -120,6 +120,8 @@ class Engine final : private IntentRunner::Host {
   void exclude_nodes(JobRecord& r, const std::vector<std::string>& nodes, double now, const std::string& reason = "");
   // The job's own ExcNodeList (its user's), read once at the first look at it in Slurm: requeues keep it.
   void note_own_exclusions(JobRecord& r, const SlurmJob& slurm, double now);
+  // A pending job's ExcNodeList as its user changed it: their own exclusions follow (own_exclusions_now).
+  void follow_own_exclusions(JobRecord& r, const SlurmJob& slurm, double now);
   void relaunch(JobRecord& r, const ckpt::recovery::RecoveryPlan& plan, double now);
   void start_requeue(JobRecord& r, const ckpt::recovery::RecoveryPlan& plan, double now);
   void decide(JobRecord& r, Ending ending, const SlurmJob& slurm, const std::vector<std::string>& dead,

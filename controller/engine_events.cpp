@@ -205,7 +205,7 @@ Verdict Engine::handle_release(const std::string& arg, std::uint32_t uid, double
 Verdict Engine::handle_forget_node(const std::string& arg, std::uint32_t uid, double now) {
   std::vector<std::string> jobs;
   for (auto& [id, r] : jobs_) {
-    if (rec::forget_bad_node(r.bad_nodes, arg)) {
+    if (rec::forget_bad_node(r.bad_nodes, arg, now)) {
       jobs.push_back(std::to_string(id));
       note(r, "action", "node " + arg + " forgotten by uid " + std::to_string(uid), now);
       mark_dirty(r, now);

@@ -292,6 +292,21 @@ void Engine::note_own_exclusions(JobRecord& r, const SlurmJob& s, double now) {
   mark_dirty(r, now);
 }
 
+// A pending job's user may change its ExcNodeList (scontrol update): a node they add is theirs, kept at every
+// requeue and never let go as lapsed; one they take out is theirs no longer.
+void Engine::follow_own_exclusions(JobRecord& r, const SlurmJob& s, double now) {
+  if (!r.own_excluded || s.job_id != r.job_id || s.state != SlurmState::Pending) return;
+  auto own = rec::own_exclusions_now(r, s);
+  auto before = *r.own_excluded;
+  std::sort(before.begin(), before.end());
+  if (own == before) return;
+  note(r, "event",
+       "the job's own exclusions are now " + list(own) + " (its ExcNodeList changed in Slurm): kept at every requeue",
+       now);
+  r.own_excluded = std::move(own);
+  mark_dirty(r, now);
+}
+
 // Adds `nodes` to the job's excluded nodes (for bad_node_ttl); those not excluded already are counted and alerted once.
 void Engine::exclude_nodes(JobRecord& r, const std::vector<std::string>& nodes, double now, const std::string& reason) {
   const auto fresh = reason.empty()
@@ -325,6 +340,7 @@ void Engine::check_pending(JobRecord& r, const SlurmJob* known, double now) {
     known = &*loaded;
   }
   const SlurmJob& s = *known;
+  follow_own_exclusions(r, s, now);
   switch (rec::news_of(r, s, now, rt.expedite_retries)) {
     case rec::SlurmNews::Cancelled:
       transition(r, JobState::Cancelled, "cancelled by its user while pending", now);

@@ -529,7 +529,8 @@ TEST_CASE("engine cycle: a slow-node report by another user, or of another job's
   CHECK(history_text(h).find("slow node gpu9 is not a node of the job's allocation; ignored") != std::string::npos);
 }
 
-TEST_CASE("engine cycle: a requeue keeps the job's own exclusions; a pending job lets go of a node an admin forgot",
+TEST_CASE("engine cycle: a requeue keeps the job's own exclusions, and those its user adds; a pending job lets go of "
+          "a node an admin forgot",
           "[controller][engine]") {
   Harness h;
   h.slurm.jobs[kJob].excluded = "n9";  // the user's own --exclude
@@ -553,17 +554,24 @@ TEST_CASE("engine cycle: a requeue keeps the job's own exclusions; a pending job
   CHECK(history.find(why) != std::string::npos);
   CHECK(history.find(why, history.find(why) + 1) == std::string::npos);
 
-  // An admin forgets n3: the job keeps its own n9 alone, and Slurm's hold ends with the update.
+  // The user adds n7 by hand (scontrol update): theirs from now on, and nothing for the controller to write.
+  h.slurm.jobs[kJob].excluded = "n3,n7,n9";
+  for (int i = 0; i < 5; ++i) h.cycle();
+  CHECK(h.slurm.updates == updates);
+  CHECK(history_text(h).find("the job's own exclusions are now n7,n9 (its ExcNodeList changed in Slurm)") !=
+        std::string::npos);
+
+  // An admin forgets n3: the job keeps its own n7 and n9 alone, and Slurm's hold ends with the update.
   ckpt::controller::Verdict verdict;
   std::thread admin([&] { verdict = h.engine->admin("forget-node", "n3", 0, 10); });
   const bool updated = h.cycle_until([&] { return h.slurm.updates > updates; });
   admin.join();
   REQUIRE(updated);
   CHECK(verdict.http_status == 200);
-  CHECK(h.slurm.last_exclude == std::vector<std::string>{"n9"});
-  CHECK(h.slurm.jobs[kJob].excluded == "n9");
+  CHECK(h.slurm.last_exclude == std::vector<std::string>{"n7", "n9"});
+  CHECK(h.slurm.jobs[kJob].excluded == "n7,n9");
   CHECK_FALSE(h.slurm.jobs[kJob].held);
-  CHECK(history_text(h).find("ExcNodeList=n9 (n3 no longer excluded") != std::string::npos);
+  CHECK(history_text(h).find("ExcNodeList=n7,n9 (n3 no longer excluded") != std::string::npos);
   for (int i = 0; i < 5; ++i) h.cycle();
   CHECK(h.slurm.updates == updates + 1);  // once
 }

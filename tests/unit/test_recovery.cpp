@@ -181,9 +181,14 @@ TEST_CASE("bad nodes are remembered with an expiry", "[recovery][nodes]") {
   CHECK(nodes[0].reason == "slurmd unreachable");  // refreshed, first reason kept
   nodes = add_bad_nodes(nodes, {"n1"}, "new episode", 2000, 60);
   CHECK(nodes[1].reason == "new episode");
-  CHECK(forget_bad_node(nodes, "n3"));
-  CHECK_FALSE(forget_bad_node(nodes, "n3"));
-  CHECK(active_bad_nodes(nodes, 2001) == std::vector<std::string>{"n1"});
+  CHECK(forget_bad_node(nodes, "n1", 2010));
+  CHECK_FALSE(forget_bad_node(nodes, "n1", 2010));  // no longer active
+  CHECK_FALSE(forget_bad_node(nodes, "n3", 2010));  // expired long ago
+  CHECK(active_bad_nodes(nodes, 2010).empty());
+  CHECK(nodes.size() == 2);  // forgotten, not erased: it was bad once
+  nodes = add_bad_nodes(nodes, {"n1"}, "fails again", 2020, 60);  // a new episode
+  CHECK(active_bad_nodes(nodes, 2021) == std::vector<std::string>{"n1"});
+  CHECK(nodes[1].reason == "fails again");
 }
 
 TEST_CASE("state machine: the table allows the recovery paths and nothing else", "[recovery][state]") {

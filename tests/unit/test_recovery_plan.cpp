@@ -484,6 +484,39 @@ TEST_CASE("news: a pending record", "[recovery][news]") {
   CHECK(news_of(r, s, 10, 0) == SlurmNews::Nothing);
 }
 
+TEST_CASE("news: a node the user adds to a pending job's ExcNodeList is theirs, never let go as lapsed",
+          "[recovery][news]") {
+  JobRecord r = record(JobState::Pending);
+  r.bad_nodes = {BadNode{"n3", "slurmd did not answer", 0, 100}};
+  r.own_excluded = std::vector<std::string>{"n8"};
+  SlurmJob s = slurm(SlurmState::Pending, 1);
+  s.excluded = "n3,n8";  // what the requeue wrote
+  CHECK(own_exclusions_now(r, s) == std::vector<std::string>{"n8"});
+  // The user adds n7 by hand (scontrol update): theirs from now on.
+  s.excluded = "n[3,7-8]";
+  r.own_excluded = own_exclusions_now(r, s);
+  CHECK(*r.own_excluded == std::vector<std::string>{"n7", "n8"});
+  CHECK(lapsed_exclusions(r, s, 10).empty());
+  // An admin forgets n3: the update lets it go, and only it.
+  CHECK(forget_bad_node(r.bad_nodes, "n3", 10));
+  CHECK(own_exclusions_now(r, s) == std::vector<std::string>{"n7", "n8"});  // n3 was bad once: never the user's
+  CHECK(lapsed_exclusions(r, s, 10) == std::vector<std::string>{"n3"});
+  CHECK(job_exclusions_now(r, 10) == std::vector<std::string>{"n7", "n8"});
+  // The user takes n8 out: theirs no longer.
+  s.excluded = "n7";
+  CHECK(own_exclusions_now(r, s) == std::vector<std::string>{"n7"});
+  // A node of their own that failed later stays theirs while Slurm lists it, after its bad_node_ttl too.
+  r.own_excluded = std::vector<std::string>{"n7"};
+  r.bad_nodes.push_back(BadNode{"n7", "slurmd did not answer", 20, 30});
+  CHECK(own_exclusions_now(r, s) == std::vector<std::string>{"n7"});
+  CHECK(lapsed_exclusions(r, s, 40).empty());
+  // A list that does not parse changes nothing; an empty one (Slurm's "(null)") is the user taking all out.
+  s.excluded = "n[1-3";
+  CHECK(own_exclusions_now(r, s) == std::vector<std::string>{"n7"});
+  s.excluded = "(null)";
+  CHECK(own_exclusions_now(r, s).empty());
+}
+
 TEST_CASE("news: a pending job's exclusions follow the record's bad nodes", "[recovery][news]") {
   JobRecord r = record(JobState::Pending);
   r.bad_nodes = {BadNode{"n3", "slurmd did not answer", 0, 100}, BadNode{"n4", "slurmd did not answer", 0, 50}};
@@ -496,8 +529,8 @@ TEST_CASE("news: a pending job's exclusions follow the record's bad nodes", "[re
   CHECK(lapsed_exclusions(r, s, 60) == std::vector<std::string>{"n4"});
   CHECK(news_of(r, s, 60, 0) == SlurmNews::ExclusionsLapsed);
   CHECK(active_bad_nodes(r.bad_nodes, 60) == std::vector<std::string>{"n3"});
-  // An admin forgot n3 (forget-node): gone from the record, so lapsed too.
-  CHECK(forget_bad_node(r.bad_nodes, "n3"));
+  // An admin forgot n3 (forget-node): expired in the record, so lapsed too.
+  CHECK(forget_bad_node(r.bad_nodes, "n3", 10));
   CHECK(lapsed_exclusions(r, s, 10) == std::vector<std::string>{"n3"});
   // Once Slurm has the record's list, no more news; nor while the job completes or is held, nor after 3 updates.
   s.excluded = "n4";

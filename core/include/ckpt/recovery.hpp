@@ -244,8 +244,10 @@ std::vector<BadNode> add_bad_nodes(std::vector<BadNode> current, const std::vect
                                    const std::string& reason, double now, double ttl_s);
 // Names of the nodes whose memory has not expired, sorted.
 std::vector<std::string> active_bad_nodes(const std::vector<BadNode>& nodes, double now);
-// Removes one node; returns whether it was there.
-bool forget_bad_node(std::vector<BadNode>& nodes, const std::string& node);
+// Ends one node's memory now; returns whether it was active. The entry stays, expired: a node that was bad once
+// is told apart from one a job's user excludes (own_exclusions_now), and a pending job that still excludes it lets
+// it go (lapsed_exclusions).
+bool forget_bad_node(std::vector<BadNode>& nodes, const std::string& node, double now);
 
 // ---- the job's recovery state machine -------------------------------------------------------------------------------
 

@@ -101,8 +101,12 @@ SlurmNews news_of(const JobRecord& record, const SlurmJob& slurm, double now, in
 // that needs them (its MinNodes is the whole partition, or a reservation) would otherwise wait for good.
 std::vector<std::string> lapsed_exclusions(const JobRecord& record, const SlurmJob& slurm, double now);
 // The nodes of a job's ExcNodeList that are its own (its user's --exclude): all of them but the record's bad nodes,
-// which only this controller writes there. Read once, at the first look at the job in Slurm (own_excluded).
+// which only this controller writes there. Read at the first look at the job in Slurm (own_excluded).
 std::vector<std::string> own_exclusions(const JobRecord& record, const SlurmJob& slurm);
+// A pending job's own exclusions once its user may have changed its ExcNodeList (scontrol update): those Slurm's
+// list still names, and any node there that the record never counted as bad. The record's own when the list does
+// not parse.
+std::vector<std::string> own_exclusions_now(const JobRecord& record, const SlurmJob& slurm);
 // What a requeue or an update writes as the job's ExcNodeList: its own exclusions and the active bad nodes.
 std::vector<std::string> job_exclusions(const JobRecord& record, const std::vector<std::string>& bad);
 // The same with the record's bad nodes active at `now`: what a pending job's ExcNodeList should be.

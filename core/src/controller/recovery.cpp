@@ -249,11 +249,14 @@ std::vector<std::string> active_bad_nodes(const std::vector<BadNode>& nodes, dou
   return {names.begin(), names.end()};
 }
 
-bool forget_bad_node(std::vector<BadNode>& nodes, const std::string& node) {
-  auto before = nodes.size();
-  nodes.erase(std::remove_if(nodes.begin(), nodes.end(), [&](const BadNode& b) { return b.node == node; }),
-              nodes.end());
-  return nodes.size() != before;
+bool forget_bad_node(std::vector<BadNode>& nodes, const std::string& node, double now) {
+  bool was_active = false;
+  for (auto& b : nodes) {
+    if (b.node != node || b.expires <= now) continue;
+    b.expires = now;
+    was_active = true;
+  }
+  return was_active;
 }
 
 // ---- the state machine -----------------------------------------------------------------------------------------------

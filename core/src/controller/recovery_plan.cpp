@@ -324,6 +324,20 @@ std::vector<std::string> own_exclusions(const JobRecord& r, const SlurmJob& s) {
   return own;
 }
 
+std::vector<std::string> own_exclusions_now(const JobRecord& r, const SlurmJob& s) {
+  std::vector<std::string> before = r.own_excluded.value_or(std::vector<std::string>{});
+  auto excluded = expand_hostlist(s.excluded);
+  if (!excluded) return before;
+  std::vector<std::string> own;
+  for (const auto& n : *excluded) {
+    const auto is_n = [&](const BadNode& b) { return b.node == n; };
+    const bool ever_bad = std::any_of(r.bad_nodes.begin(), r.bad_nodes.end(), is_n);
+    if ((contains(before, n) || !ever_bad) && !contains(own, n)) own.push_back(n);
+  }
+  std::sort(own.begin(), own.end());
+  return own;
+}
+
 std::vector<std::string> job_exclusions(const JobRecord& r, const std::vector<std::string>& bad) {
   std::set<std::string> all(bad.begin(), bad.end());
   if (r.own_excluded) all.insert(r.own_excluded->begin(), r.own_excluded->end());
