@@ -225,7 +225,8 @@ void Checkpointer::Impl::observe_memory_step() {
 Status Checkpointer::Impl::close(bool wait_for_peers) {
   if (life.closed) return life.close_status;
   life.closed = true;
-  say_reserve_use(BufferReserve::process().close());  // a generation that ends before its third snapshot
+  // What the last generation left and this one, ending before its third snapshot, did not take is let go.
+  say_reserve_use(BufferReserve::process().close());
   closing = true;
   if (!enabled) return life.close_status;
   watch.nccl.reset();  // stops polling; the program destroys its communicators after close()
