@@ -428,6 +428,10 @@ cmd_crash_node() {
   local node=$1 pids
   pids=$(node_pids "$node" | sort -u)
   [ -n "$pids" ] || die "crash-node: nothing of $node is running"
+  # A host stops whole at one instant. Signals sent one by one leave the last ones running while the first die
+  # (this shell can be descheduled between two kills): stopped first, none of them acts on a peer's death.
+  # shellcheck disable=SC2086
+  kill -STOP $pids 2>/dev/null || true
   # shellcheck disable=SC2086
   kill -KILL $pids 2>/dev/null || true
   rm -f "$D/run/slurmd-$node.pid"

@@ -428,6 +428,7 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
     std::string dialed;  // "<address> <port>"
     Handshake hello;
     bool sent = false;
+    int redials = 0;
   };
   std::vector<Probe> open;
   std::vector<std::pair<int, std::string>> dead;  // rank, why
@@ -442,6 +443,26 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
     }
     return false;
   };
+  // Opens (or opens again) a probe's connection; false when it cannot be open: refused (its process is gone, and
+  // `dead` says so) or another error (nothing known).
+  auto dial = [&](Probe& p) {
+    const auto space = p.dialed.find(' ');
+    const int fd = posix::connect_start(p.dialed.substr(0, space), p.dialed.substr(space + 1));
+    if (fd < 0) {
+      if (errno == ECONNREFUSED) dead.emplace_back(p.peer, "its connection is refused: " + p.dialed + ": " + errno_text(ECONNREFUSED));
+      return false;
+    }
+    p.fd = posix::Fd(fd);
+    p.sent = false;
+    return true;
+  };
+  // A connection that closes before the answer came was accepted by a process on its way out (a killed rank's
+  // kernel holds its listener until its memory is torn down) or, rarely, turned away by a live one: dialed again,
+  // the first is refused and the second answers. A few times at most within the limit.
+  constexpr int kRedials = 3;
+  auto closed_unanswered = [&](Probe& p) {  // true when the probe stays open
+    return p.redials++ < kRedials && dial(p);
+  };
   for (int peer : ranks) {
     if (open.size() >= max_probes) break;
     if (peer < 0 || peer >= m.settings.world_size || peer == m.settings.rank) continue;
@@ -451,19 +472,15 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
     }
     auto addr = m.read_address(peer);
     if (!addr) continue;  // not published, or (files) left in order
-    const std::string dialed = addr->first + " " + addr->second;
-    const int fd = posix::connect_start(addr->first, addr->second);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE) break;  // no descriptor left: probe those open
-      if (errno == ECONNREFUSED) dead.emplace_back(peer, "its connection is refused: " + dialed + ": " + errno_text(ECONNREFUSED));
-      continue;
-    }
     Probe p;
     p.peer = peer;
-    p.fd = posix::Fd(fd);
-    p.dialed = dialed;
+    p.dialed = addr->first + " " + addr->second;
     p.hello = m.handshake(kHelloProbe);
     if (!random_bytes(p.hello.nonce, sizeof p.hello.nonce)) continue;
+    if (!dial(p)) {
+      if (errno == EMFILE || errno == ENFILE) break;  // no descriptor left: probe those open
+      continue;
+    }
     open.push_back(std::move(p));
   }
   // Each probe: connected (POLLOUT) -> hello sent -> the answer read (POLLIN). Done ones leave `open`.
@@ -489,6 +506,8 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
         if (err == ECONNREFUSED) {
           dead.emplace_back(p.peer, "its connection is refused: " + p.dialed + ": " + errno_text(err));
           done = true;
+        } else if (err == ECONNRESET) {
+          done = !closed_unanswered(p);
         } else if (err != 0 || ::send(p.fd.get(), &p.hello, sizeof p.hello, MSG_NOSIGNAL | MSG_DONTWAIT) !=
                                    static_cast<ssize_t>(sizeof p.hello)) {
           done = true;  // 104 bytes into a new connection's empty buffer are never partial
@@ -496,10 +515,14 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
           p.sent = true;
         }
       } else if (n > 0 && pfds[i].revents != 0) {
-        // Its mesh thread answered (or the connection closed or failed): not a silent rank.
+        // Its mesh thread answered: not a silent rank. Closed without an answer: asked again.
         char buf[sizeof(Handshake)];
         const ssize_t got = ::recv(p.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
-        done = got >= 0 || (errno != EAGAIN && errno != EINTR);
+        if (got > 0) {
+          done = true;
+        } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+          done = !closed_unanswered(p);
+        }
       }
       if (!done) still.push_back(std::move(p));
     }

@@ -777,6 +777,33 @@ TEST_CASE("last words: every rank of a dead node counts as lost, found by the me
   }
 }
 
+TEST_CASE("last words: a rank that dies while the decision's probe waits on it counts as lost",
+          "[hooks][last_words]") {
+  // The node's members are frozen when their leader dies, and are killed while the decision's probe waits for their
+  // answer: their kernels took the probe's connection into the listener's queue and reset it at the exit. A
+  // connection closed without an answer proves nothing about a live rank, but the dial that follows it does: the
+  // listener is gone, so it is refused, and all 8 count as lost before the decision floods, well within the
+  // probe's limit.
+  TempDir dir;
+  LogCapture logs;
+  NodeOfEight n = node_of_eight(dir.path(), "lwprobed");
+  ::kill(n.rest.pid, SIGSTOP);
+  end_child(n.leader);
+  // The decision comes 500 ms after the death (every survivor reported and the plan writes) and probes for
+  // dead_after (1,500 ms here).
+  std::this_thread::sleep_for(1000ms);
+  end_child(n.rest);
+  REQUIRE(last_words_done(n.ranks, n.survivors, 10s));
+  std::vector<int> node{16};
+  node.insert(node.end(), n.members.begin(), n.members.end());
+  check_lost(n.ranks, n.survivors, node);
+  CHECK(logs.has("its connection is refused"));
+  CHECK_FALSE(logs.has("no answer to a probe within"));
+  for (Rank& r : n.ranks) {
+    if (r.cp) (void)r.cp->close();
+  }
+}
+
 TEST_CASE("last words: every rank of a frozen node counts as lost", "[hooks][last_words]") {
   // A node of 8 ranks (heartbeat group 2: ranks 16 to 23) freezes whole: its processes stop, its kernel still
   // accepts connections. Rank 16's parent finds it silent after dead_after; the members were linked to rank 16
