@@ -313,17 +313,6 @@ SlurmNews news_of(const JobRecord& r, const SlurmJob& s, double now, int expedit
   }
 }
 
-std::vector<std::string> own_exclusions(const JobRecord& r, const SlurmJob& s) {
-  std::vector<std::string> own;
-  auto excluded = expand_hostlist(s.excluded);
-  if (!excluded) return own;
-  for (const auto& n : *excluded) {
-    const auto is_n = [&](const BadNode& b) { return b.node == n; };
-    if (std::none_of(r.bad_nodes.begin(), r.bad_nodes.end(), is_n) && !contains(own, n)) own.push_back(n);
-  }
-  return own;
-}
-
 std::vector<std::string> own_exclusions_now(const JobRecord& r, const SlurmJob& s) {
   std::vector<std::string> before = r.own_excluded.value_or(std::vector<std::string>{});
   auto excluded = expand_hostlist(s.excluded);
@@ -336,6 +325,12 @@ std::vector<std::string> own_exclusions_now(const JobRecord& r, const SlurmJob& 
   }
   std::sort(own.begin(), own.end());
   return own;
+}
+
+std::vector<std::string> own_exclusions(const JobRecord& r, const SlurmJob& s) {
+  JobRecord first = r;  // nothing noted yet: every node there that was never bad
+  first.own_excluded.reset();
+  return own_exclusions_now(first, s);
 }
 
 std::vector<std::string> job_exclusions(const JobRecord& r, const std::vector<std::string>& bad) {
