@@ -242,6 +242,18 @@ std::vector<int> behind(const Plan& plan, const std::vector<RankReport>& reports
   return out;
 }
 
+std::optional<int> late_stand_in(const std::vector<RankReport>& reports, const std::set<int>& gone, int ward,
+                                 std::uint64_t step) {
+  std::optional<int> holder;
+  for (const RankReport& r : reports) {
+    const int h = r.coord.rank;
+    if (!r.alive || h == ward || gone.count(h) != 0 || (holder && *holder <= h)) continue;
+    const bool holds = std::find(r.held.begin(), r.held.end(), std::pair<int, std::uint64_t>{ward, step}) != r.held.end();
+    if (holds) holder = h;
+  }
+  return holder;
+}
+
 std::string format_coord(int dp, int tp, int pp) {
   return "dp" + std::to_string(dp) + "/tp" + std::to_string(tp) + "/pp" + std::to_string(pp);
 }

@@ -101,6 +101,7 @@ struct LastWords::Impl {
     std::uint32_t stand_ins_expected = 0;
     std::map<int, StandInFrame> stand_ins;  // ward -> who writes its shard from a partner copy
   } decision;
+  std::set<int> wards_written;                // guarded by mu: the wards whose shard this rank wrote (or began)
   bool ended = false;                         // guarded by mu: the root's outcome came
   bool ended_committed = false;
   LastWordsOutcome outcome;                   // guarded by mu
@@ -128,7 +129,7 @@ struct LastWords::Impl {
 
   bool decision_complete_locked() const {
     return decision.came && std::none_of(decision.stages.begin(), decision.stages.end(), [](int d) { return d < -1; }) &&
-           decision.stand_ins.size() == decision.stand_ins_expected;
+           decision.stand_ins.size() >= decision.stand_ins_expected;  // more: a writer died, a copy stands in
   }
 
   // Starts the last words here; `alarm`: tell every rank (a signal, a trigger, an alarm passed on).
@@ -484,6 +485,33 @@ struct LastWords::Impl {
     return out;
   }
 
+  // The reports as the plan takes them (mu held): every rank's, a missing one dead at its coordinate. `unable`
+  // gets a line for each rank that said it cannot write its state.
+  std::vector<last_words::RankReport> reports_locked(std::vector<std::string>* unable) const {
+    std::vector<last_words::RankReport> out;
+    if (unable) unable->clear();
+    for (const auto& [p, sent] : tally.reports) {
+      last_words::RankReport r;
+      r.coord = p == rank ? config.coord : unpack_coord(p, sent.coord);
+      r.alive = sent.can_write && tally.gone.count(p) == 0;
+      if (!sent.can_write && unable) {
+        unable->push_back("rank " + std::to_string(p) + " cannot write its state (counted as lost)");
+      }
+      r.mid_update = sent.mid_update;
+      r.step = sent.step;
+      if (auto h = tally.held.find(p); h != tally.held.end()) {
+        for (const HeldFrame& f : h->second) {
+          if (f.own_step && std::find(r.memory_steps.begin(), r.memory_steps.end(), *f.own_step) == r.memory_steps.end()) {
+            r.memory_steps.push_back(*f.own_step);
+          }
+          if (f.ward >= 0) r.held.emplace_back(f.ward, f.ward_step);
+        }
+      }
+      out.push_back(r);
+    }
+    return fill_missing(std::move(out));
+  }
+
   // Phase 2 at the root: every rank reported or is gone (or the gather time is up); plans once and floods the
   // decision. Elsewhere: waits for the decision. False when no decision came.
   bool decide(Clock::time_point t0) {
@@ -499,30 +527,7 @@ struct LastWords::Impl {
     constexpr auto kSettle = std::chrono::milliseconds(500);
     constexpr auto kProbeUnheard = std::chrono::milliseconds(300);  // the least a probe of the unheard waits
     std::vector<std::string> unable;
-    auto current_reports = [&] {
-      std::vector<last_words::RankReport> out;
-      unable.clear();
-      for (const auto& [p, sent] : tally.reports) {
-        last_words::RankReport r;
-        r.coord = p == rank ? config.coord : unpack_coord(p, sent.coord);
-        r.alive = sent.can_write && tally.gone.count(p) == 0;
-        if (!sent.can_write) {
-          unable.push_back("rank " + std::to_string(p) + " cannot write its state (counted as lost)");
-        }
-        r.mid_update = sent.mid_update;
-        r.step = sent.step;
-        if (auto h = tally.held.find(p); h != tally.held.end()) {
-          for (const HeldFrame& f : h->second) {
-            if (f.own_step && std::find(r.memory_steps.begin(), r.memory_steps.end(), *f.own_step) == r.memory_steps.end()) {
-              r.memory_steps.push_back(*f.own_step);
-            }
-            if (f.ward >= 0) r.held.emplace_back(f.ward, f.ward_step);
-          }
-        }
-        out.push_back(r);
-      }
-      return fill_missing(std::move(out));
-    };
+    auto current_reports = [&] { return reports_locked(&unable); };
     std::optional<last_words::Plan> early;
     auto next_try = t0 + kSettle;
     // The dir's newest committed step: no terminal checkpoint before it. Read by the root alone, once, and never
@@ -711,13 +716,58 @@ struct LastWords::Impl {
         announce_written(rank, step, s);
       }
     }
-    for (const auto& [ward, stand_in] : stand_ins) {
-      if (stand_in.holder != rank) continue;
-      const std::vector<std::string> keys =
-          last_words::writer_keys(config.layout, replica, unpack_coord(ward, stand_in.ward_coord));
-      Status s = mem.write_ward ? mem.write_ward(ward, step, keys) : Status::failure("no memory tier");
-      announce_written(ward, step, s);
+    for (const auto& [ward, stand_in] : stand_ins) write_ward(stand_in, replica, mem);
+  }
+
+  // The shard of a ward this rank stands in for, from its partner copy, once.
+  void write_ward(const StandInFrame& stand_in, const std::vector<int>& replica, const MemoryHooks& mem) {
+    if (stand_in.holder != rank) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!wards_written.insert(stand_in.ward).second) return;
     }
+    const std::vector<std::string> keys =
+        last_words::writer_keys(config.layout, replica, unpack_coord(stand_in.ward, stand_in.ward_coord));
+    Status s = mem.write_ward ? mem.write_ward(stand_in.ward, stand_in.step, keys) : Status::failure("no memory tier");
+    announce_written(stand_in.ward, stand_in.step, s);
+  }
+
+  // A stand-in the root named after the decision (a writer died since) that this rank has still to write; mu held.
+  std::optional<StandInFrame> late_ward_locked() const {
+    for (const auto& [ward, stand_in] : decision.stand_ins) {
+      if (stand_in.holder == rank && wards_written.count(ward) == 0) return stand_in;
+    }
+    return std::nullopt;
+  }
+
+  // Writes each late stand-in of this rank's (lock held on entry and on return).
+  void write_late_wards(std::unique_lock<std::mutex>& lock) {
+    while (std::optional<StandInFrame> late = late_ward_locked()) {
+      const std::vector<int> replica = decision.stages;
+      const MemoryHooks mem = memory;
+      lock.unlock();
+      write_ward(*late, replica, mem);
+      lock.lock();
+    }
+  }
+
+  // At the root, mu held: writer `ward` died before its shard was durable. A live rank holding its partner copy of
+  // the step writes the shard in its place (flooded as a stand-in, as the decision's are); false when none can.
+  bool stand_in_late_locked(int ward, std::uint64_t step) {
+    if (decision.stand_ins.count(ward) != 0) return false;  // its stand-in died: the copy with it
+    const std::optional<int> holder = last_words::late_stand_in(reports_locked(nullptr), tally.gone, ward, step);
+    if (!holder) return false;
+    auto it = tally.reports.find(ward);
+    const store::RankCoord c = it != tally.reports.end() ? unpack_coord(ward, it->second.coord)
+                                                         : config.layout.coord_of(ward);
+    const StandInFrame stand_in{ward, *holder, step, pack_coord(c)};
+    decision.stand_ins[ward] = stand_in;
+    log::info(rank, "last words: rank " + std::to_string(ward) + " died before its shard of step " +
+                        std::to_string(step) + " was durable: its partner copy on rank " + std::to_string(*holder) +
+                        " stands in");
+    net()->flood(stand_in.to_frame(), -1);
+    cv.notify_all();
+    return true;
   }
 
   // `shard`'s terminal shard of `step` was written here (or failed): up to the root.
@@ -740,7 +790,12 @@ struct LastWords::Impl {
     const auto deadline = t0 + timing.deadline;
     std::unique_lock<std::mutex> lock(mu);
     if (!net()->links().is_root) {
-      cv.wait_until(lock, deadline + std::chrono::milliseconds(500), [&] { return stopping || ended; });
+      // Until the outcome; a stand-in the root names meanwhile (a writer died) is written on the way.
+      while (cv.wait_until(lock, deadline + std::chrono::milliseconds(500),
+                           [&] { return stopping || ended || late_ward_locked(); }) &&
+             !stopping && !ended) {
+        write_late_wards(lock);
+      }
       return;
     }
     const std::uint64_t step = decision.step;
@@ -771,13 +826,24 @@ struct LastWords::Impl {
         }
         return std::nullopt;
       };
-      cv.wait_until(lock, deadline, [&] {
-        if (stopping) return true;
+      // The first writer that died before its shard was durable; none while every one is alive or done.
+      auto died = [&]() -> std::optional<int> {
         for (int w : writers) {
-          if (!tally.wrote.count(w) && tally.gone.count(author(w))) return true;  // a writer died: no use waiting
+          if (!tally.wrote.count(w) && tally.gone.count(author(w))) return w;
         }
-        return !missing();
-      });
+        return std::nullopt;
+      };
+      for (;;) {
+        const bool woke = cv.wait_until(lock, deadline, [&] {
+          return stopping || !missing() || died() || late_ward_locked();
+        });
+        if (!woke || stopping || !missing()) break;
+        if (late_ward_locked()) {
+          write_late_wards(lock);
+          continue;
+        }
+        if (std::optional<int> w = died(); !w || !stand_in_late_locked(*w, step)) break;  // no use waiting
+      }
       bool all = true;
       for (int w : writers) {
         auto it = tally.wrote.find(w);
@@ -827,7 +893,6 @@ struct LastWords::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       outcome.step = decision.step;
-      for (const auto& [ward, stand_in] : decision.stand_ins) outcome.stand_ins[ward] = stand_in.holder;
       if (decision.root != rank) {
         outcome.summary = std::string("last words: ") + (decision.write ? "writing" : "not writing") +
                           " a terminal checkpoint at step " + std::to_string(decision.step) + " (rank " +
@@ -851,6 +916,10 @@ struct LastWords::Impl {
       outcome.ended_committed = ended_committed;
       outcome.lost = tally.died_before_outcome;
       std::sort(outcome.lost.begin(), outcome.lost.end());
+      // The decision's stand-ins and those named after it, for a writer that died.
+      if (decision.came && decision.write) {
+        for (const auto& [ward, stand_in] : decision.stand_ins) outcome.stand_ins[ward] = stand_in.holder;
+      }
       for (int p : tally.died) lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(p);
       lost_ranks = tally.died;
       decider = decision.root == rank;

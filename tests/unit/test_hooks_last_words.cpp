@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +42,8 @@ double value_of(const store::RankCoord& c, std::uint64_t step) {
 
 // The doubles of each rank's state; a test may give the ranks of its child process more.
 std::size_t state_doubles = 64;
+// Whether make_ranks' checkpointers start their last words at SIGTERM (a child process's, set in the child).
+bool ranks_take_signals = false;
 
 struct Rank {
   std::unique_ptr<Checkpointer> cp;
@@ -75,6 +78,7 @@ std::vector<Rank> make_ranks(const std::string& dir, int world, const std::strin
         Options o = options({{"dir", dir}, {"rank", std::to_string(r)}, {"world_size", std::to_string(world)},
                              {"layout", layout}, {"last_words", "on"}, {"exit_grace", "0s"}, {"interval", interval},
                              {"run_id", run_id}, {"copy_threads", "0"}});
+        if (ranks_take_signals) (void)o.set("signals", "on");
         Rank& me = ranks[static_cast<std::size_t>(r)];
         me.cp = make(o);
         if (Status s = me.cp->register_region({"model", me.state.data(), me.state.size() * sizeof(double)}); !s) {
@@ -1058,10 +1062,19 @@ struct MemoryTierJob {
   std::vector<Rank> ranks;  // 0 and 1; 2 lives in `child`
 
   // Trains every rank `steps` steps; the child says it is ready once rank 0 kept its copy of step `steps`.
-  Child start(const std::string& run_id, std::uint64_t steps) {
+  // `then` runs in the child once it is ready, with its rank 2; `signals`: the child's last words start at SIGTERM.
+  Child start(const std::string& run_id, std::uint64_t steps, bool signals = false,
+              const std::function<bool(Rank&)>& then = nullptr) {
     Child child = spawn(dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", run_id, {2}, steps, "1000steps",
-                        [] { ::setenv("SLURMD_NODENAME", "node-b", 1); },
-                        [steps](std::vector<Rank>& mine) { return mine[2].cp->stats().partner_copies >= steps; }, 30ms);
+                        [signals] {
+                          ::setenv("SLURMD_NODENAME", "node-b", 1);
+                          ranks_take_signals = signals;
+                        },
+                        [steps, then](std::vector<Rank>& mine) {
+                          if (mine[2].cp->stats().partner_copies < steps) return false;
+                          return !then || then(mine[2]);
+                        },
+                        30ms);
     ranks = make_ranks(dir.path(), 3, "dp=3,tp=1,pp=1,zero1=on", run_id, {0, 1});
     for (int r : {0, 1}) REQUIRE(ranks[static_cast<std::size_t>(r)].cp->restore().value() == 0);
     REQUIRE(train(ranks, 0, steps, 30ms));
@@ -1105,6 +1118,21 @@ void check_restores(const std::string& dir, const std::string& run_id, std::uint
     }
     CHECK(r.cp->close());
   }
+}
+
+// Makes the pages wholly inside `state` unreadable, and a thread that reads them wait there for good: a write of
+// the state that cannot end (the process is killed in it). False when no whole page lies inside.
+bool stall_reads_of(std::vector<double>& state) {
+  struct sigaction stall {};
+  stall.sa_handler = [](int) {
+    for (;;) ::pause();
+  };
+  sigemptyset(&stall.sa_mask);
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<std::uintptr_t>(state.data()) + page - 1) / page * page;
+  const auto end = reinterpret_cast<std::uintptr_t>(state.data() + state.size()) / page * page;
+  return end > begin && ::sigaction(SIGSEGV, &stall, nullptr) == 0 &&
+         ::mprotect(reinterpret_cast<void*>(begin), end - begin, PROT_NONE) == 0;
 }
 
 // A MemoryCopy's ranges as memory a restore may take them from.
@@ -1154,6 +1182,44 @@ TEST_CASE("memory tier: a ZeRO-1 rank is killed, and its partner's copy writes i
     job.ranks.clear();
   }
   check_restores(job.dir.path(), "mt2", 6, live);
+}
+
+TEST_CASE("memory tier: a writer that dies in its write has its shard written from its partner copy",
+          "[hooks][last_words][memtier]") {
+  // A SIGTERM to rank 2 (the child) starts every rank's last words; all three report whole at step 4 and the plan
+  // has each write its own shard. Rank 2 cannot finish its write (its state's pages are unreadable) and is killed
+  // in it, as a node's ranks die one after another while their memory is torn down. The root then has rank 0,
+  // which holds rank 2's copy of step 4, write that shard: the terminal checkpoint is committed, and restores.
+  struct Doubles {
+    std::size_t before = state_doubles;
+    Doubles() { state_doubles = 2048; }  // 16 KiB: whole pages inside
+    ~Doubles() { state_doubles = before; }
+  } doubles;
+  MemoryTierJob job;
+  {
+    Child child = job.start("mt9", 4, true, [](Rank& r) { return stall_reads_of(r.state); });
+    wait_ready(child);
+    ::kill(child.pid, SIGTERM);
+    REQUIRE(wait_for([&] { return job.logs.has("last words: writing a terminal checkpoint at step 4"); }, 10s));
+    std::this_thread::sleep_for(300ms);  // rank 2 is inside its write, for good
+    CHECK(committed_steps(job.dir.path()).empty());
+    end_child(child);
+    REQUIRE(wait_for([&] { return committed_steps(job.dir.path()) == std::vector<std::uint64_t>{4}; }, 10s));
+    CHECK(job.logs.has("last words: rank 2 died before its shard of step 4 was durable: its partner copy on rank 0 "
+                       "stands in"));
+    CHECK(job.logs.has("last words: wrote rank 2's terminal shard of step 4 from its partner copy"));
+    REQUIRE(wait_for([&] { return job.ranks[1].cp->last_words_report().done; }, 10s));
+    for (int r : {0, 1}) {
+      CAPTURE(r);
+      const auto report = job.ranks[static_cast<std::size_t>(r)].cp->last_words_report();
+      CHECK(report.committed);
+      CHECK(report.lost == std::vector<int>{2});
+      CHECK(report.stand_ins == std::map<int, int>{{2, 0}});
+    }
+    job.close_survivors();
+    job.ranks.clear();
+  }
+  check_restores(job.dir.path(), "mt10", 4);
 }
 
 TEST_CASE("memory tier: ZeRO-1 survivors caught mid-update write the step their staging holds",

@@ -761,6 +761,25 @@ TEST_CASE("last words: a dead holder cannot stand in", "[last_words]") {
   CHECK(both.summary.ends_with("; 2 shards from partner copies"));
 }
 
+TEST_CASE("last words: a writer that dies after the plan gets the lowest live holder of its copy as stand-in",
+          "[last_words]") {
+  // ZeRO-1 over 4 ranks; the plan has every rank write its own shard of step 100. Rank 1 dies in its write.
+  const Layout l{4, 1, 1, true};
+  auto reports = healthy(l);
+  at(reports, 3, 0, 0).held = {{1, 99}, {1, 100}};
+  at(reports, 2, 0, 0).held = {{1, 100}};
+  at(reports, 0, 0, 0).held = {{3, 100}};
+  REQUIRE(last_words::plan(l, reports).write);
+  CHECK(last_words::late_stand_in(reports, {1}, 1, 100) == 2);   // the lowest of the two holders of step 100
+  CHECK(last_words::late_stand_in(reports, {1, 2}, 1, 100) == 3);  // its copy died with rank 2: rank 3's
+  CHECK(last_words::late_stand_in(reports, {1}, 1, 99) == 3);    // only rank 3 holds step 99
+  CHECK_FALSE(last_words::late_stand_in(reports, {1}, 1, 101));   // nobody holds a copy of step 101
+  CHECK_FALSE(last_words::late_stand_in(reports, {1, 2, 3}, 1, 100));  // every holder gone
+  at(reports, 2, 0, 0).alive = false;  // dead before the plan (no report): its copies are no source
+  CHECK(last_words::late_stand_in(reports, {1}, 1, 100) == 3);
+  CHECK_FALSE(last_words::late_stand_in(reports, {}, 0, 100));  // nobody holds rank 0's shard
+}
+
 TEST_CASE("last words: a tensor-parallel group completed by a partner copy", "[last_words]") {
   const Layout l{2, 2, 1, false};  // dp0 = ranks 0, 1; dp1 = ranks 2, 3
   auto reports = healthy(l);

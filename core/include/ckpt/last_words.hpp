@@ -102,6 +102,14 @@ std::vector<store::ShardRecord> planned_records(const Plan& plan);
 // plan that does not write.
 std::vector<int> behind(const Plan& plan, const std::vector<RankReport>& reports);
 
+// A writer of a plan's `step` died after the plan, before its shard was durable (a node's ranks die one by one as
+// their memory is torn down, or a rank is killed alone in its write): the live rank that writes `ward`'s shard in its
+// place from the partner copy of `step` it holds, or none. `reports` are those the plan was made from, `gone` the
+// ranks lost since; among the holders, the lowest rank, as plan() chooses. The stand-in goes on from there as any
+// other: the keys writer_keys() gives the ward's coordinate, under the ward's rank.
+std::optional<int> late_stand_in(const std::vector<RankReport>& reports, const std::set<int>& gone, int ward,
+                                 std::uint64_t step);
+
 // "dp1/tp0/pp2".
 std::string format_coord(int dp, int tp, int pp);
 
