@@ -305,6 +305,7 @@ struct LastWords::Impl {
         std::lock_guard<std::mutex> lock(mu);
         if (decision.stand_ins.size() >= static_cast<std::size_t>(config.world_size)) return;
         if (!decision.stand_ins.emplace(got.ward, got).second) return;
+        if (decision.came && decision.write) outcome.stand_ins[got.ward] = got.holder;  // a late one: a writer died
         net()->flood(f, from);
         cv.notify_all();
         break;
@@ -313,7 +314,7 @@ struct LastWords::Impl {
         const auto got = heartbeat::WroteFrame::from_frame(f);
         if (got.rank < 0 || got.rank >= config.world_size) return;
         std::lock_guard<std::mutex> lock(mu);
-        if (!tally.wrote.emplace(got.rank, got.durable).second) return;
+        if (!note_written_locked(got.rank, got.durable)) return;
         net()->send_up(f);
         cv.notify_all();
         break;
@@ -751,22 +752,35 @@ struct LastWords::Impl {
     }
   }
 
-  // At the root, mu held: writer `ward` died before its shard was durable. A live rank holding its partner copy of
-  // the step writes the shard in its place (flooded as a stand-in, as the decision's are); false when none can.
+  // At the root, mu held: writer `ward` died before its shard was durable, or failed it. A live rank holding its
+  // partner copy of the step writes the shard in its place (flooded as a stand-in, as the decision's are); false
+  // when none can.
   bool stand_in_late_locked(int ward, std::uint64_t step) {
-    if (decision.stand_ins.count(ward) != 0) return false;  // its stand-in died: the copy with it
+    if (decision.stand_ins.count(ward) != 0) return false;  // its stand-in died or failed too
     const std::optional<int> holder = last_words::late_stand_in(reports_locked(nullptr), tally.gone, ward, step);
     if (!holder) return false;
+    const bool failed = tally.wrote.erase(ward) != 0;  // the stand-in's outcome is the one that counts
     auto it = tally.reports.find(ward);
     const store::RankCoord c = it != tally.reports.end() ? unpack_coord(ward, it->second.coord)
                                                          : config.layout.coord_of(ward);
     const StandInFrame stand_in{ward, *holder, step, pack_coord(c)};
     decision.stand_ins[ward] = stand_in;
-    log::info(rank, "last words: rank " + std::to_string(ward) + " died before its shard of step " +
-                        std::to_string(step) + " was durable: its partner copy on rank " + std::to_string(*holder) +
-                        " stands in");
+    outcome.stand_ins[ward] = *holder;
+    log::info(rank, "last words: rank " + std::to_string(ward) +
+                        (failed ? " failed its shard of step " + std::to_string(step)
+                                : " died before its shard of step " + std::to_string(step) + " was durable") +
+                        ": its partner copy on rank " + std::to_string(*holder) + " stands in");
     net()->flood(stand_in.to_frame(), -1);
     cv.notify_all();
+    return true;
+  }
+
+  // A shard's outcome, once; a failed one may be followed by its stand-in's success (mu held). True when news.
+  bool note_written_locked(int shard, bool durable) {
+    auto [it, fresh] = tally.wrote.emplace(shard, durable);
+    if (fresh) return true;
+    if (it->second || !durable) return false;
+    it->second = true;
     return true;
   }
 
@@ -778,7 +792,7 @@ struct LastWords::Impl {
     }
     const heartbeat::Frame done = heartbeat::WroteFrame{shard, step, static_cast<bool>(s)}.to_frame();
     std::lock_guard<std::mutex> lock(mu);
-    tally.wrote.emplace(shard, static_cast<bool>(s));
+    (void)note_written_locked(shard, static_cast<bool>(s));
     if (shard == rank) outcome.wrote = static_cast<bool>(s);
     net()->send_up(done);
     cv.notify_all();
@@ -826,23 +840,30 @@ struct LastWords::Impl {
         }
         return std::nullopt;
       };
-      // The first writer that died before its shard was durable; none while every one is alive or done.
-      auto died = [&]() -> std::optional<int> {
+      // The first writer whose author died before its shard was durable, or that failed it with no stand-in yet.
+      auto unwritten = [&]() -> std::optional<int> {
         for (int w : writers) {
-          if (!tally.wrote.count(w) && tally.gone.count(author(w))) return w;
+          auto it = tally.wrote.find(w);
+          if (it == tally.wrote.end() ? tally.gone.count(author(w)) != 0
+                                      : !it->second && decision.stand_ins.count(w) == 0) {
+            return w;
+          }
         }
         return std::nullopt;
       };
       for (;;) {
         const bool woke = cv.wait_until(lock, deadline, [&] {
-          return stopping || !missing() || died() || late_ward_locked();
+          return stopping || !missing() || unwritten() || late_ward_locked();
         });
-        if (!woke || stopping || !missing()) break;
+        if (!woke || stopping) break;
         if (late_ward_locked()) {
           write_late_wards(lock);
           continue;
         }
-        if (std::optional<int> w = died(); !w || !stand_in_late_locked(*w, step)) break;  // no use waiting
+        if (std::optional<int> w = unwritten()) {
+          if (stand_in_late_locked(*w, step)) continue;
+        }
+        break;  // every writer answered, or one cannot be stood in for: no use waiting
       }
       bool all = true;
       for (int w : writers) {
@@ -893,6 +914,7 @@ struct LastWords::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       outcome.step = decision.step;
+      for (const auto& [ward, stand_in] : decision.stand_ins) outcome.stand_ins[ward] = stand_in.holder;
       if (decision.root != rank) {
         outcome.summary = std::string("last words: ") + (decision.write ? "writing" : "not writing") +
                           " a terminal checkpoint at step " + std::to_string(decision.step) + " (rank " +
@@ -916,10 +938,6 @@ struct LastWords::Impl {
       outcome.ended_committed = ended_committed;
       outcome.lost = tally.died_before_outcome;
       std::sort(outcome.lost.begin(), outcome.lost.end());
-      // The decision's stand-ins and those named after it, for a writer that died.
-      if (decision.came && decision.write) {
-        for (const auto& [ward, stand_in] : decision.stand_ins) outcome.stand_ins[ward] = stand_in.holder;
-      }
       for (int p : tally.died) lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(p);
       lost_ranks = tally.died;
       decider = decision.root == rank;

@@ -1184,12 +1184,14 @@ TEST_CASE("memory tier: a ZeRO-1 rank is killed, and its partner's copy writes i
   check_restores(job.dir.path(), "mt2", 6, live);
 }
 
-TEST_CASE("memory tier: a writer that dies in its write has its shard written from its partner copy",
+TEST_CASE("memory tier: a writer that cannot write its shard has it written from its partner copy",
           "[hooks][last_words][memtier]") {
   // A SIGTERM to rank 2 (the child) starts every rank's last words; all three report whole at step 4 and the plan
-  // has each write its own shard. Rank 2 cannot finish its write (its state's pages are unreadable) and is killed
-  // in it, as a node's ranks die one after another while their memory is torn down. The root then has rank 0,
-  // which holds rank 2's copy of step 4, write that shard: the terminal checkpoint is committed, and restores.
+  // has each write its own shard. Rank 2's state pages are unreadable, so its write cannot end: where it copies
+  // them (through the writer's bounce buffer) it stalls there for good and is killed in it, as a node's ranks die
+  // one after another while their memory is torn down; where the kernel reads them (a direct write from a
+  // page-aligned buffer, as TSAN's allocator gives) the write fails. Either way the root has rank 0, which holds
+  // rank 2's copy of step 4, write that shard: the terminal checkpoint is committed, and restores.
   struct Doubles {
     std::size_t before = state_doubles;
     Doubles() { state_doubles = 2048; }  // 16 KiB: whole pages inside
@@ -1201,19 +1203,22 @@ TEST_CASE("memory tier: a writer that dies in its write has its shard written fr
     wait_ready(child);
     ::kill(child.pid, SIGTERM);
     REQUIRE(wait_for([&] { return job.logs.has("last words: writing a terminal checkpoint at step 4"); }, 10s));
-    std::this_thread::sleep_for(300ms);  // rank 2 is inside its write, for good
-    CHECK(committed_steps(job.dir.path()).empty());
+    const std::string failed = "last words: rank 2 failed its shard of step 4: its partner copy on rank 0 stands in";
+    const bool write_failed = wait_for([&] { return job.logs.has(failed); }, 2s);
+    if (!write_failed) CHECK(committed_steps(job.dir.path()).empty());  // rank 2 is inside its write, for good
     end_child(child);
     REQUIRE(wait_for([&] { return committed_steps(job.dir.path()) == std::vector<std::uint64_t>{4}; }, 10s));
-    CHECK(job.logs.has("last words: rank 2 died before its shard of step 4 was durable: its partner copy on rank 0 "
-                       "stands in"));
+    if (!write_failed) {
+      CHECK(job.logs.has("last words: rank 2 died before its shard of step 4 was durable: its partner copy on rank "
+                         "0 stands in"));
+    }
     CHECK(job.logs.has("last words: wrote rank 2's terminal shard of step 4 from its partner copy"));
     REQUIRE(wait_for([&] { return job.ranks[1].cp->last_words_report().done; }, 10s));
     for (int r : {0, 1}) {
       CAPTURE(r);
       const auto report = job.ranks[static_cast<std::size_t>(r)].cp->last_words_report();
       CHECK(report.committed);
-      CHECK(report.lost == std::vector<int>{2});
+      if (!write_failed) CHECK(report.lost == std::vector<int>{2});
       CHECK(report.stand_ins == std::map<int, int>{{2, 0}});
     }
     job.close_survivors();
