@@ -757,20 +757,15 @@ TEST_CASE("last words: a step committed already is the outcome, as if written", 
   }
 }
 
-TEST_CASE("last words: every rank of a dead node counts as lost, found by the mesh in time or not",
-          "[hooks][last_words]") {
-  // A node of 8 ranks (heartbeat group 2: ranks 16 to 23) dies, its members a little after their leader: rank 16
-  // is killed while 17 to 23 are frozen, and they are killed once rank 0's dialer, which probes the group's next
-  // leader, hangs in a handshake with frozen rank 17 (a probe that connects and then fails tells the dialer
-  // nothing). Only rank 16 was linked to a survivor. The survivors (16 of 24) decide as soon as they have reported;
-  // every rank the decision went without whose process is gone must count as lost, or restart in place plans one
-  // spare where eight are needed and its next generation waits out the join timeout for the other seven.
-  TempDir dir;
-  LogCapture logs;
-  NodeOfEight n = node_of_eight(dir.path(), "lwnode");
+namespace {
+
+// The node of eight dies in turn: its members are frozen, its leader killed, and the members killed `after` that;
+// every survivor must count all 8 as lost.
+void node_dies_in_turn(const std::string& dir, const std::string& run_id, std::chrono::milliseconds after) {
+  NodeOfEight n = node_of_eight(dir, run_id);
   ::kill(n.rest.pid, SIGSTOP);
   end_child(n.leader);
-  std::this_thread::sleep_for(400ms);  // rank 0 probes rank 17 300 ms after rank 16's death
+  std::this_thread::sleep_for(after);
   end_child(n.rest);
   REQUIRE(last_words_done(n.ranks, n.survivors, 10s));
   std::vector<int> node{16};
@@ -781,31 +776,35 @@ TEST_CASE("last words: every rank of a dead node counts as lost, found by the me
   }
 }
 
+}  // namespace
+
+TEST_CASE("last words: every rank of a dead node counts as lost, found by the mesh in time or not",
+          "[hooks][last_words]") {
+  // A node of 8 ranks (heartbeat group 2: ranks 16 to 23) dies, its members a little after their leader: rank 16
+  // is killed while 17 to 23 are frozen, and they are killed once rank 0's dialer, which probes the group's next
+  // leader, hangs in a handshake with frozen rank 17 (a probe that connects and then fails tells the dialer
+  // nothing): 400 ms, as rank 0 probes rank 17 300 ms after rank 16's death. Only rank 16 was linked to a
+  // survivor. The survivors (16 of 24) decide as soon as they have reported; every rank the decision went without
+  // whose process is gone must count as lost, or restart in place plans one spare where eight are needed and its
+  // next generation waits out the join timeout for the other seven.
+  TempDir dir;
+  LogCapture logs;
+  node_dies_in_turn(dir.path(), "lwnode", 400ms);
+}
+
 TEST_CASE("last words: a rank that dies while the decision's probe waits on it counts as lost",
           "[hooks][last_words]") {
   // The node's members are frozen when their leader dies, and are killed while the decision's probe waits for their
   // answer: their kernels took the probe's connection into the listener's queue and reset it at the exit. A
   // connection closed without an answer proves nothing about a live rank, but the dial that follows it does: the
   // listener is gone, so it is refused, and all 8 count as lost before the decision floods, well within the
-  // probe's limit.
+  // probe's limit. The decision comes 500 ms after the death (every survivor reported and the plan writes) and
+  // probes for dead_after (1,500 ms here): the members die 1,000 ms after their leader.
   TempDir dir;
   LogCapture logs;
-  NodeOfEight n = node_of_eight(dir.path(), "lwprobed");
-  ::kill(n.rest.pid, SIGSTOP);
-  end_child(n.leader);
-  // The decision comes 500 ms after the death (every survivor reported and the plan writes) and probes for
-  // dead_after (1,500 ms here).
-  std::this_thread::sleep_for(1000ms);
-  end_child(n.rest);
-  REQUIRE(last_words_done(n.ranks, n.survivors, 10s));
-  std::vector<int> node{16};
-  node.insert(node.end(), n.members.begin(), n.members.end());
-  check_lost(n.ranks, n.survivors, node);
+  node_dies_in_turn(dir.path(), "lwprobed", 1000ms);
   CHECK(logs.has("its connection is refused"));
   CHECK_FALSE(logs.has("no answer to a probe within"));
-  for (Rank& r : n.ranks) {
-    if (r.cp) (void)r.cp->close();
-  }
 }
 
 TEST_CASE("last words: every rank of a frozen node counts as lost", "[hooks][last_words]") {
