@@ -248,8 +248,8 @@ std::optional<int> late_stand_in(const std::vector<RankReport>& reports, const s
   for (const RankReport& r : reports) {
     const int h = r.coord.rank;
     if (!r.alive || h == ward || gone.count(h) != 0 || (holder && *holder <= h)) continue;
-    const bool holds = std::find(r.held.begin(), r.held.end(), std::pair<int, std::uint64_t>{ward, step}) != r.held.end();
-    if (holds) holder = h;
+    const std::pair<int, std::uint64_t> copy{ward, step};
+    if (std::find(r.held.begin(), r.held.end(), copy) != r.held.end()) holder = h;
   }
   return holder;
 }

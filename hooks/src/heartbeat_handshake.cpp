@@ -449,7 +449,9 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
     const auto space = p.dialed.find(' ');
     const int fd = posix::connect_start(p.dialed.substr(0, space), p.dialed.substr(space + 1));
     if (fd < 0) {
-      if (errno == ECONNREFUSED) dead.emplace_back(p.peer, "its connection is refused: " + p.dialed + ": " + errno_text(ECONNREFUSED));
+      if (errno == ECONNREFUSED) {
+        dead.emplace_back(p.peer, "its connection is refused: " + p.dialed + ": " + errno_text(ECONNREFUSED));
+      }
       return false;
     }
     p.fd = posix::Fd(fd);

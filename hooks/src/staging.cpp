@@ -121,7 +121,8 @@ std::optional<HostBuffer> BufferReserve::take(std::size_t bytes, bool file, cons
     auto of_kind = [&](const HostBuffer& b) { return file ? b.file().rfind(prefix, 0) == 0 : b.anonymous(); };
     auto best = kept_.end();
     for (auto it = kept_.begin(); it != kept_.end(); ++it) {
-      if (of_kind(*it) && it->size() >= bytes && it->size() <= most && (best == kept_.end() || it->size() < best->size())) {
+      const bool fits = it->size() >= bytes && it->size() <= most;
+      if (of_kind(*it) && fits && (best == kept_.end() || it->size() < best->size())) {
         best = it;
       }
     }
