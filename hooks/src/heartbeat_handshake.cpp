@@ -425,7 +425,8 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
   struct Probe {
     int peer = -1;
     posix::Fd fd;
-    std::string dialed;  // "<address> <port>"
+    std::string host, port;  // as the rank published them
+    std::string dialed() const { return host + " " + port; }
     Handshake hello;
     bool sent = false;
     int redials = 0;
@@ -443,15 +444,15 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
     }
     return false;
   };
+  auto refused = [&](const Probe& p) {
+    dead.emplace_back(p.peer, "its connection is refused: " + p.dialed() + ": " + errno_text(ECONNREFUSED));
+  };
   // Opens (or opens again) a probe's connection; false when it cannot be open: refused (its process is gone, and
   // `dead` says so) or another error (nothing known).
   auto dial = [&](Probe& p) {
-    const auto space = p.dialed.find(' ');
-    const int fd = posix::connect_start(p.dialed.substr(0, space), p.dialed.substr(space + 1));
+    const int fd = posix::connect_start(p.host, p.port);
     if (fd < 0) {
-      if (errno == ECONNREFUSED) {
-        dead.emplace_back(p.peer, "its connection is refused: " + p.dialed + ": " + errno_text(ECONNREFUSED));
-      }
+      if (errno == ECONNREFUSED) refused(p);
       return false;
     }
     p.fd = posix::Fd(fd);
@@ -476,7 +477,8 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
     if (!addr) continue;  // not published, or (files) left in order
     Probe p;
     p.peer = peer;
-    p.dialed = addr->first + " " + addr->second;
+    p.host = addr->first;
+    p.port = addr->second;
     p.hello = m.handshake(kHelloProbe);
     if (!random_bytes(p.hello.nonce, sizeof p.hello.nonce)) continue;
     if (!dial(p)) {
@@ -506,7 +508,7 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
         socklen_t len = sizeof err;
         (void)::getsockopt(p.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
         if (err == ECONNREFUSED) {
-          dead.emplace_back(p.peer, "its connection is refused: " + p.dialed + ": " + errno_text(err));
+          refused(p);
           done = true;
         } else if (err == ECONNRESET) {
           done = !closed_unanswered(p);
@@ -531,7 +533,7 @@ std::vector<int> Mesh::probe(const std::vector<int>& ranks, std::chrono::millise
     open = std::move(still);
   }
   for (const Probe& p : open) {
-    dead.emplace_back(p.peer, "no answer to a probe within " + std::to_string(limit.count()) + " ms (" + p.dialed +
+    dead.emplace_back(p.peer, "no answer to a probe within " + std::to_string(limit.count()) + " ms (" + p.dialed() +
                                   (p.sent ? ": connected" : ": not connected") + ")");
   }
   std::vector<int> found;
