@@ -6,13 +6,18 @@
 // it retrying for its whole collective timeout (30 minutes by default), and no Python thread can run meanwhile.
 // A native thread can: past the deadline it shuts every socket opened since the snapshot it was given (gloo's
 // listener and pairs, the store client) but the store server's, gloo's connect fails, and restart.py treats the
-// generation as not formed.
+// generation as not formed. It does so at once when a process it watches (a rank new to the generation: a
+// replacement) is gone: a connection to the mailbox it published is refused (refuses()).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <condition_variable>
@@ -24,10 +29,38 @@
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace py = pybind11;
 
 namespace {
+
+// Whether a connection to addr:port (numeric) is refused within `timeout_ms`: nothing listens there any more. A
+// mailbox's listener lives as long as its process, so a refusal says the process is gone; a live one accepts, and
+// one behind a cut link times out (not a refusal).
+bool refuses(const std::string& addr, int port, int timeout_ms) {
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || found == nullptr) return false;
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  bool refused = false;
+  if (fd >= 0) {
+    int err = connect(fd, found->ai_addr, found->ai_addrlen) == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      socklen_t len = sizeof err;
+      err = poll(&p, 1, timeout_ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 ? err : ETIMEDOUT;
+    }
+    refused = err == ECONNREFUSED;
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return refused;
+}
+
+using Address = std::pair<std::string, int>;
 
 // fd -> "socket:[inode]" for this process's sockets.
 std::map<int, std::string> socket_fds() {
@@ -78,15 +111,27 @@ bool shut_socket(int fd, const std::string& target, int store_port, bool keep_st
 
 class GroupUnblock {
  public:
-  // After `seconds` unless cancelled, shuts the sockets not in `before` (fd -> "socket:[inode]", a snapshot
-  // taken before the group's store connection was made: gloo waits on the store too).
+  // After `seconds` unless cancelled, or as soon as one of `watched` refuses a connection (looked at every
+  // kWatchPeriod), shuts the sockets not in `before` (fd -> "socket:[inode]", a snapshot taken before the group's
+  // store connection was made: gloo waits on the store too).
   // The store's server side (its local port is `store_port`) is kept: the roll call after a failure uses it.
-  GroupUnblock(double seconds, std::map<int, std::string> before, int store_port)
+  GroupUnblock(double seconds, std::map<int, std::string> before, int store_port, std::vector<Address> watched)
       : before_(std::move(before)), store_port_(store_port) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    thread_ = std::thread([this, deadline] {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(seconds));
+    thread_ = std::thread([this, deadline, watched = std::move(watched)] {
       std::unique_lock<std::mutex> lock(mu_);
-      if (cv_.wait_until(lock, deadline, [this] { return cancelled_; })) return;
+      for (;;) {
+        const auto next = std::min(deadline, std::chrono::steady_clock::now() + kWatchPeriod);
+        if (cv_.wait_until(lock, next, [this] { return cancelled_; })) return;
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        lock.unlock();
+        bool gone = false;
+        for (const auto& [addr, port] : watched) gone = gone || refuses(addr, port, 200);
+        lock.lock();
+        if (gone) break;
+      }
       // Until cancelled: gloo's connect retries a refused peer with new sockets.
       do {
         for (const auto& [fd, target] : socket_fds()) {
@@ -115,6 +160,9 @@ class GroupUnblock {
   }
 
  private:
+  // Each rank dials each replacement once per period while gloo connects (and gloo itself connects every rank
+  // to every other): a dead replacement costs a period, not the join timeout.
+  static constexpr std::chrono::milliseconds kWatchPeriod{500};
   std::map<int, std::string> before_;
   int store_port_ = -1;
   std::mutex mu_;
@@ -128,6 +176,11 @@ class GroupUnblock {
 
 void bind_group_unblock(py::module& m) {
   m.def("socket_fds", &socket_fds, "This process's sockets: fd -> 'socket:[inode]'.");
+  m.def("refuses", [](const std::string& addr, int port, double timeout_s) {
+         py::gil_scoped_release release;
+         return refuses(addr, port, static_cast<int>(timeout_s * 1000));
+       }, py::arg("addr"), py::arg("port"), py::arg("timeout_s"),
+       "Whether a connection to addr:port is refused within timeout_s: nothing listens there any more.");
   m.def("local_port", [](int fd) { return port_of(fd, false); }, py::arg("fd"),
         "The local port of TCP socket `fd`; -1 when it has none (not TCP, or gone).");
   m.def("shut_group_sockets", [](const std::map<int, std::string>& sockets, int store_port) {
@@ -138,9 +191,10 @@ void bind_group_unblock(py::module& m) {
        "Shuts a group's connections (fd -> 'socket:[inode]' as socket_fds() gave them), not its store's: "
        "blocked collectives fail at once. Returns how many it shut.");
   py::class_<GroupUnblock>(m, "GroupUnblock",
-                           "Shuts the sockets opened after it was made, `seconds` later, unless cancel() came first.")
-      .def(py::init<double, std::map<int, std::string>, int>(), py::arg("seconds"), py::arg("before"),
-           py::arg("store_port"))
+                           "Shuts the sockets opened after it was made, `seconds` later or once one of `watched` "
+                           "(addr, port) refuses a connection, unless cancel() came first.")
+      .def(py::init<double, std::map<int, std::string>, int, std::vector<Address>>(), py::arg("seconds"),
+           py::arg("before"), py::arg("store_port"), py::arg("watched") = std::vector<Address>{})
       .def("cancel", [](GroupUnblock& self) {
              py::gil_scoped_release release;
              return self.cancel();

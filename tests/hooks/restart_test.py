@@ -244,5 +244,65 @@ class PlanRelayTest(unittest.TestCase):
         self.assertEqual(got, {6: self.plan.to_json(), 7: self.plan.to_json()})
 
 
+class RollCallTest(unittest.TestCase):
+    """Generation 1 of three ranks, rank 0 hosting its store, rank 2 never checking in: the host gives up on it at
+    once where its mailbox refuses (its process is gone), and waits out the timeouts where it accepts (a rank that
+    may only be slow); either way ranks 0 and 1 end the roll call with the same verdict."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        self.members, self.boxes = {}, {}
+        for r in range(3):
+            env = {"CKPT_INPLACE_ID": "8.r0.1", "CKPT_INPLACE_WORLD": "3", "CKPT_DIR": self.tmp.name,
+                   "SLURMD_NODENAME": f"h{r}", "SLURM_PROCID": "0", "CKPT_INPLACE_RANK_BASE": str(r)}
+            self.members[r] = inplace.Membership(inplace.Launch(env))
+            self.boxes[r] = restart._Mailbox(self.members[r].secret())
+            self.members[r].publish_mailbox(r, 0, self.boxes[r].addr, self.boxes[r].port)
+        self.plan = plan_of(1, 3)
+        self.master, _ = restart._store_master(self.plan)
+        timeout = restart._JOIN_TIMEOUT
+        restart._JOIN_TIMEOUT = datetime.timedelta(seconds=3)
+        self.addCleanup(setattr, restart, "_JOIN_TIMEOUT", timeout)
+
+    def join_and_call_roll(self):
+        """Ranks 0 (the host) and 1 check in and, once that failed, call the roll: {rank: (why, missing)}."""
+        got = {}
+
+        def rank(r):
+            hosts = r == 0
+            client = self.master if hosts else dist.TCPStore(self.plan.addr, self.plan.port, None, False,
+                                                             datetime.timedelta(seconds=10))
+            store = restart._keyspace(SECRET, 1, client)
+            absentees = restart._Absentees.of(self.members[r], self.plan, r, hosts, self.members[r].launch)
+            try:
+                restart._await_all(store, "joined", r, 3, hosts, absentees)
+                why = None
+            except RuntimeError as e:
+                why = str(e)
+            got[r] = (why, restart._missing(self.plan, r, SECRET, hosts, absentees))
+        threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return got
+
+    def test_a_rank_whose_mailbox_refuses_is_given_up_at_once(self):
+        self.boxes[2].store = None  # rank 2's process is gone: its mailbox's port is closed
+        started = time.monotonic()
+        got = self.join_and_call_roll()
+        self.assertLess(time.monotonic() - started, 2.5)  # within the join timeout, not after it
+        gone = "ranks [2] are gone: their mailboxes refuse connections"
+        self.assertEqual(got, {0: (gone, [2]), 1: (gone, [2])})
+
+    def test_a_rank_whose_mailbox_accepts_is_waited_for(self):
+        started = time.monotonic()
+        got = self.join_and_call_roll()
+        self.assertGreaterEqual(time.monotonic() - started, 3 + 5)  # the join timeout, then the roll call's
+        late = "not every rank joined within 3 s"
+        self.assertEqual(got, {0: (late, [2]), 1: (late, [2])})
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -3,7 +3,8 @@
 # (tests/hooks/restart_test.py), then slurm-examples/train_ddp.py as 3 ranks and 1 spare on this host, started
 # with the variables `ckpt-run --spares` gives each step. A rank is killed (SIGKILL) or frozen (SIGSTOP) mid-run:
 # the survivors stay alive, the spare takes its rank over, and the final weights are bitwise identical to an
-# uninterrupted run's; the same for slurm-examples/train_dp_tp.py (DP2 x TP2, subgroups). With no spare, the
+# uninterrupted run's; the same for slurm-examples/train_dp_tp.py (DP2 x TP2, subgroups), and with a second death
+# while the job recovers (the replacement, or a survivor once the last words committed). With no spare, the
 # survivors exit 75 (the requeue path), or with CKPT_SHRINK=on go on as fewer data-parallel replicas. The same on the real cluster: test_inplace_cluster.sh.
 set -euo pipefail
 : "${CKPT_BUILD_DIR:?}"
@@ -22,54 +23,7 @@ fail() { echo "FAIL: test_inplace_local: $*" >&2; echo "(kept in $W)" >&2; exit 
 (cd "$W" && "$PY" "$CKPT_SOURCE_DIR/tests/hooks/inplace_test.py") || fail "slurm_ckpt.inplace unit tests"
 (cd "$W" && "$PY" "$CKPT_SOURCE_DIR/tests/hooks/restart_test.py") || fail "slurm_ckpt.restart watchdog tests"
 
-# launch NAME SPARES [VICTIM SIGNAL AT_STEP]: 3 ranks (one "node" each) and SPARES spares in $W/NAME.
-launch() {
-  local name=$1 spares=$2 victim=${3:-} sig=${4:-} at=${5:-} i s
-  local d=$W/$name
-  mkdir -p "$d/ckpt"
-  pids=()
-  for i in 0 1 2 $(seq 3 $((2 + spares))); do
-    local role=(CKPT_INPLACE_RANK_BASE=$i)
-    [ "$i" -ge 3 ] && role=(CKPT_INPLACE_SPARE=1)
-    env -u SLURM_JOB_ID -u SLURM_STEP_ID -u SLURM_PROCID CKPT_DIR="$d/ckpt" CKPT_LAST_WORDS=on CKPT_HEARTBEAT_TIMEOUT=1s \
-      CKPT_INPLACE_ID="local.$name" CKPT_INPLACE_WORLD=3 SLURM_PROCID=0 SLURM_LOCALID=0 SLURMD_NODENAME="h$i" \
-      CKPT_INPLACE_JOIN_TIMEOUT=5 "${role[@]}" \
-      "$PY" "${PROGRAM:-$CKPT_SOURCE_DIR/slurm-examples/train_ddp.py}" --steps 30 --ckpt-interval-steps 5 --step-sleep "${STEP_SLEEP:-0.05}" \
-      --log-every 1 --out "$d/final" > "$d/log$i" 2>&1 &
-    pids+=($!)
-  done
-  if [ -n "$victim" ]; then
-    for _ in $(seq 600); do
-      # (log0 may not exist yet: its rank's redirection happens in the background job)
-      s=$({ sed -n 's/^train_ddp: step \([0-9]*\) .*/\1/p' "$d/log0" 2>/dev/null || true; } | tail -1)
-      [ -n "$s" ] && [ "$s" -ge "$at" ] && break
-      sleep 0.02
-    done
-    [ -n "${STRANGER:-}" ] && attack "$d"
-    kill "-$sig" "${pids[$victim]}"
-    if [ -n "${KILL_REPLACEMENT:-}" ]; then  # the first spare dies as soon as it takes the rank over
-      for _ in $(seq 4000); do grep -q "takes rank" "$d/log3" && break; sleep 0.005; done
-      sleep "$KILL_REPLACEMENT"
-      kill -KILL "${pids[3]}"
-    fi
-  fi
-  status=()
-  for i in "${!pids[@]}"; do
-    if [ "$i" = "$victim" ] && [ "$sig" = STOP ]; then
-      # The frozen rank thaws once the others went on without it: it must leave without touching the dir.
-      for _ in $(seq 600); do grep -q "in-place recovery {" "$d/log0" && break; sleep 0.1; done
-      sleep 0.5
-      kill -CONT "${pids[$i]}"
-    fi
-    wait "${pids[$i]}" && status+=(0) || status+=($?)
-  done
-  if [ -n "${stranger:-}" ]; then
-    kill "$stranger" 2>/dev/null || true
-    pkill -f "tests/hooks/store_stranger.py" 2>/dev/null || true
-    wait "$stranger" 2>/dev/null || true
-    stranger=""
-  fi
-}
+source "$CKPT_SOURCE_DIR/tests/integration/inplace_local_lib.sh"
 
 # A stranger on the node (another user when this runs as root) connects to every mailbox, to generation 0's store
 # and to the spare's claim socket before the crash: it plants plans and rendezvous keys under plain names, tries
@@ -198,6 +152,20 @@ for delay in 0 0.05; do
   cmp -s "$W/reference/final" "$W/$name/final" || fail "$name: the final weights differ"
   echo "ok: the replacement died $delay s after its claim: the second spare took rank 2 over; bitwise identical"
 done
+# Dead before it checked in (or in gloo's connect): the store's host finds its mailbox refusing and generation 1
+# gives up on it at once, not at the join timeout.
+grep -q "ranks \[2\] of generation 1 are gone: their mailboxes refuse connections" "$W/replacement-0"/log* ||
+  { tail -n 20 "$W/replacement-0"/log* >&2; fail "replacement-0: the dead replacement was not found refusing"; }
+
+# A survivor dies after the last words committed, before the next generation formed: rank 2 is killed, then rank
+# 1 once the terminal checkpoint is committed (at step 12 or 13: not a periodic one). Generation 1 (the first spare
+# for rank 2) cannot form without rank 1, whose mailbox refuses; generation 2 has the second spare take rank 1 over.
+KILL_SURVIVOR=1 launch survivor-dies 2 2 KILL 12
+grep -q "ranks \[1\] of generation 1 are gone: their mailboxes refuse connections" "$W/survivor-dies"/log* &&
+  grep -q "spare h4.0 takes rank 1 over (generation 2)" "$W/survivor-dies/log4" ||
+  { tail -n 20 "$W/survivor-dies"/log* >&2; fail "survivor-dies: rank 1 was not found gone and taken over"; }
+cmp -s "$W/reference/final" "$W/survivor-dies/final" || fail "survivor-dies: the final weights differ"
+echo "ok: a survivor died after the last words: found gone at once, the second spare took it over; bitwise identical"
 
 # No spare, but CKPT_SHRINK=on (--ckpt-shrink=on): rank 1 dies and the survivors go on in place as 2 data-parallel
 # replicas, rank 2 renumbered 1, each from the state it holds; they finish the run, nobody exits 75.

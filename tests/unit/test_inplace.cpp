@@ -147,6 +147,21 @@ TEST_CASE("a generation that did not form", "[inplace]") {
   CHECK(join_failure(plan, {2}, 1).root == -1);  // the plan's root is among the missing
 }
 
+TEST_CASE("a rank that has not joined is gone for good only once its mailbox refused a connection", "[inplace]") {
+  // The join fails at once on the ranks absent and refused; one refused but since checked in counts as there.
+  CHECK(gone_for_good({3, 5}, {}).empty());
+  CHECK(gone_for_good({5, 3, 7}, {7, 3, 9}) == std::vector<int>{3, 7});
+  CHECK(gone_for_good({}, {3}).empty());
+  // The roll call ends when nobody is absent, or every absent rank is gone for good; a rank that may be slow
+  // (absent, its mailbox not refusing) keeps it open until its deadline.
+  CHECK(roll_call_settled({}, {}));
+  CHECK(roll_call_settled({}, {4}));
+  CHECK(roll_call_settled({4}, {4}));
+  CHECK(roll_call_settled({4, 6}, {6, 4, 1}));
+  CHECK_FALSE(roll_call_settled({4}, {}));
+  CHECK_FALSE(roll_call_settled({4, 6}, {4}));
+}
+
 TEST_CASE("training_stuck: a thread that neither returned nor used CPU after the last words ended", "[inplace]") {
   using ckpt::inplace::kStuckIdleS;
   // Stuck: last words done, train() still running, no CPU for the idle limit.

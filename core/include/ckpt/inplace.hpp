@@ -185,6 +185,14 @@ const char* to_string(AfterJoinFailure next);
 // nullopt when the store could not be reached).
 AfterJoinFailure after_join_failure(std::uint32_t generation, const std::optional<std::vector<int>>& missing);
 
+// While a generation forms, and in the roll call after it did not: a rank that has not checked in is gone for
+// good once a connection to the mailbox it published is refused (the listener went with its process; a slow
+// rank's, or one behind a cut link, is accepted or times out instead). The join then fails at once, not at its
+// timeout, and the roll call ends once every rank still absent is gone for good; one that may only be slow is
+// waited for, so that every live rank ends with the same missing ranks.
+std::vector<int> gone_for_good(const std::vector<int>& absent, const std::vector<int>& refused);
+bool roll_call_settled(const std::vector<int>& absent, const std::vector<int>& refused);
+
 // The failure a generation that did not form (or lost ranks before its first step) hands on: its missing ranks
 // are lost, and it resumes from the same checkpoint.
 Failure join_failure(const Plan& plan, std::vector<int> missing, double now_unix);

@@ -133,6 +133,21 @@ AfterJoinFailure after_join_failure(std::uint32_t generation, const std::optiona
   return AfterJoinFailure::Recover;
 }
 
+std::vector<int> gone_for_good(const std::vector<int>& absent, const std::vector<int>& refused) {
+  std::vector<int> gone;
+  for (int r : absent) {
+    if (std::find(refused.begin(), refused.end(), r) != refused.end()) gone.push_back(r);
+  }
+  std::sort(gone.begin(), gone.end());
+  gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
+  return gone;
+}
+
+bool roll_call_settled(const std::vector<int>& absent, const std::vector<int>& refused) {
+  return std::all_of(absent.begin(), absent.end(),
+                     [&](int r) { return std::find(refused.begin(), refused.end(), r) != refused.end(); });
+}
+
 Failure join_failure(const Plan& plan, std::vector<int> missing, double now_unix) {
   std::sort(missing.begin(), missing.end());
   missing.erase(std::unique(missing.begin(), missing.end()), missing.end());

@@ -197,6 +197,13 @@ def send_to_spare(address, message, timeout_s=2.0):
         return False
 
 
+def refuses(addr, port, timeout_s=0.5):
+    """Whether a connection to addr:port is refused: nothing listens there any more. A mailbox's listener lives as
+    long as its process, so a refusal says the process is gone; a live one accepts, and one behind a cut link
+    times out (not a refusal)."""
+    return _native.refuses(addr, port, timeout_s)
+
+
 def claim_of(message):
     """(claim, plan or None) from a claim message ({generation, rank, plan: the plan's JSON}); None when the
     message is no claim."""

@@ -47,6 +47,7 @@ _ENV = inplace.ENV
 _PLAN_TIMEOUT_S = float(os.environ.get(_ENV["inplace_plan_timeout"], "20"))
 # How long the ranks of a generation wait for each other at its store before the missing ones count as lost.
 _JOIN_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get(_ENV["inplace_join_timeout"], "15")))
+_ROLL_SCAN_S = 0.25  # how often the roll call's host reads who has answered (one read per rank)
 
 # The Checkpointer's error when a rank never joined its heartbeat mesh.
 _MESH_FAILED = "not every rank joined the mesh"
@@ -236,50 +237,143 @@ def _keyspace(secret, generation, store):
     return dist.PrefixStore(inplace.key(secret, f"store/{generation}"), store)
 
 
-def _missing(plan, rank, secret):
+class _Absentees:
+    """At the host of a generation's store, while the generation forms and in its roll call: the ranks still
+    absent after GRACE_S are dialed at the mailbox they published (inplace.refuses), again every GRACE_S; those
+    refused are gone for good (_core.gone_for_good), so that the generation gives up on them at once rather than
+    at the join timeout. Nothing to dial in generation 0 (no mailbox is published before a group formed) or once
+    the world shrank (mailboxes are named by the old ranks)."""
+
+    GRACE_S = 0.5
+
+    def __init__(self, members, plan, rank):
+        self.members, self.plan, self.rank = members, plan, rank
+        self.refused = set()
+        self.said = set()
+        self.next_look = time.monotonic() + self.GRACE_S
+
+    @staticmethod
+    def dials(plan, launch):
+        """Whether the mailboxes name the plan's ranks: not in generation 0, not once the world shrank."""
+        return plan.generation > 0 and plan.world == launch.world
+
+    @staticmethod
+    def of(members, plan, rank, hosts, launch):
+        return _Absentees(members, plan, rank) if hosts and _Absentees.dials(plan, launch) else None
+
+    def due(self):
+        return time.monotonic() >= self.next_look
+
+    def look(self, absent):
+        """The absent ranks refused by now (dialing those not refused yet, at most every GRACE_S)."""
+        if self.due():
+            for r in absent:
+                entry = None if r in self.refused else _mailbox_of(self.members, r, self.plan)
+                if entry is not None and inplace.refuses(entry.addr, entry.port):
+                    self.refused.add(r)
+            self.next_look = time.monotonic() + self.GRACE_S
+        gone = _core.gone_for_good(list(absent), sorted(self.refused))
+        if set(gone) - self.said:
+            self.said.update(gone)
+            _say(f"rank {self.rank}: ranks {gone} of generation {self.plan.generation} are gone: their mailboxes "
+                 "refuse connections")
+        return gone
+
+
+def _await_all(store, stage, rank, world, hosts, absentees):
+    """Every rank of the generation reached `stage` ("joined": checked in at its store; "formed": its gloo group
+    connected). The store's host counts them and, with `absentees`, gives up at once on a rank gone for good; the
+    others wait for its verdict: "all", or why the generation cannot form, which each raises as a RuntimeError (as
+    for a wait that timed out)."""
+    store.add(f"{stage}/{rank}", 1)
+    store.add(stage, 1)
+    if not hosts:  # the host says by its own deadline, which may be a little after this rank's
+        store.wait([f"{stage}/verdict"], _JOIN_TIMEOUT + datetime.timedelta(seconds=2))
+        verdict = store.get(f"{stage}/verdict").decode(errors="replace")
+        if verdict != "all":
+            raise RuntimeError(verdict)
+        return
+    deadline = time.monotonic() + _JOIN_TIMEOUT.total_seconds()
+    why = None
+    while why is None and store.add(stage, 0) < world:
+        if absentees is not None and absentees.due():
+            gone = absentees.look([r for r in range(world) if store.add(f"{stage}/{r}", 0) == 0])
+            if gone:
+                why = f"ranks {gone} are gone: their mailboxes refuse connections"
+        if why is None and time.monotonic() >= deadline:
+            why = f"not every rank {stage} within {_JOIN_TIMEOUT.total_seconds():g} s"
+        time.sleep(0.01)
+    store.set(f"{stage}/verdict", why or "all")
+    if why is not None:
+        raise RuntimeError(why)
+
+
+def _missing(plan, rank, secret, hosts=False, absentees=None):
     """After a generation failed to form: a roll call on a fresh connection to its store. Every live rank answers
-    once its own connect gave up (within the join timeout); the others are missing. None when the store cannot be
-    reached."""
+    once its own connect gave up (within the join timeout); the store's host counts the answers and publishes the
+    verdict, the same for every rank: the ranks that did not answer by its deadline, or sooner once every one of
+    them is gone for good (_Absentees). None when the store cannot be reached."""
     wait_s = _JOIN_TIMEOUT.total_seconds() + 2
-    missing = None
     try:
-        client = dist.TCPStore(plan.addr, plan.port, None, False, datetime.timedelta(seconds=wait_s))
+        client = dist.TCPStore(plan.addr, plan.port, None, False, datetime.timedelta(seconds=2 * wait_s))
         store = _keyspace(secret, plan.generation, client)
         store.add(f"alive/{rank}", 1)
+        store.add("alive", 1)
+        if hosts:  # a rank whose gloo connect ended while the host's failed waits for no "formed" verdict
+            store.set("formed/verdict", "the group did not form at the store's host")
+        else:
+            # The host began its roll call at most a join timeout after this rank did, and ends it within wait_s.
+            store.wait(["roll/verdict"], datetime.timedelta(seconds=2 * wait_s))
+            verdict = inplace.parse_bounded(store.get("roll/verdict"))
+            store.add("roll/read", 1)
+            _abandon(client, store)
+            return [r for r in verdict if isinstance(r, int)] if isinstance(verdict, list) else None
 
-        def absent():  # add(key, 0) reads a counter without waiting for it
-            return [r for r in range(plan.world) if store.add(f"alive/{r}", 0) == 0]
-
-        deadline = time.monotonic() + wait_s
-        missing = absent()
-        while time.monotonic() < deadline and missing:
+        # add(key, 0) reads a counter without waiting for it. The count every 50 ms; who is absent (a read per
+        # rank, here only) every _ROLL_SCAN_S and at the deadline.
+        deadline, scanned = time.monotonic() + wait_s, 0.0
+        missing = None
+        while store.add("alive", 0) < plan.world:
+            now = time.monotonic()
+            if now - scanned >= _ROLL_SCAN_S or now >= deadline:
+                missing, scanned = [r for r in range(plan.world) if store.add(f"alive/{r}", 0) == 0], now
+                if now >= deadline or (absentees is not None and
+                                       _core.roll_call_settled(missing, absentees.look(missing))):
+                    break
             time.sleep(0.05)
-            missing = absent()
+        else:
+            missing = []
+        store.set("roll/verdict", json.dumps(missing))
+        # Every rank that answered reads the verdict before this process moves on and its store goes.
+        readers, deadline = plan.world - len(missing) - 1, time.monotonic() + wait_s
+        while store.add("roll/read", 0) < readers and time.monotonic() < deadline:
+            time.sleep(0.01)
         _abandon(client, store)
         return missing
     except RuntimeError:
-        # The store's host began its roll call first (its own connect failed at once), so its deadline came first
-        # and it moved on while this rank still waited for a dead one: the last answer read here stands.
-        return missing
+        return None
 
 
 class _Group:
     """One generation's process group, and the sockets it opened, which a watchdog shuts when a peer is lost."""
 
-    def __init__(self, backend, plan, rank, secret, store=None, before=None, keep_port=None, on_stuck=None):
+    def __init__(self, backend, plan, rank, secret, store=None, before=None, keep_port=None, on_stuck=None,
+                 absentees=None, watched=list):
         before = _sockets() if before is None else before  # the master's: taken before its store was made
         self.store_port = plan.port
         world = plan.world
+        hosts = store is not None
         if store is None:
             store = dist.TCPStore(plan.addr, plan.port, None, False, _JOIN_TIMEOUT)
         store = _keyspace(secret, plan.generation, store)
         self.store = store
         try:
             # Everyone checks in first, then gloo connects. A rank that died after checking in leaves gloo's
-            # connect retrying, GIL held, for its whole collective timeout: a native timer shuts its sockets.
-            store.set(f"joined/{rank}", str(os.getpid()))
-            store.wait([f"joined/{r}" for r in range(world)], _JOIN_TIMEOUT)
-            unblock = _native.GroupUnblock(_JOIN_TIMEOUT.total_seconds(), before, plan.port)
+            # connect retrying, GIL held, for its whole collective timeout: a native timer shuts its sockets, at
+            # once where one of the `watched()` mailboxes (the replacements', published before they checked in)
+            # refuses.
+            _await_all(store, "joined", rank, world, hosts, absentees)
+            unblock = _native.GroupUnblock(_JOIN_TIMEOUT.total_seconds(), before, plan.port, watched())
             # torch names groups by a process-wide count, which is the prefix of their keys in the store; a
             # generation whose gloo connect failed counted its group without registering it, and the next one
             # would look for its peers under another name than a fresh spare does.
@@ -290,13 +384,12 @@ class _Group:
             finally:
                 unblock.cancel()
             # gloo's connect can succeed on some ranks and fail on others: all must have formed the group.
-            store.set(f"formed/{rank}", "1")
-            store.wait([f"formed/{r}" for r in range(world)], _JOIN_TIMEOUT)
+            _await_all(store, "formed", rank, world, hosts, absentees)
         except RuntimeError as e:
             if dist.is_initialized():
                 _abandon(dist.distributed_c10d._get_default_group(), store)
                 dist.destroy_process_group()
-            raise _JoinFailed(_missing(plan, rank, secret), e) from None
+            raise _JoinFailed(_missing(plan, rank, secret, hosts, absentees), e) from None
         self.keep_port = keep_port
         self.sockets = {}
         self.adopt(before)
@@ -564,6 +657,18 @@ class _Run:
             self.machine.on(_core.Event.HANDED_OVER if status else _core.Event.UNNEEDED)
         _leave(line, status)
 
+    def _absentees(self):
+        """What this rank, as the host of the generation's store, dials for ranks that never checked in."""
+        return _Absentees.of(self.members, self.plan, self.rank, self.store is not None, self.launch)
+
+    def _replacements(self):
+        """The mailboxes of the ranks new to this generation (its replacements, the processes most likely to be
+        gone while it forms), which the join timer watches: (addr, port) each, as far as published."""
+        if not _Absentees.dials(self.plan, self.launch):
+            return []
+        boxes = [_mailbox_of(self.members, r, self.plan) for r in sorted(self.plan.takeover) if r != self.rank]
+        return [(b.addr, b.port) for b in boxes if b is not None]
+
     # ---- start ---------------------------------------------------------------------------------------------------
 
     def on_start(self, warm, kwargs):
@@ -611,6 +716,9 @@ class _Run:
         if self.plan is None or self.plan.abandons:  # (the plan counts the rank the spare takes over as lost)
             self._leave(f"spare {slot}: no usable plan for generation {claim.generation}")
         _say(f"spare {slot} takes rank {self.rank} over (generation {claim.generation})")
+        # Published now, not once the group formed: should this process die before it checks in, the store's host
+        # finds its mailbox refusing and the generation gives up on it at once (_Absentees).
+        self.mailbox.publish(self.members, self.rank, claim.generation)
 
     # ---- forming -------------------------------------------------------------------------------------------------
 
@@ -618,7 +726,8 @@ class _Run:
         _set_rank_env(self.rank, self.world, self.launch, self.generation)
         try:
             self.group = _Group(self.backend, self.plan, self.rank, self.secret, *(self.store or (None, None)),
-                                keep_port=self.mailbox.port, on_stuck=self._on_training_stuck)
+                                keep_port=self.mailbox.port, on_stuck=self._on_training_stuck,
+                                absentees=self._absentees(), watched=self._replacements)
         except (_JoinFailed, RuntimeError) as e:
             missing = e.missing if isinstance(e, _JoinFailed) else None
             self._on_join_failed(missing, e, why=f"generation {self.generation} did not form: {e}")
@@ -686,7 +795,7 @@ class _Run:
         if after == _core.AfterTrain.ROLL_CALL:
             # A replacement died after the group formed, before the heartbeat mesh did: every live rank fails here
             # alike, and answers the roll call.
-            missing = _missing(self.plan, self.rank, self.secret)
+            missing = _missing(self.plan, self.rank, self.secret, self.store is not None, self._absentees())
             if not missing:
                 self.machine.on(_core.Event.FAILED)
                 raise error
