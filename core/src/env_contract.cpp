@@ -52,6 +52,8 @@ const std::vector<Var>& contract() {
       {"inplace_spare", "CKPT_INPLACE_SPARE", "1 for a spare's step", S::Launcher, {}},
       {"inplace_rank_base", "CKPT_INPLACE_RANK_BASE", "a whole number", S::Launcher, {}},
       {"inplace_notify", "CKPT_INPLACE_NOTIFY", "<address>:<port> of ckpt-run's listener", S::Launcher, {}},
+      {"inplace_watch", "CKPT_INPLACE_WATCH",
+       "<address>:<port>,... (the mailboxes of the generation's replacements)", S::Launcher, {}},
       {"inplace_generation_base", "CKPT_INPLACE_GENERATION_BASE",
        "a whole number (the first generation's number after ckpt-run relaunched the node steps)", S::Launcher, {}},
       // What the user or the program sets.

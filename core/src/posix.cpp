@@ -76,6 +76,17 @@ int connect_start(const std::string& host, const std::string& port) {
   return fd;
 }
 
+bool connect_refused(const std::string& host, const std::string& port, int timeout_ms) {
+  const int fd = connect_start(host, port);
+  if (fd < 0) return errno == ECONNREFUSED;
+  pollfd p{fd, POLLOUT, 0};
+  int err = ETIMEDOUT;
+  socklen_t len = sizeof err;
+  if (::poll(&p, 1, timeout_ms) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  ::close(fd);
+  return err == ECONNREFUSED;
+}
+
 Status read_exactly(int fd, void* data, std::size_t size, const std::string& what) {
   char* p = static_cast<char*>(data);
   while (size > 0) {

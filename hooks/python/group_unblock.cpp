@@ -7,17 +7,13 @@
 // A native thread can: past the deadline it shuts every socket opened since the snapshot it was given (gloo's
 // listener and pairs, the store client) but the store server's, gloo's connect fails, and restart.py treats the
 // generation as not formed. It does so at once when a process it watches (a rank new to the generation: a
-// replacement) is gone: a connection to the mailbox it published is refused (refuses()).
+// replacement) is gone: a connection to the mailbox it published is refused (posix::connect_refused).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <cerrno>
 
 #include <chrono>
 #include <condition_variable>
@@ -31,34 +27,11 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/posix.hpp"
+
 namespace py = pybind11;
 
 namespace {
-
-// Whether a connection to addr:port (numeric) is refused within `timeout_ms`: nothing listens there any more. A
-// mailbox's listener lives as long as its process, so a refusal says the process is gone; a live one accepts, and
-// one behind a cut link times out (not a refusal).
-bool refuses(const std::string& addr, int port, int timeout_ms) {
-  addrinfo hints{};
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || found == nullptr) return false;
-  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  bool refused = false;
-  if (fd >= 0) {
-    int err = connect(fd, found->ai_addr, found->ai_addrlen) == 0 ? 0 : errno;
-    if (err == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      socklen_t len = sizeof err;
-      err = poll(&p, 1, timeout_ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 ? err : ETIMEDOUT;
-    }
-    refused = err == ECONNREFUSED;
-    close(fd);
-  }
-  freeaddrinfo(found);
-  return refused;
-}
 
 using Address = std::pair<std::string, int>;
 
@@ -128,7 +101,9 @@ class GroupUnblock {
         if (std::chrono::steady_clock::now() >= deadline) break;
         lock.unlock();
         bool gone = false;
-        for (const auto& [addr, port] : watched) gone = gone || refuses(addr, port, 200);
+        for (const auto& [addr, port] : watched) {
+          gone = gone || ckpt::posix::connect_refused(addr, std::to_string(port), 200);
+        }
         lock.lock();
         if (gone) break;
       }
@@ -178,7 +153,7 @@ void bind_group_unblock(py::module& m) {
   m.def("socket_fds", &socket_fds, "This process's sockets: fd -> 'socket:[inode]'.");
   m.def("refuses", [](const std::string& addr, int port, double timeout_s) {
          py::gil_scoped_release release;
-         return refuses(addr, port, static_cast<int>(timeout_s * 1000));
+         return ckpt::posix::connect_refused(addr, std::to_string(port), static_cast<int>(timeout_s * 1000));
        }, py::arg("addr"), py::arg("port"), py::arg("timeout_s"),
        "Whether a connection to addr:port is refused within timeout_s: nothing listens there any more.");
   m.def("local_port", [](int fd) { return port_of(fd, false); }, py::arg("fd"),

@@ -27,7 +27,7 @@ constexpr const char* kHookKeys[] = {
     "restart_count", "job_id", "generation", "resume_step", "resume_path", "end_time", "kill_wait", "exit_grace",
     "requeue", "heartbeat_timeout", "rank", "world_size", "local_rank", "rendezvous", "copy_threads",
     "commit_timeout", "agree_lead", "signals", "run_id", "log", "layout", "coord", "straggler", "controller_url",
-    "munge_socket", "inplace_id", "memory", "memory_interval", "memory_distance", "node_dir"};
+    "munge_socket", "inplace_id", "inplace_watch", "memory", "memory_interval", "memory_distance", "node_dir"};
 
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = [] {
@@ -107,6 +107,22 @@ Status read(const Lookup& lookup, std::string_view key, T& out, Parse parse) {
   if (!parsed) return rejected(*s, key, parsed.error());
   out = *parsed;
   return Status::success();
+}
+
+// "<address>:<port>,...": a numeric address (no ':' in it) and a port from 1 to 65535 each, at most 4096.
+Result<std::vector<std::pair<std::string, std::string>>> parse_watch(std::string_view text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  while (!text.empty()) {
+    const std::string_view item = text.substr(0, text.find(','));
+    text.remove_prefix(std::min(text.size(), item.size() + 1));
+    const std::size_t colon = item.find(':');
+    if (colon == 0 || colon == std::string_view::npos) return Error{"no address"};
+    auto port = parse_uint(item.substr(colon + 1));
+    if (!port || *port < 1 || *port > 65535) return Error{"bad port"};
+    if (out.size() == 4096) return Error{"too many"};
+    out.emplace_back(std::string(item.substr(0, colon)), std::to_string(*port));
+  }
+  return out;
 }
 
 Result<int> parse_int_below(std::string_view text, std::uint64_t limit) {
@@ -393,6 +409,7 @@ Status read_runtime(Lookup& lookup, Config& c) {
   if (auto s = lookup.get("controller_url")) c.controller_url = s->value;
   if (auto s = lookup.get("munge_socket")) c.munge_socket = s->value;
   if (Status e = read(lookup, "inplace_id", c.inplace_id, parse_run_id); !e) return e;
+  if (Status e = read(lookup, "inplace_watch", c.inplace_watch, parse_watch); !e) return e;
   return Status::success();
 }
 

@@ -563,7 +563,25 @@ Result<std::unique_ptr<Mesh>> Mesh::start(const Settings& settings, Handler hand
   {
     std::unique_lock<std::mutex> lock(impl->mu);
     impl->advance_barrier_locked();  // a lone rank is the whole job
-    if (!impl->cv.wait_until(lock, deadline, [p] { return p->go; })) {
+    // The watched processes are dialed every kWatchPeriod meanwhile: one that refuses is gone, and with it the join.
+    constexpr auto kWatchPeriod = std::chrono::milliseconds(500);
+    bool joined = false;
+    for (;;) {
+      const auto next = settings.watched.empty() ? deadline : std::min(deadline, Clock::now() + kWatchPeriod);
+      joined = impl->cv.wait_until(lock, next, [p] { return p->go; });
+      if (joined || Clock::now() >= deadline) break;
+      lock.unlock();
+      std::string gone;
+      for (const auto& [host, port] : settings.watched) {
+        if (gone.empty() && posix::connect_refused(host, port, 200)) gone = host + ":" + port;
+      }
+      lock.lock();
+      if (!gone.empty()) {
+        return Error{"ckpt: heartbeat: not every rank joined the mesh: a new rank is gone (its mailbox at " + gone +
+                     " refuses connections)"};
+      }
+    }
+    if (!joined) {
       std::string missing;
       if (impl->view.up && impl->links.count(*impl->view.up) == 0) {
         missing = "no link to rank " + std::to_string(*impl->view.up) +

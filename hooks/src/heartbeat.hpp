@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/overlay.hpp"
@@ -144,6 +145,9 @@ struct Settings {
   // A partner link (memory_tier.hpp) may come as soon as a peer has joined, before this rank's tier is up: held
   // until set_partner_acceptor() says who takes it (or that nobody does) instead of refused.
   bool hold_partner_links = false;
+  // (host, port) of processes new to the job (a restart in place's replacements, their mailboxes): start() gives
+  // up at once once one refuses a connection (it is gone), instead of waiting out connect_timeout for it.
+  std::vector<std::pair<std::string, std::string>> watched;
 };
 
 // What the mesh reports. Called on the mesh's threads: handlers must be quick and may call send(), send_up() and

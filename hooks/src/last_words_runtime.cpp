@@ -1014,6 +1014,7 @@ Result<std::unique_ptr<LastWords>> LastWords::start(const Config& config, const 
   s.dead_after = timing.dead_after;
   s.connect_timeout = timing.connect_timeout;
   s.hold_partner_links = config.memory_bytes > 0;  // the memory tier starts just after the join (or says it is off)
+  s.watched = config.inplace_watch;
   Impl* p = impl.get();
   auto mesh = heartbeat::Mesh::start(s, [p](const heartbeat::Event& e) { p->on_event(e); });
   if (!mesh) {

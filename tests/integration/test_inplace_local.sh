@@ -150,6 +150,9 @@ for delay in 0 0.05; do
   grep -q "spare h4.0 takes rank 2 over" "$W/$name/log4" ||
     { tail -n 20 "$W/$name"/log* >&2; fail "$name: the second spare did not take over"; }
   cmp -s "$W/reference/final" "$W/$name/final" || fail "$name: the final weights differ"
+  # Dead after its group formed: the survivors' heartbeat networks, watching its mailbox, give up on it at once.
+  ! grep -q "not every rank joined the mesh within" "$W/$name"/log* ||
+    { grep -h "joined the mesh" "$W/$name"/log* >&2; fail "$name: the heartbeat network waited out its timeout"; }
   echo "ok: the replacement died $delay s after its claim: the second spare took rank 2 over; bitwise identical"
 done
 # Dead before it checked in (or in gloo's connect): the store's host finds its mailbox refusing and generation 1

@@ -96,6 +96,13 @@ TEST_CASE("hooks settings from the environment", "[hooks][config]") {
     CHECK(c->memory_interval == 1);
     CHECK(c->memory_distance == 1);
   }
+  SECTION("the mailboxes restart in place watches while the heartbeat network forms") {
+    CHECK(load({})->inplace_watch.empty());
+    auto c = load({{"CKPT_INPLACE_WATCH", "10.0.0.2:5000,10.0.0.3:41234"}});
+    REQUIRE(c.ok());
+    using Watch = std::vector<std::pair<std::string, std::string>>;
+    CHECK(c->inplace_watch == Watch{{"10.0.0.2", "5000"}, {"10.0.0.3", "41234"}});
+  }
   SECTION("the memory tier") {
     auto c = load({{"CKPT_MEMORY", "4G"}, {"CKPT_MEMORY_INTERVAL", "10"}, {"CKPT_MEMORY_DISTANCE", "2"}});
     REQUIRE(c.ok());
@@ -204,6 +211,11 @@ TEST_CASE("hooks settings reject bad values with one clear line", "[hooks][confi
         {{"CKPT_MEMORY_DISTANCE", "0"}},
         {{"CKPT_MEMORY_DISTANCE", "-1"}},
         {{"CKPT_MEMORY_DISTANCE", "99999999999"}},
+        {{"CKPT_INPLACE_WATCH", "10.0.0.2"}},
+        {{"CKPT_INPLACE_WATCH", ":5000"}},
+        {{"CKPT_INPLACE_WATCH", "10.0.0.2:0"}},
+        {{"CKPT_INPLACE_WATCH", "10.0.0.2:65536"}},
+        {{"CKPT_INPLACE_WATCH", "10.0.0.2:5000,,10.0.0.3:5001"}},
         {{"RANK", "2"}, {"WORLD_SIZE", "2"}},
         {{"RANK", "0"}, {"WORLD_SIZE", "0"}},
         {{"RANK", "0"}},
@@ -342,7 +354,7 @@ TEST_CASE("the environment contract: one row per key and per variable; every hoo
     REQUIRE(env::by_key(k.key) != nullptr);
     CHECK(std::string(k.env) == env::by_key(k.key)->name);
   }
-  CHECK(option_keys().size() == 39);  // every key of config.cpp's list found in the contract
+  CHECK(option_keys().size() == 40);  // every key of config.cpp's list found in the contract
   CHECK(env::name_of("no-such-key").empty());
 }
 

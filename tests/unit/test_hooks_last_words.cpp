@@ -3,6 +3,7 @@
 // when a stage is lost, nothing), then a new run restores from it.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -395,6 +396,34 @@ TEST_CASE("the heartbeat mesh sees a closed peer at once and a silent one after 
     s.connect_timeout = connect_timeout;
     return s;
   };
+
+  SECTION("a new rank that is gone before it joins: the join gives up at once where its mailbox refuses") {
+    // A listener that stands for rank 1's mailbox: open (its process lives, maybe slowly), or closed (gone).
+    const int box = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(box >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(box, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(box, 4) == 0);
+    REQUIRE(::getsockname(box, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    heartbeat::Settings s = settings(0, 2, 2s);
+    s.watched = {{"127.0.0.1", std::to_string(ntohs(a.sin_port))}};
+    auto t0 = std::chrono::steady_clock::now();
+    auto alive = heartbeat::Mesh::start(s, [](const heartbeat::Event&) {});
+    REQUIRE_FALSE(alive);
+    CHECK(std::chrono::steady_clock::now() - t0 >= 2s);  // a rank that may only be slow is waited for
+    CHECK_THAT(alive.error(), Catch::Contains("not every rank joined the mesh within 2 s"));
+    ::close(box);
+    t0 = std::chrono::steady_clock::now();
+    auto gone = heartbeat::Mesh::start(s, [](const heartbeat::Event&) {});
+    REQUIRE_FALSE(gone);
+    CHECK(std::chrono::steady_clock::now() - t0 < 1500ms);
+    CHECK_THAT(gone.error(), Catch::Contains("not every rank joined the mesh: a new rank is gone (its mailbox at "
+                                             "127.0.0.1:" + std::to_string(ntohs(a.sin_port)) +
+                                             " refuses connections)"));
+  }
 
   SECTION("a closed connection") {
     std::vector<std::unique_ptr<heartbeat::Mesh>> meshes(3);

@@ -77,6 +77,9 @@ bool send_all(int fd, const void* data, std::size_t length);
 // (non-blocking, close-on-exec) while it connects or once connected, for poll(POLLOUT) and SO_ERROR to finish; -1
 // with errno set when it failed at once (ECONNREFUSED: nothing listens there).
 int connect_start(const std::string& host, const std::string& port);
+// Whether a TCP connect to host:port is refused within `timeout_ms`: nothing listens there any more. False when it
+// connects, times out (a host behind a cut link) or fails otherwise.
+bool connect_refused(const std::string& host, const std::string& port, int timeout_ms);
 // Reads exactly `size` bytes; an error when the file ends first ("<what> ended early") or a read fails.
 Status read_exactly(int fd, void* data, std::size_t size, const std::string& what);
 // fsync, retried on EINTR; success where the file system cannot fsync (EINVAL: some cannot sync a directory).

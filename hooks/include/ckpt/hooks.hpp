@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ckpt/options.hpp"
@@ -110,6 +111,9 @@ struct Config {
   std::string controller_url;              // CKPT_CONTROLLER_URL: where the root reports a slow node; empty: none
   std::string munge_socket;                // CKPT_MUNGE_SOCKET: munged's socket for those reports; empty: default
   std::string inplace_id;                  // CKPT_INPLACE_ID: the in-place run (ckpt-run --spares) this rank is of
+  // CKPT_INPLACE_WATCH: (address, port) of the mailboxes of the processes new to this generation of restart in
+  // place (its replacements); one that refuses a connection while the heartbeat network forms is gone.
+  std::vector<std::pair<std::string, std::string>> inplace_watch;
   // The memory tier (--ckpt-memory, within the site's max_memory): checkpoints held in host memory, own and a
   // partner's.
   std::uint64_t memory_bytes = BuiltinDefaults::memory_bytes;  // CKPT_MEMORY: host memory per rank the memory tier may

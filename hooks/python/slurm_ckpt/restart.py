@@ -733,6 +733,13 @@ class _Run:
             self._on_join_failed(missing, e, why=f"generation {self.generation} did not form: {e}")
             return
         self.machine.on(_core.Event.FORMED)
+        # The Checkpointer that train() makes watches the replacements while its heartbeat network forms: one that
+        # died since the group formed is given up at once, not after the network's timeout (20 s).
+        watch = ",".join(f"{addr}:{port}" for addr, port in self._replacements())
+        if watch:
+            os.environ[_ENV["inplace_watch"]] = watch
+        else:
+            os.environ.pop(_ENV["inplace_watch"], None)
         if self.recovery is not None:
             self.recovery.phases.group = time.time()
         self.mailbox.publish(self.members, self.rank, self.generation)
