@@ -87,6 +87,13 @@ bool connect_refused(const std::string& host, const std::string& port, int timeo
   return err == ECONNREFUSED;
 }
 
+std::string first_refused(const std::vector<std::pair<std::string, std::string>>& addresses, int timeout_ms) {
+  for (const auto& [host, port] : addresses) {
+    if (connect_refused(host, port, timeout_ms)) return host + ":" + port;
+  }
+  return {};
+}
+
 Status read_exactly(int fd, void* data, std::size_t size, const std::string& what) {
   char* p = static_cast<char*>(data);
   while (size > 0) {

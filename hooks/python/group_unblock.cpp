@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/inplace.hpp"
 #include "ckpt/posix.hpp"
 
 namespace py = pybind11;
@@ -34,6 +35,7 @@ namespace py = pybind11;
 namespace {
 
 using Address = std::pair<std::string, int>;
+using Dialed = std::vector<std::pair<std::string, std::string>>;  // (host, port) as posix::first_refused takes them
 
 // fd -> "socket:[inode]" for this process's sockets.
 std::map<int, std::string> socket_fds() {
@@ -85,25 +87,26 @@ bool shut_socket(int fd, const std::string& target, int store_port, bool keep_st
 class GroupUnblock {
  public:
   // After `seconds` unless cancelled, or as soon as one of `watched` refuses a connection (looked at every
-  // kWatchPeriod), shuts the sockets not in `before` (fd -> "socket:[inode]", a snapshot taken before the group's
-  // store connection was made: gloo waits on the store too).
+  // inplace::kWatchPeriodMs: a dead replacement costs a period, not the join timeout), shuts the sockets not in
+  // `before` (fd -> "socket:[inode]", a snapshot taken before the group's store connection was made: gloo waits
+  // on the store too).
   // The store's server side (its local port is `store_port`) is kept: the roll call after a failure uses it.
   GroupUnblock(double seconds, std::map<int, std::string> before, int store_port, std::vector<Address> watched)
       : before_(std::move(before)), store_port_(store_port) {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(seconds));
-    thread_ = std::thread([this, deadline, watched = std::move(watched)] {
+    Dialed dialed;
+    for (const auto& [addr, port] : watched) dialed.emplace_back(addr, std::to_string(port));
+    thread_ = std::thread([this, deadline, dialed = std::move(dialed)] {
+      const auto period = std::chrono::milliseconds(ckpt::inplace::kWatchPeriodMs);
       std::unique_lock<std::mutex> lock(mu_);
       for (;;) {
-        const auto next = std::min(deadline, std::chrono::steady_clock::now() + kWatchPeriod);
+        const auto next = std::min(deadline, std::chrono::steady_clock::now() + period);
         if (cv_.wait_until(lock, next, [this] { return cancelled_; })) return;
         if (std::chrono::steady_clock::now() >= deadline) break;
         lock.unlock();
-        bool gone = false;
-        for (const auto& [addr, port] : watched) {
-          gone = gone || ckpt::posix::connect_refused(addr, std::to_string(port), 200);
-        }
+        const bool gone = !ckpt::posix::first_refused(dialed, 200).empty();
         lock.lock();
         if (gone) break;
       }
@@ -135,9 +138,6 @@ class GroupUnblock {
   }
 
  private:
-  // Each rank dials each replacement once per period while gloo connects (and gloo itself connects every rank
-  // to every other): a dead replacement costs a period, not the join timeout.
-  static constexpr std::chrono::milliseconds kWatchPeriod{500};
   std::map<int, std::string> before_;
   int store_port_ = -1;
   std::mutex mu_;

@@ -178,6 +178,7 @@ void bind_inplace(py::module& parent) {
   }, py::arg("last_words_done"), py::arg("returned"), py::arg("cpu_idle_s"));
   m.attr("STUCK_IDLE_S") = ip::kStuckIdleS;
   m.def("after_join_failure", &ip::after_join_failure, py::arg("generation"), py::arg("missing"));
+  m.attr("WATCH_PERIOD_S") = ip::kWatchPeriodMs / 1000.0;
   m.def("gone_for_good", &ip::gone_for_good, py::arg("absent"), py::arg("refused"));
   m.def("roll_call_settled", &ip::roll_call_settled, py::arg("absent"), py::arg("refused"));
   m.def("join_failure", &ip::join_failure, py::arg("plan"), py::arg("missing"), py::arg("now_unix"));

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ckpt/inplace.hpp"
 #include "ckpt/posix.hpp"
 #include "ckpt/store.hpp"
 #include "heartbeat_impl.hpp"
@@ -563,18 +564,15 @@ Result<std::unique_ptr<Mesh>> Mesh::start(const Settings& settings, Handler hand
   {
     std::unique_lock<std::mutex> lock(impl->mu);
     impl->advance_barrier_locked();  // a lone rank is the whole job
-    // The watched processes are dialed every kWatchPeriod meanwhile: one that refuses is gone, and with it the join.
-    constexpr auto kWatchPeriod = std::chrono::milliseconds(500);
+    // The watched processes are dialed every watch period meanwhile: one that refuses is gone, and with it the join.
+    const auto period = std::chrono::milliseconds(ckpt::inplace::kWatchPeriodMs);
     bool joined = false;
     for (;;) {
-      const auto next = settings.watched.empty() ? deadline : std::min(deadline, Clock::now() + kWatchPeriod);
+      const auto next = settings.watched.empty() ? deadline : std::min(deadline, Clock::now() + period);
       joined = impl->cv.wait_until(lock, next, [p] { return p->go; });
       if (joined || Clock::now() >= deadline) break;
       lock.unlock();
-      std::string gone;
-      for (const auto& [host, port] : settings.watched) {
-        if (gone.empty() && posix::connect_refused(host, port, 200)) gone = host + ":" + port;
-      }
+      const std::string gone = posix::first_refused(settings.watched, 200);
       lock.lock();
       if (!gone.empty()) {
         return Error{"ckpt: heartbeat: not every rank joined the mesh: a new rank is gone (its mailbox at " + gone +

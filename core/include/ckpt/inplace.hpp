@@ -190,6 +190,8 @@ AfterJoinFailure after_join_failure(std::uint32_t generation, const std::optiona
 // rank's, or one behind a cut link, is accepted or times out instead). The join then fails at once, not at its
 // timeout, and the roll call ends once every rank still absent is gone for good; one that may only be slow is
 // waited for, so that every live rank ends with the same missing ranks.
+// How often a forming generation dials the mailboxes of the ranks it waits for (each dial waits 200 ms at most).
+constexpr int kWatchPeriodMs = 500;
 std::vector<int> gone_for_good(const std::vector<int>& absent, const std::vector<int>& refused);
 bool roll_call_settled(const std::vector<int>& absent, const std::vector<int>& refused);
 

@@ -80,6 +80,9 @@ int connect_start(const std::string& host, const std::string& port);
 // Whether a TCP connect to host:port is refused within `timeout_ms`: nothing listens there any more. False when it
 // connects, times out (a host behind a cut link) or fails otherwise.
 bool connect_refused(const std::string& host, const std::string& port, int timeout_ms);
+// The first of `addresses` (host, port) whose connect is refused (connect_refused, timeout_ms each), as
+// "host:port"; empty when none is.
+std::string first_refused(const std::vector<std::pair<std::string, std::string>>& addresses, int timeout_ms);
 // Reads exactly `size` bytes; an error when the file ends first ("<what> ended early") or a read fails.
 Status read_exactly(int fd, void* data, std::size_t size, const std::string& what);
 // fsync, retried on EINTR; success where the file system cannot fsync (EINVAL: some cannot sync a directory).

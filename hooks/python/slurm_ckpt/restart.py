@@ -244,7 +244,7 @@ class _Absentees:
     at the join timeout. Nothing to dial in generation 0 (no mailbox is published before a group formed) or once
     the world shrank (mailboxes are named by the old ranks)."""
 
-    GRACE_S = 0.5
+    GRACE_S = _core.WATCH_PERIOD_S
 
     def __init__(self, members, plan, rank):
         self.members, self.plan, self.rank = members, plan, rank
