@@ -487,7 +487,8 @@ class _Mailbox:
     posts there the plan its parent in the plan tree handed it; its children, which learnt its address from
     mailbox-<rank>, wait on it (see _plan_tree). Made at the start, before any group's
     socket snapshot, so that no watchdog or join timer takes its listener for a group's; published once the
-    process first formed a group (a spare's, under the rank it took over)."""
+    process first formed a group, or a spare's at its claim, under the rank it took over. It lives as long as the
+    process: a connection it refuses says the process is gone (_Absentees)."""
 
     def __init__(self, secret=None):
         self.secret = secret  # run() sets it once the run's secret exists
